@@ -1,0 +1,352 @@
+// moe bench layer: times one MoE layer's forward and backward in one process,
+// with the GFLOP/s of its expert GEMMs next to the single-thread SGEMM peak that
+// the same binary measures, and writes the numbers as JSON on request.
+// A benchmark, not a test: it reports; the correctness tests live in tests/.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+typedef struct {
+  moe_layer_config cfg;
+  int iters, warmup, threads, peak_n;
+  unsigned long long seed;
+  const char *json_path;
+} bench_opts;
+
+static void bench_layer_usage(FILE *f) {
+  fprintf(f,
+          "usage: moe bench layer [options]\n"
+          "\n"
+          "Times one MoE layer (gate, top-k, dispatch, expert FFNs, combine) forward and\n"
+          "backward in one process, and measures the single-thread SGEMM peak of this\n"
+          "machine with the same BLAS. Prints a table of medians; --json writes them.\n"
+          "\n"
+          "options (default in brackets):\n"
+          "  --tokens T             tokens per batch [4096]\n"
+          "  --model M              model dimension [1024]\n"
+          "  --hidden H             expert hidden dimension [2048]\n"
+          "  --experts E            number of experts [8]\n"
+          "  --topk K               experts per token, 1..E [2]\n"
+          "  --capacity-factor F    capacity C = ceil(F*K*T/E); F <= 0 is dropless [1.2]\n"
+          "  --act gelu|relu        expert activation [gelu]\n"
+          "  --renormalize          renormalise the kept top-k gate weights\n"
+          "  --config FILE          layer config JSON (keys of moe_layer_config_from_json);\n"
+          "                         options after it override it\n"
+          "  --iters N              timed iterations, 1..10000 [5]\n"
+          "  --warmup N             untimed iterations first, 0..1000 [1]\n"
+          "  --threads N            BLAS threads, 1..256 [1]\n"
+          "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
+          "  --seed S               parameter and input seed [1]\n"
+          "  --json FILE            write config and results as JSON\n");
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median GFLOP/s of a square n x n x n SGEMM over 5 runs (after one warm-up).
+static double sgemm_peak_gflops(int n, double *ms_out) {
+  const size_t nn = (size_t)n * (size_t)n;
+  float *a = moe_malloc(nn * sizeof(float)), *b = moe_malloc(nn * sizeof(float));
+  float *c = moe_malloc(nn * sizeof(float));
+  double gf[5], ms[5];
+  double result = 0.0;
+  if (!a || !b || !c) goto done;
+  moe_rng rng;
+  moe_rng_init(&rng, 7, 0);
+  moe_rng_fill_uniform(&rng, a, nn, -1.0f, 1.0f);
+  moe_rng_fill_uniform(&rng, b, nn, -1.0f, 1.0f);
+  moe_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  for (int i = 0; i < 5; i++) {
+    const uint64_t t0 = moe_time_ns();
+    moe_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    ms[i] = moe_time_ms_since(t0);
+    gf[i] = 2.0 * n * (double)n * n / (ms[i] * 1e6);
+  }
+  result = median(gf, 5);
+  *ms_out = median(ms, 5);
+done:
+  moe_free(a);
+  moe_free(b);
+  moe_free(c);
+  return result;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+  moe_layer_config_default(&o->cfg);
+  o->cfg.tokens = 4096;
+  o->cfg.model_dim = 1024;
+  o->cfg.hidden_dim = 2048;
+  o->cfg.num_experts = 8;
+  o->cfg.top_k = 2;
+  o->cfg.capacity_factor = 1.2;
+  o->iters = 5;
+  o->warmup = 1;
+  o->threads = 1;
+  o->peak_n = 2048;
+  o->seed = 1;
+  o->json_path = NULL;
+  cli_args a;
+  cli_args_init(&a, argc, argv, 3);
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      bench_layer_usage(stdout);
+      return -1;
+    } else if (cli_opt(&a, "--tokens")) {
+      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
+    } else if (cli_opt(&a, "--model")) {
+      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
+    } else if (cli_opt(&a, "--hidden")) {
+      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
+    } else if (cli_opt(&a, "--experts")) {
+      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
+    } else if (cli_opt(&a, "--topk")) {
+      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
+    } else if (cli_opt(&a, "--capacity-factor")) {
+      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
+    } else if (cli_opt(&a, "--act")) {
+      moe_ctx *ctx = NULL;
+      if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+      if (a.value && moe_activation_parse(ctx, a.value, &o->cfg.act) != MOE_STATUS_OK) {
+        cli_error("--act: %s", moe_ctx_error(ctx));
+        a.bad = 1;
+      }
+      moe_ctx_destroy(ctx);
+    } else if (cli_flag(&a, "--renormalize")) {
+      o->cfg.renormalize = 1;
+    } else if (cli_opt(&a, "--config")) {
+      moe_ctx *ctx = NULL;
+      if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+      if (a.value && moe_layer_config_load(ctx, a.value, &o->cfg) != MOE_STATUS_OK) {
+        cli_error("--config %s: %s", a.value, moe_ctx_error(ctx));
+        a.bad = 1;
+      }
+      moe_ctx_destroy(ctx);
+    } else if (cli_opt(&a, "--iters")) {
+      cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
+    } else if (cli_opt(&a, "--warmup")) {
+      cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
+    } else if (cli_opt(&a, "--threads")) {
+      cli_parse_int(&a, "--threads", 1, 256, &o->threads);
+    } else if (cli_opt(&a, "--peak-size")) {
+      cli_parse_int(&a, "--peak-size", 64, 8192, &o->peak_n);
+    } else if (cli_opt(&a, "--seed")) {
+      char *end = NULL;
+      if (a.value) {
+        o->seed = strtoull(a.value, &end, 10);
+        if (end == a.value || *end != '\0') {
+          cli_error("--seed expects a non-negative integer, got '%s'", a.value);
+          a.bad = 1;
+        }
+      }
+    } else if (cli_opt(&a, "--json")) {
+      o->json_path = a.value;
+    } else {
+      cli_error("unknown option '%s' for 'moe bench layer' (see --help)", cli_args_peek(&a));
+      return CLI_USAGE;
+    }
+  }
+  return a.bad ? CLI_USAGE : CLI_OK;
+}
+
+typedef struct {
+  double fwd_ms, bwd_ms, total_ms, expert_gemm_ms, all_gemm_ms, expert_gflops, tokens_per_s;
+  double fwd_gate_ms, fwd_dispatch_ms, fwd_expert_other_ms, fwd_combine_ms;
+  double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
+} bench_result;
+
+static int write_json(const char *path, moe_ctx *ctx, const bench_opts *o,
+                      const moe_layer_stats *s, int capacity, const bench_result *r,
+                      double peak, double peak_ms, unsigned long long allocs) {
+  char cfg_json[1024];
+  if (moe_layer_config_to_json(ctx, &o->cfg, cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    cli_error("cannot write '%s'", tmp);
+    return CLI_FAILED;
+  }
+  fprintf(f,
+          "{\n  \"benchmark\": \"layer\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
+          "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n"
+          "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n"
+          "  \"fwd_ms\": %.6f,\n  \"bwd_ms\": %.6f,\n  \"total_ms\": %.6f,\n"
+          "  \"expert_gemm_ms\": %.6f,\n  \"all_gemm_ms\": %.6f,\n"
+          "  \"layer_over_gemm\": %.6f,\n  \"expert_gflops\": %.6f,\n"
+          "  \"peak_gflops\": %.6f,\n  \"peak_size\": %d,\n  \"peak_ms\": %.6f,\n"
+          "  \"expert_gemm_fraction_of_peak\": %.6f,\n  \"tokens_per_s\": %.3f,\n"
+          "  \"allocations_in_timed_iterations\": %llu,\n"
+          "  \"phases_ms\": {\"fwd_gate\": %.6f, \"fwd_dispatch\": %.6f, "
+          "\"fwd_expert_other\": %.6f, \"fwd_combine\": %.6f, \"bwd_gate\": %.6f, "
+          "\"bwd_dispatch\": %.6f, \"bwd_expert_other\": %.6f, \"bwd_combine\": %.6f}\n}\n",
+          moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, capacity,
+          s->rows, s->dropped, r->fwd_ms, r->bwd_ms, r->total_ms, r->expert_gemm_ms,
+          r->all_gemm_ms, r->total_ms / r->all_gemm_ms, r->expert_gflops, peak, o->peak_n,
+          peak_ms, r->expert_gflops / peak, r->tokens_per_s, allocs, r->fwd_gate_ms,
+          r->fwd_dispatch_ms, r->fwd_expert_other_ms, r->fwd_combine_ms, r->bwd_gate_ms,
+          r->bwd_dispatch_ms, r->bwd_expert_other_ms, r->bwd_combine_ms);
+  const int bad = ferror(f);
+  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+    cli_error("cannot write '%s'", path);
+    remove(tmp);
+    return CLI_FAILED;
+  }
+  return CLI_OK;
+}
+
+int cmd_bench_layer(int argc, char **argv) {
+  bench_opts o;
+  int rc = parse_opts(argc, argv, &o);
+  if (rc < 0) return CLI_OK;  // --help
+  if (rc != CLI_OK) return rc;
+
+  moe_ctx *ctx = NULL;
+  moe_layer *layer = NULL;
+  float *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
+  double *samples = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+  if (moe_layer_create(ctx, &o.cfg, &layer) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
+    goto done;
+  }
+  moe_blas_set_threads(o.threads);
+  moe_layer_init_params(layer, o.seed);
+  const size_t tm = (size_t)o.cfg.tokens * (size_t)o.cfg.model_dim;
+  x = moe_malloc(tm * sizeof(float));
+  y = moe_malloc(tm * sizeof(float));
+  dy = moe_malloc(tm * sizeof(float));
+  dx = moe_malloc(tm * sizeof(float));
+  samples = moe_calloc((size_t)o.iters * 16, sizeof(double));
+  if (!x || !y || !dy || !dx || !samples) {
+    cli_error("cannot allocate the benchmark's inputs (%zu floats each)", tm);
+    rc = CLI_FAILED;
+    goto done;
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, o.seed, 100);
+  moe_rng_fill_uniform(&rng, x, tm, -1.0f, 1.0f);
+  moe_rng_fill_uniform(&rng, dy, tm, -1.0f, 1.0f);
+
+  moe_layer_stats stats = {0};
+  unsigned long long allocs = 0;
+  for (int it = 0; it < o.warmup + o.iters; it++) {
+    const unsigned long long a0 = moe_alloc_count();
+    memset(dx, 0, tm * sizeof(float));
+    moe_layer_zero_grad(layer);
+    if (moe_layer_forward(layer, x, o.cfg.tokens, y, &stats) != MOE_STATUS_OK ||
+        moe_layer_backward(layer, dy, dx) != MOE_STATUS_OK) {
+      cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_FAILED;
+      goto done;
+    }
+    if (it < o.warmup) continue;
+    allocs += moe_alloc_count() - a0;
+    const moe_layer_timing f = moe_layer_get_forward_timing(layer);
+    const moe_layer_timing b = moe_layer_get_backward_timing(layer);
+    double *s = samples + (size_t)(it - o.warmup) * 16;
+    s[0] = f.total_ms;
+    s[1] = b.total_ms;
+    s[2] = f.total_ms + b.total_ms;
+    s[3] = f.expert_gemm_ms + b.expert_gemm_ms;
+    s[4] = s[3] + f.gate_gemm_ms + b.gate_gemm_ms;
+    s[5] = (f.expert_flops + b.expert_flops) / (s[3] * 1e6);
+    s[6] = o.cfg.tokens / (s[2] * 1e-3);
+    s[7] = f.gate_ms;
+    s[8] = f.dispatch_ms;
+    s[9] = f.expert_other_ms;
+    s[10] = f.combine_ms;
+    s[11] = b.gate_ms;
+    s[12] = b.dispatch_ms;
+    s[13] = b.expert_other_ms;
+    s[14] = b.combine_ms;
+  }
+  double med[15];
+  {
+    double *col = moe_malloc((size_t)o.iters * sizeof(double));
+    if (!col) {
+      rc = CLI_FAILED;
+      goto done;
+    }
+    for (int c = 0; c < 15; c++) {
+      for (int i = 0; i < o.iters; i++) col[i] = samples[(size_t)i * 16 + (size_t)c];
+      med[c] = median(col, o.iters);
+    }
+    moe_free(col);
+  }
+  const bench_result r = {med[0],  med[1],  med[2],  med[3],  med[4],
+                          med[5],  med[6],  med[7],  med[8],  med[9],
+                          med[10], med[11], med[12], med[13], med[14]};
+  double peak_ms = 0.0;
+  const double peak = sgemm_peak_gflops(o.peak_n, &peak_ms);
+  const int capacity = moe_layer_capacity(&o.cfg, o.cfg.tokens);
+
+  printf("moe bench layer: T=%d M=%d H=%d E=%d K=%d f=%g act=%s%s, %d BLAS thread%s\n",
+         o.cfg.tokens, o.cfg.model_dim, o.cfg.hidden_dim, o.cfg.num_experts, o.cfg.top_k,
+         o.cfg.capacity_factor, moe_activation_name(o.cfg.act),
+         o.cfg.renormalize ? " renormalized" : "", o.threads, o.threads == 1 ? "" : "s");
+  if (capacity < 0) {
+    printf("routing: dropless, %d rows, 0 dropped\n", stats.rows);
+  } else {
+    printf("routing: capacity C=%d, %d rows, %d dropped choices\n", capacity, stats.rows,
+           stats.dropped);
+  }
+  printf("median of %d iterations (after %d warm-up)\n\n", o.iters, o.warmup);
+  printf("%-34s %12s\n", "quantity", "value");
+  printf("%-34s %12.3f\n", "forward ms", r.fwd_ms);
+  printf("%-34s %12.3f\n", "backward ms", r.bwd_ms);
+  printf("%-34s %12.3f\n", "forward+backward ms", r.total_ms);
+  printf("%-34s %12.3f\n", "  expert GEMMs ms", r.expert_gemm_ms);
+  printf("%-34s %12.3f\n", "  all GEMMs (expert+gate) ms", r.all_gemm_ms);
+  printf("%-34s %12.3f\n", "  fwd gate/dispatch/act/combine ms",
+         r.fwd_gate_ms + r.fwd_dispatch_ms + r.fwd_expert_other_ms + r.fwd_combine_ms);
+  printf("%-34s %12.3f\n", "  bwd gate/dispatch/act/combine ms",
+         r.bwd_gate_ms + r.bwd_dispatch_ms + r.bwd_expert_other_ms + r.bwd_combine_ms);
+  printf("%-34s %12.3f\n", "layer time / GEMM time", r.total_ms / r.all_gemm_ms);
+  printf("%-34s %12.2f\n", "expert GEMM GFLOP/s", r.expert_gflops);
+  printf("%-34s %12.2f\n", "SGEMM peak GFLOP/s (measured)", peak);
+  printf("%-34s %11.1f%%\n", "expert GEMMs / peak", 100.0 * r.expert_gflops / peak);
+  printf("%-34s %12.0f\n", "tokens/s (fwd+bwd)", r.tokens_per_s);
+  printf("%-34s %12llu\n", "allocations in timed iterations", allocs);
+  printf("\npeak: %dx%dx%d SGEMM, %s, %d thread%s, median of 5 (%.2f ms)\n", o.peak_n, o.peak_n,
+         o.peak_n, moe_blas_name(), o.threads, o.threads == 1 ? "" : "s", peak_ms);
+  if (o.json_path) {
+    rc = write_json(o.json_path, ctx, &o, &stats, capacity, &r, peak, peak_ms, allocs);
+    if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
+  }
+done:
+  moe_free(x);
+  moe_free(y);
+  moe_free(dy);
+  moe_free(dx);
+  moe_free(samples);
+  moe_layer_destroy(layer);
+  moe_ctx_destroy(ctx);
+  return rc;
+}
+
+int cmd_bench(int argc, char **argv) {
+  if (argc < 3 || strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
+    FILE *f = argc < 3 ? stderr : stdout;
+    fprintf(f,
+            "usage: moe bench <what> [options]\n\n"
+            "what:\n"
+            "  layer    one MoE layer forward+backward in one process\n\n"
+            "Run 'moe bench <what> --help' for its options.\n");
+    return argc < 3 ? CLI_USAGE : CLI_OK;
+  }
+  if (strcmp(argv[2], "layer") == 0) return cmd_bench_layer(argc, argv);
+  cli_error("unknown benchmark '%s' (valid: layer)", argv[2]);
+  return CLI_USAGE;
+}

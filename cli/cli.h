@@ -1,0 +1,45 @@
+// Shared pieces of the moe command-line tool: option parsing with range
+// errors, and the exit codes. The CLI uses only the public headers.
+#ifndef MOE_CLI_H
+#define MOE_CLI_H
+
+#include <stdio.h>
+
+#include "moe/moe.h"
+
+// Exit codes of every subcommand.
+enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
+
+// Prints "moe: error: <message>" to stderr.
+void cli_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+// Option cursor over argv[first..argc). For "--name VALUE" and "--name=VALUE".
+typedef struct {
+  int argc;
+  char **argv;
+  int i;              // index of the current argument
+  const char *value;  // value of the last matched option with a value
+  int bad;            // set when an option was malformed (message already printed)
+} cli_args;
+
+void cli_args_init(cli_args *a, int argc, char **argv, int first);
+int cli_args_done(const cli_args *a);
+const char *cli_args_peek(const cli_args *a);
+// If the current argument is the flag `name`, consumes it and returns 1.
+int cli_flag(cli_args *a, const char *name);
+// If the current argument is option `name`, consumes it and its value, stores
+// the value in a->value and returns 1 (sets a->bad if the value is missing).
+int cli_opt(cli_args *a, const char *name);
+// Parse a->value into *out checking [lo, hi]; prints the error naming opt and
+// sets a->bad on failure.
+void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
+void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
+
+int cmd_bench(int argc, char **argv);
+int cmd_bench_layer(int argc, char **argv);
+
+#endif

@@ -1,0 +1,92 @@
+// Option parsing for the moe CLI: "--name VALUE" or "--name=VALUE", numbers
+// checked against their valid range with a message that names the option.
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+void cli_error(const char *fmt, ...) {
+  va_list ap;
+  fputs("moe: error: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+void cli_args_init(cli_args *a, int argc, char **argv, int first) {
+  a->argc = argc;
+  a->argv = argv;
+  a->i = first;
+  a->value = NULL;
+  a->bad = 0;
+}
+
+int cli_args_done(const cli_args *a) { return a->i >= a->argc; }
+const char *cli_args_peek(const cli_args *a) { return a->i < a->argc ? a->argv[a->i] : NULL; }
+
+int cli_flag(cli_args *a, const char *name) {
+  if (a->i < a->argc && strcmp(a->argv[a->i], name) == 0) {
+    a->i++;
+    return 1;
+  }
+  return 0;
+}
+
+int cli_opt(cli_args *a, const char *name) {
+  if (a->i >= a->argc) return 0;
+  const char *arg = a->argv[a->i];
+  const size_t n = strlen(name);
+  if (strncmp(arg, name, n) != 0) return 0;
+  if (arg[n] == '=') {
+    a->value = arg + n + 1;
+    a->i++;
+    return 1;
+  }
+  if (arg[n] != '\0') return 0;
+  if (a->i + 1 >= a->argc) {
+    cli_error("option %s needs a value", name);
+    a->bad = 1;
+    a->value = NULL;
+    a->i++;
+    return 1;
+  }
+  a->value = a->argv[a->i + 1];
+  a->i += 2;
+  return 1;
+}
+
+void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out) {
+  if (!a->value) return;
+  char *end = NULL;
+  errno = 0;
+  const long v = strtol(a->value, &end, 10);
+  if (errno != 0 || end == a->value || *end != '\0') {
+    cli_error("%s expects an integer, got '%s'", opt, a->value);
+    a->bad = 1;
+  } else if (v < lo || v > hi) {
+    cli_error("%s (%ld) must be in [%ld, %ld]", opt, v, lo, hi);
+    a->bad = 1;
+  } else {
+    *out = (int)v;
+  }
+}
+
+void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out) {
+  if (!a->value) return;
+  char *end = NULL;
+  errno = 0;
+  const double v = strtod(a->value, &end);
+  if (errno != 0 || end == a->value || *end != '\0' || !isfinite(v)) {
+    cli_error("%s expects a finite number, got '%s'", opt, a->value);
+    a->bad = 1;
+  } else if (v < lo || v > hi) {
+    cli_error("%s (%g) must be in [%g, %g]", opt, v, lo, hi);
+    a->bad = 1;
+  } else {
+    *out = v;
+  }
+}

@@ -1,0 +1,147 @@
+// libmoe CPU kernels. Every op has a forward, a backward next to it and a naive
+// `_ref` forward used by the tests. Kernels never allocate and never fail: the
+// caller passes outputs first, then const inputs, then sizes; scratch comes from
+// the caller. All matrices are row-major and dense (leading dimension = columns)
+// unless an ld argument says otherwise. Backward functions ACCUMULATE (+=) into
+// their gradient outputs; zeroing is the caller's job.
+//
+// Shapes use the letters of core.h; N is a generic row count, D a generic width.
+#ifndef MOE_KERNELS_H
+#define MOE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- BLAS control --------------------------------------------------------------
+
+// Sets the number of threads the BLAS library uses (1 = single-threaded, the
+// libmoe default for compute threads). No effect if the library cannot be told.
+void moe_blas_set_threads(int n);
+// Name of the BLAS library compiled in, e.g. "OpenBLAS 0.3.21".
+const char *moe_blas_name(void);
+
+// ---- GEMM ------------------------------------------------------------------------
+
+// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major.
+// op(A) = A if !trans_a (A is (m, k), lda >= k) else A^T (A is (k, m), lda >= m).
+// op(B) = B if !trans_b (B is (k, n), ldb >= n) else B^T (B is (n, k), ldb >= k).
+// m, n or k may be 0 (with k == 0, C = beta * C).
+void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
+              const float *a, int lda, const float *b, int ldb, float beta, float *c,
+              int ldc);
+void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                  const float *a, int lda, const float *b, int ldb, float beta,
+                  float *c, int ldc);
+
+// ---- linear: y = x W + b ------------------------------------------------------------
+
+// y is (N, Dout), x is (N, Din), w is (Din, Dout), b is (Dout) or NULL. Overwrites y.
+void moe_linear_forward(float *y, const float *x, const float *w, const float *b,
+                        int n, int din, int dout);
+void moe_linear_forward_ref(float *y, const float *x, const float *w, const float *b,
+                            int n, int din, int dout);
+// dx (N, Din) += dy W^T (dx may be NULL); dw (Din, Dout) += x^T dy; db (Dout) +=
+// column sums of dy (db may be NULL).
+void moe_linear_backward(float *dx, float *dw, float *db, const float *dy,
+                         const float *x, const float *w, int n, int din, int dout);
+
+// ---- bias add ---------------------------------------------------------------------
+
+// y (N, D) += b (D) broadcast over rows.
+void moe_bias_add_forward(float *y, const float *b, int n, int d);
+void moe_bias_add_forward_ref(float *y, const float *b, int n, int d);
+// db (D) += column sums of dy (N, D). (dy passes through to dx unchanged.)
+void moe_bias_add_backward(float *db, const float *dy, int n, int d);
+
+// ---- activations ------------------------------------------------------------------
+
+// GELU, the exact form x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (PyTorch's
+// default nn.GELU). y and x are (n); y may alias x.
+void moe_gelu_forward(float *y, const float *x, size_t n);
+void moe_gelu_forward_ref(float *y, const float *x, size_t n);
+// dx (n) += dy * gelu'(x); x is the forward INPUT.
+void moe_gelu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+// ReLU max(x, 0); y may alias x.
+void moe_relu_forward(float *y, const float *x, size_t n);
+void moe_relu_forward_ref(float *y, const float *x, size_t n);
+// dx += dy * (x > 0); x is the forward input (or output: same sign test).
+void moe_relu_backward(float *dx, const float *dy, const float *x, size_t n);
+
+// ---- softmax over rows ---------------------------------------------------------------
+
+// y (N, D) = softmax(x) per row (max-subtracted). y may alias x.
+void moe_softmax_forward(float *y, const float *x, int n, int d);
+void moe_softmax_forward_ref(float *y, const float *x, int n, int d);
+// dx (N, D) += y * (dy - sum_j dy_j y_j), y the forward output.
+void moe_softmax_backward(float *dx, const float *dy, const float *y, int n, int d);
+// lse (N) = log sum_j exp(x_ij), computed stably.
+void moe_logsumexp_forward(float *lse, const float *x, int n, int d);
+
+// ---- top-k over rows -------------------------------------------------------------------
+
+// For each row of x (N, D): the k largest values in descending order, idx (N, k)
+// and val (N, k). Ties go to the lower index. NaN never wins against a number.
+// 1 <= k <= d.
+void moe_topk_forward(int32_t *idx, float *val, const float *x, int n, int d, int k);
+void moe_topk_forward_ref(int32_t *idx, float *val, const float *x, int n, int d,
+                          int k);
+// dx (N, D) += dval (N, k) scattered to the positions idx.
+void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, int d,
+                       int k);
+
+// ---- layernorm ----------------------------------------------------------------------------
+
+// y (N, D) = (x - mean) * rstd * gamma + beta per row; mean (N) and rstd (N) are
+// saved for backward. rstd = 1/sqrt(var + eps), var the biased variance.
+void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
+                           const float *gamma, const float *beta, int n, int d,
+                           float eps);
+void moe_layernorm_forward_ref(float *y, float *mean, float *rstd, const float *x,
+                               const float *gamma, const float *beta, int n, int d,
+                               float eps);
+// dx (N, D) +=, dgamma (D) +=, dbeta (D) +=.
+void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
+                            const float *x, const float *mean, const float *rstd,
+                            const float *gamma, int n, int d);
+
+// ---- cross-entropy -------------------------------------------------------------------------
+
+// Mean over N rows of -log softmax(logits)[target]. logits (N, V), targets (N) in
+// [0, V) or -1 to ignore the row (ignored rows count neither in the sum nor in
+// the mean). probs (N, V) receives softmax(logits) for backward (may be NULL).
+// Returns the loss (0 when every row is ignored).
+float moe_cross_entropy_forward(float *probs, const float *logits,
+                                const int32_t *targets, int n, int v);
+float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets, int n,
+                                    int v);
+// dlogits (N, V) += dloss * (probs - onehot(target)) / n_valid.
+void moe_cross_entropy_backward(float *dlogits, const float *probs,
+                                const int32_t *targets, int n, int v, float dloss);
+
+// ---- AdamW -------------------------------------------------------------------------------
+
+typedef struct {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;  // decoupled: p -= lr * wd * p
+} moe_adamw_config;
+
+// One AdamW step t (t >= 1, for bias correction) on n parameters, as
+// torch.optim.AdamW: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+void moe_adamw_update(float *p, float *m, float *v, const float *g, size_t n,
+                      const moe_adamw_config *cfg, int t);
+void moe_adamw_update_ref(float *p, float *m, float *v, const float *g, size_t n,
+                          const moe_adamw_config *cfg, int t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_KERNELS_H

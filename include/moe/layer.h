@@ -1,0 +1,189 @@
+// The MoE layer (single process; every expert local): configuration, routing
+// plan, placement, and the layer's forward and backward.
+//
+// The exact math is defined in docs/moe-layer.md and checked against PyTorch.
+// The routing plan (which expert and slot every token choice goes to) and the
+// placement (which rank computes an expert's tokens) are separate structures:
+// distribution and load balancing change the placement, never the routing.
+//
+// Threading: a moe_layer is used by one thread at a time, with the moe_ctx it
+// was created with.
+#ifndef MOE_LAYER_H
+#define MOE_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- configuration ----------------------------------------------------------------
+
+typedef enum { MOE_ACT_GELU = 0, MOE_ACT_RELU = 1 } moe_activation;
+
+const char *moe_activation_name(moe_activation act);  // "gelu", "relu"
+// Parses "gelu" or "relu"; otherwise INVALID_ARG naming the valid values.
+moe_status moe_activation_parse(moe_ctx *ctx, const char *text, moe_activation *out);
+
+// Limits checked by moe_layer_config_validate.
+#define MOE_MAX_EXPERTS 65536
+#define MOE_MAX_DIM (1 << 20)
+#define MOE_MAX_TOKENS (1 << 26)
+#define MOE_MAX_ROWS (1 << 30)  // tokens x top_k dispatched rows
+
+typedef struct {
+  int tokens;              // T: most tokens one forward call may pass, [1, MOE_MAX_TOKENS]
+  int model_dim;           // M, [1, MOE_MAX_DIM]
+  int hidden_dim;          // H, [1, MOE_MAX_DIM]
+  int num_experts;         // E, [1, MOE_MAX_EXPERTS]
+  int top_k;               // K, [1, E]
+  double capacity_factor;  // f: C = ceil(f*K*T/E); f <= 0 means dropless
+  moe_activation act;      // expert activation
+  int renormalize;         // 1: kept top-k weights renormalised to sum to 1
+  float aux_loss_coef;     // >= 0, weight of the load-balancing loss in backward
+  float z_loss_coef;       // >= 0, weight of the z-loss in backward
+  int check_finite;        // 1: forward/backward reject NaN/Inf in x and dy
+} moe_layer_config;
+
+// Defaults: T 1024, M 256, H 1024, E 8, K 2, f 1.25, gelu, no renormalisation,
+// aux 0.01, z 0, check_finite 1.
+void moe_layer_config_default(moe_layer_config *cfg);
+// INVALID_ARG with a message naming the field, its value and the valid range.
+moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg);
+// Overrides fields of cfg with the keys of a JSON object: tokens, model_dim,
+// hidden_dim, num_experts, top_k, capacity_factor, activation ("gelu"|"relu"),
+// renormalize, aux_loss_coef, z_loss_coef, check_finite. Unknown keys, wrong
+// types and malformed JSON are errors (BAD_FORMAT / INVALID_ARG); cfg is left
+// unchanged on error. Does not validate ranges (call moe_layer_config_validate).
+moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json,
+                                      moe_layer_config *cfg);
+// Same, reading a file.
+moe_status moe_layer_config_load(moe_ctx *ctx, const char *path, moe_layer_config *cfg);
+// Writes the config as one JSON object (no trailing newline) into buf.
+// INVALID_ARG if it does not fit in len bytes.
+moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, char *buf,
+                                    size_t len);
+// C for T tokens, or -1 when dropless (f <= 0).
+int moe_layer_capacity(const moe_layer_config *cfg, int tokens);
+
+// ---- placement --------------------------------------------------------------------
+
+// Which rank computes the tokens of each expert: its home rank, unless the
+// token's source rank holds a replica. Single-process layers use P = 1.
+typedef struct {
+  int num_experts;   // E
+  int num_ranks;     // P
+  int32_t *home;     // (E): home rank of each expert
+  uint8_t *replica;  // (E, P): 1 where rank p holds a replica of expert e
+} moe_placement;
+
+// Block placement: expert e lives on rank e / (E / P). E must be divisible by P.
+moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts,
+                              int num_ranks);
+void moe_placement_free(moe_placement *pl);  // NULL or zeroed is a no-op
+// Marks (on = 1) or unmarks a replica of expert e on rank p.
+moe_status moe_placement_set_replica(moe_ctx *ctx, moe_placement *pl, int expert,
+                                     int rank, int on);
+// The rank that computes expert e's tokens coming from src_rank.
+int moe_placement_target(const moe_placement *pl, int expert, int src_rank);
+
+// ---- routing plan -----------------------------------------------------------------------
+
+typedef struct {
+  int tokens;         // T of the last build
+  int top_k;          // K
+  int num_experts;    // E
+  int capacity;       // C, or -1 when dropless
+  int rows;           // kept choices = rows dispatched to experts
+  int dropped;        // dropped choices
+  int max_tokens;     // allocated T
+  int max_rows;       // allocated rows
+  int32_t *expert;    // (T, K): expert of each choice, best first
+  int32_t *slot;      // (T, K): slot within the expert, -1 when dropped
+  float *weight;      // (T, K): gate weight of each choice
+  int32_t *count;     // (E): kept rows per expert
+  int32_t *count_all; // (E): choices per expert before dropping
+  int32_t *offset;    // (E + 1): first row of each expert in expert-ordered buffers
+  int32_t *row_token; // (rows): token of each dispatched row
+  int32_t *row_choice;// (rows): choice index k of each dispatched row
+} moe_route;
+
+moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int top_k,
+                          int num_experts, int max_rows);
+void moe_route_free(moe_route *route);  // NULL or zeroed is a no-op
+// Given route->expert and route->weight for T tokens, assigns slots in GShard
+// order (all first choices before any second choice, token order within a
+// choice) with capacity C (-1: dropless), and fills count, count_all, offset,
+// row_token, row_choice, rows and dropped. Allocates nothing.
+moe_status moe_route_assign(moe_ctx *ctx, moe_route *route, int tokens, int capacity);
+// counts (P, E) = rows this plan sends from src_rank to each rank p for expert e.
+void moe_route_count_by_rank(const moe_route *route, const moe_placement *pl, int src_rank,
+                             int32_t *counts);
+
+// ---- the layer ---------------------------------------------------------------------------
+
+typedef struct moe_layer moe_layer;
+
+// Parameters and their gradients (owned by the layer). Shapes:
+// wg (M, E); w1 (E, M, H); b1 (E, H); w2 (E, H, M); b2 (E, M); d* the same.
+typedef struct {
+  float *wg, *w1, *b1, *w2, *b2;
+  float *dwg, *dw1, *db1, *dw2, *db2;
+} moe_layer_tensors;
+
+typedef struct {
+  float aux_loss;  // load-balancing loss of the last forward (unscaled)
+  float z_loss;    // z-loss of the last forward (unscaled)
+  int tokens;      // T
+  int rows;        // kept choices
+  int dropped;     // dropped choices
+} moe_layer_stats;
+
+// Wall time of the phases of the last forward and the last backward.
+typedef struct {
+  double total_ms;
+  double gate_ms;         // gate GEMM, softmax, top-k, routing, aux losses (fwd);
+                          // their backward (bwd)
+  double gate_gemm_ms;    // the gate's GEMMs alone
+  double dispatch_ms;     // gather rows (fwd) / scatter-add token grads (bwd)
+  double expert_gemm_ms;  // the expert FFN GEMMs alone
+  double expert_other_ms; // bias, activation and their backward
+  double combine_ms;      // weighted combine (fwd) / its backward (bwd)
+  double expert_flops;    // FLOPs of the expert GEMMs
+  double gate_flops;      // FLOPs of the gate GEMMs
+} moe_layer_timing;
+
+// Allocates every buffer for cfg->tokens tokens; forward and backward allocate
+// nothing afterwards. Parameters start at zero: call moe_layer_init_params.
+moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer **out);
+void moe_layer_destroy(moe_layer *layer);  // NULL is a no-op
+
+const moe_layer_config *moe_layer_get_config(const moe_layer *layer);
+moe_layer_tensors moe_layer_get_tensors(moe_layer *layer);
+size_t moe_layer_num_params(const moe_layer *layer);
+const moe_route *moe_layer_get_route(const moe_layer *layer);
+const moe_placement *moe_layer_get_placement(const moe_layer *layer);
+
+// PyTorch nn.Linear-style init: wg, w1, b1 ~ U(-1/sqrt(M), 1/sqrt(M)),
+// w2, b2 ~ U(-1/sqrt(H), 1/sqrt(H)), each tensor its own RNG stream of seed.
+void moe_layer_init_params(moe_layer *layer, uint64_t seed);
+void moe_layer_zero_grad(moe_layer *layer);
+
+// x (T, M) -> y (T, M), 0 <= T <= cfg.tokens. Overwrites y. stats may be NULL.
+moe_status moe_layer_forward(moe_layer *layer, const float *x, int tokens, float *y,
+                             moe_layer_stats *stats);
+// dy (T, M) of the last forward -> dx (T, M) += ; parameter gradients +=,
+// including aux_loss_coef * d(aux) and z_loss_coef * d(z). Needs the x of the
+// last forward to be unchanged.
+moe_status moe_layer_backward(moe_layer *layer, const float *dy, float *dx);
+
+moe_layer_timing moe_layer_get_forward_timing(const moe_layer *layer);
+moe_layer_timing moe_layer_get_backward_timing(const moe_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_LAYER_H

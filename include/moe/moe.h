@@ -1,0 +1,24 @@
+// libmoe: a distributed Mixture-of-Experts runtime. Umbrella header.
+#ifndef MOE_MOE_H
+#define MOE_MOE_H
+
+#include "moe/core.h"
+#include "moe/kernels.h"
+#include "moe/layer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Version string, e.g. "0.1.0".
+const char *moe_version(void);
+// Compiled-in features, e.g. "mpi=yes blas=OpenBLAS zfp=yes cuda=no".
+const char *moe_features(void);
+int moe_has_mpi(void);
+int moe_has_zfp(void);
+int moe_has_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

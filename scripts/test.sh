@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Builds libmoe with warnings as errors and runs the whole test suite.
+# Usage: bash scripts/test.sh   (after bash scripts/setup-debian.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build -DMOE_WERROR=ON
+cmake --build build -j2
+ctest --test-dir build --output-on-failure

@@ -1,0 +1,92 @@
+// JSON helpers over cJSON (see json.h). Keeps cJSON out of the public headers.
+#include "core/json.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what,
+                                 cJSON **out) {
+  moe_status st = MOE_STATUS_OK;
+  *out = NULL;
+  MOE_FAIL_IF(ctx, !text, MOE_STATUS_INVALID_ARG, "%s: no JSON text", what);
+  cJSON *root = cJSON_Parse(text);
+  if (!root) {
+    const char *err = cJSON_GetErrorPtr();
+    long pos = err ? (long)(err - text) : -1;
+    MOE_FAIL(ctx, MOE_STATUS_BAD_FORMAT, "%s: malformed JSON near byte %ld", what, pos);
+  }
+  if (!cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    MOE_FAIL(ctx, MOE_STATUS_BAD_FORMAT, "%s: expected a JSON object at the top level", what);
+  }
+  *out = root;
+done:
+  return st;
+}
+
+moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char **out,
+                         size_t *len) {
+  moe_status st = MOE_STATUS_OK;
+  char *buf = NULL;
+  FILE *f = NULL;
+  *out = NULL;
+  if (len) *len = 0;
+  f = fopen(path, "rb");
+  MOE_FAIL_IF(ctx, !f, MOE_STATUS_IO, "cannot open '%s': %s", path, strerror(errno));
+  MOE_FAIL_IF(ctx, fseek(f, 0, SEEK_END) != 0, MOE_STATUS_IO, "cannot seek '%s'", path);
+  long size = ftell(f);
+  MOE_FAIL_IF(ctx, size < 0, MOE_STATUS_IO, "cannot size '%s'", path);
+  MOE_FAIL_IF(ctx, (size_t)size > max_bytes, MOE_STATUS_INVALID_ARG,
+              "'%s' is %ld bytes; the limit is %zu", path, size, max_bytes);
+  rewind(f);
+  buf = moe_malloc((size_t)size + 1);
+  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %ld bytes for '%s'",
+              size + 1, path);
+  MOE_FAIL_IF(ctx, fread(buf, 1, (size_t)size, f) != (size_t)size, MOE_STATUS_IO,
+              "short read on '%s'", path);
+  buf[size] = '\0';
+  *out = buf;
+  buf = NULL;
+  if (len) *len = (size_t)size;
+done:
+  if (f) fclose(f);
+  moe_free(buf);
+  return st;
+}
+
+moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, int *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG,
+              "'%s' must be an integer", what);
+  const double v = item->valuedouble;
+  MOE_FAIL_IF(ctx, !(v == floor(v)) || v < -2147483648.0 || v > 2147483647.0,
+              MOE_STATUS_INVALID_ARG, "'%s' must be an integer (got %g)", what, v);
+  *out = (int)v;
+done:
+  return st;
+}
+
+moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what,
+                               double *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be a number",
+              what);
+  *out = item->valuedouble;
+done:
+  return st;
+}
+
+moe_status moe_json_get_bool(moe_ctx *ctx, const cJSON *item, const char *what, int *out) {
+  moe_status st = MOE_STATUS_OK;
+  if (cJSON_IsBool(item)) {
+    *out = cJSON_IsTrue(item) ? 1 : 0;
+  } else if (cJSON_IsNumber(item) && (item->valuedouble == 0 || item->valuedouble == 1)) {
+    *out = (int)item->valuedouble;
+  } else {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "'%s' must be true or false", what);
+  }
+done:
+  return st;
+}

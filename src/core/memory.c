@@ -1,0 +1,98 @@
+// Counted, aligned heap allocation; arenas; tables of named tensors.
+// Every byte libmoe takes from the heap goes through moe_malloc, so a test can
+// assert that a forward/backward pass allocates nothing after the first call.
+// Not a general-purpose allocator: arenas are bump allocators that are freed
+// (or reset) as a whole.
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "moe/core.h"
+
+static atomic_uint_fast64_t g_alloc_count = 0;
+
+void *moe_malloc(size_t bytes) {
+  if (bytes == 0 || bytes > SIZE_MAX - 64) return NULL;
+  void *p = aligned_alloc(64, moe_align64(bytes));
+  if (p) atomic_fetch_add(&g_alloc_count, 1);
+  return p;
+}
+
+void *moe_calloc(size_t count, size_t size) {
+  if (count == 0 || size == 0 || count > SIZE_MAX / size) return NULL;
+  void *p = moe_malloc(count * size);
+  if (p) memset(p, 0, count * size);
+  return p;
+}
+
+void moe_free(void *p) { free(p); }
+
+uint64_t moe_alloc_count(void) { return (uint64_t)atomic_load(&g_alloc_count); }
+
+// ---- arenas -------------------------------------------------------------------
+
+moe_status moe_arena_init(moe_ctx *ctx, moe_arena *arena, size_t capacity) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !arena, MOE_STATUS_INVALID_ARG, "arena must not be NULL");
+  memset(arena, 0, sizeof *arena);
+  if (capacity == 0) goto done;
+  arena->base = moe_calloc(1, moe_align64(capacity));
+  MOE_FAIL_IF(ctx, !arena->base, MOE_STATUS_OUT_OF_MEMORY,
+              "cannot allocate an arena of %zu bytes", capacity);
+  arena->capacity = moe_align64(capacity);
+done:
+  return st;
+}
+
+void moe_arena_free(moe_arena *arena) {
+  if (!arena) return;
+  moe_free(arena->base);
+  memset(arena, 0, sizeof *arena);
+}
+
+void *moe_arena_alloc(moe_arena *arena, size_t bytes) {
+  if (!arena || !arena->base || bytes == 0) return NULL;
+  const size_t need = moe_align64(bytes);
+  if (need < bytes || need > arena->capacity - arena->used) return NULL;
+  void *p = arena->base + arena->used;
+  arena->used += need;
+  memset(p, 0, bytes);
+  return p;
+}
+
+void moe_arena_reset(moe_arena *arena) {
+  if (arena) arena->used = 0;
+}
+
+// ---- tensor tables ------------------------------------------------------------
+
+size_t moe_tensor_table_bytes(const moe_tensor_spec *specs, int n) {
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    if (specs[i].count > (SIZE_MAX - total) / sizeof(float) - 64) return SIZE_MAX;
+    total += moe_align64(specs[i].count * sizeof(float));
+  }
+  return total;
+}
+
+moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena,
+                                  const moe_tensor_spec *specs, int n) {
+  moe_status st = MOE_STATUS_OK;
+  for (int i = 0; i < n; i++) {
+    float *p = NULL;
+    if (specs[i].count > 0) {
+      MOE_FAIL_IF(ctx, specs[i].count > SIZE_MAX / sizeof(float), MOE_STATUS_OUT_OF_MEMORY,
+                  "tensor '%s' is too large (%zu floats)", specs[i].name, specs[i].count);
+      p = moe_arena_alloc(arena, specs[i].count * sizeof(float));
+      MOE_FAIL_IF(ctx, !p, MOE_STATUS_OUT_OF_MEMORY,
+                  "arena full: tensor '%s' (%zu floats) does not fit (%zu of %zu bytes used)",
+                  specs[i].name, specs[i].count, arena ? arena->used : 0,
+                  arena ? arena->capacity : 0);
+    }
+    *specs[i].out = p;
+  }
+done:
+  return st;
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# CLI behaviour: help, version, exit codes (0 ok, 2 invalid input) and the
+# messages that name the bad option, and a tiny `moe bench layer --json` run.
+# Usage: cli_test.sh path/to/moe
+set -u
+MOE=${1:?usage: cli_test.sh path/to/moe}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+
+# expect CODE PATTERN -- ARGS...: exit status CODE and combined output matching PATTERN.
+expect() {
+  local code=$1 pattern=$2
+  shift 3
+  local out rc
+  out=$("$MOE" "$@" 2>&1)
+  rc=$?
+  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: moe $* -> exit $rc (want $code), output:" >&2
+    echo "$out" | head -5 >&2
+    echo "  (wanted pattern: $pattern)" >&2
+  fi
+}
+
+expect 0 "bench layer" -- --help
+expect 0 "version" -- help
+expect 2 "usage: moe" --
+expect 0 "features: mpi=(yes|no) blas=.* zfp=(yes|no) cuda=(yes|no)" -- version
+expect 2 "unknown command 'frobnicate'" -- frobnicate
+expect 0 "--capacity-factor" -- bench layer --help
+expect 2 "unknown benchmark 'nope'" -- bench nope
+expect 2 "unknown option '--bogus'" -- bench layer --bogus
+expect 2 "--tokens \(-5\) must be in \[1, " -- bench layer --tokens -5
+expect 2 "--experts \(0\) must be in \[1, 65536\]" -- bench layer --experts 0
+expect 2 "--model expects an integer, got 'abc'" -- bench layer --model abc
+expect 2 "--hidden \(0\) must be in" -- bench layer --hidden 0
+expect 2 "top_k \(9\) must be in \[1, 8\]" -- bench layer --experts 8 --topk 9
+expect 2 "activation 'tanh' is unknown \(valid: gelu, relu\)" -- bench layer --act tanh
+expect 2 "option --iters needs a value" -- bench layer --iters
+expect 2 "--capacity-factor expects a finite number" -- bench layer --capacity-factor nan
+echo '{"num_experts": 4, "colour": "blue"}' >"$tmp/bad.json"
+expect 2 "unknown key 'colour'" -- bench layer --config "$tmp/bad.json"
+echo '{"num_experts": ' >"$tmp/broken.json"
+expect 2 "malformed JSON" -- bench layer --config "$tmp/broken.json"
+expect 2 "cannot open '$tmp/missing.json'" -- bench layer --config "$tmp/missing.json"
+
+# A tiny real run: table on stdout, JSON with the documented keys.
+expect 0 "expert GEMM GFLOP/s" -- bench layer --tokens 64 --model 16 --hidden 32 --experts 4 \
+  --topk 2 --iters 2 --warmup 1 --peak-size 64 --json "$tmp/out.json"
+for key in fwd_ms bwd_ms expert_gflops peak_gflops tokens_per_s config; do
+  if grep -q "\"$key\"" "$tmp/out.json" 2>/dev/null; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: JSON lacks \"$key\"" >&2
+  fi
+done
+# Dropless and relu also run.
+expect 0 "routing: dropless" -- bench layer --tokens 32 --model 8 --hidden 8 --experts 2 \
+  --topk 1 --capacity-factor 0 --act relu --iters 1 --warmup 0 --peak-size 64
+
+echo "cli_test: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]

@@ -1,0 +1,172 @@
+// The MoE layer against PyTorch: for every reference file tests/data/layer_*.bin
+// (written by tests/gen_layer_ref.py in float64 autograd), libmoe must produce
+// the same routing (expert and slot of every token choice, same dropped set,
+// same counts), outputs, aux and z losses, and every gradient within a relative
+// error of 1e-5 (max |diff| / max |ref| per tensor). Also checks that forward
+// and backward allocate nothing and are bitwise deterministic.
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe.h"
+#include "refio.h"
+#include "testutil.h"
+
+#define REL_TOL 1e-5
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void copy_param(float *dst, const ref_file *rf, const char *name, size_t n) {
+  const float *src = ref_f32(rf, name, n);
+  TU_CHECK(src != NULL, "%s: tensor '%s' with %zu floats missing", rf->case_name, name, n);
+  if (src) memcpy(dst, src, n * sizeof(float));
+}
+
+static void check_f32(const ref_file *rf, const char *name, const float *got, size_t n) {
+  const float *ref = ref_f32(rf, name, n);
+  char label[128];
+  snprintf(label, sizeof label, "%s/%s", rf->case_name, name);
+  TU_CHECK(ref != NULL, "%s: reference missing", label);
+  if (ref) tu_rel_close(label, got, ref, n, REL_TOL);
+}
+
+static void run_case(const char *path) {
+  ref_file rf;
+  char err[256];
+  if (ref_load(path, &rf, err, sizeof err) != 0) {
+    TU_CHECK(0, "cannot load %s: %s", path, err);
+    return;
+  }
+  const int T = rf.T, M = rf.M, H = rf.H, E = rf.E, K = rf.K;
+  moe_ctx *ctx = NULL;
+  moe_layer *layer = NULL;
+  float *y = NULL, *dx = NULL, *y2 = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  // Configure for more tokens than the batch: the layer must handle T < max.
+  cfg.tokens = T + 3;
+  cfg.model_dim = M;
+  cfg.hidden_dim = H;
+  cfg.num_experts = E;
+  cfg.top_k = K;
+  cfg.capacity_factor = rf.capacity_factor;
+  cfg.act = rf.act == 0 ? MOE_ACT_GELU : MOE_ACT_RELU;
+  cfg.renormalize = rf.renormalize;
+  cfg.aux_loss_coef = rf.aux_loss_coef;
+  cfg.z_loss_coef = rf.z_loss_coef;
+  if (moe_layer_create(ctx, &cfg, &layer) != MOE_STATUS_OK) {
+    TU_CHECK(0, "%s: layer create failed: %s", rf.case_name, moe_ctx_error(ctx));
+    goto done;
+  }
+  TU_CHECK(moe_layer_capacity(&cfg, T) == rf.capacity, "%s: capacity %d, reference %d",
+           rf.case_name, moe_layer_capacity(&cfg, T), rf.capacity);
+  moe_layer_tensors p = moe_layer_get_tensors(layer);
+  copy_param(p.wg, &rf, "wg", (size_t)M * E);
+  copy_param(p.w1, &rf, "w1", (size_t)E * M * H);
+  copy_param(p.b1, &rf, "b1", (size_t)E * H);
+  copy_param(p.w2, &rf, "w2", (size_t)E * H * M);
+  copy_param(p.b2, &rf, "b2", (size_t)E * M);
+  const float *x = ref_f32(&rf, "x", (size_t)T * M);
+  const float *dy = ref_f32(&rf, "dy", (size_t)T * M);
+  TU_CHECK(x && dy, "%s: x or dy missing", rf.case_name);
+  if (!x || !dy) goto done;
+  y = calloc((size_t)T * M, sizeof(float));
+  y2 = calloc((size_t)T * M, sizeof(float));
+  dx = calloc((size_t)T * M, sizeof(float));
+
+  moe_layer_stats stats;
+  moe_layer_zero_grad(layer);
+  TU_CHECK(moe_layer_forward(layer, x, T, y, &stats) == MOE_STATUS_OK, "%s: forward: %s",
+           rf.case_name, moe_ctx_error(ctx));
+  TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "%s: backward: %s",
+           rf.case_name, moe_ctx_error(ctx));
+
+  // routing: identical experts, slots (dropped = -1), counts; weights within tolerance
+  const moe_route *r = moe_layer_get_route(layer);
+  const int32_t *ref_expert = ref_i32(&rf, "expert", (size_t)T * K);
+  const int32_t *ref_slot = ref_i32(&rf, "slot", (size_t)T * K);
+  const int32_t *ref_count = ref_i32(&rf, "count", (size_t)E);
+  TU_CHECK(ref_expert && ref_slot && ref_count, "%s: routing reference missing", rf.case_name);
+  if (ref_expert && ref_slot && ref_count) {
+    char label[128];
+    snprintf(label, sizeof label, "%s/expert", rf.case_name);
+    tu_equal_i32(label, r->expert, ref_expert, (size_t)T * K);
+    snprintf(label, sizeof label, "%s/slot", rf.case_name);
+    tu_equal_i32(label, r->slot, ref_slot, (size_t)T * K);
+    snprintf(label, sizeof label, "%s/count", rf.case_name);
+    tu_equal_i32(label, r->count, ref_count, (size_t)E);
+    int ref_dropped = 0;
+    for (int i = 0; i < T * K; i++) ref_dropped += ref_slot[i] < 0;
+    TU_CHECK(stats.dropped == ref_dropped, "%s: dropped %d, reference %d", rf.case_name,
+             stats.dropped, ref_dropped);
+  }
+  check_f32(&rf, "weight", r->weight, (size_t)T * K);
+  check_f32(&rf, "y", y, (size_t)T * M);
+  check_f32(&rf, "aux", &stats.aux_loss, 1);
+  check_f32(&rf, "z", &stats.z_loss, 1);
+  check_f32(&rf, "dx", dx, (size_t)T * M);
+  check_f32(&rf, "dwg", p.dwg, (size_t)M * E);
+  check_f32(&rf, "dw1", p.dw1, (size_t)E * M * H);
+  check_f32(&rf, "db1", p.db1, (size_t)E * H);
+  check_f32(&rf, "dw2", p.dw2, (size_t)E * H * M);
+  check_f32(&rf, "db2", p.db2, (size_t)E * M);
+
+  // Second pass: no allocation, bitwise-identical results, gradients accumulate.
+  float *dwg1 = malloc((size_t)M * E * sizeof(float));
+  memcpy(dwg1, p.dwg, (size_t)M * E * sizeof(float));
+  const uint64_t allocs = moe_alloc_count();
+  TU_CHECK(moe_layer_forward(layer, x, T, y2, NULL) == MOE_STATUS_OK, "second forward");
+  TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "second backward");
+  TU_CHECK(moe_alloc_count() == allocs, "%s: forward+backward allocated %llu times",
+           rf.case_name, (unsigned long long)(moe_alloc_count() - allocs));
+  TU_CHECK(memcmp(y, y2, (size_t)T * M * sizeof(float)) == 0, "%s: forward not deterministic",
+           rf.case_name);
+  int accum_ok = 1;
+  for (int i = 0; i < M * E; i++) accum_ok &= p.dwg[i] == dwg1[i] + dwg1[i];
+  TU_CHECK(accum_ok, "%s: backward must accumulate (dwg twice the single-pass value)",
+           rf.case_name);
+  free(dwg1);
+done:
+  free(y);
+  free(y2);
+  free(dx);
+  moe_layer_destroy(layer);
+  moe_ctx_destroy(ctx);
+  ref_free(&rf);
+}
+
+int main(int argc, char **argv) {
+  const char *dir = argc > 1 ? argv[1] : "tests/data";
+  DIR *d = opendir(dir);
+  if (!d) {
+    fprintf(stderr, "cannot open data directory %s\n", dir);
+    return 1;
+  }
+  char *names[256];
+  int n = 0;
+  for (struct dirent *ent; (ent = readdir(d)) != NULL && n < 256;) {
+    const size_t len = strlen(ent->d_name);
+    if (strncmp(ent->d_name, "layer_", 6) == 0 && len > 4 &&
+        strcmp(ent->d_name + len - 4, ".bin") == 0) {
+      names[n] = malloc(strlen(dir) + len + 2);
+      sprintf(names[n], "%s/%s", dir, ent->d_name);
+      n++;
+    }
+  }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof names[0], cmp_str);
+  // The generator writes 8 cases; fewer means files went missing.
+  TU_CHECK(n >= 8, "expected at least 8 layer reference files in %s, found %d", dir, n);
+  for (int i = 0; i < n; i++) {
+    const int failures = tu_failures;
+    run_case(names[i]);
+    printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
+    free(names[i]);
+  }
+  return tu_finish("test_layer_torch");
+}

@@ -1,0 +1,134 @@
+// Test utilities (see testutil.h).
+#include "testutil.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "moe/core.h"
+
+int tu_checks = 0;
+int tu_failures = 0;
+
+void tu_fail_at(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  tu_failures++;
+  fprintf(stderr, "FAIL %s:%d: ", file, line);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+int tu_allclose(const char *name, const float *got, const float *ref, size_t n,
+                double atol, double rtol) {
+  size_t bad = 0;
+  tu_checks++;
+  for (size_t i = 0; i < n; i++) {
+    const double g = got[i], r = ref[i];
+    const double tol = atol + rtol * fabs(r);
+    if (!(fabs(g - r) <= tol)) {  // NaN fails too
+      if (bad < 5) {
+        fprintf(stderr, "  %s[%zu]: got %.9g ref %.9g (|diff| %.3g > tol %.3g)\n", name, i,
+                g, r, fabs(g - r), tol);
+      }
+      bad++;
+    }
+  }
+  if (bad) {
+    tu_failures++;
+    fprintf(stderr, "FAIL %s: %zu of %zu elements differ\n", name, bad, n);
+  }
+  return bad == 0;
+}
+
+double tu_max_rel_err(const float *got, const float *ref, size_t n) {
+  double maxdiff = 0.0, maxref = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const double d = fabs((double)got[i] - (double)ref[i]);
+    if (isnan(d)) return INFINITY;
+    if (d > maxdiff) maxdiff = d;
+    if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+  }
+  return maxdiff / (maxref > 1e-30 ? maxref : 1e-30);
+}
+
+int tu_rel_close(const char *name, const float *got, const float *ref, size_t n,
+                 double tol) {
+  const double err = tu_max_rel_err(got, ref, n);
+  tu_checks++;
+  if (!(err <= tol)) {
+    size_t worst = 0;
+    double wd = -1.0;
+    for (size_t i = 0; i < n; i++) {
+      const double d = fabs((double)got[i] - (double)ref[i]);
+      if (d > wd || isnan(d)) {
+        wd = d;
+        worst = i;
+      }
+    }
+    tu_failures++;
+    fprintf(stderr, "FAIL %s: relative error %.3g > %.3g (worst [%zu]: got %.9g ref %.9g)\n",
+            name, err, tol, worst, got[worst], ref[worst]);
+    return 0;
+  }
+  return 1;
+}
+
+int tu_equal_i32(const char *name, const int32_t *got, const int32_t *ref, size_t n) {
+  size_t bad = 0;
+  tu_checks++;
+  for (size_t i = 0; i < n; i++) {
+    if (got[i] != ref[i]) {
+      if (bad < 5) fprintf(stderr, "  %s[%zu]: got %d ref %d\n", name, i, got[i], ref[i]);
+      bad++;
+    }
+  }
+  if (bad) {
+    tu_failures++;
+    fprintf(stderr, "FAIL %s: %zu of %zu entries differ\n", name, bad, n);
+  }
+  return bad == 0;
+}
+
+int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param,
+                const float *analytic, size_t n, float eps, double atol, double rtol) {
+  size_t bad = 0;
+  tu_checks++;
+  for (size_t i = 0; i < n; i++) {
+    const float saved = param[i];
+    param[i] = saved + eps;
+    const double fp = f(user);
+    param[i] = saved - eps;
+    const double fm = f(user);
+    param[i] = saved;
+    const double fd = (fp - fm) / (2.0 * (double)eps);
+    const double an = analytic[i];
+    const double tol = atol + rtol * fmax(fabs(fd), fabs(an));
+    if (!(fabs(fd - an) <= tol)) {
+      if (bad < 5) {
+        fprintf(stderr, "  %s[%zu]: analytic %.7g finite-diff %.7g (|diff| %.3g > %.3g)\n",
+                name, i, an, fd, fabs(fd - an), tol);
+      }
+      bad++;
+    }
+  }
+  if (bad) {
+    tu_failures++;
+    fprintf(stderr, "FAIL %s: %zu of %zu gradient entries differ from finite differences\n",
+            name, bad, n);
+  }
+  return bad == 0;
+}
+
+void tu_fill(float *x, size_t n, uint64_t seed, float lo, float hi) {
+  moe_rng rng;
+  moe_rng_init(&rng, seed, 0);
+  moe_rng_fill_uniform(&rng, x, n, lo, hi);
+}
+
+int tu_finish(const char *name) {
+  const int passed = tu_checks - tu_failures;
+  printf("%s: %d passed, %d failed\n", name, passed < 0 ? 0 : passed, tu_failures);
+  return tu_failures ? 1 : 0;
+}
