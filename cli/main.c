@@ -1,6 +1,9 @@
 // moe: the libmoe command-line tool. Dispatches subcommands; each lives in its
 // own file and uses only the public API.
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -29,11 +32,28 @@ static int cmd_version(int argc, char **argv) {
     cli_error("version takes no arguments (got '%s')", argv[2]);
     return CLI_USAGE;
   }
-  printf("libmoe %s\nfeatures: %s\n", moe_version(), moe_features());
+  printf("libmoe %s\nfeatures: %s\nblas kernels: %s\n", moe_version(), moe_features(),
+         moe_blas_core());
   return CLI_OK;
 }
 
+// OpenBLAS reads OPENBLAS_CORETYPE only when it loads, so when it picked kernels
+// weaker than this CPU supports, restart once with the variable set. Skipped
+// when the user set OPENBLAS_CORETYPE or MOE_NO_BLAS_REEXEC.
+static void maybe_reexec_for_blas(char **argv) {
+  const char *better = moe_blas_better_core();
+  if (!better || getenv("OPENBLAS_CORETYPE") || getenv("MOE_NO_BLAS_REEXEC")) return;
+  if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  // Only reached if exec failed: go on with the slow kernels, but say so.
+  fprintf(stderr,
+          "moe: warning: OpenBLAS selected '%s' kernels; set OPENBLAS_CORETYPE=%s for faster "
+          "GEMMs\n",
+          moe_blas_core(), better);
+}
+
 int main(int argc, char **argv) {
+  maybe_reexec_for_blas(argv);
   if (argc < 2) {
     usage(stderr);
     return CLI_USAGE;

@@ -23,6 +23,16 @@ extern "C" {
 void moe_blas_set_threads(int n);
 // Name of the BLAS library compiled in, e.g. "OpenBLAS 0.3.21".
 const char *moe_blas_name(void);
+// The CPU kernel set the BLAS library selected at load time ("SkylakeX",
+// "Haswell", ...), or "unknown".
+const char *moe_blas_core(void);
+// OpenBLAS built with DYNAMIC_ARCH falls back to its slowest x86-64 kernels
+// ("Prescott") on CPUs it does not recognise (seen with OpenBLAS 0.3.21 on
+// Sapphire Rapids under a hypervisor: ~5x slower SGEMM). If the selected kernel
+// set is weaker than what this CPU supports, returns the core type to put in
+// OPENBLAS_CORETYPE before the library loads ("SkylakeX" or "Haswell");
+// otherwise NULL. The moe CLI does this itself (see cli/main.c).
+const char *moe_blas_better_core(void);
 
 // ---- GEMM ------------------------------------------------------------------------
 

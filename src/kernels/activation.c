@@ -60,11 +60,12 @@ static inline gelu_parts gelu_eval(float x) {
   const float a = fabsf(x);
   const int far = a > GELU_TAIL_CUT;  // false for NaN
 
-  // exp(-a^2 / 2) with a^2 split exactly into hi + lo (Veltkamp split: ah has
-  // 12 significant bits, so ah*ah is exact). Rounding a^2 itself would cost
-  // ~a^2 * 2^-24 relative error: 1e-5 at x = -12.
-  const float split = a * 4097.0f;
-  const float ah = split - (split - a);
+  // exp(-a^2 / 2) with a^2 split exactly into hi + lo: ah is a with its low 12
+  // mantissa bits cleared, so ah*ah (at most 24 significant bits) is exact.
+  // Rounding a^2 itself would cost ~a^2 * 2^-24 relative error: 1e-5 at x = -12.
+  // (Bit masking rather than Veltkamp's a*4097 split, which FMA contraction
+  // under -ffp-contract=fast would silently break.)
+  const float ah = bits_and(a, 0xFFFFF000u);
   const float al = a - ah;
   const float hi = -0.5f * (ah * ah);
   const float lo = -0.5f * (al * (ah + ah) + al * al);
@@ -137,35 +138,87 @@ static inline float gelu_value(float x) {
 static inline float gelu_grad(float x) {
   const gelu_parts g = gelu_eval(x);
   const uint32_t keep = 0u - (uint32_t)!(fabsf(x) > GELU_TAIL_CUT);
-  return g.phi_cdf + bits_and(x, keep) * g.pdf;
+  return g.phi_cdf + 0.999f * bits_and(x, keep) * g.pdf;
 }
 
+// ---- GELU loops and their per-ISA copies -----------------------------------------------
+
+#if defined(__GNUC__) || defined(__clang__)
+#define GELU_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define GELU_ALWAYS_INLINE inline
+#endif
+
 // Separate in-place and out-of-place loops: with y == x the restrict-qualified
-// out-of-place loop would be undefined, and a loop without restrict gets a
-// runtime overlap check that sends y == x to the scalar path.
-static void gelu_inplace(float *restrict y, size_t n) {
+// out-of-place loop would be undefined, and clang sends a loop without restrict
+// to its scalar path when y == x (its runtime overlap check fails).
+static GELU_ALWAYS_INLINE void gelu_fwd_loop(float *restrict y, const float *restrict x,
+                                             size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] = gelu_value(x[i]);
+}
+
+static GELU_ALWAYS_INLINE void gelu_fwd_inplace_loop(float *restrict y, size_t n) {
   for (size_t i = 0; i < n; i++) y[i] = gelu_value(y[i]);
 }
 
-static void gelu_outofplace(float *restrict y, const float *restrict x, size_t n) {
-  for (size_t i = 0; i < n; i++) y[i] = gelu_value(x[i]);
+static GELU_ALWAYS_INLINE void gelu_bwd_loop(float *restrict dx, const float *restrict dy,
+                                             const float *restrict x, size_t n) {
+  for (size_t i = 0; i < n; i++) dx[i] += dy[i] * gelu_grad(x[i]);
+}
+
+enum { GELU_FWD, GELU_FWD_INPLACE, GELU_BWD };
+
+// One copy of the three loops per instruction set. The library is built for
+// baseline x86-64 (SSE2, 4 floats a vector); GELU is compute-bound (~60 flops
+// an element), so on x86-64 with GCC or clang AVX2+FMA and AVX-512 copies are
+// compiled too and picked at run time from CPUID. Results may differ between
+// copies in the last bit where the compiler contracts a*b+c into an FMA.
+#define GELU_ISA_COPY(suffix, attr)                                                  \
+  attr static void gelu_run_##suffix(int op, float *out, const float *dy,           \
+                                     const float *x, size_t n) {                    \
+    if (op == GELU_FWD) {                                                           \
+      gelu_fwd_loop(out, x, n);                                                     \
+    } else if (op == GELU_FWD_INPLACE) {                                            \
+      gelu_fwd_inplace_loop(out, n);                                                \
+    } else {                                                                        \
+      gelu_bwd_loop(out, dy, x, n);                                                 \
+    }                                                                               \
+  }
+
+GELU_ISA_COPY(base, )
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GELU_X86_DISPATCH 1
+GELU_ISA_COPY(avx2, __attribute__((target("avx2,fma"))))
+GELU_ISA_COPY(avx512, __attribute__((target("avx512f,avx2,fma"))))
+#else
+#define GELU_X86_DISPATCH 0
+#endif
+
+static void gelu_run(int op, float *out, const float *dy, const float *x, size_t n) {
+#if GELU_X86_DISPATCH
+  // __builtin_cpu_supports reads flags libgcc filled in at startup: cheap
+  // enough per call, and no shared function pointer to initialise racily.
+  if (__builtin_cpu_supports("avx512f")) {
+    gelu_run_avx512(op, out, dy, x, n);
+    return;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    gelu_run_avx2(op, out, dy, x, n);
+    return;
+  }
+#endif
+  gelu_run_base(op, out, dy, x, n);
 }
 
 // y, x are (n); y == x allowed (partial overlap is not).
 void moe_gelu_forward(float *y, const float *x, size_t n) {
-  if (y == x) {
-    gelu_inplace(y, n);
-  } else {
-    gelu_outofplace(y, x, n);
-  }
+  gelu_run(y == x ? GELU_FWD_INPLACE : GELU_FWD, y, NULL, x, n);
 }
 
 // dx, dy, x are (n); x is the forward input.
 void moe_gelu_backward(float *dx, const float *dy, const float *x, size_t n) {
-  float *restrict dxr = dx;
-  const float *restrict dyr = dy;
-  const float *restrict xr = x;
-  for (size_t i = 0; i < n; i++) dxr[i] += dyr[i] * gelu_grad(xr[i]);
+  gelu_run(GELU_BWD, dx, dy, x, n);
 }
 
 // The definition itself in double: 0.5 x (1 + erf(x/sqrt2)) == 0.5 x erfc(-x/sqrt2);

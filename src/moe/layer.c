@@ -10,6 +10,7 @@
 // Deliberately not here: communication, chunking and scheduling (comm/, sched/
 // build on the routing plan and placement this file exposes).
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "moe/kernels.h"
@@ -56,9 +57,21 @@ static size_t max_rows_for(const moe_layer_config *cfg) {
   return ec < tk ? ec : tk;
 }
 
+// Warns once per process when the BLAS runs kernels weaker than the CPU allows.
+static void warn_slow_blas_once(void) {
+  static atomic_int warned = 0;
+  const char *better = moe_blas_better_core();
+  if (better && atomic_exchange(&warned, 1) == 0) {
+    MOE_WARN("OpenBLAS runs its '%s' kernels on a CPU that supports '%s'; set "
+             "OPENBLAS_CORETYPE=%s before starting for several times faster GEMMs",
+             moe_blas_core(), better, better);
+  }
+}
+
 moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer **out) {
   moe_status st = MOE_STATUS_OK;
   moe_layer *L = NULL;
+  warn_slow_blas_once();
   MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
   *out = NULL;
   MOE_TRY(moe_layer_config_validate(ctx, cfg));

@@ -1,0 +1,890 @@
+// Tests of the CPU kernels (include/moe/kernels.h). For every op:
+//   - forward against its naive `_ref` over awkward shapes (1 row, 1 column,
+//     odd sizes, sizes that are not multiples of the vector/lane widths);
+//   - backward against central finite differences of L = sum_i r_i out_i with a
+//     fixed random r, and the accumulate (+=) contract on a pre-filled buffer;
+//   - hand-computed cases with literal expected numbers, so a mistake shared by
+//     a kernel and its `_ref` cannot pass.
+// Tolerances (see each test): float kernels against double references use
+// ~1e-5 relative; finite differences use eps 1e-2 (3e-3 for the strongly
+// non-linear layernorm input) with atol ~1e-4..1e-3 and rtol 1e-2. Gradient
+// entries are O(0.1..1), so a missing term or factor fails by orders of
+// magnitude more than these tolerances.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/kernels.h"
+#include "testutil.h"
+
+// ---- small helpers ---------------------------------------------------------------------
+
+#define MAX_ALLOCS 4096
+static void *g_allocs[MAX_ALLOCS];
+static int g_nallocs;
+
+// Zeroed test buffer, freed by free_all() after each test function (tests may
+// allocate; kernels do not).
+static float *fbuf(size_t n) {
+  float *p = calloc(n ? n : 1, sizeof(float));
+  if (!p || g_nallocs == MAX_ALLOCS) {
+    fprintf(stderr, "test_kernels: out of memory\n");
+    exit(2);
+  }
+  g_allocs[g_nallocs++] = p;
+  return p;
+}
+
+static int32_t *ibuf(size_t n) {
+  int32_t *p = calloc(n ? n : 1, sizeof(int32_t));
+  if (!p || g_nallocs == MAX_ALLOCS) {
+    fprintf(stderr, "test_kernels: out of memory\n");
+    exit(2);
+  }
+  g_allocs[g_nallocs++] = p;
+  return p;
+}
+
+static void free_all(void) {
+  for (int i = 0; i < g_nallocs; i++) free(g_allocs[i]);
+  g_nallocs = 0;
+}
+
+static float *filled(size_t n, uint64_t seed, float lo, float hi) {
+  float *p = fbuf(n);
+  tu_fill(p, n, seed, lo, hi);
+  return p;
+}
+
+static float *copy_of(const float *x, size_t n) {
+  float *p = fbuf(n);
+  if (n) memcpy(p, x, n * sizeof(float));
+  return p;
+}
+
+static double dot_d(const float *a, const float *b, size_t n) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
+  return s;
+}
+
+static int bits_equal(const float *a, const float *b, size_t n) {
+  return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+// want = base + delta, element-wise, checked with a tolerance: the accumulate
+// contract (backward adds into a pre-filled buffer instead of overwriting).
+static void check_accumulated(const char *name, const float *got, const float *base,
+                              const float *delta, size_t n) {
+  float *want = fbuf(n);
+  for (size_t i = 0; i < n; i++) want[i] = base[i] + delta[i];
+  tu_allclose(name, got, want, n, 1e-6, 1e-5);
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------
+
+static void test_gemm_hand(void) {
+  const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+  const float ab[4] = {39, 45, 87, 101};    // 2 * A B + 1
+  const float atb[4] = {26, 30, 38, 44};    // A^T B
+  const float abt[4] = {17, 23, 39, 53};    // A B^T
+  const float atbt[4] = {23, 31, 34, 46};   // A^T B^T
+  for (int use_ref = 0; use_ref < 2; use_ref++) {
+    void (*gemm)(int, int, int, int, int, float, const float *, int, const float *, int,
+                 float, float *, int) = use_ref ? moe_gemm_ref : moe_gemm;
+    float c[4] = {1, 1, 1, 1};
+    gemm(0, 0, 2, 2, 2, 2.0f, a, 2, b, 2, 1.0f, c, 2);
+    tu_allclose(use_ref ? "gemm_ref hand NN" : "gemm hand NN", c, ab, 4, 0, 0);
+    gemm(1, 0, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    tu_allclose(use_ref ? "gemm_ref hand TN" : "gemm hand TN", c, atb, 4, 0, 0);
+    gemm(0, 1, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    tu_allclose(use_ref ? "gemm_ref hand NT" : "gemm hand NT", c, abt, 4, 0, 0);
+    gemm(1, 1, 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+    tu_allclose(use_ref ? "gemm_ref hand TT" : "gemm hand TT", c, atbt, 4, 0, 0);
+  }
+}
+
+// All four transpose combinations, padded leading dimensions, alpha/beta not
+// 0/1, and a check that padding columns of C are never written.
+static void test_gemm_vs_ref(void) {
+  static const int shapes[][3] = {{1, 1, 1},  {1, 7, 5},   {6, 1, 3},   {5, 7, 1},
+                                  {13, 17, 19}, {33, 40, 65}, {2, 3, 130}, {64, 9, 4}};
+  const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+  char name[96];
+  for (int s = 0; s < nshapes; s++) {
+    const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+    for (int ta = 0; ta < 2; ta++) {
+      for (int tb = 0; tb < 2; tb++) {
+        const int arows = ta ? k : m, acols = ta ? m : k;
+        const int brows = tb ? n : k, bcols = tb ? k : n;
+        const int lda = acols + 3, ldb = bcols + 2, ldc = n + 5;
+        const float *a = filled((size_t)arows * lda, 100 + s, -1.0f, 1.0f);
+        const float *b = filled((size_t)brows * ldb, 200 + s, -1.0f, 1.0f);
+        float *c0 = filled((size_t)m * ldc, 300 + s, -1.0f, 1.0f);
+        float *c = copy_of(c0, (size_t)m * ldc), *cr = copy_of(c0, (size_t)m * ldc);
+        moe_gemm(ta, tb, m, n, k, 0.7f, a, lda, b, ldb, -1.3f, c, ldc);
+        moe_gemm_ref(ta, tb, m, n, k, 0.7f, a, lda, b, ldb, -1.3f, cr, ldc);
+        // sgemm vs a double-accumulated reference: |error| ~ k * 2^-24 * O(1).
+        snprintf(name, sizeof name, "gemm m%d n%d k%d ta%d tb%d", m, n, k, ta, tb);
+        tu_allclose(name, c, cr, (size_t)m * ldc, 2e-6 * (k + 1), 1e-5);
+        int pad_ok = 1;
+        for (int i = 0; i < m; i++) {
+          for (int j = n; j < ldc; j++) {
+            const size_t o = (size_t)i * ldc + j;
+            pad_ok &= c[o] == c0[o] && cr[o] == c0[o];
+          }
+        }
+        TU_CHECK(pad_ok, "%s: wrote into the padding of C", name);
+
+        // beta = 0 must ignore C entirely, NaN included (BLAS semantics).
+        for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = cr[i] = NAN;
+        moe_gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+        moe_gemm_ref(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, cr, ldc);
+        int finite = 1;
+        for (int i = 0; i < m; i++) {
+          for (int j = 0; j < n; j++) finite &= isfinite(c[(size_t)i * ldc + j]) != 0;
+        }
+        snprintf(name, sizeof name, "gemm beta0 m%d n%d k%d ta%d tb%d", m, n, k, ta, tb);
+        TU_CHECK(finite, "%s: NaN in C survived beta = 0", name);
+        for (int i = 0; i < m; i++) {
+          tu_allclose(name, c + (size_t)i * ldc, cr + (size_t)i * ldc, (size_t)n,
+                      2e-6 * (k + 1), 1e-5);
+        }
+      }
+    }
+  }
+}
+
+static void test_gemm_empty(void) {
+  // k == 0: C = beta * C, and A, B are never read (NULL is fine).
+  float c[6] = {1, 2, 3, 4, 5, 6}, want[6] = {0.5f, 1, 1.5f, 2, 2.5f, 3};
+  float cr[6] = {1, 2, 3, 4, 5, 6};
+  moe_gemm(0, 0, 2, 3, 0, 1.0f, NULL, 1, NULL, 3, 0.5f, c, 3);
+  moe_gemm_ref(0, 0, 2, 3, 0, 1.0f, NULL, 1, NULL, 3, 0.5f, cr, 3);
+  tu_allclose("gemm k=0 beta=0.5", c, want, 6, 0, 0);
+  tu_allclose("gemm_ref k=0 beta=0.5", cr, want, 6, 0, 0);
+
+  // k == 0, beta == 0: exact zeros even over NaN, padding untouched.
+  float cn[8] = {NAN, NAN, NAN, 7, NAN, NAN, NAN, 7};
+  const float zeros_pad[8] = {0, 0, 0, 7, 0, 0, 0, 7};
+  moe_gemm(1, 1, 2, 3, 0, 2.0f, NULL, 2, NULL, 1, 0.0f, cn, 4);
+  TU_CHECK(bits_equal(cn, zeros_pad, 8), "gemm k=0 beta=0 must write exact +0");
+  float cnr[8] = {NAN, NAN, NAN, 7, NAN, NAN, NAN, 7};
+  moe_gemm_ref(1, 1, 2, 3, 0, 2.0f, NULL, 2, NULL, 1, 0.0f, cnr, 4);
+  TU_CHECK(bits_equal(cnr, zeros_pad, 8), "gemm_ref k=0 beta=0 must write exact +0");
+
+  // m == 0 or n == 0: nothing is touched.
+  float keep[4] = {1, 2, 3, 4};
+  const float a[4] = {1, 1, 1, 1}, keep_want[4] = {1, 2, 3, 4};
+  moe_gemm(0, 0, 0, 2, 2, 1.0f, a, 2, a, 2, 0.0f, keep, 2);
+  moe_gemm(0, 0, 2, 0, 2, 1.0f, a, 2, a, 2, 0.0f, keep, 2);
+  moe_gemm_ref(0, 0, 0, 2, 2, 1.0f, a, 2, a, 2, 0.0f, keep, 2);
+  moe_gemm_ref(0, 0, 2, 0, 2, 1.0f, a, 2, a, 2, 0.0f, keep, 2);
+  TU_CHECK(bits_equal(keep, keep_want, 4), "gemm with m or n = 0 wrote to C");
+}
+
+// ---- linear -------------------------------------------------------------------------------
+
+typedef struct {
+  const float *x, *w, *b, *r;
+  float *y;
+  int n, din, dout;
+} linear_fd;
+
+static double linear_loss(void *u) {
+  linear_fd *c = u;
+  moe_linear_forward(c->y, c->x, c->w, c->b, c->n, c->din, c->dout);
+  return dot_d(c->r, c->y, (size_t)c->n * c->dout);
+}
+
+static void test_linear(void) {
+  static const int shapes[][3] = {{1, 5, 3}, {7, 1, 4}, {9, 6, 1}, {16, 33, 20}, {3, 0, 4}};
+  char name[96];
+  for (int s = 0; s < 5; s++) {
+    const int n = shapes[s][0], din = shapes[s][1], dout = shapes[s][2];
+    const size_t nx = (size_t)n * din, nw = (size_t)din * dout, ny = (size_t)n * dout;
+    float *x = filled(nx, 11 + s, -1, 1), *w = filled(nw, 12 + s, -1, 1);
+    float *b = filled((size_t)dout, 13 + s, -1, 1);
+    for (int with_b = 0; with_b < 2; with_b++) {
+      const float *bb = with_b ? b : NULL;
+      float *y = filled(ny, 14, -5, 5), *yr = filled(ny, 15, -5, 5);  // overwritten
+      moe_linear_forward(y, x, w, bb, n, din, dout);
+      moe_linear_forward_ref(yr, x, w, bb, n, din, dout);
+      snprintf(name, sizeof name, "linear fwd n%d din%d dout%d bias%d", n, din, dout, with_b);
+      tu_allclose(name, y, yr, ny, 2e-6 * (din + 1), 1e-5);
+    }
+    if (din == 0) {
+      float *y = filled(ny, 16, -5, 5);
+      moe_linear_forward(y, x, w, b, n, din, dout);
+      int ok = 1;
+      for (int i = 0; i < n; i++) ok &= bits_equal(y + (size_t)i * dout, b, (size_t)dout);
+      TU_CHECK(ok, "linear with din = 0 must give y = b");
+      continue;
+    }
+
+    // Backward from zero, then from a pre-filled buffer.
+    float *r = filled(ny, 17 + s, -1, 1);
+    float *dx = fbuf(nx), *dw = fbuf(nw), *db = fbuf((size_t)dout);
+    moe_linear_backward(dx, dw, db, r, x, w, n, din, dout);
+    linear_fd c = {x, w, b, r, fbuf(ny), n, din, dout};
+    snprintf(name, sizeof name, "linear dx n%d din%d dout%d", n, din, dout);
+    tu_fd_check(name, linear_loss, &c, x, dx, nx, 1e-2f, 1e-3, 1e-2);
+    snprintf(name, sizeof name, "linear dw n%d din%d dout%d", n, din, dout);
+    tu_fd_check(name, linear_loss, &c, w, dw, nw, 1e-2f, 1e-3, 1e-2);
+    snprintf(name, sizeof name, "linear db n%d din%d dout%d", n, din, dout);
+    tu_fd_check(name, linear_loss, &c, b, db, (size_t)dout, 1e-2f, 1e-3, 1e-2);
+
+    float *dx0 = filled(nx, 18, -1, 1), *dw0 = filled(nw, 19, -1, 1);
+    float *db0 = filled((size_t)dout, 20, -1, 1);
+    float *dx1 = copy_of(dx0, nx), *dw1 = copy_of(dw0, nw), *db1 = copy_of(db0, (size_t)dout);
+    moe_linear_backward(dx1, dw1, db1, r, x, w, n, din, dout);
+    check_accumulated("linear dx accumulates", dx1, dx0, dx, nx);
+    check_accumulated("linear dw accumulates", dw1, dw0, dw, nw);
+    check_accumulated("linear db accumulates", db1, db0, db, (size_t)dout);
+
+    // dx and db may be NULL; dw is still produced.
+    float *dw2 = fbuf(nw);
+    moe_linear_backward(NULL, dw2, NULL, r, x, w, n, din, dout);
+    tu_allclose("linear dw with dx, db NULL", dw2, dw, nw, 0, 0);
+  }
+}
+
+// ---- bias add -------------------------------------------------------------------------------
+
+typedef struct {
+  const float *y0, *b, *r;
+  float *y;
+  int n, d;
+} bias_fd;
+
+static double bias_loss(void *u) {
+  bias_fd *c = u;
+  const size_t ny = (size_t)c->n * c->d;
+  memcpy(c->y, c->y0, ny * sizeof(float));
+  moe_bias_add_forward(c->y, c->b, c->n, c->d);
+  return dot_d(c->r, c->y, ny);
+}
+
+static void test_bias(void) {
+  // 130 x 600 spans several row and column blocks of the blocked column sum.
+  static const int shapes[][2] = {{1, 1}, {1, 7}, {9, 1}, {13, 37}, {130, 600}};
+  char name[64];
+  for (int s = 0; s < 5; s++) {
+    const int n = shapes[s][0], d = shapes[s][1];
+    const size_t ny = (size_t)n * d;
+    float *y0 = filled(ny, 30 + s, -1, 1), *b = filled((size_t)d, 31 + s, -1, 1);
+    float *y = copy_of(y0, ny), *yr = copy_of(y0, ny);
+    moe_bias_add_forward(y, b, n, d);
+    moe_bias_add_forward_ref(yr, b, n, d);
+    snprintf(name, sizeof name, "bias fwd n%d d%d", n, d);
+    tu_allclose(name, y, yr, ny, 0, 0);  // one float add each: identical
+
+    // Backward: column sums against double sums, then FD and accumulation.
+    float *dy = filled(ny, 32 + s, -1, 1), *db = filled((size_t)d, 33, -1, 1);
+    float *db0 = copy_of(db, (size_t)d), *want = fbuf((size_t)d);
+    for (int j = 0; j < d; j++) {
+      double sum = db0[j];
+      for (int i = 0; i < n; i++) sum += dy[(size_t)i * d + j];
+      want[j] = (float)sum;
+    }
+    moe_bias_add_backward(db, dy, n, d);
+    snprintf(name, sizeof name, "bias bwd (accumulating) n%d d%d", n, d);
+    tu_allclose(name, db, want, (size_t)d, 1e-7 * (n + 10), 1e-6);
+    if (ny <= 1000) {
+      float *db2 = fbuf((size_t)d);
+      moe_bias_add_backward(db2, dy, n, d);
+      bias_fd c = {y0, b, dy, fbuf(ny), n, d};
+      snprintf(name, sizeof name, "bias db FD n%d d%d", n, d);
+      tu_fd_check(name, bias_loss, &c, b, db2, (size_t)d, 1e-2f, 1e-3, 1e-2);
+    }
+  }
+}
+
+// ---- activations ---------------------------------------------------------------------------
+
+static double gelu_d(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752440); }
+static double gelu_grad_d(double x) {
+  return 0.5 * erfc(-x * 0.70710678118654752440) +
+         x * exp(-0.5 * x * x) * 0.39894228040143267794;
+}
+
+typedef struct {
+  const float *x, *r;
+  float *y;
+  size_t n;
+  int relu;
+} act_fd;
+
+static double act_loss(void *u) {
+  act_fd *c = u;
+  if (c->relu) {
+    moe_relu_forward(c->y, c->x, c->n);
+  } else {
+    moe_gelu_forward(c->y, c->x, c->n);
+  }
+  return dot_d(c->r, c->y, c->n);
+}
+
+static void test_gelu(void) {
+  // Dense sweep over [-10, 10] (step 2^-12 ~ 2.4e-4: 81921 points, every one
+  // through the vector loops), element-wise within 1e-6 relative of the double
+  // 0.5 x erfc(-x / sqrt 2); plus the `_ref` itself against that definition.
+  const size_t n = 81921;
+  float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *want = fbuf(n);
+  for (size_t i = 0; i < n; i++) {
+    x[i] = -10.0f + (float)i * (1.0f / 4096.0f);
+    want[i] = (float)gelu_d(x[i]);
+  }
+  moe_gelu_forward(y, x, n);
+  moe_gelu_forward_ref(yr, x, n);
+  tu_allclose("gelu fwd vs exact on [-10, 10]", y, want, n, 1e-37, 1e-6);
+  tu_allclose("gelu fwd vs ref on [-10, 10]", y, yr, n, 1e-37, 1e-6);
+  // Literal values of x Phi(x) (from Python's math.erfc in double).
+  const float lx[5] = {1.0f, -1.0f, 2.0f, -3.0f, 0.5f};
+  const float lwant[5] = {0.8413447460685429f, -0.15865525393145707f, 1.9544997361036416f,
+                          -0.004049694094890287f, 0.34573123063700656f};
+  float ly[5], lyr[5];
+  moe_gelu_forward(ly, lx, 5);
+  moe_gelu_forward_ref(lyr, lx, 5);
+  tu_allclose("gelu literal values", ly, lwant, 5, 0, 1e-6);
+  tu_allclose("gelu_ref literal values", lyr, lwant, 5, 0, 1e-7);
+
+  // Random values, odd lengths (vector tails), and in place == out of place.
+  static const size_t lens[] = {1, 3, 17, 1001};
+  for (int s = 0; s < 4; s++) {
+    float *xs = filled(lens[s], 40 + s, -6, 6), *ys = fbuf(lens[s]), *yrs = fbuf(lens[s]);
+    moe_gelu_forward(ys, xs, lens[s]);
+    moe_gelu_forward_ref(yrs, xs, lens[s]);
+    tu_allclose("gelu fwd random", ys, yrs, lens[s], 1e-37, 1e-6);
+    moe_gelu_forward(xs, xs, lens[s]);
+    TU_CHECK(bits_equal(xs, ys, lens[s]), "gelu in place differs from out of place (n=%zu)",
+             lens[s]);
+  }
+
+  // Special values: +-0, +-inf, NaN, beyond the tail cut-off, denormals.
+  const float sx[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 30.0f, -30.0f, 1e30f, -1e30f,
+                      12.5f, -12.5f, 1e-40f, -1e-40f};
+  const size_t ns = sizeof sx / sizeof sx[0];
+  float sy[sizeof sx / sizeof sx[0]], sg[sizeof sx / sizeof sx[0]], ones[sizeof sx / sizeof sx[0]];
+  for (size_t i = 0; i < ns; i++) {
+    sg[i] = 0.0f;
+    ones[i] = 1.0f;
+  }
+  moe_gelu_forward(sy, sx, ns);
+  moe_gelu_backward(sg, ones, sx, ns);
+  TU_CHECK(sy[0] == 0.0f && sy[1] == 0.0f, "gelu(+-0) = 0");
+  TU_CHECK(sy[2] == INFINITY && sy[3] == 0.0f, "gelu(inf) = inf, gelu(-inf) = 0: %g %g",
+           sy[2], sy[3]);
+  TU_CHECK(isnan(sy[4]) && isnan(sg[4]), "gelu and gelu' of NaN are NaN");
+  TU_CHECK(sy[5] == 30.0f && sy[6] == 0.0f && sy[7] == 1e30f && sy[8] == 0.0f,
+           "gelu far tails: %g %g %g %g", sy[5], sy[6], sy[7], sy[8]);
+  TU_CHECK(sy[9] == 12.5f && fabsf(sy[10]) < 1e-30f, "gelu(+-12.5): %g %g", sy[9], sy[10]);
+  TU_CHECK(fabsf(sy[11] - 0.5e-40f) < 1e-44f && fabsf(sy[12] + 0.5e-40f) < 1e-44f,
+           "gelu(denormal) = x/2: %g %g", sy[11], sy[12]);
+  TU_CHECK(sg[0] == 0.5f && sg[1] == 0.5f && sg[2] == 1.0f && sg[3] == 0.0f &&
+               sg[5] == 1.0f && sg[6] == 0.0f && sg[9] == 1.0f && fabsf(sg[10]) < 1e-30f,
+           "gelu' specials: %g %g %g %g %g %g", sg[0], sg[2], sg[3], sg[5], sg[6], sg[10]);
+
+  // Backward against the analytic derivative in double over the sweep, with
+  // dy = 1 and accumulation onto 0.25.
+  float *dx = fbuf(n), *dy = fbuf(n), *gwant = fbuf(n);
+  for (size_t i = 0; i < n; i++) {
+    dx[i] = 0.25f;
+    dy[i] = 1.0f;
+    gwant[i] = (float)(0.25 + gelu_grad_d(x[i]));
+  }
+  moe_gelu_backward(dx, dy, x, n);
+  tu_allclose("gelu bwd vs analytic (accumulated onto 0.25)", dx, gwant, n, 1e-6, 1e-6);
+
+  // And against finite differences of L = sum r gelu(x).
+  const size_t nf = 301;
+  float *xf = filled(nf, 45, -5, 5), *r = filled(nf, 46, -1, 1), *g = fbuf(nf);
+  moe_gelu_backward(g, r, xf, nf);
+  act_fd c = {xf, r, fbuf(nf), nf, 0};
+  tu_fd_check("gelu dx FD", act_loss, &c, xf, g, nf, 1e-2f, 1e-3, 1e-2);
+}
+
+static void test_relu(void) {
+  const float x[] = {-2.0f, -0.0f, 0.0f, 1e-30f, 3.5f, -1e30f, NAN, INFINITY, -INFINITY};
+  const float want[] = {0.0f, 0.0f, 0.0f, 1e-30f, 3.5f, 0.0f, NAN, INFINITY, 0.0f};
+  const size_t n = sizeof x / sizeof x[0];
+  float y[sizeof x / sizeof x[0]], yr[sizeof x / sizeof x[0]], yi[sizeof x / sizeof x[0]];
+  moe_relu_forward(y, x, n);
+  moe_relu_forward_ref(yr, x, n);
+  memcpy(yi, x, sizeof yi);
+  moe_relu_forward(yi, yi, n);
+  int ok = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (isnan(want[i])) {
+      ok &= isnan(y[i]) && isnan(yr[i]) && isnan(yi[i]);
+    } else {
+      ok &= y[i] == want[i] && yr[i] == want[i] && yi[i] == want[i];
+    }
+  }
+  TU_CHECK(ok, "relu hand values (NaN propagates, negatives and -0 -> 0)");
+
+  static const size_t lens[] = {1, 5, 33, 1000};
+  for (int s = 0; s < 4; s++) {
+    float *xs = filled(lens[s], 50 + s, -1, 1), *ys = fbuf(lens[s]), *yrs = fbuf(lens[s]);
+    moe_relu_forward(ys, xs, lens[s]);
+    moe_relu_forward_ref(yrs, xs, lens[s]);
+    tu_allclose("relu fwd vs ref", ys, yrs, lens[s], 0, 0);
+  }
+
+  // Backward: FD away from the kink (|x| >= 0.05 > eps), accumulation, and
+  // derivative 0 at exactly 0.
+  const size_t nf = 200;
+  float *xf = filled(nf, 55, -1, 1), *r = filled(nf, 56, -1, 1);
+  for (size_t i = 0; i < nf; i++) {
+    if (fabsf(xf[i]) < 0.05f) xf[i] += xf[i] < 0 ? -0.05f : 0.05f;
+  }
+  float *g = fbuf(nf);
+  moe_relu_backward(g, r, xf, nf);
+  act_fd c = {xf, r, fbuf(nf), nf, 1};
+  tu_fd_check("relu dx FD", act_loss, &c, xf, g, nf, 1e-2f, 1e-4, 1e-3);
+  float *g0 = filled(nf, 57, -1, 1), *g1 = copy_of(g0, nf);
+  moe_relu_backward(g1, r, xf, nf);
+  check_accumulated("relu dx accumulates", g1, g0, g, nf);
+  float zx[2] = {0.0f, -0.0f}, zdy[2] = {1.0f, 1.0f}, zdx[2] = {0.5f, 0.5f};
+  moe_relu_backward(zdx, zdy, zx, 2);
+  TU_CHECK(zdx[0] == 0.5f && zdx[1] == 0.5f, "relu'(0) = 0");
+}
+
+// ---- softmax and logsumexp -------------------------------------------------------------------
+
+typedef struct {
+  const float *x, *r;
+  float *y;
+  int n, d;
+} softmax_fd;
+
+static double softmax_loss(void *u) {
+  softmax_fd *c = u;
+  moe_softmax_forward(c->y, c->x, c->n, c->d);
+  return dot_d(c->r, c->y, (size_t)c->n * c->d);
+}
+
+static void lse_ref(float *out, const float *x, int n, int d) {
+  for (int i = 0; i < n; i++) {
+    double m = -INFINITY, s = 0.0;
+    for (int j = 0; j < d; j++) m = fmax(m, x[(size_t)i * d + j]);
+    for (int j = 0; j < d; j++) s += exp(x[(size_t)i * d + j] - m);
+    out[i] = (float)(m + log(s));
+  }
+}
+
+static void test_softmax(void) {
+  // Hand case: softmax(0, ln 3) = (1/4, 3/4); logsumexp = ln 4.
+  const float hx[2] = {0.0f, 1.0986122886681098f}, hwant[2] = {0.25f, 0.75f};
+  float hy[2], hl;
+  moe_softmax_forward(hy, hx, 1, 2);
+  tu_allclose("softmax hand", hy, hwant, 2, 0, 1e-6);
+  moe_logsumexp_forward(&hl, hx, 1, 2);
+  TU_CHECK(fabs(hl - 1.3862943611198906) < 1e-6, "logsumexp hand: %.9g", hl);
+
+  static const int shapes[][2] = {{1, 1}, {1, 5}, {7, 1}, {5, 17}, {3, 33}, {4, 100}, {2, 1000}};
+  char name[96];
+  for (int s = 0; s < 7; s++) {
+    const int n = shapes[s][0], d = shapes[s][1];
+    const size_t nx = (size_t)n * d;
+    for (int big = 0; big < 2; big++) {
+      // big: entries ~1e4 (and spread 20 so the row is not uniform): stays finite.
+      float *x = filled(nx, 60 + s, -10, 10);
+      if (big) {
+        for (size_t i = 0; i < nx; i++) x[i] = 1e4f + x[i] * 2.0f;
+      }
+      float *y = fbuf(nx), *yr = fbuf(nx), *l = fbuf((size_t)n), *lr = fbuf((size_t)n);
+      moe_softmax_forward(y, x, n, d);
+      moe_softmax_forward_ref(yr, x, n, d);
+      snprintf(name, sizeof name, "softmax fwd n%d d%d%s", n, d, big ? " (1e4)" : "");
+      tu_allclose(name, y, yr, nx, 1e-9, 1e-5);
+      double worst = 0.0;
+      for (int i = 0; i < n; i++) {
+        double sum = 0.0;
+        for (int j = 0; j < d; j++) sum += y[(size_t)i * d + j];
+        worst = fmax(worst, fabs(sum - 1.0));
+      }
+      TU_CHECK(worst < 1e-5, "%s: rows sum to 1 (worst |sum - 1| %.3g)", name, worst);
+      float *yi = copy_of(x, nx);
+      moe_softmax_forward(yi, yi, n, d);
+      TU_CHECK(bits_equal(yi, y, nx), "%s: in place differs from out of place", name);
+      moe_logsumexp_forward(l, x, n, d);
+      lse_ref(lr, x, n, d);
+      snprintf(name, sizeof name, "logsumexp n%d d%d%s", n, d, big ? " (1e4)" : "");
+      tu_allclose(name, l, lr, (size_t)n, 1e-6, 1e-6);
+    }
+
+    if (nx > 200) continue;
+    // Backward: FD of L = sum r softmax(x) at x, and accumulation.
+    float *x = filled(nx, 70 + s, -3, 3), *r = filled(nx, 71 + s, -1, 1);
+    float *y = fbuf(nx), *dx = fbuf(nx);
+    moe_softmax_forward(y, x, n, d);
+    moe_softmax_backward(dx, r, y, n, d);
+    softmax_fd c = {x, r, fbuf(nx), n, d};
+    snprintf(name, sizeof name, "softmax dx FD n%d d%d", n, d);
+    tu_fd_check(name, softmax_loss, &c, x, dx, nx, 1e-2f, 2e-4, 1e-2);
+    float *dx0 = filled(nx, 72, -1, 1), *dx1 = copy_of(dx0, nx);
+    moe_softmax_backward(dx1, r, y, n, d);
+    check_accumulated("softmax dx accumulates", dx1, dx0, dx, nx);
+  }
+
+  // -inf entries get probability 0; logsumexp of all -inf is -inf; NaN propagates.
+  const float xinf[6] = {-INFINITY, 0.0f, 1.0f, -INFINITY, -INFINITY, -INFINITY};
+  float yinf[3], linf[2];
+  moe_softmax_forward(yinf, xinf, 1, 3);
+  TU_CHECK(yinf[0] == 0.0f && fabsf(yinf[1] - 0.26894142f) < 1e-6f &&
+               fabsf(yinf[2] - 0.73105858f) < 1e-6f,
+           "softmax with -inf: %g %g %g", yinf[0], yinf[1], yinf[2]);
+  moe_logsumexp_forward(linf, xinf, 2, 3);
+  TU_CHECK(fabsf(linf[0] - 1.31326169f) < 1e-6f && linf[1] == -INFINITY,
+           "logsumexp with -inf: %g %g", linf[0], linf[1]);
+  const float xnan[3] = {1.0f, NAN, 2.0f};
+  float ynan[3], lnan;
+  moe_softmax_forward(ynan, xnan, 1, 3);
+  moe_logsumexp_forward(&lnan, xnan, 1, 3);
+  TU_CHECK(isnan(ynan[0]) && isnan(ynan[1]) && isnan(ynan[2]) && isnan(lnan),
+           "softmax/logsumexp of a row with NaN is NaN");
+}
+
+// ---- top-k -------------------------------------------------------------------------------------
+
+typedef struct {
+  const float *x, *r;
+  int32_t *idx;
+  float *val;
+  int n, d, k;
+} topk_fd;
+
+static double topk_loss(void *u) {
+  topk_fd *c = u;
+  moe_topk_forward(c->idx, c->val, c->x, c->n, c->d, c->k);
+  return dot_d(c->r, c->val, (size_t)c->n * c->k);
+}
+
+static void test_topk(void) {
+  // Hand cases: ties go to the lower index, NaN only after every number.
+  const float x[5] = {1.0f, 3.0f, 3.0f, NAN, 2.0f};
+  const int32_t want3[3] = {1, 2, 4}, want5[5] = {1, 2, 4, 0, 3};
+  int32_t idx[5];
+  float val[5];
+  for (int use_ref = 0; use_ref < 2; use_ref++) {
+    void (*topk)(int32_t *, float *, const float *, int, int, int) =
+        use_ref ? moe_topk_forward_ref : moe_topk_forward;
+    const char *who = use_ref ? "topk_ref" : "topk";
+    topk(idx, val, x, 1, 5, 3);
+    TU_CHECK(memcmp(idx, want3, sizeof want3) == 0 && val[0] == 3.0f && val[1] == 3.0f &&
+                 val[2] == 2.0f,
+             "%s k=3 of {1,3,3,NaN,2}: got %d %d %d", who, idx[0], idx[1], idx[2]);
+    topk(idx, val, x, 1, 5, 5);
+    TU_CHECK(memcmp(idx, want5, sizeof want5) == 0 && isnan(val[4]),
+             "%s k=5: got %d %d %d %d %d", who, idx[0], idx[1], idx[2], idx[3], idx[4]);
+    const float xn[4] = {NAN, NAN, -INFINITY, NAN};
+    topk(idx, val, xn, 1, 4, 3);
+    TU_CHECK(idx[0] == 2 && idx[1] == 0 && idx[2] == 1 && val[0] == -INFINITY,
+             "%s: -inf beats NaN, NaNs by index: got %d %d %d", who, idx[0], idx[1], idx[2]);
+    const float xz[3] = {-0.0f, 0.0f, -1.0f};
+    topk(idx, val, xz, 1, 3, 2);
+    TU_CHECK(idx[0] == 0 && idx[1] == 1, "%s: -0 and +0 tie by index: got %d %d", who,
+             idx[0], idx[1]);
+    const float xall[4] = {5.0f, 5.0f, 5.0f, 5.0f};
+    topk(idx, val, xall, 1, 4, 4);
+    TU_CHECK(idx[0] == 0 && idx[1] == 1 && idx[2] == 2 && idx[3] == 3,
+             "%s: all equal keeps index order", who);
+  }
+
+  // Random rows with many ties (values on a 1/4 grid), some NaN and -inf.
+  static const int shapes[][3] = {{1, 1, 1}, {1, 8, 8}, {5, 8, 2}, {7, 13, 3},
+                                  {64, 64, 8}, {33, 256, 1}, {9, 17, 17}};
+  char name[64];
+  for (int s = 0; s < 7; s++) {
+    const int n = shapes[s][0], d = shapes[s][1], k = shapes[s][2];
+    const size_t nx = (size_t)n * d, nk = (size_t)n * k;
+    float *xs = filled(nx, 80 + s, -2, 2);
+    for (size_t i = 0; i < nx; i++) {
+      xs[i] = floorf(xs[i] * 4.0f) / 4.0f;
+      if (i % 11 == 3) xs[i] = NAN;
+      if (i % 13 == 5) xs[i] = -INFINITY;
+    }
+    int32_t *ia = ibuf(nk), *ib = ibuf(nk);
+    float *va = fbuf(nk), *vb = fbuf(nk);
+    moe_topk_forward(ia, va, xs, n, d, k);
+    moe_topk_forward_ref(ib, vb, xs, n, d, k);
+    snprintf(name, sizeof name, "topk idx n%d d%d k%d", n, d, k);
+    tu_equal_i32(name, ia, ib, nk);
+    int vals_ok = 1, order_ok = 1;
+    for (size_t i = 0; i < nk; i++) {
+      const size_t row = i / (size_t)k;
+      vals_ok &= bits_equal(&va[i], &xs[row * d + (size_t)ia[i]], 1) && bits_equal(&va[i], &vb[i], 1);
+      if (i % (size_t)k) order_ok &= isnan(va[i]) || va[i - 1] >= va[i];
+    }
+    TU_CHECK(vals_ok, "topk n%d d%d k%d: values match x[idx] and the ref", n, d, k);
+    TU_CHECK(order_ok, "topk n%d d%d k%d: values descend", n, d, k);
+  }
+
+  // Backward: the scatter by hand, then FD at a point with distinct,
+  // well-separated values (top-k is linear there), and accumulation.
+  const int32_t bidx[4] = {2, 0, 1, 3};  // (2, 2)
+  const float bdval[4] = {0.5f, -1.0f, 2.0f, 4.0f};
+  float bdx[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  const float bwant[8] = {0.0f, 1.0f, 1.5f, 1.0f, 1.0f, 3.0f, 1.0f, 5.0f};
+  moe_topk_backward(bdx, bdval, bidx, 2, 4, 2);
+  tu_allclose("topk bwd scatter (accumulated onto 1)", bdx, bwant, 8, 0, 0);
+
+  const int n = 6, d = 9, k = 3;
+  float *xf = fbuf((size_t)n * d);
+  for (int i = 0; i < n; i++) {
+    for (int j = 0; j < d; j++) xf[i * d + j] = (float)((j * 5 + i * 3) % d) * 0.5f - 2.0f;
+  }
+  float *r = filled((size_t)n * k, 90, -1, 1), *g = fbuf((size_t)n * d);
+  int32_t *fi = ibuf((size_t)n * k);
+  float *fv = fbuf((size_t)n * k);
+  moe_topk_forward(fi, fv, xf, n, d, k);
+  moe_topk_backward(g, r, fi, n, d, k);
+  topk_fd c = {xf, r, ibuf((size_t)n * k), fbuf((size_t)n * k), n, d, k};
+  tu_fd_check("topk dx FD", topk_loss, &c, xf, g, (size_t)n * d, 1e-2f, 1e-4, 1e-3);
+}
+
+// ---- layernorm ---------------------------------------------------------------------------------
+
+typedef struct {
+  const float *x, *gamma, *beta, *r;
+  float *y, *mean, *rstd;
+  int n, d;
+} ln_fd;
+
+static double ln_loss(void *u) {
+  ln_fd *c = u;
+  moe_layernorm_forward(c->y, c->mean, c->rstd, c->x, c->gamma, c->beta, c->n, c->d, 1e-5f);
+  return dot_d(c->r, c->y, (size_t)c->n * c->d);
+}
+
+static void test_layernorm(void) {
+  // Hand case: x = (1, 2, 3, 4): mean 2.5, var 1.25, gamma 2, beta 1.
+  const float hx[4] = {1, 2, 3, 4}, hg[4] = {2, 2, 2, 2}, hb[4] = {1, 1, 1, 1};
+  float hy[4], hm, hr, hwant[4];
+  const double hrs = 1.0 / sqrt(1.25 + 1e-5);
+  for (int j = 0; j < 4; j++) hwant[j] = (float)((hx[j] - 2.5) * hrs * 2.0 + 1.0);
+  moe_layernorm_forward(hy, &hm, &hr, hx, hg, hb, 1, 4, 1e-5f);
+  tu_allclose("layernorm hand y", hy, hwant, 4, 1e-6, 1e-6);
+  TU_CHECK(hm == 2.5f && fabs(hr - hrs) < 1e-6, "layernorm hand mean %g rstd %g", hm, hr);
+
+  static const int shapes[][2] = {{1, 1}, {1, 7}, {5, 1}, {4, 16}, {3, 37}, {2, 300}};
+  char name[96];
+  for (int s = 0; s < 6; s++) {
+    const int n = shapes[s][0], d = shapes[s][1];
+    const size_t nx = (size_t)n * d;
+    // Offset mean (5 + U(-1, 1)): the variance must not cancel.
+    float *x = filled(nx, 100 + s, 4, 6), *gamma = filled((size_t)d, 101 + s, 0.5f, 1.5f);
+    float *beta = filled((size_t)d, 102 + s, -0.5f, 0.5f);
+    float *y = fbuf(nx), *yr = fbuf(nx), *m = fbuf((size_t)n), *mr = fbuf((size_t)n);
+    float *rs = fbuf((size_t)n), *rsr = fbuf((size_t)n);
+    moe_layernorm_forward(y, m, rs, x, gamma, beta, n, d, 1e-5f);
+    moe_layernorm_forward_ref(yr, mr, rsr, x, gamma, beta, n, d, 1e-5f);
+    snprintf(name, sizeof name, "layernorm fwd n%d d%d", n, d);
+    tu_allclose(name, y, yr, nx, 1e-5, 1e-5);
+    tu_allclose("layernorm mean", m, mr, (size_t)n, 0, 1e-6);
+    tu_allclose("layernorm rstd", rs, rsr, (size_t)n, 0, 1e-5);
+
+    if (d == 1 || nx > 200) continue;  // d = 1: y = beta exactly, gradient 0
+    // Backward: FD for dx, dgamma, dbeta on x in [-1, 1] (O(1) rstd so the
+    // finite differences are well conditioned), then accumulation.
+    float *xb = filled(nx, 103 + s, -1, 1), *r = filled(nx, 104 + s, -1, 1);
+    moe_layernorm_forward(y, m, rs, xb, gamma, beta, n, d, 1e-5f);
+    float *dx = fbuf(nx), *dg = fbuf((size_t)d), *db = fbuf((size_t)d);
+    moe_layernorm_backward(dx, dg, db, r, xb, m, rs, gamma, n, d);
+    ln_fd c = {xb, gamma, beta, r, fbuf(nx), fbuf((size_t)n), fbuf((size_t)n), n, d};
+    snprintf(name, sizeof name, "layernorm dx FD n%d d%d", n, d);
+    tu_fd_check(name, ln_loss, &c, xb, dx, nx, 3e-3f, 1e-3, 1e-2);
+    snprintf(name, sizeof name, "layernorm dgamma FD n%d d%d", n, d);
+    tu_fd_check(name, ln_loss, &c, gamma, dg, (size_t)d, 1e-2f, 1e-3, 1e-2);
+    snprintf(name, sizeof name, "layernorm dbeta FD n%d d%d", n, d);
+    tu_fd_check(name, ln_loss, &c, beta, db, (size_t)d, 1e-2f, 1e-3, 1e-2);
+    float *dx0 = filled(nx, 105, -1, 1), *dg0 = filled((size_t)d, 106, -1, 1);
+    float *db0 = filled((size_t)d, 107, -1, 1);
+    float *dx1 = copy_of(dx0, nx), *dg1 = copy_of(dg0, (size_t)d), *db1 = copy_of(db0, (size_t)d);
+    moe_layernorm_backward(dx1, dg1, db1, r, xb, m, rs, gamma, n, d);
+    check_accumulated("layernorm dx accumulates", dx1, dx0, dx, nx);
+    check_accumulated("layernorm dgamma accumulates", dg1, dg0, dg, (size_t)d);
+    check_accumulated("layernorm dbeta accumulates", db1, db0, db, (size_t)d);
+  }
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------
+
+typedef struct {
+  const float *logits;
+  const int32_t *targets;
+  int n, v;
+  float dloss;
+} ce_fd;
+
+static double ce_loss(void *u) {
+  ce_fd *c = u;
+  return (double)c->dloss *
+         (double)moe_cross_entropy_forward(NULL, c->logits, c->targets, c->n, c->v);
+}
+
+static void test_cross_entropy(void) {
+  // Hand case: rows (1, 2, 3) -> target 2, (0, 0, 0) -> target 1, a third row
+  // ignored; an ignored row counts neither in the sum nor in the mean.
+  const float hl[9] = {1, 2, 3, 0, 0, 0, 50, -50, 7};
+  const int32_t ht[3] = {2, 1, -1};
+  const double row0 = log(exp(1.0) + exp(2.0) + exp(3.0)) - 3.0;  // 0.40760596
+  const double row1 = log(3.0);
+  const double hwant = (row0 + row1) / 2.0;
+  float hp[9];
+  const float hloss = moe_cross_entropy_forward(hp, hl, ht, 3, 3);
+  const float hloss_ref = moe_cross_entropy_forward_ref(hl, ht, 3, 3);
+  TU_CHECK(fabs(hloss - hwant) < 1e-6, "CE hand: %.9g want %.9g", hloss, hwant);
+  TU_CHECK(fabs(hloss_ref - hwant) < 1e-6, "CE_ref hand: %.9g want %.9g", hloss_ref, hwant);
+  TU_CHECK(fabs(hwant - 0.753109126556245) < 1e-12, "CE hand constant");
+  float hp_want[9];
+  moe_softmax_forward_ref(hp_want, hl, 3, 3);
+  tu_allclose("CE probs = softmax (ignored rows too)", hp, hp_want, 9, 1e-9, 1e-6);
+
+  // Backward of the hand case, dloss = 2: row 0: 2 (p - e_2) / 2.
+  float hd[9] = {0};
+  moe_cross_entropy_backward(hd, hp, ht, 3, 3, 2.0f);
+  float hd_want[9];
+  for (int j = 0; j < 9; j++) hd_want[j] = j < 6 ? hp[j] : 0.0f;
+  hd_want[2] -= 1.0f;
+  hd_want[4] -= 1.0f;
+  tu_allclose("CE bwd hand", hd, hd_want, 9, 1e-7, 1e-6);
+
+  // Every row ignored: loss 0 and no gradient.
+  const int32_t none[3] = {-1, -1, -1};
+  float hd2[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const float ones9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  TU_CHECK(moe_cross_entropy_forward(NULL, hl, none, 3, 3) == 0.0f &&
+               moe_cross_entropy_forward_ref(hl, none, 3, 3) == 0.0f,
+           "CE with every row ignored is 0");
+  moe_cross_entropy_backward(hd2, hp, none, 3, 3, 1.0f);
+  TU_CHECK(bits_equal(hd2, ones9, 9), "CE bwd with every row ignored adds nothing");
+
+  // Random shapes vs ref, including logits around 1e4.
+  static const int shapes[][2] = {{1, 1}, {1, 5}, {6, 11}, {9, 40}, {3, 1000}};
+  char name[64];
+  for (int s = 0; s < 5; s++) {
+    const int n = shapes[s][0], v = shapes[s][1];
+    const size_t nl = (size_t)n * v;
+    int32_t *t = ibuf((size_t)n);
+    for (int i = 0; i < n; i++) t[i] = (i % 4 == 3) ? -1 : (int32_t)((i * 7 + 1) % v);
+    for (int big = 0; big < 2; big++) {
+      float *l = filled(nl, 110 + s, -4, 4);
+      if (big) {
+        for (size_t i = 0; i < nl; i++) l[i] = 1e4f + 3.0f * l[i];
+      }
+      float *p = fbuf(nl);
+      const float loss = moe_cross_entropy_forward(p, l, t, n, v);
+      const float loss_ref = moe_cross_entropy_forward_ref(l, t, n, v);
+      snprintf(name, sizeof name, "CE fwd n%d v%d%s", n, v, big ? " (1e4)" : "");
+      TU_CHECK(isfinite(loss) && fabs(loss - loss_ref) <= 1e-5 * (1.0 + fabs(loss_ref)),
+               "%s: %.9g vs ref %.9g", name, loss, loss_ref);
+    }
+
+    if (nl > 500) continue;
+    // Backward vs FD of dloss * loss; ignored rows receive exactly nothing.
+    float *l = filled(nl, 120 + s, -2, 2), *p = fbuf(nl);
+    moe_cross_entropy_forward(p, l, t, n, v);
+    float *dl = fbuf(nl);
+    moe_cross_entropy_backward(dl, p, t, n, v, 0.7f);
+    ce_fd c = {l, t, n, v, 0.7f};
+    snprintf(name, sizeof name, "CE dlogits FD n%d v%d", n, v);
+    tu_fd_check(name, ce_loss, &c, l, dl, nl, 1e-2f, 5e-5, 1e-2);
+    float *dl0 = filled(nl, 121, -1, 1), *dl1 = copy_of(dl0, nl);
+    moe_cross_entropy_backward(dl1, p, t, n, v, 0.7f);
+    check_accumulated("CE dlogits accumulates", dl1, dl0, dl, nl);
+    int ignored_ok = 1;
+    for (int i = 0; i < n; i++) {
+      if (t[i] < 0) ignored_ok &= bits_equal(dl1 + (size_t)i * v, dl0 + (size_t)i * v, (size_t)v);
+    }
+    TU_CHECK(ignored_ok, "CE: ignored rows must get no gradient");
+  }
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+static void test_adamw(void) {
+  const moe_adamw_config cfg = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f};
+
+  // First step from m = v = 0: m_hat = g, v_hat = g^2, so each parameter moves
+  // by lr * g / (|g| + eps) ~ lr * sign(g) after decaying by 1 - lr * wd; g = 0
+  // only decays. Literal numbers, independent of the kernels' formula.
+  float p[3] = {0.5f, -1.0f, 2.0f}, m[3] = {0}, v[3] = {0};
+  const float g[3] = {0.1f, -0.2f, 0.0f};
+  moe_adamw_update(p, m, v, g, 3, &cfg, 1);
+  const float p1_want[3] = {0.4895f, -0.989f, 1.998f};
+  tu_allclose("adamw first step (literal)", p, p1_want, 3, 1e-6, 1e-6);
+
+  // A later step (t = 3) from non-zero state, expected values written out
+  // from the formula in double (torch.optim.AdamW order of operations).
+  float p3[4] = {0.5f, -1.0f, 2.0f, 0.0f}, m3[4] = {0.01f, 0.0f, -0.02f, 0.3f};
+  float v3[4] = {1e-4f, 0.0f, 4e-4f, 0.01f};
+  const float g3[4] = {0.1f, -0.2f, 0.0f, -0.05f};
+  float pw[4], mw[4], vw[4];
+  // The config holds floats, so the expected values start from those.
+  const double lr = cfg.lr, b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps,
+               wd = cfg.weight_decay;
+  for (int i = 0; i < 4; i++) {
+    double pi = p3[i] * (1.0 - lr * wd);
+    const double mi = b1 * m3[i] + (1.0 - b1) * g3[i];
+    const double vi = b2 * v3[i] + (1.0 - b2) * (double)g3[i] * g3[i];
+    const double bc1 = 1.0 - b1 * b1 * b1, bc2 = 1.0 - b2 * b2 * b2;  // t = 3
+    pi -= lr / bc1 * mi / (sqrt(vi) / sqrt(bc2) + eps);
+    pw[i] = (float)pi;
+    mw[i] = (float)mi;
+    vw[i] = (float)vi;
+  }
+  float pr3[4], mr3[4], vr3[4];
+  memcpy(pr3, p3, sizeof pr3);
+  memcpy(mr3, m3, sizeof mr3);
+  memcpy(vr3, v3, sizeof vr3);
+  moe_adamw_update(p3, m3, v3, g3, 4, &cfg, 3);
+  moe_adamw_update_ref(pr3, mr3, vr3, g3, 4, &cfg, 3);
+  tu_allclose("adamw t=3 p (hand)", p3, pw, 4, 1e-7, 1e-6);
+  tu_allclose("adamw t=3 m (hand)", m3, mw, 4, 1e-9, 1e-6);
+  tu_allclose("adamw t=3 v (hand)", v3, vw, 4, 1e-12, 1e-6);
+  tu_allclose("adamw_ref t=3 p (hand)", pr3, pw, 4, 1e-7, 1e-6);
+
+  // Many parameters over several steps: update vs ref from the same state.
+  const size_t n = 1003;
+  float *pa = filled(n, 130, -1, 1), *ga = fbuf(n), *ma = fbuf(n), *va = fbuf(n);
+  float *pb = copy_of(pa, n), *mb = fbuf(n), *vb = fbuf(n);
+  const moe_adamw_config cfg2 = {3e-3f, 0.8f, 0.99f, 1e-6f, 0.01f};
+  for (int t = 1; t <= 5; t++) {
+    tu_fill(ga, n, 131 + (uint64_t)t, -1, 1);
+    moe_adamw_update(pa, ma, va, ga, n, &cfg2, t);
+    moe_adamw_update_ref(pb, mb, vb, ga, n, &cfg2, t);
+  }
+  tu_allclose("adamw p vs ref (5 steps)", pa, pb, n, 1e-6, 1e-5);
+  tu_allclose("adamw m vs ref (5 steps)", ma, mb, n, 1e-7, 1e-5);
+  tu_allclose("adamw v vs ref (5 steps)", va, vb, n, 1e-8, 1e-5);
+}
+
+// ---- BLAS control -----------------------------------------------------------------------------
+
+static void test_blas_info(void) {
+  const char *name = moe_blas_name();
+  TU_CHECK(name && strlen(name) > 0, "moe_blas_name is empty");
+  moe_blas_set_threads(1);
+  float a[1] = {2}, b[1] = {3}, c[1] = {0};
+  moe_gemm(0, 0, 1, 1, 1, 1.0f, a, 1, b, 1, 0.0f, c, 1);
+  TU_CHECK(c[0] == 6.0f, "gemm after set_threads(1)");
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  void (*const tests[])(void) = {test_blas_info, test_gemm_hand,  test_gemm_vs_ref,
+                                 test_gemm_empty, test_linear,     test_bias,
+                                 test_gelu,       test_relu,       test_softmax,
+                                 test_topk,       test_layernorm,  test_cross_entropy,
+                                 test_adamw};
+  for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    tests[i]();
+    free_all();
+  }
+  return tu_finish("test_kernels");
+}
