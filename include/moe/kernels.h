@@ -39,7 +39,8 @@ const char *moe_blas_better_core(void);
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major.
 // op(A) = A if !trans_a (A is (m, k), lda >= k) else A^T (A is (k, m), lda >= m).
 // op(B) = B if !trans_b (B is (k, n), ldb >= n) else B^T (B is (n, k), ldb >= k).
-// m, n or k may be 0 (with k == 0, C = beta * C).
+// m, n or k may be 0 (with k == 0, C = beta * C). As in BLAS, beta == 0 does not
+// read C: NaN or Inf already in C do not survive.
 void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
               const float *a, int lda, const float *b, int ldb, float beta, float *c,
               int ldc);

@@ -34,8 +34,8 @@ static double row_loss(const float *row, int v, int32_t t) {
 }
 
 // probs (n, v) or NULL, logits (n, v), targets (n).
-float moe_cross_entropy_forward(float *probs, const float *logits,
-                                const int32_t *targets, int n, int v) {
+float moe_cross_entropy_forward(float *probs, const float *logits, const int32_t *targets, int n,
+                                int v) {
   double total = 0.0;  // summed in double: n can be large and the mean is reported
   int valid = 0;
   for (int i = 0; i < n; i++) {
@@ -50,8 +50,8 @@ float moe_cross_entropy_forward(float *probs, const float *logits,
 }
 
 // dlogits, probs are (n, v); targets (n). Ignored rows get no gradient.
-void moe_cross_entropy_backward(float *dlogits, const float *probs,
-                                const int32_t *targets, int n, int v, float dloss) {
+void moe_cross_entropy_backward(float *dlogits, const float *probs, const int32_t *targets, int n,
+                                int v, float dloss) {
   int valid = 0;
   for (int i = 0; i < n; i++) valid += target_valid(targets[i], v);
   if (valid == 0) return;
@@ -68,8 +68,7 @@ void moe_cross_entropy_backward(float *dlogits, const float *probs,
 }
 
 // Each row's log-sum-exp and the mean in double.
-float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets, int n,
-                                    int v) {
+float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets, int n, int v) {
   double total = 0.0;
   int valid = 0;
   for (int i = 0; i < n; i++) {

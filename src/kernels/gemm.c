@@ -52,24 +52,21 @@ static void scale_c(float *c, int m, int n, int ldc, float beta) {
 
 // c is (m, n) with row stride ldc; a is (m, k) or, transposed, (k, m) with row
 // stride lda; b is (k, n) or, transposed, (n, k) with row stride ldb.
-void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
-              const float *a, int lda, const float *b, int ldb, float beta, float *c,
-              int ldc) {
+void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     scale_c(c, m, n, ldc, beta);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta,
-              c, ldc);
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Triple loop accumulating in double: the reference has a much smaller rounding
 // error than sgemm, so test tolerances measure sgemm alone.
-void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha,
-                  const float *a, int lda, const float *b, int ldb, float beta,
-                  float *c, int ldc) {
+void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   for (int i = 0; i < m; i++) {
     for (int j = 0; j < n; j++) {
       double acc = 0.0;
@@ -104,8 +101,8 @@ static void fill_rows(float *y, const float *b, int n, int dout) {
 }
 
 // y is (n, dout), x is (n, din), w is (din, dout), b is (dout) or NULL.
-void moe_linear_forward(float *y, const float *x, const float *w, const float *b,
-                        int n, int din, int dout) {
+void moe_linear_forward(float *y, const float *x, const float *w, const float *b, int n, int din,
+                        int dout) {
   if (b) {
     fill_rows(y, b, n, dout);
     moe_gemm(0, 0, n, dout, din, 1.0f, x, din, w, dout, 1.0f, y, dout);
@@ -116,15 +113,15 @@ void moe_linear_forward(float *y, const float *x, const float *w, const float *b
 
 // dx (n, din) += dy w^T; dw (din, dout) += x^T dy; db (dout) += column sums of
 // dy (n, dout). dx and db may be NULL.
-void moe_linear_backward(float *dx, float *dw, float *db, const float *dy,
-                         const float *x, const float *w, int n, int din, int dout) {
+void moe_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                         const float *w, int n, int din, int dout) {
   if (dx) moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 1.0f, dx, din);
   moe_gemm(1, 0, din, dout, n, 1.0f, x, din, dy, dout, 1.0f, dw, dout);
   if (db) moe_bias_add_backward(db, dy, n, dout);
 }
 
-void moe_linear_forward_ref(float *y, const float *x, const float *w, const float *b,
-                            int n, int din, int dout) {
+void moe_linear_forward_ref(float *y, const float *x, const float *w, const float *b, int n,
+                            int din, int dout) {
   fill_rows(y, b, n, dout);
   moe_gemm_ref(0, 0, n, dout, din, 1.0f, x, din, w, dout, 1.0f, y, dout);
 }

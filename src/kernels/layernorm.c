@@ -42,9 +42,8 @@ static float row_sq_dev(const float *restrict x, int d, float mean) {
 }
 
 // y, x are (n, d); mean, rstd are (n); gamma, beta are (d).
-void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                           const float *gamma, const float *beta, int n, int d,
-                           float eps) {
+void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                           const float *beta, int n, int d, float eps) {
   const float *restrict g = gamma;
   const float *restrict b = beta;
   for (int i = 0; i < n; i++) {
@@ -64,9 +63,9 @@ void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
 //   dbeta += sum_rows dy.
 // dgamma/dbeta accumulate row by row in float, straight into the caller's
 // buffers (no scratch).
-void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
-                            const float *x, const float *mean, const float *rstd,
-                            const float *gamma, int n, int d) {
+void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                            const float *mean, const float *rstd, const float *gamma, int n,
+                            int d) {
   float *restrict dg = dgamma;
   float *restrict db = dbeta;
   const float *restrict ga = gamma;
@@ -107,8 +106,7 @@ void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float 
 
 // Two-pass statistics and the output in double.
 void moe_layernorm_forward_ref(float *y, float *mean, float *rstd, const float *x,
-                               const float *gamma, const float *beta, int n, int d,
-                               float eps) {
+                               const float *gamma, const float *beta, int n, int d, float eps) {
   for (int i = 0; i < n; i++) {
     const float *xr = x + (size_t)i * (size_t)d;
     double mu = 0.0, var = 0.0;

@@ -30,7 +30,7 @@ static inline float exp_nonpos(float z) {
   const float shifter = z * 1.44269504088896341f + magic;
   const float n = shifter - magic;
   float r = z - n * 0.693359375f;  // 0.693359375 has 9 bits: n * it is exact
-  r = r - n * -2.12194440e-4f;      // ln2 - 0.693359375
+  r = r - n * -2.12194440e-4f;     // ln2 - 0.693359375
   float p = 1.9875691500e-4f;      // Cephes expf polynomial on [-ln2/2, ln2/2]
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
@@ -46,7 +46,7 @@ static inline float exp_nonpos(float z) {
   float e = er * scale;
   uint32_t ebits;
   memcpy(&ebits, &e, sizeof ebits);
-  ebits &= 0u - (uint32_t)!(z < EXP_CUT);  // bitwise select: see the comment above
+  ebits &= 0u - (uint32_t) !(z < EXP_CUT);  // bitwise select: see the comment above
   memcpy(&e, &ebits, sizeof e);
   return e;
 }

@@ -26,6 +26,7 @@ static int ranks_before(float a, int32_t ia, float b, int32_t ib) {
 
 // idx, val are (n, k); x is (n, d).
 void moe_topk_forward(int32_t *idx, float *val, const float *x, int n, int d, int k) {
+  if (k <= 0) return;  // outside the contract; avoids reading slot k - 1 = -1
   for (int i = 0; i < n; i++) {
     const float *xr = x + (size_t)i * (size_t)d;
     int32_t *ir = idx + (size_t)i * (size_t)k;
@@ -49,8 +50,7 @@ void moe_topk_forward(int32_t *idx, float *val, const float *x, int n, int d, in
 }
 
 // dx is (n, d), dval and idx are (n, k).
-void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, int d,
-                       int k) {
+void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, int d, int k) {
   for (int i = 0; i < n; i++) {
     float *dxr = dx + (size_t)i * (size_t)d;
     for (int s = 0; s < k; s++) {
@@ -62,8 +62,7 @@ void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, 
 
 // Selection by repeated full scans: slot s takes the best entry not yet taken,
 // comparing with the same rules written out directly.
-void moe_topk_forward_ref(int32_t *idx, float *val, const float *x, int n, int d,
-                          int k) {
+void moe_topk_forward_ref(int32_t *idx, float *val, const float *x, int n, int d, int k) {
   for (int i = 0; i < n; i++) {
     const float *xr = x + (size_t)i * (size_t)d;
     for (int s = 0; s < k; s++) {
