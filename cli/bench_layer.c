@@ -162,9 +162,9 @@ typedef struct {
   double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
 } bench_result;
 
-static int write_json(const char *path, moe_ctx *ctx, const bench_opts *o,
-                      const moe_layer_stats *s, int capacity, const bench_result *r,
-                      double peak, double peak_ms, unsigned long long allocs) {
+static int write_json(const char *path, moe_ctx *ctx, const bench_opts *o, const moe_layer_stats *s,
+                      int capacity, const bench_result *r, double peak, double peak_ms,
+                      unsigned long long allocs) {
   char cfg_json[1024];
   if (moe_layer_config_to_json(ctx, &o->cfg, cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
@@ -191,11 +191,11 @@ static int write_json(const char *path, moe_ctx *ctx, const bench_opts *o,
           "\"fwd_expert_other\": %.6f, \"fwd_combine\": %.6f, \"bwd_gate\": %.6f, "
           "\"bwd_dispatch\": %.6f, \"bwd_expert_other\": %.6f, \"bwd_combine\": %.6f}\n}\n",
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, capacity,
-          s->rows, s->dropped, r->fwd_ms, r->bwd_ms, r->total_ms, r->expert_gemm_ms,
-          r->all_gemm_ms, r->total_ms / r->all_gemm_ms, r->expert_gflops, peak, o->peak_n,
-          peak_ms, r->expert_gflops / peak, r->tokens_per_s, allocs, r->fwd_gate_ms,
-          r->fwd_dispatch_ms, r->fwd_expert_other_ms, r->fwd_combine_ms, r->bwd_gate_ms,
-          r->bwd_dispatch_ms, r->bwd_expert_other_ms, r->bwd_combine_ms);
+          s->rows, s->dropped, r->fwd_ms, r->bwd_ms, r->total_ms, r->expert_gemm_ms, r->all_gemm_ms,
+          r->total_ms / r->all_gemm_ms, r->expert_gflops, peak, o->peak_n, peak_ms,
+          r->expert_gflops / peak, r->tokens_per_s, allocs, r->fwd_gate_ms, r->fwd_dispatch_ms,
+          r->fwd_expert_other_ms, r->fwd_combine_ms, r->bwd_gate_ms, r->bwd_dispatch_ms,
+          r->bwd_expert_other_ms, r->bwd_combine_ms);
   const int bad = ferror(f);
   if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
     cli_error("cannot write '%s'", path);
@@ -285,9 +285,8 @@ int cmd_bench_layer(int argc, char **argv) {
     }
     moe_free(col);
   }
-  const bench_result r = {med[0],  med[1],  med[2],  med[3],  med[4],
-                          med[5],  med[6],  med[7],  med[8],  med[9],
-                          med[10], med[11], med[12], med[13], med[14]};
+  const bench_result r = {med[0], med[1], med[2],  med[3],  med[4],  med[5],  med[6], med[7],
+                          med[8], med[9], med[10], med[11], med[12], med[13], med[14]};
   double peak_ms = 0.0;
   const double peak = sgemm_peak_gflops(o.peak_n, &peak_ms);
   const int capacity = moe_layer_capacity(&o.cfg, o.cfg.tokens);

@@ -32,8 +32,8 @@ static int cmd_version(int argc, char **argv) {
     cli_error("version takes no arguments (got '%s')", argv[2]);
     return CLI_USAGE;
   }
-  printf("libmoe %s\nfeatures: %s\nblas kernels: %s\n", moe_version(), moe_features(),
-         moe_blas_core());
+  printf("libmoe %s\nfeatures: %s\nblas: %s (kernels: %s)\n", moe_version(), moe_features(),
+         moe_blas_name(), moe_blas_core());
   return CLI_OK;
 }
 

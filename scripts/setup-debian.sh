@@ -5,7 +5,7 @@
 #                                           regenerate tests/data reference files)
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config clang libclang-rt-dev
+pkgs=(build-essential cmake pkg-config clang clang-format libclang-rt-dev git
       openmpi-bin libopenmpi-dev libopenblas-dev libzfp-dev libcjson-dev
       gnuplot-nox iproute2)
 if [[ "${1:-}" == "--torch" ]]; then

@@ -15,8 +15,8 @@
 #define REF_MAGIC "MOEREF\0\0"
 #define REF_MAGIC_LEN 8
 #define REF_HEADER_BYTES 128
-#define REF_RECORD_BYTES 72               // name 32 + dtype 4 + ndim 4 + dims 32
-#define REF_MAX_FILE ((size_t)1 << 28)    // 256 MiB: far above any test file
+#define REF_RECORD_BYTES 72             // name 32 + dtype 4 + ndim 4 + dims 32
+#define REF_MAX_FILE ((size_t)1 << 28)  // 256 MiB: far above any test file
 #define REF_MAX_TENSORS 4096
 #define REF_MAX_DIM ((int64_t)1 << 31)
 #define REF_MAX_SHAPE_PARAM (1 << 24)
@@ -52,8 +52,7 @@ uint32_t ref_crc32(const void *data, size_t n) {
 // ---- little-endian decoding -------------------------------------------------
 
 static uint32_t le_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-         ((uint32_t)p[3] << 24);
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
 static uint64_t le_u64(const unsigned char *p) {
@@ -124,8 +123,7 @@ static int read_all(const char *path, unsigned char **out, size_t *out_len, char
   FILE *fp = fopen(path, "rb");
   if (!fp) {
     const int e = errno;
-    set_err(err, errlen, "%s: cannot open (missing or unreadable file): %s", path,
-            strerror(e));
+    set_err(err, errlen, "%s: cannot open (missing or unreadable file): %s", path, strerror(e));
     return 1;
   }
   size_t cap = 1 << 16, len = 0;
@@ -218,21 +216,18 @@ static int parse(cursor *c, ref_file *f) {
     }
   }
   if (f->K > f->E) {
-    set_err(c->err, c->errlen, "%s: bad header: K = %" PRId32 " > E = %" PRId32, path, f->K,
-            f->E);
+    set_err(c->err, c->errlen, "%s: bad header: K = %" PRId32 " > E = %" PRId32, path, f->K, f->E);
     return 1;
   }
   if ((f->act != 0 && f->act != 1) || (f->renormalize != 0 && f->renormalize != 1)) {
-    set_err(c->err, c->errlen, "%s: bad header: act = %" PRId32 ", renormalize = %" PRId32,
-            path, f->act, f->renormalize);
+    set_err(c->err, c->errlen, "%s: bad header: act = %" PRId32 ", renormalize = %" PRId32, path,
+            f->act, f->renormalize);
     return 1;
   }
   if (!isfinite(f->capacity_factor) || f->capacity_factor < 0.0 ||
-      (f->capacity == -1) != (f->capacity_factor == 0.0) || f->capacity < -1 ||
-      f->capacity == 0) {
-    set_err(c->err, c->errlen,
-            "%s: bad header: capacity = %" PRId32 " with capacity_factor = %g", path,
-            f->capacity, f->capacity_factor);
+      (f->capacity == -1) != (f->capacity_factor == 0.0) || f->capacity < -1 || f->capacity == 0) {
+    set_err(c->err, c->errlen, "%s: bad header: capacity = %" PRId32 " with capacity_factor = %g",
+            path, f->capacity, f->capacity_factor);
     return 1;
   }
   if (!isfinite(f->aux_loss_coef) || !isfinite(f->z_loss_coef) || f->aux_loss_coef < 0.0f ||
@@ -242,8 +237,8 @@ static int parse(cursor *c, ref_file *f) {
     return 1;
   }
   if (n_tensors > REF_MAX_TENSORS) {
-    set_err(c->err, c->errlen, "%s: bad header: n_tensors = %" PRIu32 " (max %d)", path,
-            n_tensors, REF_MAX_TENSORS);
+    set_err(c->err, c->errlen, "%s: bad header: n_tensors = %" PRIu32 " (max %d)", path, n_tensors,
+            REF_MAX_TENSORS);
     return 1;
   }
   if (n_tensors > 0) {
@@ -276,8 +271,7 @@ static int parse(cursor *c, ref_file *f) {
       return 1;
     }
     if (ndim < 1 || ndim > 4) {
-      set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: ndim = %" PRIu32, path, t->name,
-              ndim);
+      set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: ndim = %" PRIu32, path, t->name, ndim);
       return 1;
     }
     t->dtype = (int)dtype;
@@ -288,14 +282,13 @@ static int parse(cursor *c, ref_file *f) {
       t->dims[d] = v;
       const int ok = d < t->ndim ? (v >= 1 && v <= REF_MAX_DIM) : (v == 1);
       if (!ok) {
-        set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: dims[%d] = %" PRId64, path,
-                t->name, d, v);
+        set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: dims[%d] = %" PRId64, path, t->name,
+                d, v);
         return 1;
       }
       // count * v <= REF_MAX_FILE / 4 without overflow (both factors bounded)
       if ((size_t)v > (REF_MAX_FILE / 4) / count) {
-        set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: too many elements", path,
-                t->name);
+        set_err(c->err, c->errlen, "%s: tensor '%s': bad dims: too many elements", path, t->name);
         return 1;
       }
       count *= (size_t)v;
@@ -326,8 +319,9 @@ static int parse(cursor *c, ref_file *f) {
   }
   const uint32_t stored = le_u32(p), computed = ref_crc32(c->buf, body);
   if (stored != computed) {
-    set_err(c->err, c->errlen, "%s: CRC mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32
-            ")", path, stored, computed);
+    set_err(c->err, c->errlen,
+            "%s: CRC mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32 ")", path, stored,
+            computed);
     return 1;
   }
   return 0;

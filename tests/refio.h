@@ -11,17 +11,17 @@
 #define REF_VERSION 1u
 
 typedef struct {
-  char name[32];     // NUL-terminated
-  int dtype;         // REF_DTYPE_F32 or REF_DTYPE_I32
-  int ndim;          // 1..4
-  int64_t dims[4];   // unused = 1
-  size_t count;      // product of dims
-  void *data;        // count floats or int32s, host order, malloc'ed
+  char name[32];    // NUL-terminated
+  int dtype;        // REF_DTYPE_F32 or REF_DTYPE_I32
+  int ndim;         // 1..4
+  int64_t dims[4];  // unused = 1
+  size_t count;     // product of dims
+  void *data;       // count floats or int32s, host order, malloc'ed
 } ref_tensor;
 
 typedef struct {
   uint32_t version;
-  char case_name[64];  // NUL-terminated
+  char case_name[64];                                 // NUL-terminated
   int32_t T, M, H, E, K, act, renormalize, capacity;  // act 0 gelu 1 relu; capacity -1 = dropless
   double capacity_factor;
   float aux_loss_coef, z_loss_coef;

@@ -11,8 +11,8 @@
 static void test_status(void) {
   for (int s = 0; s < MOE_STATUS_COUNT_; s++) {
     const char *txt = moe_status_str((moe_status)s);
-    TU_CHECK(txt && strlen(txt) > 0 && strcmp(txt, "unknown status") != 0,
-             "status %d has no name", s);
+    TU_CHECK(txt && strlen(txt) > 0 && strcmp(txt, "unknown status") != 0, "status %d has no name",
+             s);
   }
   TU_CHECK(strcmp(moe_status_str(MOE_STATUS_INVALID_ARG), "invalid argument") == 0,
            "INVALID_ARG name");
@@ -112,8 +112,8 @@ static void test_rng(void) {
   for (int i = 0; i < 3; i++) {
     uint32_t out[4];
     moe_philox4x32_10(kat[i], kat[i] + 4, out);
-    TU_CHECK(memcmp(out, kat[i] + 6, sizeof out) == 0,
-             "philox KAT %d: got %08x %08x %08x %08x", i, out[0], out[1], out[2], out[3]);
+    TU_CHECK(memcmp(out, kat[i] + 6, sizeof out) == 0, "philox KAT %d: got %08x %08x %08x %08x", i,
+             out[0], out[1], out[2], out[3]);
   }
   // Value i of a stream depends only on (seed, stream, i): a fill split in two
   // parts equals one fill; another stream or seed differs.
@@ -177,9 +177,8 @@ static void test_config_json(void) {
                                       "\"capacity_factor\": 0}",
                                       &cfg) == MOE_STATUS_OK,
            "parse: %s", moe_ctx_error(ctx));
-  TU_CHECK(cfg.tokens == 64 && cfg.num_experts == 4 && cfg.top_k == 1 &&
-               cfg.act == MOE_ACT_RELU && cfg.renormalize == 1 && cfg.capacity_factor == 0.0 &&
-               cfg.model_dim == 256,
+  TU_CHECK(cfg.tokens == 64 && cfg.num_experts == 4 && cfg.top_k == 1 && cfg.act == MOE_ACT_RELU &&
+               cfg.renormalize == 1 && cfg.capacity_factor == 0.0 && cfg.model_dim == 256,
            "parsed values");
   const moe_layer_config before = cfg;
   TU_CHECK(moe_layer_config_from_json(ctx, "{\"tokens\": 8, \"bogus\": 1}", &cfg) ==
@@ -193,9 +192,9 @@ static void test_config_json(void) {
            "malformed rejected");
   TU_CHECK(moe_layer_config_from_json(ctx, "[1, 2]", &cfg) == MOE_STATUS_BAD_FORMAT,
            "non-object rejected");
-  TU_CHECK(moe_layer_config_from_json(ctx, "{\"activation\": \"tanh\"}", &cfg) ==
-               MOE_STATUS_INVALID_ARG,
-           "unknown activation rejected");
+  TU_CHECK(
+      moe_layer_config_from_json(ctx, "{\"activation\": \"tanh\"}", &cfg) == MOE_STATUS_INVALID_ARG,
+      "unknown activation rejected");
   TU_CHECK(strstr(moe_ctx_error(ctx), "gelu, relu") != NULL, "lists valid activations");
   // Round trip through JSON.
   char buf[1024];

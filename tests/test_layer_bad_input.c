@@ -21,8 +21,7 @@ static moe_layer_config small_config(void) {
 
 // Creating a layer from cfg must fail with INVALID_ARG, *out left NULL, and a
 // message containing every string in expect (NULL-terminated).
-static void expect_create_fails(const char *what, moe_layer_config cfg,
-                                const char *const *expect) {
+static void expect_create_fails(const char *what, moe_layer_config cfg, const char *const *expect) {
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
   moe_layer *layer = (moe_layer *)ctx;  // poison: must be reset to NULL
@@ -30,8 +29,8 @@ static void expect_create_fails(const char *what, moe_layer_config cfg,
   TU_CHECK(st == MOE_STATUS_INVALID_ARG, "%s: status %s", what, moe_status_str(st));
   TU_CHECK(layer == NULL, "%s: out not NULL on failure", what);
   for (int i = 0; expect[i]; i++) {
-    TU_CHECK(strstr(moe_ctx_error(ctx), expect[i]) != NULL, "%s: message '%s' lacks '%s'",
-             what, moe_ctx_error(ctx), expect[i]);
+    TU_CHECK(strstr(moe_ctx_error(ctx), expect[i]) != NULL, "%s: message '%s' lacks '%s'", what,
+             moe_ctx_error(ctx), expect[i]);
   }
   moe_layer_destroy(layer);
   moe_ctx_destroy(ctx);
@@ -104,8 +103,7 @@ static void test_call_errors(void) {
   TU_CHECK(moe_layer_forward(layer, x, 17, y, NULL) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(ctx), "tokens (17) must be in [0, 16]"),
            "too many tokens: %s", moe_ctx_error(ctx));
-  TU_CHECK(moe_layer_forward(layer, NULL, 4, y, NULL) == MOE_STATUS_INVALID_ARG,
-           "NULL x rejected");
+  TU_CHECK(moe_layer_forward(layer, NULL, 4, y, NULL) == MOE_STATUS_INVALID_ARG, "NULL x rejected");
 
   x[5 * 8 + 3] = NAN;
   TU_CHECK(moe_layer_forward(layer, x, 16, y, NULL) == MOE_STATUS_INVALID_ARG &&
@@ -113,8 +111,7 @@ static void test_call_errors(void) {
                strstr(moe_ctx_error(ctx), "column 3"),
            "NaN in x: %s", moe_ctx_error(ctx));
   x[5 * 8 + 3] = INFINITY;
-  TU_CHECK(moe_layer_forward(layer, x, 16, y, NULL) == MOE_STATUS_INVALID_ARG,
-           "Inf in x rejected");
+  TU_CHECK(moe_layer_forward(layer, x, 16, y, NULL) == MOE_STATUS_INVALID_ARG, "Inf in x rejected");
   TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_INVALID_ARG,
            "failed forward leaves no state for backward");
   x[5 * 8 + 3] = 0.5f;
@@ -160,8 +157,7 @@ static void test_route_order(void) {
   TU_CHECK(moe_placement_init(ctx, &pl, 2, 2) == MOE_STATUS_OK, "placement");
   int32_t counts[4];
   moe_route_count_by_rank(&r, &pl, 0, counts);
-  TU_CHECK(counts[0] == 3 && counts[1] == 0 && counts[2] == 0 && counts[3] == 3,
-           "counts by rank");
+  TU_CHECK(counts[0] == 3 && counts[1] == 0 && counts[2] == 0 && counts[3] == 3, "counts by rank");
   moe_placement_set_replica(ctx, &pl, 1, 0, 1);  // replica of expert 1 on rank 0
   moe_route_count_by_rank(&r, &pl, 0, counts);
   TU_CHECK(counts[0] == 3 && counts[1] == 3 && counts[3] == 0, "replica keeps tokens local");

@@ -83,8 +83,8 @@ static void run_case(const char *path) {
   moe_layer_zero_grad(layer);
   TU_CHECK(moe_layer_forward(layer, x, T, y, &stats) == MOE_STATUS_OK, "%s: forward: %s",
            rf.case_name, moe_ctx_error(ctx));
-  TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "%s: backward: %s",
-           rf.case_name, moe_ctx_error(ctx));
+  TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "%s: backward: %s", rf.case_name,
+           moe_ctx_error(ctx));
 
   // routing: identical experts, slots (dropped = -1), counts; weights within tolerance
   const moe_route *r = moe_layer_get_route(layer);
@@ -122,8 +122,8 @@ static void run_case(const char *path) {
   const uint64_t allocs = moe_alloc_count();
   TU_CHECK(moe_layer_forward(layer, x, T, y2, NULL) == MOE_STATUS_OK, "second forward");
   TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "second backward");
-  TU_CHECK(moe_alloc_count() == allocs, "%s: forward+backward allocated %llu times",
-           rf.case_name, (unsigned long long)(moe_alloc_count() - allocs));
+  TU_CHECK(moe_alloc_count() == allocs, "%s: forward+backward allocated %llu times", rf.case_name,
+           (unsigned long long)(moe_alloc_count() - allocs));
   TU_CHECK(memcmp(y, y2, (size_t)T * M * sizeof(float)) == 0, "%s: forward not deterministic",
            rf.case_name);
   int accum_ok = 1;

@@ -17,8 +17,8 @@
 #include "testutil.h"
 
 static const char *const k_cases[] = {
-    "k1_gelu_e4_dropless",        "k2_gelu_e4_capacity_drop",  "k2_relu_e8_dropless",
-    "k1_relu_e8_capacity_drop",   "k2_gelu_e8_renorm_zloss",   "k2_relu_e4_empty_expert",
+    "k1_gelu_e4_dropless",        "k2_gelu_e4_capacity_drop",   "k2_relu_e8_dropless",
+    "k1_relu_e8_capacity_drop",   "k2_gelu_e8_renorm_zloss",    "k2_relu_e4_empty_expert",
     "k2_gelu_e4_capacity_nodrop", "k3_gelu_e8_renorm_capacity",
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
@@ -87,8 +87,8 @@ static void expect_fail(const char *what, const char *path, const char *want) {
 }
 
 // Writes buf to the temp path and expects failure with want.
-static void expect_fail_buf(const char *what, const char *tmp, const unsigned char *buf,
-                            size_t len, const char *want) {
+static void expect_fail_buf(const char *what, const char *tmp, const unsigned char *buf, size_t len,
+                            const char *want) {
   TU_CHECK(spit(tmp, buf, len) == 0, "%s: cannot write %s", what, tmp);
   expect_fail(what, tmp, want);
 }
@@ -104,12 +104,12 @@ typedef struct {
 static void check_file(const ref_file *f, const char *fname) {
   const int64_t T = f->T, M = f->M, H = f->H, E = f->E, K = f->K;
   const shape_spec specs[] = {
-      {"x", 0, 2, {T, M, 1, 1}},      {"wg", 0, 2, {M, E, 1, 1}},    {"w1", 0, 3, {E, M, H, 1}},
-      {"b1", 0, 2, {E, H, 1, 1}},     {"w2", 0, 3, {E, H, M, 1}},    {"b2", 0, 2, {E, M, 1, 1}},
-      {"dy", 0, 2, {T, M, 1, 1}},     {"y", 0, 2, {T, M, 1, 1}},     {"aux", 0, 1, {1, 1, 1, 1}},
+      {"x", 0, 2, {T, M, 1, 1}},      {"wg", 0, 2, {M, E, 1, 1}},     {"w1", 0, 3, {E, M, H, 1}},
+      {"b1", 0, 2, {E, H, 1, 1}},     {"w2", 0, 3, {E, H, M, 1}},     {"b2", 0, 2, {E, M, 1, 1}},
+      {"dy", 0, 2, {T, M, 1, 1}},     {"y", 0, 2, {T, M, 1, 1}},      {"aux", 0, 1, {1, 1, 1, 1}},
       {"z", 0, 1, {1, 1, 1, 1}},      {"expert", 1, 2, {T, K, 1, 1}}, {"slot", 1, 2, {T, K, 1, 1}},
-      {"weight", 0, 2, {T, K, 1, 1}}, {"count", 1, 1, {E, 1, 1, 1}}, {"dx", 0, 2, {T, M, 1, 1}},
-      {"dwg", 0, 2, {M, E, 1, 1}},    {"dw1", 0, 3, {E, M, H, 1}},   {"db1", 0, 2, {E, H, 1, 1}},
+      {"weight", 0, 2, {T, K, 1, 1}}, {"count", 1, 1, {E, 1, 1, 1}},  {"dx", 0, 2, {T, M, 1, 1}},
+      {"dwg", 0, 2, {M, E, 1, 1}},    {"dw1", 0, 3, {E, M, H, 1}},    {"db1", 0, 2, {E, H, 1, 1}},
       {"dw2", 0, 3, {E, H, M, 1}},    {"db2", 0, 2, {E, M, 1, 1}},
   };
   const size_t n_specs = sizeof specs / sizeof specs[0];
@@ -117,11 +117,11 @@ static void check_file(const ref_file *f, const char *fname) {
   // header
   char want_name[128];
   snprintf(want_name, sizeof want_name, "layer_%s.bin", f->case_name);
-  TU_CHECK(strcmp(want_name, fname) == 0, "%s: case_name '%s' does not match the file name",
-           fname, f->case_name);
+  TU_CHECK(strcmp(want_name, fname) == 0, "%s: case_name '%s' does not match the file name", fname,
+           f->case_name);
   TU_CHECK(f->version == 1, "%s: version %u", fname, (unsigned)f->version);
-  TU_CHECK(f->T >= 16 && f->T <= 40 && f->K >= 1 && f->K <= f->E, "%s: sizes T=%d K=%d E=%d",
-           fname, (int)f->T, (int)f->K, (int)f->E);
+  TU_CHECK(f->T >= 16 && f->T <= 40 && f->K >= 1 && f->K <= f->E, "%s: sizes T=%d K=%d E=%d", fname,
+           (int)f->T, (int)f->K, (int)f->E);
   TU_CHECK(fabsf(f->aux_loss_coef - 0.01f) < 1e-9f, "%s: aux_loss_coef %g", fname,
            (double)f->aux_loss_coef);
   TU_CHECK(f->z_loss_coef >= 0.0f, "%s: z_loss_coef %g", fname, (double)f->z_loss_coef);
@@ -145,9 +145,9 @@ static void check_file(const ref_file *f, const char *fname) {
       count *= (size_t)s->d[d];
     }
     same = same && t->count == count;
-    TU_CHECK(same, "%s: tensor '%s' has dtype %d ndim %d dims %lld,%lld,%lld,%lld", fname,
-             s->name, t->dtype, t->ndim, (long long)t->dims[0], (long long)t->dims[1],
-             (long long)t->dims[2], (long long)t->dims[3]);
+    TU_CHECK(same, "%s: tensor '%s' has dtype %d ndim %d dims %lld,%lld,%lld,%lld", fname, s->name,
+             t->dtype, t->ndim, (long long)t->dims[0], (long long)t->dims[1], (long long)t->dims[2],
+             (long long)t->dims[3]);
     if (!same) {
       shapes_ok = 0;
       continue;
@@ -217,8 +217,10 @@ static void check_file(const ref_file *f, const char *fname) {
       if (k > 0) weights_ok = weights_ok && w <= weight[t * K + k - 1];
       s += w;
     }
-    if (f->renormalize) weights_ok = weights_ok && fabs(s - 1.0) < 1e-6;
-    else weights_ok = weights_ok && s <= 1.0 + 1e-6;
+    if (f->renormalize)
+      weights_ok = weights_ok && fabs(s - 1.0) < 1e-6;
+    else
+      weights_ok = weights_ok && s <= 1.0 + 1e-6;
   }
   TU_CHECK(weights_ok, "%s: gate weights out of range, not descending or not normalised", fname);
   const float *aux = ref_f32(f, "aux", 1), *z = ref_f32(f, "z", 1);

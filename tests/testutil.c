@@ -20,8 +20,8 @@ void tu_fail_at(const char *file, int line, const char *fmt, ...) {
   fputc('\n', stderr);
 }
 
-int tu_allclose(const char *name, const float *got, const float *ref, size_t n,
-                double atol, double rtol) {
+int tu_allclose(const char *name, const float *got, const float *ref, size_t n, double atol,
+                double rtol) {
   size_t bad = 0;
   tu_checks++;
   for (size_t i = 0; i < n; i++) {
@@ -29,8 +29,8 @@ int tu_allclose(const char *name, const float *got, const float *ref, size_t n,
     const double tol = atol + rtol * fabs(r);
     if (!(fabs(g - r) <= tol)) {  // NaN fails too
       if (bad < 5) {
-        fprintf(stderr, "  %s[%zu]: got %.9g ref %.9g (|diff| %.3g > tol %.3g)\n", name, i,
-                g, r, fabs(g - r), tol);
+        fprintf(stderr, "  %s[%zu]: got %.9g ref %.9g (|diff| %.3g > tol %.3g)\n", name, i, g, r,
+                fabs(g - r), tol);
       }
       bad++;
     }
@@ -53,8 +53,7 @@ double tu_max_rel_err(const float *got, const float *ref, size_t n) {
   return maxdiff / (maxref > 1e-30 ? maxref : 1e-30);
 }
 
-int tu_rel_close(const char *name, const float *got, const float *ref, size_t n,
-                 double tol) {
+int tu_rel_close(const char *name, const float *got, const float *ref, size_t n, double tol) {
   const double err = tu_max_rel_err(got, ref, n);
   tu_checks++;
   if (!(err <= tol)) {
@@ -68,8 +67,8 @@ int tu_rel_close(const char *name, const float *got, const float *ref, size_t n,
       }
     }
     tu_failures++;
-    fprintf(stderr, "FAIL %s: relative error %.3g > %.3g (worst [%zu]: got %.9g ref %.9g)\n",
-            name, err, tol, worst, got[worst], ref[worst]);
+    fprintf(stderr, "FAIL %s: relative error %.3g > %.3g (worst [%zu]: got %.9g ref %.9g)\n", name,
+            err, tol, worst, got[worst], ref[worst]);
     return 0;
   }
   return 1;
@@ -91,8 +90,8 @@ int tu_equal_i32(const char *name, const int32_t *got, const int32_t *ref, size_
   return bad == 0;
 }
 
-int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param,
-                const float *analytic, size_t n, float eps, double atol, double rtol) {
+int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param, const float *analytic,
+                size_t n, float eps, double atol, double rtol) {
   size_t bad = 0;
   tu_checks++;
   for (size_t i = 0; i < n; i++) {
@@ -107,16 +106,16 @@ int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param,
     const double tol = atol + rtol * fmax(fabs(fd), fabs(an));
     if (!(fabs(fd - an) <= tol)) {
       if (bad < 5) {
-        fprintf(stderr, "  %s[%zu]: analytic %.7g finite-diff %.7g (|diff| %.3g > %.3g)\n",
-                name, i, an, fd, fabs(fd - an), tol);
+        fprintf(stderr, "  %s[%zu]: analytic %.7g finite-diff %.7g (|diff| %.3g > %.3g)\n", name, i,
+                an, fd, fabs(fd - an), tol);
       }
       bad++;
     }
   }
   if (bad) {
     tu_failures++;
-    fprintf(stderr, "FAIL %s: %zu of %zu gradient entries differ from finite differences\n",
-            name, bad, n);
+    fprintf(stderr, "FAIL %s: %zu of %zu gradient entries differ from finite differences\n", name,
+            bad, n);
   }
   return bad == 0;
 }

@@ -17,21 +17,20 @@ void tu_fail_at(const char *file, int line, const char *fmt, ...)
     ;
 
 // Counts a check; on failure prints file:line and the message.
-#define TU_CHECK(cond, ...)                                 \
-  do {                                                      \
-    tu_checks++;                                            \
+#define TU_CHECK(cond, ...)                                   \
+  do {                                                        \
+    tu_checks++;                                              \
     if (!(cond)) tu_fail_at(__FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 // Element-wise |got - ref| <= atol + rtol*|ref|; prints the first 5 mismatches
 // (index, got, ref). Counts one check. Returns 1 if all close.
-int tu_allclose(const char *name, const float *got, const float *ref, size_t n,
-                double atol, double rtol);
+int tu_allclose(const char *name, const float *got, const float *ref, size_t n, double atol,
+                double rtol);
 // Tensor-wise relative error max_i |got_i - ref_i| / max(max_i |ref_i|, 1e-30).
 double tu_max_rel_err(const float *got, const float *ref, size_t n);
 // Checks tu_max_rel_err(got, ref) <= tol; prints the worst element on failure.
-int tu_rel_close(const char *name, const float *got, const float *ref, size_t n,
-                 double tol);
+int tu_rel_close(const char *name, const float *got, const float *ref, size_t n, double tol);
 // Equality of integer arrays, printing the first 5 differences.
 int tu_equal_i32(const char *name, const int32_t *got, const int32_t *ref, size_t n);
 
@@ -39,8 +38,8 @@ int tu_equal_i32(const char *name, const int32_t *got, const int32_t *ref, size_
 // param (n floats), compared with the analytic gradient: |fd - an| <= atol +
 // rtol*max(|fd|, |an|). f must recompute from scratch. Returns 1 if all close.
 typedef double (*tu_scalar_fn)(void *user);
-int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param,
-                const float *analytic, size_t n, float eps, double atol, double rtol);
+int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param, const float *analytic,
+                size_t n, float eps, double atol, double rtol);
 
 // Deterministic test data in [lo, hi).
 void tu_fill(float *x, size_t n, uint64_t seed, float lo, float hi);

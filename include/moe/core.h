@@ -54,8 +54,8 @@ void moe_ctx_clear_error(moe_ctx *ctx);
 
 // Records an error in ctx (ctx may be NULL: then only logged at debug level)
 // and returns code, so callers can write `return moe_error(...)`.
-moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int line,
-                        const char *fmt, ...)
+moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int line, const char *fmt,
+                        ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 5, 6)))
 #endif
@@ -63,18 +63,18 @@ moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int lin
 
 // Error propagation inside libmoe. A function using them declares
 // `moe_status st = MOE_STATUS_OK;` and has a single `done:` exit.
-#define MOE_TRY(expr)                         \
-  do {                                        \
-    st = (expr);                              \
-    if (st != MOE_STATUS_OK) goto done;       \
+#define MOE_TRY(expr)                   \
+  do {                                  \
+    st = (expr);                        \
+    if (st != MOE_STATUS_OK) goto done; \
   } while (0)
 
-#define MOE_FAIL_IF(ctx, cond, code, ...)                               \
-  do {                                                                  \
-    if (cond) {                                                         \
+#define MOE_FAIL_IF(ctx, cond, code, ...)                                \
+  do {                                                                   \
+    if (cond) {                                                          \
       st = moe_error_at((ctx), (code), __FILE__, __LINE__, __VA_ARGS__); \
-      goto done;                                                        \
-    }                                                                   \
+      goto done;                                                         \
+    }                                                                    \
   } while (0)
 
 #define MOE_FAIL(ctx, code, ...) MOE_FAIL_IF(ctx, 1, code, __VA_ARGS__)
@@ -111,9 +111,9 @@ void moe_log_at(moe_log_level level, const char *file, int line, const char *fmt
 
 // All heap memory libmoe takes goes through these. They are 64-byte aligned and
 // counted, so tests can assert that a hot path allocates nothing.
-void *moe_malloc(size_t bytes);              // NULL on failure or bytes == 0
-void *moe_calloc(size_t count, size_t size); // zeroed; NULL on failure/overflow
-void moe_free(void *p);                      // NULL is a no-op
+void *moe_malloc(size_t bytes);               // NULL on failure or bytes == 0
+void *moe_calloc(size_t count, size_t size);  // zeroed; NULL on failure/overflow
+void moe_free(void *p);                       // NULL is a no-op
 // Number of successful moe_malloc/moe_calloc calls since the process started.
 uint64_t moe_alloc_count(void);
 
@@ -141,8 +141,8 @@ typedef struct {
 // Bytes an arena needs for the table (with alignment padding).
 size_t moe_tensor_table_bytes(const moe_tensor_spec *specs, int n);
 // Carves every tensor; fails with OUT_OF_MEMORY naming the tensor that did not fit.
-moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena,
-                                  const moe_tensor_spec *specs, int n);
+moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena, const moe_tensor_spec *specs,
+                                  int n);
 
 // ---- counter-based RNG --------------------------------------------------------
 

@@ -21,7 +21,8 @@ extern "C" {
 // Sets the number of threads the BLAS library uses (1 = single-threaded, the
 // libmoe default for compute threads). No effect if the library cannot be told.
 void moe_blas_set_threads(int n);
-// Name of the BLAS library compiled in, e.g. "OpenBLAS 0.3.21".
+// The BLAS library in use as it describes itself, e.g. "OpenBLAS 0.3.21
+// NO_LAPACKE DYNAMIC_ARCH ... SkylakeX MAX_THREADS=64", or "CBLAS".
 const char *moe_blas_name(void);
 // The CPU kernel set the BLAS library selected at load time ("SkylakeX",
 // "Haswell", ...), or "unknown".
@@ -41,24 +42,22 @@ const char *moe_blas_better_core(void);
 // op(B) = B if !trans_b (B is (k, n), ldb >= n) else B^T (B is (n, k), ldb >= k).
 // m, n or k may be 0 (with k == 0, C = beta * C). As in BLAS, beta == 0 does not
 // read C: NaN or Inf already in C do not survive.
-void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha,
-              const float *a, int lda, const float *b, int ldb, float beta, float *c,
-              int ldc);
-void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha,
-                  const float *a, int lda, const float *b, int ldb, float beta,
-                  float *c, int ldc);
+void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
+              const float *b, int ldb, float beta, float *c, int ldc);
+void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                  int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 // ---- linear: y = x W + b ------------------------------------------------------------
 
 // y is (N, Dout), x is (N, Din), w is (Din, Dout), b is (Dout) or NULL. Overwrites y.
-void moe_linear_forward(float *y, const float *x, const float *w, const float *b,
-                        int n, int din, int dout);
-void moe_linear_forward_ref(float *y, const float *x, const float *w, const float *b,
-                            int n, int din, int dout);
+void moe_linear_forward(float *y, const float *x, const float *w, const float *b, int n, int din,
+                        int dout);
+void moe_linear_forward_ref(float *y, const float *x, const float *w, const float *b, int n,
+                            int din, int dout);
 // dx (N, Din) += dy W^T (dx may be NULL); dw (Din, Dout) += x^T dy; db (Dout) +=
 // column sums of dy (db may be NULL).
-void moe_linear_backward(float *dx, float *dw, float *db, const float *dy,
-                         const float *x, const float *w, int n, int din, int dout);
+void moe_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                         const float *w, int n, int din, int dout);
 
 // ---- bias add ---------------------------------------------------------------------
 
@@ -99,26 +98,21 @@ void moe_logsumexp_forward(float *lse, const float *x, int n, int d);
 // and val (N, k). Ties go to the lower index. NaN never wins against a number.
 // 1 <= k <= d.
 void moe_topk_forward(int32_t *idx, float *val, const float *x, int n, int d, int k);
-void moe_topk_forward_ref(int32_t *idx, float *val, const float *x, int n, int d,
-                          int k);
+void moe_topk_forward_ref(int32_t *idx, float *val, const float *x, int n, int d, int k);
 // dx (N, D) += dval (N, k) scattered to the positions idx.
-void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, int d,
-                       int k);
+void moe_topk_backward(float *dx, const float *dval, const int32_t *idx, int n, int d, int k);
 
 // ---- layernorm ----------------------------------------------------------------------------
 
 // y (N, D) = (x - mean) * rstd * gamma + beta per row; mean (N) and rstd (N) are
 // saved for backward. rstd = 1/sqrt(var + eps), var the biased variance.
-void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x,
-                           const float *gamma, const float *beta, int n, int d,
-                           float eps);
+void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma,
+                           const float *beta, int n, int d, float eps);
 void moe_layernorm_forward_ref(float *y, float *mean, float *rstd, const float *x,
-                               const float *gamma, const float *beta, int n, int d,
-                               float eps);
+                               const float *gamma, const float *beta, int n, int d, float eps);
 // dx (N, D) +=, dgamma (D) +=, dbeta (D) +=.
-void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy,
-                            const float *x, const float *mean, const float *rstd,
-                            const float *gamma, int n, int d);
+void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+                            const float *mean, const float *rstd, const float *gamma, int n, int d);
 
 // ---- cross-entropy -------------------------------------------------------------------------
 
@@ -126,13 +120,12 @@ void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float 
 // [0, V) or -1 to ignore the row (ignored rows count neither in the sum nor in
 // the mean). probs (N, V) receives softmax(logits) for backward (may be NULL).
 // Returns the loss (0 when every row is ignored).
-float moe_cross_entropy_forward(float *probs, const float *logits,
-                                const int32_t *targets, int n, int v);
-float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets, int n,
-                                    int v);
+float moe_cross_entropy_forward(float *probs, const float *logits, const int32_t *targets, int n,
+                                int v);
+float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets, int n, int v);
 // dlogits (N, V) += dloss * (probs - onehot(target)) / n_valid.
-void moe_cross_entropy_backward(float *dlogits, const float *probs,
-                                const int32_t *targets, int n, int v, float dloss);
+void moe_cross_entropy_backward(float *dlogits, const float *probs, const int32_t *targets, int n,
+                                int v, float dloss);
 
 // ---- AdamW -------------------------------------------------------------------------------
 

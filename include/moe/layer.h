@@ -58,8 +58,7 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg);
 // renormalize, aux_loss_coef, z_loss_coef, check_finite. Unknown keys, wrong
 // types and malformed JSON are errors (BAD_FORMAT / INVALID_ARG); cfg is left
 // unchanged on error. Does not validate ranges (call moe_layer_config_validate).
-moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json,
-                                      moe_layer_config *cfg);
+moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg);
 // Same, reading a file.
 moe_status moe_layer_config_load(moe_ctx *ctx, const char *path, moe_layer_config *cfg);
 // Writes the config as one JSON object (no trailing newline) into buf.
@@ -81,34 +80,32 @@ typedef struct {
 } moe_placement;
 
 // Block placement: expert e lives on rank e / (E / P). E must be divisible by P.
-moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts,
-                              int num_ranks);
+moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts, int num_ranks);
 void moe_placement_free(moe_placement *pl);  // NULL or zeroed is a no-op
 // Marks (on = 1) or unmarks a replica of expert e on rank p.
-moe_status moe_placement_set_replica(moe_ctx *ctx, moe_placement *pl, int expert,
-                                     int rank, int on);
+moe_status moe_placement_set_replica(moe_ctx *ctx, moe_placement *pl, int expert, int rank, int on);
 // The rank that computes expert e's tokens coming from src_rank.
 int moe_placement_target(const moe_placement *pl, int expert, int src_rank);
 
 // ---- routing plan -----------------------------------------------------------------------
 
 typedef struct {
-  int tokens;         // T of the last build
-  int top_k;          // K
-  int num_experts;    // E
-  int capacity;       // C, or -1 when dropless
-  int rows;           // kept choices = rows dispatched to experts
-  int dropped;        // dropped choices
-  int max_tokens;     // allocated T
-  int max_rows;       // allocated rows
-  int32_t *expert;    // (T, K): expert of each choice, best first
-  int32_t *slot;      // (T, K): slot within the expert, -1 when dropped
-  float *weight;      // (T, K): gate weight of each choice
-  int32_t *count;     // (E): kept rows per expert
-  int32_t *count_all; // (E): choices per expert before dropping
-  int32_t *offset;    // (E + 1): first row of each expert in expert-ordered buffers
-  int32_t *row_token; // (rows): token of each dispatched row
-  int32_t *row_choice;// (rows): choice index k of each dispatched row
+  int tokens;           // T of the last build
+  int top_k;            // K
+  int num_experts;      // E
+  int capacity;         // C, or -1 when dropless
+  int rows;             // kept choices = rows dispatched to experts
+  int dropped;          // dropped choices
+  int max_tokens;       // allocated T
+  int max_rows;         // allocated rows
+  int32_t *expert;      // (T, K): expert of each choice, best first
+  int32_t *slot;        // (T, K): slot within the expert, -1 when dropped
+  float *weight;        // (T, K): gate weight of each choice
+  int32_t *count;       // (E): kept rows per expert
+  int32_t *count_all;   // (E): choices per expert before dropping
+  int32_t *offset;      // (E + 1): first row of each expert in expert-ordered buffers
+  int32_t *row_token;   // (rows): token of each dispatched row
+  int32_t *row_choice;  // (rows): choice index k of each dispatched row
 } moe_route;
 
 moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int top_k,
@@ -145,15 +142,15 @@ typedef struct {
 // Wall time of the phases of the last forward and the last backward.
 typedef struct {
   double total_ms;
-  double gate_ms;         // gate GEMM, softmax, top-k, routing, aux losses (fwd);
-                          // their backward (bwd)
-  double gate_gemm_ms;    // the gate's GEMMs alone
-  double dispatch_ms;     // gather rows (fwd) / scatter-add token grads (bwd)
-  double expert_gemm_ms;  // the expert FFN GEMMs alone
-  double expert_other_ms; // bias, activation and their backward
-  double combine_ms;      // weighted combine (fwd) / its backward (bwd)
-  double expert_flops;    // FLOPs of the expert GEMMs
-  double gate_flops;      // FLOPs of the gate GEMMs
+  double gate_ms;          // gate GEMM, softmax, top-k, routing, aux losses (fwd);
+                           // their backward (bwd)
+  double gate_gemm_ms;     // the gate's GEMMs alone
+  double dispatch_ms;      // gather rows (fwd) / scatter-add token grads (bwd)
+  double expert_gemm_ms;   // the expert FFN GEMMs alone
+  double expert_other_ms;  // bias, activation and their backward
+  double combine_ms;       // weighted combine (fwd) / its backward (bwd)
+  double expert_flops;     // FLOPs of the expert GEMMs
+  double gate_flops;       // FLOPs of the gate GEMMs
 } moe_layer_timing;
 
 // Allocates every buffer for cfg->tokens tokens; forward and backward allocate

@@ -12,7 +12,8 @@ extern "C" {
 
 // Version string, e.g. "0.1.0".
 const char *moe_version(void);
-// Compiled-in features, e.g. "mpi=yes blas=OpenBLAS zfp=yes cuda=no".
+// Compiled-in features, e.g. "mpi=yes blas=OpenBLAS-0.3.21 zfp=yes cuda=no".
+// Not thread-safe on first call (fills a static buffer).
 const char *moe_features(void);
 int moe_has_mpi(void);
 int moe_has_zfp(void);

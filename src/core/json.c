@@ -6,8 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what,
-                                 cJSON **out) {
+moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what, cJSON **out) {
   moe_status st = MOE_STATUS_OK;
   *out = NULL;
   MOE_FAIL_IF(ctx, !text, MOE_STATUS_INVALID_ARG, "%s: no JSON text", what);
@@ -42,8 +41,8 @@ moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char 
               "'%s' is %ld bytes; the limit is %zu", path, size, max_bytes);
   rewind(f);
   buf = moe_malloc((size_t)size + 1);
-  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %ld bytes for '%s'",
-              size + 1, path);
+  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %ld bytes for '%s'", size + 1,
+              path);
   MOE_FAIL_IF(ctx, fread(buf, 1, (size_t)size, f) != (size_t)size, MOE_STATUS_IO,
               "short read on '%s'", path);
   buf[size] = '\0';
@@ -58,8 +57,7 @@ done:
 
 moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, int *out) {
   moe_status st = MOE_STATUS_OK;
-  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG,
-              "'%s' must be an integer", what);
+  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be an integer", what);
   const double v = item->valuedouble;
   MOE_FAIL_IF(ctx, !(v == floor(v)) || v < -2147483648.0 || v > 2147483647.0,
               MOE_STATUS_INVALID_ARG, "'%s' must be an integer (got %g)", what, v);
@@ -68,11 +66,9 @@ done:
   return st;
 }
 
-moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what,
-                               double *out) {
+moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what, double *out) {
   moe_status st = MOE_STATUS_OK;
-  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be a number",
-              what);
+  MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be a number", what);
   *out = item->valuedouble;
 done:
   return st;

@@ -9,16 +9,13 @@
 
 // Parses text into *out (caller cJSON_Delete()s it). BAD_FORMAT names the
 // position of the first error; the root must be an object.
-moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what,
-                                 cJSON **out);
+moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what, cJSON **out);
 // Reads a whole file (at most max_bytes) into a NUL-terminated moe_malloc'd
 // buffer. IO error names the path and the reason.
-moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char **out,
-                         size_t *len);
+moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char **out, size_t *len);
 // Typed reads; INVALID_ARG names the key and the expected type.
 moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, int *out);
-moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what,
-                               double *out);
+moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what, double *out);
 moe_status moe_json_get_bool(moe_ctx *ctx, const cJSON *item, const char *what, int *out);
 
 #endif

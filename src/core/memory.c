@@ -39,8 +39,8 @@ moe_status moe_arena_init(moe_ctx *ctx, moe_arena *arena, size_t capacity) {
   memset(arena, 0, sizeof *arena);
   if (capacity == 0) goto done;
   arena->base = moe_calloc(1, moe_align64(capacity));
-  MOE_FAIL_IF(ctx, !arena->base, MOE_STATUS_OUT_OF_MEMORY,
-              "cannot allocate an arena of %zu bytes", capacity);
+  MOE_FAIL_IF(ctx, !arena->base, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate an arena of %zu bytes",
+              capacity);
   arena->capacity = moe_align64(capacity);
 done:
   return st;
@@ -77,8 +77,8 @@ size_t moe_tensor_table_bytes(const moe_tensor_spec *specs, int n) {
   return total;
 }
 
-moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena,
-                                  const moe_tensor_spec *specs, int n) {
+moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena, const moe_tensor_spec *specs,
+                                  int n) {
   moe_status st = MOE_STATUS_OK;
   for (int i = 0; i < n; i++) {
     float *p = NULL;

@@ -16,15 +16,24 @@ struct moe_ctx {
 
 const char *moe_status_str(moe_status st) {
   switch (st) {
-    case MOE_STATUS_OK: return "ok";
-    case MOE_STATUS_INVALID_ARG: return "invalid argument";
-    case MOE_STATUS_OUT_OF_MEMORY: return "out of memory";
-    case MOE_STATUS_IO: return "I/O error";
-    case MOE_STATUS_BAD_FORMAT: return "bad format";
-    case MOE_STATUS_UNSUPPORTED: return "unsupported";
-    case MOE_STATUS_COMM: return "communication error";
-    case MOE_STATUS_INTERNAL: return "internal error";
-    case MOE_STATUS_COUNT_: break;
+    case MOE_STATUS_OK:
+      return "ok";
+    case MOE_STATUS_INVALID_ARG:
+      return "invalid argument";
+    case MOE_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case MOE_STATUS_IO:
+      return "I/O error";
+    case MOE_STATUS_BAD_FORMAT:
+      return "bad format";
+    case MOE_STATUS_UNSUPPORTED:
+      return "unsupported";
+    case MOE_STATUS_COMM:
+      return "communication error";
+    case MOE_STATUS_INTERNAL:
+      return "internal error";
+    case MOE_STATUS_COUNT_:
+      break;
   }
   return "unknown status";
 }
@@ -48,8 +57,8 @@ void moe_ctx_clear_error(moe_ctx *ctx) {
   ctx->where[0] = '\0';
 }
 
-moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int line,
-                        const char *fmt, ...) {
+moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int line, const char *fmt,
+                        ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);

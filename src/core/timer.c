@@ -11,9 +11,7 @@ uint64_t moe_time_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-double moe_time_ms_since(uint64_t start_ns) {
-  return (double)(moe_time_ns() - start_ns) * 1e-6;
-}
+double moe_time_ms_since(uint64_t start_ns) { return (double)(moe_time_ns() - start_ns) * 1e-6; }
 
 long moe_find_nonfinite(const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) {

@@ -35,7 +35,7 @@ static int name_in(const char *name, const char *const *list) {
 const char *moe_blas_better_core(void) {
 #if MOE_HAVE_OPENBLAS_CORENAME && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const char *const avx512_cores[] = {"skylakex", "cooperlake", "sapphirerapids", NULL};
-  static const char *const avx2_cores[] = {"haswell", "zen", "skylakex", "cooperlake",
+  static const char *const avx2_cores[] = {"haswell",        "zen", "skylakex", "cooperlake",
                                            "sapphirerapids", NULL};
   const char *core = moe_blas_core();
   __builtin_cpu_init();

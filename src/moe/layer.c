@@ -9,12 +9,13 @@
 //
 // Deliberately not here: communication, chunking and scheduling (comm/, sched/
 // build on the routing plan and placement this file exposes).
+#include "moe/layer.h"
+
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "moe/kernels.h"
-#include "moe/layer.h"
 
 struct moe_layer {
   moe_ctx *ctx;
@@ -62,9 +63,10 @@ static void warn_slow_blas_once(void) {
   static atomic_int warned = 0;
   const char *better = moe_blas_better_core();
   if (better && atomic_exchange(&warned, 1) == 0) {
-    MOE_WARN("OpenBLAS runs its '%s' kernels on a CPU that supports '%s'; set "
-             "OPENBLAS_CORETYPE=%s before starting for several times faster GEMMs",
-             moe_blas_core(), better, better);
+    MOE_WARN(
+        "OpenBLAS runs its '%s' kernels on a CPU that supports '%s'; set "
+        "OPENBLAS_CORETYPE=%s before starting for several times faster GEMMs",
+        moe_blas_core(), better, better);
   }
 }
 
@@ -79,9 +81,8 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the layer");
   L->ctx = ctx;
   L->cfg = *cfg;
-  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim,
-               H = (size_t)cfg->hidden_dim, E = (size_t)cfg->num_experts,
-               K = (size_t)cfg->top_k;
+  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
+               E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
   const size_t R = max_rows_for(cfg);
   MOE_FAIL_IF(ctx, R > (size_t)MOE_MAX_ROWS, MOE_STATUS_INVALID_ARG,
               "tokens x top_k (%zu rows) exceeds %d", R, MOE_MAX_ROWS);
@@ -89,9 +90,9 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
 
   moe_layer_tensors *t = &L->t;
   const moe_tensor_spec params[] = {
-      {"wg", M * E, &t->wg},       {"w1", E * M * H, &t->w1},   {"b1", E * H, &t->b1},
-      {"w2", E * H * M, &t->w2},   {"b2", E * M, &t->b2},       {"dwg", M * E, &t->dwg},
-      {"dw1", E * M * H, &t->dw1}, {"db1", E * H, &t->db1},     {"dw2", E * H * M, &t->dw2},
+      {"wg", M * E, &t->wg},       {"w1", E * M * H, &t->w1}, {"b1", E * H, &t->b1},
+      {"w2", E * H * M, &t->w2},   {"b2", E * M, &t->b2},     {"dwg", M * E, &t->dwg},
+      {"dw1", E * M * H, &t->dw1}, {"db1", E * H, &t->db1},   {"dw2", E * H * M, &t->dw2},
       {"db2", E * M, &t->db2},
   };
   const moe_tensor_spec work[] = {
@@ -108,8 +109,7 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   const size_t pbytes = moe_tensor_table_bytes(params, np);
   const size_t wbytes = moe_tensor_table_bytes(work, nw);
   MOE_FAIL_IF(ctx, pbytes == SIZE_MAX || wbytes == SIZE_MAX, MOE_STATUS_INVALID_ARG,
-              "layer sizes overflow the address space (M %zu, H %zu, E %zu, T %zu)", M, H, E,
-              T);
+              "layer sizes overflow the address space (M %zu, H %zu, E %zu, T %zu)", M, H, E, T);
   MOE_TRY(moe_arena_init(ctx, &L->param_arena, pbytes));
   MOE_TRY(moe_arena_init(ctx, &L->work_arena, wbytes));
   MOE_TRY(moe_tensor_table_carve(ctx, &L->param_arena, params, np));
@@ -153,8 +153,11 @@ void moe_layer_init_params(moe_layer *L, uint64_t seed) {
     float *p;
     size_t n;
     float a;
-  } const init[] = {{L->t.wg, M * E, am},     {L->t.w1, E * M * H, am}, {L->t.b1, E * H, am},
-                    {L->t.w2, E * H * M, ah}, {L->t.b2, E * M, ah}};
+  } const init[] = {{L->t.wg, M * E, am},
+                    {L->t.w1, E * M * H, am},
+                    {L->t.b1, E * H, am},
+                    {L->t.w2, E * H * M, ah},
+                    {L->t.b2, E * M, ah}};
   for (size_t i = 0; i < sizeof init / sizeof init[0]; i++) {
     moe_rng rng;
     moe_rng_init(&rng, seed, i + 1);
@@ -187,8 +190,8 @@ static moe_status check_finite(moe_ctx *ctx, const char *name, const float *x, i
   moe_status st = MOE_STATUS_OK;
   const long bad = moe_find_nonfinite(x, (size_t)tokens * (size_t)cols);
   MOE_FAIL_IF(ctx, bad >= 0, MOE_STATUS_INVALID_ARG,
-              "%s has a non-finite value (%g) at token %ld, column %ld", name,
-              (double)x[bad], bad / cols, bad % cols);
+              "%s has a non-finite value (%g) at token %ld, column %ld", name, (double)x[bad],
+              bad / cols, bad % cols);
 done:
   return st;
 }
@@ -272,10 +275,8 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   const int M = c->model_dim, K = c->top_k;
   L->have_forward = 0;
   MOE_FAIL_IF(ctx, tokens < 0 || tokens > c->tokens, MOE_STATUS_INVALID_ARG,
-              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens,
-              c->tokens);
-  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG,
-              "x and y must not be NULL");
+              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens, c->tokens);
+  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
   if (c->check_finite) MOE_TRY(check_finite(ctx, "input x", x, tokens, M));
   const uint64_t t_start = moe_time_ns();
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
@@ -390,8 +391,8 @@ static void gate_backward(moe_layer *L, float *dx) {
   // aux: d/dprobs[t,e] of coef * E * sum_e f_e * mean_t probs[t,e]
   if (c->aux_loss_coef > 0.0f && T > 0) {
     for (int e = 0; e < E; e++) {
-      const float g = (float)((double)c->aux_loss_coef * E *
-                              ((double)r->count_all[e] / ((double)T * K)) / T);
+      const float g =
+          (float)((double)c->aux_loss_coef * E * ((double)r->count_all[e] / ((double)T * K)) / T);
       for (int t = 0; t < T; t++) L->dprobs[(size_t)t * E + e] += g;
     }
   }

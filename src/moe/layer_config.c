@@ -9,8 +9,10 @@
 
 const char *moe_activation_name(moe_activation act) {
   switch (act) {
-    case MOE_ACT_GELU: return "gelu";
-    case MOE_ACT_RELU: return "relu";
+    case MOE_ACT_GELU:
+      return "gelu";
+    case MOE_ACT_RELU:
+      return "relu";
   }
   return "unknown";
 }
@@ -44,8 +46,8 @@ void moe_layer_config_default(moe_layer_config *cfg) {
   cfg->check_finite = 1;
 }
 
-#define CHECK_RANGE(field, lo, hi)                                                    \
-  MOE_FAIL_IF(ctx, cfg->field < (lo) || cfg->field > (hi), MOE_STATUS_INVALID_ARG,    \
+#define CHECK_RANGE(field, lo, hi)                                             \
+  MOE_FAIL_IF(ctx, cfg->field<(lo) || cfg->field>(hi), MOE_STATUS_INVALID_ARG, \
               #field " (%d) must be in [%d, %d]", cfg->field, (int)(lo), (int)(hi))
 
 moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) {
@@ -56,9 +58,8 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) 
   CHECK_RANGE(hidden_dim, 1, MOE_MAX_DIM);
   CHECK_RANGE(num_experts, 1, MOE_MAX_EXPERTS);
   CHECK_RANGE(top_k, 1, cfg->num_experts);
-  MOE_FAIL_IF(ctx, cfg->act != MOE_ACT_GELU && cfg->act != MOE_ACT_RELU,
-              MOE_STATUS_INVALID_ARG, "activation (%d) is unknown (valid: gelu, relu)",
-              (int)cfg->act);
+  MOE_FAIL_IF(ctx, cfg->act != MOE_ACT_GELU && cfg->act != MOE_ACT_RELU, MOE_STATUS_INVALID_ARG,
+              "activation (%d) is unknown (valid: gelu, relu)", (int)cfg->act);
   MOE_FAIL_IF(ctx, !isfinite(cfg->capacity_factor) || cfg->capacity_factor > 1e6,
               MOE_STATUS_INVALID_ARG,
               "capacity_factor (%g) must be finite and at most 1e6 (<= 0 means dropless)",
@@ -90,8 +91,7 @@ static const char *const k_keys =
     "tokens, model_dim, hidden_dim, num_experts, top_k, capacity_factor, activation, "
     "renormalize, aux_loss_coef, z_loss_coef, check_finite";
 
-moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json,
-                                      moe_layer_config *cfg) {
+moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
   moe_layer_config next = *cfg;
@@ -156,9 +156,8 @@ moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, c
       "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
       "\"check_finite\": %s}",
       cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
-      cfg->capacity_factor, moe_activation_name(cfg->act),
-      cfg->renormalize ? "true" : "false", (double)cfg->aux_loss_coef,
-      (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false");
+      cfg->capacity_factor, moe_activation_name(cfg->act), cfg->renormalize ? "true" : "false",
+      (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false");
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= len, MOE_STATUS_INVALID_ARG,
               "layer config JSON needs %d bytes, buffer has %zu", n + 1, len);
 done:

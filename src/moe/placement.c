@@ -5,21 +5,18 @@
 
 #include "moe/layer.h"
 
-moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts,
-                              int num_ranks) {
+moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts, int num_ranks) {
   moe_status st = MOE_STATUS_OK;
   memset(pl, 0, sizeof *pl);
   MOE_FAIL_IF(ctx, num_experts < 1 || num_experts > MOE_MAX_EXPERTS, MOE_STATUS_INVALID_ARG,
               "experts (%d) must be in [1, %d]", num_experts, MOE_MAX_EXPERTS);
-  MOE_FAIL_IF(ctx, num_ranks < 1, MOE_STATUS_INVALID_ARG, "ranks (%d) must be >= 1",
-              num_ranks);
+  MOE_FAIL_IF(ctx, num_ranks < 1, MOE_STATUS_INVALID_ARG, "ranks (%d) must be >= 1", num_ranks);
   MOE_FAIL_IF(ctx, num_experts % num_ranks != 0, MOE_STATUS_INVALID_ARG,
               "experts (%d) must be divisible by EP ranks (%d)", num_experts, num_ranks);
   pl->home = moe_calloc((size_t)num_experts, sizeof(int32_t));
   pl->replica = moe_calloc((size_t)num_experts * (size_t)num_ranks, 1);
   MOE_FAIL_IF(ctx, !pl->home || !pl->replica, MOE_STATUS_OUT_OF_MEMORY,
-              "cannot allocate a placement for %d experts x %d ranks", num_experts,
-              num_ranks);
+              "cannot allocate a placement for %d experts x %d ranks", num_experts, num_ranks);
   pl->num_experts = num_experts;
   pl->num_ranks = num_ranks;
   const int per_rank = num_experts / num_ranks;

@@ -29,8 +29,7 @@ moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int to
   route->row_choice = moe_malloc(((size_t)max_rows + 1) * sizeof(int32_t));
   MOE_FAIL_IF(ctx,
               !route->expert || !route->slot || !route->weight || !route->count ||
-                  !route->count_all || !route->offset || !route->row_token ||
-                  !route->row_choice,
+                  !route->count_all || !route->offset || !route->row_token || !route->row_choice,
               MOE_STATUS_OUT_OF_MEMORY, "cannot allocate a routing plan for %d tokens x %d",
               max_tokens, top_k);
   route->max_tokens = max_tokens;
