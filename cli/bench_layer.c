@@ -2,6 +2,9 @@
 // with the GFLOP/s of its expert GEMMs next to the single-thread SGEMM peak that
 // the same binary measures, and writes the numbers as JSON on request.
 // A benchmark, not a test: it reports; the correctness tests live in tests/.
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,9 +143,10 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     } else if (cli_opt(&a, "--seed")) {
       char *end = NULL;
       if (a.value) {
+        errno = 0;
         o->seed = strtoull(a.value, &end, 10);
-        if (end == a.value || *end != '\0') {
-          cli_error("--seed expects a non-negative integer, got '%s'", a.value);
+        if (end == a.value || *end != '\0' || errno == ERANGE || strchr(a.value, '-')) {
+          cli_error("--seed (%s) must be an integer in [0, %llu]", a.value, ULLONG_MAX);
           a.bad = 1;
         }
       }
@@ -153,6 +157,11 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       return CLI_USAGE;
     }
   }
+  if (!a.bad && o->cfg.top_k > o->cfg.num_experts) {
+    cli_error("--topk (%d) must be in [1, %d] (the number of experts)", o->cfg.top_k,
+              o->cfg.num_experts);
+    a.bad = 1;
+  }
   return a.bad ? CLI_USAGE : CLI_OK;
 }
 
@@ -162,40 +171,55 @@ typedef struct {
   double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
 } bench_result;
 
-static int write_json(const char *path, moe_ctx *ctx, const bench_opts *o, const moe_layer_stats *s,
-                      int capacity, const bench_result *r, double peak, double peak_ms,
-                      unsigned long long allocs) {
+// "key": value, with null for NaN/Inf so the file stays valid JSON.
+static void json_num(FILE *f, const char *key, double v, const char *sep) {
+  if (isfinite(v)) {
+    fprintf(f, "\"%s\": %.6f%s", key, v, sep);
+  } else {
+    fprintf(f, "\"%s\": null%s", key, sep);
+  }
+}
+
+// Writes the results into the already open temporary file f (opened before the
+// run, so an unwritable path fails early), then renames it onto path.
+static int write_json(FILE *f, const char *tmp, const char *path, moe_ctx *ctx, const bench_opts *o,
+                      const moe_layer_stats *s, int capacity, const bench_result *r, double peak,
+                      double peak_ms, unsigned long long allocs) {
   char cfg_json[1024];
   if (moe_layer_config_to_json(ctx, &o->cfg, cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
-    return CLI_FAILED;
-  }
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    cli_error("cannot write '%s'", tmp);
+    fclose(f);
+    remove(tmp);
     return CLI_FAILED;
   }
   fprintf(f,
           "{\n  \"benchmark\": \"layer\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n"
-          "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n"
-          "  \"fwd_ms\": %.6f,\n  \"bwd_ms\": %.6f,\n  \"total_ms\": %.6f,\n"
-          "  \"expert_gemm_ms\": %.6f,\n  \"all_gemm_ms\": %.6f,\n"
-          "  \"layer_over_gemm\": %.6f,\n  \"expert_gflops\": %.6f,\n"
-          "  \"peak_gflops\": %.6f,\n  \"peak_size\": %d,\n  \"peak_ms\": %.6f,\n"
-          "  \"expert_gemm_fraction_of_peak\": %.6f,\n  \"tokens_per_s\": %.3f,\n"
-          "  \"allocations_in_timed_iterations\": %llu,\n"
-          "  \"phases_ms\": {\"fwd_gate\": %.6f, \"fwd_dispatch\": %.6f, "
-          "\"fwd_expert_other\": %.6f, \"fwd_combine\": %.6f, \"bwd_gate\": %.6f, "
-          "\"bwd_dispatch\": %.6f, \"bwd_expert_other\": %.6f, \"bwd_combine\": %.6f}\n}\n",
+          "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n  \"peak_size\": %d,\n"
+          "  \"allocations_in_timed_iterations\": %llu,\n  ",
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, capacity,
-          s->rows, s->dropped, r->fwd_ms, r->bwd_ms, r->total_ms, r->expert_gemm_ms, r->all_gemm_ms,
-          r->total_ms / r->all_gemm_ms, r->expert_gflops, peak, o->peak_n, peak_ms,
-          r->expert_gflops / peak, r->tokens_per_s, allocs, r->fwd_gate_ms, r->fwd_dispatch_ms,
-          r->fwd_expert_other_ms, r->fwd_combine_ms, r->bwd_gate_ms, r->bwd_dispatch_ms,
-          r->bwd_expert_other_ms, r->bwd_combine_ms);
+          s->rows, s->dropped, o->peak_n, allocs);
+  const char *sep = ",\n  ";
+  json_num(f, "fwd_ms", r->fwd_ms, sep);
+  json_num(f, "bwd_ms", r->bwd_ms, sep);
+  json_num(f, "total_ms", r->total_ms, sep);
+  json_num(f, "expert_gemm_ms", r->expert_gemm_ms, sep);
+  json_num(f, "all_gemm_ms", r->all_gemm_ms, sep);
+  json_num(f, "layer_over_gemm", r->total_ms / r->all_gemm_ms, sep);
+  json_num(f, "expert_gflops", r->expert_gflops, sep);
+  json_num(f, "peak_gflops", peak, sep);
+  json_num(f, "peak_ms", peak_ms, sep);
+  json_num(f, "expert_gemm_fraction_of_peak", r->expert_gflops / peak, sep);
+  json_num(f, "tokens_per_s", r->tokens_per_s, sep);
+  fprintf(f, "\"phases_ms\": {");
+  json_num(f, "fwd_gate", r->fwd_gate_ms, ", ");
+  json_num(f, "fwd_dispatch", r->fwd_dispatch_ms, ", ");
+  json_num(f, "fwd_expert_other", r->fwd_expert_other_ms, ", ");
+  json_num(f, "fwd_combine", r->fwd_combine_ms, ", ");
+  json_num(f, "bwd_gate", r->bwd_gate_ms, ", ");
+  json_num(f, "bwd_dispatch", r->bwd_dispatch_ms, ", ");
+  json_num(f, "bwd_expert_other", r->bwd_expert_other_ms, ", ");
+  json_num(f, "bwd_combine", r->bwd_combine_ms, "}\n}\n");
   const int bad = ferror(f);
   if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
     cli_error("cannot write '%s'", path);
@@ -215,7 +239,21 @@ int cmd_bench_layer(int argc, char **argv) {
   moe_layer *layer = NULL;
   float *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
   double *samples = NULL;
-  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+  FILE *json_file = NULL;
+  char json_tmp[4096] = "";
+  if (o.json_path) {
+    // Open the output first: an unwritable path fails before the long run.
+    snprintf(json_tmp, sizeof json_tmp, "%s.tmp", o.json_path);
+    json_file = fopen(json_tmp, "w");
+    if (!json_file) {
+      cli_error("cannot write '%s': %s", json_tmp, strerror(errno));
+      return CLI_FAILED;
+    }
+  }
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    rc = CLI_FAILED;
+    goto done;
+  }
   if (moe_layer_create(ctx, &o.cfg, &layer) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
@@ -276,6 +314,7 @@ int cmd_bench_layer(int argc, char **argv) {
   {
     double *col = moe_malloc((size_t)o.iters * sizeof(double));
     if (!col) {
+      cli_error("cannot allocate %d doubles for the medians", o.iters);
       rc = CLI_FAILED;
       goto done;
     }
@@ -289,6 +328,12 @@ int cmd_bench_layer(int argc, char **argv) {
                           med[8], med[9], med[10], med[11], med[12], med[13], med[14]};
   double peak_ms = 0.0;
   const double peak = sgemm_peak_gflops(o.peak_n, &peak_ms);
+  if (!(peak > 0.0)) {
+    cli_error("cannot allocate the %dx%d matrices of the SGEMM peak measurement", o.peak_n,
+              o.peak_n);
+    rc = CLI_FAILED;
+    goto done;
+  }
   const int capacity = moe_layer_capacity(&o.cfg, o.cfg.tokens);
 
   printf("moe bench layer: T=%d M=%d H=%d E=%d K=%d f=%g act=%s%s, %d BLAS thread%s\n",
@@ -321,7 +366,9 @@ int cmd_bench_layer(int argc, char **argv) {
   printf("\npeak: %dx%dx%d SGEMM, %s, %d thread%s, median of 5 (%.2f ms)\n", o.peak_n, o.peak_n,
          o.peak_n, moe_blas_name(), o.threads, o.threads == 1 ? "" : "s", peak_ms);
   if (o.json_path) {
-    rc = write_json(o.json_path, ctx, &o, &stats, capacity, &r, peak, peak_ms, allocs);
+    rc = write_json(json_file, json_tmp, o.json_path, ctx, &o, &stats, capacity, &r, peak, peak_ms,
+                    allocs);
+    json_file = NULL;
     if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
   }
 done:
@@ -332,6 +379,10 @@ done:
   moe_free(samples);
   moe_layer_destroy(layer);
   moe_ctx_destroy(ctx);
+  if (json_file) {  // not handed to write_json: the run failed
+    fclose(json_file);
+    remove(json_tmp);
+  }
   return rc;
 }
 

@@ -14,9 +14,9 @@ static void usage(FILE *f) {
           "libmoe %s: a distributed Mixture-of-Experts runtime.\n"
           "\n"
           "commands:\n"
-          "  version          print the version and the compiled-in features\n"
+          "  version          print the version and the compiled-in features (also --version)\n"
           "  bench layer      time one MoE layer (forward + backward) in one process\n"
-          "  help             print this help\n"
+          "  help             print this help (also --help, -h)\n"
           "\n"
           "Run 'moe <command> --help' for the options of a command.\n"
           "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n",
@@ -41,15 +41,18 @@ static int cmd_version(int argc, char **argv) {
 // weaker than this CPU supports, restart once with the variable set. Skipped
 // when the user set OPENBLAS_CORETYPE or MOE_NO_BLAS_REEXEC.
 static void maybe_reexec_for_blas(char **argv) {
+#ifdef __linux__
   const char *better = moe_blas_better_core();
-  if (!better || getenv("OPENBLAS_CORETYPE") || getenv("MOE_NO_BLAS_REEXEC")) return;
+  const char *off = getenv("MOE_NO_BLAS_REEXEC");
+  if (!better || getenv("OPENBLAS_CORETYPE") || (off && *off && strcmp(off, "0") != 0)) return;
   if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
   execv("/proc/self/exe", argv);
-  // Only reached if exec failed: go on with the slow kernels, but say so.
-  fprintf(stderr,
-          "moe: warning: OpenBLAS selected '%s' kernels; set OPENBLAS_CORETYPE=%s for faster "
-          "GEMMs\n",
-          moe_blas_core(), better);
+  // Only reached if exec failed: go on with the slow kernels (the library warns
+  // when a layer is created) and keep the variable out of child processes.
+  unsetenv("OPENBLAS_CORETYPE");
+#else
+  (void)argv;
+#endif
 }
 
 int main(int argc, char **argv) {

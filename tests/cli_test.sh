@@ -38,7 +38,12 @@ expect 2 "--tokens \(-5\) must be in \[1, " -- bench layer --tokens -5
 expect 2 "--experts \(0\) must be in \[1, 65536\]" -- bench layer --experts 0
 expect 2 "--model expects an integer, got 'abc'" -- bench layer --model abc
 expect 2 "--hidden \(0\) must be in" -- bench layer --hidden 0
-expect 2 "top_k \(9\) must be in \[1, 8\]" -- bench layer --experts 8 --topk 9
+expect 2 "--topk \(9\) must be in \[1, 8\] \(the number of experts\)" -- bench layer --experts 8 --topk 9
+expect 2 "--seed \(-1\) must be an integer in \[0, " -- bench layer --seed -1
+expect 2 "--seed \(99999999999999999999999\) must be" -- bench layer --seed 99999999999999999999999
+expect 2 "--threads \(0\) must be in \[1, 256\]" -- bench layer --threads 0
+expect 2 "version takes no arguments" -- version extra
+expect 2 "usage: moe bench" -- bench
 expect 2 "activation 'tanh' is unknown \(valid: gelu, relu\)" -- bench layer --act tanh
 expect 2 "option --iters needs a value" -- bench layer --iters
 expect 2 "--capacity-factor expects a finite number" -- bench layer --capacity-factor nan
@@ -47,6 +52,12 @@ expect 2 "unknown key 'colour'" -- bench layer --config "$tmp/bad.json"
 echo '{"num_experts": ' >"$tmp/broken.json"
 expect 2 "malformed JSON" -- bench layer --config "$tmp/broken.json"
 expect 2 "cannot open '$tmp/missing.json'" -- bench layer --config "$tmp/missing.json"
+expect 2 "'$tmp' is not a regular file" -- bench layer --config "$tmp"
+echo '{"num_experts": 4} trailing' >"$tmp/trailing.json"
+expect 2 "malformed JSON" -- bench layer --config "$tmp/trailing.json"
+echo '{"num_experts": 4, "num_experts": 8}' >"$tmp/dup.json"
+expect 2 "key 'num_experts' appears twice" -- bench layer --config "$tmp/dup.json"
+expect 1 "cannot write '$tmp/no/such/dir/out.json.tmp'" -- bench layer --tokens 8 --json "$tmp/no/such/dir/out.json"
 
 # A tiny real run: table on stdout, JSON with the documented keys.
 expect 0 "expert GEMM GFLOP/s" -- bench layer --tokens 64 --model 16 --hidden 32 --experts 4 \

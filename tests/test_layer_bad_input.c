@@ -36,6 +36,25 @@ static void expect_create_fails(const char *what, moe_layer_config cfg, const ch
   moe_ctx_destroy(ctx);
 }
 
+static void mut_cf_nan(moe_layer_config *c) { c->capacity_factor = NAN; }
+static void mut_cf_inf(moe_layer_config *c) { c->capacity_factor = INFINITY; }
+static void mut_cf_huge(moe_layer_config *c) { c->capacity_factor = 2e6; }
+static void mut_aux_neg(moe_layer_config *c) { c->aux_loss_coef = -1.0f; }
+static void mut_aux_nan(moe_layer_config *c) { c->aux_loss_coef = NAN; }
+static void mut_z_inf(moe_layer_config *c) { c->z_loss_coef = INFINITY; }
+static void mut_tokens_zero(moe_layer_config *c) { c->tokens = 0; }
+static void mut_tokens_huge(moe_layer_config *c) { c->tokens = MOE_MAX_TOKENS + 1; }
+static void mut_m_huge(moe_layer_config *c) { c->model_dim = MOE_MAX_DIM + 1; }
+static void mut_h_huge(moe_layer_config *c) { c->hidden_dim = MOE_MAX_DIM + 1; }
+static void mut_e_huge(moe_layer_config *c) { c->num_experts = MOE_MAX_EXPERTS + 1; }
+static void mut_renorm(moe_layer_config *c) { c->renormalize = 2; }
+static void mut_check(moe_layer_config *c) { c->check_finite = 2; }
+static void mut_rows(moe_layer_config *c) {
+  c->tokens = MOE_MAX_TOKENS;
+  c->num_experts = 32;
+  c->top_k = 32;
+}
+
 static void test_config_errors(void) {
   moe_layer_config c = small_config();
   c.num_experts = 0;
@@ -59,15 +78,42 @@ static void test_config_errors(void) {
   c.act = (moe_activation)7;
   expect_create_fails("unknown activation", c,
                       (const char *const[]){"activation (7)", "gelu, relu", NULL});
-  c = small_config();
-  c.capacity_factor = NAN;
-  expect_create_fails("NaN capacity factor", c, (const char *const[]){"capacity_factor", NULL});
-  c = small_config();
-  c.aux_loss_coef = -1.0f;
-  expect_create_fails("negative aux coef", c, (const char *const[]){"aux_loss_coef (-1)", NULL});
-  c = small_config();
-  c.z_loss_coef = INFINITY;
-  expect_create_fails("infinite z coef", c, (const char *const[]){"z_loss_coef", NULL});
+  // The remaining fields, table-driven: (mutation, substrings the message must hold).
+  struct {
+    const char *what;
+    void (*mutate)(moe_layer_config *);
+    const char *expect[3];
+  } const cases[] = {
+      {"NaN capacity factor",
+       mut_cf_nan,
+       {"capacity_factor (nan)", "finite and at most 1e6", NULL}},
+      {"infinite capacity factor", mut_cf_inf, {"capacity_factor (inf)", "at most 1e6", NULL}},
+      {"huge capacity factor", mut_cf_huge, {"capacity_factor (2e+06)", "at most 1e6", NULL}},
+      {"negative aux coef", mut_aux_neg, {"aux_loss_coef (-1)", "finite and >= 0", NULL}},
+      {"NaN aux coef", mut_aux_nan, {"aux_loss_coef (nan)", "finite and >= 0", NULL}},
+      {"infinite z coef", mut_z_inf, {"z_loss_coef (inf)", "finite and >= 0", NULL}},
+      {"zero tokens", mut_tokens_zero, {"tokens (0)", "[1, 67108864]", NULL}},
+      {"too many tokens", mut_tokens_huge, {"tokens (67108865)", "[1, 67108864]", NULL}},
+      {"M too large", mut_m_huge, {"model_dim (1048577)", "[1, 1048576]", NULL}},
+      {"H too large", mut_h_huge, {"hidden_dim (1048577)", "[1, 1048576]", NULL}},
+      {"E too large", mut_e_huge, {"num_experts (65537)", "[1, 65536]", NULL}},
+      {"renormalize not 0/1", mut_renorm, {"renormalize (2)", "0 or 1", NULL}},
+      {"check_finite not 0/1", mut_check, {"check_finite (2)", "0 or 1", NULL}},
+      {"tokens x top_k too large",
+       mut_rows,
+       {"tokens x top_k (2147483648)", "<= 1073741824", NULL}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    c = small_config();
+    cases[i].mutate(&c);
+    expect_create_fails(cases[i].what, c, cases[i].expect);
+  }
+  {
+    moe_ctx *vctx = NULL;
+    moe_ctx_create(&vctx);
+    TU_CHECK(moe_layer_config_validate(vctx, NULL) == MOE_STATUS_INVALID_ARG, "validate(NULL)");
+    moe_ctx_destroy(vctx);
+  }
 
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
@@ -128,7 +174,37 @@ static void test_call_errors(void) {
   TU_CHECK(moe_layer_forward(layer, x, 0, y, &s) == MOE_STATUS_OK && s.rows == 0 &&
                s.aux_loss == 0.0f && s.z_loss == 0.0f,
            "zero tokens");
-  TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "zero-token backward");
+  {
+    float dx_before[16 * 8], dwg_before[8 * 4];
+    moe_layer_tensors tz = moe_layer_get_tensors(layer);
+    memcpy(dx_before, dx, sizeof dx_before);
+    memcpy(dwg_before, tz.dwg, sizeof dwg_before);
+    TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "zero-token backward");
+    TU_CHECK(memcmp(dx_before, dx, sizeof dx_before) == 0 &&
+                 memcmp(dwg_before, tz.dwg, sizeof dwg_before) == 0,
+             "zero-token backward changes nothing");
+  }
+  // NULL gradients and overlapping x / y.
+  TU_CHECK(moe_layer_forward(layer, x, 16, y, NULL) == MOE_STATUS_OK, "forward again");
+  TU_CHECK(moe_layer_backward(layer, NULL, dx) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "dy and dx must not be NULL"),
+           "NULL dy: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_layer_backward(layer, dy, NULL) == MOE_STATUS_INVALID_ARG, "NULL dx rejected");
+  TU_CHECK(moe_layer_forward(layer, x, 16, NULL, NULL) == MOE_STATUS_INVALID_ARG, "NULL y");
+  TU_CHECK(moe_layer_forward(layer, x, 16, x, NULL) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "x and y must not overlap"),
+           "in-place forward: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_layer_forward(layer, x, 16, x + 8, NULL) == MOE_STATUS_INVALID_ARG,
+           "partially overlapping y rejected");
+  moe_layer_destroy(layer);
+
+  // With check_finite off, NaN is the caller's business: it is not rejected.
+  c.check_finite = 0;
+  TU_CHECK(moe_layer_create(ctx, &c, &layer) == MOE_STATUS_OK, "create unchecked");
+  moe_layer_init_params(layer, 3);
+  x[0] = NAN;
+  TU_CHECK(moe_layer_forward(layer, x, 16, y, NULL) == MOE_STATUS_OK,
+           "check_finite = 0 accepts NaN");
   moe_layer_destroy(layer);
   moe_ctx_destroy(ctx);
 }

@@ -63,6 +63,8 @@ static void run_case(const char *path) {
     TU_CHECK(0, "%s: layer create failed: %s", rf.case_name, moe_ctx_error(ctx));
     goto done;
   }
+  // Everything the layer needs is allocated by create: count from here on.
+  const uint64_t allocs_after_create = moe_alloc_count();
   TU_CHECK(moe_layer_capacity(&cfg, T) == rf.capacity, "%s: capacity %d, reference %d",
            rf.case_name, moe_layer_capacity(&cfg, T), rf.capacity);
   moe_layer_tensors p = moe_layer_get_tensors(layer);
@@ -85,6 +87,9 @@ static void run_case(const char *path) {
            rf.case_name, moe_ctx_error(ctx));
   TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "%s: backward: %s", rf.case_name,
            moe_ctx_error(ctx));
+  TU_CHECK(moe_alloc_count() == allocs_after_create,
+           "%s: the first forward+backward allocated %llu times", rf.case_name,
+           (unsigned long long)(moe_alloc_count() - allocs_after_create));
 
   // routing: identical experts, slots (dropped = -1), counts; weights within tolerance
   const moe_route *r = moe_layer_get_route(layer);
@@ -104,6 +109,20 @@ static void run_case(const char *path) {
     for (int i = 0; i < T * K; i++) ref_dropped += ref_slot[i] < 0;
     TU_CHECK(stats.dropped == ref_dropped, "%s: dropped %d, reference %d", rf.case_name,
              stats.dropped, ref_dropped);
+    TU_CHECK(stats.rows == T * K - ref_dropped, "%s: rows %d, reference %d", rf.case_name,
+             stats.rows, T * K - ref_dropped);
+    // An expert that kept no row gets exactly zero parameter gradients (the
+    // tolerance below is relative to the largest entry and could hide garbage).
+    for (int e = 0; e < E; e++) {
+      if (ref_count[e] != 0) continue;
+      int zero = 1;
+      for (size_t i = 0; i < (size_t)M * H; i++) {
+        zero &= p.dw1[(size_t)e * M * H + i] == 0.0f && p.dw2[(size_t)e * H * M + i] == 0.0f;
+      }
+      for (int i = 0; i < H; i++) zero &= p.db1[(size_t)e * H + i] == 0.0f;
+      for (int i = 0; i < M; i++) zero &= p.db2[(size_t)e * M + i] == 0.0f;
+      TU_CHECK(zero, "%s: expert %d received no rows but has non-zero gradients", rf.case_name, e);
+    }
   }
   check_f32(&rf, "weight", r->weight, (size_t)T * K);
   check_f32(&rf, "y", y, (size_t)T * M);
@@ -117,8 +136,16 @@ static void run_case(const char *path) {
   check_f32(&rf, "db2", p.db2, (size_t)E * M);
 
   // Second pass: no allocation, bitwise-identical results, gradients accumulate.
-  float *dwg1 = malloc((size_t)M * E * sizeof(float));
-  memcpy(dwg1, p.dwg, (size_t)M * E * sizeof(float));
+  // Snapshot every gradient of the first pass.
+  const size_t n_grads[6] = {(size_t)T * M, (size_t)M * E,     (size_t)E * M * H,
+                             (size_t)E * H, (size_t)E * H * M, (size_t)E * M};
+  float *const grads[6] = {dx, p.dwg, p.dw1, p.db1, p.dw2, p.db2};
+  float *first[6];
+  for (int i = 0; i < 6; i++) {
+    first[i] = malloc(n_grads[i] * sizeof(float));
+    memcpy(first[i], grads[i], n_grads[i] * sizeof(float));
+  }
+  float *dwg1 = first[1];
   const uint64_t allocs = moe_alloc_count();
   TU_CHECK(moe_layer_forward(layer, x, T, y2, NULL) == MOE_STATUS_OK, "second forward");
   TU_CHECK(moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK, "second backward");
@@ -130,7 +157,17 @@ static void run_case(const char *path) {
   for (int i = 0; i < M * E; i++) accum_ok &= p.dwg[i] == dwg1[i] + dwg1[i];
   TU_CHECK(accum_ok, "%s: backward must accumulate (dwg twice the single-pass value)",
            rf.case_name);
-  free(dwg1);
+  // Third pass from zeroed gradients: bitwise equal to the first pass.
+  memset(dx, 0, (size_t)T * M * sizeof(float));
+  moe_layer_zero_grad(layer);
+  TU_CHECK(moe_layer_forward(layer, x, T, y2, NULL) == MOE_STATUS_OK &&
+               moe_layer_backward(layer, dy, dx) == MOE_STATUS_OK,
+           "third pass");
+  for (int i = 0; i < 6; i++) {
+    TU_CHECK(memcmp(first[i], grads[i], n_grads[i] * sizeof(float)) == 0,
+             "%s: gradient %d differs between identical passes", rf.case_name, i);
+    free(first[i]);
+  }
 done:
   free(y);
   free(y2);

@@ -174,7 +174,7 @@ double moe_time_ms_since(uint64_t start_ns);
 // ---- numeric helpers ----------------------------------------------------------
 
 // Index of the first NaN or Inf in x, or -1 if all finite. x is (n).
-long moe_find_nonfinite(const float *x, size_t n);
+ptrdiff_t moe_find_nonfinite(const float *x, size_t n);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ moe_status moe_activation_parse(moe_ctx *ctx, const char *text, moe_activation *
 #define MOE_MAX_EXPERTS 65536
 #define MOE_MAX_DIM (1 << 20)
 #define MOE_MAX_TOKENS (1 << 26)
-#define MOE_MAX_ROWS (1 << 30)  // tokens x top_k dispatched rows
+#define MOE_MAX_ROWS (1 << 30)  // bound on tokens x top_k (dispatched rows)
 
 typedef struct {
   int tokens;              // T: most tokens one forward call may pass, [1, MOE_MAX_TOKENS]
@@ -40,7 +40,7 @@ typedef struct {
   int hidden_dim;          // H, [1, MOE_MAX_DIM]
   int num_experts;         // E, [1, MOE_MAX_EXPERTS]
   int top_k;               // K, [1, E]
-  double capacity_factor;  // f: C = ceil(f*K*T/E); f <= 0 means dropless
+  double capacity_factor;  // f: C = ceil(f*K*T/E); f <= 0 means dropless; finite, <= 1e6
   moe_activation act;      // expert activation
   int renormalize;         // 1: kept top-k weights renormalised to sum to 1
   float aux_loss_coef;     // >= 0, weight of the load-balancing loss in backward
@@ -55,9 +55,10 @@ void moe_layer_config_default(moe_layer_config *cfg);
 moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg);
 // Overrides fields of cfg with the keys of a JSON object: tokens, model_dim,
 // hidden_dim, num_experts, top_k, capacity_factor, activation ("gelu"|"relu"),
-// renormalize, aux_loss_coef, z_loss_coef, check_finite. Unknown keys, wrong
-// types and malformed JSON are errors (BAD_FORMAT / INVALID_ARG); cfg is left
-// unchanged on error. Does not validate ranges (call moe_layer_config_validate).
+// renormalize, aux_loss_coef, z_loss_coef, check_finite (renormalize and
+// check_finite are JSON true/false). Unknown or repeated keys, wrong types,
+// malformed JSON and trailing text are errors (BAD_FORMAT / INVALID_ARG); cfg
+// is left unchanged on error. Does not validate ranges (call moe_layer_config_validate).
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg);
 // Same, reading a file.
 moe_status moe_layer_config_load(moe_ctx *ctx, const char *path, moe_layer_config *cfg);
@@ -169,7 +170,8 @@ const moe_placement *moe_layer_get_placement(const moe_layer *layer);
 void moe_layer_init_params(moe_layer *layer, uint64_t seed);
 void moe_layer_zero_grad(moe_layer *layer);
 
-// x (T, M) -> y (T, M), 0 <= T <= cfg.tokens. Overwrites y. stats may be NULL.
+// x (T, M) -> y (T, M), 0 <= T <= cfg.tokens. Overwrites y, which must not
+// overlap x (INVALID_ARG): backward reads x again. stats may be NULL.
 moe_status moe_layer_forward(moe_layer *layer, const float *x, int tokens, float *y,
                              moe_layer_stats *stats);
 // dy (T, M) of the last forward -> dx (T, M) += ; parameter gradients +=,

@@ -13,7 +13,7 @@ extern "C" {
 // Version string, e.g. "0.1.0".
 const char *moe_version(void);
 // Compiled-in features, e.g. "mpi=yes blas=OpenBLAS-0.3.21 zfp=yes cuda=no".
-// Not thread-safe on first call (fills a static buffer).
+// Returns a static buffer rewritten on every call: not thread-safe.
 const char *moe_features(void);
 int moe_has_mpi(void);
 int moe_has_zfp(void);

@@ -1,19 +1,23 @@
 // JSON helpers over cJSON (see json.h). Keeps cJSON out of the public headers.
+#define _POSIX_C_SOURCE 200809L
 #include "core/json.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what, cJSON **out) {
   moe_status st = MOE_STATUS_OK;
   *out = NULL;
   MOE_FAIL_IF(ctx, !text, MOE_STATUS_INVALID_ARG, "%s: no JSON text", what);
-  cJSON *root = cJSON_Parse(text);
+  // ParseWithOpts reports where parsing stopped through `end` (no global state)
+  // and, with require_null_terminated, rejects trailing text.
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
   if (!root) {
-    const char *err = cJSON_GetErrorPtr();
-    long pos = err ? (long)(err - text) : -1;
+    const long pos = end ? (long)(end - text) : -1;
     MOE_FAIL(ctx, MOE_STATUS_BAD_FORMAT, "%s: malformed JSON near byte %ld", what, pos);
   }
   if (!cJSON_IsObject(root)) {
@@ -34,6 +38,9 @@ moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char 
   if (len) *len = 0;
   f = fopen(path, "rb");
   MOE_FAIL_IF(ctx, !f, MOE_STATUS_IO, "cannot open '%s': %s", path, strerror(errno));
+  struct stat sb;
+  MOE_FAIL_IF(ctx, fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode), MOE_STATUS_IO,
+              "'%s' is not a regular file", path);
   MOE_FAIL_IF(ctx, fseek(f, 0, SEEK_END) != 0, MOE_STATUS_IO, "cannot seek '%s'", path);
   long size = ftell(f);
   MOE_FAIL_IF(ctx, size < 0, MOE_STATUS_IO, "cannot size '%s'", path);
@@ -78,8 +85,6 @@ moe_status moe_json_get_bool(moe_ctx *ctx, const cJSON *item, const char *what, 
   moe_status st = MOE_STATUS_OK;
   if (cJSON_IsBool(item)) {
     *out = cJSON_IsTrue(item) ? 1 : 0;
-  } else if (cJSON_IsNumber(item) && (item->valuedouble == 0 || item->valuedouble == 1)) {
-    *out = (int)item->valuedouble;
   } else {
     MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "'%s' must be true or false", what);
   }

@@ -30,8 +30,10 @@ moe_log_level moe_log_get_level(void) {
     moe_log_level parsed = MOE_LOG_WARN;
     const char *env = getenv("MOE_LOG_LEVEL");
     if (env && moe_log_level_parse(env, &parsed) != MOE_STATUS_OK) parsed = MOE_LOG_WARN;
-    level = (int)parsed;
-    atomic_store(&g_level, level);
+    // Only the first initialisation wins: a concurrent moe_log_set_level is kept.
+    int expect = -1;
+    atomic_compare_exchange_strong(&g_level, &expect, (int)parsed);
+    level = atomic_load(&g_level);
   }
   return (moe_log_level)level;
 }
@@ -49,11 +51,9 @@ void moe_log_at(moe_log_level level, const char *file, int line, const char *fmt
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  const char *short_file = strstr(file, "src/");
-  if (!short_file) short_file = file;
   // One fprintf per message so lines from different threads do not interleave.
   if (level >= MOE_LOG_DEBUG) {
-    fprintf(stderr, "[moe %s] %s (%s:%d)\n", k_level_names[level], msg, short_file, line);
+    fprintf(stderr, "[moe %s] %s (%s:%d)\n", k_level_names[level], msg, file, line);
   } else {
     fprintf(stderr, "[moe %s] %s\n", k_level_names[level], msg);
   }

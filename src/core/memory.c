@@ -38,7 +38,8 @@ moe_status moe_arena_init(moe_ctx *ctx, moe_arena *arena, size_t capacity) {
   MOE_FAIL_IF(ctx, !arena, MOE_STATUS_INVALID_ARG, "arena must not be NULL");
   memset(arena, 0, sizeof *arena);
   if (capacity == 0) goto done;
-  arena->base = moe_calloc(1, moe_align64(capacity));
+  // Not zeroed here: moe_arena_alloc zeroes what it hands out.
+  arena->base = moe_malloc(moe_align64(capacity));
   MOE_FAIL_IF(ctx, !arena->base, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate an arena of %zu bytes",
               capacity);
   arena->capacity = moe_align64(capacity);

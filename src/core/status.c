@@ -64,13 +64,10 @@ moe_status moe_error_at(moe_ctx *ctx, moe_status code, const char *file, int lin
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  // Keep only the path below src/ so messages do not leak build directories.
-  const char *short_file = strstr(file, "src/");
-  if (!short_file) short_file = file;
   if (ctx) {
     ctx->status = code;
     snprintf(ctx->message, sizeof ctx->message, "%s", msg);
-    snprintf(ctx->where, sizeof ctx->where, "%s:%d", short_file, line);
+    snprintf(ctx->where, sizeof ctx->where, "%s:%d", file, line);
   }
   moe_log_at(MOE_LOG_DEBUG, file, line, "%s: %s", moe_status_str(code), msg);
   return code;

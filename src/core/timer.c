@@ -13,9 +13,9 @@ uint64_t moe_time_ns(void) {
 
 double moe_time_ms_since(uint64_t start_ns) { return (double)(moe_time_ns() - start_ns) * 1e-6; }
 
-long moe_find_nonfinite(const float *x, size_t n) {
+ptrdiff_t moe_find_nonfinite(const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    if (!isfinite(x[i])) return (long)i;
+    if (!isfinite(x[i])) return (ptrdiff_t)i;
   }
   return -1;
 }

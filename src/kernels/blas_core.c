@@ -22,6 +22,7 @@ const char *moe_blas_core(void) {
 #endif
 }
 
+#if MOE_HAVE_OPENBLAS_CORENAME && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 // Case-insensitive membership of name in a NULL-terminated list.
 static int name_in(const char *name, const char *const *list) {
   for (int i = 0; list[i]; i++) {
@@ -31,6 +32,7 @@ static int name_in(const char *name, const char *const *list) {
   }
   return 0;
 }
+#endif
 
 const char *moe_blas_better_core(void) {
 #if MOE_HAVE_OPENBLAS_CORENAME && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -188,9 +188,9 @@ static void timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const fl
 static moe_status check_finite(moe_ctx *ctx, const char *name, const float *x, int tokens,
                                int cols) {
   moe_status st = MOE_STATUS_OK;
-  const long bad = moe_find_nonfinite(x, (size_t)tokens * (size_t)cols);
+  const ptrdiff_t bad = moe_find_nonfinite(x, (size_t)tokens * (size_t)cols);
   MOE_FAIL_IF(ctx, bad >= 0, MOE_STATUS_INVALID_ARG,
-              "%s has a non-finite value (%g) at token %ld, column %ld", name, (double)x[bad],
+              "%s has a non-finite value (%g) at token %td, column %td", name, (double)x[bad],
               bad / cols, bad % cols);
 done:
   return st;
@@ -277,8 +277,15 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   MOE_FAIL_IF(ctx, tokens < 0 || tokens > c->tokens, MOE_STATUS_INVALID_ARG,
               "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens, c->tokens);
   MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
-  if (c->check_finite) MOE_TRY(check_finite(ctx, "input x", x, tokens, M));
+  {
+    // Backward reads x again, so y must not overwrite it.
+    const size_t bytes = (size_t)tokens * (size_t)M * sizeof(float);
+    const uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
+    MOE_FAIL_IF(ctx, tokens > 0 && xb < yb + bytes && yb < xb + bytes, MOE_STATUS_INVALID_ARG,
+                "x and y must not overlap (backward needs the input x unchanged)");
+  }
   const uint64_t t_start = moe_time_ns();
+  if (c->check_finite) MOE_TRY(check_finite(ctx, "input x", x, tokens, M));
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
 
@@ -421,8 +428,8 @@ moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
   const moe_layer_config *c = &L->cfg;
   const int T = L->tokens_last, M = c->model_dim, K = c->top_k;
   MOE_FAIL_IF(ctx, T > 0 && (!dy || !dx), MOE_STATUS_INVALID_ARG, "dy and dx must not be NULL");
-  if (c->check_finite) MOE_TRY(check_finite(ctx, "gradient dy", dy, T, M));
   const uint64_t t_start = moe_time_ns();
+  if (c->check_finite) MOE_TRY(check_finite(ctx, "gradient dy", dy, T, M));
   memset(&L->bwd_timing, 0, sizeof L->bwd_timing);
   moe_layer_timing *tm = &L->bwd_timing;
   const moe_route *r = &L->route;

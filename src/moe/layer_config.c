@@ -1,6 +1,7 @@
 // MoE layer configuration: defaults, validation with messages that name the
 // field and its valid range, JSON in and out, and the capacity formula.
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -46,8 +47,8 @@ void moe_layer_config_default(moe_layer_config *cfg) {
   cfg->check_finite = 1;
 }
 
-#define CHECK_RANGE(field, lo, hi)                                             \
-  MOE_FAIL_IF(ctx, cfg->field<(lo) || cfg->field>(hi), MOE_STATUS_INVALID_ARG, \
+#define CHECK_RANGE(field, lo, hi)                                                     \
+  MOE_FAIL_IF(ctx, (cfg->field < (lo)) || (cfg->field > (hi)), MOE_STATUS_INVALID_ARG, \
               #field " (%d) must be in [%d, %d]", cfg->field, (int)(lo), (int)(hi))
 
 moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) {
@@ -58,6 +59,9 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) 
   CHECK_RANGE(hidden_dim, 1, MOE_MAX_DIM);
   CHECK_RANGE(num_experts, 1, MOE_MAX_EXPERTS);
   CHECK_RANGE(top_k, 1, cfg->num_experts);
+  MOE_FAIL_IF(ctx, (int64_t)cfg->tokens * cfg->top_k > MOE_MAX_ROWS, MOE_STATUS_INVALID_ARG,
+              "tokens x top_k (%lld) must be <= %d", (long long)cfg->tokens * cfg->top_k,
+              MOE_MAX_ROWS);
   MOE_FAIL_IF(ctx, cfg->act != MOE_ACT_GELU && cfg->act != MOE_ACT_RELU, MOE_STATUS_INVALID_ARG,
               "activation (%d) is unknown (valid: gelu, relu)", (int)cfg->act);
   MOE_FAIL_IF(ctx, !isfinite(cfg->capacity_factor) || cfg->capacity_factor > 1e6,
@@ -98,6 +102,10 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
   MOE_TRY(moe_json_parse_object(ctx, json, "layer config", &root));
   for (const cJSON *it = root->child; it; it = it->next) {
     const char *k = it->string;
+    for (const cJSON *prev = root->child; prev != it; prev = prev->next) {
+      MOE_FAIL_IF(ctx, strcmp(prev->string, k) == 0, MOE_STATUS_INVALID_ARG,
+                  "key '%s' appears twice in layer config", k);
+    }
     double d = 0.0;
     if (strcmp(k, "tokens") == 0) {
       MOE_TRY(moe_json_get_int(ctx, it, k, &next.tokens));
@@ -119,9 +127,13 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.renormalize));
     } else if (strcmp(k, "aux_loss_coef") == 0) {
       MOE_TRY(moe_json_get_double(ctx, it, k, &d));
+      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
+                  "aux_loss_coef (%g) must be finite and >= 0", d);
       next.aux_loss_coef = (float)d;
     } else if (strcmp(k, "z_loss_coef") == 0) {
       MOE_TRY(moe_json_get_double(ctx, it, k, &d));
+      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
+                  "z_loss_coef (%g) must be finite and >= 0", d);
       next.z_loss_coef = (float)d;
     } else if (strcmp(k, "check_finite") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.check_finite));
