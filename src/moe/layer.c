@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "moe/kernels.h"
+#include "moe/moe_ops.h"
 
 struct moe_layer {
   moe_ctx *ctx;
@@ -47,6 +48,7 @@ struct moe_layer {
   int tokens_last;
   int have_forward;
   moe_layer_stats stats;
+  double *loss_stats;  // (MOE_LOSS_STATS(E)) of the last forward
   moe_layer_timing fwd_timing, bwd_timing;
 };
 
@@ -116,6 +118,8 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   MOE_TRY(moe_tensor_table_carve(ctx, &L->work_arena, work, nw));
   MOE_TRY(moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, cfg->num_experts, L->max_rows));
   MOE_TRY(moe_placement_init(ctx, &L->placement, cfg->num_experts, 1));
+  L->loss_stats = moe_calloc(MOE_LOSS_STATS(E), sizeof(double));
+  MOE_FAIL_IF(ctx, !L->loss_stats, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate loss statistics");
   *out = L;
   L = NULL;
 done:
@@ -129,6 +133,7 @@ void moe_layer_destroy(moe_layer *L) {
   moe_arena_free(&L->work_arena);
   moe_route_free(&L->route);
   moe_placement_free(&L->placement);
+  moe_free(L->loss_stats);
   moe_free(L);
 }
 
@@ -177,102 +182,13 @@ void moe_layer_zero_grad(moe_layer *L) {
 
 // ---- forward -----------------------------------------------------------------------
 
-// Timed GEMM: adds its wall time to *ms.
-static void timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const float *a, int lda,
-                       const float *b, int ldb, float beta, float *c, int ldc) {
-  const uint64_t t0 = moe_time_ns();
-  moe_gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
-  *ms += moe_time_ms_since(t0);
-}
-
-static moe_status check_finite(moe_ctx *ctx, const char *name, const float *x, int tokens,
-                               int cols) {
-  moe_status st = MOE_STATUS_OK;
-  const ptrdiff_t bad = moe_find_nonfinite(x, (size_t)tokens * (size_t)cols);
-  MOE_FAIL_IF(ctx, bad >= 0, MOE_STATUS_INVALID_ARG,
-              "%s has a non-finite value (%g) at token %td, column %td", name, (double)x[bad],
-              bad / cols, bad % cols);
-done:
-  return st;
-}
-
-// Gate: logits, probabilities, top-k choices and weights, routing plan, aux losses.
-static moe_status gate_forward(moe_layer *L, const float *x, int T) {
-  moe_status st = MOE_STATUS_OK;
-  const moe_layer_config *c = &L->cfg;
-  const int M = c->model_dim, E = c->num_experts, K = c->top_k;
-  moe_route *r = &L->route;
-  timed_gemm(&L->fwd_timing.gate_gemm_ms, 0, 0, T, E, M, x, M, L->t.wg, E, 0.0f, L->logits, E);
-  L->fwd_timing.gate_flops = 2.0 * T * M * E;
-  moe_softmax_forward(L->probs, L->logits, T, E);
-  moe_logsumexp_forward(L->lse, L->logits, T, E);
-  if (T > 0) moe_topk_forward(r->expert, L->topk_p, L->probs, T, E, K);
-  for (int t = 0; t < T; t++) {
-    const float *p = L->topk_p + (size_t)t * K;
-    float *w = r->weight + (size_t)t * K;
-    float sum = 0.0f;
-    for (int k = 0; k < K; k++) sum += p[k];
-    for (int k = 0; k < K; k++) w[k] = c->renormalize ? p[k] / sum : p[k];
-  }
-  MOE_TRY(moe_route_assign(L->ctx, r, T, moe_layer_capacity(c, T)));
-  // aux = E * sum_e f_e * P_e; z = mean_t lse_t^2 (docs/moe-layer.md step 7)
-  double aux = 0.0, z = 0.0;
-  if (T > 0) {
-    for (int e = 0; e < E; e++) {
-      double pe = 0.0;
-      for (int t = 0; t < T; t++) pe += L->probs[(size_t)t * E + e];
-      aux += ((double)r->count_all[e] / ((double)T * K)) * (pe / T);
-    }
-    aux *= E;
-    for (int t = 0; t < T; t++) z += (double)L->lse[t] * L->lse[t];
-    z /= T;
-  }
-  L->stats.aux_loss = (float)aux;
-  L->stats.z_loss = (float)z;
-done:
-  return st;
-}
-
-static void experts_forward(moe_layer *L) {
-  const moe_layer_config *c = &L->cfg;
-  const size_t M = (size_t)c->model_dim, H = (size_t)c->hidden_dim;
-  const moe_route *r = &L->route;
-  moe_layer_timing *tm = &L->fwd_timing;
-  for (int e = 0; e < c->num_experts; e++) {
-    const int n = r->count[e];
-    if (n == 0) continue;
-    const size_t off = (size_t)r->offset[e];
-    const float *w1 = L->t.w1 + (size_t)e * M * H, *b1 = L->t.b1 + (size_t)e * H;
-    const float *w2 = L->t.w2 + (size_t)e * H * M, *b2 = L->t.b2 + (size_t)e * M;
-    float *xe = L->xe + off * M, *pre = L->pre + off * H, *h = L->h + off * H;
-    float *ye = L->ye + off * M;
-    // pre = xe w1 + b1; h = act(pre); ye = h w2 + b2
-    timed_gemm(&tm->expert_gemm_ms, 0, 0, n, (int)H, (int)M, xe, (int)M, w1, (int)H, 0.0f, pre,
-               (int)H);
-    uint64_t t0 = moe_time_ns();
-    moe_bias_add_forward(pre, b1, n, (int)H);
-    if (c->act == MOE_ACT_GELU) {
-      moe_gelu_forward(h, pre, (size_t)n * H);
-    } else {
-      moe_relu_forward(h, pre, (size_t)n * H);
-    }
-    tm->expert_other_ms += moe_time_ms_since(t0);
-    timed_gemm(&tm->expert_gemm_ms, 0, 0, n, (int)M, (int)H, h, (int)H, w2, (int)M, 0.0f, ye,
-               (int)M);
-    t0 = moe_time_ns();
-    moe_bias_add_forward(ye, b2, n, (int)M);
-    tm->expert_other_ms += moe_time_ms_since(t0);
-    tm->expert_flops += 4.0 * n * (double)M * (double)H;
-  }
-}
-
 moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
                              moe_layer_stats *stats) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L ? L->ctx : NULL;
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
   const moe_layer_config *c = &L->cfg;
-  const int M = c->model_dim, K = c->top_k;
+  const int M = c->model_dim, H = c->hidden_dim;
   L->have_forward = 0;
   MOE_FAIL_IF(ctx, tokens < 0 || tokens > c->tokens, MOE_STATUS_INVALID_ARG,
               "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens, c->tokens);
@@ -285,39 +201,35 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
                 "x and y must not overlap (backward needs the input x unchanged)");
   }
   const uint64_t t_start = moe_time_ns();
-  if (c->check_finite) MOE_TRY(check_finite(ctx, "input x", x, tokens, M));
+  if (c->check_finite) MOE_TRY(moe_check_finite(ctx, "input x", x, tokens, M));
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
 
-  // step 1: gate and routing plan
+  // step 1: gate, routing plan, aux and z losses
   uint64_t t0 = moe_time_ns();
-  MOE_TRY(gate_forward(L, x, tokens));
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  MOE_TRY(moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm));
+  moe_gate_loss_stats(c, &gb, &L->route, tokens, L->loss_stats);
+  moe_gate_losses(c, L->loss_stats, &L->stats.aux_loss, &L->stats.z_loss);
   tm->gate_ms = moe_time_ms_since(t0);
 
   // step 2: dispatch rows into expert order
   t0 = moe_time_ns();
   const moe_route *r = &L->route;
-  for (int row = 0; row < r->rows; row++) {
-    memcpy(L->xe + (size_t)row * M, x + (size_t)r->row_token[row] * M, (size_t)M * sizeof(float));
-  }
+  moe_dispatch_forward(r, x, M, L->xe);
   tm->dispatch_ms = moe_time_ms_since(t0);
 
-  // step 3: experts
-  experts_forward(L);
-
-  // step 4: combine, choices in order k = 0..K-1; dropped choices add nothing
-  t0 = moe_time_ns();
-  if (tokens > 0) memset(y, 0, (size_t)tokens * (size_t)M * sizeof(float));
-  for (int t = 0; t < tokens; t++) {
-    float *yt = y + (size_t)t * M;
-    for (int k = 0; k < K; k++) {
-      const int s = r->slot[t * K + k];
-      if (s < 0) continue;
-      const float w = r->weight[t * K + k];
-      const float *ye = L->ye + (size_t)(r->offset[r->expert[t * K + k]] + s) * M;
-      for (int j = 0; j < M; j++) yt[j] += w * ye[j];
-    }
+  // step 3: experts, each over all of its rows
+  for (int e = 0; e < c->num_experts; e++) {
+    const size_t off = (size_t)r->offset[e], MH = (size_t)M * (size_t)H;
+    moe_expert_forward(c, L->t.w1 + (size_t)e * MH, L->t.b1 + (size_t)e * H,
+                       L->t.w2 + (size_t)e * MH, L->t.b2 + (size_t)e * M, L->xe + off * M,
+                       r->count[e], L->pre + off * H, L->h + off * H, L->ye + off * M, tm);
   }
+
+  // step 4: combine
+  t0 = moe_time_ns();
+  moe_combine_forward(r, L->ye, M, tokens, y);
   tm->combine_ms = moe_time_ms_since(t0);
   tm->total_ms = moe_time_ms_since(t_start);
 
@@ -334,91 +246,6 @@ done:
 
 // ---- backward ----------------------------------------------------------------------
 
-static void experts_backward(moe_layer *L) {
-  const moe_layer_config *c = &L->cfg;
-  const size_t M = (size_t)c->model_dim, H = (size_t)c->hidden_dim;
-  const moe_route *r = &L->route;
-  moe_layer_timing *tm = &L->bwd_timing;
-  if (r->rows > 0) memset(L->dpre, 0, (size_t)r->rows * H * sizeof(float));
-  for (int e = 0; e < c->num_experts; e++) {
-    const int n = r->count[e];
-    if (n == 0) continue;
-    const size_t off = (size_t)r->offset[e];
-    const float *w1 = L->t.w1 + (size_t)e * M * H, *w2 = L->t.w2 + (size_t)e * H * M;
-    float *dw1 = L->t.dw1 + (size_t)e * M * H, *db1 = L->t.db1 + (size_t)e * H;
-    float *dw2 = L->t.dw2 + (size_t)e * H * M, *db2 = L->t.db2 + (size_t)e * M;
-    const float *xe = L->xe + off * M, *pre = L->pre + off * H, *h = L->h + off * H;
-    float *dye = L->dye + off * M, *dh = L->dh + off * H, *dpre = L->dpre + off * H;
-    uint64_t t0 = moe_time_ns();
-    moe_bias_add_backward(db2, dye, n, (int)M);
-    tm->expert_other_ms += moe_time_ms_since(t0);
-    // dw2 += h^T dye; dh = dye w2^T
-    timed_gemm(&tm->expert_gemm_ms, 1, 0, (int)H, (int)M, n, h, (int)H, dye, (int)M, 1.0f, dw2,
-               (int)M);
-    timed_gemm(&tm->expert_gemm_ms, 0, 1, n, (int)H, (int)M, dye, (int)M, w2, (int)M, 0.0f, dh,
-               (int)H);
-    t0 = moe_time_ns();
-    if (c->act == MOE_ACT_GELU) {
-      moe_gelu_backward(dpre, dh, pre, (size_t)n * H);
-    } else {
-      moe_relu_backward(dpre, dh, pre, (size_t)n * H);
-    }
-    moe_bias_add_backward(db1, dpre, n, (int)H);
-    tm->expert_other_ms += moe_time_ms_since(t0);
-    // dw1 += xe^T dpre; dxe = dpre w1^T, written over dye (no longer needed)
-    timed_gemm(&tm->expert_gemm_ms, 1, 0, (int)M, (int)H, n, xe, (int)M, dpre, (int)H, 1.0f, dw1,
-               (int)H);
-    timed_gemm(&tm->expert_gemm_ms, 0, 1, n, (int)M, (int)H, dpre, (int)H, w1, (int)H, 0.0f, dye,
-               (int)M);
-    tm->expert_flops += 8.0 * n * (double)M * (double)H;
-  }
-}
-
-static void gate_backward(moe_layer *L, float *dx) {
-  const moe_layer_config *c = &L->cfg;
-  const int T = L->tokens_last, M = c->model_dim, E = c->num_experts, K = c->top_k;
-  const moe_route *r = &L->route;
-  memset(L->dprobs, 0, (size_t)T * E * sizeof(float));
-  // top-k (and renormalisation) backward: dweight -> dprobs
-  for (int t = 0; t < T; t++) {
-    const float *dw = L->dweight + (size_t)t * K, *w = r->weight + (size_t)t * K;
-    const float *p = L->topk_p + (size_t)t * K;
-    float *dp = L->dprobs + (size_t)t * E;
-    if (c->renormalize) {
-      float sum = 0.0f, dot = 0.0f;
-      for (int k = 0; k < K; k++) {
-        sum += p[k];
-        dot += dw[k] * w[k];
-      }
-      for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += (dw[k] - dot) / sum;
-    } else {
-      for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += dw[k];
-    }
-  }
-  // aux: d/dprobs[t,e] of coef * E * sum_e f_e * mean_t probs[t,e]
-  if (c->aux_loss_coef > 0.0f && T > 0) {
-    for (int e = 0; e < E; e++) {
-      const float g =
-          (float)((double)c->aux_loss_coef * E * ((double)r->count_all[e] / ((double)T * K)) / T);
-      for (int t = 0; t < T; t++) L->dprobs[(size_t)t * E + e] += g;
-    }
-  }
-  memset(L->dlogits, 0, (size_t)T * E * sizeof(float));
-  moe_softmax_backward(L->dlogits, L->dprobs, L->probs, T, E);
-  // z-loss: d/dlogits[t,e] of coef * mean_t lse_t^2 = coef * 2/T * lse_t * probs[t,e]
-  if (c->z_loss_coef > 0.0f && T > 0) {
-    for (int t = 0; t < T; t++) {
-      const float g = c->z_loss_coef * 2.0f / (float)T * L->lse[t];
-      for (int e = 0; e < E; e++) L->dlogits[(size_t)t * E + e] += g * L->probs[(size_t)t * E + e];
-    }
-  }
-  // dwg += x^T dlogits; dx += dlogits wg^T
-  moe_layer_timing *tm = &L->bwd_timing;
-  timed_gemm(&tm->gate_gemm_ms, 1, 0, M, E, T, L->x_last, M, L->dlogits, E, 1.0f, L->t.dwg, E);
-  timed_gemm(&tm->gate_gemm_ms, 0, 1, T, M, E, L->dlogits, E, L->t.wg, E, 1.0f, dx, M);
-  tm->gate_flops = 4.0 * T * M * E;
-}
-
 moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L ? L->ctx : NULL;
@@ -426,46 +253,39 @@ moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
   MOE_FAIL_IF(ctx, !L->have_forward, MOE_STATUS_INVALID_ARG,
               "backward needs a successful forward first");
   const moe_layer_config *c = &L->cfg;
-  const int T = L->tokens_last, M = c->model_dim, K = c->top_k;
+  const int T = L->tokens_last, M = c->model_dim, H = c->hidden_dim;
   MOE_FAIL_IF(ctx, T > 0 && (!dy || !dx), MOE_STATUS_INVALID_ARG, "dy and dx must not be NULL");
   const uint64_t t_start = moe_time_ns();
-  if (c->check_finite) MOE_TRY(check_finite(ctx, "gradient dy", dy, T, M));
+  if (c->check_finite) MOE_TRY(moe_check_finite(ctx, "gradient dy", dy, T, M));
   memset(&L->bwd_timing, 0, sizeof L->bwd_timing);
   moe_layer_timing *tm = &L->bwd_timing;
   const moe_route *r = &L->route;
 
-  // step 1: combine backward: dye[row] = w * dy[t]; dweight[t,k] = dy[t] . ye[row]
+  // step 1: combine backward: grads of expert outputs and of gate weights
   uint64_t t0 = moe_time_ns();
-  memset(L->dweight, 0, (size_t)T * K * sizeof(float));
-  for (int row = 0; row < r->rows; row++) {
-    const int t = r->row_token[row], k = r->row_choice[row];
-    const float w = r->weight[t * K + k];
-    const float *dyt = dy + (size_t)t * M, *ye = L->ye + (size_t)row * M;
-    float *dye = L->dye + (size_t)row * M;
-    double dot = 0.0;
-    for (int j = 0; j < M; j++) {
-      dye[j] = w * dyt[j];
-      dot += (double)dyt[j] * ye[j];
-    }
-    L->dweight[t * K + k] = (float)dot;
-  }
+  moe_combine_backward(r, dy, L->ye, M, T, L->dye, L->dweight);
   tm->combine_ms = moe_time_ms_since(t0);
 
-  // step 2: experts backward (leaves dxe in L->dye)
-  experts_backward(L);
+  // step 2: experts backward (leaves the grads of the dispatched rows in L->dye)
+  for (int e = 0; e < c->num_experts; e++) {
+    const size_t off = (size_t)r->offset[e], MH = (size_t)M * (size_t)H;
+    moe_expert_backward(c, L->t.w1 + (size_t)e * MH, L->t.w2 + (size_t)e * MH,
+                        L->t.dw1 + (size_t)e * MH, L->t.db1 + (size_t)e * H,
+                        L->t.dw2 + (size_t)e * MH, L->t.db2 + (size_t)e * M, L->xe + off * M,
+                        L->pre + off * H, L->h + off * H, L->dye + off * M, r->count[e],
+                        L->dh + off * H, L->dpre + off * H, tm);
+  }
 
   // step 3: dispatch backward: scatter-add row grads into token grads
   t0 = moe_time_ns();
-  for (int row = 0; row < r->rows; row++) {
-    float *dxt = dx + (size_t)r->row_token[row] * M;
-    const float *dxe = L->dye + (size_t)row * M;
-    for (int j = 0; j < M; j++) dxt[j] += dxe[j];
-  }
+  moe_dispatch_backward(r, L->dye, M, dx);
   tm->dispatch_ms = moe_time_ms_since(t0);
 
-  // step 4: gate backward
+  // step 4: gate backward (softmax, top-k, renormalisation, aux and z losses)
   t0 = moe_time_ns();
-  gate_backward(L, dx);
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  moe_gate_backward(c, &gb, r, T, L->loss_stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
+                    L->t.wg, L->t.dwg, dx, tm);
   tm->gate_ms = moe_time_ms_since(t0);
   tm->total_ms = moe_time_ms_since(t_start);
 done:

@@ -1,0 +1,224 @@
+// Building blocks of the MoE layer (see moe_ops.h): the math of
+// docs/moe-layer.md, step by step, on caller-provided buffers. The single-
+// process layer and the expert-parallel layer both run exactly this code, so
+// they cannot drift apart.
+#include "moe/moe_ops.h"
+
+#include <string.h>
+
+#include "moe/kernels.h"
+
+void moe_timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc) {
+  const uint64_t t0 = moe_time_ns();
+  moe_gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  *ms += moe_time_ms_since(t0);
+}
+
+moe_status moe_check_finite(moe_ctx *ctx, const char *name, const float *x, int tokens, int cols) {
+  moe_status st = MOE_STATUS_OK;
+  const ptrdiff_t bad = moe_find_nonfinite(x, (size_t)tokens * (size_t)cols);
+  MOE_FAIL_IF(ctx, bad >= 0, MOE_STATUS_INVALID_ARG,
+              "%s has a non-finite value (%g) at token %td, column %td", name, (double)x[bad],
+              bad / cols, bad % cols);
+done:
+  return st;
+}
+
+// ---- gate ------------------------------------------------------------------------------
+
+moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float *wg,
+                          const float *x, int T, moe_gate_buffers *gb, moe_route *r,
+                          moe_layer_timing *tm) {
+  moe_status st = MOE_STATUS_OK;
+  const int M = cfg->model_dim, E = cfg->num_experts, K = cfg->top_k;
+  moe_timed_gemm(&tm->gate_gemm_ms, 0, 0, T, E, M, x, M, wg, E, 0.0f, gb->logits, E);
+  tm->gate_flops += 2.0 * T * M * E;
+  moe_softmax_forward(gb->probs, gb->logits, T, E);
+  moe_logsumexp_forward(gb->lse, gb->logits, T, E);
+  if (T > 0) moe_topk_forward(r->expert, gb->topk_p, gb->probs, T, E, K);
+  for (int t = 0; t < T; t++) {
+    const float *p = gb->topk_p + (size_t)t * K;
+    float *w = r->weight + (size_t)t * K;
+    float sum = 0.0f;
+    for (int k = 0; k < K; k++) sum += p[k];
+    for (int k = 0; k < K; k++) w[k] = cfg->renormalize ? p[k] / sum : p[k];
+  }
+  MOE_TRY(moe_route_assign(ctx, r, T, moe_layer_capacity(cfg, T)));
+done:
+  return st;
+}
+
+void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb,
+                         const moe_route *r, int T, double *stats) {
+  const int E = cfg->num_experts;
+  for (int e = 0; e < E; e++) {
+    double pe = 0.0;
+    for (int t = 0; t < T; t++) pe += gb->probs[(size_t)t * E + e];
+    stats[e] = r->count_all[e];
+    stats[E + e] = pe;
+  }
+  double z = 0.0;
+  for (int t = 0; t < T; t++) z += (double)gb->lse[t] * gb->lse[t];
+  stats[2 * E] = z;
+  stats[2 * E + 1] = T;
+}
+
+void moe_gate_losses(const moe_layer_config *cfg, const double *stats, float *aux, float *z) {
+  const int E = cfg->num_experts, K = cfg->top_k;
+  const double T = stats[2 * E + 1];
+  double a = 0.0;
+  if (T > 0) {
+    // aux = E * sum_e f_e * P_e; z = mean_t lse_t^2 (docs/moe-layer.md step 7)
+    for (int e = 0; e < E; e++) a += (stats[e] / (T * K)) * (stats[E + e] / T);
+    a *= E;
+  }
+  *aux = (float)a;
+  *z = T > 0 ? (float)(stats[2 * E] / T) : 0.0f;
+}
+
+void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb, const moe_route *r,
+                       int T, const double *stats, const float *dweight, float *dprobs,
+                       float *dlogits, const float *x, const float *wg, float *dwg, float *dx,
+                       moe_layer_timing *tm) {
+  const int M = cfg->model_dim, E = cfg->num_experts, K = cfg->top_k;
+  const double Tg = stats[2 * E + 1];  // tokens of the global batch
+  memset(dprobs, 0, (size_t)T * E * sizeof(float));
+  // top-k (and renormalisation) backward: dweight -> dprobs
+  for (int t = 0; t < T; t++) {
+    const float *dw = dweight + (size_t)t * K, *w = r->weight + (size_t)t * K;
+    const float *p = gb->topk_p + (size_t)t * K;
+    float *dp = dprobs + (size_t)t * E;
+    if (cfg->renormalize) {
+      float sum = 0.0f, dot = 0.0f;
+      for (int k = 0; k < K; k++) {
+        sum += p[k];
+        dot += dw[k] * w[k];
+      }
+      for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += (dw[k] - dot) / sum;
+    } else {
+      for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += dw[k];
+    }
+  }
+  // aux: d/dprobs[t,e] of coef * E * sum_e f_e * mean_t probs[t,e] over the global batch
+  if (cfg->aux_loss_coef > 0.0f && T > 0) {
+    for (int e = 0; e < E; e++) {
+      const float g = (float)((double)cfg->aux_loss_coef * E * (stats[e] / (Tg * K)) / Tg);
+      for (int t = 0; t < T; t++) dprobs[(size_t)t * E + e] += g;
+    }
+  }
+  memset(dlogits, 0, (size_t)T * E * sizeof(float));
+  moe_softmax_backward(dlogits, dprobs, gb->probs, T, E);
+  // z-loss: d/dlogits[t,e] of coef * mean_t lse_t^2 = coef * 2/Tg * lse_t * probs[t,e]
+  if (cfg->z_loss_coef > 0.0f && T > 0) {
+    for (int t = 0; t < T; t++) {
+      const float g = cfg->z_loss_coef * 2.0f / (float)Tg * gb->lse[t];
+      for (int e = 0; e < E; e++) dlogits[(size_t)t * E + e] += g * gb->probs[(size_t)t * E + e];
+    }
+  }
+  // dwg += x^T dlogits; dx += dlogits wg^T
+  moe_timed_gemm(&tm->gate_gemm_ms, 1, 0, M, E, T, x, M, dlogits, E, 1.0f, dwg, E);
+  moe_timed_gemm(&tm->gate_gemm_ms, 0, 1, T, M, E, dlogits, E, wg, E, 1.0f, dx, M);
+  tm->gate_flops += 4.0 * T * M * E;
+}
+
+// ---- dispatch and combine ------------------------------------------------------------------
+
+void moe_dispatch_forward(const moe_route *r, const float *x, int M, float *xe) {
+  for (int row = 0; row < r->rows; row++) {
+    memcpy(xe + (size_t)row * M, x + (size_t)r->row_token[row] * M, (size_t)M * sizeof(float));
+  }
+}
+
+void moe_dispatch_backward(const moe_route *r, const float *dxe, int M, float *dx) {
+  for (int row = 0; row < r->rows; row++) {
+    float *dxt = dx + (size_t)r->row_token[row] * M;
+    const float *src = dxe + (size_t)row * M;
+    for (int j = 0; j < M; j++) dxt[j] += src[j];
+  }
+}
+
+void moe_combine_forward(const moe_route *r, const float *ye, int M, int T, float *y) {
+  const int K = r->top_k;
+  if (T > 0) memset(y, 0, (size_t)T * (size_t)M * sizeof(float));
+  // choices in order k = 0..K-1; dropped choices add nothing
+  for (int t = 0; t < T; t++) {
+    float *yt = y + (size_t)t * M;
+    for (int k = 0; k < K; k++) {
+      const int s = r->slot[t * K + k];
+      if (s < 0) continue;
+      const float w = r->weight[t * K + k];
+      const float *src = ye + (size_t)(r->offset[r->expert[t * K + k]] + s) * M;
+      for (int j = 0; j < M; j++) yt[j] += w * src[j];
+    }
+  }
+}
+
+void moe_combine_backward(const moe_route *r, const float *dy, const float *ye, int M, int T,
+                          float *dye, float *dweight) {
+  const int K = r->top_k;
+  memset(dweight, 0, (size_t)T * K * sizeof(float));
+  for (int row = 0; row < r->rows; row++) {
+    const int t = r->row_token[row], k = r->row_choice[row];
+    const float w = r->weight[t * K + k];
+    const float *dyt = dy + (size_t)t * M, *src = ye + (size_t)row * M;
+    float *d = dye + (size_t)row * M;
+    double dot = 0.0;
+    for (int j = 0; j < M; j++) {
+      d[j] = w * dyt[j];
+      dot += (double)dyt[j] * src[j];
+    }
+    dweight[t * K + k] = (float)dot;
+  }
+}
+
+// ---- one expert ---------------------------------------------------------------------------
+
+void moe_expert_forward(const moe_layer_config *cfg, const float *w1, const float *b1,
+                        const float *w2, const float *b2, const float *xe, int n, float *pre,
+                        float *h, float *ye, moe_layer_timing *tm) {
+  const int M = cfg->model_dim, H = cfg->hidden_dim;
+  if (n == 0) return;
+  // pre = xe w1 + b1; h = act(pre); ye = h w2 + b2
+  moe_timed_gemm(&tm->expert_gemm_ms, 0, 0, n, H, M, xe, M, w1, H, 0.0f, pre, H);
+  uint64_t t0 = moe_time_ns();
+  moe_bias_add_forward(pre, b1, n, H);
+  if (cfg->act == MOE_ACT_GELU) {
+    moe_gelu_forward(h, pre, (size_t)n * H);
+  } else {
+    moe_relu_forward(h, pre, (size_t)n * H);
+  }
+  tm->expert_other_ms += moe_time_ms_since(t0);
+  moe_timed_gemm(&tm->expert_gemm_ms, 0, 0, n, M, H, h, H, w2, M, 0.0f, ye, M);
+  t0 = moe_time_ns();
+  moe_bias_add_forward(ye, b2, n, M);
+  tm->expert_other_ms += moe_time_ms_since(t0);
+  tm->expert_flops += 4.0 * n * (double)M * (double)H;
+}
+
+void moe_expert_backward(const moe_layer_config *cfg, const float *w1, const float *w2, float *dw1,
+                         float *db1, float *dw2, float *db2, const float *xe, const float *pre,
+                         const float *h, float *dyx, int n, float *dh, float *dpre,
+                         moe_layer_timing *tm) {
+  const int M = cfg->model_dim, H = cfg->hidden_dim;
+  if (n == 0) return;
+  uint64_t t0 = moe_time_ns();
+  moe_bias_add_backward(db2, dyx, n, M);
+  memset(dpre, 0, (size_t)n * (size_t)H * sizeof(float));
+  tm->expert_other_ms += moe_time_ms_since(t0);
+  // dw2 += h^T dY; dh = dY w2^T
+  moe_timed_gemm(&tm->expert_gemm_ms, 1, 0, H, M, n, h, H, dyx, M, 1.0f, dw2, M);
+  moe_timed_gemm(&tm->expert_gemm_ms, 0, 1, n, H, M, dyx, M, w2, M, 0.0f, dh, H);
+  t0 = moe_time_ns();
+  if (cfg->act == MOE_ACT_GELU) {
+    moe_gelu_backward(dpre, dh, pre, (size_t)n * H);
+  } else {
+    moe_relu_backward(dpre, dh, pre, (size_t)n * H);
+  }
+  moe_bias_add_backward(db1, dpre, n, H);
+  tm->expert_other_ms += moe_time_ms_since(t0);
+  // dw1 += xe^T dpre; dX = dpre w1^T, written over dY (no longer needed)
+  moe_timed_gemm(&tm->expert_gemm_ms, 1, 0, M, H, n, xe, M, dpre, H, 1.0f, dw1, H);
+  moe_timed_gemm(&tm->expert_gemm_ms, 0, 1, n, M, H, dpre, H, w1, H, 0.0f, dyx, M);
+  tm->expert_flops += 8.0 * n * (double)M * (double)H;
+}

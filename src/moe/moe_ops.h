@@ -1,0 +1,74 @@
+// Private building blocks of the MoE layer, shared by the single-process layer
+// (src/moe/layer.c) and the expert-parallel layer (src/parallel/): gate and
+// routing, loss statistics, dispatch/combine, one expert's FFN, each with its
+// backward. Buffers are the caller's; nothing here allocates.
+//
+// Losses over several ranks: moe_gate_loss_stats gives per-rank sums which,
+// added over the ranks of the global batch, make moe_gate_losses and
+// moe_gate_backward produce exactly the single-process aux and z losses and
+// their gradients (docs/moe-layer.md step 7).
+#ifndef MOE_MOE_OPS_H
+#define MOE_MOE_OPS_H
+
+#include "moe/layer.h"
+
+// Gate buffers for T tokens.
+typedef struct {
+  float *logits;  // (T, E)
+  float *probs;   // (T, E)
+  float *lse;     // (T): logsumexp of logits
+  float *topk_p;  // (T, K): probabilities of the chosen experts
+} moe_gate_buffers;
+
+// Number of doubles in a loss-statistics vector: count_all (E), probability
+// sums (E), sum of lse^2, token count.
+#define MOE_LOSS_STATS(E) (2 * (size_t)(E) + 2)
+
+// Timed GEMM: adds its wall time to *ms.
+void moe_timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const float *a, int lda,
+                    const float *b, int ldb, float beta, float *c, int ldc);
+
+// INVALID_ARG naming the token and column of the first NaN/Inf in x (T, cols).
+moe_status moe_check_finite(moe_ctx *ctx, const char *name, const float *x, int tokens, int cols);
+
+// x (T, M), wg (M, E) -> gate buffers, route->expert/weight, and slots with
+// capacity C(T) (per call, i.e. per source rank). Times into tm->gate_gemm_ms.
+moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float *wg,
+                          const float *x, int tokens, moe_gate_buffers *gb, moe_route *route,
+                          moe_layer_timing *tm);
+// stats (MOE_LOSS_STATS(E)) = this call's sums (overwritten).
+void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb,
+                         const moe_route *route, int tokens, double *stats);
+// aux and z losses from (global) stats.
+void moe_gate_losses(const moe_layer_config *cfg, const double *stats, float *aux, float *z);
+// Gate backward: dweight (T, K) of the combine -> dwg (M, E) +=, dx (T, M) +=,
+// plus the aux and z gradients computed from the (global) stats. dprobs and
+// dlogits (T, E) are scratch.
+void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb,
+                       const moe_route *route, int tokens, const double *stats,
+                       const float *dweight, float *dprobs, float *dlogits, const float *x,
+                       const float *wg, float *dwg, float *dx, moe_layer_timing *tm);
+
+// xe[row] = x[route->row_token[row]]: x (T, M) -> xe (rows, M), expert order.
+void moe_dispatch_forward(const moe_route *route, const float *x, int M, float *xe);
+// dx[route->row_token[row]] += dxe[row].
+void moe_dispatch_backward(const moe_route *route, const float *dxe, int M, float *dx);
+// y (T, M) = sum over kept choices of weight * ye[row] (overwrites y).
+void moe_combine_forward(const moe_route *route, const float *ye, int M, int tokens, float *y);
+// dye[row] = weight * dy[t]; dweight (T, K) = dy[t] . ye[row] (0 when dropped).
+void moe_combine_backward(const moe_route *route, const float *dy, const float *ye, int M,
+                          int tokens, float *dye, float *dweight);
+
+// One expert over n rows: xe (n, M) -> pre, h (n, H) -> ye (n, M).
+// w1 (M, H), b1 (H), w2 (H, M), b2 (M).
+void moe_expert_forward(const moe_layer_config *cfg, const float *w1, const float *b1,
+                        const float *w2, const float *b2, const float *xe, int n, float *pre,
+                        float *h, float *ye, moe_layer_timing *tm);
+// Its backward: dyx (n, M) holds dY on entry and dX on return; dw1, db1, dw2,
+// db2 +=. dh and dpre (n, H) are scratch.
+void moe_expert_backward(const moe_layer_config *cfg, const float *w1, const float *w2, float *dw1,
+                         float *db1, float *dw2, float *db2, const float *xe, const float *pre,
+                         const float *h, float *dyx, int n, float *dh, float *dpre,
+                         moe_layer_timing *tm);
+
+#endif
