@@ -392,11 +392,13 @@ int cmd_bench(int argc, char **argv) {
     fprintf(f,
             "usage: moe bench <what> [options]\n\n"
             "what:\n"
-            "  layer    one MoE layer forward+backward in one process\n\n"
+            "  layer    one MoE layer forward+backward in one process\n"
+            "  a2a      all-to-all algorithms over a size sweep (under mpirun)\n\n"
             "Run 'moe bench <what> --help' for its options.\n");
     return argc < 3 ? CLI_USAGE : CLI_OK;
   }
   if (strcmp(argv[2], "layer") == 0) return cmd_bench_layer(argc, argv);
-  cli_error("unknown benchmark '%s' (valid: layer)", argv[2]);
+  if (strcmp(argv[2], "a2a") == 0) return cmd_bench_a2a(argc, argv);
+  cli_error("unknown benchmark '%s' (valid: layer, a2a)", argv[2]);
   return CLI_USAGE;
 }

@@ -1,0 +1,380 @@
+// moe bench a2a: an OSU / nccl-tests style benchmark of the all-to-all
+// algorithms under mpirun. For each algorithm and each per-rank buffer size S
+// (doubling from --min-bytes to --max-bytes) it prints the median time (the
+// slowest rank of each iteration, median over iterations), algbw = S / time,
+// busbw = algbw * (P-1)/P, and whether the received bytes were right.
+//
+// `bare` is not a registered algorithm: it is a plain MPI_Alltoallv loop with
+// the same timing, so `mpi` next to it shows what the harness adds.
+#include "cli.h"
+
+#if MOE_CLI_MPI
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/comm.h"
+
+typedef struct {
+  const char *algo;  // name, "all" or "bare"
+  size_t min_bytes, max_bytes;
+  int skewed;
+  int check;
+  int iters, warmup;
+  int ranks_per_node;
+  int grouped_size;
+  const char *json_path;
+} a2a_opts;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mpirun -n P moe bench a2a [options]\n"
+          "\n"
+          "Times the all-to-all algorithms over a size sweep. S is the bytes one rank\n"
+          "sends in total (its whole send buffer, split over the P destinations).\n"
+          "\n"
+          "options (default in brackets):\n"
+          "  --algo NAME|all|bare   mpi, pairwise, 1dh, 2dh, pipe, grouped; all = every\n"
+          "                         algorithm plus bare (a plain MPI_Alltoallv loop) [all]\n"
+          "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
+          "  --max-bytes S          largest per-rank buffer, <= 1 GiB [16777216]\n"
+          "  --counts uniform|skewed  uniform: S/P to every rank; skewed: rank d gets a\n"
+          "                         share proportional to 2^-(d mod 4) (hot ranks) [uniform]\n"
+          "  --check                verify every received byte (payload encodes source,\n"
+          "                         destination and index)\n"
+          "  --iters N              timed iterations per size, 1..10000 [20]\n"
+          "  --warmup N             untimed iterations first, 0..1000 [3]\n"
+          "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
+          "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
+          "  --group-size G         group size of `grouped` (0 = ranks per node) [0]\n"
+          "  --json FILE            write every row as JSON (rank 0)\n");
+}
+
+static int parse_size(cli_args *a, const char *opt, size_t *out) {
+  char *end = NULL;
+  errno = 0;
+  const unsigned long long v = strtoull(a->value, &end, 10);
+  if (!a->value || end == a->value || *end != '\0' || errno == ERANGE || strchr(a->value, '-') ||
+      v > (1ull << 30)) {
+    cli_error("%s (%s) must be an integer in [0, 1073741824]", opt, a->value ? a->value : "");
+    a->bad = 1;
+    return 0;
+  }
+  *out = (size_t)v;
+  return 1;
+}
+
+static int parse_opts(int argc, char **argv, a2a_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->algo = "all";
+  o->min_bytes = 1024;
+  o->max_bytes = 16u << 20;
+  o->iters = 20;
+  o->warmup = 3;
+  cli_args a;
+  cli_args_init(&a, argc, argv, 3);
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      usage(stdout);
+      return -1;
+    } else if (cli_opt(&a, "--algo")) {
+      o->algo = a.value;
+    } else if (cli_opt(&a, "--min-bytes")) {
+      if (a.value) parse_size(&a, "--min-bytes", &o->min_bytes);
+    } else if (cli_opt(&a, "--max-bytes")) {
+      if (a.value) parse_size(&a, "--max-bytes", &o->max_bytes);
+    } else if (cli_opt(&a, "--counts")) {
+      if (a.value && strcmp(a.value, "uniform") == 0) {
+        o->skewed = 0;
+      } else if (a.value && strcmp(a.value, "skewed") == 0) {
+        o->skewed = 1;
+      } else if (a.value) {
+        cli_error("--counts '%s' is unknown (valid: uniform, skewed)", a.value);
+        a.bad = 1;
+      }
+    } else if (cli_flag(&a, "--check")) {
+      o->check = 1;
+    } else if (cli_opt(&a, "--iters")) {
+      cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
+    } else if (cli_opt(&a, "--warmup")) {
+      cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
+    } else if (cli_opt(&a, "--ranks-per-node")) {
+      cli_parse_int(&a, "--ranks-per-node", 0, 1 << 20, &o->ranks_per_node);
+    } else if (cli_opt(&a, "--group-size")) {
+      cli_parse_int(&a, "--group-size", 0, 1 << 20, &o->grouped_size);
+    } else if (cli_opt(&a, "--json")) {
+      o->json_path = a.value;
+    } else {
+      cli_error("unknown option '%s' for 'moe bench a2a' (see --help)", cli_args_peek(&a));
+      return CLI_USAGE;
+    }
+  }
+  if (!a.bad && o->min_bytes > o->max_bytes) {
+    cli_error("--min-bytes (%zu) must be <= --max-bytes (%zu)", o->min_bytes, o->max_bytes);
+    a.bad = 1;
+  }
+  return a.bad ? CLI_USAGE : CLI_OK;
+}
+
+// Block sizes: counts[s * P + d] = bytes rank s sends to rank d for a per-rank
+// buffer of S bytes; the same on every rank, so no counts exchange is needed.
+static void make_counts(size_t *counts, int P, size_t S, int skewed) {
+  for (int s = 0; s < P; s++) {
+    double wsum = 0.0;
+    for (int d = 0; d < P; d++) wsum += skewed ? 1.0 / (double)(1 << (d % 4)) : 1.0;
+    size_t given = 0;
+    for (int d = 0; d < P; d++) {
+      const double w = skewed ? 1.0 / (double)(1 << (d % 4)) : 1.0;
+      counts[(size_t)s * P + d] = d == P - 1 ? S - given : (size_t)((double)S * w / wsum);
+      given += counts[(size_t)s * P + d];
+    }
+  }
+}
+
+// Payload byte i of the block from s to d.
+static unsigned char payload(int s, int d, size_t i) {
+  return (unsigned char)((uint32_t)s * 131u + (uint32_t)d * 31u + (uint32_t)(i * 7u) +
+                         (uint32_t)(i >> 8));
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct {
+  const char *algo;
+  size_t bytes;
+  double ms, algbw, busbw;
+  const char *check;
+} a2a_row;
+
+int cmd_bench_a2a(int argc, char **argv) {
+  a2a_opts o;
+  int rc = parse_opts(argc, argv, &o);
+  if (rc < 0) return CLI_OK;
+  if (rc != CLI_OK) return rc;
+
+  int provided = 0, rank = 0, P = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  moe_ctx *ctx = NULL;
+  moe_group g;
+  memset(&g, 0, sizeof g);
+  moe_workspace ws = {0};
+  int *nodes = NULL;
+  size_t *counts = NULL, *sc = NULL, *sd = NULL, *rcnt = NULL, *rd = NULL;
+  int *isc = NULL, *isd = NULL, *irc = NULL, *ird = NULL;
+  unsigned char *sbuf = NULL, *rbuf = NULL;
+  double *times = NULL;
+  a2a_row *rows = NULL;
+  int nrows = 0;
+  FILE *json = NULL;
+  char json_tmp[4096] = "";
+  int have_group = 0;
+
+  // Which algorithms: validated identically on every rank (same argv).
+  int nalgos = 0;
+  const moe_a2a_algo *algos = moe_a2a_list(&nalgos);
+  const char *names[16];
+  int nnames = 0;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    rc = CLI_FAILED;
+    goto done;
+  }
+  if (strcmp(o.algo, "all") == 0) {
+    for (int i = 0; i < nalgos; i++) names[nnames++] = algos[i].name;
+    names[nnames++] = "bare";
+  } else if (strcmp(o.algo, "bare") == 0) {
+    names[nnames++] = "bare";
+  } else {
+    const moe_a2a_algo *found = NULL;
+    if (moe_a2a_find(ctx, o.algo, &found) != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("--algo: %s (or all, bare)", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
+    names[nnames++] = found->name;
+  }
+  // Rank 0 opens the JSON output now, and every rank learns whether it could.
+  int json_ok = 1;
+  if (rank == 0 && o.json_path) {
+    snprintf(json_tmp, sizeof json_tmp, "%s.tmp", o.json_path);
+    json = fopen(json_tmp, "w");
+    if (!json) {
+      cli_error("cannot write '%s': %s", json_tmp, strerror(errno));
+      json_ok = 0;
+    }
+  }
+  MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!json_ok) {
+    rc = CLI_FAILED;
+    goto done;
+  }
+
+  nodes = moe_malloc((size_t)P * sizeof(int));
+  if (!nodes || moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, nodes) != MOE_STATUS_OK ||
+      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes) != MOE_STATUS_OK) {
+    // Topology errors (a ranks-per-node that does not divide P) are the same on every rank.
+    if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+    rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
+    goto done;
+  }
+  have_group = 1;
+  g.grouped_size = o.grouped_size;
+
+  const size_t PP = (size_t)P;
+  counts = moe_malloc(PP * PP * sizeof(size_t));
+  sc = moe_malloc(PP * sizeof(size_t));
+  sd = moe_malloc(PP * sizeof(size_t));
+  rcnt = moe_malloc(PP * sizeof(size_t));
+  rd = moe_malloc(PP * sizeof(size_t));
+  isc = moe_malloc(4 * PP * sizeof(int));
+  times = moe_malloc((size_t)o.iters * sizeof(double));
+  const int max_rows = nnames * 64;
+  rows = moe_calloc((size_t)max_rows, sizeof(a2a_row));
+  sbuf = moe_malloc(o.max_bytes + 1);
+  // The most a rank can receive: every sender's largest block to it.
+  rbuf = moe_malloc(o.max_bytes * PP + 1);
+  if (!counts || !sc || !sd || !rcnt || !rd || !isc || !times || !rows || !sbuf || !rbuf) {
+    cli_error("rank %d: cannot allocate buffers for %zu bytes per rank", rank, o.max_bytes);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
+  isd = isc + P;
+  irc = isd + P;
+  ird = irc + P;
+
+  if (rank == 0) {
+    printf(
+        "moe bench a2a: P=%d ranks on %d node%s (%s), counts=%s, %d iterations after %d "
+        "warm-up, median of the slowest rank\n\n",
+        P, g.num_nodes, g.num_nodes == 1 ? "" : "s", g.uniform ? "uniform" : "non-uniform",
+        o.skewed ? "skewed" : "uniform", o.iters, o.warmup);
+    printf("%-9s %12s %12s %12s %12s %7s\n", "algo", "bytes", "time(us)", "algbw(GB/s)",
+           "busbw(GB/s)", "check");
+  }
+  for (size_t S = o.min_bytes;; S = S ? S * 2 : 1) {
+    make_counts(counts, P, S, o.skewed);
+    size_t so = 0, ro = 0;
+    for (int d = 0; d < P; d++) {
+      sc[d] = counts[(size_t)rank * PP + d];
+      sd[d] = so;
+      so += sc[d];
+      rcnt[d] = counts[(size_t)d * PP + rank];
+      rd[d] = ro;
+      ro += rcnt[d];
+      isc[d] = (int)sc[d];
+      isd[d] = (int)sd[d];
+      irc[d] = (int)rcnt[d];
+      ird[d] = (int)rd[d];
+    }
+    for (int d = 0; d < P; d++) {
+      for (size_t i = 0; i < sc[d]; i++) sbuf[sd[d] + i] = payload(rank, d, i);
+    }
+    for (int a = 0; a < nnames; a++) {
+      const int bare = strcmp(names[a], "bare") == 0;
+      const moe_a2a_algo *algo = NULL;
+      if (!bare) moe_a2a_find(ctx, names[a], &algo);
+      if (algo && algo->needs_uniform_nodes && !g.uniform) {
+        if (rank == 0) printf("%-9s %12zu %12s %12s %12s %7s\n", names[a], S, "-", "-", "-", "n/a");
+        continue;
+      }
+      int bad = 0;
+      for (int it = 0; it < o.warmup + o.iters; it++) {
+        if (o.check) memset(rbuf, 0xA5, ro + 1);
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        if (bare) {
+          MPI_Alltoallv(sbuf, isc, isd, MPI_BYTE, rbuf, irc, ird, MPI_BYTE, MPI_COMM_WORLD);
+        } else if (moe_a2a_run(ctx, algo, &g, sbuf, sc, sd, rbuf, rcnt, rd, &ws) != MOE_STATUS_OK) {
+          // A failure on one rank would leave the others waiting: abort the job.
+          cli_error("rank %d: %s: %s", rank, names[a], moe_ctx_error(ctx));
+          MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+        }
+        double dt = MPI_Wtime() - t0;
+        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (it >= o.warmup) times[it - o.warmup] = dt;
+        if (o.check) {
+          for (int s = 0; s < P && !bad; s++) {
+            for (size_t i = 0; i < rcnt[s]; i++) {
+              if (rbuf[rd[s] + i] != payload(s, rank, i)) {
+                bad = 1;
+                break;
+              }
+            }
+          }
+        }
+      }
+      MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      qsort(times, (size_t)o.iters, sizeof(double), cmp_double);
+      const double t =
+          o.iters % 2 ? times[o.iters / 2] : 0.5 * (times[o.iters / 2 - 1] + times[o.iters / 2]);
+      const double algbw = t > 0 ? (double)S / t / 1e9 : 0.0;
+      const double busbw = algbw * (P - 1) / P;
+      const char *check = o.check ? (bad ? "FAIL" : "ok") : "-";
+      if (bad) rc = CLI_FAILED;
+      if (rank == 0) {
+        printf("%-9s %12zu %12.2f %12.3f %12.3f %7s\n", names[a], S, t * 1e6, algbw, busbw, check);
+        fflush(stdout);
+        if (nrows < max_rows) rows[nrows++] = (a2a_row){names[a], S, t * 1e3, algbw, busbw, check};
+      }
+    }
+    if (S >= o.max_bytes || S > o.max_bytes / 2) break;
+  }
+  if (rank == 0 && json) {
+    fprintf(json, "{\n  \"benchmark\": \"a2a\",\n  \"ranks\": %d,\n  \"nodes\": %d,\n", P,
+            g.num_nodes);
+    fprintf(json, "  \"counts\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"rows\": [\n",
+            o.skewed ? "skewed" : "uniform", o.iters, o.warmup);
+    for (int i = 0; i < nrows; i++) {
+      fprintf(json,
+              "    {\"algo\": \"%s\", \"bytes\": %zu, \"time_ms\": %.6f, \"algbw_gbs\": %.6f, "
+              "\"busbw_gbs\": %.6f, \"check\": \"%s\"}%s\n",
+              rows[i].algo, rows[i].bytes, rows[i].ms, rows[i].algbw, rows[i].busbw, rows[i].check,
+              i + 1 < nrows ? "," : "");
+    }
+    fprintf(json, "  ]\n}\n");
+    const int werr = ferror(json);
+    if (fclose(json) != 0 || werr || rename(json_tmp, o.json_path) != 0) {
+      cli_error("cannot write '%s'", o.json_path);
+      remove(json_tmp);
+      rc = CLI_FAILED;
+    } else {
+      printf("wrote %s\n", o.json_path);
+    }
+    json = NULL;
+  }
+done:
+  if (json) {
+    fclose(json);
+    remove(json_tmp);
+  }
+  moe_workspace_free(&ws);
+  if (have_group) moe_group_free(&g);
+  moe_free(nodes);
+  moe_free(counts);
+  moe_free(sc);
+  moe_free(sd);
+  moe_free(rcnt);
+  moe_free(rd);
+  moe_free(isc);
+  moe_free(times);
+  moe_free(rows);
+  moe_free(sbuf);
+  moe_free(rbuf);
+  moe_ctx_destroy(ctx);
+  MPI_Finalize();
+  return rc;
+}
+
+#else  // !MOE_CLI_MPI
+
+int cmd_bench_a2a(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  cli_error("this moe was built without MPI: 'bench a2a' is not available");
+  return CLI_FAILED;
+}
+
+#endif

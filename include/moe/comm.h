@@ -1,0 +1,124 @@
+// libmoe communication over MPI: process groups with their node topology, the
+// DP x EP layout, and the all-to-all algorithms (one file each in src/comm/,
+// selected by name through a registry).
+//
+// Only built when MPI is found (moe_has_mpi()). Works with Open MPI and MPICH.
+//
+// Threading: a moe_group / moe_comm is used by one thread at a time (the
+// communication thread during a pass). MPI must be initialised by the caller,
+// with MPI_THREAD_MULTIPLE if several threads will call MPI.
+#ifndef MOE_COMM_H
+#define MOE_COMM_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- groups and topology ------------------------------------------------------------
+
+// A communicator plus where its members live. Nodes are numbered densely
+// 0..num_nodes-1 in the order of their lowest member rank, so node ids are the
+// same on every member.
+typedef struct {
+  MPI_Comm comm;       // the group (owned: freed by moe_group_free)
+  int rank;            // my rank in comm
+  int size;            // P: members
+  int node;            // my node id
+  int num_nodes;       // nodes the group spans
+  int local_rank;      // my index among the members on my node (by group rank)
+  int local_size;      // members on my node
+  int *node_of;        // (P): node id of each member
+  int *local_rank_of;  // (P): index of each member on its node
+  int *node_size;      // (num_nodes): members on each node
+  // 1 when every node holds the same number G of members and members are
+  // node-contiguous: member r sits on node r / G as local rank r % G. The
+  // hierarchical algorithms (1dh, 2dh) need this; pipe and grouped do not.
+  int uniform;
+  // Group size g of the `grouped` algorithm (every member must set the same value) (FasterMoE's
+  // FMOE_FASTER_GROUP_SIZE): members form ceil(P / g) groups of consecutive ranks. 0 (the default)
+  // means the members of one node (local_size when uniform, else 1).
+  int grouped_size;
+  MPI_Comm intra;  // members on my node, ordered by group rank (owned)
+  MPI_Comm inter;  // members with my local_rank, one per node, ordered by node (owned)
+} moe_group;
+
+// Builds a group over comm (duplicated, with MPI_ERRORS_RETURN, so the caller
+// keeps its own communicator and MPI errors come back as statuses) where
+// member r lives on node world_node_of[world rank of r]: pass the node id of
+// every WORLD rank (see moe_topology_nodes). Collective over comm.
+moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, const int *world_node_of);
+void moe_group_free(moe_group *g);  // NULL or zeroed is a no-op; collective over g->comm
+
+// Node id of every world rank (out: world-size ints). ranks_per_node > 0
+// forces node = world rank / ranks_per_node (one host acting as several nodes;
+// must divide the world size); 0 uses MOE_RANKS_PER_NODE from the environment
+// if set, else MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over world.
+moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm world, int ranks_per_node, int *out);
+
+// ---- workspace ---------------------------------------------------------------------------
+
+// Scratch memory that grows on demand and is reused: after the first call of a
+// given size, collectives using it allocate nothing.
+typedef struct {
+  void *buf;
+  size_t capacity;
+} moe_workspace;
+
+// Ensures ws->buf holds at least `bytes` (contents are not kept on growth).
+moe_status moe_workspace_reserve(moe_ctx *ctx, moe_workspace *ws, size_t bytes);
+// Same, keeping the first `keep` bytes when the buffer has to grow.
+moe_status moe_workspace_reserve_keep(moe_ctx *ctx, moe_workspace *ws, size_t bytes, size_t keep);
+void moe_workspace_free(moe_workspace *ws);  // NULL or zeroed is a no-op
+
+// ---- all-to-all ----------------------------------------------------------------------------
+
+// The shared signature of every all-to-all algorithm: MPI_Alltoallv over g->comm
+// with byte counts and byte displacements. Member r's send block for member d is
+// send_counts[d] bytes at send + send_displs[d]; the block from member s lands
+// at recv + recv_displs[s] (recv_counts[s] bytes). recv_counts must match what
+// the peers send (as after a counts exchange). Collective over g->comm; every
+// member must use the same algorithm. ws is scratch (may grow).
+typedef moe_status (*moe_alltoallv_fn)(moe_ctx *ctx, const moe_group *g, const void *send,
+                                       const size_t *send_counts, const size_t *send_displs,
+                                       void *recv, const size_t *recv_counts,
+                                       const size_t *recv_displs, moe_workspace *ws);
+
+typedef struct {
+  const char *name;         // "mpi", "pairwise", "1dh", "2dh", "pipe", "grouped"
+  const char *source;       // where it comes from ("ScheMoE Pipe-A2A", ...)
+  const char *cost;         // alpha-beta cost, as in the file header
+  int needs_uniform_nodes;  // 1: requires g->uniform (else INVALID_ARG)
+  moe_alltoallv_fn run;
+} moe_a2a_algo;
+
+// Registered algorithms, in a fixed order; *count receives their number.
+const moe_a2a_algo *moe_a2a_list(int *count);
+// Looks an algorithm up by name; INVALID_ARG naming the valid names otherwise.
+moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out);
+// Runs algo after checking its restrictions (uniform nodes) and that counts and
+// displacements fit MPI's int counts.
+moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
+                       const size_t *send_counts, const size_t *send_displs, void *recv,
+                       const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws);
+
+// Translates an MPI error code into MOE_STATUS_COMM with MPI's text in ctx.
+moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const char *file, int line);
+#define MOE_MPI_TRY(ctx, call)                                       \
+  do {                                                               \
+    const int mpi_rc_ = (call);                                      \
+    if (mpi_rc_ != MPI_SUCCESS) {                                    \
+      st = moe_mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__); \
+      goto done;                                                     \
+    }                                                                \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_COMM_H

@@ -1,0 +1,88 @@
+// The expert-parallel MoE layer over MPI: DP x EP process layout, placement of
+// experts on the ranks of an EP group (home ranks plus optional replicas),
+// counts exchange, all-to-all dispatch and combine with a selectable
+// algorithm, and the gradient reductions.
+//
+// The math is the single-process layer's (docs/moe-layer.md) on the global
+// batch = the concatenation of every rank's tokens in rank order: outputs,
+// aux and z losses and every gradient equal moe_layer's on that batch when no
+// token is dropped. Capacity is applied per source rank (docs/distributed.md).
+//
+// Threading: one thread per rank calls these, with the moe_ctx the layer was
+// created with. MPI must be initialised by the caller.
+#ifndef MOE_PARALLEL_H
+#define MOE_PARALLEL_H
+
+#include <mpi.h>
+
+#include "moe/comm.h"
+#include "moe/layer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int ep_size;         // EP: ranks an expert set is spread over; DP = world / EP. [1, world]
+  int ep_strided;      // 0: EP groups are consecutive ranks; 1: ranks d, d+DP, d+2DP, ...
+  int ranks_per_node;  // topology override (see moe_topology_nodes); 0 = automatic
+  char a2a[32];        // all-to-all algorithm name (moe_a2a_find), default "mpi"
+  int grouped_size;    // group size of the `grouped` algorithm, 0 = ranks per node
+} moe_parallel_config;
+
+// Defaults: EP = 1 (pure data parallelism), contiguous, automatic topology, "mpi".
+void moe_parallel_config_default(moe_parallel_config *pc);
+
+typedef struct moe_ep_layer moe_ep_layer;
+
+// Parameters this rank holds and their gradients. The gate is replicated on
+// every rank; experts home_first .. home_first + home_count - 1 live here
+// (E / EP of them). Shapes: wg (M, E); w1 (home_count, M, H); b1 (home_count, H);
+// w2 (home_count, H, M); b2 (home_count, M); d* the same.
+typedef struct {
+  int home_first, home_count;
+  float *wg, *w1, *b1, *w2, *b2;
+  float *dwg, *dw1, *db1, *dw2, *db2;
+} moe_ep_tensors;
+
+// Collective over world. Fails on EVERY rank (no hang) with INVALID_ARG when:
+// the layer config is invalid or differs between ranks; world is not divisible
+// by ep_size; E is not divisible by ep_size; the all-to-all name is unknown or
+// the algorithm cannot run on this topology; ranks_per_node does not divide
+// the world.
+moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
+                               const moe_parallel_config *pc, moe_ep_layer **out);
+void moe_ep_layer_destroy(moe_ep_layer *layer);  // NULL is a no-op; collective
+
+moe_ep_tensors moe_ep_layer_get_tensors(moe_ep_layer *layer);
+const moe_group *moe_ep_layer_ep_group(const moe_ep_layer *layer);
+const moe_placement *moe_ep_layer_get_placement(const moe_ep_layer *layer);
+const moe_route *moe_ep_layer_get_route(const moe_ep_layer *layer);
+
+// The same values moe_layer_init_params(seed) gives, sliced to what this rank
+// holds; replicas get their home's values.
+void moe_ep_layer_init_params(moe_ep_layer *layer, uint64_t seed);
+void moe_ep_layer_zero_grad(moe_ep_layer *layer);
+
+// Marks (on = 1) a replica of expert e on EP rank p (within every EP group):
+// tokens of p for e are then computed on p with the replica's parameters, and
+// the replica's gradients are added to the home rank's. Collective over world
+// with identical arguments; allocates the replica's storage. Copies the home's
+// current parameters to the replica.
+moe_status moe_ep_layer_set_replica(moe_ep_layer *layer, int expert, int ep_rank, int on);
+// Copies every home expert's parameters to its replicas (after an optimizer step).
+moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
+
+// x (T, M) -> y (T, M) for this rank's T tokens (0 <= T <= cfg.tokens; T may
+// differ between ranks). Collective over world. stats report the GLOBAL aux
+// and z losses and this rank's rows and drops.
+moe_status moe_ep_layer_forward(moe_ep_layer *layer, const float *x, int tokens, float *y,
+                                moe_layer_stats *stats);
+// dy (T, M) -> dx (T, M) +=; gradients of the held parameters += (gate summed
+// over the world, experts over their DP replicas and replicas). Collective.
+moe_status moe_ep_layer_backward(moe_ep_layer *layer, const float *dy, float *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_PARALLEL_H

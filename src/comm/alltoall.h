@@ -1,0 +1,29 @@
+// Private declarations shared by the all-to-all algorithm files and their
+// registry (src/comm/alltoall_registry.c). Each algorithm lives in its own file
+// src/comm/alltoall_<name>.c, headed by its steps and alpha-beta cost.
+#ifndef MOE_COMM_ALLTOALL_H
+#define MOE_COMM_ALLTOALL_H
+
+#include "moe/comm.h"
+
+#define MOE_A2A_ARGS                                                                               \
+  moe_ctx *ctx, const moe_group *g, const void *send, const size_t *send_counts,                   \
+      const size_t *send_displs, void *recv, const size_t *recv_counts, const size_t *recv_displs, \
+      moe_workspace *ws
+
+moe_status moe_alltoallv_mpi(MOE_A2A_ARGS);
+moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS);
+moe_status moe_alltoallv_1dh(MOE_A2A_ARGS);
+moe_status moe_alltoallv_2dh(MOE_A2A_ARGS);
+moe_status moe_alltoallv_pipe(MOE_A2A_ARGS);
+moe_status moe_alltoallv_grouped(MOE_A2A_ARGS);
+
+// Tag used by point-to-point based algorithms (one collective at a time per
+// communicator, so one tag suffices).
+#define MOE_A2A_TAG 7001
+
+// Copies my own block (send to self) with memcpy; a no-op when empty.
+void moe_a2a_copy_self(const moe_group *g, const void *send, const size_t *send_counts,
+                       const size_t *send_displs, void *recv, const size_t *recv_displs);
+
+#endif

@@ -1,0 +1,82 @@
+// The registry of all-to-all algorithms: names, sources, cost formulas and
+// restrictions, lookup by name, and the checked entry point every caller uses.
+// A new algorithm is one file (src/comm/alltoall_<name>.c) plus one line here.
+#include <limits.h>
+#include <string.h>
+
+#include "comm/alltoall.h"
+
+static const moe_a2a_algo k_algos[] = {
+    {"mpi", "MPI_Alltoallv (the NCCL-A2A analogue)", "library-defined", 0, moe_alltoallv_mpi},
+    {"pairwise", "classic shifted exchange", "(P-1)*alpha + (P-1)/P*n*beta", 0,
+     moe_alltoallv_pairwise},
+    {"1dh", "HetuMoE hierarchical (leader gather/exchange/scatter)",
+     "3(G-1)*alpha_intra + 2(G-1)*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*G*n*beta_inter + "
+     "log2(P)*alpha",
+     1, moe_alltoallv_1dh},
+    {"2dh", "Tutel/DeepSpeed 2D hierarchical",
+     "2(G-1)*alpha_intra + (G-1)/G*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*n*beta_inter + "
+     "log2(P)*alpha",
+     1, moe_alltoallv_2dh},
+    {"pipe", "ScheMoE Pipe-A2A (intra and inter concurrently)",
+     "max((G-1)*(alpha_intra + n/P*beta_intra), (P-G)*(alpha_inter + n/P*beta_inter))", 0,
+     moe_alltoallv_pipe},
+    {"grouped", "FasterMoE grouped pairwise exchange",
+     "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra", 0, moe_alltoallv_grouped},
+};
+
+const moe_a2a_algo *moe_a2a_list(int *count) {
+  if (count) *count = (int)(sizeof k_algos / sizeof k_algos[0]);
+  return k_algos;
+}
+
+moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out) {
+  moe_status st = MOE_STATUS_OK;
+  const int n = (int)(sizeof k_algos / sizeof k_algos[0]);
+  for (int i = 0; i < n; i++) {
+    if (name && strcmp(name, k_algos[i].name) == 0) {
+      *out = &k_algos[i];
+      goto done;
+    }
+  }
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+           "all-to-all algorithm '%s' is unknown (valid: mpi, pairwise, 1dh, 2dh, pipe, grouped)",
+           name ? name : "(null)");
+done:
+  return st;
+}
+
+void moe_a2a_copy_self(const moe_group *g, const void *send, const size_t *send_counts,
+                       const size_t *send_displs, void *recv, const size_t *recv_displs) {
+  const size_t n = send_counts[g->rank];
+  if (n > 0) {
+    memcpy((char *)recv + recv_displs[g->rank], (const char *)send + send_displs[g->rank], n);
+  }
+}
+
+moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
+                       const size_t *send_counts, const size_t *send_displs, void *recv,
+                       const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !algo || !g, MOE_STATUS_INVALID_ARG, "algorithm and group must not be NULL");
+  MOE_FAIL_IF(ctx, algo->needs_uniform_nodes && !g->uniform, MOE_STATUS_INVALID_ARG,
+              "all-to-all '%s' needs the same number of ranks on every node, node-contiguous "
+              "(this group of %d ranks spans %d nodes unevenly); use pipe, grouped, pairwise or "
+              "mpi",
+              algo->name, g->size, g->num_nodes);
+  size_t send_total = 0, recv_total = 0;
+  for (int r = 0; r < g->size; r++) {
+    MOE_FAIL_IF(ctx,
+                send_counts[r] > INT_MAX || send_displs[r] > INT_MAX || recv_counts[r] > INT_MAX ||
+                    recv_displs[r] > INT_MAX,
+                MOE_STATUS_INVALID_ARG,
+                "all-to-all block for rank %d exceeds MPI's int counts (%d bytes)", r, INT_MAX);
+    send_total += send_counts[r];
+    recv_total += recv_counts[r];
+  }
+  MOE_FAIL_IF(ctx, (send_total > 0 && !send) || (recv_total > 0 && !recv), MOE_STATUS_INVALID_ARG,
+              "all-to-all buffers must not be NULL when counts are non-zero");
+  MOE_TRY(algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws));
+done:
+  return st;
+}

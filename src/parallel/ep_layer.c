@@ -1,0 +1,765 @@
+// The expert-parallel MoE layer (include/moe/parallel.h): the single-process
+// layer's math (src/moe/moe_ops.c) on every rank's own tokens, with the rows
+// of each expert sent to the rank that computes it and back.
+//
+// Forward, on rank r of an EP group of P ranks (E_l = E / P home experts each):
+//   1. gate + routing plan on r's T tokens (capacity per source rank)
+//   2. one allreduce over the world of the loss statistics (and of an error
+//      flag, so a bad input on one rank fails every rank instead of hanging)
+//   3. dispatch rows in expert order; counts exchange (P x E ints, alltoall)
+//   4. all-to-all of the rows, ordered (destination, expert, slot) on the send
+//      side and (source, expert, slot) on the receive side
+//   5. receive side: rows regrouped expert-major, one FFN per expert over all of
+//      its rows (home experts, and replicas for the rank's own tokens)
+//   6. all-to-all back, combine
+// Backward runs the same exchanges with the gradients, then reduces: gate
+// gradients over the world, replica gradients into their home, and home expert
+// gradients over the DP replicas (ranks with the same EP index).
+//
+// Not here: chunking and overlap (sched/), load-balancing planners (balance/).
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/kernels.h"
+#include "moe/moe_ops.h"
+#include "moe/parallel.h"
+
+struct moe_ep_layer {
+  moe_ctx *ctx;
+  moe_layer_config cfg;
+  moe_parallel_config pc;
+  MPI_Comm world;  // duplicate of the caller's communicator (errors return)
+  MPI_Comm dp;     // ranks holding the same experts
+  moe_group ep;    // the EP group with its topology
+  const moe_a2a_algo *a2a;
+  int E, El, P, me;  // experts, home experts per rank, EP size, my EP rank
+  int max_rows;
+  moe_placement placement;
+  moe_route route;
+  // parameters: gate and home experts in one arena, replicas allocated apart
+  moe_arena params;
+  moe_ep_tensors t;
+  float **w1_of, **b1_of, **w2_of, **b2_of;      // (E): where each expert computed here lives
+  float **dw1_of, **db1_of, **dw2_of, **db2_of;  // (E): where its gradients go this pass
+  float **replica_mem;                           // (E): replica storage (params + grads)
+  float *grad_scratch;  // dwg | home dw1 | db1 | dw2 | db2 of one backward, reduced then added
+  size_t grad_gate_n, grad_home_n;
+  // source side, route (expert) order, R rows
+  moe_arena work;
+  float *logits, *probs, *lse, *topk_p, *xe, *ye, *dye, *dweight, *dprobs, *dlogits;
+  float *sendbuf;  // (R, M): rows in (destination, expert) order
+  // receive side, grown on demand
+  moe_workspace bufa, bufb, ex_x, pre, h, dh, dpre, a2a_ws;
+  int recv_rows;
+  // counts (P, E) and byte layouts (P)
+  int *cnt_send, *cnt_recv;
+  size_t *sbytes, *sdispl, *rbytes, *rdispl;
+  size_t *roff;                 // (P, E): row offset of block (s, e) in the receive buffer
+  size_t *xoff;                 // (P, E): row offset of block (s, e) in the expert-major buffer
+  size_t *spos;                 // (E): first row of expert e's rows in sendbuf
+  size_t *ex_start, *ex_count;  // (E): rows of expert e in the expert-major buffer
+  moe_workspace rep_tmp;        // one expert's gradients received from a replica
+  double *stats;                // MOE_LOSS_STATS(E) + 1 (error flag)
+  const float *x_last;
+  int tokens_last, have_forward;
+  moe_layer_stats last;
+  moe_layer_timing fwd_timing, bwd_timing;
+};
+
+void moe_parallel_config_default(moe_parallel_config *pc) {
+  memset(pc, 0, sizeof *pc);
+  pc->ep_size = 1;
+  snprintf(pc->a2a, sizeof pc->a2a, "mpi");
+}
+
+// FNV-1a, to compare configurations across ranks.
+static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config *pc) {
+  char text[1024];
+  if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
+  uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
+  const int ints[4] = {pc->ep_size, pc->ep_strided, pc->ranks_per_node, pc->grouped_size};
+  h = fnv1a(ints, sizeof ints, h);
+  return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
+}
+
+// Every rank contributes its local status; returns OK only if all are OK. On
+// failure every rank returns INVALID_ARG (or its own code) with a message: its
+// own, or the first failing rank's number.
+static moe_status agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what) {
+  moe_status st = MOE_STATUS_OK;
+  int mine = local == MOE_STATUS_OK ? INT32_MAX : 0, rank = 0, first = INT32_MAX;
+  MPI_Comm_rank(comm, &rank);
+  if (local != MOE_STATUS_OK) mine = rank;
+  MOE_MPI_TRY(ctx, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (local != MOE_STATUS_OK) {
+    st = local;  // the message is already in ctx
+  } else if (first != INT32_MAX) {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "%s failed on rank %d (see that rank's error)", what,
+             first);
+  }
+done:
+  return st;
+}
+
+static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_config *cfg,
+                               const moe_parallel_config *pc, const moe_a2a_algo **algo) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_layer_config_validate(ctx, cfg));
+  MOE_FAIL_IF(ctx, pc->ep_size < 1 || pc->ep_size > world_size, MOE_STATUS_INVALID_ARG,
+              "EP size (%d) must be in [1, %d] (the number of ranks)", pc->ep_size, world_size);
+  MOE_FAIL_IF(ctx, world_size % pc->ep_size != 0, MOE_STATUS_INVALID_ARG,
+              "ranks (%d) must be divisible by the EP size (%d)", world_size, pc->ep_size);
+  MOE_FAIL_IF(ctx, cfg->num_experts % pc->ep_size != 0, MOE_STATUS_INVALID_ARG,
+              "experts (%d) must be divisible by EP ranks (%d)", cfg->num_experts, pc->ep_size);
+  MOE_FAIL_IF(
+      ctx,
+      pc->ranks_per_node < 0 || (pc->ranks_per_node > 0 && world_size % pc->ranks_per_node != 0),
+      MOE_STATUS_INVALID_ARG, "ranks per node (%d) must divide the number of ranks (%d)",
+      pc->ranks_per_node, world_size);
+  MOE_FAIL_IF(ctx, pc->grouped_size < 0, MOE_STATUS_INVALID_ARG,
+              "grouped all-to-all group size (%d) must be >= 0", pc->grouped_size);
+  MOE_TRY(moe_a2a_find(ctx, pc->a2a, algo));
+done:
+  return st;
+}
+
+static moe_status alloc_tables(moe_ctx *ctx, moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  const size_t E = (size_t)L->E, P = (size_t)L->P;
+  void **ptrs[] = {(void **)&L->w1_of,  (void **)&L->b1_of,  (void **)&L->w2_of,
+                   (void **)&L->b2_of,  (void **)&L->dw1_of, (void **)&L->db1_of,
+                   (void **)&L->dw2_of, (void **)&L->db2_of, (void **)&L->replica_mem};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
+    *ptrs[i] = moe_calloc(E, sizeof(float *));
+    MOE_FAIL_IF(ctx, !*ptrs[i], MOE_STATUS_OUT_OF_MEMORY, "cannot allocate expert tables");
+  }
+  L->cnt_send = moe_calloc(P * E, sizeof(int));
+  L->cnt_recv = moe_calloc(P * E, sizeof(int));
+  L->sbytes = moe_calloc(P, sizeof(size_t));
+  L->sdispl = moe_calloc(P, sizeof(size_t));
+  L->rbytes = moe_calloc(P, sizeof(size_t));
+  L->rdispl = moe_calloc(P, sizeof(size_t));
+  L->roff = moe_calloc(P * E, sizeof(size_t));
+  L->xoff = moe_calloc(P * E, sizeof(size_t));
+  L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1, sizeof(double));
+  L->spos = moe_calloc(E, sizeof(size_t));
+  L->ex_start = moe_calloc(E, sizeof(size_t));
+  L->ex_count = moe_calloc(E, sizeof(size_t));
+  MOE_FAIL_IF(ctx,
+              !L->cnt_send || !L->cnt_recv || !L->sbytes || !L->sdispl || !L->rbytes ||
+                  !L->rdispl || !L->roff || !L->xoff || !L->stats || !L->spos || !L->ex_start ||
+                  !L->ex_count,
+              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate count tables for %zu ranks", P);
+done:
+  return st;
+}
+
+static moe_status alloc_buffers(moe_ctx *ctx, moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_layer_config *c = &L->cfg;
+  const size_t T = (size_t)c->tokens, M = (size_t)c->model_dim, H = (size_t)c->hidden_dim,
+               E = (size_t)c->num_experts, K = (size_t)c->top_k, El = (size_t)L->El;
+  const size_t tk = T * K;
+  const int cap = moe_layer_capacity(c, c->tokens);
+  const size_t R = cap < 0 ? tk : (E * (size_t)cap < tk ? E * (size_t)cap : tk);
+  L->max_rows = (int)R;
+  moe_ep_tensors *t = &L->t;
+  const moe_tensor_spec params[] = {
+      {"wg", M * E, &t->wg},
+      {"w1", El * M * H, &t->w1},
+      {"b1", El * H, &t->b1},
+      {"w2", El * H * M, &t->w2},
+      {"b2", El * M, &t->b2},
+      {"dwg", M * E, &t->dwg},
+      {"dw1", El * M * H, &t->dw1},
+      {"db1", El * H, &t->db1},
+      {"dw2", El * H * M, &t->dw2},
+      {"db2", El * M, &t->db2},
+      {"grad_scratch", M * E + El * (2 * M * H + H + M), &L->grad_scratch},
+  };
+  const moe_tensor_spec work[] = {
+      {"logits", T * E, &L->logits},
+      {"probs", T * E, &L->probs},
+      {"lse", T, &L->lse},
+      {"topk_p", T * K, &L->topk_p},
+      {"xe", R * M, &L->xe},
+      {"ye", R * M, &L->ye},
+      {"dye", R * M, &L->dye},
+      {"dweight", T * K, &L->dweight},
+      {"dprobs", T * E, &L->dprobs},
+      {"dlogits", T * E, &L->dlogits},
+      {"sendbuf", R * M, &L->sendbuf},
+  };
+  const int np = (int)(sizeof params / sizeof params[0]), nw = (int)(sizeof work / sizeof work[0]);
+  MOE_TRY(moe_arena_init(ctx, &L->params, moe_tensor_table_bytes(params, np)));
+  MOE_TRY(moe_arena_init(ctx, &L->work, moe_tensor_table_bytes(work, nw)));
+  MOE_TRY(moe_tensor_table_carve(ctx, &L->params, params, np));
+  MOE_TRY(moe_tensor_table_carve(ctx, &L->work, work, nw));
+  L->grad_gate_n = M * E;
+  L->grad_home_n = El * (2 * M * H + H + M);
+  t->home_first = L->me * L->El;
+  t->home_count = L->El;
+  for (int i = 0; i < L->El; i++) {
+    const int e = t->home_first + i;
+    L->w1_of[e] = t->w1 + (size_t)i * M * H;
+    L->b1_of[e] = t->b1 + (size_t)i * H;
+    L->w2_of[e] = t->w2 + (size_t)i * H * M;
+    L->b2_of[e] = t->b2 + (size_t)i * M;
+  }
+done:
+  return st;
+}
+
+moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
+                               const moe_parallel_config *pc, moe_ep_layer **out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ep_layer *L = NULL;
+  int *nodes = NULL;
+  uint64_t *hashes = NULL;
+  int W = 0, rank = 0;
+  MOE_FAIL_IF(ctx, !out || !cfg || !pc, MOE_STATUS_INVALID_ARG, "out, cfg and pc must not be NULL");
+  *out = NULL;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
+  // step 1: local checks, then one collective that every rank reaches
+  const moe_a2a_algo *algo = NULL;
+  const moe_status local = local_checks(ctx, W, cfg, pc, &algo);
+  MOE_TRY(agree(ctx, world, local, "layer setup"));
+  // step 2: identical configuration everywhere
+  hashes = moe_malloc((size_t)W * sizeof(uint64_t));
+  MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
+  {
+    const uint64_t h = config_hash(cfg, pc);
+    MOE_MPI_TRY(ctx, MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
+    for (int r = 1; r < W; r++) {
+      MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
+                  "the layer or parallel configuration differs between ranks (rank %d differs "
+                  "from rank 0); every rank must pass the same configuration",
+                  r);
+    }
+  }
+  L = moe_calloc(1, sizeof *L);
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the layer");
+  L->ctx = ctx;
+  L->cfg = *cfg;
+  L->pc = *pc;
+  L->world = L->dp = MPI_COMM_NULL;
+  L->a2a = algo;
+  L->E = cfg->num_experts;
+  L->P = pc->ep_size;
+  L->El = L->E / L->P;
+  const int DP = W / L->P;
+  const int group = pc->ep_strided ? rank % DP : rank / L->P;
+  L->me = pc->ep_strided ? rank / DP : rank % L->P;
+  MOE_MPI_TRY(ctx, MPI_Comm_dup(world, &L->world));
+  MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(L->world, MPI_ERRORS_RETURN));
+  MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, L->me, group, &L->dp));
+  // step 3: topology and the EP group
+  nodes = moe_malloc((size_t)W * sizeof(int));
+  MOE_FAIL_IF(ctx, !nodes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node ids", W);
+  MOE_TRY(moe_topology_nodes(ctx, L->world, pc->ranks_per_node, nodes));
+  {
+    MPI_Comm ep_comm = MPI_COMM_NULL;
+    MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, group, L->me, &ep_comm));
+    const moe_status gst = moe_group_init(ctx, &L->ep, ep_comm, nodes);
+    MPI_Comm_free(&ep_comm);
+    MOE_TRY(gst);
+  }
+  L->ep.grouped_size = pc->grouped_size;
+  // Restrictions of the algorithm can differ between EP groups: agree on the world.
+  {
+    moe_status ok = MOE_STATUS_OK;
+    if (algo->needs_uniform_nodes && !L->ep.uniform) {
+      ok = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                        "all-to-all '%s' needs the same number of ranks on every node, "
+                        "node-contiguous; this EP group of %d ranks spans %d nodes unevenly (use "
+                        "pipe, grouped, pairwise or mpi)",
+                        algo->name, L->ep.size, L->ep.num_nodes);
+    }
+    MOE_TRY(agree(ctx, L->world, ok, "all-to-all selection"));
+  }
+  MOE_TRY(moe_placement_init(ctx, &L->placement, L->E, L->P));
+  MOE_TRY(alloc_tables(ctx, L));
+  MOE_TRY(alloc_buffers(ctx, L));
+  MOE_TRY(moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows));
+  *out = L;
+  L = NULL;
+done:
+  moe_free(nodes);
+  moe_free(hashes);
+  moe_ep_layer_destroy(L);
+  return st;
+}
+
+void moe_ep_layer_destroy(moe_ep_layer *L) {
+  if (!L) return;
+  moe_group_free(&L->ep);
+  if (L->dp != MPI_COMM_NULL && L->dp != 0) MPI_Comm_free(&L->dp);
+  if (L->world != MPI_COMM_NULL && L->world != 0) MPI_Comm_free(&L->world);
+  moe_arena_free(&L->params);
+  moe_arena_free(&L->work);
+  moe_route_free(&L->route);
+  moe_placement_free(&L->placement);
+  if (L->replica_mem) {
+    for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
+  }
+  void *tables[] = {L->w1_of,  L->b1_of,    L->w2_of,       L->b2_of,    L->dw1_of,   L->db1_of,
+                    L->dw2_of, L->db2_of,   L->replica_mem, L->cnt_send, L->cnt_recv, L->sbytes,
+                    L->sdispl, L->rbytes,   L->rdispl,      L->roff,     L->xoff,     L->stats,
+                    L->spos,   L->ex_start, L->ex_count};
+  for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
+  moe_workspace *ws[] = {&L->bufa, &L->bufb, &L->ex_x,   &L->pre,    &L->h,
+                         &L->dh,   &L->dpre, &L->a2a_ws, &L->rep_tmp};
+  for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) moe_workspace_free(ws[i]);
+  moe_free(L);
+}
+
+moe_ep_tensors moe_ep_layer_get_tensors(moe_ep_layer *L) { return L->t; }
+const moe_group *moe_ep_layer_ep_group(const moe_ep_layer *L) { return &L->ep; }
+const moe_placement *moe_ep_layer_get_placement(const moe_ep_layer *L) { return &L->placement; }
+const moe_route *moe_ep_layer_get_route(const moe_ep_layer *L) { return &L->route; }
+
+// ---- parameters ------------------------------------------------------------------------
+
+// Fills n floats with values [first, first + n) of the stream moe_layer_init_params uses.
+static void init_slice(float *p, size_t n, uint64_t seed, uint64_t stream, size_t first, float a) {
+  moe_rng rng;
+  moe_rng_init(&rng, seed, stream);
+  rng.index = first;
+  moe_rng_fill_uniform(&rng, p, n, -a, a);
+}
+
+static void init_expert(moe_ep_layer *L, int e, uint64_t seed) {
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+  const float am = 1.0f / sqrtf((float)M), ah = 1.0f / sqrtf((float)H);
+  init_slice(L->w1_of[e], M * H, seed, 2, (size_t)e * M * H, am);
+  init_slice(L->b1_of[e], H, seed, 3, (size_t)e * H, am);
+  init_slice(L->w2_of[e], H * M, seed, 4, (size_t)e * H * M, ah);
+  init_slice(L->b2_of[e], M, seed, 5, (size_t)e * M, ah);
+}
+
+void moe_ep_layer_init_params(moe_ep_layer *L, uint64_t seed) {
+  const size_t M = (size_t)L->cfg.model_dim;
+  init_slice(L->t.wg, M * (size_t)L->E, seed, 1, 0, 1.0f / sqrtf((float)M));
+  for (int e = 0; e < L->E; e++) {
+    if (L->w1_of[e]) init_expert(L, e, seed);  // home experts and replicas alike
+  }
+}
+
+void moe_ep_layer_zero_grad(moe_ep_layer *L) {
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
+  memset(L->t.dwg, 0, M * (size_t)L->E * sizeof(float));
+  memset(L->t.dw1, 0, El * M * H * sizeof(float));
+  memset(L->t.db1, 0, El * H * sizeof(float));
+  memset(L->t.dw2, 0, El * H * M * sizeof(float));
+  memset(L->t.db2, 0, El * M * sizeof(float));
+}
+
+static size_t expert_floats(const moe_ep_layer *L) {
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+  return 2 * M * H + H + M;
+}
+
+// Copies expert e's parameters (w1, b1, w2, b2 are contiguous for a replica but
+// not for a home expert) from its home to rank p of the EP group.
+static moe_status copy_to_replica(moe_ep_layer *L, int e, int p) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+  const int home = L->placement.home[e];
+  float *parts[4] = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+  const size_t n[4] = {M * H, H, H * M, M};
+  for (int i = 0; i < 4; i++) {
+    if (L->me == home) {
+      MOE_MPI_TRY(ctx, MPI_Send(parts[i], (int)n[i], MPI_FLOAT, p, 7101 + i, L->ep.comm));
+    } else if (L->me == p) {
+      MOE_MPI_TRY(ctx, MPI_Recv(parts[i], (int)n[i], MPI_FLOAT, home, 7101 + i, L->ep.comm,
+                                MPI_STATUS_IGNORE));
+    }
+  }
+done:
+  return st;
+}
+
+moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  MOE_FAIL_IF(ctx, e < 0 || e >= L->E, MOE_STATUS_INVALID_ARG, "expert (%d) must be in [0, %d)", e,
+              L->E);
+  MOE_FAIL_IF(ctx, p < 0 || p >= L->P, MOE_STATUS_INVALID_ARG, "EP rank (%d) must be in [0, %d)", p,
+              L->P);
+  MOE_FAIL_IF(ctx, L->placement.home[e] == p, MOE_STATUS_INVALID_ARG,
+              "EP rank %d is expert %d's home: it needs no replica", p, e);
+  MOE_TRY(moe_placement_set_replica(ctx, &L->placement, e, p, on));
+  if (L->me != p) goto done;
+  if (on && !L->replica_mem[e]) {
+    const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+    float *m = moe_calloc(2 * expert_floats(L), sizeof(float));
+    MOE_FAIL_IF(ctx, !m, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate a replica of expert %d", e);
+    L->replica_mem[e] = m;
+    L->w1_of[e] = m;
+    L->b1_of[e] = m + M * H;
+    L->w2_of[e] = m + M * H + H;
+    L->b2_of[e] = m + 2 * M * H + H;
+  } else if (!on && L->replica_mem[e]) {
+    moe_free(L->replica_mem[e]);
+    L->replica_mem[e] = NULL;
+    L->w1_of[e] = L->b1_of[e] = L->w2_of[e] = L->b2_of[e] = NULL;
+  }
+done:
+  if (st == MOE_STATUS_OK && on) st = copy_to_replica(L, e, p);
+  return st;
+}
+
+moe_status moe_ep_layer_sync_replicas(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  for (int e = 0; e < L->E; e++) {
+    for (int p = 0; p < L->P; p++) {
+      if (L->placement.replica[(size_t)e * L->P + p]) MOE_TRY(copy_to_replica(L, e, p));
+    }
+  }
+done:
+  return st;
+}
+
+// ---- forward -------------------------------------------------------------------------
+
+// Local input checks of forward: everything a rank can get wrong on its own.
+static moe_status forward_checks(moe_ep_layer *L, const float *x, int tokens, const float *y) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const int M = L->cfg.model_dim;
+  MOE_FAIL_IF(ctx, tokens < 0 || tokens > L->cfg.tokens, MOE_STATUS_INVALID_ARG,
+              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens,
+              L->cfg.tokens);
+  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
+  const size_t bytes = (size_t)tokens * (size_t)M * sizeof(float);
+  const uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
+  MOE_FAIL_IF(ctx, tokens > 0 && xb < yb + bytes && yb < xb + bytes, MOE_STATUS_INVALID_ARG,
+              "x and y must not overlap (backward needs the input x unchanged)");
+  if (L->cfg.check_finite) MOE_TRY(moe_check_finite(ctx, "input x", x, tokens, M));
+done:
+  return st;
+}
+
+// Lays out the rows this rank sends ((destination, expert) order) and, after the
+// counts exchange, the rows it receives ((source, expert) order) and their
+// expert-major regrouping.
+static moe_status plan_exchange(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const int E = L->E, P = L->P, M = L->cfg.model_dim, H = L->cfg.hidden_dim;
+  const moe_route *r = &L->route;
+  const size_t row_bytes = (size_t)M * sizeof(float);
+  memset(L->cnt_send, 0, (size_t)P * E * sizeof(int));
+  for (int e = 0; e < E; e++) {
+    const int p = moe_placement_target(&L->placement, e, L->me);
+    L->cnt_send[(size_t)p * E + e] = r->count[e];
+  }
+  MOE_MPI_TRY(ctx, MPI_Alltoall(L->cnt_send, E, MPI_INT, L->cnt_recv, E, MPI_INT, L->ep.comm));
+  size_t pos = 0;
+  for (int p = 0; p < P; p++) {
+    const size_t start = pos;
+    for (int e = 0; e < E; e++) {
+      if (moe_placement_target(&L->placement, e, L->me) != p) continue;
+      L->spos[e] = pos;
+      pos += (size_t)L->cnt_send[(size_t)p * E + e];
+    }
+    L->sdispl[p] = start * row_bytes;
+    L->sbytes[p] = (pos - start) * row_bytes;
+  }
+  size_t rows = 0;
+  for (int s = 0; s < P; s++) {
+    const size_t start = rows;
+    for (int e = 0; e < E; e++) {
+      L->roff[(size_t)s * E + e] = rows;
+      rows += (size_t)L->cnt_recv[(size_t)s * E + e];
+    }
+    L->rdispl[s] = start * row_bytes;
+    L->rbytes[s] = (rows - start) * row_bytes;
+  }
+  size_t xrow = 0;
+  for (int e = 0; e < E; e++) {
+    L->ex_start[e] = xrow;
+    for (int s = 0; s < P; s++) {
+      L->xoff[(size_t)s * E + e] = xrow;
+      xrow += (size_t)L->cnt_recv[(size_t)s * E + e];
+    }
+    L->ex_count[e] = xrow - L->ex_start[e];
+    MOE_FAIL_IF(ctx, L->ex_count[e] > 0 && !L->w1_of[e], MOE_STATUS_INTERNAL,
+                "rank %d received rows for expert %d, which it does not hold", L->me, e);
+  }
+  L->recv_rows = (int)rows;
+  const size_t nm = (rows ? rows : 1) * (size_t)M * sizeof(float);
+  const size_t nh = (rows ? rows : 1) * (size_t)H * sizeof(float);
+  MOE_TRY(moe_workspace_reserve(ctx, &L->bufa, nm));
+  MOE_TRY(moe_workspace_reserve(ctx, &L->bufb, nm));
+  MOE_TRY(moe_workspace_reserve(ctx, &L->ex_x, nm));
+  MOE_TRY(moe_workspace_reserve(ctx, &L->pre, nh));
+  MOE_TRY(moe_workspace_reserve(ctx, &L->h, nh));
+done:
+  return st;
+}
+
+// Copies the received blocks (s, e) between source order and expert-major order.
+static void regroup(const moe_ep_layer *L, const float *from, float *to, int to_expert_major) {
+  const int E = L->E, P = L->P, M = L->cfg.model_dim;
+  for (int s = 0; s < P; s++) {
+    for (int e = 0; e < E; e++) {
+      const size_t n = (size_t)L->cnt_recv[(size_t)s * E + e];
+      if (n == 0) continue;
+      const size_t a = L->roff[(size_t)s * E + e], b = L->xoff[(size_t)s * E + e];
+      if (to_expert_major) {
+        memcpy(to + b * M, from + a * M, n * M * sizeof(float));
+      } else {
+        memcpy(to + a * M, from + b * M, n * M * sizeof(float));
+      }
+    }
+  }
+}
+
+// Copies this rank's rows between route (expert) order and send order.
+static void to_send_order(const moe_ep_layer *L, const float *route_rows, float *send) {
+  const int M = L->cfg.model_dim;
+  const moe_route *r = &L->route;
+  for (int e = 0; e < L->E; e++) {
+    if (r->count[e] == 0) continue;
+    memcpy(send + L->spos[e] * M, route_rows + (size_t)r->offset[e] * M,
+           (size_t)r->count[e] * M * sizeof(float));
+  }
+}
+
+static void from_send_order(const moe_ep_layer *L, const float *send, float *route_rows) {
+  const int M = L->cfg.model_dim;
+  const moe_route *r = &L->route;
+  for (int e = 0; e < L->E; e++) {
+    if (r->count[e] == 0) continue;
+    memcpy(route_rows + (size_t)r->offset[e] * M, send + L->spos[e] * M,
+           (size_t)r->count[e] * M * sizeof(float));
+  }
+}
+
+moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, float *y,
+                                moe_layer_stats *stats) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  const moe_layer_config *c = &L->cfg;
+  const int E = L->E, M = c->model_dim, H = c->hidden_dim;
+  const size_t ns = MOE_LOSS_STATS(E);
+  L->have_forward = 0;
+  const uint64_t t_start = moe_time_ns();
+  memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
+  moe_layer_timing *tm = &L->fwd_timing;
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+
+  // step 1: local checks and gate; step 2: global loss statistics + error flag
+  uint64_t t0 = moe_time_ns();
+  moe_status local = forward_checks(L, x, tokens, y);
+  if (local == MOE_STATUS_OK)
+    local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
+  if (local == MOE_STATUS_OK) {
+    moe_gate_loss_stats(c, &gb, &L->route, tokens, L->stats);
+  } else {
+    memset(L->stats, 0, ns * sizeof(double));
+  }
+  L->stats[ns] = local == MOE_STATUS_OK ? 0.0 : 1.0;
+  MOE_MPI_TRY(ctx,
+              MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
+  if (local != MOE_STATUS_OK) {
+    st = local;
+    goto done;
+  }
+  MOE_FAIL_IF(ctx, L->stats[ns] > 0, MOE_STATUS_INVALID_ARG,
+              "forward failed on %g other rank(s) (see their errors)", L->stats[ns]);
+  moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
+  tm->gate_ms = moe_time_ms_since(t0);
+
+  // step 3: dispatch into expert order, counts exchange, send order
+  t0 = moe_time_ns();
+  moe_dispatch_forward(&L->route, x, M, L->xe);
+  MOE_TRY(plan_exchange(L));
+  to_send_order(L, L->xe, L->sendbuf);
+  tm->dispatch_ms = moe_time_ms_since(t0);
+
+  // step 4: all-to-all of the rows
+  float *bufa = L->bufa.buf, *bufb = L->bufb.buf, *ex_x = L->ex_x.buf;
+  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, L->sendbuf, L->sbytes, L->sdispl, bufa, L->rbytes,
+                      L->rdispl, &L->a2a_ws));
+
+  // step 5: experts over expert-major rows
+  regroup(L, bufa, ex_x, 1);
+  float *pre = L->pre.buf, *h = L->h.buf;
+  for (int e = 0; e < E; e++) {
+    const size_t a = L->ex_start[e];
+    moe_expert_forward(c, L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e], ex_x + a * M,
+                       (int)L->ex_count[e], pre + a * H, h + a * H, bufb + a * M, tm);
+  }
+  regroup(L, bufb, bufa, 0);
+
+  // step 6: all-to-all back, combine
+  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, bufa, L->rbytes, L->rdispl, L->sendbuf, L->sbytes,
+                      L->sdispl, &L->a2a_ws));
+  t0 = moe_time_ns();
+  from_send_order(L, L->sendbuf, L->ye);
+  moe_combine_forward(&L->route, L->ye, M, tokens, y);
+  tm->combine_ms = moe_time_ms_since(t0);
+  tm->total_ms = moe_time_ms_since(t_start);
+
+  L->x_last = x;
+  L->tokens_last = tokens;
+  L->have_forward = 1;
+  L->last.tokens = tokens;
+  L->last.rows = L->route.rows;
+  L->last.dropped = L->route.dropped;
+  if (stats) *stats = L->last;
+done:
+  return st;
+}
+
+// ---- backward -------------------------------------------------------------------------
+
+// Sends every replica's gradients to its home, which adds them to its own.
+static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
+  const size_t nf = expert_floats(L);
+  for (int e = 0; e < L->E; e++) {
+    const int home = L->placement.home[e];
+    for (int p = 0; p < L->P; p++) {
+      if (!L->placement.replica[(size_t)e * L->P + p]) continue;
+      if (L->me == p) {
+        MOE_MPI_TRY(ctx,
+                    MPI_Send(L->replica_mem[e] + nf, (int)nf, MPI_FLOAT, home, 7201, L->ep.comm));
+      } else if (L->me == home) {
+        MOE_TRY(moe_workspace_reserve(ctx, &L->rep_tmp, nf * sizeof(float)));
+        float *g = L->rep_tmp.buf;
+        MOE_MPI_TRY(ctx, MPI_Recv(g, (int)nf, MPI_FLOAT, p, 7201, L->ep.comm, MPI_STATUS_IGNORE));
+        // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
+        // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
+        const size_t i = (size_t)(e - L->t.home_first);
+        float *dst[4] = {home_scratch + i * M * H, home_scratch + El * M * H + i * H,
+                         home_scratch + El * (M * H + H) + i * H * M,
+                         home_scratch + El * (2 * M * H + H) + i * M};
+        const size_t off[4] = {0, M * H, M * H + H, 2 * M * H + H}, n[4] = {M * H, H, H * M, M};
+        for (int k = 0; k < 4; k++) {
+          for (size_t j = 0; j < n[k]; j++) dst[k][j] += g[off[k] + j];
+        }
+      }
+    }
+  }
+done:
+  return st;
+}
+
+static void add_into(float *dst, const float *src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  const moe_layer_config *c = &L->cfg;
+  const int E = L->E, T = L->tokens_last, M = c->model_dim, H = c->hidden_dim;
+  const size_t Ms = (size_t)M, Hs = (size_t)H, El = (size_t)L->El;
+  const uint64_t t_start = moe_time_ns();
+  memset(&L->bwd_timing, 0, sizeof L->bwd_timing);
+  moe_layer_timing *tm = &L->bwd_timing;
+
+  // step 0: local checks, agreed over the world so no rank waits for a failed one
+  moe_status local = MOE_STATUS_OK;
+  if (!L->have_forward) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "backward needs a successful forward first");
+  } else if (T > 0 && (!dy || !dx)) {
+    local =
+        moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "dy and dx must not be NULL");
+  } else if (c->check_finite) {
+    local = moe_check_finite(ctx, "gradient dy", dy, T, M);
+  }
+  MOE_TRY(agree(ctx, L->world, local, "backward"));
+
+  // step 1: combine backward, rows to send order, all-to-all to the experts
+  uint64_t t0 = moe_time_ns();
+  moe_combine_backward(&L->route, dy, L->ye, M, T, L->dye, L->dweight);
+  to_send_order(L, L->dye, L->sendbuf);
+  tm->combine_ms = moe_time_ms_since(t0);
+  float *bufa = L->bufa.buf, *bufb = L->bufb.buf, *ex_x = L->ex_x.buf;
+  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, L->sendbuf, L->sbytes, L->sdispl, bufa, L->rbytes,
+                      L->rdispl, &L->a2a_ws));
+
+  // step 2: experts backward into this pass's gradient scratch (home) or the
+  // replica's gradient area
+  const size_t rows = (size_t)(L->recv_rows ? L->recv_rows : 1);
+  MOE_TRY(moe_workspace_reserve(ctx, &L->dh, rows * Hs * sizeof(float)));
+  MOE_TRY(moe_workspace_reserve(ctx, &L->dpre, rows * Hs * sizeof(float)));
+  float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
+  memset(gs, 0, (L->grad_gate_n + L->grad_home_n) * sizeof(float));
+  for (int e = 0; e < E; e++) {
+    if (e >= L->t.home_first && e < L->t.home_first + L->t.home_count) {
+      const size_t i = (size_t)(e - L->t.home_first);
+      L->dw1_of[e] = home + i * Ms * Hs;
+      L->db1_of[e] = home + El * Ms * Hs + i * Hs;
+      L->dw2_of[e] = home + El * (Ms * Hs + Hs) + i * Hs * Ms;
+      L->db2_of[e] = home + El * (2 * Ms * Hs + Hs) + i * Ms;
+    } else if (L->replica_mem[e]) {
+      float *g = L->replica_mem[e] + expert_floats(L);
+      memset(g, 0, expert_floats(L) * sizeof(float));
+      L->dw1_of[e] = g;
+      L->db1_of[e] = g + Ms * Hs;
+      L->dw2_of[e] = g + Ms * Hs + Hs;
+      L->db2_of[e] = g + 2 * Ms * Hs + Hs;
+    }
+  }
+  regroup(L, bufa, bufb, 1);
+  float *pre = L->pre.buf, *h = L->h.buf, *dh = L->dh.buf, *dpre = L->dpre.buf;
+  for (int e = 0; e < E; e++) {
+    const size_t a = L->ex_start[e];
+    if (L->ex_count[e] == 0) continue;
+    moe_expert_backward(c, L->w1_of[e], L->w2_of[e], L->dw1_of[e], L->db1_of[e], L->dw2_of[e],
+                        L->db2_of[e], ex_x + a * Ms, pre + a * Hs, h + a * Hs, bufb + a * Ms,
+                        (int)L->ex_count[e], dh + a * Hs, dpre + a * Hs, tm);
+  }
+  regroup(L, bufb, bufa, 0);
+
+  // step 3: all-to-all back, dispatch backward
+  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, bufa, L->rbytes, L->rdispl, L->sendbuf, L->sbytes,
+                      L->sdispl, &L->a2a_ws));
+  t0 = moe_time_ns();
+  from_send_order(L, L->sendbuf, L->dye);
+  moe_dispatch_backward(&L->route, L->dye, M, dx);
+  tm->dispatch_ms = moe_time_ms_since(t0);
+
+  // step 4: gate backward with the global loss statistics of the forward
+  t0 = moe_time_ns();
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
+                    L->t.wg, gs, dx, tm);
+  tm->gate_ms = moe_time_ms_since(t0);
+
+  // step 5: reductions: replicas -> home; experts over DP; gate over the world
+  MOE_TRY(gather_replica_grads(L, home));
+  MOE_MPI_TRY(ctx,
+              MPI_Allreduce(MPI_IN_PLACE, home, (int)L->grad_home_n, MPI_FLOAT, MPI_SUM, L->dp));
+  MOE_MPI_TRY(ctx,
+              MPI_Allreduce(MPI_IN_PLACE, gs, (int)L->grad_gate_n, MPI_FLOAT, MPI_SUM, L->world));
+  add_into(L->t.dwg, gs, L->grad_gate_n);
+  add_into(L->t.dw1, home, El * Ms * Hs);
+  add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
+  add_into(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
+  add_into(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
+  tm->total_ms = moe_time_ms_since(t_start);
+done:
+  return st;
+}

@@ -1,0 +1,315 @@
+// The expert-parallel layer against the single-process layer: every rank runs
+// moe_ep_layer on its share of a global batch and moe_layer on the whole batch,
+// and compares its outputs, dx, the aux and z losses, the gate gradient and the
+// gradients of the experts it holds (relative error <= 1e-5), over DP x EP
+// layouts (contiguous and strided), every all-to-all algorithm, topologies from
+// ranks-per-node, a replica map, a rank with zero tokens, and all tokens routed
+// to one expert. Then bad input: each error must reach every rank (no hang).
+// Run under mpirun with 1..4 ranks.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe.h"
+#include "moe/parallel.h"
+#include "testutil.h"
+
+#define REL_TOL 1e-5
+
+typedef struct {
+  int ep, strided, rpn;
+  const char *a2a;
+  double f;        // capacity factor (0 = dropless; large = capacity without drops)
+  int zero_rank;   // rank with no tokens, or -1
+  int one_expert;  // route every first choice to expert 5
+  int replicas;    // add replicas
+  moe_activation act;
+} scenario;
+
+static int g_rank, g_world;
+
+static void tokens_of(int r, const scenario *sc, int *T, int *off) {
+  int o = 0;
+  for (int q = 0; q <= r; q++) {
+    const int t = q == sc->zero_rank ? 0 : 5 + (3 * q) % 7;
+    if (q == r) *T = t;
+    if (q < r) o += t;
+  }
+  *off = o;
+}
+
+static void run_scenario(const scenario *sc) {
+  char name[160];
+  snprintf(name, sizeof name, "ep=%d%s rpn=%d a2a=%s f=%g zero=%d one=%d rep=%d %s", sc->ep,
+           sc->strided ? "s" : "c", sc->rpn, sc->a2a, sc->f, sc->zero_rank, sc->one_expert,
+           sc->replicas, moe_activation_name(sc->act));
+  int Tg = 0, T = 0, off = 0, dummy = 0;
+  for (int q = 0; q < g_world; q++) {
+    int t = 0;
+    tokens_of(q, sc, &t, &dummy);
+    Tg += t;
+  }
+  tokens_of(g_rank, sc, &T, &off);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = Tg > 0 ? Tg : 1;
+  cfg.model_dim = 8;
+  cfg.hidden_dim = 12;
+  cfg.num_experts = 12;
+  cfg.top_k = 2;
+  cfg.capacity_factor = sc->f;
+  cfg.act = sc->act;
+  cfg.aux_loss_coef = 0.01f;
+  cfg.z_loss_coef = 0.001f;
+  const int M = cfg.model_dim, H = cfg.hidden_dim, E = cfg.num_experts;
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer *ref = NULL;
+  moe_ep_layer *L = NULL;
+  float *x = malloc((size_t)Tg * M * sizeof(float)), *dy = malloc((size_t)Tg * M * sizeof(float));
+  float *y_ref = calloc((size_t)Tg * M, sizeof(float)),
+        *dx_ref = calloc((size_t)Tg * M, sizeof(float));
+  float *y = calloc((size_t)Tg * M + 1, sizeof(float)),
+        *dx = calloc((size_t)Tg * M + 1, sizeof(float));
+  tu_fill(x, (size_t)Tg * M, 11, -1.0f, 1.0f);
+  tu_fill(dy, (size_t)Tg * M, 12, -1.0f, 1.0f);
+  if (sc->one_expert) {
+    for (int t = 0; t < Tg; t++) x[(size_t)t * M] = 1.0f;  // a constant feature
+  }
+  // reference on the whole batch
+  if (moe_layer_create(ctx, &cfg, &ref) != MOE_STATUS_OK) {
+    TU_CHECK(0, "%s: ref create: %s", name, moe_ctx_error(ctx));
+    goto done;
+  }
+  moe_layer_init_params(ref, 77);
+  moe_layer_tensors rt = moe_layer_get_tensors(ref);
+  if (sc->one_expert) rt.wg[5] = 8.0f;  // wg[0, 5]: the constant feature pulls to expert 5
+  moe_layer_stats rs;
+  moe_layer_zero_grad(ref);
+  TU_CHECK(moe_layer_forward(ref, x, Tg, y_ref, &rs) == MOE_STATUS_OK, "%s: ref forward", name);
+  TU_CHECK(moe_layer_backward(ref, dy, dx_ref) == MOE_STATUS_OK, "%s: ref backward", name);
+  TU_CHECK(rs.dropped == 0, "%s: reference dropped %d tokens (test needs none)", name, rs.dropped);
+  if (sc->one_expert) {
+    const moe_route *rr = moe_layer_get_route(ref);
+    int all = 1;
+    for (int t = 0; t < Tg; t++) all &= rr->expert[t * 2] == 5;
+    TU_CHECK(all, "%s: not every first choice went to expert 5", name);
+  }
+  // distributed
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  pc.ep_size = sc->ep;
+  pc.ep_strided = sc->strided;
+  pc.ranks_per_node = sc->rpn;
+  snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
+  moe_status st = moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_OK, "%s: create: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto done;
+  moe_ep_layer_init_params(L, 77);
+  moe_ep_tensors t = moe_ep_layer_get_tensors(L);
+  if (sc->one_expert) t.wg[5] = 8.0f;
+  if (sc->replicas && sc->ep > 1) {
+    // expert 0 (home EP rank 0) replicated on the last EP rank, and the last
+    // expert (home EP rank ep-1) on EP rank 0
+    TU_CHECK(moe_ep_layer_set_replica(L, 0, sc->ep - 1, 1) == MOE_STATUS_OK, "%s: replica: %s",
+             name, moe_ctx_error(ctx));
+    TU_CHECK(moe_ep_layer_set_replica(L, E - 1, 0, 1) == MOE_STATUS_OK, "%s: replica 2", name);
+  }
+  moe_ep_layer_zero_grad(L);
+  moe_layer_stats s;
+  st = moe_ep_layer_forward(L, x + (size_t)off * M, T, y, &s);
+  TU_CHECK(st == MOE_STATUS_OK, "%s: forward: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto done;
+  st = moe_ep_layer_backward(L, dy + (size_t)off * M, dx);
+  TU_CHECK(st == MOE_STATUS_OK, "%s: backward: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto done;
+  char label[256];
+  if (T > 0) {
+    snprintf(label, sizeof label, "%s rank %d y", name, g_rank);
+    tu_rel_close(label, y, y_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
+    snprintf(label, sizeof label, "%s rank %d dx", name, g_rank);
+    tu_rel_close(label, dx, dx_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
+  }
+  snprintf(label, sizeof label, "%s aux", name);
+  tu_rel_close(label, &s.aux_loss, &rs.aux_loss, 1, REL_TOL);
+  snprintf(label, sizeof label, "%s z", name);
+  tu_rel_close(label, &s.z_loss, &rs.z_loss, 1, REL_TOL);
+  snprintf(label, sizeof label, "%s dwg", name);
+  tu_rel_close(label, t.dwg, rt.dwg, (size_t)M * E, REL_TOL);
+  const size_t f = (size_t)t.home_first, n = (size_t)t.home_count;
+  snprintf(label, sizeof label, "%s rank %d dw1", name, g_rank);
+  tu_rel_close(label, t.dw1, rt.dw1 + f * M * H, n * M * H, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d db1", name, g_rank);
+  tu_rel_close(label, t.db1, rt.db1 + f * H, n * H, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d dw2", name, g_rank);
+  tu_rel_close(label, t.dw2, rt.dw2 + f * H * M, n * H * M, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d db2", name, g_rank);
+  tu_rel_close(label, t.db2, rt.db2 + f * M, n * M, REL_TOL);
+  // parameters are the reference's slice
+  TU_CHECK(memcmp(t.w1, rt.w1 + f * M * H, n * M * H * sizeof(float)) == 0,
+           "%s: init_params slice differs from moe_layer_init_params", name);
+done:
+  moe_ep_layer_destroy(L);
+  moe_layer_destroy(ref);
+  moe_ctx_destroy(ctx);
+  free(x);
+  free(dy);
+  free(y_ref);
+  free(dx_ref);
+  free(y);
+  free(dx);
+}
+
+// Every rank must get `want` from create (no hang), with `text` in the message
+// on at least the ranks that detected it.
+static void expect_create_error(const char *what, const moe_layer_config *cfg,
+                                const moe_parallel_config *pc, const char *text) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_ep_layer *L = NULL;
+  const moe_status st = moe_ep_layer_create(ctx, MPI_COMM_WORLD, cfg, pc, &L);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG && L == NULL, "%s: status %s on rank %d", what,
+           moe_status_str(st), g_rank);
+  int found = strstr(moe_ctx_error(ctx), text) != NULL;
+  MPI_Allreduce(MPI_IN_PLACE, &found, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  TU_CHECK(found, "%s: no rank reported '%s' (rank %d: %s)", what, text, g_rank,
+           moe_ctx_error(ctx));
+  moe_ep_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+}
+
+static void test_bad_input(void) {
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 16;
+  cfg.model_dim = 8;
+  cfg.hidden_dim = 12;
+  cfg.num_experts = 12;
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  if (g_world > 1) {
+    moe_layer_config c = cfg;
+    c.num_experts = g_world == 4 ? 6 : 7;
+    pc.ep_size = g_world;
+    char text[96];
+    snprintf(text, sizeof text, "experts (%d) must be divisible by EP ranks (%d)", c.num_experts,
+             g_world);
+    expect_create_error("E not divisible by EP", &c, &pc, text);
+    moe_parallel_config p2 = pc;
+    p2.ranks_per_node = g_world + 1;
+    snprintf(text, sizeof text, "ranks per node (%d) must divide the number of ranks (%d)",
+             g_world + 1, g_world);
+    expect_create_error("ranks per node too large", &cfg, &p2, text);
+    if (g_world % 3 != 0) {
+      p2 = pc;
+      p2.ranks_per_node = 3;
+      expect_create_error("ranks per node not dividing", &cfg, &p2,
+                          "ranks per node (3) must divide the number of ranks");
+    }
+    // a configuration that differs on one rank
+    c = cfg;
+    if (g_rank == g_world - 1) c.hidden_dim = 16;
+    expect_create_error("config differs", &c, &pc, "differs between ranks");
+    // an invalid value on one rank only
+    c = cfg;
+    if (g_rank == 0) c.top_k = 0;
+    expect_create_error("invalid on one rank", &c, &pc, "top_k (0) must be in");
+  }
+  moe_parallel_config p3 = pc;
+  snprintf(p3.a2a, sizeof p3.a2a, "carrier-pigeon");
+  expect_create_error("unknown algorithm", &cfg, &p3, "'carrier-pigeon' is unknown");
+  p3 = pc;
+  p3.ep_size = g_world + 1;
+  expect_create_error("EP too large", &cfg, &p3, "EP size");
+
+  // NaN on one rank: forward fails everywhere, then a good forward works again.
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_ep_layer *L = NULL;
+  pc.ep_size = g_world;
+  cfg.num_experts = 12;
+  TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK, "create: %s",
+           moe_ctx_error(ctx));
+  moe_ep_layer_init_params(L, 5);
+  float x[8 * 8], y[8 * 8], dx[8 * 8] = {0};
+  tu_fill(x, 64, 3, -1.0f, 1.0f);
+  if (g_rank == g_world - 1) x[10] = NAN;
+  const moe_status st = moe_ep_layer_forward(L, x, 8, y, NULL);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG, "NaN on the last rank: rank %d got %s", g_rank,
+           moe_status_str(st));
+  TU_CHECK(g_rank != g_world - 1 || strstr(moe_ctx_error(ctx), "input x"), "NaN message: %s",
+           moe_ctx_error(ctx));
+  TU_CHECK(moe_ep_layer_backward(L, x, dx) == MOE_STATUS_INVALID_ARG,
+           "backward after a failed forward");
+  x[10] = 0.5f;
+  TU_CHECK(moe_ep_layer_forward(L, x, 8, y, NULL) == MOE_STATUS_OK, "recovers: %s",
+           moe_ctx_error(ctx));
+  const moe_status tst = moe_ep_layer_forward(L, x, g_rank == 0 ? 17 : 8, y, NULL);
+  TU_CHECK(tst == MOE_STATUS_INVALID_ARG, "too many tokens on rank 0: rank %d got %s", g_rank,
+           moe_status_str(tst));
+  moe_ep_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  int nalgos = 0;
+  const moe_a2a_algo *algos = moe_a2a_list(&nalgos);
+  // Layouts: DP x EP for every divisor EP of the world, contiguous and strided.
+  for (int ep = 1; ep <= g_world; ep++) {
+    if (g_world % ep) continue;
+    for (int strided = 0; strided <= (ep > 1 && ep < g_world); strided++) {
+      const scenario sc = {ep, strided, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_GELU};
+      run_scenario(&sc);
+    }
+  }
+  // Every algorithm with EP = world, on 1 rank per node and (when it divides)
+  // 2 ranks per node; dropless and capacity without drops.
+  for (int a = 0; a < nalgos; a++) {
+    for (int rpn = 1; rpn <= 2; rpn++) {
+      if (g_world % rpn) continue;
+      const scenario sc = {g_world,
+                           0,
+                           rpn,
+                           algos[a].name,
+                           rpn == 1 ? 0.0 : 6.0,
+                           -1,
+                           0,
+                           0,
+                           rpn == 1 ? MOE_ACT_GELU : MOE_ACT_RELU};
+      run_scenario(&sc);
+    }
+  }
+  // A rank with zero tokens, all tokens to one expert, replicas, and all at once.
+  const scenario special[] = {
+      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU},
+      {g_world, 0, 0, "pipe", 0.0, -1, 1, 0, MOE_ACT_GELU},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU},
+      {g_world, 0, 0, "grouped", 6.0, 0, 1, 1, MOE_ACT_RELU},
+  };
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+    if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
+    run_scenario(&special[i]);
+  }
+  if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank
+    const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU};
+    run_scenario(&sc);
+  }
+  test_bad_input();
+
+  int failures = tu_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int rc = 0;
+  if (g_rank == 0) {
+    rc = tu_finish("test_ep_layer");
+  } else {
+    rc = tu_failures ? 1 : 0;
+  }
+  if (failures && !rc) rc = 1;
+  MPI_Finalize();
+  return rc;
+}
