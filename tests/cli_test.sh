@@ -74,5 +74,23 @@ done
 expect 0 "routing: dropless" -- bench layer --tokens 32 --model 8 --hidden 8 --experts 2 \
   --topk 1 --capacity-factor 0 --act relu --iters 1 --warmup 0 --peak-size 64
 
+# bench a2a (MPI singleton: one rank, no mpirun needed).
+if "$MOE" version | grep -q "mpi=yes"; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  expect 0 "--counts uniform\|skewed" -- bench a2a --help
+  expect 2 "'nope' is unknown \(valid: mpi, pairwise, 1dh, 2dh, pipe, grouped\)" -- bench a2a --algo nope
+  expect 2 "--counts 'zipf' is unknown" -- bench a2a --counts zipf
+  expect 2 "--min-bytes \(9\) must be <= --max-bytes \(8\)" -- bench a2a --min-bytes 9 --max-bytes 8
+  expect 2 "--max-bytes \(-1\) must be an integer" -- bench a2a --max-bytes -1
+  expect 0 "grouped +4096 .* ok" -- bench a2a --min-bytes 1024 --max-bytes 4096 --iters 2 --check \
+    --counts skewed --json "$tmp/a2a.json"
+  if grep -q '"algo": "bare"' "$tmp/a2a.json" 2>/dev/null; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: bench a2a JSON lacks the bare rows" >&2
+  fi
+fi
+
 echo "cli_test: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]
