@@ -23,6 +23,7 @@ typedef struct {
   int iters, warmup;
   int ranks_per_node;
   int grouped_size;
+  int bound;
   const char *json_path;
 } a2a_opts;
 
@@ -42,6 +43,11 @@ static void usage(FILE *f) {
           "                         share proportional to 2^-(d mod 4) (hot ranks) [uniform]\n"
           "  --check                verify every received byte (payload encodes source,\n"
           "                         destination and index)\n"
+          "  --bound                also time pairwise, pipe, `intra` and `inter` (pipe moving "
+          "only the\n"
+          "                         same-node / only the other-node blocks) and print\n"
+          "                         ScheMoE's eq. 18 bound (intra+inter)/max(intra,inter)\n"
+          "                         next to pipe's speedup over pairwise\n"
           "  --iters N              timed iterations per size, 1..10000 [20]\n"
           "  --warmup N             untimed iterations first, 0..1000 [3]\n"
           "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
@@ -94,6 +100,8 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
       }
     } else if (cli_flag(&a, "--check")) {
       o->check = 1;
+    } else if (cli_flag(&a, "--bound")) {
+      o->bound = 1;
     } else if (cli_opt(&a, "--iters")) {
       cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
     } else if (cli_opt(&a, "--warmup")) {
@@ -149,6 +157,11 @@ typedef struct {
   const char *check;
 } a2a_row;
 
+typedef struct {
+  size_t bytes;
+  double bound, speedup;
+} a2a_bound;
+
 int cmd_bench_a2a(int argc, char **argv) {
   a2a_opts o;
   int rc = parse_opts(argc, argv, &o);
@@ -170,6 +183,8 @@ int cmd_bench_a2a(int argc, char **argv) {
   double *times = NULL;
   a2a_row *rows = NULL;
   int nrows = 0;
+  a2a_bound bounds[64];
+  int nbounds = 0;
   FILE *json = NULL;
   char json_tmp[4096] = "";
   int have_group = 0;
@@ -186,6 +201,7 @@ int cmd_bench_a2a(int argc, char **argv) {
   if (strcmp(o.algo, "all") == 0) {
     for (int i = 0; i < nalgos; i++) names[nnames++] = algos[i].name;
     names[nnames++] = "bare";
+
   } else if (strcmp(o.algo, "bare") == 0) {
     names[nnames++] = "bare";
   } else {
@@ -196,6 +212,14 @@ int cmd_bench_a2a(int argc, char **argv) {
       goto done;
     }
     names[nnames++] = found->name;
+  }
+  if (o.bound) {  // the variants the eq. 18 summary needs
+    const char *need[4] = {"pairwise", "pipe", "intra", "inter"};
+    for (int i = 0; i < 4; i++) {
+      int have = 0;
+      for (int j = 0; j < nnames; j++) have |= strcmp(names[j], need[i]) == 0;
+      if (!have) names[nnames++] = need[i];
+    }
   }
   // Rank 0 opens the JSON output now, and every rank learns whether it could.
   int json_ok = 1;
@@ -256,29 +280,35 @@ int cmd_bench_a2a(int argc, char **argv) {
   }
   for (size_t S = o.min_bytes;; S = S ? S * 2 : 1) {
     make_counts(counts, P, S, o.skewed);
-    size_t so = 0, ro = 0;
-    for (int d = 0; d < P; d++) {
-      sc[d] = counts[(size_t)rank * PP + d];
-      sd[d] = so;
-      so += sc[d];
-      rcnt[d] = counts[(size_t)d * PP + rank];
-      rd[d] = ro;
-      ro += rcnt[d];
-      isc[d] = (int)sc[d];
-      isd[d] = (int)sd[d];
-      irc[d] = (int)rcnt[d];
-      ird[d] = (int)rd[d];
-    }
-    for (int d = 0; d < P; d++) {
-      for (size_t i = 0; i < sc[d]; i++) sbuf[sd[d] + i] = payload(rank, d, i);
-    }
+    double t_of[4] = {0, 0, 0, 0};  // pairwise, pipe, intra, inter (for --bound)
     for (int a = 0; a < nnames; a++) {
       const int bare = strcmp(names[a], "bare") == 0;
+      // "intra" / "inter": pipe with only the same-node / other-node blocks
+      const int mask = strcmp(names[a], "intra") == 0 ? 1 : strcmp(names[a], "inter") == 0 ? 2 : 0;
       const moe_a2a_algo *algo = NULL;
-      if (!bare) moe_a2a_find(ctx, names[a], &algo);
+      if (!bare) moe_a2a_find(ctx, mask ? "pipe" : names[a], &algo);
       if (algo && algo->needs_uniform_nodes && !g.uniform) {
         if (rank == 0) printf("%-9s %12zu %12s %12s %12s %7s\n", names[a], S, "-", "-", "-", "n/a");
         continue;
+      }
+      size_t so = 0, ro = 0, moved = 0;
+      for (int d = 0; d < P; d++) {
+        const int same = g.node_of[d] == g.node;
+        const int keep = mask == 0 || (mask == 1 && same) || (mask == 2 && !same);
+        sc[d] = keep ? counts[(size_t)rank * PP + d] : 0;
+        sd[d] = so;
+        so += sc[d];
+        rcnt[d] = keep ? counts[(size_t)d * PP + rank] : 0;
+        rd[d] = ro;
+        ro += rcnt[d];
+        isc[d] = (int)sc[d];
+        isd[d] = (int)sd[d];
+        irc[d] = (int)rcnt[d];
+        ird[d] = (int)rd[d];
+        moved += sc[d];
+      }
+      for (int d = 0; d < P; d++) {
+        for (size_t i = 0; i < sc[d]; i++) sbuf[sd[d] + i] = payload(rank, d, i);
       }
       int bad = 0;
       for (int it = 0; it < o.warmup + o.iters; it++) {
@@ -296,9 +326,9 @@ int cmd_bench_a2a(int argc, char **argv) {
         MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         if (it >= o.warmup) times[it - o.warmup] = dt;
         if (o.check) {
-          for (int s = 0; s < P && !bad; s++) {
-            for (size_t i = 0; i < rcnt[s]; i++) {
-              if (rbuf[rd[s] + i] != payload(s, rank, i)) {
+          for (int src = 0; src < P && !bad; src++) {
+            for (size_t i = 0; i < rcnt[src]; i++) {
+              if (rbuf[rd[src] + i] != payload(src, rank, i)) {
                 bad = 1;
                 break;
               }
@@ -310,15 +340,27 @@ int cmd_bench_a2a(int argc, char **argv) {
       qsort(times, (size_t)o.iters, sizeof(double), cmp_double);
       const double t =
           o.iters % 2 ? times[o.iters / 2] : 0.5 * (times[o.iters / 2 - 1] + times[o.iters / 2]);
-      const double algbw = t > 0 ? (double)S / t / 1e9 : 0.0;
+      // algbw counts the bytes this variant moves (all of S unless masked)
+      const double algbw = t > 0 ? (double)(mask ? moved : S) / t / 1e9 : 0.0;
       const double busbw = algbw * (P - 1) / P;
       const char *check = o.check ? (bad ? "FAIL" : "ok") : "-";
       if (bad) rc = CLI_FAILED;
+      if (strcmp(names[a], "pairwise") == 0) t_of[0] = t;
+      if (strcmp(names[a], "pipe") == 0) t_of[1] = t;
+      if (mask) t_of[1 + mask] = t;
       if (rank == 0) {
         printf("%-9s %12zu %12.2f %12.3f %12.3f %7s\n", names[a], S, t * 1e6, algbw, busbw, check);
         fflush(stdout);
         if (nrows < max_rows) rows[nrows++] = (a2a_row){names[a], S, t * 1e3, algbw, busbw, check};
       }
+    }
+    if (o.bound && rank == 0 && t_of[1] > 0 && t_of[2] > 0 && t_of[3] > 0) {
+      // ScheMoE eq. 16-18: t_seq = intra + inter, t_pipe = max(intra, inter)
+      const double bound = (t_of[2] + t_of[3]) / (t_of[2] > t_of[3] ? t_of[2] : t_of[3]);
+      const double speedup = t_of[0] > 0 ? t_of[0] / t_of[1] : 0.0;
+      printf("%-9s %12zu   eq.18 bound %.3f, pipe over pairwise %.3f = %.1f%% of the bound\n",
+             "bound", S, bound, speedup, 100.0 * speedup / bound);
+      if (nbounds < 64) bounds[nbounds++] = (a2a_bound){S, bound, speedup};
     }
     if (S >= o.max_bytes || S > o.max_bytes / 2) break;
   }
@@ -334,7 +376,12 @@ int cmd_bench_a2a(int argc, char **argv) {
               rows[i].algo, rows[i].bytes, rows[i].ms, rows[i].algbw, rows[i].busbw, rows[i].check,
               i + 1 < nrows ? "," : "");
     }
-    fprintf(json, "  ]\n}\n");
+    fprintf(json, "  ],\n  \"eq18\": [");
+    for (int i = 0; i < nbounds; i++) {
+      fprintf(json, "%s\n    {\"bytes\": %zu, \"bound\": %.6f, \"pipe_over_pairwise\": %.6f}",
+              i ? "," : "", bounds[i].bytes, bounds[i].bound, bounds[i].speedup);
+    }
+    fprintf(json, "\n  ]\n}\n");
     const int werr = ferror(json);
     if (fclose(json) != 0 || werr || rename(json_tmp, o.json_path) != 0) {
       cli_error("cannot write '%s'", o.json_path);
