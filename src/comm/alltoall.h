@@ -4,6 +4,8 @@
 #ifndef MOE_COMM_ALLTOALL_H
 #define MOE_COMM_ALLTOALL_H
 
+#include <stdint.h>
+
 #include "moe/comm.h"
 
 #define MOE_A2A_ARGS                                                                               \
@@ -25,5 +27,13 @@ moe_status moe_alltoallv_grouped(MOE_A2A_ARGS);
 // Copies my own block (send to self) with memcpy; a no-op when empty.
 void moe_a2a_copy_self(const moe_group *g, const void *send, const size_t *send_counts,
                        const size_t *send_displs, void *recv, const size_t *recv_displs);
+
+// Converts n byte counts to int counts c and packed displacements d starting
+// at 0; returns 0 when a count or an offset exceeds INT_MAX. *total receives
+// the sum. (Hierarchical algorithms aggregate blocks, which can outgrow int.)
+int moe_a2a_int_layout(const uint64_t *count, int n, int *c, int *d, size_t *total);
+// Whether the non-empty blocks lie back to back in rank order (then *base is
+// the offset of the first): such a buffer is sent or received in one piece.
+int moe_a2a_packed_in_order(const size_t *counts, const size_t *displs, int P, size_t *base);
 
 #endif

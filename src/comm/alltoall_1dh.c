@@ -37,40 +37,7 @@
 #include <string.h>
 
 #include "comm/alltoall.h"
-
-// Carved sub-buffers start on 64-byte boundaries.
-static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
-
-// Converts n byte counts to int counts and packed displacements starting at 0;
-// returns 0 when a count or an offset exceeds INT_MAX. *total receives the sum.
-static int to_int_layout(const uint64_t *count, int n, int *c, int *d, size_t *total) {
-  int ok = 1;
-  size_t off = 0;
-  for (int i = 0; i < n; i++) {
-    ok &= count[i] <= INT_MAX && off <= INT_MAX;
-    c[i] = ok ? (int)count[i] : 0;
-    d[i] = ok ? (int)off : 0;
-    off += count[i];
-  }
-  *total = off;
-  return ok;
-}
-
-// Whether the non-empty blocks lie back to back in rank order (then *base is
-// the offset of the first); such a buffer is sent or received in one piece.
-static int packed_in_order(const size_t *counts, const size_t *displs, int P, size_t *base) {
-  int seen = 0;
-  size_t pos = 0;
-  *base = 0;
-  for (int r = 0; r < P; r++) {
-    if (counts[r] == 0) continue;
-    if (!seen) *base = pos = displs[r];
-    seen = 1;
-    if (displs[r] != pos) return 0;
-    pos += counts[r];
-  }
-  return 1;
-}
+#include "core/internal.h"
 
 // The workspace's count tables, carved from its start (they survive growth).
 typedef struct {
@@ -85,8 +52,9 @@ typedef struct {
 } tables;
 
 static size_t tables_bytes(int P, int N, int G) {
-  return align64((2 * (size_t)P + 2 * (size_t)G * P + 2 * (size_t)N + G + P) * sizeof(uint64_t) +
-                 (4 * (size_t)G + 4 * (size_t)N) * sizeof(int));
+  return moe_align64((2 * (size_t)P + 2 * (size_t)G * P + 2 * (size_t)N + G + P) *
+                         sizeof(uint64_t) +
+                     (4 * (size_t)G + 4 * (size_t)N) * sizeof(int));
 }
 
 static tables carve_tables(void *buf, int P, int N, int G) {
@@ -129,8 +97,8 @@ moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
   MOE_MPI_TRY(ctx,
               MPI_Gather(t.mine, 2 * P, MPI_UINT64_T, t.all, 2 * P, MPI_UINT64_T, 0, g->intra));
   size_t base_s = 0, base_r = 0;
-  const int direct_send = packed_in_order(send_counts, send_displs, P, &base_s);
-  const int direct_recv = packed_in_order(recv_counts, recv_displs, P, &base_r);
+  const int direct_send = moe_a2a_packed_in_order(send_counts, send_displs, P, &base_s);
+  const int direct_recv = moe_a2a_packed_in_order(recv_counts, recv_displs, P, &base_r);
   int ok = my_send <= INT_MAX && my_recv <= INT_MAX;
   size_t node_send = 0, node_recv = 0;  // leader: bytes of buf1 and of the exchange's receive
   if (leader) {
@@ -141,7 +109,7 @@ moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
       for (int d = 0; d < P; d++) a += t.all[(size_t)j * 2 * P + d];
       mem[j] = a;
     }
-    ok &= to_int_layout(mem, G, t.gc, t.gd, &node_send);
+    ok &= moe_a2a_int_layout(mem, G, t.gc, t.gd, &node_send);
     for (int m = 0; m < N; m++) {  // to node m: C[(node, js)][(m, jd)] for all jd, js
       uint64_t a = 0, b = 0;
       for (int j = 0; j < G; j++) {
@@ -154,15 +122,15 @@ moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
       in[m] = b;
     }
     size_t out_total = 0;
-    ok &= to_int_layout(out, N, t.ec, t.ed, &out_total);
-    ok &= to_int_layout(in, N, t.erc, t.erd, &node_recv);
+    ok &= moe_a2a_int_layout(out, N, t.ec, t.ed, &out_total);
+    ok &= moe_a2a_int_layout(in, N, t.erc, t.erd, &node_recv);
     for (int j = 0; j < G; j++) {
       uint64_t a = 0;
       for (int s = 0; s < P; s++) a += t.all[(size_t)j * 2 * P + P + s];
       mem[j] = a;
     }
     size_t scatter_total = 0;
-    ok &= to_int_layout(mem, G, t.sc, t.sd, &scatter_total);
+    ok &= moe_a2a_int_layout(mem, G, t.sc, t.sd, &scatter_total);
   }
   int bad = !ok;
   MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, g->comm));
@@ -177,14 +145,14 @@ moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
   size_t data = 0;
   const size_t big = node_send > node_recv ? node_send : node_recv;
   if (leader) {
-    data = 2 * align64(big);
+    data = 2 * moe_align64(big);
   } else {
     if (!direct_send) data = my_send;
     if (!direct_recv && my_recv > data) data = my_recv;
   }
-  MOE_TRY(moe_workspace_reserve_keep(ctx, ws, meta_bytes + align64(data), meta_bytes));
+  MOE_TRY(moe_workspace_reserve_keep(ctx, ws, meta_bytes + moe_align64(data), meta_bytes));
   t = carve_tables(ws->buf, P, N, G);
-  char *const A = (char *)ws->buf + meta_bytes, *const B = A + align64(big);
+  char *const A = (char *)ws->buf + meta_bytes, *const B = A + moe_align64(big);
   char *const M = A;
   // ---- step 1: gather every member's send buffer ------------------------------------------
   const void *sbuf = direct_send && my_send > 0 ? (const char *)send + base_s : send;

@@ -37,24 +37,7 @@
 #include <string.h>
 
 #include "comm/alltoall.h"
-
-// Carved sub-buffers start on 64-byte boundaries.
-static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
-
-// Converts n byte counts to int counts and packed displacements starting at 0;
-// returns 0 when a count or an offset exceeds INT_MAX. *total receives the sum.
-static int to_int_layout(const uint64_t *count, int n, int *c, int *d, size_t *total) {
-  int ok = 1;
-  size_t off = 0;
-  for (int i = 0; i < n; i++) {
-    ok &= count[i] <= INT_MAX && off <= INT_MAX;
-    c[i] = ok ? (int)count[i] : 0;
-    d[i] = ok ? (int)off : 0;
-    off += count[i];
-  }
-  *total = off;
-  return ok;
-}
+#include "core/internal.h"
 
 // The workspace's count tables, carved from its start (they survive growth).
 typedef struct {
@@ -67,8 +50,8 @@ typedef struct {
 } tables;
 
 static size_t tables_bytes(int P, int N, int G) {
-  return align64((2 * (size_t)P + 3 * (size_t)N) * sizeof(uint64_t) +
-                 (4 * (size_t)G + 4 * (size_t)N) * sizeof(int));
+  return moe_align64((2 * (size_t)P + 3 * (size_t)N) * sizeof(uint64_t) +
+                     (4 * (size_t)G + 4 * (size_t)N) * sizeof(int));
 }
 
 static tables carve_tables(void *buf, int P, int N, int G) {
@@ -131,8 +114,8 @@ moe_status moe_alltoallv_2dh(MOE_A2A_ARGS) {
     t.sum[N + n] = b;
   }
   size_t fwd_check = 0;  // equals fwd_total
-  ok &= to_int_layout(t.sum, N, t.ce, t.de, &fwd_check);
-  ok &= to_int_layout(t.sum + N, N, t.cer, t.der, &recv_total);
+  ok &= moe_a2a_int_layout(t.sum, N, t.ce, t.de, &fwd_check);
+  ok &= moe_a2a_int_layout(t.sum + N, N, t.cer, t.der, &recv_total);
   // Step 4 can write straight into recv when its non-empty blocks are packed in
   // source-rank order: then t.der are the offsets from the first one.
   int direct_recv = 1, seen = 0;
@@ -157,10 +140,10 @@ moe_status moe_alltoallv_2dh(MOE_A2A_ARGS) {
   // Data region: X holds the packed send (step 1), then the transposed forward
   // buffer (step 3); Y holds the intra receive (step 2), then the inter receive
   // unless that goes straight into recv.
-  const size_t xb = align64(send_total > fwd_total ? send_total : fwd_total);
+  const size_t xb = moe_align64(send_total > fwd_total ? send_total : fwd_total);
   size_t yb = fwd_total;
   if (!direct_recv && recv_total > yb) yb = recv_total;
-  MOE_TRY(moe_workspace_reserve_keep(ctx, ws, meta_bytes + xb + align64(yb), meta_bytes));
+  MOE_TRY(moe_workspace_reserve_keep(ctx, ws, meta_bytes + xb + moe_align64(yb), meta_bytes));
   t = carve_tables(ws->buf, P, N, G);
   char *const X = (char *)ws->buf + meta_bytes, *const Y = X + xb;
   // ---- step 1: pack tmp[j][n] = my block for (n, j) ----------------------------------

@@ -80,3 +80,30 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
 done:
   return st;
 }
+
+int moe_a2a_int_layout(const uint64_t *count, int n, int *c, int *d, size_t *total) {
+  int ok = 1;
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    ok &= count[i] <= INT_MAX && off <= INT_MAX;
+    c[i] = ok ? (int)count[i] : 0;
+    d[i] = ok ? (int)off : 0;
+    off += count[i];
+  }
+  *total = off;
+  return ok;
+}
+
+int moe_a2a_packed_in_order(const size_t *counts, const size_t *displs, int P, size_t *base) {
+  int seen = 0;
+  size_t pos = 0;
+  *base = 0;
+  for (int r = 0; r < P; r++) {
+    if (counts[r] == 0) continue;
+    if (!seen) *base = pos = displs[r];
+    seen = 1;
+    if (displs[r] != pos) return 0;
+    pos += counts[r];
+  }
+  return 1;
+}
