@@ -6,6 +6,7 @@
 //
 // `bare` is not a registered algorithm: it is a plain MPI_Alltoallv loop with
 // the same timing, so `mpi` next to it shows what the harness adds.
+#define _POSIX_C_SOURCE 200809L  // strtok_r
 #include "cli.h"
 
 #if MOE_CLI_MPI
@@ -35,8 +36,9 @@ static void usage(FILE *f) {
           "sends in total (its whole send buffer, split over the P destinations).\n"
           "\n"
           "options (default in brackets):\n"
-          "  --algo NAME|all|bare   mpi, pairwise, 1dh, 2dh, pipe, grouped; all = every\n"
-          "                         algorithm plus bare (a plain MPI_Alltoallv loop) [all]\n"
+          "  --algo LIST            comma-separated: mpi, pairwise, 1dh, 2dh, pipe, grouped,\n"
+          "                         bare (a plain MPI_Alltoallv loop), all (every algorithm\n"
+          "                         and bare) [all]\n"
           "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
           "  --max-bytes S          largest per-rank buffer, <= 1 GiB [16777216]\n"
           "  --counts uniform|skewed  uniform: S/P to every rank; skewed: rank d gets a\n"
@@ -198,20 +200,41 @@ int cmd_bench_a2a(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
-  if (strcmp(o.algo, "all") == 0) {
-    for (int i = 0; i < nalgos; i++) names[nnames++] = algos[i].name;
-    names[nnames++] = "bare";
-
-  } else if (strcmp(o.algo, "bare") == 0) {
-    names[nnames++] = "bare";
-  } else {
-    const moe_a2a_algo *found = NULL;
-    if (moe_a2a_find(ctx, o.algo, &found) != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("--algo: %s (or all, bare)", moe_ctx_error(ctx));
+  // --algo is a comma-separated list of names, "bare" and "all".
+  {
+    char list[256];
+    snprintf(list, sizeof list, "%s", o.algo);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+      const char *add[16];
+      int nadd = 0;
+      if (strcmp(tok, "all") == 0) {
+        for (int i = 0; i < nalgos; i++) add[nadd++] = algos[i].name;
+        add[nadd++] = "bare";
+      } else if (strcmp(tok, "bare") == 0) {
+        add[nadd++] = "bare";
+      } else {
+        const moe_a2a_algo *found = NULL;
+        if (moe_a2a_find(ctx, tok, &found) != MOE_STATUS_OK) {
+          if (rank == 0) cli_error("--algo: %s (or all, bare)", moe_ctx_error(ctx));
+          rc = CLI_USAGE;
+          goto done;
+        }
+        add[nadd++] = found->name;
+      }
+      for (int i = 0; i < nadd; i++) {
+        int have = 0;
+        for (int j = 0; j < nnames; j++) have |= strcmp(names[j], add[i]) == 0;
+        if (!have && nnames < 12) names[nnames++] = add[i];
+      }
+    }
+    if (nnames == 0) {
+      if (rank == 0)
+        cli_error(
+            "--algo needs at least one name (mpi, pairwise, 1dh, 2dh, pipe, grouped, all, bare)");
       rc = CLI_USAGE;
       goto done;
     }
-    names[nnames++] = found->name;
   }
   if (o.bound) {  // the variants the eq. 18 summary needs
     const char *need[4] = {"pairwise", "pipe", "intra", "inter"};

@@ -80,6 +80,8 @@ if "$MOE" version | grep -q "mpi=yes"; then
   expect 0 "--counts uniform\|skewed" -- bench a2a --help
   expect 2 "'nope' is unknown \(valid: mpi, pairwise, 1dh, 2dh, pipe, grouped\)" -- bench a2a --algo nope
   expect 2 "--counts 'zipf' is unknown" -- bench a2a --counts zipf
+  expect 2 "'nope' is unknown" -- bench a2a --algo mpi,nope
+  expect 0 "^bare .* ok" -- bench a2a --algo mpi,bare --min-bytes 64 --max-bytes 64 --iters 1 --check
   expect 2 "--min-bytes \(9\) must be <= --max-bytes \(8\)" -- bench a2a --min-bytes 9 --max-bytes 8
   expect 2 "--max-bytes \(-1\) must be an integer" -- bench a2a --max-bytes -1
   expect 0 "grouped +4096 .* ok" -- bench a2a --min-bytes 1024 --max-bytes 4096 --iters 2 --check \
