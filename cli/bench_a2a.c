@@ -36,7 +36,8 @@ static void usage(FILE *f) {
           "sends in total (its whole send buffer, split over the P destinations).\n"
           "\n"
           "options (default in brackets):\n"
-          "  --algo LIST            comma-separated: mpi, pairwise, 1dh, 2dh, pipe, grouped,\n"
+          "  --algo LIST            (or --a2a) comma-separated: mpi, pairwise, 1dh, 2dh, pipe, "
+          "grouped,\n"
           "                         bare (a plain MPI_Alltoallv loop), all (every algorithm\n"
           "                         and bare) [all]\n"
           "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
@@ -85,7 +86,7 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
       usage(stdout);
       return -1;
-    } else if (cli_opt(&a, "--algo")) {
+    } else if (cli_opt(&a, "--algo") || cli_opt(&a, "--a2a")) {
       o->algo = a.value;
     } else if (cli_opt(&a, "--min-bytes")) {
       if (a.value) parse_size(&a, "--min-bytes", &o->min_bytes);
