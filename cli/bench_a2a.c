@@ -263,7 +263,7 @@ int cmd_bench_a2a(int argc, char **argv) {
 
   nodes = moe_malloc((size_t)P * sizeof(int));
   if (!nodes || moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, nodes) != MOE_STATUS_OK ||
-      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes) != MOE_STATUS_OK) {
+      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes[rank]) != MOE_STATUS_OK) {
     // Topology errors (a ranks-per-node that does not divide P) are the same on every rank.
     if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
     rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;

@@ -372,7 +372,7 @@ static void run_algo(const moe_a2a_algo *algo, const moe_group *g, MPI_Comm ref_
 
 static void run_layout(const layout *L) {
   moe_group g;
-  const moe_status st = moe_group_init(g_ctx, &g, L->comm, L->world_node_of);
+  const moe_status st = moe_group_init(g_ctx, &g, L->comm, L->world_node_of[g_world_rank]);
   TU_CHECK(st == MOE_STATUS_OK, "%s: moe_group_init: %s", L->name, moe_ctx_error(g_ctx));
   if (st != MOE_STATUS_OK) return;
   check_group(&g, L);

@@ -1,5 +1,5 @@
-// libmoe communication over MPI: process groups with their node topology, the
-// DP x EP layout, and the all-to-all algorithms (one file each in src/comm/,
+// libmoe communication over MPI: process groups with their node topology,
+// grow-on-demand workspaces, and the all-to-all algorithms (one file each in src/comm/,
 // selected by name through a registry).
 //
 // Only built when MPI is found (moe_has_mpi()). Works with Open MPI and MPICH.
@@ -49,17 +49,20 @@ typedef struct {
 } moe_group;
 
 // Builds a group over comm (duplicated, with MPI_ERRORS_RETURN, so the caller
-// keeps its own communicator and MPI errors come back as statuses) where
-// member r lives on node world_node_of[world rank of r]: pass the node id of
-// every WORLD rank (see moe_topology_nodes). Collective over comm.
-moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, const int *world_node_of);
+// keeps its own communicator and MPI errors come back as statuses). my_node is
+// any integer that is equal on the members sharing a node (for example this
+// rank's entry of moe_topology_nodes); the group numbers nodes densely.
+// Collective over comm.
+moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int my_node);
 void moe_group_free(moe_group *g);  // NULL or zeroed is a no-op; collective over g->comm
 
-// Node id of every world rank (out: world-size ints). ranks_per_node > 0
-// forces node = world rank / ranks_per_node (one host acting as several nodes;
-// must divide the world size); 0 uses MOE_RANKS_PER_NODE from the environment
-// if set, else MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over world.
-moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm world, int ranks_per_node, int *out);
+// Node id of every rank of comm (out: comm-size ints, indexed by rank in
+// comm). ranks_per_node > 0 forces node = rank / ranks_per_node (one host
+// acting as several nodes; must divide the size of comm); 0 uses
+// MOE_RANKS_PER_NODE from the environment if set, else
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over comm; a bad or
+// differing value on any rank fails on every rank.
+moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, int *out);
 
 // ---- workspace ---------------------------------------------------------------------------
 
@@ -101,11 +104,16 @@ typedef struct {
 const moe_a2a_algo *moe_a2a_list(int *count);
 // Looks an algorithm up by name; INVALID_ARG naming the valid names otherwise.
 moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out);
-// Runs algo after checking its restrictions (uniform nodes) and that counts and
-// displacements fit MPI's int counts.
+// Runs algo after checking its restrictions (uniform nodes) and that the
+// non-empty blocks' counts (and, for `mpi`, displacements) fit MPI's int counts.
+// These checks are local, like MPI's own argument checks: the caller must give
+// every rank valid arguments (moe_ep_layer agrees on them before calling).
 moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
                        const size_t *send_counts, const size_t *send_displs, void *recv,
                        const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws);
+
+// The `mpi` algorithm's function (the one that needs int displacements).
+moe_alltoallv_fn moe_alltoallv_mpi_fn(void);
 
 // Translates an MPI error code into MOE_STATUS_COMM with MPI's text in ctx.
 moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const char *file, int line);

@@ -16,9 +16,9 @@ moe_status moe_alltoallv_mpi(MOE_A2A_ARGS) {
   int *sc = ws->buf, *sd = sc + P, *rc = sd + P, *rd = rc + P;
   for (int r = 0; r < P; r++) {  // moe_a2a_run checked that these fit in int
     sc[r] = (int)send_counts[r];
-    sd[r] = (int)send_displs[r];
+    sd[r] = send_counts[r] ? (int)send_displs[r] : 0;  // empty blocks may point anywhere
     rc[r] = (int)recv_counts[r];
-    rd[r] = (int)recv_displs[r];
+    rd[r] = recv_counts[r] ? (int)recv_displs[r] : 0;
   }
   MOE_MPI_TRY(ctx, MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, g->comm));
 done:

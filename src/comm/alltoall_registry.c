@@ -25,6 +25,8 @@ static const moe_a2a_algo k_algos[] = {
      "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra", 0, moe_alltoallv_grouped},
 };
 
+moe_alltoallv_fn moe_alltoallv_mpi_fn(void) { return moe_alltoallv_mpi; }
+
 const moe_a2a_algo *moe_a2a_list(int *count) {
   if (count) *count = (int)(sizeof k_algos / sizeof k_algos[0]);
   return k_algos;
@@ -64,11 +66,15 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
               "(this group of %d ranks spans %d nodes unevenly); use pipe, grouped, pairwise or "
               "mpi",
               algo->name, g->size, g->num_nodes);
+  // Only MPI_Alltoallv takes int displacements; every algorithm passes block
+  // sizes to MPI as ints. Empty blocks are never touched.
+  const int int_displs = algo->run == moe_alltoallv_mpi;
   size_t send_total = 0, recv_total = 0;
   for (int r = 0; r < g->size; r++) {
     MOE_FAIL_IF(ctx,
-                send_counts[r] > INT_MAX || send_displs[r] > INT_MAX || recv_counts[r] > INT_MAX ||
-                    recv_displs[r] > INT_MAX,
+                send_counts[r] > INT_MAX || recv_counts[r] > INT_MAX ||
+                    (int_displs && ((send_counts[r] && send_displs[r] > INT_MAX) ||
+                                    (recv_counts[r] && recv_displs[r] > INT_MAX))),
                 MOE_STATUS_INVALID_ARG,
                 "all-to-all block for rank %d exceeds MPI's int counts (%d bytes)", r, INT_MAX);
     send_total += send_counts[r];

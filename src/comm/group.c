@@ -38,36 +38,61 @@ static void dense_nodes(const int *key, int n, int *out) {
   }
 }
 
-moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm world, int ranks_per_node, int *out) {
+moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, int *out) {
   moe_status st = MOE_STATUS_OK;
   MPI_Comm shared = MPI_COMM_NULL;
   int *keys = NULL;
   int size = 0, rank = 0;
-  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &size));
-  MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
+  MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &size));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(comm, &rank));
+  // step 1: this rank's choice, checked locally
+  moe_status local = MOE_STATUS_OK;
   int rpn = ranks_per_node;
   const char *env = getenv("MOE_RANKS_PER_NODE");
   if (rpn == 0 && env && *env) {
     char *end = NULL;
     const long v = strtol(env, &end, 10);
-    MOE_FAIL_IF(ctx, end == env || *end != '\0' || v < 1 || v > size, MOE_STATUS_INVALID_ARG,
-                "MOE_RANKS_PER_NODE ('%s') must be an integer in [1, %d]", env, size);
-    rpn = (int)v;
+    if (end == env || *end != '\0' || v < 1 || v > size) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "MOE_RANKS_PER_NODE ('%s') must be an integer in [1, %d]", env, size);
+    }
+    rpn = local == MOE_STATUS_OK ? (int)v : 0;
   }
-  MOE_FAIL_IF(ctx, rpn < 0, MOE_STATUS_INVALID_ARG, "ranks per node (%d) must be >= 0", rpn);
+  if (local == MOE_STATUS_OK && rpn < 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "ranks per node (%d) must be >= 0", rpn);
+  } else if (local == MOE_STATUS_OK && rpn > 0 && size % rpn != 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "ranks per node (%d) must divide the number of ranks (%d)", rpn, size);
+  }
+  // step 2: every rank must have succeeded and chosen the same value, or all
+  // fail (a rank that skipped the collectives below would hang the others)
+  int v[3] = {local != MOE_STATUS_OK, rpn, -rpn};
+  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_INT, MPI_MAX, comm));
+  if (local != MOE_STATUS_OK) {
+    st = local;
+    goto done;
+  }
+  MOE_FAIL_IF(ctx, v[0], MOE_STATUS_INVALID_ARG,
+              "the ranks-per-node setting is invalid on another rank (see its error)");
+  MOE_FAIL_IF(ctx, v[1] != -v[2], MOE_STATUS_INVALID_ARG,
+              "ranks per node differs between ranks (%d to %d): set --ranks-per-node or "
+              "MOE_RANKS_PER_NODE the same everywhere",
+              -v[2], v[1]);
   if (rpn > 0) {
-    MOE_FAIL_IF(ctx, size % rpn != 0, MOE_STATUS_INVALID_ARG,
-                "ranks per node (%d) must divide the number of ranks (%d)", rpn, size);
     for (int r = 0; r < size; r++) out[r] = r / rpn;
     goto done;
   }
-  // Key of a node = lowest world rank on it, agreed within the shared communicator.
-  MOE_MPI_TRY(ctx, MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  // step 3: key of a node = lowest rank on it, agreed within the shared communicator
+  MOE_MPI_TRY(ctx, MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
   int key = rank;
   MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &key, 1, MPI_INT, MPI_MIN, shared));
   keys = moe_malloc((size_t)size * sizeof(int));
-  MOE_FAIL_IF(ctx, !keys, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node keys", size);
-  MOE_MPI_TRY(ctx, MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, world));
+  const int have = keys != NULL;
+  int all_have = 0;
+  MOE_MPI_TRY(ctx, MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, comm));
+  MOE_FAIL_IF(ctx, !all_have, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node keys", size);
+  MOE_MPI_TRY(ctx, MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, comm));
   dense_nodes(keys, size, out);
 done:
   if (shared != MPI_COMM_NULL) MPI_Comm_free(&shared);
@@ -77,9 +102,9 @@ done:
 
 // ---- groups --------------------------------------------------------------------------------
 
-moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, const int *world_node_of) {
+moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int my_node) {
   moe_status st = MOE_STATUS_OK;
-  int *world_rank_of = NULL, *key = NULL;
+  int *key = NULL;
   memset(g, 0, sizeof *g);
   g->comm = g->intra = g->inter = MPI_COMM_NULL;
   MOE_MPI_TRY(ctx, MPI_Comm_dup(comm, &g->comm));
@@ -87,17 +112,18 @@ moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, const int *
   MOE_MPI_TRY(ctx, MPI_Comm_rank(g->comm, &g->rank));
   MOE_MPI_TRY(ctx, MPI_Comm_size(g->comm, &g->size));
   const int P = g->size;
-  world_rank_of = moe_malloc((size_t)P * sizeof(int));
   key = moe_malloc((size_t)P * sizeof(int));
   g->node_of = moe_malloc((size_t)P * sizeof(int));
   g->local_rank_of = moe_malloc((size_t)P * sizeof(int));
   g->node_size = moe_calloc((size_t)P, sizeof(int));
-  MOE_FAIL_IF(ctx, !world_rank_of || !key || !g->node_of || !g->local_rank_of || !g->node_size,
-              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate a group of %d members", P);
-  int my_world = 0;
-  MOE_MPI_TRY(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &my_world));
-  MOE_MPI_TRY(ctx, MPI_Allgather(&my_world, 1, MPI_INT, world_rank_of, 1, MPI_INT, g->comm));
-  for (int r = 0; r < P; r++) key[r] = world_node_of[world_rank_of[r]];
+  // Agree on the allocations before the next collective: a rank that left now
+  // would leave the others waiting.
+  const int have = key && g->node_of && g->local_rank_of && g->node_size;
+  int all_have = 0;
+  MOE_MPI_TRY(ctx, MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, g->comm));
+  MOE_FAIL_IF(ctx, !all_have, MOE_STATUS_OUT_OF_MEMORY,
+              "cannot allocate a group of %d members (on this or another rank)", P);
+  MOE_MPI_TRY(ctx, MPI_Allgather(&my_node, 1, MPI_INT, key, 1, MPI_INT, g->comm));
   dense_nodes(key, P, g->node_of);
   for (int r = 0; r < P; r++) {
     const int n = g->node_of[r];
@@ -117,7 +143,6 @@ moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, const int *
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(g->intra, MPI_ERRORS_RETURN));
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(g->inter, MPI_ERRORS_RETURN));
 done:
-  moe_free(world_rank_of);
   moe_free(key);
   if (st != MOE_STATUS_OK) moe_group_free(g);
   return st;

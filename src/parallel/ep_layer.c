@@ -18,6 +18,7 @@
 //
 // Not here: chunking and overlap (sched/), load-balancing planners (balance/).
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -105,6 +106,41 @@ static moe_status agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const cha
   } else if (first != INT32_MAX) {
     MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "%s failed on rank %d (see that rank's error)", what,
              first);
+  }
+done:
+  return st;
+}
+
+// MPI counts are int: move large float arrays in chunks of at most 2^30.
+#define MOE_MPI_CHUNK ((size_t)1 << 30)
+
+static moe_status allreduce_sum(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
+    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm));
+  }
+done:
+  return st;
+}
+
+static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, int tag,
+                              MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
+    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
+    MOE_MPI_TRY(ctx, MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
+  }
+done:
+  return st;
+}
+
+static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int tag,
+                              MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
+    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
+    MOE_MPI_TRY(ctx, MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
   }
 done:
   return st;
@@ -226,13 +262,18 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   int *nodes = NULL;
   uint64_t *hashes = NULL;
   int W = 0, rank = 0;
-  MOE_FAIL_IF(ctx, !out || !cfg || !pc, MOE_STATUS_INVALID_ARG, "out, cfg and pc must not be NULL");
-  *out = NULL;
+  if (out) *out = NULL;
   MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
   MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
   // step 1: local checks, then one collective that every rank reaches
   const moe_a2a_algo *algo = NULL;
-  const moe_status local = local_checks(ctx, W, cfg, pc, &algo);
+  moe_status local = MOE_STATUS_OK;
+  if (!out || !cfg || !pc) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "out, cfg and pc must not be NULL");
+  } else {
+    local = local_checks(ctx, W, cfg, pc, &algo);
+  }
   MOE_TRY(agree(ctx, world, local, "layer setup"));
   // step 2: identical configuration everywhere
   hashes = moe_malloc((size_t)W * sizeof(uint64_t));
@@ -270,7 +311,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   {
     MPI_Comm ep_comm = MPI_COMM_NULL;
     MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, group, L->me, &ep_comm));
-    const moe_status gst = moe_group_init(ctx, &L->ep, ep_comm, nodes);
+    const moe_status gst = moe_group_init(ctx, &L->ep, ep_comm, nodes[rank]);
     MPI_Comm_free(&ep_comm);
     MOE_TRY(gst);
   }
@@ -287,10 +328,17 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
     }
     MOE_TRY(agree(ctx, L->world, ok, "all-to-all selection"));
   }
-  MOE_TRY(moe_placement_init(ctx, &L->placement, L->E, L->P));
-  MOE_TRY(alloc_tables(ctx, L));
-  MOE_TRY(alloc_buffers(ctx, L));
-  MOE_TRY(moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows));
+  {
+    // Allocations can fail on one rank only: agree before handing out a layer
+    // whose peers may have given up.
+    moe_status alloc = moe_placement_init(ctx, &L->placement, L->E, L->P);
+    if (alloc == MOE_STATUS_OK) alloc = alloc_tables(ctx, L);
+    if (alloc == MOE_STATUS_OK) alloc = alloc_buffers(ctx, L);
+    if (alloc == MOE_STATUS_OK) {
+      alloc = moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows);
+    }
+    MOE_TRY(agree(ctx, L->world, alloc, "layer allocation"));
+  }
   *out = L;
   L = NULL;
 done:
@@ -380,10 +428,9 @@ static moe_status copy_to_replica(moe_ep_layer *L, int e, int p) {
   const size_t n[4] = {M * H, H, H * M, M};
   for (int i = 0; i < 4; i++) {
     if (L->me == home) {
-      MOE_MPI_TRY(ctx, MPI_Send(parts[i], (int)n[i], MPI_FLOAT, p, 7101 + i, L->ep.comm));
+      MOE_TRY(send_floats(ctx, parts[i], n[i], p, 7101 + i, L->ep.comm));
     } else if (L->me == p) {
-      MOE_MPI_TRY(ctx, MPI_Recv(parts[i], (int)n[i], MPI_FLOAT, home, 7101 + i, L->ep.comm,
-                                MPI_STATUS_IGNORE));
+      MOE_TRY(recv_floats(ctx, parts[i], n[i], home, 7101 + i, L->ep.comm));
     }
   }
 done:
@@ -393,35 +440,64 @@ done:
 moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
-  MOE_FAIL_IF(ctx, e < 0 || e >= L->E, MOE_STATUS_INVALID_ARG, "expert (%d) must be in [0, %d)", e,
-              L->E);
-  MOE_FAIL_IF(ctx, p < 0 || p >= L->P, MOE_STATUS_INVALID_ARG, "EP rank (%d) must be in [0, %d)", p,
-              L->P);
-  MOE_FAIL_IF(ctx, L->placement.home[e] == p, MOE_STATUS_INVALID_ARG,
-              "EP rank %d is expert %d's home: it needs no replica", p, e);
-  MOE_TRY(moe_placement_set_replica(ctx, &L->placement, e, p, on));
-  if (L->me != p) goto done;
-  if (on && !L->replica_mem[e]) {
+  // step 1: local validation and allocation, then agreement over the world
+  // (the same arguments everywhere; no rank left waiting in the copy below)
+  moe_status local = MOE_STATUS_OK;
+  if (e < 0 || e >= L->E) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "expert (%d) must be in [0, %d)", e, L->E);
+  } else if (p < 0 || p >= L->P) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "EP rank (%d) must be in [0, %d)", p, L->P);
+  } else if (L->placement.home[e] == p) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "EP rank %d is expert %d's home: it needs no replica", p, e);
+  } else if (on && L->me == p && !L->replica_mem[e]) {
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     float *m = moe_calloc(2 * expert_floats(L), sizeof(float));
-    MOE_FAIL_IF(ctx, !m, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate a replica of expert %d", e);
-    L->replica_mem[e] = m;
-    L->w1_of[e] = m;
-    L->b1_of[e] = m + M * H;
-    L->w2_of[e] = m + M * H + H;
-    L->b2_of[e] = m + 2 * M * H + H;
-  } else if (!on && L->replica_mem[e]) {
-    moe_free(L->replica_mem[e]);
-    L->replica_mem[e] = NULL;
-    L->w1_of[e] = L->b1_of[e] = L->w2_of[e] = L->b2_of[e] = NULL;
+    if (!m) {
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "cannot allocate a replica of expert %d", e);
+    } else {
+      L->replica_mem[e] = m;
+      L->w1_of[e] = m;
+      L->b1_of[e] = m + M * H;
+      L->w2_of[e] = m + M * H + H;
+      L->b2_of[e] = m + 2 * M * H + H;
+    }
   }
+  {
+    const int args[3] = {e, p, on ? 1 : 0};
+    int hi[3], lo[3] = {-args[0], -args[1], -args[2]};
+    MOE_MPI_TRY(ctx, MPI_Allreduce(args, hi, 3, MPI_INT, MPI_MAX, L->world));
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, lo, 3, MPI_INT, MPI_MAX, L->world));
+    if (local == MOE_STATUS_OK && (hi[0] != -lo[0] || hi[1] != -lo[1] || hi[2] != -lo[2])) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "moe_ep_layer_set_replica needs the same (expert, EP rank, on) on "
+                           "every rank");
+    }
+  }
+  MOE_TRY(agree(ctx, L->world, local, "set_replica"));
+  // step 2: apply. The plan of the last forward no longer holds: backward must
+  // follow a new forward.
+  L->have_forward = 0;
+  MOE_TRY(moe_placement_set_replica(ctx, &L->placement, e, p, on));
+  if (!on) {
+    if (L->me == p && L->replica_mem[e]) {
+      moe_free(L->replica_mem[e]);
+      L->replica_mem[e] = NULL;
+      L->w1_of[e] = L->b1_of[e] = L->w2_of[e] = L->b2_of[e] = NULL;
+    }
+    goto done;
+  }
+  MOE_TRY(copy_to_replica(L, e, p));
 done:
-  if (st == MOE_STATUS_OK && on) st = copy_to_replica(L, e, p);
   return st;
 }
 
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
+  L->have_forward = 0;  // new parameters: a pending backward would mix old and new
   for (int e = 0; e < L->E; e++) {
     for (int p = 0; p < L->P; p++) {
       if (L->placement.replica[(size_t)e * L->P + p]) MOE_TRY(copy_to_replica(L, e, p));
@@ -497,6 +573,21 @@ static moe_status plan_exchange(moe_ep_layer *L) {
     L->ex_count[e] = xrow - L->ex_start[e];
     MOE_FAIL_IF(ctx, L->ex_count[e] > 0 && !L->w1_of[e], MOE_STATUS_INTERNAL,
                 "rank %d received rows for expert %d, which it does not hold", L->me, e);
+  }
+  MOE_FAIL_IF(ctx, rows > INT_MAX, MOE_STATUS_INVALID_ARG,
+              "EP rank %d would receive %zu rows; at most %d fit one exchange", L->me, rows,
+              INT_MAX);
+  for (int p = 0; p < P; p++) {
+    // MPI counts and (for the mpi algorithm) displacements are ints of bytes
+    MOE_FAIL_IF(ctx,
+                L->sbytes[p] > INT_MAX || L->rbytes[p] > INT_MAX ||
+                    (L->a2a->run == moe_alltoallv_mpi_fn() &&
+                     (L->sdispl[p] > INT_MAX || L->rdispl[p] > INT_MAX)),
+                MOE_STATUS_INVALID_ARG,
+                "the all-to-all between EP ranks %d and %d exceeds MPI's int byte counts "
+                "(fewer tokens per rank, a larger EP size, or a point-to-point algorithm such as "
+                "pairwise or pipe, which need no int displacements)",
+                L->me, p);
   }
   L->recv_rows = (int)rows;
   const size_t nm = (rows ? rows : 1) * (size_t)M * sizeof(float);
@@ -587,7 +678,9 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   // step 3: dispatch into expert order, counts exchange, send order
   t0 = moe_time_ns();
   moe_dispatch_forward(&L->route, x, M, L->xe);
-  MOE_TRY(plan_exchange(L));
+  // The receive side's sizes are known only now, and its checks (workspace
+  // growth, MPI's int limits) can fail on one rank: agree before the exchange.
+  MOE_TRY(agree(ctx, L->world, plan_exchange(L), "forward (receive buffers)"));
   to_send_order(L, L->xe, L->sendbuf);
   tm->dispatch_ms = moe_time_ms_since(t0);
 
@@ -639,12 +732,10 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
     for (int p = 0; p < L->P; p++) {
       if (!L->placement.replica[(size_t)e * L->P + p]) continue;
       if (L->me == p) {
-        MOE_MPI_TRY(ctx,
-                    MPI_Send(L->replica_mem[e] + nf, (int)nf, MPI_FLOAT, home, 7201, L->ep.comm));
+        MOE_TRY(send_floats(ctx, L->replica_mem[e] + nf, nf, home, 7201, L->ep.comm));
       } else if (L->me == home) {
-        MOE_TRY(moe_workspace_reserve(ctx, &L->rep_tmp, nf * sizeof(float)));
-        float *g = L->rep_tmp.buf;
-        MOE_MPI_TRY(ctx, MPI_Recv(g, (int)nf, MPI_FLOAT, p, 7201, L->ep.comm, MPI_STATUS_IGNORE));
+        float *g = L->rep_tmp.buf;  // reserved before backward's agreement
+        MOE_TRY(recv_floats(ctx, g, nf, p, 7201, L->ep.comm));
         // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
         // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
         const size_t i = (size_t)(e - L->t.home_first);
@@ -688,6 +779,15 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   } else if (c->check_finite) {
     local = moe_check_finite(ctx, "gradient dy", dy, T, M);
   }
+  if (local == MOE_STATUS_OK) {  // scratch that may grow: reserve before agreeing
+    const size_t rows = (size_t)(L->recv_rows ? L->recv_rows : 1);
+    local = moe_workspace_reserve(ctx, &L->dh, rows * Hs * sizeof(float));
+    if (local == MOE_STATUS_OK)
+      local = moe_workspace_reserve(ctx, &L->dpre, rows * Hs * sizeof(float));
+    if (local == MOE_STATUS_OK) {
+      local = moe_workspace_reserve(ctx, &L->rep_tmp, expert_floats(L) * sizeof(float));
+    }
+  }
   MOE_TRY(agree(ctx, L->world, local, "backward"));
 
   // step 1: combine backward, rows to send order, all-to-all to the experts
@@ -701,9 +801,6 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
 
   // step 2: experts backward into this pass's gradient scratch (home) or the
   // replica's gradient area
-  const size_t rows = (size_t)(L->recv_rows ? L->recv_rows : 1);
-  MOE_TRY(moe_workspace_reserve(ctx, &L->dh, rows * Hs * sizeof(float)));
-  MOE_TRY(moe_workspace_reserve(ctx, &L->dpre, rows * Hs * sizeof(float)));
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   memset(gs, 0, (L->grad_gate_n + L->grad_home_n) * sizeof(float));
   for (int e = 0; e < E; e++) {
@@ -750,10 +847,8 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
 
   // step 5: reductions: replicas -> home; experts over DP; gate over the world
   MOE_TRY(gather_replica_grads(L, home));
-  MOE_MPI_TRY(ctx,
-              MPI_Allreduce(MPI_IN_PLACE, home, (int)L->grad_home_n, MPI_FLOAT, MPI_SUM, L->dp));
-  MOE_MPI_TRY(ctx,
-              MPI_Allreduce(MPI_IN_PLACE, gs, (int)L->grad_gate_n, MPI_FLOAT, MPI_SUM, L->world));
+  MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
+  MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
   add_into(L->t.dwg, gs, L->grad_gate_n);
   add_into(L->t.dw1, home, El * Ms * Hs);
   add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
