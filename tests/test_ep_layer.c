@@ -28,6 +28,7 @@ typedef struct {
 } scenario;
 
 static int g_rank, g_world;
+static MPI_Comm g_comm;  // the communicator scenarios run on (world, or a split of it)
 
 static void tokens_of(int r, const scenario *sc, int *T, int *off) {
   int o = 0;
@@ -103,7 +104,7 @@ static void run_scenario(const scenario *sc) {
   pc.ep_strided = sc->strided;
   pc.ranks_per_node = sc->rpn;
   snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
-  moe_status st = moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  moe_status st = moe_ep_layer_create(ctx, g_comm, &cfg, &pc, &L);
   TU_CHECK(st == MOE_STATUS_OK, "%s: create: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto done;
   moe_ep_layer_init_params(L, 77);
@@ -146,9 +147,23 @@ static void run_scenario(const scenario *sc) {
   tu_rel_close(label, t.dw2, rt.dw2 + f * H * M, n * H * M, REL_TOL);
   snprintf(label, sizeof label, "%s rank %d db2", name, g_rank);
   tu_rel_close(label, t.db2, rt.db2 + f * M, n * M, REL_TOL);
-  // parameters are the reference's slice
-  TU_CHECK(memcmp(t.w1, rt.w1 + f * M * H, n * M * H * sizeof(float)) == 0,
+  // parameters are the reference's slice (the two init paths share RNG streams)
+  TU_CHECK(memcmp(t.w1, rt.w1 + f * M * H, n * M * H * sizeof(float)) == 0 &&
+               memcmp(t.b1, rt.b1 + f * H, n * H * sizeof(float)) == 0 &&
+               memcmp(t.w2, rt.w2 + f * H * M, n * H * M * sizeof(float)) == 0 &&
+               memcmp(t.b2, rt.b2 + f * M, n * M * sizeof(float)) == 0 &&
+               memcmp(t.wg, rt.wg, (size_t)M * E * sizeof(float)) == 0,
            "%s: init_params slice differs from moe_layer_init_params", name);
+  // a second pass allocates nothing
+  {
+    const uint64_t before = moe_alloc_count();
+    moe_ep_layer_zero_grad(L);
+    TU_CHECK(moe_ep_layer_forward(L, x + (size_t)off * M, T, y, NULL) == MOE_STATUS_OK &&
+                 moe_ep_layer_backward(L, dy + (size_t)off * M, dx) == MOE_STATUS_OK,
+             "%s: second pass", name);
+    TU_CHECK(moe_alloc_count() == before, "%s: the second pass allocated %llu times", name,
+             (unsigned long long)(moe_alloc_count() - before));
+  }
 done:
   moe_ep_layer_destroy(L);
   moe_layer_destroy(ref);
@@ -159,6 +174,83 @@ done:
   free(dx_ref);
   free(y);
   free(dx);
+}
+
+// Replicas really compute: after set_replica, the home's parameters of expert e
+// change without a sync, so the replica's rank p must see the OLD expert e and
+// every other rank the NEW one; after sync_replicas everyone sees the new one.
+static void test_replica_is_used(void) {
+  if (g_world < 2) return;
+  const int e = 0, p = g_world - 1;  // expert 0 lives on EP rank 0
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 64;
+  cfg.model_dim = 8;
+  cfg.hidden_dim = 12;
+  cfg.num_experts = 12;
+  cfg.capacity_factor = 0.0;
+  cfg.aux_loss_coef = 0.0f;
+  const int M = 8, T = 6;
+  float x[6 * 8], y[6 * 8], y_old[6 * 8], y_new[6 * 8];
+  tu_fill(x, (size_t)T * M, 100 + (uint64_t)g_rank, -1.0f, 1.0f);
+  for (int t = 0; t < T; t++) x[t * M] = 1.0f;  // constant feature: pull every token to expert 0
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer *ref = NULL;
+  moe_ep_layer *L = NULL;
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  pc.ep_size = g_world;
+  cfg.tokens = T;
+  TU_CHECK(moe_layer_create(ctx, &cfg, &ref) == MOE_STATUS_OK, "replica: ref create");
+  cfg.tokens = 64;
+  TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK,
+           "replica: create: %s", moe_ctx_error(ctx));
+  if (!ref || !L) goto done;
+  moe_layer_init_params(ref, 9);
+  moe_ep_layer_init_params(L, 9);
+  moe_layer_tensors rt = moe_layer_get_tensors(ref);
+  moe_ep_tensors t = moe_ep_layer_get_tensors(L);
+  rt.wg[e] = 8.0f;
+  t.wg[e] = 8.0f;
+  TU_CHECK(moe_ep_layer_set_replica(L, e, p, 1) == MOE_STATUS_OK, "replica on: %s",
+           moe_ctx_error(ctx));
+  // references with the old and the new expert 0 (b2 shifted by 0.5)
+  TU_CHECK(moe_layer_forward(ref, x, T, y_old, NULL) == MOE_STATUS_OK, "ref old");
+  for (int j = 0; j < M; j++) rt.b2[j] += 0.5f;
+  TU_CHECK(moe_layer_forward(ref, x, T, y_new, NULL) == MOE_STATUS_OK, "ref new");
+  if (t.home_first == 0) {
+    for (int j = 0; j < M; j++) t.b2[j] += 0.5f;  // the home changes, the replica does not
+  }
+  TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward: %s",
+           moe_ctx_error(ctx));
+  char label[96];
+  snprintf(label, sizeof label, "replica rank %d sees the %s expert", g_rank,
+           g_rank == p ? "old (replica)" : "new (home)");
+  tu_rel_close(label, y, g_rank == p ? y_old : y_new, (size_t)T * M, REL_TOL);
+  TU_CHECK(moe_ep_layer_sync_replicas(L) == MOE_STATUS_OK, "sync: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward after sync");
+  snprintf(label, sizeof label, "rank %d after sync_replicas", g_rank);
+  tu_rel_close(label, y, y_new, (size_t)T * M, REL_TOL);
+  // set_replica invalidates a pending backward; bad arguments fail everywhere
+  TU_CHECK(moe_ep_layer_set_replica(L, e, p, 0) == MOE_STATUS_OK, "replica off");
+  float dx[6 * 8] = {0};
+  TU_CHECK(moe_ep_layer_backward(L, y, dx) == MOE_STATUS_INVALID_ARG,
+           "backward after set_replica must need a new forward");
+  TU_CHECK(moe_ep_layer_set_replica(L, e, 0, 1) == MOE_STATUS_INVALID_ARG, "replica on home");
+  TU_CHECK(moe_ep_layer_set_replica(L, 99, p, 1) == MOE_STATUS_INVALID_ARG, "bad expert");
+  TU_CHECK(moe_ep_layer_set_replica(L, g_rank == 0 ? 1 : 2, p, 1) == MOE_STATUS_INVALID_ARG ||
+               g_world == 1,
+           "differing set_replica arguments fail on every rank");
+  // NaN in dy on one rank: backward fails everywhere
+  TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward again");
+  if (g_rank == 0) y[3] = NAN;
+  TU_CHECK(moe_ep_layer_backward(L, y, dx) == MOE_STATUS_INVALID_ARG,
+           "NaN dy on rank 0: backward fails on rank %d", g_rank);
+done:
+  moe_ep_layer_destroy(L);
+  moe_layer_destroy(ref);
+  moe_ctx_destroy(ctx);
 }
 
 // Every rank must get `want` from create (no hang), with `text` in the message
@@ -216,6 +308,13 @@ static void test_bad_input(void) {
     if (g_rank == 0) c.top_k = 0;
     expect_create_error("invalid on one rank", &c, &pc, "top_k (0) must be in");
   }
+  if (g_world == 6) {  // EP groups {0,1,2} and {3,4,5} on nodes {0,0,1} and {1,2,2}
+    moe_parallel_config p4 = pc;
+    p4.ep_size = 3;
+    p4.ranks_per_node = 2;
+    snprintf(p4.a2a, sizeof p4.a2a, "2dh");
+    expect_create_error("2dh on uneven nodes", &cfg, &p4, "needs the same number of ranks");
+  }
   moe_parallel_config p3 = pc;
   snprintf(p3.a2a, sizeof p3.a2a, "carrier-pigeon");
   expect_create_error("unknown algorithm", &cfg, &p3, "'carrier-pigeon' is unknown");
@@ -257,6 +356,7 @@ int main(int argc, char **argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  g_comm = MPI_COMM_WORLD;
   int nalgos = 0;
   const moe_a2a_algo *algos = moe_a2a_list(&nalgos);
   // Layouts: DP x EP for every divisor EP of the world, contiguous and strided.
@@ -295,21 +395,46 @@ int main(int argc, char **argv) {
     if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
     run_scenario(&special[i]);
   }
+  if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)
+    for (int a = 0; a < nalgos; a++) {
+      for (int strided = 0; strided <= 1; strided++) {
+        const scenario sc = {2, strided, 2, algos[a].name, 0.0, -1, 0, 0, MOE_ACT_GELU};
+        run_scenario(&sc);
+      }
+    }
+  }
+  if (g_world >= 4 && g_world % 2 == 0) {  // on a sub-communicator: even and odd ranks
+    const int world_rank = g_rank, world_size = g_world;
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &sub);
+    g_comm = sub;
+    MPI_Comm_rank(sub, &g_rank);
+    MPI_Comm_size(sub, &g_world);
+    for (int a = 0; a < nalgos; a++) {
+      const scenario sc = {g_world, 0, 1, algos[a].name, 0.0, -1, 0, 1, MOE_ACT_GELU};
+      run_scenario(&sc);
+    }
+    g_comm = MPI_COMM_WORLD;
+    g_rank = world_rank;
+    g_world = world_size;
+    MPI_Comm_free(&sub);
+  }
+  test_replica_is_used();
   if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank
     const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU};
     run_scenario(&sc);
   }
   test_bad_input();
 
-  int failures = tu_failures;
-  MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  int rc = 0;
+  // Collective result: every rank fails if any did; rank 0 prints the sums.
+  int sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};
+  MPI_Allreduce(sums, tot, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int rc = tot[1] ? 1 : 0;
   if (g_rank == 0) {
-    rc = tu_finish("test_ep_layer");
-  } else {
-    rc = tu_failures ? 1 : 0;
+    tu_checks = tot[0];
+    tu_failures = tot[1];
+    rc = tu_finish("test_ep_layer (all ranks)");
   }
-  if (failures && !rc) rc = 1;
   MPI_Finalize();
   return rc;
 }

@@ -10,13 +10,16 @@
 // (3e-3 for the strongly non-linear layernorm input) with atol 5e-5..1e-3 and
 // rtol 1e-3..1e-2, chosen from the gradient scale of each op: dropping a term,
 // a factor of 2, or even scaling the x phi(x) term of gelu' or the xhat term of
-// the layernorm dx by 0.95-0.999 makes these tests fail.
+// the layernorm dx by 0.95-0.999 makes these tests fail. GELU's tests run on the
+// public functions and on every instruction-set copy the CPU supports (through
+// the private hook in src/kernels/internal.h), and the copies are compared.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/internal.h"
 #include "moe/kernels.h"
 #include "testutil.h"
 
@@ -310,6 +313,37 @@ static double gelu_grad_d(double x) {
   return 0.5 * erfc(-x * 0.70710678118654752440) + x * exp(-0.5 * x * x) * 0.39894228040143267794;
 }
 
+// The GELU under test: the public functions (g_gelu_isa < 0, the copy this CPU
+// picks), or one instruction-set copy through the private hook in
+// kernels/internal.h, so every copy the CPU supports gets the same tests.
+static int g_gelu_isa = -1;
+
+static void gelu_fwd(float *y, const float *x, size_t n) {
+  if (g_gelu_isa < 0) {
+    moe_gelu_forward(y, x, n);
+    return;
+  }
+  const int rc = moe_gelu_run_isa(g_gelu_isa, MOE_GELU_FORWARD, y, NULL, x, n);
+  TU_CHECK(rc == 0, "moe_gelu_run_isa(%s, forward) failed", moe_gelu_isa_name(g_gelu_isa));
+}
+
+static void gelu_bwd(float *dx, const float *dy, const float *x, size_t n) {
+  if (g_gelu_isa < 0) {
+    moe_gelu_backward(dx, dy, x, n);
+    return;
+  }
+  const int rc = moe_gelu_run_isa(g_gelu_isa, MOE_GELU_BACKWARD, dx, dy, x, n);
+  TU_CHECK(rc == 0, "moe_gelu_run_isa(%s, backward) failed", moe_gelu_isa_name(g_gelu_isa));
+}
+
+// Check names prefixed with the copy under test ("gelu[avx2+fma] ...").
+static const char *gelu_name(const char *what) {
+  static char buf[128];
+  snprintf(buf, sizeof buf, "gelu[%s] %s",
+           g_gelu_isa < 0 ? "public" : moe_gelu_isa_name(g_gelu_isa), what);
+  return buf;
+}
+
 typedef struct {
   const float *x, *r;
   float *y;
@@ -322,45 +356,50 @@ static double act_loss(void *u) {
   if (c->relu) {
     moe_relu_forward(c->y, c->x, c->n);
   } else {
-    moe_gelu_forward(c->y, c->x, c->n);
+    gelu_fwd(c->y, c->x, c->n);
   }
   return dot_d(c->r, c->y, c->n);
 }
 
-static void test_gelu(void) {
-  // Dense sweep over [-10, 10] (step 2^-12 ~ 2.4e-4: 81921 points, every one
-  // through the vector loops), element-wise within 1e-6 relative of the double
+// The dense sweep of the GELU tests: [-10, 10] in steps of 2^-12 (~2.4e-4:
+// 81921 points, every one through the vector loops).
+#define GELU_SWEEP_N 81921
+static float gelu_sweep_x(size_t i) { return -10.0f + (float)i * (1.0f / 4096.0f); }
+
+// The GELU tests, on the copy selected by g_gelu_isa.
+static void test_gelu_copy(void) {
+  // Dense sweep, element-wise within 1e-6 relative of the double
   // 0.5 x erfc(-x / sqrt 2); plus the `_ref` itself against that definition.
-  const size_t n = 81921;
+  const size_t n = GELU_SWEEP_N;
   float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *want = fbuf(n);
   for (size_t i = 0; i < n; i++) {
-    x[i] = -10.0f + (float)i * (1.0f / 4096.0f);
+    x[i] = gelu_sweep_x(i);
     want[i] = (float)gelu_d(x[i]);
   }
-  moe_gelu_forward(y, x, n);
+  gelu_fwd(y, x, n);
   moe_gelu_forward_ref(yr, x, n);
-  tu_allclose("gelu fwd vs exact on [-10, 10]", y, want, n, 1e-37, 1e-6);
-  tu_allclose("gelu fwd vs ref on [-10, 10]", y, yr, n, 1e-37, 1e-6);
+  tu_allclose(gelu_name("fwd vs exact on [-10, 10]"), y, want, n, 1e-37, 1e-6);
+  tu_allclose(gelu_name("fwd vs ref on [-10, 10]"), y, yr, n, 1e-37, 1e-6);
   // Literal values of x Phi(x) (from Python's math.erfc in double).
   const float lx[5] = {1.0f, -1.0f, 2.0f, -3.0f, 0.5f};
   const float lwant[5] = {0.8413447460685429f, -0.15865525393145707f, 1.9544997361036416f,
                           -0.004049694094890287f, 0.34573123063700656f};
   float ly[5], lyr[5];
-  moe_gelu_forward(ly, lx, 5);
+  gelu_fwd(ly, lx, 5);
   moe_gelu_forward_ref(lyr, lx, 5);
-  tu_allclose("gelu literal values", ly, lwant, 5, 0, 1e-6);
-  tu_allclose("gelu_ref literal values", lyr, lwant, 5, 0, 1e-7);
+  tu_allclose(gelu_name("literal values"), ly, lwant, 5, 0, 1e-6);
+  if (g_gelu_isa < 0) tu_allclose("gelu_ref literal values", lyr, lwant, 5, 0, 1e-7);
 
   // Random values, odd lengths (vector tails), and in place == out of place.
   static const size_t lens[] = {1, 3, 17, 1001};
   for (int s = 0; s < 4; s++) {
     float *xs = filled(lens[s], 40 + s, -6, 6), *ys = fbuf(lens[s]), *yrs = fbuf(lens[s]);
-    moe_gelu_forward(ys, xs, lens[s]);
+    gelu_fwd(ys, xs, lens[s]);
     moe_gelu_forward_ref(yrs, xs, lens[s]);
-    tu_allclose("gelu fwd random", ys, yrs, lens[s], 1e-37, 1e-6);
-    moe_gelu_forward(xs, xs, lens[s]);
-    TU_CHECK(bits_equal(xs, ys, lens[s]), "gelu in place differs from out of place (n=%zu)",
-             lens[s]);
+    tu_allclose(gelu_name("fwd random"), ys, yrs, lens[s], 1e-37, 1e-6);
+    gelu_fwd(xs, xs, lens[s]);
+    TU_CHECK(bits_equal(xs, ys, lens[s]), "%s (n=%zu)",
+             gelu_name("in place differs from out of place"), lens[s]);
   }
 
   // Special values: +-0, +-inf, NaN, beyond the tail cut-off, denormals.
@@ -372,20 +411,26 @@ static void test_gelu(void) {
     sg[i] = 0.0f;
     ones[i] = 1.0f;
   }
-  moe_gelu_forward(sy, sx, ns);
-  moe_gelu_backward(sg, ones, sx, ns);
-  TU_CHECK(sy[0] == 0.0f && sy[1] == 0.0f, "gelu(+-0) = 0");
-  TU_CHECK(sy[2] == INFINITY && sy[3] == 0.0f, "gelu(inf) = inf, gelu(-inf) = 0: %g %g", sy[2],
-           sy[3]);
-  TU_CHECK(isnan(sy[4]) && isnan(sg[4]), "gelu and gelu' of NaN are NaN");
-  TU_CHECK(sy[5] == 30.0f && sy[6] == 0.0f && sy[7] == 1e30f && sy[8] == 0.0f,
-           "gelu far tails: %g %g %g %g", sy[5], sy[6], sy[7], sy[8]);
-  TU_CHECK(sy[9] == 12.5f && fabsf(sy[10]) < 1e-30f, "gelu(+-12.5): %g %g", sy[9], sy[10]);
-  TU_CHECK(fabsf(sy[11] - 0.5e-40f) < 1e-44f && fabsf(sy[12] + 0.5e-40f) < 1e-44f,
-           "gelu(denormal) = x/2: %g %g", sy[11], sy[12]);
+  gelu_fwd(sy, sx, ns);
+  gelu_bwd(sg, ones, sx, ns);
+  TU_CHECK(sy[0] == 0.0f && sy[1] == 0.0f, "%s", gelu_name("(+-0) = 0"));
+  TU_CHECK(sy[2] == INFINITY && sy[3] == 0.0f, "%s: %g %g", gelu_name("(inf) = inf, (-inf) = 0"),
+           sy[2], sy[3]);
+  TU_CHECK(isnan(sy[4]) && isnan(sg[4]), "%s", gelu_name("fwd and bwd of NaN are NaN"));
+  TU_CHECK(sy[5] == 30.0f && sy[6] == 0.0f && sy[7] == 1e30f && sy[8] == 0.0f, "%s: %g %g %g %g",
+           gelu_name("far tails"), sy[5], sy[6], sy[7], sy[8]);
+  TU_CHECK(sy[9] == 12.5f && fabsf(sy[10]) < 1e-30f, "%s: %g %g", gelu_name("(+-12.5)"), sy[9],
+           sy[10]);
+  // Below -12 the result is -0 by design (activation.c).
+  TU_CHECK(sy[3] == 0.0f && signbit(sy[3]) && sy[6] == 0.0f && signbit(sy[6]) && sy[8] == 0.0f &&
+               signbit(sy[8]) && sy[10] == 0.0f && signbit(sy[10]),
+           "%s: %g %g %g %g", gelu_name("(x < -12) = -0"), sy[3], sy[6], sy[8], sy[10]);
+  TU_CHECK(fabsf(sy[11] - 0.5e-40f) < 1e-44f && fabsf(sy[12] + 0.5e-40f) < 1e-44f, "%s: %g %g",
+           gelu_name("(denormal) = x/2"), sy[11], sy[12]);
   TU_CHECK(sg[0] == 0.5f && sg[1] == 0.5f && sg[2] == 1.0f && sg[3] == 0.0f && sg[5] == 1.0f &&
                sg[6] == 0.0f && sg[9] == 1.0f && fabsf(sg[10]) < 1e-30f,
-           "gelu' specials: %g %g %g %g %g %g", sg[0], sg[2], sg[3], sg[5], sg[6], sg[10]);
+           "%s: %g %g %g %g %g %g", gelu_name("bwd specials"), sg[0], sg[2], sg[3], sg[5], sg[6],
+           sg[10]);
 
   // Backward against the analytic derivative in double over the sweep, with
   // dy = 1 and accumulation onto 0.25.
@@ -395,15 +440,107 @@ static void test_gelu(void) {
     dy[i] = 1.0f;
     gwant[i] = (float)(0.25 + gelu_grad_d(x[i]));
   }
-  moe_gelu_backward(dx, dy, x, n);
-  tu_allclose("gelu bwd vs analytic (accumulated onto 0.25)", dx, gwant, n, 1e-6, 1e-6);
+  gelu_bwd(dx, dy, x, n);
+  tu_allclose(gelu_name("bwd vs analytic (accumulated onto 0.25)"), dx, gwant, n, 1e-6, 1e-6);
 
   // And against finite differences of L = sum r gelu(x).
   const size_t nf = 301;
   float *xf = filled(nf, 45, -5, 5), *r = filled(nf, 46, -1, 1), *g = fbuf(nf);
-  moe_gelu_backward(g, r, xf, nf);
+  gelu_bwd(g, r, xf, nf);
   act_fd c = {xf, r, fbuf(nf), nf, 0};
-  tu_fd_check("gelu dx FD", act_loss, &c, xf, g, nf, 1e-2f, 1e-3, 1e-2);
+  tu_fd_check(gelu_name("dx FD"), act_loss, &c, xf, g, nf, 1e-2f, 1e-3, 1e-2);
+
+  // The errors themselves, for the log: forward relative to the double
+  // definition, gelu' (from 0, dy = 1) absolute (it crosses 0 near x = -0.75).
+  double fwd_rel = 0.0, bwd_abs = 0.0;
+  float fwd_at = 0.0f, bwd_at = 0.0f;
+  float *g1 = fbuf(n);
+  gelu_bwd(g1, dy, x, n);
+  for (size_t i = 0; i < n; i++) {
+    const double w = gelu_d(x[i]);
+    const double e = w != 0.0 ? fabs((double)y[i] - w) / fabs(w) : fabs((double)y[i]);
+    const double eg = fabs((double)g1[i] - gelu_grad_d(x[i]));
+    if (e > fwd_rel) {
+      fwd_rel = e;
+      fwd_at = x[i];
+    }
+    if (eg > bwd_abs) {
+      bwd_abs = eg;
+      bwd_at = x[i];
+    }
+  }
+  printf("%s: max rel err %.3g (x = %.9g); gelu' max abs err %.3g (x = %.9g)\n",
+         gelu_name("fwd on [-10, 10]"), fwd_rel, fwd_at, bwd_abs, bwd_at);
+}
+
+// Every instruction-set copy this CPU supports, then the copies against each
+// other and the public functions against the copy they should pick.
+static void test_gelu(void) {
+  g_gelu_isa = -1;
+  test_gelu_copy();
+
+  const unsigned mask = moe_gelu_isa_mask();
+  TU_CHECK(mask & (1u << MOE_GELU_ISA_BASE), "gelu: baseline copy missing from mask 0x%x", mask);
+  int widest = MOE_GELU_ISA_BASE;
+  for (int isa = 0; isa < MOE_GELU_ISA_COUNT; isa++) {
+    if (!((mask >> isa) & 1u)) {
+      printf("gelu[%s]: not supported by this CPU or build, not tested\n", moe_gelu_isa_name(isa));
+      continue;
+    }
+    widest = isa;
+    g_gelu_isa = isa;
+    test_gelu_copy();
+  }
+  g_gelu_isa = -1;
+
+  // An unsupported copy or unknown op is refused and writes nothing.
+  float probe_x[2] = {1.0f, -1.0f}, probe_y[2] = {7.0f, 7.0f};
+  const float sevens[2] = {7.0f, 7.0f};
+  TU_CHECK(
+      moe_gelu_run_isa(MOE_GELU_ISA_COUNT, MOE_GELU_FORWARD, probe_y, NULL, probe_x, 2) == -1 &&
+          moe_gelu_run_isa(-1, MOE_GELU_FORWARD, probe_y, NULL, probe_x, 2) == -1 &&
+          moe_gelu_run_isa(MOE_GELU_ISA_BASE, 7, probe_y, NULL, probe_x, 2) == -1 &&
+          bits_equal(probe_y, sevens, 2),
+      "moe_gelu_run_isa must refuse an unknown copy or op");
+  for (int isa = 0; isa < MOE_GELU_ISA_COUNT; isa++) {
+    if (!((mask >> isa) & 1u)) {
+      TU_CHECK(moe_gelu_run_isa(isa, MOE_GELU_FORWARD, probe_y, NULL, probe_x, 2) == -1 &&
+                   bits_equal(probe_y, sevens, 2),
+               "moe_gelu_run_isa ran %s, which the mask says is unsupported",
+               moe_gelu_isa_name(isa));
+    }
+  }
+
+  // Copies agree within the accuracy tolerance (they may differ in the last
+  // bits where a compiler contracts to FMA), over the sweep and random inputs;
+  // the public functions are bit for bit the widest supported copy.
+  const size_t n = GELU_SWEEP_N, nr = 4099;
+  float *x = fbuf(n + nr), *dy = fbuf(n + nr), *dx0 = fbuf(n + nr);
+  for (size_t i = 0; i < n; i++) x[i] = gelu_sweep_x(i);
+  tu_fill(x + n, nr, 47, -13, 13);
+  tu_fill(dy, n + nr, 48, -2, 2);
+  tu_fill(dx0, n + nr, 49, -1, 1);
+  float *yb = fbuf(n + nr), *gb = copy_of(dx0, n + nr);
+  moe_gelu_run_isa(MOE_GELU_ISA_BASE, MOE_GELU_FORWARD, yb, NULL, x, n + nr);
+  moe_gelu_run_isa(MOE_GELU_ISA_BASE, MOE_GELU_BACKWARD, gb, dy, x, n + nr);
+  char name[96];
+  for (int isa = 0; isa < MOE_GELU_ISA_COUNT; isa++) {
+    if (!((mask >> isa) & 1u)) continue;
+    float *y = fbuf(n + nr), *g = copy_of(dx0, n + nr);
+    moe_gelu_run_isa(isa, MOE_GELU_FORWARD, y, NULL, x, n + nr);
+    moe_gelu_run_isa(isa, MOE_GELU_BACKWARD, g, dy, x, n + nr);
+    snprintf(name, sizeof name, "gelu fwd %s vs baseline", moe_gelu_isa_name(isa));
+    tu_allclose(name, y, yb, n + nr, 1e-37, 1e-6);
+    snprintf(name, sizeof name, "gelu bwd %s vs baseline", moe_gelu_isa_name(isa));
+    tu_allclose(name, g, gb, n + nr, 1e-6, 1e-6);
+    if (isa != widest) continue;
+    float *yp = fbuf(n + nr), *gp = copy_of(dx0, n + nr);
+    moe_gelu_forward(yp, x, n + nr);
+    moe_gelu_backward(gp, dy, x, n + nr);
+    TU_CHECK(bits_equal(yp, y, n + nr) && bits_equal(gp, g, n + nr),
+             "gelu public functions differ from the widest supported copy (%s)",
+             moe_gelu_isa_name(isa));
+  }
 }
 
 static void test_relu(void) {
