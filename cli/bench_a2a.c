@@ -11,6 +11,7 @@
 
 #if MOE_CLI_MPI
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,7 +56,8 @@ static void usage(FILE *f) {
           "  --warmup N             untimed iterations first, 0..1000 [3]\n"
           "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
           "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
-          "  --group-size G         group size of `grouped` (0 = ranks per node) [0]\n"
+          "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
+          "                         are uniform, else 1) [0]\n"
           "  --json FILE            write every row as JSON (rank 0)\n");
 }
 
@@ -282,9 +284,29 @@ int cmd_bench_a2a(int argc, char **argv) {
   times = moe_malloc((size_t)o.iters * sizeof(double));
   const int max_rows = nnames * 64;
   rows = moe_calloc((size_t)max_rows, sizeof(a2a_row));
+  // The most any rank receives (counts grow with S, so at the largest size);
+  // the same on every rank, so an oversized sweep fails everywhere.
+  size_t recv_max = 0;
+  if (counts) {
+    make_counts(counts, P, o.max_bytes, o.skewed);
+    for (int r = 0; r < P; r++) {
+      size_t sum = 0;
+      for (int q = 0; q < P; q++) sum += counts[(size_t)q * PP + r];
+      if (sum > recv_max) recv_max = sum;
+    }
+  }
+  if (recv_max > INT_MAX) {
+    if (rank == 0) {
+      cli_error(
+          "--max-bytes %zu makes one rank receive %zu bytes; MPI's int displacements allow "
+          "%d (lower --max-bytes or use uniform counts)",
+          o.max_bytes, recv_max, INT_MAX);
+    }
+    rc = CLI_USAGE;
+    goto done;
+  }
   sbuf = moe_malloc(o.max_bytes + 1);
-  // The most a rank can receive: every sender's largest block to it.
-  rbuf = moe_malloc(o.max_bytes * PP + 1);
+  rbuf = moe_malloc(recv_max + 1);
   if (!counts || !sc || !sd || !rcnt || !rd || !isc || !times || !rows || !sbuf || !rbuf) {
     cli_error("rank %d: cannot allocate buffers for %zu bytes per rank", rank, o.max_bytes);
     MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);

@@ -4,7 +4,7 @@
 //
 // Only built when MPI is found (moe_has_mpi()). Works with Open MPI and MPICH.
 //
-// Threading: a moe_group / moe_comm is used by one thread at a time (the
+// Threading: a moe_group is used by one thread at a time (the
 // communication thread during a pass). MPI must be initialised by the caller,
 // with MPI_THREAD_MULTIPLE if several threads will call MPI.
 #ifndef MOE_COMM_H

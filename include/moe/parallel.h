@@ -27,7 +27,7 @@ typedef struct {
   int ep_strided;      // 0: EP groups are consecutive ranks; 1: ranks d, d+DP, d+2DP, ...
   int ranks_per_node;  // topology override (see moe_topology_nodes); 0 = automatic
   char a2a[32];        // all-to-all algorithm name (moe_a2a_find), default "mpi"
-  int grouped_size;    // group size of the `grouped` algorithm, 0 = ranks per node
+  int grouped_size;    // group size of `grouped`; 0 = ranks per node when uniform, else 1
 } moe_parallel_config;
 
 // Defaults: EP = 1 (pure data parallelism), contiguous, automatic topology, "mpi".
@@ -66,11 +66,13 @@ void moe_ep_layer_zero_grad(moe_ep_layer *layer);
 
 // Marks (on = 1) a replica of expert e on EP rank p (within every EP group):
 // tokens of p for e are then computed on p with the replica's parameters, and
-// the replica's gradients are added to the home rank's. Collective over world
-// with identical arguments; allocates the replica's storage. Copies the home's
-// current parameters to the replica.
+// the replica's gradients are added to the home rank's. Collective over world;
+// the arguments must be the same everywhere (else INVALID_ARG on every rank).
+// Allocates the replica's storage and copies the home's current parameters.
+// A pending backward is invalidated: run a new forward first.
 moe_status moe_ep_layer_set_replica(moe_ep_layer *layer, int expert, int ep_rank, int on);
-// Copies every home expert's parameters to its replicas (after an optimizer step).
+// Copies every home expert's parameters to its replicas (after an optimizer
+// step). Collective; invalidates a pending backward.
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 
 // x (T, M) -> y (T, M) for this rank's T tokens (0 <= T <= cfg.tokens; T may
