@@ -4,7 +4,8 @@
 // GELU runs on 8192 x 2048 activations per MoE layer, next to the GEMMs, so it
 // must vectorize. glibc's erff/expf are scalar calls the compiler cannot
 // vectorize without -ffast-math, so the normal-tail function is written out here
-// as straight-line float arithmetic (no calls, no branches, no float->int casts):
+// (its exp is fm_exp_split from fastmath.h) as straight-line float arithmetic
+// (no calls, no branches, no float->int casts):
 //
 //   gelu(x) = x * Phi(x),  Phi(x) = 1 - Q(x) for x >= 0, Q(|x|) for x < 0,
 //   Q(a) = 0.5 erfc(a / sqrt 2) = exp(-a^2 / 2) * R(a)   (upper normal tail).
@@ -14,43 +15,27 @@
 // digits of 1 + erf below x ~ -5.5): over every float with 1e-6 <= |x| <= 12
 // the forward is within 4.8e-7 relative of the double 0.5 x erfc(-x / sqrt 2),
 // for each instruction-set copy below, with gcc and clang (test_kernels checks
-// 1e-6 over a dense sweep of [-10, 10]). For x < -12, |gelu(x)| < 3e-32 and is
+// 1e-6 over a dense sweep of [-10, 10] for every copy the CPU supports, through
+// moe_gelu_run_isa in internal.h). For x < -12, |gelu(x)| < 3e-32 and is
 // returned as -0.
 //
 // Not here: the tanh approximation of GELU (a different function), and any
 // fused bias+activation (the MoE layer calls bias_add and gelu separately).
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "kernels/fastmath.h"
+#include "kernels/internal.h"
 #include "moe/kernels.h"
 
 // Beyond this |x| the tail Q(|x|) < 2e-33 is flushed to zero; up to it
-// exp(-x^2/2) >= 2^-104 is a normal float, so the 2^n scaling below is valid.
+// exp(-x^2/2) >= 2^-104 is a normal float, so fm_exp_split is valid.
 #define GELU_TAIL_CUT 12.0f
 
 typedef struct {
   float phi_cdf;  // Phi(x)
   float pdf;      // phi(x) = exp(-x^2/2) / sqrt(2 pi), 0 when |x| > cut
 } gelu_parts;
-
-static inline float bits_and(float v, uint32_t mask) {
-  uint32_t b;
-  memcpy(&b, &v, sizeof b);
-  b &= mask;
-  memcpy(&v, &b, sizeof v);
-  return v;
-}
-
-// mask ? a : b, for masks that are all ones or all zeros.
-static inline float bits_select(uint32_t mask, float a, float b) {
-  uint32_t ab, bb;
-  memcpy(&ab, &a, sizeof ab);
-  memcpy(&bb, &b, sizeof bb);
-  ab = (ab & mask) | (bb & ~mask);
-  memcpy(&a, &ab, sizeof a);
-  return a;
-}
 
 // Phi(x) and phi(x), Q to a few ulp relative. Inlined into the loops below;
 // everything is plain float arithmetic so it vectorizes with SSE2.
@@ -67,34 +52,12 @@ static inline gelu_parts gelu_eval(float x) {
   // Rounding a^2 itself would cost ~a^2 * 2^-24 relative error: 1e-5 at x = -12.
   // (Bit masking rather than Veltkamp's a*4097 split, which FMA contraction
   // under -ffp-contract=fast would silently break.)
-  const float ah = bits_and(a, 0xFFFFF000u);
+  const float ah = fm_bits_and(a, 0xFFFFF000u);
   const float al = a - ah;
   const float hi = -0.5f * (ah * ah);
   const float lo = -0.5f * (al * (ah + ah) + al * al);
-  // Cody-Waite reduction hi + lo = n ln2 + r, |r| <= ln2/2; n is rounded by the
-  // 1.5 * 2^23 trick so its integer value lands in the low mantissa bits of
-  // `shifter` (avoids a float->int conversion the vectorizer would need SSE4.1
-  // rounding for, and that would be UB on NaN).
-  const float magic = 12582912.0f;  // 1.5 * 2^23
-  const float shifter = (hi + lo) * 1.44269504088896341f + magic;
-  const float n = shifter - magic;
-  float r = hi - n * 0.693359375f;  // exact: 0.693359375 has 9 bits
-  r = r + lo;
-  r = r - n * -2.12194440e-4f;  // ln2 - 0.693359375
-  // exp(r) on [-ln2/2, ln2/2] (Cephes expf polynomial, ~1 ulp).
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
-  uint32_t sbits;
-  memcpy(&sbits, &shifter, sizeof sbits);
-  sbits = (sbits - 0x4B400000u + 127u) << 23;  // 2^n, n in [-104, 0]
-  float scale;
-  memcpy(&scale, &sbits, sizeof scale);
-  const float ex = er * scale;  // exp(-a^2 / 2)
+  // hi + lo >= -72 up to the cut: n in [-104, 0], so 2^n is a normal float.
+  const float ex = fm_exp_split(hi, lo);  // exp(-a^2 / 2)
 
   // R(a) = Q(a) exp(a^2/2) = t * P(s), t = 3 / (3 + a) in [0.2, 1],
   // s = 2.5 t - 1.5 in [-1, 1]: degree-10 Chebyshev interpolant of R/t fitted
@@ -120,11 +83,11 @@ static inline gelu_parts gelu_eval(float x) {
   // "could trap"), which stops the loop from vectorizing.
   const uint32_t keep = 0u - (uint32_t)!far;  // all ones when |x| <= cut
   const uint32_t neg = 0u - (uint32_t)(x < 0.0f);
-  const float tail = bits_and(tq, keep);
+  const float tail = fm_bits_and(tq, keep);
   const float one_minus = 1.0f - tail;
   gelu_parts out;
-  out.phi_cdf = bits_select(neg, tail, one_minus);
-  out.pdf = bits_and(pdf, keep);
+  out.phi_cdf = fm_bits_select(neg, tail, one_minus);
+  out.pdf = fm_bits_and(pdf, keep);
   return out;
 }
 
@@ -140,7 +103,7 @@ static inline float gelu_value(float x) {
 static inline float gelu_grad(float x) {
   const gelu_parts g = gelu_eval(x);
   const uint32_t keep = 0u - (uint32_t) !(fabsf(x) > GELU_TAIL_CUT);
-  return g.phi_cdf + bits_and(x, keep) * g.pdf;
+  return g.phi_cdf + fm_bits_and(x, keep) * g.pdf;
 }
 
 // ---- GELU loops and their per-ISA copies -----------------------------------------------
@@ -196,21 +159,68 @@ GELU_ISA_COPY(avx512, __attribute__((target("avx512f,avx2,fma"))))
 #define GELU_X86_DISPATCH 0
 #endif
 
-static void gelu_run(int op, float *out, const float *dy, const float *x, size_t n) {
+// Bit (1 << MOE_GELU_ISA_x) per copy compiled in that this CPU can run.
+// __builtin_cpu_supports reads flags libgcc filled in at startup: cheap enough
+// per call, and no shared function pointer to initialise racily.
+unsigned moe_gelu_isa_mask(void) {
+  unsigned mask = 1u << MOE_GELU_ISA_BASE;
 #if GELU_X86_DISPATCH
-  // __builtin_cpu_supports reads flags libgcc filled in at startup: cheap
-  // enough per call, and no shared function pointer to initialise racily.
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    mask |= 1u << MOE_GELU_ISA_AVX2;
+    if (__builtin_cpu_supports("avx512f")) mask |= 1u << MOE_GELU_ISA_AVX512;
+  }
+#endif
+  return mask;
+}
+
+const char *moe_gelu_isa_name(int isa) {
+  switch (isa) {
+    case MOE_GELU_ISA_BASE:
+      return "baseline";
+    case MOE_GELU_ISA_AVX2:
+      return "avx2+fma";
+    case MOE_GELU_ISA_AVX512:
+      return "avx512";
+    default:
+      return "unknown";
+  }
+}
+
+// Runs the copy for `isa`, which the caller has checked is in the mask.
+static void gelu_run_copy(int isa, int op, float *out, const float *dy, const float *x, size_t n) {
+#if GELU_X86_DISPATCH
+  if (isa == MOE_GELU_ISA_AVX512) {
     gelu_run_avx512(op, out, dy, x, n);
     return;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (isa == MOE_GELU_ISA_AVX2) {
     gelu_run_avx2(op, out, dy, x, n);
     return;
   }
 #endif
+  (void)isa;
   gelu_run_base(op, out, dy, x, n);
+}
+
+// The widest copy this CPU supports.
+static void gelu_run(int op, float *out, const float *dy, const float *x, size_t n) {
+  const unsigned mask = moe_gelu_isa_mask();
+  const int isa = (mask >> MOE_GELU_ISA_AVX512) & 1u ? MOE_GELU_ISA_AVX512
+                  : (mask >> MOE_GELU_ISA_AVX2) & 1u ? MOE_GELU_ISA_AVX2
+                                                     : MOE_GELU_ISA_BASE;
+  gelu_run_copy(isa, op, out, dy, x, n);
+}
+
+int moe_gelu_run_isa(int isa, int op, float *out, const float *dy, const float *x, size_t n) {
+  if (isa < 0 || isa >= MOE_GELU_ISA_COUNT || !((moe_gelu_isa_mask() >> isa) & 1u)) return -1;
+  if (op == MOE_GELU_FORWARD) {
+    gelu_run_copy(isa, out == x ? GELU_FWD_INPLACE : GELU_FWD, out, NULL, x, n);
+  } else if (op == MOE_GELU_BACKWARD) {
+    gelu_run_copy(isa, GELU_BWD, out, dy, x, n);
+  } else {
+    return -1;
+  }
+  return 0;
 }
 
 // y, x are (n); y == x allowed (partial overlap is not).

@@ -4,42 +4,15 @@
 //
 // Variance is computed in two passes (mean first, then squared deviations),
 // which stays accurate when |mean| >> std, unlike E[x^2] - E[x]^2. Row sums use
-// LN_LANES independent partial sums so they vectorize and have a fixed order.
+// FM_LANES independent partial sums (fastmath.h) so they vectorize and have a
+// fixed order.
 //
 // Not here: RMSNorm, normalisation over other axes, or running statistics.
 #include <math.h>
 #include <stddef.h>
 
+#include "kernels/fastmath.h"
 #include "moe/kernels.h"
-
-#define LN_LANES 16
-
-static float row_sum(const float *restrict x, int d) {
-  float lane[LN_LANES] = {0};
-  int j = 0;
-  for (; j + LN_LANES <= d; j += LN_LANES) {
-    for (int l = 0; l < LN_LANES; l++) lane[l] += x[j + l];
-  }
-  float s = 0.0f;
-  for (; j < d; j++) s += x[j];
-  for (int l = 0; l < LN_LANES; l++) s += lane[l];
-  return s;
-}
-
-static float row_sq_dev(const float *restrict x, int d, float mean) {
-  float lane[LN_LANES] = {0};
-  int j = 0;
-  for (; j + LN_LANES <= d; j += LN_LANES) {
-    for (int l = 0; l < LN_LANES; l++) {
-      const float c = x[j + l] - mean;
-      lane[l] += c * c;
-    }
-  }
-  float s = 0.0f;
-  for (; j < d; j++) s += (x[j] - mean) * (x[j] - mean);
-  for (int l = 0; l < LN_LANES; l++) s += lane[l];
-  return s;
-}
 
 // y, x are (n, d); mean, rstd are (n); gamma, beta are (d).
 void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x, const float *gamma,
@@ -49,8 +22,8 @@ void moe_layernorm_forward(float *y, float *mean, float *rstd, const float *x, c
   for (int i = 0; i < n; i++) {
     const float *restrict xr = x + (size_t)i * (size_t)d;
     float *restrict yr = y + (size_t)i * (size_t)d;
-    const float mu = row_sum(xr, d) / (float)d;
-    const float rs = 1.0f / sqrtf(row_sq_dev(xr, d, mu) / (float)d + eps);
+    const float mu = fm_row_sum(xr, d) / (float)d;
+    const float rs = 1.0f / sqrtf(fm_row_sq_dev(xr, d, mu) / (float)d + eps);
     for (int j = 0; j < d; j++) yr[j] = (xr[j] - mu) * rs * g[j] + b[j];
     mean[i] = mu;
     rstd[i] = rs;
@@ -75,10 +48,10 @@ void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float 
     float *restrict dxr = dx + (size_t)i * (size_t)d;
     const float mu = mean[i], rs = rstd[i];
     // Both row sums in one pass; xhat is recomputed, not stored (no scratch).
-    float lane1[LN_LANES] = {0}, lane2[LN_LANES] = {0};
+    float lane1[FM_LANES] = {0}, lane2[FM_LANES] = {0};
     int j = 0;
-    for (; j + LN_LANES <= d; j += LN_LANES) {
-      for (int l = 0; l < LN_LANES; l++) {
+    for (; j + FM_LANES <= d; j += FM_LANES) {
+      for (int l = 0; l < FM_LANES; l++) {
         const float gj = dyr[j + l] * ga[j + l];
         lane1[l] += gj;
         lane2[l] += gj * ((xr[j + l] - mu) * rs);
@@ -90,7 +63,7 @@ void moe_layernorm_backward(float *dx, float *dgamma, float *dbeta, const float 
       s1 += gj;
       s2 += gj * ((xr[j] - mu) * rs);
     }
-    for (int l = 0; l < LN_LANES; l++) {
+    for (int l = 0; l < FM_LANES; l++) {
       s1 += lane1[l];
       s2 += lane2[l];
     }

@@ -2,21 +2,20 @@
 // (logits (T, E) -> probs) and for cross-entropy over a vocabulary.
 //
 // Both subtract the row maximum first, so rows with entries ~1e4 stay finite.
-// The exponential is written out below (Cody-Waite reduction + polynomial, no
-// libm call) so the elementwise loops vectorize; the row reductions (max, sum,
-// dot) run over RED_LANES independent partial results, which the compiler keeps
-// in vector registers (a plain float sum cannot be vectorized without
-// -ffast-math, because reordering changes the rounding), and which fixes the
-// summation order so results do not depend on the instruction set.
+// The exponential is fm_exp_split from fastmath.h (Cody-Waite reduction +
+// polynomial, no libm call) so the elementwise loops vectorize; the row
+// reductions (max, sum, dot) run over FM_LANES independent partial results,
+// which the compiler keeps in vector registers (a plain float sum cannot be
+// vectorized without -ffast-math, because reordering changes the rounding), and
+// which fixes the summation order so results do not depend on the instruction
+// set.
 //
 // Not here: masking, temperature, or online (single-pass) softmax.
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
+#include "kernels/fastmath.h"
 #include "moe/kernels.h"
-
-#define RED_LANES 16
 
 // exp(z) for z <= 0 (z = x - rowmax). Below EXP_CUT exp(z) is under FLT_MIN and
 // is flushed to 0 (so -inf -> 0); NaN gives NaN. ~1 ulp on the rest.
@@ -26,79 +25,34 @@ static inline float exp_nonpos(float z) {
   // No clamp to EXP_CUT before the arithmetic (a `?:` with a constant arm is
   // turned into a branch and blocks vectorization): below the cut the values
   // computed are meaningless but never trap, and `keep` discards them.
-  const float magic = 12582912.0f;  // 1.5 * 2^23: rounds to an integer in the low bits
-  const float shifter = z * 1.44269504088896341f + magic;
-  const float n = shifter - magic;
-  float r = z - n * 0.693359375f;  // 0.693359375 has 9 bits: n * it is exact
-  r = r - n * -2.12194440e-4f;     // ln2 - 0.693359375
-  float p = 1.9875691500e-4f;      // Cephes expf polynomial on [-ln2/2, ln2/2]
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
-  uint32_t bits;
-  memcpy(&bits, &shifter, sizeof bits);
-  bits = (bits - 0x4B400000u + 127u) << 23;  // 2^n, built in the exponent field
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  float e = er * scale;
-  uint32_t ebits;
-  memcpy(&ebits, &e, sizeof ebits);
-  ebits &= 0u - (uint32_t) !(z < EXP_CUT);  // bitwise select: see the comment above
-  memcpy(&e, &ebits, sizeof e);
-  return e;
+  const uint32_t keep = 0u - (uint32_t) !(z < EXP_CUT);
+  return fm_bits_and(fm_exp_split(z, -0.0f), keep);
 }
 
 // Largest non-NaN entry of x (d); -inf if there is none.
 static float row_max(const float *restrict x, int d) {
-  float lane[RED_LANES];
-  for (int l = 0; l < RED_LANES; l++) lane[l] = -INFINITY;
+  float lane[FM_LANES];
+  for (int l = 0; l < FM_LANES; l++) lane[l] = -INFINITY;
   int j = 0;
-  for (; j + RED_LANES <= d; j += RED_LANES) {
-    for (int l = 0; l < RED_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
+  for (; j + FM_LANES <= d; j += FM_LANES) {
+    for (int l = 0; l < FM_LANES; l++) lane[l] = x[j + l] > lane[l] ? x[j + l] : lane[l];
   }
   float m = -INFINITY;
   for (; j < d; j++) m = x[j] > m ? x[j] : m;
-  for (int l = 0; l < RED_LANES; l++) m = lane[l] > m ? lane[l] : m;
+  for (int l = 0; l < FM_LANES; l++) m = lane[l] > m ? lane[l] : m;
   return m;
-}
-
-static float row_sum(const float *restrict x, int d) {
-  float lane[RED_LANES] = {0};
-  int j = 0;
-  for (; j + RED_LANES <= d; j += RED_LANES) {
-    for (int l = 0; l < RED_LANES; l++) lane[l] += x[j + l];
-  }
-  float s = 0.0f;
-  for (; j < d; j++) s += x[j];
-  for (int l = 0; l < RED_LANES; l++) s += lane[l];
-  return s;
 }
 
 // sum_j exp(x_j - m), without storing the exponentials.
 static float row_exp_sum(const float *restrict x, int d, float m) {
-  float lane[RED_LANES] = {0};
+  float lane[FM_LANES] = {0};
   int j = 0;
-  for (; j + RED_LANES <= d; j += RED_LANES) {
-    for (int l = 0; l < RED_LANES; l++) lane[l] += exp_nonpos(x[j + l] - m);
+  for (; j + FM_LANES <= d; j += FM_LANES) {
+    for (int l = 0; l < FM_LANES; l++) lane[l] += exp_nonpos(x[j + l] - m);
   }
   float s = 0.0f;
   for (; j < d; j++) s += exp_nonpos(x[j] - m);
-  for (int l = 0; l < RED_LANES; l++) s += lane[l];
-  return s;
-}
-
-static float row_dot(const float *restrict a, const float *restrict b, int d) {
-  float lane[RED_LANES] = {0};
-  int j = 0;
-  for (; j + RED_LANES <= d; j += RED_LANES) {
-    for (int l = 0; l < RED_LANES; l++) lane[l] += a[j + l] * b[j + l];
-  }
-  float s = 0.0f;
-  for (; j < d; j++) s += a[j] * b[j];
-  for (int l = 0; l < RED_LANES; l++) s += lane[l];
+  for (int l = 0; l < FM_LANES; l++) s += lane[l];
   return s;
 }
 
@@ -129,7 +83,7 @@ void moe_softmax_forward(float *y, const float *x, int n, int d) {
       exp_shift(y + off, x + off, d, m);
     }
     // sum >= 1 (the max contributes exp(0)) unless the row holds NaN or +-inf.
-    scale_row(y + off, d, 1.0f / row_sum(y + off, d));
+    scale_row(y + off, d, 1.0f / fm_row_sum(y + off, d));
   }
 }
 
@@ -140,7 +94,7 @@ void moe_softmax_backward(float *dx, const float *dy, const float *y, int n, int
     const float *restrict yr = y + off;
     const float *restrict dyr = dy + off;
     float *restrict dxr = dx + off;
-    const float dot = row_dot(dyr, yr, d);
+    const float dot = fm_row_dot(dyr, yr, d);
     for (int j = 0; j < d; j++) dxr[j] += yr[j] * (dyr[j] - dot);
   }
 }

@@ -1,0 +1,39 @@
+// Private interface of src/kernels for libmoe's own tests (not installed; users
+// see only include/moe/kernels.h).
+//
+// GELU is compiled once per instruction set (activation.c: baseline, and on
+// x86-64 with GCC or clang also AVX2+FMA and AVX-512) and the public
+// moe_gelu_forward/backward run the widest copy the CPU supports. These hooks
+// let test_kernels run and check every copy the CPU can execute, not only the
+// one it picks.
+#ifndef MOE_KERNELS_INTERNAL_H
+#define MOE_KERNELS_INTERNAL_H
+
+#include <stddef.h>
+
+// Instruction-set copies, in increasing width (bit numbers of the mask below).
+enum {
+  MOE_GELU_ISA_BASE = 0,
+  MOE_GELU_ISA_AVX2 = 1,
+  MOE_GELU_ISA_AVX512 = 2,
+  MOE_GELU_ISA_COUNT = 3
+};
+
+// What moe_gelu_run_isa runs: moe_gelu_forward (in place when out == x) or
+// moe_gelu_backward (out is dx, accumulated into).
+enum { MOE_GELU_FORWARD = 0, MOE_GELU_BACKWARD = 1 };
+
+// Bit (1u << MOE_GELU_ISA_x) set for each GELU copy that is compiled in and that
+// this CPU supports; MOE_GELU_ISA_BASE is always set (and is the only one on
+// non-x86 builds). The public functions use the highest set bit.
+unsigned moe_gelu_isa_mask(void);
+
+// "baseline", "avx2+fma", "avx512", or "unknown".
+const char *moe_gelu_isa_name(int isa);
+
+// The public GELU forward or backward, with the same arguments and contract
+// (dy is ignored by the forward), run on the copy for `isa`. Returns 0; or -1,
+// touching nothing, when `isa` is not in moe_gelu_isa_mask() or `op` is unknown.
+int moe_gelu_run_isa(int isa, int op, float *out, const float *dy, const float *x, size_t n);
+
+#endif
