@@ -232,9 +232,7 @@ int cmd_bench_a2a(int argc, char **argv) {
       }
     }
     if (nnames == 0) {
-      if (rank == 0)
-        cli_error(
-            "--algo needs at least one name (mpi, pairwise, 1dh, 2dh, pipe, grouped, all, bare)");
+      if (rank == 0) cli_error("--algo needs at least one name (see --help)");
       rc = CLI_USAGE;
       goto done;
     }

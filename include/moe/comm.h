@@ -104,6 +104,11 @@ typedef struct {
 const moe_a2a_algo *moe_a2a_list(int *count);
 // Looks an algorithm up by name; INVALID_ARG naming the valid names otherwise.
 moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out);
+// Writes the registered names, comma-separated ("mpi, pairwise, ..."), into buf;
+// with any_layout, only those that run on every node layout.
+void moe_a2a_names(char *buf, size_t len, int any_layout);
+// INVALID_ARG naming the alternatives when algo cannot run on g's node layout.
+moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g);
 // Runs algo after checking its restrictions (uniform nodes) and that the
 // non-empty blocks' counts (and, for `mpi`, displacements) fit MPI's int counts.
 // These checks are local, like MPI's own argument checks: the caller must give

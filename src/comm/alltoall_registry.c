@@ -2,6 +2,7 @@
 // restrictions, lookup by name, and the checked entry point every caller uses.
 // A new algorithm is one file (src/comm/alltoall_<name>.c) plus one line here.
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/alltoall.h"
@@ -27,6 +28,33 @@ static const moe_a2a_algo k_algos[] = {
 
 moe_alltoallv_fn moe_alltoallv_mpi_fn(void) { return moe_alltoallv_mpi; }
 
+void moe_a2a_names(char *buf, size_t len, int any_layout) {
+  const int n = (int)(sizeof k_algos / sizeof k_algos[0]);
+  size_t used = 0;
+  if (len == 0) return;
+  buf[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (any_layout && k_algos[i].needs_uniform_nodes) continue;
+    const int w = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", k_algos[i].name);
+    if (w < 0 || (size_t)w >= len - used) break;
+    used += (size_t)w;
+  }
+}
+
+moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g) {
+  moe_status st = MOE_STATUS_OK;
+  if (algo->needs_uniform_nodes && !g->uniform) {
+    char names[256];
+    moe_a2a_names(names, sizeof names, 1);
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+             "all-to-all '%s' needs the same number of ranks on every node, node-contiguous "
+             "(this group of %d ranks spans %d nodes unevenly); use %s",
+             algo->name, g->size, g->num_nodes, names);
+  }
+done:
+  return st;
+}
+
 const moe_a2a_algo *moe_a2a_list(int *count) {
   if (count) *count = (int)(sizeof k_algos / sizeof k_algos[0]);
   return k_algos;
@@ -41,9 +69,10 @@ moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out
       goto done;
     }
   }
-  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
-           "all-to-all algorithm '%s' is unknown (valid: mpi, pairwise, 1dh, 2dh, pipe, grouped)",
-           name ? name : "(null)");
+  char names[256];
+  moe_a2a_names(names, sizeof names, 0);
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "all-to-all algorithm '%s' is unknown (valid: %s)",
+           name ? name : "(null)", names);
 done:
   return st;
 }
@@ -61,11 +90,7 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
                        const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !algo || !g, MOE_STATUS_INVALID_ARG, "algorithm and group must not be NULL");
-  MOE_FAIL_IF(ctx, algo->needs_uniform_nodes && !g->uniform, MOE_STATUS_INVALID_ARG,
-              "all-to-all '%s' needs the same number of ranks on every node, node-contiguous "
-              "(this group of %d ranks spans %d nodes unevenly); use pipe, grouped, pairwise or "
-              "mpi",
-              algo->name, g->size, g->num_nodes);
+  MOE_TRY(moe_a2a_check_topology(ctx, algo, g));
   // Only MPI_Alltoallv takes int displacements; every algorithm passes block
   // sizes to MPI as ints. Empty blocks are never touched.
   const int int_displs = algo->run == moe_alltoallv_mpi;

@@ -318,14 +318,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   L->ep.grouped_size = pc->grouped_size;
   // Restrictions of the algorithm can differ between EP groups: agree on the world.
   {
-    moe_status ok = MOE_STATUS_OK;
-    if (algo->needs_uniform_nodes && !L->ep.uniform) {
-      ok = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                        "all-to-all '%s' needs the same number of ranks on every node, "
-                        "node-contiguous; this EP group of %d ranks spans %d nodes unevenly (use "
-                        "pipe, grouped, pairwise or mpi)",
-                        algo->name, L->ep.size, L->ep.num_nodes);
-    }
+    const moe_status ok = moe_a2a_check_topology(ctx, algo, &L->ep);
     MOE_TRY(agree(ctx, L->world, ok, "all-to-all selection"));
   }
   {
