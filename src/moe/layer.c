@@ -52,14 +52,6 @@ struct moe_layer {
   moe_layer_timing fwd_timing, bwd_timing;
 };
 
-static size_t max_rows_for(const moe_layer_config *cfg) {
-  const size_t tk = (size_t)cfg->tokens * (size_t)cfg->top_k;
-  const int c = moe_layer_capacity(cfg, cfg->tokens);
-  if (c < 0) return tk;
-  const size_t ec = (size_t)cfg->num_experts * (size_t)c;
-  return ec < tk ? ec : tk;
-}
-
 // Warns once per process when the BLAS runs kernels weaker than the CPU allows.
 static void warn_slow_blas_once(void) {
   static atomic_int warned = 0;
@@ -85,7 +77,7 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   L->cfg = *cfg;
   const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
                E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
-  const size_t R = max_rows_for(cfg);
+  const size_t R = moe_layer_max_rows(cfg);
   MOE_FAIL_IF(ctx, R > (size_t)MOE_MAX_ROWS, MOE_STATUS_INVALID_ARG,
               "tokens x top_k (%zu rows) exceeds %d", R, MOE_MAX_ROWS);
   L->max_rows = (int)R;
@@ -158,15 +150,14 @@ void moe_layer_init_params(moe_layer *L, uint64_t seed) {
     float *p;
     size_t n;
     float a;
-  } const init[] = {{L->t.wg, M * E, am},
-                    {L->t.w1, E * M * H, am},
-                    {L->t.b1, E * H, am},
-                    {L->t.w2, E * H * M, ah},
-                    {L->t.b2, E * M, ah}};
+    uint64_t stream;
+  } const init[] = {{L->t.wg, M * E, am, MOE_STREAM_WG},
+                    {L->t.w1, E * M * H, am, MOE_STREAM_W1},
+                    {L->t.b1, E * H, am, MOE_STREAM_B1},
+                    {L->t.w2, E * H * M, ah, MOE_STREAM_W2},
+                    {L->t.b2, E * M, ah, MOE_STREAM_B2}};
   for (size_t i = 0; i < sizeof init / sizeof init[0]; i++) {
-    moe_rng rng;
-    moe_rng_init(&rng, seed, i + 1);
-    moe_rng_fill_uniform(&rng, init[i].p, init[i].n, -init[i].a, init[i].a);
+    moe_init_uniform_slice(init[i].p, init[i].n, seed, init[i].stream, 0, init[i].a);
   }
 }
 
@@ -190,18 +181,8 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   const moe_layer_config *c = &L->cfg;
   const int M = c->model_dim, H = c->hidden_dim;
   L->have_forward = 0;
-  MOE_FAIL_IF(ctx, tokens < 0 || tokens > c->tokens, MOE_STATUS_INVALID_ARG,
-              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens, c->tokens);
-  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
-  {
-    // Backward reads x again, so y must not overwrite it.
-    const size_t bytes = (size_t)tokens * (size_t)M * sizeof(float);
-    const uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
-    MOE_FAIL_IF(ctx, tokens > 0 && xb < yb + bytes && yb < xb + bytes, MOE_STATUS_INVALID_ARG,
-                "x and y must not overlap (backward needs the input x unchanged)");
-  }
   const uint64_t t_start = moe_time_ns();
-  if (c->check_finite) MOE_TRY(moe_check_finite(ctx, "input x", x, tokens, M));
+  MOE_TRY(moe_forward_checks(ctx, c, x, tokens, y));
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
 

@@ -4,6 +4,7 @@
 // they cannot drift apart.
 #include "moe/moe_ops.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "moe/kernels.h"
@@ -13,6 +14,39 @@ void moe_timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const float
   const uint64_t t0 = moe_time_ns();
   moe_gemm(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   *ms += moe_time_ms_since(t0);
+}
+
+size_t moe_layer_max_rows(const moe_layer_config *cfg) {
+  const size_t tk = (size_t)cfg->tokens * (size_t)cfg->top_k;
+  const int c = moe_layer_capacity(cfg, cfg->tokens);
+  if (c < 0) return tk;
+  const size_t ec = (size_t)cfg->num_experts * (size_t)c;
+  return ec < tk ? ec : tk;
+}
+
+void moe_init_uniform_slice(float *x, size_t n, uint64_t seed, uint64_t stream, size_t first,
+                            float bound) {
+  moe_rng rng;
+  moe_rng_init(&rng, seed, stream);
+  rng.index = first;
+  moe_rng_fill_uniform(&rng, x, n, -bound, bound);
+}
+
+moe_status moe_forward_checks(moe_ctx *ctx, const moe_layer_config *cfg, const float *x, int tokens,
+                              const float *y) {
+  moe_status st = MOE_STATUS_OK;
+  const int M = cfg->model_dim;
+  MOE_FAIL_IF(ctx, tokens < 0 || tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
+              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens,
+              cfg->tokens);
+  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
+  const size_t bytes = (size_t)tokens * (size_t)M * sizeof(float);
+  const uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
+  MOE_FAIL_IF(ctx, tokens > 0 && xb < yb + bytes && yb < xb + bytes, MOE_STATUS_INVALID_ARG,
+              "x and y must not overlap (backward needs the input x unchanged)");
+  if (cfg->check_finite) MOE_TRY(moe_check_finite(ctx, "input x", x, tokens, M));
+done:
+  return st;
 }
 
 moe_status moe_check_finite(moe_ctx *ctx, const char *name, const float *x, int tokens, int cols) {

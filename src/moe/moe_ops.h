@@ -24,6 +24,25 @@ typedef struct {
 // sums (E), sum of lse^2, token count.
 #define MOE_LOSS_STATS(E) (2 * (size_t)(E) + 2)
 
+// Rows the expert buffers of a layer need for cfg->tokens tokens:
+// min(T*K, E*C) with capacity, T*K dropless.
+size_t moe_layer_max_rows(const moe_layer_config *cfg);
+
+// Parameter initialisation (moe_layer_init_params): each tensor is a uniform
+// fill of its own RNG stream of the seed. Element i of a tensor is value i of
+// its stream, so a rank holding a slice of the experts fills exactly the
+// values the single-process layer has there.
+enum { MOE_STREAM_WG = 1, MOE_STREAM_W1, MOE_STREAM_B1, MOE_STREAM_W2, MOE_STREAM_B2 };
+// x (n) = values first .. first+n-1 of `stream`, uniform in [-bound, bound).
+void moe_init_uniform_slice(float *x, size_t n, uint64_t seed, uint64_t stream, size_t first,
+                            float bound);
+
+// Checks of a forward call a rank can make alone: 0 <= T <= cfg->tokens,
+// non-NULL x and y, y not overlapping x (backward reads x again), and finite
+// x when cfg->check_finite.
+moe_status moe_forward_checks(moe_ctx *ctx, const moe_layer_config *cfg, const float *x, int tokens,
+                              const float *y);
+
 // Timed GEMM: adds its wall time to *ms.
 void moe_timed_gemm(double *ms, int ta, int tb, int m, int n, int k, const float *a, int lda,
                     const float *b, int ldb, float beta, float *c, int ldc);

@@ -204,9 +204,7 @@ static moe_status alloc_buffers(moe_ctx *ctx, moe_ep_layer *L) {
   const moe_layer_config *c = &L->cfg;
   const size_t T = (size_t)c->tokens, M = (size_t)c->model_dim, H = (size_t)c->hidden_dim,
                E = (size_t)c->num_experts, K = (size_t)c->top_k, El = (size_t)L->El;
-  const size_t tk = T * K;
-  const int cap = moe_layer_capacity(c, c->tokens);
-  const size_t R = cap < 0 ? tk : (E * (size_t)cap < tk ? E * (size_t)cap : tk);
+  const size_t R = moe_layer_max_rows(c);
   L->max_rows = (int)R;
   moe_ep_tensors *t = &L->t;
   const moe_tensor_spec params[] = {
@@ -371,26 +369,18 @@ const moe_route *moe_ep_layer_get_route(const moe_ep_layer *L) { return &L->rout
 
 // ---- parameters ------------------------------------------------------------------------
 
-// Fills n floats with values [first, first + n) of the stream moe_layer_init_params uses.
-static void init_slice(float *p, size_t n, uint64_t seed, uint64_t stream, size_t first, float a) {
-  moe_rng rng;
-  moe_rng_init(&rng, seed, stream);
-  rng.index = first;
-  moe_rng_fill_uniform(&rng, p, n, -a, a);
-}
-
 static void init_expert(moe_ep_layer *L, int e, uint64_t seed) {
   const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
   const float am = 1.0f / sqrtf((float)M), ah = 1.0f / sqrtf((float)H);
-  init_slice(L->w1_of[e], M * H, seed, 2, (size_t)e * M * H, am);
-  init_slice(L->b1_of[e], H, seed, 3, (size_t)e * H, am);
-  init_slice(L->w2_of[e], H * M, seed, 4, (size_t)e * H * M, ah);
-  init_slice(L->b2_of[e], M, seed, 5, (size_t)e * M, ah);
+  moe_init_uniform_slice(L->w1_of[e], M * H, seed, MOE_STREAM_W1, (size_t)e * M * H, am);
+  moe_init_uniform_slice(L->b1_of[e], H, seed, MOE_STREAM_B1, (size_t)e * H, am);
+  moe_init_uniform_slice(L->w2_of[e], H * M, seed, MOE_STREAM_W2, (size_t)e * H * M, ah);
+  moe_init_uniform_slice(L->b2_of[e], M, seed, MOE_STREAM_B2, (size_t)e * M, ah);
 }
 
 void moe_ep_layer_init_params(moe_ep_layer *L, uint64_t seed) {
   const size_t M = (size_t)L->cfg.model_dim;
-  init_slice(L->t.wg, M * (size_t)L->E, seed, 1, 0, 1.0f / sqrtf((float)M));
+  moe_init_uniform_slice(L->t.wg, M * (size_t)L->E, seed, MOE_STREAM_WG, 0, 1.0f / sqrtf((float)M));
   for (int e = 0; e < L->E; e++) {
     if (L->w1_of[e]) init_expert(L, e, seed);  // home experts and replicas alike
   }
@@ -501,24 +491,6 @@ done:
 }
 
 // ---- forward -------------------------------------------------------------------------
-
-// Local input checks of forward: everything a rank can get wrong on its own.
-static moe_status forward_checks(moe_ep_layer *L, const float *x, int tokens, const float *y) {
-  moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L->ctx;
-  const int M = L->cfg.model_dim;
-  MOE_FAIL_IF(ctx, tokens < 0 || tokens > L->cfg.tokens, MOE_STATUS_INVALID_ARG,
-              "tokens (%d) must be in [0, %d] (the layer's configured tokens)", tokens,
-              L->cfg.tokens);
-  MOE_FAIL_IF(ctx, tokens > 0 && (!x || !y), MOE_STATUS_INVALID_ARG, "x and y must not be NULL");
-  const size_t bytes = (size_t)tokens * (size_t)M * sizeof(float);
-  const uintptr_t xb = (uintptr_t)x, yb = (uintptr_t)y;
-  MOE_FAIL_IF(ctx, tokens > 0 && xb < yb + bytes && yb < xb + bytes, MOE_STATUS_INVALID_ARG,
-              "x and y must not overlap (backward needs the input x unchanged)");
-  if (L->cfg.check_finite) MOE_TRY(moe_check_finite(ctx, "input x", x, tokens, M));
-done:
-  return st;
-}
 
 // Lays out the rows this rank sends ((destination, expert) order) and, after the
 // counts exchange, the rows it receives ((source, expert) order) and their
@@ -648,7 +620,7 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
 
   // step 1: local checks and gate; step 2: global loss statistics + error flag
   uint64_t t0 = moe_time_ns();
-  moe_status local = forward_checks(L, x, tokens, y);
+  moe_status local = moe_forward_checks(ctx, c, x, tokens, y);
   if (local == MOE_STATUS_OK)
     local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
   if (local == MOE_STATUS_OK) {
