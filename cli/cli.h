@@ -42,5 +42,6 @@ void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double
 int cmd_bench(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
 int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
+int cmd_bench_compress(int argc, char **argv);
 
 #endif

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
           "  version          print the version and the compiled-in features (also --version)\n"
           "  bench layer      time one MoE layer (forward + backward) in one process\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
+          "  bench compress   throughput, ratio and error of the compressors\n"
           "  help             print this help (also --help, -h)\n"
           "\n"
           "Run 'moe <command> --help' for the options of a command.\n"

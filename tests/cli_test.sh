@@ -74,6 +74,11 @@ done
 expect 0 "routing: dropless" -- bench layer --tokens 32 --model 8 --hidden 8 --experts 2 \
   --topk 1 --capacity-factor 0 --act relu --iters 1 --warmup 0 --peak-size 64
 
+# bench compress
+expect 0 "int8" -- bench compress --rows 64 --cols 96 --iters 2
+expect 2 "'lz4'" -- bench compress --compress lz4
+expect 2 "--rows" -- bench compress --rows 0
+
 # bench a2a (MPI singleton: one rank, no mpirun needed).
 if "$MOE" version | grep -q "mpi=yes"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
