@@ -5,6 +5,7 @@
 #include "moe/core.h"
 #include "moe/kernels.h"
 #include "moe/layer.h"
+#include "moe/sched.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,220 @@
+// libmoe scheduler core: task graphs, schedules (per-stream task orders) and the
+// two-stream executor with its per-task profiler (ScheMoE's task abstraction).
+//
+// A layer pass is a small DAG of tasks. Each task runs on one of two streams:
+// the compute stream (kernels, compression) or the communication stream (MPI).
+// A schedule gives, for each stream, the order of its tasks. The executor runs
+// both orders concurrently: a task starts when it is next on its stream AND all
+// of its dependencies are done.
+//
+// Threads: the executor owns one communication thread, created with the
+// executor and parked between passes. The thread that calls moe_executor_run()
+// is the compute stream (BLAS and other compute stay on the caller's thread);
+// the communication thread runs every comm task, so it owns all MPI calls
+// during a pass (MPI_THREAD_SERIALIZED is enough if the caller makes no MPI call
+// while a pass runs; MPI_THREAD_MULTIPLE otherwise).
+//
+// What this is not: the schedules (sequential, pipeline, optsche, ...) and the
+// chunked MoE layer build graphs and orders with this API; they live elsewhere.
+#ifndef MOE_SCHED_H
+#define MOE_SCHED_H
+
+#include <stdint.h>
+
+#include "moe/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- tasks and task graphs ------------------------------------------------------
+
+typedef enum {
+  MOE_STREAM_COMPUTE = 0,  // compute thread (the caller of moe_executor_run)
+  MOE_STREAM_COMM = 1,     // communication thread
+  MOE_STREAM_COUNT_        // number of streams (not a stream)
+} moe_stream;
+
+// "compute" or "comm"; "unknown" otherwise. Never NULL.
+const char *moe_stream_name(moe_stream stream);
+
+// Result of a split task's completion test.
+typedef enum {
+  MOE_TASK_DONE = 0,    // the task has finished
+  MOE_TASK_PENDING = 1  // not yet: poll again later (e.g. MPI_Test said no)
+} moe_task_state;
+
+// Runs (or starts, for a split task) the task. Records an error in ctx and
+// returns its status on failure. ctx belongs to the stream's thread.
+typedef moe_status (*moe_task_fn)(void *arg, moe_ctx *ctx);
+// Completion test of a split task: sets *state to MOE_TASK_DONE or
+// MOE_TASK_PENDING; must not block (for MPI: MPI_Testall).
+typedef moe_status (*moe_task_test_fn)(void *arg, moe_ctx *ctx, moe_task_state *state);
+
+#define MOE_TASK_NAME_MAX 32  // bytes, with the terminating NUL
+
+// What a caller gives moe_task_graph_add(). Only run is required.
+//
+// A split task (test != NULL) is started by run and finished by test. How the
+// executor waits for it depends on the wait policy (moe_wait_policy): polled
+// with back-off sleeps, or handed to wait (a blocking completion such as
+// MPI_Waitall) when the policy is MOE_WAIT_BLOCKING and wait != NULL.
+typedef struct {
+  moe_stream stream;      // which stream runs it
+  const char *name;       // e.g. "A1^2"; NULL or "" gives "#<index>"; < MOE_TASK_NAME_MAX bytes
+  int chunk;              // chunk index (informational, for schedules and traces); -1 if none
+  moe_task_fn run;        // required
+  moe_task_test_fn test;  // optional: completion test of a split task
+  moe_task_fn wait;       // optional: blocking completion of a split task
+  void *arg;              // passed to run/test/wait; not owned
+  const int *deps;  // indices of earlier tasks this one waits for (may repeat; NULL if n_deps 0)
+  int n_deps;
+} moe_task_desc;
+
+typedef struct {
+  moe_stream stream;
+  char name[MOE_TASK_NAME_MAX];
+  int chunk;
+  moe_task_fn run;
+  moe_task_test_fn test;
+  moe_task_fn wait;
+  void *arg;
+  int dep_offset;  // deps are graph->deps[dep_offset .. dep_offset + n_deps)
+  int n_deps;
+} moe_task;
+
+// A task graph with a fixed capacity. Fields are read-only for users.
+// Dependencies always point to earlier tasks, so a graph is acyclic by
+// construction. Nothing is allocated after moe_task_graph_init().
+typedef struct {
+  moe_task *tasks;  // (max_tasks)
+  int n_tasks;
+  int max_tasks;
+  int *deps;  // (max_deps) pool of dependency indices
+  int n_deps;
+  int max_deps;
+} moe_task_graph;
+
+// Allocates room for max_tasks tasks and max_deps dependency entries in total.
+// max_tasks >= 1, max_deps >= 0. On failure the graph is left zeroed.
+moe_status moe_task_graph_init(moe_ctx *ctx, moe_task_graph *graph, int max_tasks, int max_deps);
+void moe_task_graph_free(moe_task_graph *graph);  // NULL or zeroed graph: no-op
+// Forgets every task, keeping the capacity.
+void moe_task_graph_clear(moe_task_graph *graph);
+// Appends a task; its index (0, 1, ...) goes to *out_index (may be NULL).
+// INVALID_ARG for: a dependency that is not an earlier task (which also rules
+// out cycles), a full graph or dependency pool, a missing run function, a bad
+// stream, a name too long.
+moe_status moe_task_graph_add(moe_ctx *ctx, moe_task_graph *graph, const moe_task_desc *desc,
+                              int *out_index);
+// Dependencies of task i: *out points into graph->deps (n entries).
+void moe_task_graph_deps(const moe_task_graph *graph, int i, const int **out, int *n);
+
+// ---- schedules ---------------------------------------------------------------------
+
+// For each stream the order in which it runs its tasks (task indices).
+typedef struct {
+  int *order[MOE_STREAM_COUNT_];  // (max_per_stream) each
+  int len[MOE_STREAM_COUNT_];
+  int max_per_stream;
+} moe_schedule;
+
+moe_status moe_schedule_init(moe_ctx *ctx, moe_schedule *sched, int max_per_stream);
+void moe_schedule_free(moe_schedule *sched);   // NULL or zeroed: no-op
+void moe_schedule_clear(moe_schedule *sched);  // empties both orders
+// Appends task to the order of stream. INVALID_ARG when that order is full.
+moe_status moe_schedule_push(moe_ctx *ctx, moe_schedule *sched, moe_stream stream, int task);
+// Fills the orders with every task in index order (a valid schedule of any graph).
+moe_status moe_schedule_in_index_order(moe_ctx *ctx, moe_schedule *sched,
+                                       const moe_task_graph *graph);
+
+// Checks that every task of graph appears exactly once, on the stream of its
+// kind, and that the orders cannot deadlock: a simulation runs both streams
+// (each starts its next task when the task's dependencies are done) and must
+// finish every task. INVALID_ARG naming the offending tasks otherwise.
+// Allocates scratch for the check; moe_executor_run() checks without allocating.
+moe_status moe_schedule_validate(moe_ctx *ctx, const moe_task_graph *graph,
+                                 const moe_schedule *sched);
+
+// ---- executor ------------------------------------------------------------------------
+
+// How the communication stream waits for a split task to complete.
+typedef enum {
+  // Block in the task itself: its wait function (e.g. MPI_Waitall), or, when it
+  // has none, its test called back to back. Open MPI's blocking calls busy-poll,
+  // so this keeps a core busy for the whole wait.
+  MOE_WAIT_BLOCKING = 0,
+  // Call test, then sleep with exponential back-off (poll_min_ns doubling up to
+  // poll_max_ns) between tests. Costs a few percent of a core. The default:
+  // see docs/scheduling.md for the measurement that chose it.
+  MOE_WAIT_POLL_BACKOFF = 1
+} moe_wait_policy;
+
+// "blocking" or "poll-backoff"; "unknown" otherwise.
+const char *moe_wait_policy_name(moe_wait_policy policy);
+// Parses "blocking" or "poll-backoff"; INVALID_ARG otherwise.
+moe_status moe_wait_policy_parse(moe_ctx *ctx, const char *text, moe_wait_policy *out);
+
+typedef struct {
+  moe_wait_policy wait;  // policy for split tasks
+  uint32_t poll_min_ns;  // first back-off sleep (default 5000)
+  uint32_t poll_max_ns;  // longest back-off sleep (default 100000)
+} moe_executor_config;
+
+// The defaults: MOE_WAIT_POLL_BACKOFF, 5 us .. 100 us.
+moe_executor_config moe_executor_config_default(void);
+
+// One profiler record per task of the last pass. Times in ns from the pass start.
+typedef struct {
+  moe_stream stream;
+  int ran;            // 1 if the task completed in the last pass
+  uint64_t start_ns;  // when it started (0 if it did not run)
+  uint64_t end_ns;    // when it completed (for a split task: when test said done)
+  uint32_t polls;     // number of test calls (0 for plain tasks)
+} moe_task_record;
+
+// Per-pass breakdown of the records (all in ns).
+typedef struct {
+  uint64_t total_ns;         // latest end among the records
+  uint64_t compute_ns;       // sum of compute task durations (busy time)
+  uint64_t comm_ns;          // sum of comm task durations
+  uint64_t overlap_ns;       // comm time during which a compute task also ran
+  uint64_t exposed_comm_ns;  // comm_ns - overlap_ns: comm not hidden by compute
+} moe_pass_breakdown;
+
+// Breakdown of n records (tasks of one pass; those with ran == 0 are skipped).
+// Tasks on one stream never overlap each other, which the computation assumes.
+void moe_pass_breakdown_compute(const moe_task_record *records, int n, moe_pass_breakdown *out);
+
+typedef struct moe_executor moe_executor;
+
+// Creates an executor for graphs of at most max_tasks tasks and starts its
+// communication thread. config NULL: the defaults. INVALID_ARG for a bad
+// config (unknown policy, poll_min_ns 0 or > poll_max_ns).
+moe_status moe_executor_create(moe_ctx *ctx, const moe_executor_config *config, int max_tasks,
+                               moe_executor **out);
+// Stops and joins the communication thread. NULL: no-op. Not during a run.
+void moe_executor_destroy(moe_executor *ex);
+
+// Runs one pass of graph in the order of sched on the caller's thread (compute
+// stream) and the communication thread, and returns when both streams are done
+// or stopped. Validates the schedule first (moe_schedule_validate, without
+// allocating) and runs nothing if it is invalid. If a task fails, no further
+// task starts on either stream, both streams stop, and the first failure's
+// status is returned; ctx's message names the task and carries the task's own
+// message. A split task that is still pending when the other stream fails is
+// abandoned (its owner must cancel or complete its requests). Allocates
+// nothing. One call at a time per executor.
+moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
+                            const moe_schedule *sched, moe_ctx *ctx);
+
+// Records of the last pass, indexed by task (n = that pass's task count).
+// Valid until the next run or destroy. NULL (and *n = 0) before any run.
+const moe_task_record *moe_executor_records(const moe_executor *ex, int *n);
+// Breakdown of the last pass (zeros before any run).
+void moe_executor_breakdown(const moe_executor *ex, moe_pass_breakdown *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_SCHED_H
