@@ -27,10 +27,10 @@ static moe_status int8_compress(const moe_compressor *c, moe_ctx *ctx, const flo
   moe_status st = MOE_STATUS_OK;
   const size_t n = rows * cols;
   unsigned char *hdr = out;
-  uint8_t *q = (uint8_t *)out + rows * 2 * sizeof(float);
   (void)c;
   *out_bytes = 0;
-  if (n == 0) goto done;
+  if (n == 0) goto done;  // out may be NULL: no pointer arithmetic before this
+  uint8_t *q = (uint8_t *)out + rows * 2 * sizeof(float);
   const ptrdiff_t bad = moe_find_nonfinite(x, n);
   MOE_FAIL_IF(ctx, bad >= 0, MOE_STATUS_INVALID_ARG,
               "int8: x[%zu][%zu] = %g is not finite (int8 cannot represent NaN/Inf; use none, "
