@@ -214,6 +214,25 @@ const moe_task_record *moe_executor_records(const moe_executor *ex, int *n);
 // Breakdown of the last pass (zeros before any run).
 void moe_executor_breakdown(const moe_executor *ex, moe_pass_breakdown *out);
 
+// ---- traces ---------------------------------------------------------------------------
+
+// One rank's pass for a trace: the graph (task names and chunks) and the
+// executor's records of that pass (n = graph->n_tasks).
+typedef struct {
+  int rank;  // becomes the trace's process id ("rank N")
+  const moe_task_graph *graph;
+  const moe_task_record *records;  // (graph->n_tasks)
+  uint64_t offset_ns;              // added to every time (to place passes one after another)
+} moe_trace_pass;
+
+// Writes a Chrome trace (JSON "traceEvents"; loads in Perfetto and
+// chrome://tracing): one process per rank, one thread per stream ("compute",
+// "comm"), one complete event per task that ran, with its chunk and polls as
+// arguments. Times in microseconds. Written to a temporary file and renamed, so
+// a failure leaves no half-written file at path.
+moe_status moe_trace_write(moe_ctx *ctx, const char *path, const moe_trace_pass *passes,
+                           int n_passes);
+
 #ifdef __cplusplus
 }
 #endif
