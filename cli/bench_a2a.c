@@ -190,8 +190,8 @@ int cmd_bench_a2a(int argc, char **argv) {
   int nrows = 0;
   a2a_bound bounds[64];
   int nbounds = 0;
+  cli_out out = {0};
   FILE *json = NULL;
-  char json_tmp[4096] = "";
   int have_group = 0;
 
   // Which algorithms: validated identically on every rank (same argv).
@@ -248,12 +248,8 @@ int cmd_bench_a2a(int argc, char **argv) {
   // Rank 0 opens the JSON output now, and every rank learns whether it could.
   int json_ok = 1;
   if (rank == 0 && o.json_path) {
-    snprintf(json_tmp, sizeof json_tmp, "%s.tmp", o.json_path);
-    json = fopen(json_tmp, "w");
-    if (!json) {
-      cli_error("cannot write '%s': %s", json_tmp, strerror(errno));
-      json_ok = 0;
-    }
+    json_ok = cli_out_open(&out, o.json_path) == CLI_OK;
+    json = out.f;
   }
   MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (!json_ok) {
@@ -439,10 +435,7 @@ int cmd_bench_a2a(int argc, char **argv) {
               bounds[i].speedup);
     }
     fprintf(json, "\n  ]\n}\n");
-    const int werr = ferror(json);
-    if (fclose(json) != 0 || werr || rename(json_tmp, o.json_path) != 0) {
-      cli_error("cannot write '%s'", o.json_path);
-      remove(json_tmp);
+    if (cli_out_commit(&out) != CLI_OK) {
       rc = CLI_FAILED;
     } else {
       printf("wrote %s\n", o.json_path);
@@ -450,10 +443,7 @@ int cmd_bench_a2a(int argc, char **argv) {
     json = NULL;
   }
 done:
-  if (json) {
-    fclose(json);
-    remove(json_tmp);
-  }
+  cli_out_abort(&out);
   moe_workspace_free(&ws);
   if (have_group) moe_group_free(&g);
   moe_free(nodes);

@@ -164,13 +164,9 @@ fail:
 }
 
 static int write_cbench_json(const char *path, const cbench_opts *o, const cbench_row *r, int n) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    cli_error("cannot write '%s': %s", tmp, strerror(errno));
-    return CLI_FAILED;
-  }
+  cli_out out;
+  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  FILE *f = out.f;
   fprintf(f,
           "{\n  \"benchmark\": \"compress\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"rows\": %d,\n  \"cols\": %d,\n  \"iters\": %d,\n  \"threads\": 1,\n"
@@ -185,13 +181,7 @@ static int write_cbench_json(const char *path, const cbench_opts *o, const cbenc
             r[i].max_abs_err, r[i].max_rel_err);
   }
   fprintf(f, "\n  ]\n}\n");
-  const int bad = ferror(f);
-  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-    cli_error("cannot write '%s'", path);
-    remove(tmp);
-    return CLI_FAILED;
-  }
-  return CLI_OK;
+  return cli_out_commit(&out);
 }
 
 int cmd_bench_compress(int argc, char **argv) {

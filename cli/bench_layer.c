@@ -182,14 +182,14 @@ static void json_num(FILE *f, const char *key, double v, const char *sep) {
 
 // Writes the results into the already open temporary file f (opened before the
 // run, so an unwritable path fails early), then renames it onto path.
-static int write_json(FILE *f, const char *tmp, const char *path, moe_ctx *ctx, const bench_opts *o,
-                      const moe_layer_stats *s, int capacity, const bench_result *r, double peak,
-                      double peak_ms, unsigned long long allocs) {
+static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe_layer_stats *s,
+                      int capacity, const bench_result *r, double peak, double peak_ms,
+                      unsigned long long allocs) {
+  FILE *f = out->f;
   char cfg_json[1024];
   if (moe_layer_config_to_json(ctx, &o->cfg, cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
-    fclose(f);
-    remove(tmp);
+    cli_out_abort(out);
     return CLI_FAILED;
   }
   fprintf(f,
@@ -220,13 +220,7 @@ static int write_json(FILE *f, const char *tmp, const char *path, moe_ctx *ctx, 
   json_num(f, "bwd_dispatch", r->bwd_dispatch_ms, ", ");
   json_num(f, "bwd_expert_other", r->bwd_expert_other_ms, ", ");
   json_num(f, "bwd_combine", r->bwd_combine_ms, "}\n}\n");
-  const int bad = ferror(f);
-  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-    cli_error("cannot write '%s'", path);
-    remove(tmp);
-    return CLI_FAILED;
-  }
-  return CLI_OK;
+  return cli_out_commit(out);
 }
 
 int cmd_bench_layer(int argc, char **argv) {
@@ -239,17 +233,9 @@ int cmd_bench_layer(int argc, char **argv) {
   moe_layer *layer = NULL;
   float *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
   double *samples = NULL;
-  FILE *json_file = NULL;
-  char json_tmp[4096] = "";
-  if (o.json_path) {
-    // Open the output first: an unwritable path fails before the long run.
-    snprintf(json_tmp, sizeof json_tmp, "%s.tmp", o.json_path);
-    json_file = fopen(json_tmp, "w");
-    if (!json_file) {
-      cli_error("cannot write '%s': %s", json_tmp, strerror(errno));
-      return CLI_FAILED;
-    }
-  }
+  cli_out json = {0};
+  // Open the output first: an unwritable path fails before the long run.
+  if (o.json_path && cli_out_open(&json, o.json_path) != CLI_OK) return CLI_FAILED;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     rc = CLI_FAILED;
     goto done;
@@ -366,9 +352,7 @@ int cmd_bench_layer(int argc, char **argv) {
   printf("\npeak: %dx%dx%d SGEMM, %s, %d thread%s, median of 5 (%.2f ms)\n", o.peak_n, o.peak_n,
          o.peak_n, moe_blas_name(), o.threads, o.threads == 1 ? "" : "s", peak_ms);
   if (o.json_path) {
-    rc = write_json(json_file, json_tmp, o.json_path, ctx, &o, &stats, capacity, &r, peak, peak_ms,
-                    allocs);
-    json_file = NULL;
+    rc = write_json(&json, ctx, &o, &stats, capacity, &r, peak, peak_ms, allocs);
     if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
   }
 done:
@@ -379,10 +363,7 @@ done:
   moe_free(samples);
   moe_layer_destroy(layer);
   moe_ctx_destroy(ctx);
-  if (json_file) {  // not handed to write_json: the run failed
-    fclose(json_file);
-    remove(json_tmp);
-  }
+  cli_out_abort(&json);  // still open only when the run failed
   return rc;
 }
 

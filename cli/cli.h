@@ -39,6 +39,22 @@ int cli_opt(cli_args *a, const char *name);
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
 
+// An output file written atomically: to PATH.tmp, renamed onto PATH by
+// cli_out_commit, so a failed run never leaves a half-written PATH.
+typedef struct {
+  FILE *f;  // NULL when not open
+  const char *path;
+  char tmp[4096];
+} cli_out;
+
+// Opens PATH.tmp for writing: CLI_OK, or CLI_FAILED after printing why.
+int cli_out_open(cli_out *o, const char *path);
+// Closes and renames onto the path: CLI_OK, or CLI_FAILED after printing why
+// (the temporary is removed). o is closed afterwards either way.
+int cli_out_commit(cli_out *o);
+// Closes and removes the temporary; a no-op when o is not open.
+void cli_out_abort(cli_out *o);
+
 int cmd_bench(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
 int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)

@@ -90,3 +90,39 @@ void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double
     *out = v;
   }
 }
+
+// ---- atomic output files ---------------------------------------------------------
+
+int cli_out_open(cli_out *o, const char *path) {
+  o->f = NULL;
+  o->path = path;
+  if (snprintf(o->tmp, sizeof o->tmp, "%s.tmp", path) >= (int)sizeof o->tmp) {
+    cli_error("output path '%s' is too long", path);
+    return CLI_FAILED;
+  }
+  o->f = fopen(o->tmp, "w");
+  if (!o->f) {
+    cli_error("cannot write '%s': %s", o->tmp, strerror(errno));
+    return CLI_FAILED;
+  }
+  return CLI_OK;
+}
+
+int cli_out_commit(cli_out *o) {
+  const int bad = ferror(o->f);
+  const int closed = fclose(o->f);
+  o->f = NULL;
+  if (closed != 0 || bad || rename(o->tmp, o->path) != 0) {
+    cli_error("cannot write '%s'", o->path);
+    remove(o->tmp);
+    return CLI_FAILED;
+  }
+  return CLI_OK;
+}
+
+void cli_out_abort(cli_out *o) {
+  if (!o->f) return;
+  fclose(o->f);
+  o->f = NULL;
+  remove(o->tmp);
+}
