@@ -17,6 +17,7 @@
 
 #include "moe/comm.h"
 #include "moe/layer.h"
+#include "moe/sched.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,10 +28,21 @@ typedef struct {
   int ep_strided;      // 0: EP groups are consecutive ranks; 1: ranks d, d+DP, d+2DP, ...
   int ranks_per_node;  // topology override (see moe_topology_nodes); 0 = automatic
   char a2a[32];        // all-to-all algorithm name (moe_a2a_find), default "mpi"
-  int grouped_size;    // group size of `grouped`; 0 = ranks per node when uniform, else 1
+  int grouped_size;  // group size of `grouped` and `smart`; 0 = ranks per node when uniform, else 1
+  // Task scheduling (docs/scheduling.md): the expert all-to-alls and experts of
+  // a pass are cut into `chunks` chunks and run by a two-stream executor.
+  char schedule[16];         // moe_schedule_algo_find name, default "sequential"
+  int chunks;                // r, 1..MOE_MAX_CHUNKS (default 1); ignored by `smart` (r = groups)
+  char compress[32];         // compressor spec for the all-to-all payloads (moe_compressor_get),
+                             // default "none"; lossy ones change the results
+  int compress_backward;     // 1: also compress the backward's gradients (default 0)
+  moe_executor_config exec;  // wait policy of the communication thread
 } moe_parallel_config;
 
-// Defaults: EP = 1 (pure data parallelism), contiguous, automatic topology, "mpi".
+#define MOE_MAX_CHUNKS 64
+
+// Defaults: EP = 1 (pure data parallelism), contiguous, automatic topology, "mpi",
+// schedule "sequential" with 1 chunk, no compression, the executor's defaults.
 void moe_parallel_config_default(moe_parallel_config *pc);
 
 typedef struct moe_ep_layer moe_ep_layer;
@@ -49,7 +61,9 @@ typedef struct {
 // the layer config is invalid or differs between ranks; world is not divisible
 // by ep_size; E is not divisible by ep_size; the all-to-all name is unknown or
 // the algorithm cannot run on this topology; ranks_per_node does not divide
-// the world.
+// the world; the schedule or compressor is unknown; chunks is out of range;
+// MPI was initialised below MPI_THREAD_SERIALIZED (the all-to-alls run on the
+// executor's communication thread).
 moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
                                const moe_parallel_config *pc, moe_ep_layer **out);
 void moe_ep_layer_destroy(moe_ep_layer *layer);  // NULL is a no-op; collective
@@ -80,6 +94,16 @@ moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 // and z losses and this rank's rows and drops.
 moe_status moe_ep_layer_forward(moe_ep_layer *layer, const float *x, int tokens, float *y,
                                 moe_layer_stats *stats);
+// The task graph and the profiler records (indexed by task) of the last
+// forward (backward = 0) or backward (1) pass; NULLs before one has run.
+// Valid until the next pass of that direction.
+void moe_ep_layer_last_pass(const moe_ep_layer *layer, int backward, const moe_task_graph **graph,
+                            const moe_task_record **records);
+// Chunks a pass is cut into (pc.chunks, or the number of peer groups for smart).
+int moe_ep_layer_chunks(const moe_ep_layer *layer);
+// Per-phase times of the last forward and backward (ms; expert GEMMs included).
+void moe_ep_layer_timing(const moe_ep_layer *layer, moe_layer_timing *fwd, moe_layer_timing *bwd);
+
 // dy (T, M) -> dx (T, M) +=; gradients of the held parameters += (gate summed
 // over the world, experts over their DP replicas and replicas). Collective.
 moe_status moe_ep_layer_backward(moe_ep_layer *layer, const float *dy, float *dx);

@@ -136,6 +136,61 @@ moe_status moe_schedule_in_index_order(moe_ctx *ctx, moe_schedule *sched,
 moe_status moe_schedule_validate(moe_ctx *ctx, const moe_task_graph *graph,
                                  const moe_schedule *sched);
 
+// ---- schedules of a chunked MoE layer pass --------------------------------------------
+
+// The seven task kinds of one chunk of a layer pass (ScheMoE eq. 3): compress,
+// all-to-all, decompress, expert, compress, all-to-all, decompress. In a
+// backward pass the same chain carries the gradients (C1 compresses dY on the
+// token side, E is the expert backward). Compression tasks are absent (-1)
+// when compression is off.
+typedef enum {
+  MOE_CT_C1 = 0,
+  MOE_CT_A1,
+  MOE_CT_D1,
+  MOE_CT_E,
+  MOE_CT_C2,
+  MOE_CT_A2,
+  MOE_CT_D2,
+  MOE_CT_KINDS  // number of kinds (not a kind)
+} moe_chunk_task;
+
+// "C1", "A1", "D1", "E", "C2", "A2", "D2"; "?" otherwise.
+const char *moe_chunk_task_name(moe_chunk_task kind);
+
+// How a schedule cuts the layer's rows into chunks.
+typedef enum {
+  // Chunk i of r holds the i-th r-th of every (peer, expert) block: slots
+  // [i*C/r, (i+1)*C/r) in capacity mode, rows [i*n/r, (i+1)*n/r) of a block of
+  // n rows in dropless mode. Every chunk talks to every peer.
+  MOE_CHUNK_ROWS = 0,
+  // FasterMoE: peers form n groups of g consecutive ranks; step j sends to
+  // group (i + j) mod n and receives from group (i - j) mod n (i = my group).
+  // The number of chunks is n.
+  MOE_CHUNK_PEER_GROUPS = 1
+} moe_chunking;
+
+// A schedule algorithm: fills, for a pass of r chunks whose tasks are
+// tasks[c][kind] (task indices, -1 for absent kinds), the order of each stream.
+// The comm order must be the same on every rank (the all-to-alls are
+// collective), which holds when it depends only on r and the kinds present.
+typedef moe_status (*moe_schedule_order_fn)(moe_ctx *ctx, int r, const int (*tasks)[MOE_CT_KINDS],
+                                            int backward, moe_schedule *out);
+
+typedef struct {
+  const char *name;     // "sequential", "pipeline", "optsche", "smart"
+  const char *source;   // where it comes from
+  const char *summary;  // one line: the orders it produces
+  moe_chunking chunking;
+  moe_schedule_order_fn order;
+} moe_schedule_algo;
+
+// Registered schedules in a fixed order; *count receives their number.
+const moe_schedule_algo *moe_schedule_algo_list(int *count);
+// By name; INVALID_ARG naming the valid names otherwise.
+moe_status moe_schedule_algo_find(moe_ctx *ctx, const char *name, const moe_schedule_algo **out);
+// "sequential, pipeline, optsche, smart".
+const char *moe_schedule_algo_names(void);
+
 // ---- executor ------------------------------------------------------------------------
 
 // How the communication stream waits for a split task to complete.

@@ -27,53 +27,16 @@
 #include "moe/kernels.h"
 #include "moe/moe_ops.h"
 #include "moe/parallel.h"
-
-struct moe_ep_layer {
-  moe_ctx *ctx;
-  moe_layer_config cfg;
-  moe_parallel_config pc;
-  MPI_Comm world;  // duplicate of the caller's communicator (errors return)
-  MPI_Comm dp;     // ranks holding the same experts
-  moe_group ep;    // the EP group with its topology
-  const moe_a2a_algo *a2a;
-  int E, El, P, me;  // experts, home experts per rank, EP size, my EP rank
-  int max_rows;
-  moe_placement placement;
-  moe_route route;
-  // parameters: gate and home experts in one arena, replicas allocated apart
-  moe_arena params;
-  moe_ep_tensors t;
-  float **w1_of, **b1_of, **w2_of, **b2_of;      // (E): where each expert computed here lives
-  float **dw1_of, **db1_of, **dw2_of, **db2_of;  // (E): where its gradients go this pass
-  float **replica_mem;                           // (E): replica storage (params + grads)
-  float *grad_scratch;  // dwg | home dw1 | db1 | dw2 | db2 of one backward, reduced then added
-  size_t grad_gate_n, grad_home_n;
-  // source side, route (expert) order, R rows
-  moe_arena work;
-  float *logits, *probs, *lse, *topk_p, *xe, *ye, *dye, *dweight, *dprobs, *dlogits;
-  float *sendbuf;  // (R, M): rows in (destination, expert) order
-  // receive side, grown on demand
-  moe_workspace bufa, bufb, ex_x, pre, h, dh, dpre, a2a_ws;
-  int recv_rows;
-  // counts (P, E) and byte layouts (P)
-  int *cnt_send, *cnt_recv;
-  size_t *sbytes, *sdispl, *rbytes, *rdispl;
-  size_t *roff;                 // (P, E): row offset of block (s, e) in the receive buffer
-  size_t *xoff;                 // (P, E): row offset of block (s, e) in the expert-major buffer
-  size_t *spos;                 // (E): first row of expert e's rows in sendbuf
-  size_t *ex_start, *ex_count;  // (E): rows of expert e in the expert-major buffer
-  moe_workspace rep_tmp;        // one expert's gradients received from a replica
-  double *stats;                // MOE_LOSS_STATS(E) + 1 (error flag)
-  const float *x_last;
-  int tokens_last, have_forward;
-  moe_layer_stats last;
-  moe_layer_timing fwd_timing, bwd_timing;
-};
+#include "parallel/ep_internal.h"
 
 void moe_parallel_config_default(moe_parallel_config *pc) {
   memset(pc, 0, sizeof *pc);
   pc->ep_size = 1;
   snprintf(pc->a2a, sizeof pc->a2a, "mpi");
+  snprintf(pc->schedule, sizeof pc->schedule, "sequential");
+  pc->chunks = 1;
+  snprintf(pc->compress, sizeof pc->compress, "none");
+  pc->exec = moe_executor_config_default();
 }
 
 // FNV-1a, to compare configurations across ranks.
@@ -87,15 +50,18 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   char text[1024];
   if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
   uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
-  const int ints[4] = {pc->ep_size, pc->ep_strided, pc->ranks_per_node, pc->grouped_size};
+  const int ints[6] = {pc->ep_size,      pc->ep_strided, pc->ranks_per_node,
+                       pc->grouped_size, pc->chunks,     pc->compress_backward};
   h = fnv1a(ints, sizeof ints, h);
+  h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
+  h = fnv1a(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
   return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
 
 // Every rank contributes its local status; returns OK only if all are OK. On
 // failure every rank returns INVALID_ARG (or its own code) with a message: its
 // own, or the first failing rank's number.
-static moe_status agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what) {
+moe_status moe_ep_agree_(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what) {
   moe_status st = MOE_STATUS_OK;
   int mine = local == MOE_STATUS_OK ? INT32_MAX : 0, rank = 0, first = INT32_MAX;
   MPI_Comm_rank(comm, &rank);
@@ -147,7 +113,8 @@ done:
 }
 
 static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_config *cfg,
-                               const moe_parallel_config *pc, const moe_a2a_algo **algo) {
+                               const moe_parallel_config *pc, const moe_a2a_algo **algo,
+                               const moe_schedule_algo **sched, moe_compressor *comp) {
   moe_status st = MOE_STATUS_OK;
   MOE_TRY(moe_layer_config_validate(ctx, cfg));
   MOE_FAIL_IF(ctx, pc->ep_size < 1 || pc->ep_size > world_size, MOE_STATUS_INVALID_ARG,
@@ -164,6 +131,25 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
   MOE_FAIL_IF(ctx, pc->grouped_size < 0, MOE_STATUS_INVALID_ARG,
               "grouped all-to-all group size (%d) must be >= 0", pc->grouped_size);
   MOE_TRY(moe_a2a_find(ctx, pc->a2a, algo));
+  MOE_FAIL_IF(ctx, !memchr(pc->schedule, 0, sizeof pc->schedule), MOE_STATUS_INVALID_ARG,
+              "schedule name is not NUL-terminated");
+  MOE_FAIL_IF(ctx, !memchr(pc->compress, 0, sizeof pc->compress), MOE_STATUS_INVALID_ARG,
+              "compressor spec is not NUL-terminated");
+  MOE_TRY(moe_schedule_algo_find(ctx, pc->schedule, sched));
+  MOE_FAIL_IF(ctx, pc->chunks < 1 || pc->chunks > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
+              "chunks (%d) must be in [1, %d]", pc->chunks, MOE_MAX_CHUNKS);
+  MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1, MOE_STATUS_INVALID_ARG,
+              "compress_backward (%d) must be 0 or 1", pc->compress_backward);
+  MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
+  {
+    int level = MPI_THREAD_SINGLE;
+    MOE_MPI_TRY(ctx, MPI_Query_thread(&level));
+    MOE_FAIL_IF(ctx, level < MPI_THREAD_SERIALIZED, MOE_STATUS_INVALID_ARG,
+                "the EP layer runs its all-to-alls on a communication thread: initialise MPI "
+                "with MPI_Init_thread and MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE "
+                "(provided level: %d)",
+                level);
+  }
 done:
   return st;
 }
@@ -178,23 +164,11 @@ static moe_status alloc_tables(moe_ctx *ctx, moe_ep_layer *L) {
     *ptrs[i] = moe_calloc(E, sizeof(float *));
     MOE_FAIL_IF(ctx, !*ptrs[i], MOE_STATUS_OUT_OF_MEMORY, "cannot allocate expert tables");
   }
-  L->cnt_send = moe_calloc(P * E, sizeof(int));
-  L->cnt_recv = moe_calloc(P * E, sizeof(int));
-  L->sbytes = moe_calloc(P, sizeof(size_t));
-  L->sdispl = moe_calloc(P, sizeof(size_t));
-  L->rbytes = moe_calloc(P, sizeof(size_t));
-  L->rdispl = moe_calloc(P, sizeof(size_t));
-  L->roff = moe_calloc(P * E, sizeof(size_t));
-  L->xoff = moe_calloc(P * E, sizeof(size_t));
+  L->cnt_send = moe_calloc(P * (E + 1), sizeof(int));
+  L->cnt_recv = moe_calloc(P * (E + 1), sizeof(int));
   L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1, sizeof(double));
-  L->spos = moe_calloc(E, sizeof(size_t));
-  L->ex_start = moe_calloc(E, sizeof(size_t));
-  L->ex_count = moe_calloc(E, sizeof(size_t));
-  MOE_FAIL_IF(ctx,
-              !L->cnt_send || !L->cnt_recv || !L->sbytes || !L->sdispl || !L->rbytes ||
-                  !L->rdispl || !L->roff || !L->xoff || !L->stats || !L->spos || !L->ex_start ||
-                  !L->ex_count,
-              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate count tables for %zu ranks", P);
+  MOE_FAIL_IF(ctx, !L->cnt_send || !L->cnt_recv || !L->stats, MOE_STATUS_OUT_OF_MEMORY,
+              "cannot allocate count tables for %zu ranks", P);
 done:
   return st;
 }
@@ -265,14 +239,17 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
   // step 1: local checks, then one collective that every rank reaches
   const moe_a2a_algo *algo = NULL;
+  const moe_schedule_algo *sched = NULL;
+  moe_compressor comp;
+  memset(&comp, 0, sizeof comp);
   moe_status local = MOE_STATUS_OK;
   if (!out || !cfg || !pc) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "out, cfg and pc must not be NULL");
   } else {
-    local = local_checks(ctx, W, cfg, pc, &algo);
+    local = local_checks(ctx, W, cfg, pc, &algo, &sched, &comp);
   }
-  MOE_TRY(agree(ctx, world, local, "layer setup"));
+  MOE_TRY(moe_ep_agree_(ctx, world, local, "layer setup"));
   // step 2: identical configuration everywhere
   hashes = moe_malloc((size_t)W * sizeof(uint64_t));
   MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
@@ -293,6 +270,9 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   L->pc = *pc;
   L->world = L->dp = MPI_COMM_NULL;
   L->a2a = algo;
+  L->sched = sched;
+  L->comp = comp;
+  L->compress_on = strcmp(comp.name, "none") != 0;
   L->E = cfg->num_experts;
   L->P = pc->ep_size;
   L->El = L->E / L->P;
@@ -317,7 +297,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   // Restrictions of the algorithm can differ between EP groups: agree on the world.
   {
     const moe_status ok = moe_a2a_check_topology(ctx, algo, &L->ep);
-    MOE_TRY(agree(ctx, L->world, ok, "all-to-all selection"));
+    MOE_TRY(moe_ep_agree_(ctx, L->world, ok, "all-to-all selection"));
   }
   {
     // Allocations can fail on one rank only: agree before handing out a layer
@@ -328,7 +308,8 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
     if (alloc == MOE_STATUS_OK) {
       alloc = moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows);
     }
-    MOE_TRY(agree(ctx, L->world, alloc, "layer allocation"));
+    if (alloc == MOE_STATUS_OK) alloc = moe_ep_pass_init_(L);
+    MOE_TRY(moe_ep_agree_(ctx, L->world, alloc, "layer allocation"));
   }
   *out = L;
   L = NULL;
@@ -351,13 +332,12 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
   if (L->replica_mem) {
     for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
   }
-  void *tables[] = {L->w1_of,  L->b1_of,    L->w2_of,       L->b2_of,    L->dw1_of,   L->db1_of,
-                    L->dw2_of, L->db2_of,   L->replica_mem, L->cnt_send, L->cnt_recv, L->sbytes,
-                    L->sdispl, L->rbytes,   L->rdispl,      L->roff,     L->xoff,     L->stats,
-                    L->spos,   L->ex_start, L->ex_count};
+  moe_ep_pass_free_(L);
+  void *tables[] = {L->w1_of,  L->b1_of,  L->w2_of,       L->b2_of,    L->dw1_of,   L->db1_of,
+                    L->dw2_of, L->db2_of, L->replica_mem, L->cnt_send, L->cnt_recv, L->stats};
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
-  moe_workspace *ws[] = {&L->bufa, &L->bufb, &L->ex_x,   &L->pre,    &L->h,
-                         &L->dh,   &L->dpre, &L->a2a_ws, &L->rep_tmp};
+  moe_workspace *ws[] = {&L->bufa, &L->bufb,   &L->ex_x,    &L->pre,   &L->h,    &L->dh,
+                         &L->dpre, &L->a2a_ws, &L->rep_tmp, &L->csend, &L->crecv};
   for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) moe_workspace_free(ws[i]);
   moe_free(L);
 }
@@ -395,7 +375,7 @@ void moe_ep_layer_zero_grad(moe_ep_layer *L) {
   memset(L->t.db2, 0, El * M * sizeof(float));
 }
 
-static size_t expert_floats(const moe_ep_layer *L) {
+size_t moe_ep_expert_floats_(const moe_ep_layer *L) {
   const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
   return 2 * M * H + H + M;
 }
@@ -437,7 +417,7 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
                          "EP rank %d is expert %d's home: it needs no replica", p, e);
   } else if (on && L->me == p && !L->replica_mem[e]) {
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
-    float *m = moe_calloc(2 * expert_floats(L), sizeof(float));
+    float *m = moe_calloc(2 * moe_ep_expert_floats_(L), sizeof(float));
     if (!m) {
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "cannot allocate a replica of expert %d", e);
@@ -460,7 +440,7 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
                            "every rank");
     }
   }
-  MOE_TRY(agree(ctx, L->world, local, "set_replica"));
+  MOE_TRY(moe_ep_agree_(ctx, L->world, local, "set_replica"));
   // step 2: apply. The plan of the last forward no longer holds: backward must
   // follow a new forward.
   L->have_forward = 0;
@@ -490,208 +470,14 @@ done:
   return st;
 }
 
-// ---- forward -------------------------------------------------------------------------
-
-// Lays out the rows this rank sends ((destination, expert) order) and, after the
-// counts exchange, the rows it receives ((source, expert) order) and their
-// expert-major regrouping.
-static moe_status plan_exchange(moe_ep_layer *L) {
-  moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L->ctx;
-  const int E = L->E, P = L->P, M = L->cfg.model_dim, H = L->cfg.hidden_dim;
-  const moe_route *r = &L->route;
-  const size_t row_bytes = (size_t)M * sizeof(float);
-  memset(L->cnt_send, 0, (size_t)P * E * sizeof(int));
-  for (int e = 0; e < E; e++) {
-    const int p = moe_placement_target(&L->placement, e, L->me);
-    L->cnt_send[(size_t)p * E + e] = r->count[e];
-  }
-  MOE_MPI_TRY(ctx, MPI_Alltoall(L->cnt_send, E, MPI_INT, L->cnt_recv, E, MPI_INT, L->ep.comm));
-  size_t pos = 0;
-  for (int p = 0; p < P; p++) {
-    const size_t start = pos;
-    for (int e = 0; e < E; e++) {
-      if (moe_placement_target(&L->placement, e, L->me) != p) continue;
-      L->spos[e] = pos;
-      pos += (size_t)L->cnt_send[(size_t)p * E + e];
-    }
-    L->sdispl[p] = start * row_bytes;
-    L->sbytes[p] = (pos - start) * row_bytes;
-  }
-  size_t rows = 0;
-  for (int s = 0; s < P; s++) {
-    const size_t start = rows;
-    for (int e = 0; e < E; e++) {
-      L->roff[(size_t)s * E + e] = rows;
-      rows += (size_t)L->cnt_recv[(size_t)s * E + e];
-    }
-    L->rdispl[s] = start * row_bytes;
-    L->rbytes[s] = (rows - start) * row_bytes;
-  }
-  size_t xrow = 0;
-  for (int e = 0; e < E; e++) {
-    L->ex_start[e] = xrow;
-    for (int s = 0; s < P; s++) {
-      L->xoff[(size_t)s * E + e] = xrow;
-      xrow += (size_t)L->cnt_recv[(size_t)s * E + e];
-    }
-    L->ex_count[e] = xrow - L->ex_start[e];
-    MOE_FAIL_IF(ctx, L->ex_count[e] > 0 && !L->w1_of[e], MOE_STATUS_INTERNAL,
-                "rank %d received rows for expert %d, which it does not hold", L->me, e);
-  }
-  MOE_FAIL_IF(ctx, rows > INT_MAX, MOE_STATUS_INVALID_ARG,
-              "EP rank %d would receive %zu rows; at most %d fit one exchange", L->me, rows,
-              INT_MAX);
-  for (int p = 0; p < P; p++) {
-    // MPI counts and (for the mpi algorithm) displacements are ints of bytes
-    MOE_FAIL_IF(ctx,
-                L->sbytes[p] > INT_MAX || L->rbytes[p] > INT_MAX ||
-                    (L->a2a->run == moe_alltoallv_mpi_fn() &&
-                     (L->sdispl[p] > INT_MAX || L->rdispl[p] > INT_MAX)),
-                MOE_STATUS_INVALID_ARG,
-                "the all-to-all between EP ranks %d and %d exceeds MPI's int byte counts "
-                "(fewer tokens per rank, a larger EP size, or a point-to-point algorithm such as "
-                "pairwise or pipe, which need no int displacements)",
-                L->me, p);
-  }
-  L->recv_rows = (int)rows;
-  const size_t nm = (rows ? rows : 1) * (size_t)M * sizeof(float);
-  const size_t nh = (rows ? rows : 1) * (size_t)H * sizeof(float);
-  MOE_TRY(moe_workspace_reserve(ctx, &L->bufa, nm));
-  MOE_TRY(moe_workspace_reserve(ctx, &L->bufb, nm));
-  MOE_TRY(moe_workspace_reserve(ctx, &L->ex_x, nm));
-  MOE_TRY(moe_workspace_reserve(ctx, &L->pre, nh));
-  MOE_TRY(moe_workspace_reserve(ctx, &L->h, nh));
-done:
-  return st;
-}
-
-// Copies the received blocks (s, e) between source order and expert-major order.
-static void regroup(const moe_ep_layer *L, const float *from, float *to, int to_expert_major) {
-  const int E = L->E, P = L->P, M = L->cfg.model_dim;
-  for (int s = 0; s < P; s++) {
-    for (int e = 0; e < E; e++) {
-      const size_t n = (size_t)L->cnt_recv[(size_t)s * E + e];
-      if (n == 0) continue;
-      const size_t a = L->roff[(size_t)s * E + e], b = L->xoff[(size_t)s * E + e];
-      if (to_expert_major) {
-        memcpy(to + b * M, from + a * M, n * M * sizeof(float));
-      } else {
-        memcpy(to + a * M, from + b * M, n * M * sizeof(float));
-      }
-    }
-  }
-}
-
-// Copies this rank's rows between route (expert) order and send order.
-static void to_send_order(const moe_ep_layer *L, const float *route_rows, float *send) {
-  const int M = L->cfg.model_dim;
-  const moe_route *r = &L->route;
-  for (int e = 0; e < L->E; e++) {
-    if (r->count[e] == 0) continue;
-    memcpy(send + L->spos[e] * M, route_rows + (size_t)r->offset[e] * M,
-           (size_t)r->count[e] * M * sizeof(float));
-  }
-}
-
-static void from_send_order(const moe_ep_layer *L, const float *send, float *route_rows) {
-  const int M = L->cfg.model_dim;
-  const moe_route *r = &L->route;
-  for (int e = 0; e < L->E; e++) {
-    if (r->count[e] == 0) continue;
-    memcpy(route_rows + (size_t)r->offset[e] * M, send + L->spos[e] * M,
-           (size_t)r->count[e] * M * sizeof(float));
-  }
-}
-
-moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, float *y,
-                                moe_layer_stats *stats) {
-  moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L ? L->ctx : NULL;
-  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
-  const moe_layer_config *c = &L->cfg;
-  const int E = L->E, M = c->model_dim, H = c->hidden_dim;
-  const size_t ns = MOE_LOSS_STATS(E);
-  L->have_forward = 0;
-  const uint64_t t_start = moe_time_ns();
-  memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
-  moe_layer_timing *tm = &L->fwd_timing;
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
-
-  // step 1: local checks and gate; step 2: global loss statistics + error flag
-  uint64_t t0 = moe_time_ns();
-  moe_status local = moe_forward_checks(ctx, c, x, tokens, y);
-  if (local == MOE_STATUS_OK)
-    local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
-  if (local == MOE_STATUS_OK) {
-    moe_gate_loss_stats(c, &gb, &L->route, tokens, L->stats);
-  } else {
-    memset(L->stats, 0, ns * sizeof(double));
-  }
-  L->stats[ns] = local == MOE_STATUS_OK ? 0.0 : 1.0;
-  MOE_MPI_TRY(ctx,
-              MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
-  if (local != MOE_STATUS_OK) {
-    st = local;
-    goto done;
-  }
-  MOE_FAIL_IF(ctx, L->stats[ns] > 0, MOE_STATUS_INVALID_ARG,
-              "forward failed on %g other rank(s) (see their errors)", L->stats[ns]);
-  moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
-  tm->gate_ms = moe_time_ms_since(t0);
-
-  // step 3: dispatch into expert order, counts exchange, send order
-  t0 = moe_time_ns();
-  moe_dispatch_forward(&L->route, x, M, L->xe);
-  // The receive side's sizes are known only now, and its checks (workspace
-  // growth, MPI's int limits) can fail on one rank: agree before the exchange.
-  MOE_TRY(agree(ctx, L->world, plan_exchange(L), "forward (receive buffers)"));
-  to_send_order(L, L->xe, L->sendbuf);
-  tm->dispatch_ms = moe_time_ms_since(t0);
-
-  // step 4: all-to-all of the rows
-  float *bufa = L->bufa.buf, *bufb = L->bufb.buf, *ex_x = L->ex_x.buf;
-  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, L->sendbuf, L->sbytes, L->sdispl, bufa, L->rbytes,
-                      L->rdispl, &L->a2a_ws));
-
-  // step 5: experts over expert-major rows
-  regroup(L, bufa, ex_x, 1);
-  float *pre = L->pre.buf, *h = L->h.buf;
-  for (int e = 0; e < E; e++) {
-    const size_t a = L->ex_start[e];
-    moe_expert_forward(c, L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e], ex_x + a * M,
-                       (int)L->ex_count[e], pre + a * H, h + a * H, bufb + a * M, tm);
-  }
-  regroup(L, bufb, bufa, 0);
-
-  // step 6: all-to-all back, combine
-  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, bufa, L->rbytes, L->rdispl, L->sendbuf, L->sbytes,
-                      L->sdispl, &L->a2a_ws));
-  t0 = moe_time_ns();
-  from_send_order(L, L->sendbuf, L->ye);
-  moe_combine_forward(&L->route, L->ye, M, tokens, y);
-  tm->combine_ms = moe_time_ms_since(t0);
-  tm->total_ms = moe_time_ms_since(t_start);
-
-  L->x_last = x;
-  L->tokens_last = tokens;
-  L->have_forward = 1;
-  L->last.tokens = tokens;
-  L->last.rows = L->route.rows;
-  L->last.dropped = L->route.dropped;
-  if (stats) *stats = L->last;
-done:
-  return st;
-}
-
-// ---- backward -------------------------------------------------------------------------
+// ---- gradient reductions ------------------------------------------------------------
 
 // Sends every replica's gradients to its home, which adds them to its own.
 static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
   const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
-  const size_t nf = expert_floats(L);
+  const size_t nf = moe_ep_expert_floats_(L);
   for (int e = 0; e < L->E; e++) {
     const int home = L->placement.home[e];
     for (int p = 0; p < L->P; p++) {
@@ -722,95 +508,11 @@ static void add_into(float *dst, const float *src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
-moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
+moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L ? L->ctx : NULL;
-  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
-  const moe_layer_config *c = &L->cfg;
-  const int E = L->E, T = L->tokens_last, M = c->model_dim, H = c->hidden_dim;
-  const size_t Ms = (size_t)M, Hs = (size_t)H, El = (size_t)L->El;
-  const uint64_t t_start = moe_time_ns();
-  memset(&L->bwd_timing, 0, sizeof L->bwd_timing);
-  moe_layer_timing *tm = &L->bwd_timing;
-
-  // step 0: local checks, agreed over the world so no rank waits for a failed one
-  moe_status local = MOE_STATUS_OK;
-  if (!L->have_forward) {
-    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                         "backward needs a successful forward first");
-  } else if (T > 0 && (!dy || !dx)) {
-    local =
-        moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "dy and dx must not be NULL");
-  } else if (c->check_finite) {
-    local = moe_check_finite(ctx, "gradient dy", dy, T, M);
-  }
-  if (local == MOE_STATUS_OK) {  // scratch that may grow: reserve before agreeing
-    const size_t rows = (size_t)(L->recv_rows ? L->recv_rows : 1);
-    local = moe_workspace_reserve(ctx, &L->dh, rows * Hs * sizeof(float));
-    if (local == MOE_STATUS_OK)
-      local = moe_workspace_reserve(ctx, &L->dpre, rows * Hs * sizeof(float));
-    if (local == MOE_STATUS_OK) {
-      local = moe_workspace_reserve(ctx, &L->rep_tmp, expert_floats(L) * sizeof(float));
-    }
-  }
-  MOE_TRY(agree(ctx, L->world, local, "backward"));
-
-  // step 1: combine backward, rows to send order, all-to-all to the experts
-  uint64_t t0 = moe_time_ns();
-  moe_combine_backward(&L->route, dy, L->ye, M, T, L->dye, L->dweight);
-  to_send_order(L, L->dye, L->sendbuf);
-  tm->combine_ms = moe_time_ms_since(t0);
-  float *bufa = L->bufa.buf, *bufb = L->bufb.buf, *ex_x = L->ex_x.buf;
-  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, L->sendbuf, L->sbytes, L->sdispl, bufa, L->rbytes,
-                      L->rdispl, &L->a2a_ws));
-
-  // step 2: experts backward into this pass's gradient scratch (home) or the
-  // replica's gradient area
+  moe_ctx *ctx = L->ctx;
+  const size_t Ms = (size_t)L->cfg.model_dim, Hs = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
-  memset(gs, 0, (L->grad_gate_n + L->grad_home_n) * sizeof(float));
-  for (int e = 0; e < E; e++) {
-    if (e >= L->t.home_first && e < L->t.home_first + L->t.home_count) {
-      const size_t i = (size_t)(e - L->t.home_first);
-      L->dw1_of[e] = home + i * Ms * Hs;
-      L->db1_of[e] = home + El * Ms * Hs + i * Hs;
-      L->dw2_of[e] = home + El * (Ms * Hs + Hs) + i * Hs * Ms;
-      L->db2_of[e] = home + El * (2 * Ms * Hs + Hs) + i * Ms;
-    } else if (L->replica_mem[e]) {
-      float *g = L->replica_mem[e] + expert_floats(L);
-      memset(g, 0, expert_floats(L) * sizeof(float));
-      L->dw1_of[e] = g;
-      L->db1_of[e] = g + Ms * Hs;
-      L->dw2_of[e] = g + Ms * Hs + Hs;
-      L->db2_of[e] = g + 2 * Ms * Hs + Hs;
-    }
-  }
-  regroup(L, bufa, bufb, 1);
-  float *pre = L->pre.buf, *h = L->h.buf, *dh = L->dh.buf, *dpre = L->dpre.buf;
-  for (int e = 0; e < E; e++) {
-    const size_t a = L->ex_start[e];
-    if (L->ex_count[e] == 0) continue;
-    moe_expert_backward(c, L->w1_of[e], L->w2_of[e], L->dw1_of[e], L->db1_of[e], L->dw2_of[e],
-                        L->db2_of[e], ex_x + a * Ms, pre + a * Hs, h + a * Hs, bufb + a * Ms,
-                        (int)L->ex_count[e], dh + a * Hs, dpre + a * Hs, tm);
-  }
-  regroup(L, bufb, bufa, 0);
-
-  // step 3: all-to-all back, dispatch backward
-  MOE_TRY(moe_a2a_run(ctx, L->a2a, &L->ep, bufa, L->rbytes, L->rdispl, L->sendbuf, L->sbytes,
-                      L->sdispl, &L->a2a_ws));
-  t0 = moe_time_ns();
-  from_send_order(L, L->sendbuf, L->dye);
-  moe_dispatch_backward(&L->route, L->dye, M, dx);
-  tm->dispatch_ms = moe_time_ms_since(t0);
-
-  // step 4: gate backward with the global loss statistics of the forward
-  t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
-  moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
-                    L->t.wg, gs, dx, tm);
-  tm->gate_ms = moe_time_ms_since(t0);
-
-  // step 5: reductions: replicas -> home; experts over DP; gate over the world
   MOE_TRY(gather_replica_grads(L, home));
   MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
   MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
@@ -819,7 +521,6 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
   add_into(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
   add_into(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
-  tm->total_ms = moe_time_ms_since(t_start);
 done:
   return st;
 }

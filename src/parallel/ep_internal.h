@@ -1,0 +1,100 @@
+// Private state of the expert-parallel layer, shared by src/parallel/ep_layer.c
+// (setup, parameters, replicas, gradient reductions) and src/parallel/ep_pass.c
+// (the chunked forward and backward passes on the executor). Not installed.
+#ifndef MOE_EP_INTERNAL_H
+#define MOE_EP_INTERNAL_H
+
+#include "moe/compress.h"
+#include "moe/parallel.h"
+#include "moe/sched.h"
+
+// What one task of a pass works on.
+typedef struct {
+  struct moe_ep_layer *L;
+  int chunk;
+  int backward;
+  int compressed;  // this pass compresses its payloads
+} moe_ep_task_arg;
+
+struct moe_ep_layer {
+  moe_ctx *ctx;
+  moe_layer_config cfg;
+  moe_parallel_config pc;
+  MPI_Comm world;  // duplicate of the caller's communicator (errors return)
+  MPI_Comm dp;     // ranks holding the same experts
+  moe_group ep;    // the EP group with its topology
+  const moe_a2a_algo *a2a;
+  int E, El, P, me;  // experts, home experts per rank, EP size, my EP rank
+  int max_rows;
+  moe_placement placement;
+  moe_route route;
+  // parameters: gate and home experts in one arena, replicas allocated apart
+  moe_arena params;
+  moe_ep_tensors t;
+  float **w1_of, **b1_of, **w2_of, **b2_of;      // (E): where each expert computed here lives
+  float **dw1_of, **db1_of, **dw2_of, **db2_of;  // (E): where its gradients go this pass
+  float **replica_mem;                           // (E): replica storage (params + grads)
+  float *grad_scratch;  // dwg | home dw1 | db1 | dw2 | db2 of one backward, reduced then added
+  size_t grad_gate_n, grad_home_n;
+  // source side, route (expert) order, R rows
+  moe_arena work;
+  float *logits, *probs, *lse, *topk_p, *xe, *ye, *dye, *dweight, *dprobs, *dlogits;
+  float *sendbuf;  // (R, M): rows in (chunk, destination, expert) order
+  // receive side, grown on demand: bufa (chunk, source, expert) order; ex_x,
+  // bufb, pre, h, dh, dpre (chunk, expert, source) order
+  moe_workspace bufa, bufb, ex_x, pre, h, dh, dpre, a2a_ws;
+  moe_workspace csend, crecv;  // compressed payloads, (chunk, peer) blocks
+  int recv_rows;
+  // counts exchange: (P, E + 1) ints, rows per expert then the sender's capacity
+  int *cnt_send, *cnt_recv;
+  // chunk plan (r chunks). Per (c, peer, e), index (c * P + peer) * E + e:
+  int *scnt;                // rows of my block for (peer, e) in chunk c
+  int *sfirst;              // its first row within the block (slot)
+  int *rcnt;                // rows of peer's block for e that I receive in chunk c
+  size_t *spos;             // row of that send block in sendbuf
+  size_t *rpos;             // row of that receive block in bufa
+  size_t *xpos;             // row of that receive block in the expert-major buffers
+  size_t *xstart, *xcount;  // (r, E): rows of expert e in chunk c, expert-major
+  // Per (c, peer), index c * P + peer: raw and compressed byte counts and
+  // displacements relative to chunk c's base
+  size_t *sb, *sd, *rb, *rd, *csb, *csd, *crb, *crd;
+  size_t *srows, *rrows;    // (r * P): rows of block (c, peer) on each side
+  size_t *sbase, *rbase;    // (r): first row of chunk c in sendbuf / bufa
+  size_t *csbase, *crbase;  // (r + 1): byte offset of chunk c in csend / crecv
+  double *stats;            // MOE_LOSS_STATS(E) + 1 (error flag)
+  // scheduling
+  const moe_schedule_algo *sched;
+  moe_compressor comp;
+  int compress_on;                   // compressor is not "none"
+  int r;                             // chunks
+  int groups, group_size, my_group;  // peer groups (smart)
+  moe_executor *ex;
+  moe_task_graph graph[2];  // forward, backward
+  moe_schedule order[2];
+  moe_task_record *rec[2];  // (7 r) each: copies of the executor's records
+  int have_rec[2];
+  moe_ep_task_arg *targ;  // (2 r)
+  // A compute task that fails (a compressor refusing NaN, say) records its
+  // error here and lets the pass finish, so no peer waits in an all-to-all;
+  // the ranks then agree on the failure.
+  int soft_failed;
+  char soft_msg[512];
+  const float *x_last;
+  int tokens_last, have_forward;
+  moe_layer_stats last;
+  moe_layer_timing fwd_timing, bwd_timing;
+  moe_workspace rep_tmp;  // one expert's gradients received from a replica
+};
+
+// Every rank contributes its local status; OK only if all are OK (ep_layer.c).
+moe_status moe_ep_agree_(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what);
+// Floats of one expert's parameters (w1 b1 w2 b2).
+size_t moe_ep_expert_floats_(const moe_ep_layer *L);
+// Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
+moe_status moe_ep_pass_init_(moe_ep_layer *L);
+void moe_ep_pass_free_(moe_ep_layer *L);
+// Backward step 5: replica gradients to their home, home experts over DP,
+// gate over the world, then added to the parameter gradients (ep_layer.c).
+moe_status moe_ep_reduce_grads_(moe_ep_layer *L);
+
+#endif  // MOE_EP_INTERNAL_H
