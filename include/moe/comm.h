@@ -92,12 +92,28 @@ typedef moe_status (*moe_alltoallv_fn)(moe_ctx *ctx, const moe_group *g, const v
                                        void *recv, const size_t *recv_counts,
                                        const size_t *recv_displs, moe_workspace *ws);
 
+// A started nonblocking all-to-all (moe_a2a_start), completed by moe_a2a_test
+// or moe_a2a_wait. Zeroed or req == MPI_REQUEST_NULL: nothing pending.
+typedef struct {
+  MPI_Request req;
+} moe_a2a_pending;
+
+// The optional nonblocking form of an algorithm: posts the exchange and returns
+// with *out pending. Buffers, counts, displacements and ws must stay untouched
+// until it completes.
+typedef moe_status (*moe_alltoallv_start_fn)(moe_ctx *ctx, const moe_group *g, const void *send,
+                                             const size_t *send_counts, const size_t *send_displs,
+                                             void *recv, const size_t *recv_counts,
+                                             const size_t *recv_displs, moe_workspace *ws,
+                                             moe_a2a_pending *out);
+
 typedef struct {
   const char *name;         // "mpi", "pairwise", "1dh", "2dh", "pipe", "grouped"
   const char *source;       // where it comes from ("ScheMoE Pipe-A2A", ...)
   const char *cost;         // alpha-beta cost, as in the file header
   int needs_uniform_nodes;  // 1: requires g->uniform (else INVALID_ARG)
   moe_alltoallv_fn run;
+  moe_alltoallv_start_fn start;  // nonblocking form, or NULL (blocking only)
 } moe_a2a_algo;
 
 // Registered algorithms, in a fixed order; *count receives their number.
@@ -116,6 +132,20 @@ moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const 
 moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
                        const size_t *send_counts, const size_t *send_displs, void *recv,
                        const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws);
+
+// Like moe_a2a_run, but nonblocking when the algorithm has a start function:
+// then the exchange is pending on return (complete it with moe_a2a_test or
+// moe_a2a_wait before touching any of the arguments). Algorithms without one
+// run to completion here and leave nothing pending. Used by the executor's
+// communication thread so it can poll with back-off instead of blocking.
+moe_status moe_a2a_start(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g,
+                         const void *send, const size_t *send_counts, const size_t *send_displs,
+                         void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                         moe_workspace *ws, moe_a2a_pending *pending);
+// *done = 1 once the pending exchange has completed (or nothing was pending).
+moe_status moe_a2a_test(moe_ctx *ctx, moe_a2a_pending *pending, int *done);
+// Blocks until the pending exchange completes.
+moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending);
 
 // The `mpi` algorithm's function (the one that needs int displacements).
 moe_alltoallv_fn moe_alltoallv_mpi_fn(void);

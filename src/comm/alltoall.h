@@ -14,6 +14,7 @@
       moe_workspace *ws
 
 moe_status moe_alltoallv_mpi(MOE_A2A_ARGS);
+moe_status moe_alltoallv_mpi_start(MOE_A2A_ARGS, moe_a2a_pending *out);
 moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS);
 moe_status moe_alltoallv_1dh(MOE_A2A_ARGS);
 moe_status moe_alltoallv_2dh(MOE_A2A_ARGS);

@@ -4,13 +4,18 @@
 // Steps: whatever the MPI library chooses (Open MPI's tuned component picks
 // pairwise or linear exchanges by size).
 // Cost: library-defined; typically (P-1)*alpha + (P-1)/P*n*beta.
+// Nonblocking form: MPI_Ialltoallv (Open MPI's libnbc), progressed by each
+// MPI_Test of the pending request.
 #include <stdint.h>
 
 #include "comm/alltoall.h"
 
-moe_status moe_alltoallv_mpi(MOE_A2A_ARGS) {
+// int counts for MPI: 4 arrays of P ints carved from the workspace.
+static moe_status int_counts(MOE_A2A_ARGS, int **out) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size;
+  (void)send;
+  (void)recv;
   // int counts for MPI: 4 arrays of P ints carved from the workspace.
   MOE_TRY(moe_workspace_reserve(ctx, ws, 4 * (size_t)P * sizeof(int)));
   int *sc = ws->buf, *sd = sc + P, *rc = sd + P, *rd = rc + P;
@@ -20,7 +25,31 @@ moe_status moe_alltoallv_mpi(MOE_A2A_ARGS) {
     rc[r] = (int)recv_counts[r];
     rd[r] = recv_counts[r] ? (int)recv_displs[r] : 0;
   }
-  MOE_MPI_TRY(ctx, MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, g->comm));
+  *out = sc;
+done:
+  return st;
+}
+
+moe_status moe_alltoallv_mpi(MOE_A2A_ARGS) {
+  moe_status st = MOE_STATUS_OK;
+  const int P = g->size;
+  int *sc = NULL;
+  MOE_TRY(
+      int_counts(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws, &sc));
+  MOE_MPI_TRY(ctx, MPI_Alltoallv(send, sc, sc + P, MPI_BYTE, recv, sc + 2 * P, sc + 3 * P, MPI_BYTE,
+                                 g->comm));
+done:
+  return st;
+}
+
+moe_status moe_alltoallv_mpi_start(MOE_A2A_ARGS, moe_a2a_pending *out) {
+  moe_status st = MOE_STATUS_OK;
+  const int P = g->size;
+  int *sc = NULL;
+  MOE_TRY(
+      int_counts(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws, &sc));
+  MOE_MPI_TRY(ctx, MPI_Ialltoallv(send, sc, sc + P, MPI_BYTE, recv, sc + 2 * P, sc + 3 * P,
+                                  MPI_BYTE, g->comm, &out->req));
 done:
   return st;
 }

@@ -8,22 +8,24 @@
 #include "comm/alltoall.h"
 
 static const moe_a2a_algo k_algos[] = {
-    {"mpi", "MPI_Alltoallv (the NCCL-A2A analogue)", "library-defined", 0, moe_alltoallv_mpi},
+    {"mpi", "MPI_Alltoallv (the NCCL-A2A analogue)", "library-defined", 0, moe_alltoallv_mpi,
+     moe_alltoallv_mpi_start},
     {"pairwise", "classic shifted exchange", "(P-1)*alpha + (P-1)/P*n*beta", 0,
-     moe_alltoallv_pairwise},
+     moe_alltoallv_pairwise, NULL},
     {"1dh", "HetuMoE hierarchical (leader gather/exchange/scatter)",
      "3(G-1)*alpha_intra + 2(G-1)*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*G*n*beta_inter + "
      "log2(P)*alpha",
-     1, moe_alltoallv_1dh},
+     1, moe_alltoallv_1dh, NULL},
     {"2dh", "Tutel/DeepSpeed 2D hierarchical",
      "2(G-1)*alpha_intra + (G-1)/G*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*n*beta_inter + "
      "log2(P)*alpha",
-     1, moe_alltoallv_2dh},
+     1, moe_alltoallv_2dh, NULL},
     {"pipe", "ScheMoE Pipe-A2A (intra and inter concurrently)",
      "max((G-1)*(alpha_intra + n/P*beta_intra), (P-G)*(alpha_inter + n/P*beta_inter))", 0,
-     moe_alltoallv_pipe},
+     moe_alltoallv_pipe, NULL},
     {"grouped", "FasterMoE grouped pairwise exchange",
-     "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra", 0, moe_alltoallv_grouped},
+     "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra", 0, moe_alltoallv_grouped,
+     NULL},
 };
 
 moe_alltoallv_fn moe_alltoallv_mpi_fn(void) { return moe_alltoallv_mpi; }
@@ -85,9 +87,10 @@ void moe_a2a_copy_self(const moe_group *g, const void *send, const size_t *send_
   }
 }
 
-moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
-                       const size_t *send_counts, const size_t *send_displs, void *recv,
-                       const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws) {
+// The checks shared by moe_a2a_run and moe_a2a_start.
+static moe_status check_args(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g,
+                             const void *send, const size_t *send_counts, const size_t *send_displs,
+                             void *recv, const size_t *recv_counts, const size_t *recv_displs) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !algo || !g, MOE_STATUS_INVALID_ARG, "algorithm and group must not be NULL");
   MOE_TRY(moe_a2a_check_topology(ctx, algo, g));
@@ -107,7 +110,54 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
   }
   MOE_FAIL_IF(ctx, (send_total > 0 && !send) || (recv_total > 0 && !recv), MOE_STATUS_INVALID_ARG,
               "all-to-all buffers must not be NULL when counts are non-zero");
+done:
+  return st;
+}
+
+moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, const void *send,
+                       const size_t *send_counts, const size_t *send_displs, void *recv,
+                       const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(check_args(ctx, algo, g, send, send_counts, send_displs, recv, recv_counts, recv_displs));
   MOE_TRY(algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws));
+done:
+  return st;
+}
+
+moe_status moe_a2a_start(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g,
+                         const void *send, const size_t *send_counts, const size_t *send_displs,
+                         void *recv, const size_t *recv_counts, const size_t *recv_displs,
+                         moe_workspace *ws, moe_a2a_pending *pending) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !pending, MOE_STATUS_INVALID_ARG, "pending must not be NULL");
+  pending->req = MPI_REQUEST_NULL;
+  MOE_TRY(check_args(ctx, algo, g, send, send_counts, send_displs, recv, recv_counts, recv_displs));
+  if (algo->start) {
+    MOE_TRY(algo->start(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws,
+                        pending));
+  } else {
+    MOE_TRY(algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws));
+  }
+done:
+  return st;
+}
+
+moe_status moe_a2a_test(moe_ctx *ctx, moe_a2a_pending *pending, int *done) {
+  moe_status st = MOE_STATUS_OK;
+  int flag = 1;
+  if (pending->req != MPI_REQUEST_NULL) {
+    MOE_MPI_TRY(ctx, MPI_Test(&pending->req, &flag, MPI_STATUS_IGNORE));
+  }
+  *done = flag;
+done:
+  return st;
+}
+
+moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending) {
+  moe_status st = MOE_STATUS_OK;
+  if (pending->req != MPI_REQUEST_NULL) {
+    MOE_MPI_TRY(ctx, MPI_Wait(&pending->req, MPI_STATUS_IGNORE));
+  }
 done:
   return st;
 }

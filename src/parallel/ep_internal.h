@@ -69,6 +69,7 @@ struct moe_ep_layer {
   int r;                             // chunks
   int groups, group_size, my_group;  // peer groups (smart)
   moe_executor *ex;
+  moe_a2a_pending pending;  // the all-to-all in flight on the communication stream
   moe_task_graph graph[2];  // forward, backward
   moe_schedule order[2];
   moe_task_record *rec[2];  // (7 r) each: copies of the executor's records

@@ -65,6 +65,8 @@ static moe_status task_e(void *arg, moe_ctx *ctx);
 static moe_status task_c2(void *arg, moe_ctx *ctx);
 static moe_status task_a2(void *arg, moe_ctx *ctx);
 static moe_status task_d2(void *arg, moe_ctx *ctx);
+static moe_status task_a_test(void *arg, moe_ctx *ctx, moe_task_state *state);
+static moe_status task_a_wait(void *arg, moe_ctx *ctx);
 
 // Builds the task graph of one direction and its schedule.
 static moe_status build_pass(moe_ep_layer *L, int dir) {
@@ -96,6 +98,10 @@ static moe_status build_pass(moe_ep_layer *L, int dir) {
       d.name = name;
       d.chunk = c;
       d.run = fns[k];
+      if (d.stream == MOE_STREAM_COMM) {
+        d.test = task_a_test;
+        d.wait = task_a_wait;
+      }
       d.arg = a;
       d.deps = prev >= 0 ? &prev : NULL;
       d.n_deps = prev >= 0 ? 1 : 0;
@@ -129,6 +135,7 @@ moe_status moe_ep_pass_init_(moe_ep_layer *L) {
     L->my_group = 0;
     L->r = L->pc.chunks;
   }
+  L->pending.req = MPI_REQUEST_NULL;
   const size_t r = (size_t)L->r, n3 = r * (size_t)P * (size_t)L->E, n2 = r * (size_t)P;
   const int max_tasks = MOE_CT_KINDS * L->r;
   L->scnt = moe_calloc(n3, sizeof(int));
@@ -479,7 +486,22 @@ static moe_status chunk_a2a(moe_ep_layer *L, moe_ctx *ctx, int c, int back, int 
     rc = back ? L->sb + j : L->rb + j;
     rdp = back ? L->sd + j : L->rd + j;
   }
-  return moe_a2a_run(ctx, L->a2a, &L->ep, src, sc, sdp, dst, rc, rdp, &L->a2a_ws);
+  return moe_a2a_start(ctx, L->a2a, &L->ep, src, sc, sdp, dst, rc, rdp, &L->a2a_ws, &L->pending);
+}
+
+// Completion of the A tasks (split tasks): one all-to-all is pending at a
+// time, since the communication stream runs its tasks one after another.
+static moe_status task_a_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  moe_ep_task_arg *a = arg;
+  int done = 0;
+  const moe_status st = moe_a2a_test(ctx, &a->L->pending, &done);
+  *state = done ? MOE_TASK_DONE : MOE_TASK_PENDING;
+  return st;
+}
+
+static moe_status task_a_wait(void *arg, moe_ctx *ctx) {
+  moe_ep_task_arg *a = arg;
+  return moe_a2a_wait(ctx, &a->L->pending);
 }
 
 static moe_status task_a1(void *arg, moe_ctx *ctx) {
