@@ -46,17 +46,18 @@ typedef struct {
   float aux_loss_coef;     // >= 0, weight of the load-balancing loss in backward
   float z_loss_coef;       // >= 0, weight of the z-loss in backward
   int check_finite;        // 1: forward/backward reject NaN/Inf in x and dy
+  char expert[16];         // expert kind (include/moe/expert.h): "ffn" (default) or "ffn-ref"
 } moe_layer_config;
 
 // Defaults: T 1024, M 256, H 1024, E 8, K 2, f 1.25, gelu, no renormalisation,
-// aux 0.01, z 0, check_finite 1.
+// aux 0.01, z 0, check_finite 1, expert "ffn".
 void moe_layer_config_default(moe_layer_config *cfg);
 // INVALID_ARG with a message naming the field, its value and the valid range.
 moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg);
 // Overrides fields of cfg with the keys of a JSON object: tokens, model_dim,
 // hidden_dim, num_experts, top_k, capacity_factor, activation ("gelu"|"relu"),
 // renormalize, aux_loss_coef, z_loss_coef, check_finite (renormalize and
-// check_finite are JSON true/false). Unknown or repeated keys, wrong types,
+// check_finite are JSON true/false), expert (a string). Unknown or repeated keys, wrong types,
 // malformed JSON and trailing text are errors (BAD_FORMAT / INVALID_ARG); cfg
 // is left unchanged on error. Does not validate ranges (call moe_layer_config_validate).
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg);

@@ -3,6 +3,7 @@
 #define MOE_MOE_H
 
 #include "moe/core.h"
+#include "moe/expert.h"
 #include "moe/kernels.h"
 #include "moe/layer.h"
 #include "moe/sched.h"

@@ -15,12 +15,14 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "moe/expert.h"
 #include "moe/kernels.h"
 #include "moe/moe_ops.h"
 
 struct moe_layer {
   moe_ctx *ctx;
   moe_layer_config cfg;
+  const moe_expert_kind *expert;
   int max_rows;  // R: rows the expert buffers hold
   moe_arena param_arena;
   moe_arena work_arena;
@@ -75,6 +77,7 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the layer");
   L->ctx = ctx;
   L->cfg = *cfg;
+  MOE_TRY(moe_expert_kind_find(ctx, cfg->expert, &L->expert));
   const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
                E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
   const size_t R = moe_layer_max_rows(cfg);
@@ -203,9 +206,10 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   // step 3: experts, each over all of its rows
   for (int e = 0; e < c->num_experts; e++) {
     const size_t off = (size_t)r->offset[e], MH = (size_t)M * (size_t)H;
-    moe_expert_forward(c, L->t.w1 + (size_t)e * MH, L->t.b1 + (size_t)e * H,
-                       L->t.w2 + (size_t)e * MH, L->t.b2 + (size_t)e * M, L->xe + off * M,
-                       r->count[e], L->pre + off * H, L->h + off * H, L->ye + off * M, tm);
+    const moe_expert_params p = {L->t.w1 + (size_t)e * MH, L->t.b1 + (size_t)e * H,
+                                 L->t.w2 + (size_t)e * MH, L->t.b2 + (size_t)e * M};
+    L->expert->forward(c, &p, L->xe + off * M, r->count[e], L->pre + off * H, L->h + off * H,
+                       L->ye + off * M, tm);
   }
 
   // step 4: combine
@@ -250,11 +254,12 @@ moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
   // step 2: experts backward (leaves the grads of the dispatched rows in L->dye)
   for (int e = 0; e < c->num_experts; e++) {
     const size_t off = (size_t)r->offset[e], MH = (size_t)M * (size_t)H;
-    moe_expert_backward(c, L->t.w1 + (size_t)e * MH, L->t.w2 + (size_t)e * MH,
-                        L->t.dw1 + (size_t)e * MH, L->t.db1 + (size_t)e * H,
-                        L->t.dw2 + (size_t)e * MH, L->t.db2 + (size_t)e * M, L->xe + off * M,
-                        L->pre + off * H, L->h + off * H, L->dye + off * M, r->count[e],
-                        L->dh + off * H, L->dpre + off * H, tm);
+    const moe_expert_params p = {L->t.w1 + (size_t)e * MH, L->t.b1 + (size_t)e * H,
+                                 L->t.w2 + (size_t)e * MH, L->t.b2 + (size_t)e * M};
+    const moe_expert_grads g = {L->t.dw1 + (size_t)e * MH, L->t.db1 + (size_t)e * H,
+                                L->t.dw2 + (size_t)e * MH, L->t.db2 + (size_t)e * M};
+    L->expert->backward(c, &p, &g, L->xe + off * M, L->pre + off * H, L->h + off * H,
+                        L->dye + off * M, r->count[e], L->dh + off * H, L->dpre + off * H, tm);
   }
 
   // step 3: dispatch backward: scatter-add row grads into token grads

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "moe/expert.h"
 #include "moe/layer.h"
 
 const char *moe_activation_name(moe_activation act) {
@@ -45,6 +46,7 @@ void moe_layer_config_default(moe_layer_config *cfg) {
   cfg->aux_loss_coef = 0.01f;
   cfg->z_loss_coef = 0.0f;
   cfg->check_finite = 1;
+  snprintf(cfg->expert, sizeof cfg->expert, "ffn");
 }
 
 #define CHECK_RANGE(field, lo, hi)                                                     \
@@ -78,6 +80,12 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) 
               "renormalize (%d) must be 0 or 1", cfg->renormalize);
   MOE_FAIL_IF(ctx, cfg->check_finite != 0 && cfg->check_finite != 1, MOE_STATUS_INVALID_ARG,
               "check_finite (%d) must be 0 or 1", cfg->check_finite);
+  MOE_FAIL_IF(ctx, !memchr(cfg->expert, 0, sizeof cfg->expert), MOE_STATUS_INVALID_ARG,
+              "expert kind is not a NUL-terminated name (valid: %s)", moe_expert_kind_names());
+  {
+    const moe_expert_kind *kind = NULL;
+    MOE_TRY(moe_expert_kind_find(ctx, cfg->expert, &kind));
+  }
 done:
   return st;
 }
@@ -93,7 +101,7 @@ int moe_layer_capacity(const moe_layer_config *cfg, int tokens) {
 
 static const char *const k_keys =
     "tokens, model_dim, hidden_dim, num_experts, top_k, capacity_factor, activation, "
-    "renormalize, aux_loss_coef, z_loss_coef, check_finite";
+    "renormalize, aux_loss_coef, z_loss_coef, check_finite, expert";
 
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg) {
   moe_status st = MOE_STATUS_OK;
@@ -137,6 +145,13 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
       next.z_loss_coef = (float)d;
     } else if (strcmp(k, "check_finite") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.check_finite));
+    } else if (strcmp(k, "expert") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsString(it), MOE_STATUS_INVALID_ARG,
+                  "'expert' must be a string (%s)", moe_expert_kind_names());
+      MOE_FAIL_IF(ctx, strlen(it->valuestring) >= sizeof next.expert, MOE_STATUS_INVALID_ARG,
+                  "'expert' (%s) is too long (valid: %s)", it->valuestring,
+                  moe_expert_kind_names());
+      snprintf(next.expert, sizeof next.expert, "%s", it->valuestring);
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "unknown key '%s' in layer config (valid: %s)", k,
                k_keys);
@@ -166,10 +181,11 @@ moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, c
       "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
       "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
       "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
-      "\"check_finite\": %s}",
+      "\"check_finite\": %s, \"expert\": \"%s\"}",
       cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
       cfg->capacity_factor, moe_activation_name(cfg->act), cfg->renormalize ? "true" : "false",
-      (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false");
+      (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false",
+      memchr(cfg->expert, 0, sizeof cfg->expert) ? cfg->expert : "?");
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= len, MOE_STATUS_INVALID_ARG,
               "layer config JSON needs %d bytes, buffer has %zu", n + 1, len);
 done:

@@ -78,16 +78,4 @@ void moe_combine_forward(const moe_route *route, const float *ye, int M, int tok
 void moe_combine_backward(const moe_route *route, const float *dy, const float *ye, int M,
                           int tokens, float *dye, float *dweight);
 
-// One expert over n rows: xe (n, M) -> pre, h (n, H) -> ye (n, M).
-// w1 (M, H), b1 (H), w2 (H, M), b2 (M).
-void moe_expert_forward(const moe_layer_config *cfg, const float *w1, const float *b1,
-                        const float *w2, const float *b2, const float *xe, int n, float *pre,
-                        float *h, float *ye, moe_layer_timing *tm);
-// Its backward: dyx (n, M) holds dY on entry and dX on return; dw1, db1, dw2,
-// db2 +=. dh and dpre (n, H) are scratch.
-void moe_expert_backward(const moe_layer_config *cfg, const float *w1, const float *w2, float *dw1,
-                         float *db1, float *dw2, float *db2, const float *xe, const float *pre,
-                         const float *h, float *dyx, int n, float *dh, float *dpre,
-                         moe_layer_timing *tm);
-
 #endif

@@ -5,6 +5,7 @@
 #define MOE_EP_INTERNAL_H
 
 #include "moe/compress.h"
+#include "moe/expert.h"
 #include "moe/parallel.h"
 #include "moe/sched.h"
 
@@ -24,6 +25,7 @@ struct moe_ep_layer {
   MPI_Comm dp;     // ranks holding the same experts
   moe_group ep;    // the EP group with its topology
   const moe_a2a_algo *a2a;
+  const moe_expert_kind *expert;
   int E, El, P, me;  // experts, home experts per rank, EP size, my EP rank
   int max_rows;
   moe_placement placement;

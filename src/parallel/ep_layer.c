@@ -270,6 +270,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   L->pc = *pc;
   L->world = L->dp = MPI_COMM_NULL;
   L->a2a = algo;
+  moe_expert_kind_find(ctx, cfg->expert, &L->expert);  // validated by local_checks
   L->sched = sched;
   L->comp = comp;
   L->compress_on = strcmp(comp.name, "none") != 0;

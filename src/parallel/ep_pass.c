@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moe/expert.h"
 #include "moe/kernels.h"
 #include "moe/moe_ops.h"
 #include "parallel/ep_internal.h"
@@ -529,8 +530,9 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
     for (int e = 0; e < L->E; e++) {
       const size_t s = L->xstart[(size_t)c * L->E + e], n = L->xcount[(size_t)c * L->E + e];
       if (n == 0) continue;
-      moe_expert_forward(cfg, L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e], ex_x + s * M,
-                         (int)n, pre + s * H, h + s * H, bufb + s * M, &L->fwd_timing);
+      const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+      L->expert->forward(cfg, &p, ex_x + s * M, (int)n, pre + s * H, h + s * H, bufb + s * M,
+                         &L->fwd_timing);
     }
   } else {
     float *dh = L->dh.buf, *dpre = L->dpre.buf;
@@ -538,8 +540,9 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
     for (int e = 0; e < L->E; e++) {
       const size_t s = L->xstart[(size_t)c * L->E + e], n = L->xcount[(size_t)c * L->E + e];
       if (n == 0) continue;
-      moe_expert_backward(cfg, L->w1_of[e], L->w2_of[e], L->dw1_of[e], L->db1_of[e], L->dw2_of[e],
-                          L->db2_of[e], ex_x + s * M, pre + s * H, h + s * H, bufb + s * M, (int)n,
+      const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+      const moe_expert_grads g = {L->dw1_of[e], L->db1_of[e], L->dw2_of[e], L->db2_of[e]};
+      L->expert->backward(cfg, &p, &g, ex_x + s * M, pre + s * H, h + s * H, bufb + s * M, (int)n,
                           dh + s * H, dpre + s * H, &L->bwd_timing);
     }
   }

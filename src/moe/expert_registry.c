@@ -1,0 +1,37 @@
+// The registry of expert kinds. A new kind is one file src/moe/expert_<name>.c
+// defining a moe_expert_kind, its declaration in expert_kinds.h, and one line
+// here.
+#include <string.h>
+
+#include "moe/expert.h"
+#include "moe/expert_kinds.h"
+
+static const moe_expert_kind *const k_kinds[] = {
+    &moe_expert_ffn,
+    &moe_expert_ffn_ref,
+};
+
+#define N_KINDS ((int)(sizeof k_kinds / sizeof k_kinds[0]))
+
+int moe_expert_kind_count(void) { return N_KINDS; }
+
+const moe_expert_kind *moe_expert_kind_get(int i) {
+  return i >= 0 && i < N_KINDS ? k_kinds[i] : NULL;
+}
+
+const char *moe_expert_kind_names(void) { return "ffn, ffn-ref"; }
+
+moe_status moe_expert_kind_find(moe_ctx *ctx, const char *name, const moe_expert_kind **out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  for (int i = 0; name && i < N_KINDS; i++) {
+    if (strcmp(k_kinds[i]->name, name) == 0) {
+      *out = k_kinds[i];
+      goto done;
+    }
+  }
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "expert kind '%s' is unknown (valid: %s)",
+           name ? name : "(null)", moe_expert_kind_names());
+done:
+  return st;
+}
