@@ -4,7 +4,9 @@
 // (src/compress/compress_<name>.c defining moe_compressor_<name>_impl) plus one
 // line in k_compressors.
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,8 +27,27 @@ static const moe_compressor *const k_compressors[] = {
 // The largest rows*cols accepted: every format fits in 8*n + 64 bytes.
 #define MOE_COMPRESS_MAX_N ((SIZE_MAX - 64) / 8)
 
+// The names, built once from k_compressors ("zfp[:RATE]" for the one with a
+// parameter; compressors missing from this build are left out).
+static char g_names[256];
+static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
+
+static void build_names(void) {
+  size_t used = 0;
+  for (size_t i = 0; i < sizeof k_compressors / sizeof k_compressors[0]; i++) {
+    const char *nm = k_compressors[i]->name;
+    const int is_zfp = strcmp(nm, "zfp") == 0;
+    if (is_zfp && !MOE_HAVE_ZFP) continue;
+    const int w = snprintf(g_names + used, sizeof g_names - used, "%s%s%s", used ? ", " : "", nm,
+                           is_zfp ? "[:RATE]" : "");
+    if (w < 0 || (size_t)w >= sizeof g_names - used) break;
+    used += (size_t)w;
+  }
+}
+
 const char *moe_compressor_names(void) {
-  return MOE_HAVE_ZFP ? "none, fp16, bf16, int8, zfp[:RATE]" : "none, fp16, bf16, int8";
+  pthread_once(&g_names_once, build_names);
+  return g_names;
 }
 
 moe_status moe_compressor_get(moe_ctx *ctx, const char *spec, moe_compressor *out) {

@@ -1,6 +1,8 @@
 // The registry of expert kinds. A new kind is one file src/moe/expert_<name>.c
 // defining a moe_expert_kind, its declaration in expert_kinds.h, and one line
 // here.
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "moe/expert.h"
@@ -19,7 +21,23 @@ const moe_expert_kind *moe_expert_kind_get(int i) {
   return i >= 0 && i < N_KINDS ? k_kinds[i] : NULL;
 }
 
-const char *moe_expert_kind_names(void) { return "ffn, ffn-ref"; }
+static char g_names[256];
+static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
+
+static void build_names(void) {
+  size_t used = 0;
+  for (int i = 0; i < N_KINDS && used < sizeof g_names; i++) {
+    const int w =
+        snprintf(g_names + used, sizeof g_names - used, "%s%s", i ? ", " : "", k_kinds[i]->name);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+const char *moe_expert_kind_names(void) {
+  pthread_once(&g_names_once, build_names);
+  return g_names;
+}
 
 moe_status moe_expert_kind_find(moe_ctx *ctx, const char *name, const moe_expert_kind **out) {
   moe_status st = MOE_STATUS_OK;

@@ -23,6 +23,7 @@
 // pipeline and optsche produce the same forward order: the release code runs
 // eq. 12 (its three loops are exactly C1/A1, then D1 E C2 A2, then D2). They
 // differ in the backward pass, where autograd walks the chunks in reverse.
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -119,7 +120,23 @@ const moe_schedule_algo *moe_schedule_algo_list(int *count) {
   return g_schedules;
 }
 
-const char *moe_schedule_algo_names(void) { return "sequential, pipeline, optsche, smart"; }
+static char g_names[256];
+static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
+
+static void build_names(void) {
+  size_t used = 0;
+  for (int i = 0; i < N_SCHEDULES && used < sizeof g_names; i++) {
+    const int w =
+        snprintf(g_names + used, sizeof g_names - used, "%s%s", i ? ", " : "", g_schedules[i].name);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+const char *moe_schedule_algo_names(void) {
+  pthread_once(&g_names_once, build_names);
+  return g_names;
+}
 
 moe_status moe_schedule_algo_find(moe_ctx *ctx, const char *name, const moe_schedule_algo **out) {
   moe_status st = MOE_STATUS_OK;
