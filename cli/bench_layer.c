@@ -17,13 +17,15 @@ typedef struct {
   const char *json_path;
 } bench_opts;
 
-static void bench_layer_usage(FILE *f) {
+void cli_bench_layer_usage(FILE *f) {
   fprintf(f,
           "usage: moe bench layer [options]\n"
+          "       mpirun -n P moe bench layer [distributed options]\n"
           "\n"
           "Times one MoE layer (gate, top-k, dispatch, expert FFNs, combine) forward and\n"
           "backward in one process, and measures the single-thread SGEMM peak of this\n"
           "machine with the same BLAS. Prints a table of medians; --json writes them.\n"
+          "The options of the distributed benchmark (below) switch to it.\n"
           "\n"
           "options (default in brackets):\n"
           "  --tokens T             tokens per batch [4096]\n"
@@ -42,6 +44,7 @@ static void bench_layer_usage(FILE *f) {
           "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write config and results as JSON\n");
+  cli_bench_layer_ep_usage(f);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -100,7 +103,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   cli_args_init(&a, argc, argv, 3);
   while (!cli_args_done(&a) && !a.bad) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
-      bench_layer_usage(stdout);
+      cli_bench_layer_usage(stdout);
       return -1;
     } else if (cli_opt(&a, "--tokens")) {
       cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
@@ -224,6 +227,7 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
 }
 
 int cmd_bench_layer(int argc, char **argv) {
+  if (cli_bench_layer_is_ep(argc, argv)) return cmd_bench_layer_ep(argc, argv);
   bench_opts o;
   int rc = parse_opts(argc, argv, &o);
   if (rc < 0) return CLI_OK;  // --help
@@ -373,7 +377,8 @@ int cmd_bench(int argc, char **argv) {
     fprintf(f,
             "usage: moe bench <what> [options]\n\n"
             "what:\n"
-            "  layer    one MoE layer forward+backward in one process\n"
+            "  layer    one MoE layer forward+backward: in one process, or expert-parallel\n"
+            "           over MPI with the schedules (under mpirun)\n"
             "  a2a      all-to-all algorithms over a size sweep (under mpirun)\n"
             "  compress compressors: GB/s per core, ratio, error\n\n"
             "Run 'moe bench <what> --help' for its options.\n");

@@ -57,6 +57,13 @@ void cli_out_abort(cli_out *o);
 
 int cmd_bench(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
+// The distributed `bench layer` (bench_ep.c; needs MPI): cmd_bench_layer hands
+// over to it when cli_bench_layer_is_ep says so (an option of it is given, or
+// the launcher started more than one rank).
+int cmd_bench_layer_ep(int argc, char **argv);
+int cli_bench_layer_is_ep(int argc, char **argv);
+void cli_bench_layer_usage(FILE *f);       // both benchmarks' options
+void cli_bench_layer_ep_usage(FILE *f);    // the distributed benchmark's part
 int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
 int cmd_bench_compress(int argc, char **argv);
 

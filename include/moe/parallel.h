@@ -108,6 +108,28 @@ void moe_ep_layer_timing(const moe_ep_layer *layer, moe_layer_timing *fwd, moe_l
 // over the world, experts over their DP replicas and replicas). Collective.
 moe_status moe_ep_layer_backward(moe_ep_layer *layer, const float *dy, float *dx);
 
+// ---- merged multi-rank traces ----------------------------------------------------------
+
+// Writes one Chrome trace (moe_trace_write) holding the passes of every rank of
+// comm: one process per rank ("rank N", N = the rank in comm), one thread per
+// stream. Collective over comm: every rank gives its own passes (graph +
+// records + offset_ns; n_passes may differ between ranks and may be 0; the
+// .rank field is ignored and set to the rank in comm). Rank 0 gathers every
+// rank's task names, chunks, streams and records and writes path; the other
+// ranks' path is ignored (may be NULL).
+//
+// Clocks: each rank's record times are relative to its own pass start, so the
+// ranks are aligned at their pass starts, not on a common clock; offset_ns
+// places a rank's passes one after another (e.g. the backward at the
+// forward's length).
+//
+// Every rank returns the same status: rank 0's error text says what failed
+// (an unwritable path, a rank that could not serialize its passes), the others
+// say "trace write failed on rank 0" unless the failure was their own.
+// Allocates only temporaries, freed before returning.
+moe_status moe_trace_write_ranks(moe_ctx *ctx, MPI_Comm comm, const char *path,
+                                 const moe_trace_pass *passes, int n_passes);
+
 #ifdef __cplusplus
 }
 #endif
