@@ -99,5 +99,53 @@ if "$MOE" version | grep -q "mpi=yes"; then
   fi
 fi
 
+# The distributed bench layer (moe_ep_layer with the schedules), as an MPI
+# singleton: table, JSON with every variant, merged Chrome trace.
+if "$MOE" version | grep -q "mpi=yes"; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  expect 0 "--schedule LIST" -- bench layer --help
+  expect 0 "^mpi +none +smart " -- bench layer --schedule all --chunks 2 --tokens 64 --model 32 \
+    --hidden 64 --iters 1 --warmup 0 --json "$tmp/ep.json" --trace "$tmp/ep.trace"
+  if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+v = d["configs"][0]["variants"]
+assert d["benchmark"] == "layer_ep" and len(v) >= 4, len(v)
+assert v[0]["schedule"] == "sequential" and v[0]["chunks"] == 1
+for x in v:
+    for k in ("fwd_ms", "bwd_ms", "total_ms", "speedup", "comm_ms", "comp_ms",
+              "exposed_comm_ms", "bound", "overlap_efficiency", "fwd_pass", "bwd_pass"):
+        assert k in x, k
+assert {x["schedule"] for x in v} >= {"sequential", "pipeline", "optsche", "smart"}
+' "$tmp/ep.json" 2>/dev/null; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: distributed bench layer JSON lacks variants or keys" >&2
+  fi
+  if python3 -c '
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["args"]["name"] for e in ev if e.get("name") == "thread_name"}
+assert {"compute", "comm"} <= names, names
+assert any(e["ph"] == "X" and e["tid"] == 1 for e in ev)
+assert any(e["ph"] == "X" and e["tid"] == 0 for e in ev)
+' "$tmp/ep.trace" 2>/dev/null; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: distributed bench layer trace lacks compute/comm threads or events" >&2
+  fi
+  expect 2 "--schedule: unknown schedule 'nope' \(valid: sequential, pipeline, optsche, smart\)" \
+    -- bench layer --schedule nope
+  expect 2 "--chunks \(0\) must be in \[1, 64\]" -- bench layer --chunks 0
+  expect 2 "--compress: unknown compressor 'lz4' \(valid: none" -- bench layer --compress lz4
+  expect 2 "--a2a: .*'nope' is unknown" -- bench layer --a2a nope
+  expect 2 "--ep \(2\) must divide the number of ranks \(1\)" -- bench layer --ep 2
+  expect 2 "--grid sets the tokens" -- bench layer --grid --tokens 64
+  expect 1 "cannot write '$tmp/no/dir/t.json.tmp'" -- bench layer --tokens 8 --model 8 \
+    --hidden 8 --iters 1 --trace "$tmp/no/dir/t.json"
+fi
+
 echo "cli_test: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -1,0 +1,961 @@
+// moe bench layer, distributed: times the expert-parallel layer (moe_ep_layer,
+// include/moe/parallel.h) under mpirun for every variant of a2a algorithm x
+// compressor x (schedule, chunks), next to the sequential schedule at r = 1 of
+// the same a2a and compressor, and reports per variant the forward, backward
+// and total time, the speedup over that baseline, the pass's compute and
+// communication busy time, the communication not hidden by compute, and the
+// overlap efficiency against ScheMoE's ideal bound (comm + comp) / max(comm,
+// comp) (eq. 18 applied to the whole pass).
+//
+// Every number of an iteration is the slowest rank's (MPI_Allreduce MAX of each
+// quantity separately); the table shows medians over the timed iterations.
+// `cmd_bench_layer` (bench_layer.c) hands over to cmd_bench_layer_ep when an
+// option of this benchmark is given or the job has more than one rank.
+#define _POSIX_C_SOURCE 200809L  // strtok_r, fileno, dup
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "moe/compress.h"
+#if MOE_CLI_MPI
+#include "moe/comm.h"
+#include "moe/parallel.h"
+#define EP_MAX_CHUNKS MOE_MAX_CHUNKS
+#else
+#define EP_MAX_CHUNKS 64
+#endif
+
+// Options that select the distributed benchmark.
+static const char *const ep_only_opts[] = {
+    "--schedule", "--chunks",         "--a2a",  "--compress", "--compress-backward", "--grid",
+    "--ep",       "--ranks-per-node", "--trace"};
+
+// World size announced by the launcher (Open MPI, MPICH/Hydra, Slurm's PMI), or 1.
+static int launcher_world_size(void) {
+  const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) {
+      const long n = strtol(v, NULL, 10);
+      if (n > 0 && n < INT_MAX) return (int)n;
+    }
+  }
+  return 1;
+}
+
+int cli_bench_layer_is_ep(int argc, char **argv) {
+  for (int i = 3; i < argc; i++) {
+    for (size_t k = 0; k < sizeof ep_only_opts / sizeof ep_only_opts[0]; k++) {
+      const size_t n = strlen(ep_only_opts[k]);
+      if (strncmp(argv[i], ep_only_opts[k], n) == 0 && (argv[i][n] == '\0' || argv[i][n] == '=')) {
+        return 1;
+      }
+    }
+  }
+  return MOE_CLI_MPI && launcher_world_size() > 1;
+}
+
+void cli_bench_layer_ep_usage(FILE *f) {
+  char a2a[256] = "mpi";
+#if MOE_CLI_MPI
+  moe_a2a_names(a2a, sizeof a2a, 0);
+#endif
+  fprintf(f,
+          "\n"
+          "distributed benchmark (MPI): 'mpirun -n P moe bench layer [options]', or one\n"
+          "process as an MPI singleton. Used instead of the above when any of --schedule,\n"
+          "--chunks, --a2a, --compress, --compress-backward, --grid, --ep, --ranks-per-node\n"
+          "or --trace is given, or when the job has more than one rank.%s\n"
+          "Times the expert-parallel layer forward and backward for every variant\n"
+          "a2a x compress x (schedule, chunks); sequential at r=1 always runs first as the\n"
+          "baseline of each (a2a, compress). Each iteration starts after a barrier; every\n"
+          "number is the slowest rank's, the tables show medians over the iterations.\n"
+          "\n"
+          "options (default in brackets):\n"
+          "  --tokens T             tokens per rank [1024]\n"
+          "  --model M              model dimension [512]\n"
+          "  --hidden H             expert hidden dimension [1024]\n"
+          "  --experts E            number of experts, divisible by the EP size [2 x ranks]\n"
+          "  --topk K               experts per token, 1..E [2]\n"
+          "  --capacity-factor F    capacity per (source rank, expert) C = ceil(F*K*T/E);\n"
+          "                         F <= 0 is dropless [1.2]\n"
+          "  --act gelu|relu        expert activation [gelu]\n"
+          "  --renormalize          renormalise the kept top-k gate weights\n"
+          "  --config FILE          layer config JSON (its tokens are per rank); options\n"
+          "                         after it override it\n"
+          "  --ep N                 EP size: ranks one set of experts is spread over; must\n"
+          "                         divide the ranks; DP = ranks / N [ranks]\n"
+          "  --ranks-per-node N     pretend every N consecutive ranks share a node (must\n"
+          "                         divide the ranks); 0 = from MPI [0]\n"
+          "  --a2a LIST             all-to-all algorithms, comma-separated, or all:\n"
+          "                         %s [mpi]\n"
+          "  --schedule LIST        schedules, comma-separated, or all:\n"
+          "                         %s [all]\n"
+          "  --chunks LIST          chunks r of a pass, comma-separated, 1..%d [2]; smart\n"
+          "                         ignores it (r = peer groups)\n"
+          "  --compress LIST        compressors of the all-to-all payloads, comma-separated:\n"
+          "                         %s [none]\n"
+          "  --compress-backward    also compress the backward's gradients\n"
+          "  --wait blocking|poll-backoff\n"
+          "                         how the communication thread waits for MPI [poll-backoff]\n"
+          "  --iters N              timed iterations per variant, 1..10000 [5; 3 with --grid]\n"
+          "  --warmup N             untimed iterations first, 0..1000 [1]\n"
+          "  --threads N            BLAS threads per rank, 1..256 [1]\n"
+          "  --seed S               parameter and input seed [1]\n"
+          "  --json FILE            write the configs and every variant's numbers (rank 0)\n"
+          "  --trace FILE           Chrome trace (Perfetto, chrome://tracing) of the last\n"
+          "                         timed iteration of the last variant: every rank's\n"
+          "                         forward pass, then its backward pass\n"
+          "  --grid                 a scaled-down ScheMoE Table 4 grid of 24 configs:\n"
+          "                         tokens per rank {256, 512} x M {256, 512} x\n"
+          "                         H {512, 1024} x f {1.0, 1.2, dropless}; it sets tokens,\n"
+          "                         model, hidden and capacity factor (not allowed with\n"
+          "                         them); variants unless given: sequential r=1,\n"
+          "                         pipeline r=2, optsche r=2, smart\n"
+          "\n"
+          "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
+          "sequential r=1 (same a2a and compress) / total; comm, comp = busy time of the\n"
+          "pass's communication and compute tasks, fwd+bwd; exposed = comm not overlapped\n"
+          "by compute; bound = (comm + comp) / max(comm, comp) of the sequential r=1 run;\n"
+          "eff = speedup / bound.\n",
+#if MOE_CLI_MPI
+          "",
+#else
+          "\n(Not available: this moe was built without MPI.)",
+#endif
+          a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names());
+}
+
+#if MOE_CLI_MPI
+
+#define MAX_LIST 16   // items of one list option
+#define N_SAMPLES 13  // numbers kept per iteration (see run_variant)
+#define GRID_CONFIGS 24
+
+typedef struct {
+  moe_layer_config cfg;
+  int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
+  int iters_set, layer_dims_set;
+  unsigned long long seed;
+  moe_wait_policy wait;
+  const char *a2a, *schedule, *chunks, *compress;  // lists as given (NULL: default)
+  const char *json_path, *trace_path;
+  // the lists, validated
+  char a2as[MAX_LIST][32];
+  int n_a2a;
+  char comps[MAX_LIST][32];
+  int n_comp;
+  char scheds[MAX_LIST][16];
+  int n_sched;
+  int chunk_list[MAX_LIST];
+  int n_chunks;
+} ep_opts;
+
+// One (schedule, chunks) pair; the same for every a2a and compressor.
+typedef struct {
+  char schedule[16];
+  int chunks;
+} sched_variant;
+
+typedef struct {
+  const char *a2a, *compress, *schedule;
+  int chunks_req, chunks;  // as asked, and as run (smart: peer groups)
+  int baseline;            // index (within its config) of its sequential r=1 run
+  double fwd_ms, bwd_ms, total_ms;
+  // pass breakdowns (ms): compute, comm, overlap, exposed comm, pass total
+  double fwd_pass[5], bwd_pass[5];
+  double speedup, comm_ms, comp_ms, exposed_ms, bound, efficiency;
+  long long rows, dropped;  // over all ranks, last iteration
+} ep_result;
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Splits a comma-separated list into a copy (buf) and token pointers.
+static int split_list(const char *text, char *buf, size_t len, char **items, int max) {
+  snprintf(buf, len, "%s", text);
+  int n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (n == max) return -1;
+    items[n++] = tok;
+  }
+  return n;
+}
+
+// Adds name to list (of n items of size width) unless present.
+static void add_unique(char *list, int *n, size_t width, const char *name) {
+  for (int i = 0; i < *n; i++) {
+    if (strcmp(list + (size_t)i * width, name) == 0) return;
+  }
+  if (*n < MAX_LIST) snprintf(list + (size_t)(*n)++ * width, width, "%s", name);
+}
+
+// Validates the list options into o's arrays. CLI_OK or CLI_USAGE (printed).
+static int parse_lists(ep_opts *o, moe_ctx *ctx) {
+  char buf[1024];
+  char *items[MAX_LIST];
+  char valid[256];
+  int n;
+  // --a2a
+  moe_a2a_names(valid, sizeof valid, 0);
+  n = split_list(o->a2a ? o->a2a : "mpi", buf, sizeof buf, items, MAX_LIST);
+  if (n <= 0) {
+    cli_error("--a2a needs 1 to %d names from: %s, all", MAX_LIST, valid);
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < n; i++) {
+    if (strcmp(items[i], "all") == 0) {
+      int count = 0;
+      const moe_a2a_algo *list = moe_a2a_list(&count);
+      for (int k = 0; k < count; k++) add_unique(&o->a2as[0][0], &o->n_a2a, 32, list[k].name);
+      continue;
+    }
+    const moe_a2a_algo *algo = NULL;
+    if (moe_a2a_find(ctx, items[i], &algo) != MOE_STATUS_OK) {
+      cli_error("--a2a: %s (or all)", moe_ctx_error(ctx));
+      return CLI_USAGE;
+    }
+    add_unique(&o->a2as[0][0], &o->n_a2a, 32, algo->name);
+  }
+  // --compress
+  n = split_list(o->compress ? o->compress : "none", buf, sizeof buf, items, MAX_LIST);
+  if (n <= 0) {
+    cli_error("--compress needs 1 to %d specs from: %s", MAX_LIST, moe_compressor_names());
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < n; i++) {
+    moe_compressor c;
+    if (strlen(items[i]) >= 32 || moe_compressor_get(ctx, items[i], &c) != MOE_STATUS_OK) {
+      cli_error("--compress: %s",
+                strlen(items[i]) >= 32 ? "compressor spec too long" : moe_ctx_error(ctx));
+      return CLI_USAGE;
+    }
+    add_unique(&o->comps[0][0], &o->n_comp, 32, items[i]);
+  }
+  // --schedule
+  n = split_list(o->schedule ? o->schedule : "all", buf, sizeof buf, items, MAX_LIST);
+  if (n <= 0) {
+    cli_error("--schedule needs 1 to %d names from: %s, all", MAX_LIST, moe_schedule_algo_names());
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < n; i++) {
+    if (strcmp(items[i], "all") == 0) {
+      int count = 0;
+      const moe_schedule_algo *list = moe_schedule_algo_list(&count);
+      for (int k = 0; k < count; k++) add_unique(&o->scheds[0][0], &o->n_sched, 16, list[k].name);
+      continue;
+    }
+    const moe_schedule_algo *s = NULL;
+    if (moe_schedule_algo_find(ctx, items[i], &s) != MOE_STATUS_OK) {
+      cli_error("--schedule: %s (or all)", moe_ctx_error(ctx));
+      return CLI_USAGE;
+    }
+    add_unique(&o->scheds[0][0], &o->n_sched, 16, s->name);
+  }
+  // --chunks
+  n = split_list(o->chunks ? o->chunks : "2", buf, sizeof buf, items, MAX_LIST);
+  if (n <= 0) {
+    cli_error("--chunks needs 1 to %d integers in [1, %d]", MAX_LIST, MOE_MAX_CHUNKS);
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < n; i++) {
+    char *end = NULL;
+    errno = 0;
+    const long v = strtol(items[i], &end, 10);
+    if (errno != 0 || end == items[i] || *end != '\0') {
+      cli_error("--chunks expects an integer or a comma-separated list of integers, got '%s'",
+                items[i]);
+      return CLI_USAGE;
+    }
+    if (v < 1 || v > MOE_MAX_CHUNKS) {
+      cli_error("--chunks (%ld) must be in [1, %d]", v, MOE_MAX_CHUNKS);
+      return CLI_USAGE;
+    }
+    int have = 0;
+    for (int k = 0; k < o->n_chunks; k++) have |= o->chunk_list[k] == (int)v;
+    if (!have) o->chunk_list[o->n_chunks++] = (int)v;
+  }
+  return CLI_OK;
+}
+
+// Parses argv. CLI_OK, CLI_USAGE (message printed) or -1 after --help.
+static int parse_opts(int argc, char **argv, ep_opts *o) {
+  memset(o, 0, sizeof *o);
+  moe_layer_config_default(&o->cfg);
+  o->cfg.tokens = 1024;
+  o->cfg.model_dim = 512;
+  o->cfg.hidden_dim = 1024;
+  o->cfg.num_experts = 0;  // 2 x ranks unless given
+  o->cfg.top_k = 2;
+  o->cfg.capacity_factor = 1.2;
+  o->iters = 5;
+  o->warmup = 1;
+  o->threads = 1;
+  o->seed = 1;
+  o->wait = moe_executor_config_default().wait;
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+  cli_args a;
+  cli_args_init(&a, argc, argv, 3);
+  int rc = CLI_OK;
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      cli_bench_layer_usage(stdout);
+      rc = -1;
+      goto done;
+    } else if (cli_opt(&a, "--tokens")) {
+      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
+      o->layer_dims_set |= 1;
+    } else if (cli_opt(&a, "--model")) {
+      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
+      o->layer_dims_set |= 2;
+    } else if (cli_opt(&a, "--hidden")) {
+      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
+      o->layer_dims_set |= 4;
+    } else if (cli_opt(&a, "--experts")) {
+      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
+    } else if (cli_opt(&a, "--topk")) {
+      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
+    } else if (cli_opt(&a, "--capacity-factor")) {
+      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
+      o->layer_dims_set |= 8;
+    } else if (cli_opt(&a, "--act")) {
+      if (a.value && moe_activation_parse(ctx, a.value, &o->cfg.act) != MOE_STATUS_OK) {
+        cli_error("--act: %s", moe_ctx_error(ctx));
+        a.bad = 1;
+      }
+    } else if (cli_flag(&a, "--renormalize")) {
+      o->cfg.renormalize = 1;
+    } else if (cli_opt(&a, "--config")) {
+      if (a.value && moe_layer_config_load(ctx, a.value, &o->cfg) != MOE_STATUS_OK) {
+        cli_error("--config %s: %s", a.value, moe_ctx_error(ctx));
+        a.bad = 1;
+      }
+      o->layer_dims_set |= 16;
+    } else if (cli_opt(&a, "--ep")) {
+      cli_parse_int(&a, "--ep", 1, 1 << 20, &o->ep);
+    } else if (cli_opt(&a, "--ranks-per-node")) {
+      cli_parse_int(&a, "--ranks-per-node", 0, 1 << 20, &o->ranks_per_node);
+    } else if (cli_opt(&a, "--a2a")) {
+      o->a2a = a.value;
+    } else if (cli_opt(&a, "--schedule")) {
+      o->schedule = a.value;
+    } else if (cli_opt(&a, "--chunks")) {
+      o->chunks = a.value;
+    } else if (cli_flag(&a, "--compress-backward")) {
+      o->compress_backward = 1;
+    } else if (cli_opt(&a, "--compress")) {
+      o->compress = a.value;
+    } else if (cli_opt(&a, "--wait")) {
+      if (a.value && moe_wait_policy_parse(ctx, a.value, &o->wait) != MOE_STATUS_OK) {
+        cli_error("--wait '%s' is unknown (valid: blocking, poll-backoff)", a.value);
+        a.bad = 1;
+      }
+    } else if (cli_opt(&a, "--iters")) {
+      cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
+      o->iters_set = 1;
+    } else if (cli_opt(&a, "--warmup")) {
+      cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
+    } else if (cli_opt(&a, "--threads")) {
+      cli_parse_int(&a, "--threads", 1, 256, &o->threads);
+    } else if (cli_opt(&a, "--seed")) {
+      char *end = NULL;
+      if (a.value) {
+        errno = 0;
+        o->seed = strtoull(a.value, &end, 10);
+        if (end == a.value || *end != '\0' || errno == ERANGE || strchr(a.value, '-')) {
+          cli_error("--seed (%s) must be an integer in [0, %llu]", a.value, ULLONG_MAX);
+          a.bad = 1;
+        }
+      }
+    } else if (cli_opt(&a, "--json")) {
+      o->json_path = a.value;
+    } else if (cli_opt(&a, "--trace")) {
+      o->trace_path = a.value;
+    } else if (cli_flag(&a, "--grid")) {
+      o->grid = 1;
+    } else if (cli_opt(&a, "--peak-size")) {
+      cli_error("--peak-size applies only to the single-process 'moe bench layer' (see --help)");
+      a.bad = 1;
+    } else {
+      cli_error("unknown option '%s' for the distributed 'moe bench layer' (see --help)",
+                cli_args_peek(&a));
+      a.bad = 1;
+    }
+  }
+  if (a.bad) {
+    rc = CLI_USAGE;
+    goto done;
+  }
+  if (o->grid && o->layer_dims_set) {
+    cli_error(
+        "--grid sets the tokens, model, hidden dimension and capacity factor itself: drop "
+        "--tokens, --model, --hidden, --capacity-factor and --config");
+    rc = CLI_USAGE;
+    goto done;
+  }
+  if (o->grid && !o->iters_set) o->iters = 3;
+  rc = parse_lists(o, ctx);
+done:
+  moe_ctx_destroy(ctx);
+  return rc;
+}
+
+// The (schedule, chunks) variants: sequential r=1 first, then the lists.
+static int make_sched_variants(const ep_opts *o, sched_variant *out, int max) {
+  int n = 0;
+  snprintf(out[n].schedule, sizeof out[n].schedule, "sequential");
+  out[n++].chunks = 1;
+  if (o->grid && !o->schedule && !o->chunks) {
+    const char *names[3] = {"pipeline", "optsche", "smart"};
+    for (int i = 0; i < 3 && n < max; i++) {
+      snprintf(out[n].schedule, sizeof out[n].schedule, "%s", names[i]);
+      out[n++].chunks = strcmp(names[i], "smart") == 0 ? 1 : 2;
+    }
+    return n;
+  }
+  for (int s = 0; s < o->n_sched; s++) {
+    const int smart = strcmp(o->scheds[s], "smart") == 0;  // ignores chunks
+    for (int c = 0; c < (smart ? 1 : o->n_chunks); c++) {
+      const int r = smart ? 1 : o->chunk_list[c];
+      int have = 0;
+      for (int k = 0; k < n; k++) {
+        have |= strcmp(out[k].schedule, o->scheds[s]) == 0 && out[k].chunks == r;
+      }
+      if (have || n == max) continue;
+      snprintf(out[n].schedule, sizeof out[n].schedule, "%s", o->scheds[s]);
+      out[n++].chunks = r;
+    }
+  }
+  return n;
+}
+
+// Prints a failure that every rank returned (the library agrees on them):
+// rank 0's message, and another rank's only where it differs (its own failure).
+static void report_failure(moe_ctx *ctx, int rank, const char *what) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s", moe_ctx_error(ctx));
+  MPI_Bcast(root, (int)sizeof root, MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    cli_error("%s: %s", what, root);
+  } else if (strcmp(root, moe_ctx_error(ctx)) != 0) {
+    cli_error("rank %d: %s: %s", rank, what, moe_ctx_error(ctx));
+  }
+}
+
+static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
+                         uint64_t *total_ns) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  moe_pass_breakdown b;
+  memset(&b, 0, sizeof b);
+  if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &b);
+  out5[0] = (double)b.compute_ns / 1e6;
+  out5[1] = (double)b.comm_ns / 1e6;
+  out5[2] = (double)b.overlap_ns / 1e6;
+  out5[3] = (double)b.exposed_comm_ns / 1e6;
+  out5[4] = (double)b.total_ns / 1e6;
+  if (total_ns) *total_ns = b.total_ns;
+}
+
+typedef struct {
+  float *x, *y, *dy, *dx;
+  double *samples;  // (iters, N_SAMPLES)
+  double *col;      // (iters)
+} ep_buffers;
+
+// Creates the layer of one variant, times it, fills res. With trace_path, writes
+// the last iteration's passes of every rank. CLI_OK or CLI_FAILED (reported on
+// every rank, which all return it).
+static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
+                       ep_buffers *b, ep_result *res, const char *trace_path) {
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  pc.ep_size = o->ep;
+  pc.ranks_per_node = o->ranks_per_node;
+  snprintf(pc.a2a, sizeof pc.a2a, "%s", res->a2a);
+  snprintf(pc.schedule, sizeof pc.schedule, "%s", res->schedule);
+  pc.chunks = res->chunks_req;
+  snprintf(pc.compress, sizeof pc.compress, "%s", res->compress);
+  pc.compress_backward = o->compress_backward;
+  pc.exec = moe_executor_config_default();
+  pc.exec.wait = o->wait;
+  moe_ep_layer *layer = NULL;
+  if (moe_ep_layer_create(ctx, MPI_COMM_WORLD, cfg, &pc, &layer) != MOE_STATUS_OK) {
+    report_failure(ctx, rank, "cannot create the layer");
+    return CLI_FAILED;
+  }
+  res->chunks = moe_ep_layer_chunks(layer);
+  moe_ep_layer_init_params(layer, o->seed);
+  const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
+  moe_layer_stats stats;
+  memset(&stats, 0, sizeof stats);
+  uint64_t fwd_pass_ns = 0;
+  int rc = CLI_OK;
+  for (int it = 0; it < o->warmup + o->iters; it++) {
+    memset(b->dx, 0, tm * sizeof(float));
+    moe_ep_layer_zero_grad(layer);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = MPI_Wtime();
+    moe_status st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, &stats);
+    const double t1 = MPI_Wtime();
+    if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(layer, b->dy, b->dx);
+    const double t2 = MPI_Wtime();
+    if (st != MOE_STATUS_OK) {
+      report_failure(ctx, rank, it < o->warmup ? "warm-up iteration" : "timed iteration");
+      rc = CLI_FAILED;
+      goto done;
+    }
+    // v: fwd, bwd, total ms; fwd pass (5); bwd pass (5); fwd pass ns (for the trace)
+    double v[N_SAMPLES + 1];
+    v[0] = (t1 - t0) * 1e3;
+    v[1] = (t2 - t1) * 1e3;
+    v[2] = (t2 - t0) * 1e3;
+    uint64_t fns = 0;
+    breakdown_ms(layer, 0, v + 3, &fns);
+    breakdown_ms(layer, 1, v + 8, NULL);
+    v[13] = (double)fns;
+    MPI_Allreduce(MPI_IN_PLACE, v, N_SAMPLES + 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    fwd_pass_ns = (uint64_t)v[13];
+    if (it >= o->warmup)
+      memcpy(b->samples + (size_t)(it - o->warmup) * N_SAMPLES, v, sizeof v[0] * N_SAMPLES);
+  }
+  double med[N_SAMPLES];
+  for (int c = 0; c < N_SAMPLES; c++) {
+    for (int i = 0; i < o->iters; i++) b->col[i] = b->samples[(size_t)i * N_SAMPLES + (size_t)c];
+    med[c] = median(b->col, o->iters);
+  }
+  res->fwd_ms = med[0];
+  res->bwd_ms = med[1];
+  res->total_ms = med[2];
+  memcpy(res->fwd_pass, med + 3, sizeof res->fwd_pass);
+  memcpy(res->bwd_pass, med + 8, sizeof res->bwd_pass);
+  res->comp_ms = res->fwd_pass[0] + res->bwd_pass[0];
+  res->comm_ms = res->fwd_pass[1] + res->bwd_pass[1];
+  res->exposed_ms = res->fwd_pass[3] + res->bwd_pass[3];
+  {
+    long long counts[2] = {stats.rows, stats.dropped};
+    MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    res->rows = counts[0];
+    res->dropped = counts[1];
+  }
+  if (trace_path) {
+    moe_trace_pass passes[2];
+    memset(passes, 0, sizeof passes);
+    for (int d = 0; d < 2; d++) {
+      moe_ep_layer_last_pass(layer, d, &passes[d].graph, &passes[d].records);
+      passes[d].offset_ns = d ? fwd_pass_ns : 0;
+    }
+    const int n = passes[0].graph && passes[1].graph ? 2 : 0;
+    if (moe_trace_write_ranks(ctx, MPI_COMM_WORLD, trace_path, passes, n) != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("--trace: %s", moe_ctx_error(ctx));
+      rc = CLI_FAILED;
+    }
+  }
+done:
+  moe_ep_layer_destroy(layer);
+  return rc;
+}
+
+// speedup, bound and efficiency of the variants of one config against their baselines.
+static void derive(ep_result *rs, int n) {
+  for (int i = 0; i < n; i++) {
+    const ep_result *base = &rs[rs[i].baseline];
+    const double comm = base->comm_ms, comp = base->comp_ms;
+    const double hi = comm > comp ? comm : comp;
+    rs[i].speedup = rs[i].total_ms > 0 ? base->total_ms / rs[i].total_ms : NAN;
+    rs[i].bound = hi > 0 ? (comm + comp) / hi : NAN;
+    rs[i].efficiency = rs[i].speedup / rs[i].bound;
+  }
+}
+
+static void config_line(FILE *f, int index, int n_configs, const moe_layer_config *cfg, int world,
+                        int ep) {
+  fprintf(f, "config %d/%d: T=%d/rank (%lld in all) M=%d H=%d E=%d K=%d ", index + 1, n_configs,
+          cfg->tokens, (long long)cfg->tokens * world, cfg->model_dim, cfg->hidden_dim,
+          cfg->num_experts, cfg->top_k);
+  if (cfg->capacity_factor > 0) {
+    fprintf(f, "f=%g (C=%d per source rank and expert)", cfg->capacity_factor,
+            moe_layer_capacity(cfg, cfg->tokens));
+  } else {
+    fprintf(f, "dropless");
+  }
+  fprintf(f, " %s%s, EP=%d DP=%d\n", moe_activation_name(cfg->act),
+          cfg->renormalize ? " renormalized" : "", ep, world / ep);
+}
+
+static void print_table(const ep_result *rs, int n) {
+  printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s\n", "a2a", "compress", "schedule",
+         "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms", "exposed", "bound",
+         "eff");
+  for (int i = 0; i < n; i++) {
+    const ep_result *r = &rs[i];
+    printf("%-8s %-8s %-10s %3d %9.2f %9.2f %9.2f %7.3f %8.2f %8.2f %8.2f %6.3f %5.1f%%\n", r->a2a,
+           r->compress, r->schedule, r->chunks, r->fwd_ms, r->bwd_ms, r->total_ms, r->speedup,
+           r->comm_ms, r->comp_ms, r->exposed_ms, r->bound, 100.0 * r->efficiency);
+  }
+  const ep_result *base = &rs[rs[0].baseline];
+  printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n\n", base->dropped,
+         base->rows + base->dropped, base->schedule);
+}
+
+// "key": value, null for NaN/Inf.
+static void json_num(FILE *f, const char *key, double v, const char *sep) {
+  if (isfinite(v)) {
+    fprintf(f, "\"%s\": %.6f%s", key, v, sep);
+  } else {
+    fprintf(f, "\"%s\": null%s", key, sep);
+  }
+}
+
+static void json_pass(FILE *f, const char *key, const double *p, const char *sep) {
+  fprintf(f, "\"%s\": {", key);
+  json_num(f, "compute_ms", p[0], ", ");
+  json_num(f, "comm_ms", p[1], ", ");
+  json_num(f, "overlap_ms", p[2], ", ");
+  json_num(f, "exposed_comm_ms", p[3], ", ");
+  json_num(f, "pass_ms", p[4], "}");
+  fputs(sep, f);
+}
+
+static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, int nodes,
+                      const moe_layer_config *cfgs, int n_configs, const ep_result *rs,
+                      int per_config) {
+  FILE *f = out->f;
+  fprintf(f,
+          "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
+          "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
+          "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
+          "  \"blas_threads\": %d,\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
+          "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
+          moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
+          o->iters, o->warmup, o->threads, o->seed, moe_wait_policy_name(o->wait),
+          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
+  for (int c = 0; c < n_configs; c++) {
+    char cfg_json[1024];
+    if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
+      cli_error("%s", moe_ctx_error(ctx));
+      cli_out_abort(out);
+      return CLI_FAILED;
+    }
+    fprintf(f,
+            "    {\"config\": %s,\n     \"tokens_per_rank\": %d, \"tokens_total\": %lld, "
+            "\"capacity\": %d,\n     \"variants\": [\n",
+            cfg_json, cfgs[c].tokens, (long long)cfgs[c].tokens * world,
+            moe_layer_capacity(&cfgs[c], cfgs[c].tokens));
+    for (int v = 0; v < per_config; v++) {
+      const ep_result *r = &rs[(size_t)c * (size_t)per_config + (size_t)v];
+      fprintf(f,
+              "      {\"a2a\": \"%s\", \"compress\": \"%s\", \"schedule\": \"%s\", "
+              "\"chunks_requested\": %d, \"chunks\": %d, \"baseline\": \"%s r=1\", "
+              "\"rows\": %lld, \"dropped\": %lld,\n       ",
+              r->a2a, r->compress, r->schedule, r->chunks_req, r->chunks,
+              rs[(size_t)c * (size_t)per_config + (size_t)r->baseline].schedule, r->rows,
+              r->dropped);
+      json_num(f, "fwd_ms", r->fwd_ms, ", ");
+      json_num(f, "bwd_ms", r->bwd_ms, ", ");
+      json_num(f, "total_ms", r->total_ms, ", ");
+      json_num(f, "speedup", r->speedup, ",\n       ");
+      json_num(f, "comm_ms", r->comm_ms, ", ");
+      json_num(f, "comp_ms", r->comp_ms, ", ");
+      json_num(f, "exposed_comm_ms", r->exposed_ms, ", ");
+      json_num(f, "bound", r->bound, ", ");
+      json_num(f, "overlap_efficiency", r->efficiency, ",\n       ");
+      json_pass(f, "fwd_pass", r->fwd_pass, ", ");
+      json_pass(f, "bwd_pass", r->bwd_pass, "}");
+      fputs(v + 1 < per_config ? ",\n" : "\n", f);
+    }
+    fprintf(f, "     ]}%s\n", c + 1 < n_configs ? "," : "");
+  }
+  fputs("  ]\n}\n", f);
+  return cli_out_commit(out);
+}
+
+// Grid mode's summary: one row per config, the speedup of each (schedule, r)
+// for the first a2a and compressor.
+static void print_grid_summary(const moe_layer_config *cfgs, int n_configs, const ep_result *rs,
+                               int per_config, int n_sv) {
+  printf("grid summary (%s, %s): speedup over sequential r=1\n", rs[0].a2a, rs[0].compress);
+  printf("%6s %5s %5s %8s %10s", "T/rank", "M", "H", "f", "seq ms");
+  for (int v = 1; v < n_sv; v++) {
+    char label[32];
+    snprintf(label, sizeof label, "%s r=%d", rs[v].schedule, rs[v].chunks);
+    printf(" %14s", label);
+  }
+  printf("\n");
+  for (int c = 0; c < n_configs; c++) {
+    const ep_result *r = rs + (size_t)c * (size_t)per_config;
+    char f[16];
+    if (cfgs[c].capacity_factor > 0) {
+      snprintf(f, sizeof f, "%g", cfgs[c].capacity_factor);
+    } else {
+      snprintf(f, sizeof f, "dropless");
+    }
+    printf("%6d %5d %5d %8s %10.2f", cfgs[c].tokens, cfgs[c].model_dim, cfgs[c].hidden_dim, f,
+           r[0].total_ms);
+    for (int v = 1; v < n_sv; v++) printf(" %14.3f", r[v].speedup);
+    printf("\n");
+  }
+  printf("\n");
+}
+
+int cmd_bench_layer_ep(int argc, char **argv) {
+  ep_opts o;
+  int provided = 0, rank = 0, world = 1;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Every rank parses the same argv, so all agree on the outcome; only rank 0
+  // prints (help and errors). Parsing after MPI_Init lets every rank finalize
+  // together: a rank exiting early would make mpirun kill rank 0 before its
+  // message is out.
+  int rc;
+  {
+    const int quiet = rank != 0;
+    int saved[2] = {-1, -1};
+    if (quiet) {
+      fflush(stdout);
+      fflush(stderr);
+      const int null = open("/dev/null", O_WRONLY);
+      for (int fd = 0; fd < 2 && null >= 0; fd++) {
+        saved[fd] = dup(fd + 1);
+        if (saved[fd] >= 0) dup2(null, fd + 1);
+      }
+      if (null >= 0) close(null);
+    }
+    rc = parse_opts(argc, argv, &o);
+    fflush(stdout);
+    fflush(stderr);
+    for (int fd = 0; fd < 2; fd++) {
+      if (saved[fd] < 0) continue;
+      dup2(saved[fd], fd + 1);
+      close(saved[fd]);
+    }
+  }
+  moe_ctx *ctx = NULL;
+  cli_out json = {0};
+  moe_layer_config *cfgs = NULL;
+  ep_result *rs = NULL;
+  ep_buffers b;
+  memset(&b, 0, sizeof b);
+  sched_variant sv[MAX_LIST * MAX_LIST + 1];
+  int n_configs = 0, per_config = 0, nodes = 1;
+  const uint64_t t_start = moe_time_ns();
+  if (rc != CLI_OK) {
+    if (rc < 0) rc = CLI_OK;  // --help
+    goto done;
+  }
+
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("cannot create a context");
+    rc = CLI_FAILED;
+    goto done;
+  }
+  // Checks that need the world size: the same on every rank, printed by rank 0.
+  if (o.ep == 0) o.ep = world;
+  if (o.cfg.num_experts == 0) o.cfg.num_experts = 2 * world;  // neither --experts nor --config
+  if (o.ep > world || world % o.ep != 0) {
+    if (rank == 0) cli_error("--ep (%d) must divide the number of ranks (%d)", o.ep, world);
+    rc = CLI_USAGE;
+  } else if (o.cfg.num_experts % o.ep != 0) {
+    if (rank == 0) {
+      cli_error("--experts (%d) must be divisible by the EP size (%d)", o.cfg.num_experts, o.ep);
+    }
+    rc = CLI_USAGE;
+  } else if (o.cfg.top_k > o.cfg.num_experts) {
+    if (rank == 0) {
+      cli_error("--topk (%d) must be in [1, %d] (the number of experts)", o.cfg.top_k,
+                o.cfg.num_experts);
+    }
+    rc = CLI_USAGE;
+  } else if (o.ranks_per_node > 0 && world % o.ranks_per_node != 0) {
+    if (rank == 0) {
+      cli_error("--ranks-per-node (%d) must divide the number of ranks (%d)", o.ranks_per_node,
+                world);
+    }
+    rc = CLI_USAGE;
+  } else if (!o.grid && moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+  }
+  if (rc != CLI_OK) goto done;
+  {
+    int *node_of = moe_malloc((size_t)world * sizeof(int));
+    if (node_of &&
+        moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, node_of) == MOE_STATUS_OK) {
+      for (int r = 0; r < world; r++) nodes = node_of[r] + 1 > nodes ? node_of[r] + 1 : nodes;
+    }
+    moe_free(node_of);
+  }
+  moe_blas_set_threads(o.threads);
+
+  // The configs.
+  n_configs = o.grid ? GRID_CONFIGS : 1;
+  cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);
+  const int n_sv = make_sched_variants(&o, sv, (int)(sizeof sv / sizeof sv[0]));
+  per_config = o.n_a2a * o.n_comp * n_sv;
+  rs = moe_calloc((size_t)n_configs * (size_t)per_config, sizeof *rs);
+  if (!cfgs || !rs) {
+    cli_error("rank %d: cannot allocate the result tables", rank);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
+  if (o.grid) {
+    static const int tokens[2] = {256, 512}, model[2] = {256, 512}, hidden[2] = {512, 1024};
+    static const double f[3] = {1.0, 1.2, 0.0};
+    int c = 0;
+    for (int ti = 0; ti < 2; ti++) {
+      for (int mi = 0; mi < 2; mi++) {
+        for (int hi = 0; hi < 2; hi++) {
+          for (int fi = 0; fi < 3; fi++, c++) {
+            cfgs[c] = o.cfg;
+            cfgs[c].tokens = tokens[ti];
+            cfgs[c].model_dim = model[mi];
+            cfgs[c].hidden_dim = hidden[hi];
+            cfgs[c].capacity_factor = f[fi];
+          }
+        }
+      }
+    }
+  } else {
+    cfgs[0] = o.cfg;
+  }
+  size_t max_tm = 0;
+  for (int c = 0; c < n_configs; c++) {
+    const size_t tm = (size_t)cfgs[c].tokens * (size_t)cfgs[c].model_dim;
+    if (tm > max_tm) max_tm = tm;
+  }
+  b.x = moe_malloc(max_tm * sizeof(float));
+  b.y = moe_malloc(max_tm * sizeof(float));
+  b.dy = moe_malloc(max_tm * sizeof(float));
+  b.dx = moe_malloc(max_tm * sizeof(float));
+  b.samples = moe_calloc((size_t)o.iters * N_SAMPLES, sizeof(double));
+  b.col = moe_calloc((size_t)o.iters, sizeof(double));
+  {
+    int ok = b.x && b.y && b.dy && b.dx && b.samples && b.col;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) {
+      cli_error("rank %d: cannot allocate the inputs (%zu floats each)", rank, max_tm);
+      rc = CLI_FAILED;
+      goto done;
+    }
+  }
+
+  // Outputs are opened first, so an unwritable path fails before the long run.
+  {
+    int ok = 1;
+    if (rank == 0 && o.json_path) ok = cli_out_open(&json, o.json_path) == CLI_OK;
+    if (rank == 0 && ok && o.trace_path) {
+      cli_out probe = {0};
+      ok = cli_out_open(&probe, o.trace_path) == CLI_OK;
+      cli_out_abort(&probe);
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+      rc = CLI_FAILED;
+      goto done;
+    }
+  }
+
+  if (rank == 0) {
+    printf(
+        "moe bench layer (distributed): %d rank%s on %d node%s, EP=%d x DP=%d, wait %s, "
+        "%d BLAS thread%s per rank\n",
+        world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", o.ep, world / o.ep,
+        moe_wait_policy_name(o.wait), o.threads, o.threads == 1 ? "" : "s");
+    printf(
+        "%d config%s x %d variant%s, median of %d iteration%s after %d warm-up; every number is "
+        "the slowest rank's\n\n",
+        n_configs, n_configs == 1 ? "" : "s", per_config, per_config == 1 ? "" : "s", o.iters,
+        o.iters == 1 ? "" : "s", o.warmup);
+    fflush(stdout);
+  }
+  for (int c = 0; c < n_configs; c++) {
+    const moe_layer_config *cfg = &cfgs[c];
+    const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
+    moe_rng rng;
+    moe_rng_init(&rng, o.seed, 100 + 2 * (uint64_t)rank);
+    moe_rng_fill_uniform(&rng, b.x, tm, -1.0f, 1.0f);
+    moe_rng_init(&rng, o.seed, 101 + 2 * (uint64_t)rank);
+    moe_rng_fill_uniform(&rng, b.dy, tm, -1.0f, 1.0f);
+    ep_result *crs = rs + (size_t)c * (size_t)per_config;
+    int k = 0;
+    for (int a = 0; a < o.n_a2a; a++) {
+      for (int z = 0; z < o.n_comp; z++) {
+        const int base = k;
+        for (int s = 0; s < n_sv; s++, k++) {
+          ep_result *r = &crs[k];
+          r->a2a = o.a2as[a];
+          r->compress = o.comps[z];
+          r->schedule = sv[s].schedule;
+          r->chunks_req = sv[s].chunks;
+          r->baseline = base;
+          const int last = c == n_configs - 1 && k == per_config - 1;
+          if (run_variant(ctx, &o, cfg, rank, &b, r, last ? o.trace_path : NULL) != CLI_OK) {
+            rc = CLI_FAILED;
+            goto done;
+          }
+        }
+      }
+    }
+    derive(crs, per_config);
+    if (rank == 0) {
+      config_line(stdout, c, n_configs, cfg, world, o.ep);
+      print_table(crs, per_config);
+      fflush(stdout);
+    }
+  }
+  if (rank == 0 && o.grid) print_grid_summary(cfgs, n_configs, rs, per_config, n_sv);
+  if (rank == 0) {
+    if (o.trace_path) {
+      const ep_result *r = &rs[(size_t)n_configs * (size_t)per_config - 1];
+      printf("wrote %s (%s %s %s r=%d of config %d: the last iteration's passes)\n", o.trace_path,
+             r->a2a, r->compress, r->schedule, r->chunks, n_configs);
+    }
+    printf("wall time %.2f s\n", (double)(moe_time_ns() - t_start) / 1e9);
+    if (o.json_path) {
+      rc = write_json(&json, ctx, &o, world, nodes, cfgs, n_configs, rs, per_config);
+      if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
+    }
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+done:
+  cli_out_abort(&json);
+  moe_free(b.x);
+  moe_free(b.y);
+  moe_free(b.dy);
+  moe_free(b.dx);
+  moe_free(b.samples);
+  moe_free(b.col);
+  moe_free(cfgs);
+  moe_free(rs);
+  moe_ctx_destroy(ctx);
+  fflush(stdout);
+  fflush(stderr);
+  MPI_Barrier(MPI_COMM_WORLD);  // rank 0's messages are out before any rank exits
+  MPI_Finalize();
+  return rc;
+}
+
+#else  // !MOE_CLI_MPI
+
+int cmd_bench_layer_ep(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  cli_error("this moe was built without MPI: the distributed 'bench layer' is not available");
+  return CLI_FAILED;
+}
+
+#endif
