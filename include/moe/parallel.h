@@ -99,6 +99,8 @@ moe_status moe_ep_layer_forward(moe_ep_layer *layer, const float *x, int tokens,
 // Valid until the next pass of that direction.
 void moe_ep_layer_last_pass(const moe_ep_layer *layer, int backward, const moe_task_graph **graph,
                             const moe_task_record **records);
+// The schedule (stream orders) of the forward (backward = 0) or backward pass.
+const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *layer, int backward);
 // Chunks a pass is cut into (pc.chunks, or the number of peer groups for smart).
 int moe_ep_layer_chunks(const moe_ep_layer *layer);
 // Per-phase times of the last forward and backward (ms; expert GEMMs included).

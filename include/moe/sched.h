@@ -191,6 +191,18 @@ moe_status moe_schedule_algo_find(moe_ctx *ctx, const char *name, const moe_sche
 // "sequential, pipeline, optsche, smart".
 const char *moe_schedule_algo_names(void);
 
+// Makespan of graph under sched if task i took durations[i] (any time unit),
+// with the executor's rules: each stream runs its order, starting a task when
+// the stream is free and the task's dependencies have ended. end_times (n_tasks,
+// may be NULL) receives each task's end. Validates the schedule first
+// (INVALID_ARG for a bad or deadlocking one, or a negative/non-finite
+// duration). Allocates scratch. This is ScheMoE's task-model simulator: with
+// per-task durations of a profile split over r chunks it gives the makespan an
+// ideal r-chunk pass would have.
+moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
+                                 const moe_schedule *sched, const double *durations,
+                                 double *end_times, double *makespan);
+
 // ---- executor ------------------------------------------------------------------------
 
 // How the communication stream waits for a split task to complete.

@@ -742,6 +742,10 @@ void moe_ep_layer_last_pass(const moe_ep_layer *L, int backward, const moe_task_
   if (records) *records = have ? L->rec[dir] : NULL;
 }
 
+const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *L, int backward) {
+  return L ? &L->order[backward ? 1 : 0] : NULL;
+}
+
 int moe_ep_layer_chunks(const moe_ep_layer *L) { return L ? L->r : 0; }
 
 void moe_ep_layer_timing(const moe_ep_layer *L, moe_layer_timing *fwd, moe_layer_timing *bwd) {

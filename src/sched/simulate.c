@@ -1,0 +1,67 @@
+// Schedule simulation: the makespan a schedule would have if every task took a
+// given time, with the executor's rules (a stream starts the task that is next
+// in its order once the stream is free and the task's dependencies have
+// ended). With the durations of ScheMoE's task model this is the simulator of
+// ALGORITHMS.md 1.1 [R] (eq. 12-14 place communication tasks FIFO as soon as
+// they are ready, which is what this does with optsche's orders).
+//
+// Not here: where durations come from (profiles, performance models).
+#include <string.h>
+
+#include "moe/sched.h"
+
+moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
+                                 const moe_schedule *sched, const double *durations,
+                                 double *end_times, double *makespan) {
+  moe_status st = MOE_STATUS_OK;
+  double *end = NULL;
+  unsigned char *done = NULL;
+  MOE_FAIL_IF(ctx, !graph || !sched || !durations || !makespan, MOE_STATUS_INVALID_ARG,
+              "graph, schedule, durations and makespan must not be NULL");
+  MOE_TRY(moe_schedule_validate(ctx, graph, sched));  // also rules out deadlocks
+  const int n = graph->n_tasks;
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx, !(durations[i] >= 0.0) || durations[i] > 1e300, MOE_STATUS_INVALID_ARG,
+                "duration of task '%s' (#%d) is %g; it must be finite and >= 0",
+                graph->tasks[i].name, i, durations[i]);
+  }
+  end = moe_calloc((size_t)(n ? n : 1), sizeof *end);
+  done = moe_calloc((size_t)(n ? n : 1), 1);
+  MOE_FAIL_IF(ctx, !end || !done, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d tasks", n);
+  int pos[MOE_STREAM_COUNT_] = {0};
+  double free_at[MOE_STREAM_COUNT_] = {0};
+  int placed = 0;
+  while (placed < n) {
+    int progress = 0;
+    for (int s = 0; s < MOE_STREAM_COUNT_; s++) {
+      while (pos[s] < sched->len[s]) {
+        const int t = sched->order[s][pos[s]];
+        const int *deps = NULL;
+        int nd = 0;
+        moe_task_graph_deps(graph, t, &deps, &nd);
+        double ready = free_at[s];
+        int ok = 1;
+        for (int d = 0; d < nd && ok; d++) {
+          ok = done[deps[d]];
+          if (ok && end[deps[d]] > ready) ready = end[deps[d]];
+        }
+        if (!ok) break;
+        end[t] = ready + durations[t];
+        done[t] = 1;
+        free_at[s] = end[t];
+        pos[s]++;
+        placed++;
+        progress = 1;
+      }
+    }
+    MOE_FAIL_IF(ctx, !progress, MOE_STATUS_INTERNAL, "schedule simulation made no progress");
+  }
+  double m = 0.0;
+  for (int i = 0; i < n; i++) m = end[i] > m ? end[i] : m;
+  *makespan = m;
+  if (end_times) memcpy(end_times, end, (size_t)n * sizeof *end);
+done:
+  moe_free(end);
+  moe_free(done);
+  return st;
+}
