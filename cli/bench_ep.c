@@ -122,7 +122,10 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "sequential r=1 (same a2a and compress) / total; comm, comp = busy time of the\n"
           "pass's communication and compute tasks, fwd+bwd; exposed = comm not overlapped\n"
           "by compute; bound = (comm + comp) / max(comm, comp) of the sequential r=1 run;\n"
-          "eff = speedup / bound.\n",
+          "eff = speedup / bound; model = the speedup ScheMoE's task model predicts for\n"
+          "this variant: its task graphs and schedules simulated with the baseline's\n"
+          "busy time per task kind split evenly over the chunks (no overheads);\n"
+          "eff_r = speedup / model.\n",
 #if MOE_CLI_MPI
           "",
 #else
@@ -133,8 +136,9 @@ void cli_bench_layer_ep_usage(FILE *f) {
 
 #if MOE_CLI_MPI
 
-#define MAX_LIST 16   // items of one list option
-#define N_SAMPLES 13  // numbers kept per iteration (see run_variant)
+#define MAX_LIST 16                            // items of one list option
+#define N_BASE 13                              // fwd, bwd, total, fwd pass (5), bwd pass (5)
+#define N_SAMPLES (N_BASE + 2 * MOE_CT_KINDS)  // + busy ms per task kind, fwd and bwd
 #define GRID_CONFIGS 24
 
 typedef struct {
@@ -170,6 +174,10 @@ typedef struct {
   // pass breakdowns (ms): compute, comm, overlap, exposed comm, pass total
   double fwd_pass[5], bwd_pass[5];
   double speedup, comm_ms, comp_ms, exposed_ms, bound, efficiency;
+  double kind_ms[2][MOE_CT_KINDS];  // busy ms per task kind (C1 .. D2), fwd and bwd
+  // ScheMoE's task model: this variant's graphs and schedules simulated with
+  // the baseline's per-kind times split evenly over the chunks
+  double model_ms, model_speedup, model_efficiency;
   long long rows, dropped;  // over all ranks, last iteration
 } ep_result;
 
@@ -471,6 +479,53 @@ static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
   if (total_ns) *total_ns = b.total_ns;
 }
 
+// The kind of a layer task from its name ("A1'^2" -> MOE_CT_A1); -1 if none.
+static int task_kind(const char *name) {
+  char k[8];
+  size_t n = 0;
+  while (name[n] && name[n] != '^' && name[n] != '\'' && n + 1 < sizeof k) {
+    k[n] = name[n];
+    n++;
+  }
+  k[n] = '\0';
+  for (int i = 0; i < MOE_CT_KINDS; i++) {
+    if (strcmp(k, moe_chunk_task_name((moe_chunk_task)i)) == 0) return i;
+  }
+  return -1;
+}
+
+// out (MOE_CT_KINDS) = busy ms of each task kind in the last pass of one direction.
+static void kind_ms(const moe_ep_layer *layer, int backward, double *out) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  for (int k = 0; k < MOE_CT_KINDS; k++) out[k] = 0.0;
+  for (int i = 0; g && rec && i < g->n_tasks; i++) {
+    const int k = task_kind(g->tasks[i].name);
+    if (k >= 0 && rec[i].ran) out[k] += (double)(rec[i].end_ns - rec[i].start_ns) / 1e6;
+  }
+}
+
+// The model makespan (ms) of one pass of this layer: its graph and schedule
+// simulated with the baseline's per-kind times divided by the chunks.
+static double model_pass_ms(moe_ctx *ctx, const moe_ep_layer *layer, int backward,
+                            const double *base_kind_ms, int chunks) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  const moe_schedule *s = moe_ep_layer_schedule(layer, backward);
+  if (!g || !s || chunks < 1) return NAN;
+  double *dur = moe_malloc((size_t)g->n_tasks * sizeof *dur), m = NAN;
+  if (!dur) return NAN;
+  for (int i = 0; i < g->n_tasks; i++) {
+    const int k = task_kind(g->tasks[i].name);
+    dur[i] = k >= 0 ? base_kind_ms[k] / chunks : 0.0;
+  }
+  if (moe_schedule_simulate(ctx, g, s, dur, NULL, &m) != MOE_STATUS_OK) m = NAN;
+  moe_free(dur);
+  return m;
+}
+
 typedef struct {
   float *x, *y, *dy, *dx;
   double *samples;  // (iters, N_SAMPLES)
@@ -481,7 +536,8 @@ typedef struct {
 // the last iteration's passes of every rank. CLI_OK or CLI_FAILED (reported on
 // every rank, which all return it).
 static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
-                       ep_buffers *b, ep_result *res, const char *trace_path) {
+                       ep_buffers *b, ep_result *res, const ep_result *base,
+                       const char *trace_path) {
   moe_parallel_config pc;
   moe_parallel_config_default(&pc);
   pc.ep_size = o->ep;
@@ -527,9 +583,11 @@ static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *c
     uint64_t fns = 0;
     breakdown_ms(layer, 0, v + 3, &fns);
     breakdown_ms(layer, 1, v + 8, NULL);
-    v[13] = (double)fns;
+    kind_ms(layer, 0, v + N_BASE);
+    kind_ms(layer, 1, v + N_BASE + MOE_CT_KINDS);
+    v[N_SAMPLES] = (double)fns;
     MPI_Allreduce(MPI_IN_PLACE, v, N_SAMPLES + 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    fwd_pass_ns = (uint64_t)v[13];
+    fwd_pass_ns = (uint64_t)v[N_SAMPLES];
     if (it >= o->warmup)
       memcpy(b->samples + (size_t)(it - o->warmup) * N_SAMPLES, v, sizeof v[0] * N_SAMPLES);
   }
@@ -546,6 +604,15 @@ static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *c
   res->comp_ms = res->fwd_pass[0] + res->bwd_pass[0];
   res->comm_ms = res->fwd_pass[1] + res->bwd_pass[1];
   res->exposed_ms = res->fwd_pass[3] + res->bwd_pass[3];
+  memcpy(res->kind_ms, med + N_BASE, sizeof res->kind_ms);
+  {
+    // the model: time outside the passes as measured for the baseline, the
+    // passes simulated (the baseline models itself: its chain's busy times)
+    const ep_result *m = base ? base : res;
+    const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
+    res->model_ms = outside + model_pass_ms(ctx, layer, 0, m->kind_ms[0], res->chunks) +
+                    model_pass_ms(ctx, layer, 1, m->kind_ms[1], res->chunks);
+  }
   {
     long long counts[2] = {stats.rows, stats.dropped};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -579,6 +646,8 @@ static void derive(ep_result *rs, int n) {
     rs[i].speedup = rs[i].total_ms > 0 ? base->total_ms / rs[i].total_ms : NAN;
     rs[i].bound = hi > 0 ? (comm + comp) / hi : NAN;
     rs[i].efficiency = rs[i].speedup / rs[i].bound;
+    rs[i].model_speedup = rs[i].model_ms > 0 ? base->total_ms / rs[i].model_ms : NAN;
+    rs[i].model_efficiency = rs[i].speedup / rs[i].model_speedup;
   }
 }
 
@@ -598,14 +667,17 @@ static void config_line(FILE *f, int index, int n_configs, const moe_layer_confi
 }
 
 static void print_table(const ep_result *rs, int n) {
-  printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s\n", "a2a", "compress", "schedule",
-         "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms", "exposed", "bound",
-         "eff");
+  printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s %6s %6s\n", "a2a", "compress",
+         "schedule", "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms",
+         "exposed", "bound", "eff", "model", "eff_r");
   for (int i = 0; i < n; i++) {
     const ep_result *r = &rs[i];
-    printf("%-8s %-8s %-10s %3d %9.2f %9.2f %9.2f %7.3f %8.2f %8.2f %8.2f %6.3f %5.1f%%\n", r->a2a,
-           r->compress, r->schedule, r->chunks, r->fwd_ms, r->bwd_ms, r->total_ms, r->speedup,
-           r->comm_ms, r->comp_ms, r->exposed_ms, r->bound, 100.0 * r->efficiency);
+    printf(
+        "%-8s %-8s %-10s %3d %9.2f %9.2f %9.2f %7.3f %8.2f %8.2f %8.2f %6.3f %5.1f%% %6.3f "
+        "%5.1f%%\n",
+        r->a2a, r->compress, r->schedule, r->chunks, r->fwd_ms, r->bwd_ms, r->total_ms, r->speedup,
+        r->comm_ms, r->comp_ms, r->exposed_ms, r->bound, 100.0 * r->efficiency, r->model_speedup,
+        100.0 * r->model_efficiency);
   }
   const ep_result *base = &rs[rs[0].baseline];
   printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n\n", base->dropped,
@@ -674,6 +746,9 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       json_num(f, "exposed_comm_ms", r->exposed_ms, ", ");
       json_num(f, "bound", r->bound, ", ");
       json_num(f, "overlap_efficiency", r->efficiency, ",\n       ");
+      json_num(f, "model_ms", r->model_ms, ", ");
+      json_num(f, "model_speedup", r->model_speedup, ", ");
+      json_num(f, "model_efficiency", r->model_efficiency, ",\n       ");
       json_pass(f, "fwd_pass", r->fwd_pass, ", ");
       json_pass(f, "bwd_pass", r->bwd_pass, "}");
       fputs(v + 1 < per_config ? ",\n" : "\n", f);
@@ -903,7 +978,8 @@ int cmd_bench_layer_ep(int argc, char **argv) {
           r->chunks_req = sv[s].chunks;
           r->baseline = base;
           const int last = c == n_configs - 1 && k == per_config - 1;
-          if (run_variant(ctx, &o, cfg, rank, &b, r, last ? o.trace_path : NULL) != CLI_OK) {
+          if (run_variant(ctx, &o, cfg, rank, &b, r, k == base ? NULL : &crs[base],
+                          last ? o.trace_path : NULL) != CLI_OK) {
             rc = CLI_FAILED;
             goto done;
           }
