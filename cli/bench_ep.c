@@ -72,9 +72,11 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "--chunks, --a2a, --compress, --compress-backward, --grid, --ep, --ranks-per-node\n"
           "or --trace is given, or when the job has more than one rank.%s\n"
           "Times the expert-parallel layer forward and backward for every variant\n"
-          "a2a x compress x (schedule, chunks); sequential at r=1 always runs first as the\n"
-          "baseline of each (a2a, compress). Each iteration starts after a barrier; every\n"
-          "number is the slowest rank's, the tables show medians over the iterations.\n"
+          "a2a x compress x (schedule, chunks); sequential at r=1 always runs as the\n"
+          "baseline of each (a2a, compress). The variants of one (a2a, compress) run\n"
+          "interleaved (each iteration runs every variant once), so machine noise hits\n"
+          "them alike. Each iteration starts after a barrier; every number is the\n"
+          "slowest rank's, the tables show medians over the iterations.\n"
           "\n"
           "options (default in brackets):\n"
           "  --tokens T             tokens per rank [1024]\n"
@@ -103,6 +105,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "  --compress-backward    also compress the backward's gradients\n"
           "  --wait blocking|poll-backoff\n"
           "                         how the communication thread waits for MPI [poll-backoff]\n"
+          "  --poll-us MIN,MAX      poll-backoff sleeps, microseconds, doubling from MIN to\n"
+          "                         MAX [the executor's defaults]\n"
           "  --iters N              timed iterations per variant, 1..10000 [5; 3 with --grid]\n"
           "  --warmup N             untimed iterations first, 0..1000 [1]\n"
           "  --threads N            BLAS threads per rank, 1..256 [1]\n"
@@ -147,6 +151,7 @@ typedef struct {
   int iters_set, layer_dims_set;
   unsigned long long seed;
   moe_wait_policy wait;
+  uint32_t poll_min_ns, poll_max_ns;               // 0: the executor's defaults
   const char *a2a, *schedule, *chunks, *compress;  // lists as given (NULL: default)
   const char *json_path, *trace_path;
   // the lists, validated
@@ -371,6 +376,19 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
         cli_error("--wait '%s' is unknown (valid: blocking, poll-backoff)", a.value);
         a.bad = 1;
       }
+    } else if (cli_opt(&a, "--poll-us")) {
+      // MIN,MAX in microseconds
+      unsigned lo = 0, hi = 0;
+      char tail = 0;
+      if (a.value &&
+          (sscanf(a.value, "%u,%u%c", &lo, &hi, &tail) != 2 || lo < 1 || hi < lo || hi > 1000000)) {
+        cli_error("--poll-us '%s' must be MIN,MAX microseconds with 1 <= MIN <= MAX <= 1000000",
+                  a.value);
+        a.bad = 1;
+      } else if (a.value) {
+        o->poll_min_ns = lo * 1000u;
+        o->poll_max_ns = hi * 1000u;
+      }
     } else if (cli_opt(&a, "--iters")) {
       cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
       o->iters_set = 1;
@@ -528,16 +546,13 @@ static double model_pass_ms(moe_ctx *ctx, const moe_ep_layer *layer, int backwar
 
 typedef struct {
   float *x, *y, *dy, *dx;
-  double *samples;  // (iters, N_SAMPLES)
-  double *col;      // (iters)
+  double *col;  // (iters)
 } ep_buffers;
 
-// Creates the layer of one variant, times it, fills res. With trace_path, writes
-// the last iteration's passes of every rank. CLI_OK or CLI_FAILED (reported on
-// every rank, which all return it).
-static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
-                       ep_buffers *b, ep_result *res, const ep_result *base,
-                       const char *trace_path) {
+// Creates the layer of one variant. CLI_OK or CLI_FAILED (reported on every
+// rank, which all return it).
+static int create_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
+                          ep_result *res, moe_ep_layer **out) {
   moe_parallel_config pc;
   moe_parallel_config_default(&pc);
   pc.ep_size = o->ep;
@@ -549,91 +564,138 @@ static int run_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *c
   pc.compress_backward = o->compress_backward;
   pc.exec = moe_executor_config_default();
   pc.exec.wait = o->wait;
-  moe_ep_layer *layer = NULL;
-  if (moe_ep_layer_create(ctx, MPI_COMM_WORLD, cfg, &pc, &layer) != MOE_STATUS_OK) {
+  if (o->poll_max_ns) {
+    pc.exec.poll_min_ns = o->poll_min_ns;
+    pc.exec.poll_max_ns = o->poll_max_ns;
+  }
+  if (moe_ep_layer_create(ctx, MPI_COMM_WORLD, cfg, &pc, out) != MOE_STATUS_OK) {
     report_failure(ctx, rank, "cannot create the layer");
     return CLI_FAILED;
   }
-  res->chunks = moe_ep_layer_chunks(layer);
-  moe_ep_layer_init_params(layer, o->seed);
+  res->chunks = moe_ep_layer_chunks(*out);
+  moe_ep_layer_init_params(*out, o->seed);
+  return CLI_OK;
+}
+
+// One timed forward + backward; v (N_SAMPLES + 1) gets the slowest rank's
+// fwd, bwd, total ms, fwd pass (5), bwd pass (5), busy ms per kind (fwd, bwd),
+// and the forward pass's length in ns (for the trace).
+static int time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, int rank, ep_buffers *b,
+                          moe_ep_layer *layer, int warmup, moe_layer_stats *stats, double *v) {
   const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
-  moe_layer_stats stats;
-  memset(&stats, 0, sizeof stats);
-  uint64_t fwd_pass_ns = 0;
+  memset(b->dx, 0, tm * sizeof(float));
+  moe_ep_layer_zero_grad(layer);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = MPI_Wtime();
+  moe_status st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, stats);
+  const double t1 = MPI_Wtime();
+  if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(layer, b->dy, b->dx);
+  const double t2 = MPI_Wtime();
+  if (st != MOE_STATUS_OK) {
+    report_failure(ctx, rank, warmup ? "warm-up iteration" : "timed iteration");
+    return CLI_FAILED;
+  }
+  v[0] = (t1 - t0) * 1e3;
+  v[1] = (t2 - t1) * 1e3;
+  v[2] = (t2 - t0) * 1e3;
+  uint64_t fns = 0;
+  breakdown_ms(layer, 0, v + 3, &fns);
+  breakdown_ms(layer, 1, v + 8, NULL);
+  kind_ms(layer, 0, v + N_BASE);
+  kind_ms(layer, 1, v + N_BASE + MOE_CT_KINDS);
+  v[N_SAMPLES] = (double)fns;
+  MPI_Allreduce(MPI_IN_PLACE, v, N_SAMPLES + 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return CLI_OK;
+}
+
+// Runs a group of variants (one a2a and compressor; res[0] is the baseline,
+// sequential r=1) interleaved: every iteration runs each variant once, so a
+// slow phase of this shared machine hits all variants alike and the ratios
+// stay fair. Fills res; with trace_path writes the last variant's last
+// iteration (every rank merged). CLI_OK or CLI_FAILED on every rank.
+static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
+                     ep_buffers *b, ep_result *res, int n, const char *trace_path) {
   int rc = CLI_OK;
-  for (int it = 0; it < o->warmup + o->iters; it++) {
-    memset(b->dx, 0, tm * sizeof(float));
-    moe_ep_layer_zero_grad(layer);
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = MPI_Wtime();
-    moe_status st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, &stats);
-    const double t1 = MPI_Wtime();
-    if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(layer, b->dy, b->dx);
-    const double t2 = MPI_Wtime();
-    if (st != MOE_STATUS_OK) {
-      report_failure(ctx, rank, it < o->warmup ? "warm-up iteration" : "timed iteration");
+  moe_ep_layer **layers = moe_calloc((size_t)n, sizeof *layers);
+  double *samples = moe_calloc((size_t)n * (size_t)o->iters * N_SAMPLES, sizeof(double));
+  moe_layer_stats *stats = moe_calloc((size_t)n, sizeof *stats);
+  uint64_t fwd_pass_ns = 0;
+  {
+    int ok = layers && samples && stats;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) {
+      if (rank == 0) cli_error("cannot allocate the results of %d variants", n);
       rc = CLI_FAILED;
       goto done;
     }
-    // v: fwd, bwd, total ms; fwd pass (5); bwd pass (5); fwd pass ns (for the trace)
-    double v[N_SAMPLES + 1];
-    v[0] = (t1 - t0) * 1e3;
-    v[1] = (t2 - t1) * 1e3;
-    v[2] = (t2 - t0) * 1e3;
-    uint64_t fns = 0;
-    breakdown_ms(layer, 0, v + 3, &fns);
-    breakdown_ms(layer, 1, v + 8, NULL);
-    kind_ms(layer, 0, v + N_BASE);
-    kind_ms(layer, 1, v + N_BASE + MOE_CT_KINDS);
-    v[N_SAMPLES] = (double)fns;
-    MPI_Allreduce(MPI_IN_PLACE, v, N_SAMPLES + 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    fwd_pass_ns = (uint64_t)v[N_SAMPLES];
-    if (it >= o->warmup)
-      memcpy(b->samples + (size_t)(it - o->warmup) * N_SAMPLES, v, sizeof v[0] * N_SAMPLES);
   }
-  double med[N_SAMPLES];
-  for (int c = 0; c < N_SAMPLES; c++) {
-    for (int i = 0; i < o->iters; i++) b->col[i] = b->samples[(size_t)i * N_SAMPLES + (size_t)c];
-    med[c] = median(b->col, o->iters);
+  for (int k = 0; k < n; k++) {
+    if (create_variant(ctx, o, cfg, rank, &res[k], &layers[k]) != CLI_OK) {
+      rc = CLI_FAILED;
+      goto done;
+    }
   }
-  res->fwd_ms = med[0];
-  res->bwd_ms = med[1];
-  res->total_ms = med[2];
-  memcpy(res->fwd_pass, med + 3, sizeof res->fwd_pass);
-  memcpy(res->bwd_pass, med + 8, sizeof res->bwd_pass);
-  res->comp_ms = res->fwd_pass[0] + res->bwd_pass[0];
-  res->comm_ms = res->fwd_pass[1] + res->bwd_pass[1];
-  res->exposed_ms = res->fwd_pass[3] + res->bwd_pass[3];
-  memcpy(res->kind_ms, med + N_BASE, sizeof res->kind_ms);
-  {
+  for (int it = 0; it < o->warmup + o->iters; it++) {
+    for (int k = 0; k < n; k++) {
+      double v[N_SAMPLES + 1];
+      if (time_iteration(ctx, cfg, rank, b, layers[k], it < o->warmup, &stats[k], v) != CLI_OK) {
+        rc = CLI_FAILED;
+        goto done;
+      }
+      if (k == n - 1) fwd_pass_ns = (uint64_t)v[N_SAMPLES];
+      if (it >= o->warmup) {
+        memcpy(samples + ((size_t)k * (size_t)o->iters + (size_t)(it - o->warmup)) * N_SAMPLES, v,
+               sizeof v[0] * N_SAMPLES);
+      }
+    }
+  }
+  for (int k = 0; k < n; k++) {
+    ep_result *r = &res[k];
+    double med[N_SAMPLES];
+    for (int c = 0; c < N_SAMPLES; c++) {
+      for (int i = 0; i < o->iters; i++) {
+        b->col[i] = samples[((size_t)k * (size_t)o->iters + (size_t)i) * N_SAMPLES + (size_t)c];
+      }
+      med[c] = median(b->col, o->iters);
+    }
+    r->fwd_ms = med[0];
+    r->bwd_ms = med[1];
+    r->total_ms = med[2];
+    memcpy(r->fwd_pass, med + 3, sizeof r->fwd_pass);
+    memcpy(r->bwd_pass, med + 8, sizeof r->bwd_pass);
+    r->comp_ms = r->fwd_pass[0] + r->bwd_pass[0];
+    r->comm_ms = r->fwd_pass[1] + r->bwd_pass[1];
+    r->exposed_ms = r->fwd_pass[3] + r->bwd_pass[3];
+    memcpy(r->kind_ms, med + N_BASE, sizeof r->kind_ms);
     // the model: time outside the passes as measured for the baseline, the
     // passes simulated (the baseline models itself: its chain's busy times)
-    const ep_result *m = base ? base : res;
+    const ep_result *m = &res[0];
     const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
-    res->model_ms = outside + model_pass_ms(ctx, layer, 0, m->kind_ms[0], res->chunks) +
-                    model_pass_ms(ctx, layer, 1, m->kind_ms[1], res->chunks);
-  }
-  {
-    long long counts[2] = {stats.rows, stats.dropped};
+    r->model_ms = outside + model_pass_ms(ctx, layers[k], 0, m->kind_ms[0], r->chunks) +
+                  model_pass_ms(ctx, layers[k], 1, m->kind_ms[1], r->chunks);
+    long long counts[2] = {stats[k].rows, stats[k].dropped};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-    res->rows = counts[0];
-    res->dropped = counts[1];
+    r->rows = counts[0];
+    r->dropped = counts[1];
   }
   if (trace_path) {
     moe_trace_pass passes[2];
     memset(passes, 0, sizeof passes);
     for (int d = 0; d < 2; d++) {
-      moe_ep_layer_last_pass(layer, d, &passes[d].graph, &passes[d].records);
+      moe_ep_layer_last_pass(layers[n - 1], d, &passes[d].graph, &passes[d].records);
       passes[d].offset_ns = d ? fwd_pass_ns : 0;
     }
-    const int n = passes[0].graph && passes[1].graph ? 2 : 0;
-    if (moe_trace_write_ranks(ctx, MPI_COMM_WORLD, trace_path, passes, n) != MOE_STATUS_OK) {
+    const int np = passes[0].graph && passes[1].graph ? 2 : 0;
+    if (moe_trace_write_ranks(ctx, MPI_COMM_WORLD, trace_path, passes, np) != MOE_STATUS_OK) {
       if (rank == 0) cli_error("--trace: %s", moe_ctx_error(ctx));
       rc = CLI_FAILED;
     }
   }
 done:
-  moe_ep_layer_destroy(layer);
+  for (int k = 0; layers && k < n; k++) moe_ep_layer_destroy(layers[k]);
+  moe_free(layers);
+  moe_free(samples);
+  moe_free(stats);
   return rc;
 }
 
@@ -916,10 +978,9 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   b.y = moe_malloc(max_tm * sizeof(float));
   b.dy = moe_malloc(max_tm * sizeof(float));
   b.dx = moe_malloc(max_tm * sizeof(float));
-  b.samples = moe_calloc((size_t)o.iters * N_SAMPLES, sizeof(double));
   b.col = moe_calloc((size_t)o.iters, sizeof(double));
   {
-    int ok = b.x && b.y && b.dy && b.dx && b.samples && b.col;
+    int ok = b.x && b.y && b.dy && b.dx && b.col;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!ok) {
       cli_error("rank %d: cannot allocate the inputs (%zu floats each)", rank, max_tm);
@@ -977,12 +1038,12 @@ int cmd_bench_layer_ep(int argc, char **argv) {
           r->schedule = sv[s].schedule;
           r->chunks_req = sv[s].chunks;
           r->baseline = base;
-          const int last = c == n_configs - 1 && k == per_config - 1;
-          if (run_variant(ctx, &o, cfg, rank, &b, r, k == base ? NULL : &crs[base],
-                          last ? o.trace_path : NULL) != CLI_OK) {
-            rc = CLI_FAILED;
-            goto done;
-          }
+        }
+        const int last = c == n_configs - 1 && k == per_config;
+        if (run_group(ctx, &o, cfg, rank, &b, &crs[base], n_sv, last ? o.trace_path : NULL) !=
+            CLI_OK) {
+          rc = CLI_FAILED;
+          goto done;
         }
       }
     }
@@ -1013,7 +1074,6 @@ done:
   moe_free(b.y);
   moe_free(b.dy);
   moe_free(b.dx);
-  moe_free(b.samples);
   moe_free(b.col);
   moe_free(cfgs);
   moe_free(rs);
