@@ -183,7 +183,8 @@ typedef struct {
   // ScheMoE's task model: this variant's graphs and schedules simulated with
   // the baseline's per-kind times split evenly over the chunks
   double model_ms, model_speedup, model_efficiency;
-  long long rows, dropped;  // over all ranks, last iteration
+  double total_q1, total_q3;  // quartiles of the total over the iterations (noise)
+  long long rows, dropped;    // over all ranks, last iteration
 } ep_result;
 
 static int cmp_double(const void *a, const void *b) {
@@ -197,6 +198,14 @@ static double median(double *v, int n) {
 }
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
+// The q-quantile of n sorted values (linear interpolation).
+static double quartile(const double *sorted, int n, double q) {
+  const double pos = q * (n - 1);
+  const int i = (int)pos;
+  const double frac = pos - i;
+  return i + 1 < n ? sorted[i] + frac * (sorted[i + 1] - sorted[i]) : sorted[i];
+}
+
 static int split_list(const char *text, char *buf, size_t len, char **items, int max) {
   snprintf(buf, len, "%s", text);
   int n = 0;
@@ -656,7 +665,11 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
       for (int i = 0; i < o->iters; i++) {
         b->col[i] = samples[((size_t)k * (size_t)o->iters + (size_t)i) * N_SAMPLES + (size_t)c];
       }
-      med[c] = median(b->col, o->iters);
+      med[c] = median(b->col, o->iters);  // sorts col
+      if (c == 2) {
+        r->total_q1 = quartile(b->col, o->iters, 0.25);
+        r->total_q3 = quartile(b->col, o->iters, 0.75);
+      }
     }
     r->fwd_ms = med[0];
     r->bwd_ms = med[1];
@@ -802,6 +815,8 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       json_num(f, "fwd_ms", r->fwd_ms, ", ");
       json_num(f, "bwd_ms", r->bwd_ms, ", ");
       json_num(f, "total_ms", r->total_ms, ", ");
+      json_num(f, "total_ms_q1", r->total_q1, ", ");
+      json_num(f, "total_ms_q3", r->total_q3, ", ");
       json_num(f, "speedup", r->speedup, ",\n       ");
       json_num(f, "comm_ms", r->comm_ms, ", ");
       json_num(f, "comp_ms", r->comp_ms, ", ");
