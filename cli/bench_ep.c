@@ -123,8 +123,9 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         pipeline r=2, optsche r=2, smart\n"
           "\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
-          "sequential r=1 (same a2a and compress) / total; comm, comp = busy time of the\n"
-          "pass's communication and compute tasks, fwd+bwd; exposed = comm not overlapped\n"
+          "sequential r=1 (same a2a and compress) / total; comm, comp = summed durations\n"
+          "of the pass's communication and compute tasks, fwd+bwd (an all-to-all's\n"
+          "duration includes waiting for slower peers); exposed = comm not overlapped\n"
           "by compute; bound = (comm + comp) / max(comm, comp) of the sequential r=1 run;\n"
           "eff = speedup / bound; model = the speedup ScheMoE's task model predicts for\n"
           "this variant: its task graphs and schedules simulated with the baseline's\n"
@@ -590,7 +591,8 @@ static int create_variant(moe_ctx *ctx, const ep_opts *o, const moe_layer_config
 // fwd, bwd, total ms, fwd pass (5), bwd pass (5), busy ms per kind (fwd, bwd),
 // and the forward pass's length in ns (for the trace).
 static int time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, int rank, ep_buffers *b,
-                          moe_ep_layer *layer, int warmup, moe_layer_stats *stats, double *v) {
+                          moe_ep_layer *layer, int warmup, moe_layer_stats *stats, double *v,
+                          double *local_kinds) {
   const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
   memset(b->dx, 0, tm * sizeof(float));
   moe_ep_layer_zero_grad(layer);
@@ -613,6 +615,10 @@ static int time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, int rank, e
   kind_ms(layer, 0, v + N_BASE);
   kind_ms(layer, 1, v + N_BASE + MOE_CT_KINDS);
   v[N_SAMPLES] = (double)fns;
+  // this rank's own busy times per kind, for the model (a maximum over ranks
+  // per kind would count a collective's skew twice: the slow rank's compute
+  // and the fast rank's wait inside the all-to-all)
+  memcpy(local_kinds, v + N_BASE, 2 * MOE_CT_KINDS * sizeof(double));
   MPI_Allreduce(MPI_IN_PLACE, v, N_SAMPLES + 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return CLI_OK;
 }
@@ -627,10 +633,12 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
   int rc = CLI_OK;
   moe_ep_layer **layers = moe_calloc((size_t)n, sizeof *layers);
   double *samples = moe_calloc((size_t)n * (size_t)o->iters * N_SAMPLES, sizeof(double));
+  // the baseline's busy ms per kind on this rank, per iteration
+  double *base_kinds = moe_calloc((size_t)o->iters * 2 * MOE_CT_KINDS, sizeof(double));
   moe_layer_stats *stats = moe_calloc((size_t)n, sizeof *stats);
   uint64_t fwd_pass_ns = 0;
   {
-    int ok = layers && samples && stats;
+    int ok = layers && samples && stats && base_kinds;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!ok) {
       if (rank == 0) cli_error("cannot allocate the results of %d variants", n);
@@ -646,17 +654,27 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
   }
   for (int it = 0; it < o->warmup + o->iters; it++) {
     for (int k = 0; k < n; k++) {
-      double v[N_SAMPLES + 1];
-      if (time_iteration(ctx, cfg, rank, b, layers[k], it < o->warmup, &stats[k], v) != CLI_OK) {
+      double v[N_SAMPLES + 1], mine[2 * MOE_CT_KINDS];
+      if (time_iteration(ctx, cfg, rank, b, layers[k], it < o->warmup, &stats[k], v, mine) !=
+          CLI_OK) {
         rc = CLI_FAILED;
         goto done;
       }
       if (k == n - 1) fwd_pass_ns = (uint64_t)v[N_SAMPLES];
+      if (it >= o->warmup && k == 0) {
+        memcpy(base_kinds + (size_t)(it - o->warmup) * 2 * MOE_CT_KINDS, mine, sizeof mine);
+      }
       if (it >= o->warmup) {
         memcpy(samples + ((size_t)k * (size_t)o->iters + (size_t)(it - o->warmup)) * N_SAMPLES, v,
                sizeof v[0] * N_SAMPLES);
       }
     }
+  }
+  // this rank's median busy ms per kind of the baseline
+  double my_kinds[2 * MOE_CT_KINDS];
+  for (int c = 0; c < 2 * MOE_CT_KINDS; c++) {
+    for (int i = 0; i < o->iters; i++) b->col[i] = base_kinds[(size_t)i * 2 * MOE_CT_KINDS + c];
+    my_kinds[c] = median(b->col, o->iters);
   }
   for (int k = 0; k < n; k++) {
     ep_result *r = &res[k];
@@ -682,10 +700,14 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     memcpy(r->kind_ms, med + N_BASE, sizeof r->kind_ms);
     // the model: time outside the passes as measured for the baseline, the
     // passes simulated (the baseline models itself: its chain's busy times)
+    // Each rank simulates with its own baseline times; the slowest rank's
+    // model counts.
     const ep_result *m = &res[0];
     const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
-    r->model_ms = outside + model_pass_ms(ctx, layers[k], 0, m->kind_ms[0], r->chunks) +
-                  model_pass_ms(ctx, layers[k], 1, m->kind_ms[1], r->chunks);
+    double passes = model_pass_ms(ctx, layers[k], 0, my_kinds, r->chunks) +
+                    model_pass_ms(ctx, layers[k], 1, my_kinds + MOE_CT_KINDS, r->chunks);
+    MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    r->model_ms = outside + passes;
     long long counts[2] = {stats[k].rows, stats[k].dropped};
     MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     r->rows = counts[0];
@@ -708,6 +730,7 @@ done:
   for (int k = 0; layers && k < n; k++) moe_ep_layer_destroy(layers[k]);
   moe_free(layers);
   moe_free(samples);
+  moe_free(base_kinds);
   moe_free(stats);
   return rc;
 }

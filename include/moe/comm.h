@@ -93,9 +93,10 @@ typedef moe_status (*moe_alltoallv_fn)(moe_ctx *ctx, const moe_group *g, const v
                                        const size_t *recv_displs, moe_workspace *ws);
 
 // A started nonblocking all-to-all (moe_a2a_start), completed by moe_a2a_test
-// or moe_a2a_wait. Zeroed or req == MPI_REQUEST_NULL: nothing pending.
+// or moe_a2a_wait. active == 0 (a zeroed struct): nothing pending.
 typedef struct {
-  MPI_Request req;
+  MPI_Request req;  // valid only while active
+  int active;       // 1 while an exchange is in flight
 } moe_a2a_pending;
 
 // The optional nonblocking form of an algorithm: posts the exchange and returns
@@ -136,8 +137,10 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
 // Like moe_a2a_run, but nonblocking when the algorithm has a start function:
 // then the exchange is pending on return (complete it with moe_a2a_test or
 // moe_a2a_wait before touching any of the arguments). Algorithms without one
-// run to completion here and leave nothing pending. Used by the executor's
-// communication thread so it can poll with back-off instead of blocking.
+// run to completion here and leave nothing pending. INVALID_ARG if `pending`
+// still holds an exchange in flight (complete it first). Used by the
+// executor's communication thread so it can poll with back-off instead of
+// blocking.
 moe_status moe_a2a_start(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g,
                          const void *send, const size_t *send_counts, const size_t *send_displs,
                          void *recv, const size_t *recv_counts, const size_t *recv_displs,

@@ -125,7 +125,8 @@ moe_status moe_ep_layer_backward(moe_ep_layer *layer, const float *dy, float *dx
 // places a rank's passes one after another (e.g. the backward at the
 // forward's length).
 //
-// Every rank returns the same status: rank 0's error text says what failed
+// If any part fails, every rank returns an error (INVALID_ARG, or its own
+// status when the failure was its own, e.g. OUT_OF_MEMORY): rank 0's error text says what failed
 // (an unwritable path, a rank that could not serialize its passes), the others
 // say "trace write failed on rank 0" unless the failure was their own.
 // Allocates only temporaries, freed before returning.

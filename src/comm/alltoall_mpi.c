@@ -50,6 +50,7 @@ moe_status moe_alltoallv_mpi_start(MOE_A2A_ARGS, moe_a2a_pending *out) {
       int_counts(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws, &sc));
   MOE_MPI_TRY(ctx, MPI_Ialltoallv(send, sc, sc + P, MPI_BYTE, recv, sc + 2 * P, sc + 3 * P,
                                   MPI_BYTE, g->comm, &out->req));
+  out->active = 1;
 done:
   return st;
 }

@@ -130,7 +130,9 @@ moe_status moe_a2a_start(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group
                          moe_workspace *ws, moe_a2a_pending *pending) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !pending, MOE_STATUS_INVALID_ARG, "pending must not be NULL");
-  pending->req = MPI_REQUEST_NULL;
+  MOE_FAIL_IF(ctx, pending->active, MOE_STATUS_INVALID_ARG,
+              "an all-to-all is still in flight on this handle: complete it (moe_a2a_wait) "
+              "before starting another");
   MOE_TRY(check_args(ctx, algo, g, send, send_counts, send_displs, recv, recv_counts, recv_displs));
   if (algo->start) {
     MOE_TRY(algo->start(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws,
@@ -145,8 +147,9 @@ done:
 moe_status moe_a2a_test(moe_ctx *ctx, moe_a2a_pending *pending, int *done) {
   moe_status st = MOE_STATUS_OK;
   int flag = 1;
-  if (pending->req != MPI_REQUEST_NULL) {
+  if (pending->active) {
     MOE_MPI_TRY(ctx, MPI_Test(&pending->req, &flag, MPI_STATUS_IGNORE));
+    if (flag) pending->active = 0;
   }
   *done = flag;
 done:
@@ -155,8 +158,9 @@ done:
 
 moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending) {
   moe_status st = MOE_STATUS_OK;
-  if (pending->req != MPI_REQUEST_NULL) {
+  if (pending->active) {
     MOE_MPI_TRY(ctx, MPI_Wait(&pending->req, MPI_STATUS_IGNORE));
+    pending->active = 0;
   }
 done:
   return st;

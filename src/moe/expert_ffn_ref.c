@@ -36,7 +36,9 @@ static void ref_forward(const moe_layer_config *cfg, const moe_expert_params *p,
       y[(size_t)i * M + j] = (float)s;
     }
   }
-  tm->expert_other_ms += moe_time_ms_since(t0);
+  // the loops are the two matrix products: their time and FLOPs count as GEMMs
+  tm->expert_gemm_ms += moe_time_ms_since(t0);
+  tm->expert_flops += 4.0 * n * (double)M * (double)H;
 }
 
 static void ref_backward(const moe_layer_config *cfg, const moe_expert_params *p,
@@ -84,7 +86,8 @@ static void ref_backward(const moe_layer_config *cfg, const moe_expert_params *p
       dyx[(size_t)i * M + m] = (float)s;
     }
   }
-  tm->expert_other_ms += moe_time_ms_since(t0);
+  tm->expert_gemm_ms += moe_time_ms_since(t0);
+  tm->expert_flops += 8.0 * n * (double)M * (double)H;
 }
 
 const moe_expert_kind moe_expert_ffn_ref = {

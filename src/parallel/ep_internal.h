@@ -82,6 +82,8 @@ struct moe_ep_layer {
   // the ranks then agree on the failure.
   int soft_failed;
   char soft_msg[512];
+  int broken;  // a pass failed with an all-to-all in flight: no further passes
+  char broken_msg[640];
   const float *x_last;
   int tokens_last, have_forward;
   moe_layer_stats last;

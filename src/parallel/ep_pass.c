@@ -130,13 +130,17 @@ moe_status moe_ep_pass_init_(moe_ep_layer *L) {
     L->groups = (P + g - 1) / g;
     L->my_group = L->me / g;
     L->r = L->groups;
+    MOE_FAIL_IF(ctx, L->r > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
+                "schedule smart: %d peer groups of %d ranks exceed %d chunks; set a larger "
+                "grouped_size (at least %d)",
+                L->groups, g, MOE_MAX_CHUNKS, (P + MOE_MAX_CHUNKS - 1) / MOE_MAX_CHUNKS);
   } else {
     L->group_size = P;
     L->groups = 1;
     L->my_group = 0;
     L->r = L->pc.chunks;
   }
-  L->pending.req = MPI_REQUEST_NULL;
+  memset(&L->pending, 0, sizeof L->pending);
   const size_t r = (size_t)L->r, n3 = r * (size_t)P * (size_t)L->E, n2 = r * (size_t)P;
   const int max_tasks = MOE_CT_KINDS * L->r;
   L->scnt = moe_calloc(n3, sizeof(int));
@@ -291,9 +295,11 @@ static moe_status plan_chunks(moe_ep_layer *L) {
   for (size_t j = 0; j < (size_t)r * P; j++) {
     // MPI counts and (for the mpi algorithm) displacements are ints of bytes
     const size_t big = INT_MAX;
+    // (displacements of empty blocks are never used)
     const int bad =
         L->sb[j] > big || L->rb[j] > big || L->csb[j] > big || L->crb[j] > big ||
-        (mpi_algo && (L->sd[j] > big || L->rd[j] > big || L->csd[j] > big || L->crd[j] > big));
+        (mpi_algo && ((L->sb[j] && L->sd[j] > big) || (L->rb[j] && L->rd[j] > big) ||
+                      (L->csb[j] && L->csd[j] > big) || (L->crb[j] && L->crd[j] > big)));
     MOE_FAIL_IF(ctx, bad, MOE_STATUS_INVALID_ARG,
                 "chunk %zu: the all-to-all between EP ranks %d and %zu exceeds MPI's int byte "
                 "counts (more chunks, fewer tokens per rank, a larger EP size, or a "
@@ -558,7 +564,20 @@ static moe_status run_pass(moe_ep_layer *L, int dir) {
   L->soft_failed = 0;
   L->soft_msg[0] = '\0';
   L->have_rec[dir] = 0;
-  MOE_TRY(moe_executor_run(L->ex, &L->graph[dir], &L->order[dir], ctx));
+  st = moe_executor_run(L->ex, &L->graph[dir], &L->order[dir], ctx);
+  if (st != MOE_STATUS_OK) {
+    // An all-to-all still in flight can be neither cancelled nor freed (MPI
+    // forbids both for collectives), and its buffers belong to this layer: the
+    // layer refuses further passes (agreed at their start) until destroyed.
+    if (L->pending.active) {
+      L->broken = 1;
+      snprintf(L->broken_msg, sizeof L->broken_msg,
+               "a %s pass failed with an all-to-all in flight (%s); destroy and recreate the "
+               "layer",
+               dir ? "backward" : "forward", moe_ctx_error(ctx));
+    }
+    goto done;
+  }
   int n = 0;
   const moe_task_record *rec = moe_executor_records(L->ex, &n);
   memcpy(L->rec[dir], rec, (size_t)n * sizeof *rec);
@@ -593,7 +612,9 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
 
   // step 1: local checks and gate; global loss statistics + error flag
   uint64_t t0 = moe_time_ns();
-  moe_status local = moe_forward_checks(ctx, c, x, tokens, y);
+  moe_status local =
+      L->broken ? moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "%s", L->broken_msg)
+                : moe_forward_checks(ctx, c, x, tokens, y);
   if (local == MOE_STATUS_OK)
     local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
   if (local == MOE_STATUS_OK) {
@@ -682,7 +703,9 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
 
   // step 0: local checks, agreed over the world so no rank waits for a failed one
   moe_status local = MOE_STATUS_OK;
-  if (!L->have_forward) {
+  if (L->broken) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "%s", L->broken_msg);
+  } else if (!L->have_forward) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "backward needs a successful forward first");
   } else if (T > 0 && (!dy || !dx)) {
