@@ -1,0 +1,133 @@
+// libmoe performance models: least-squares fits of measured times, cluster
+// descriptions, and FasterMoE's models (PPoPP'22 §3: load-aware compute model
+// eq. 1, directed link model eq. 2, DDL-roofline eq. 3-6).
+//
+// What: the building blocks the calibrator, the planner and the simulator use
+// to predict how long a task takes on a cluster, measured or described.
+// Not: the measurement (the benches and `moe calibrate` produce the points) or
+// the choice of a plan (the planner). All functions are pure and
+// thread-compatible; nothing here uses MPI.
+#ifndef MOE_PERF_H
+#define MOE_PERF_H
+
+#include <stddef.h>
+
+#include "moe/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- least-squares fits ------------------------------------------------------------
+
+// y = alpha + beta * x, fitted by ordinary least squares.
+typedef struct {
+  double alpha;  // intercept (e.g. latency, seconds)
+  double beta;   // slope (e.g. seconds per byte or per FLOP)
+  double r2;     // coefficient of determination on the fitted points (1 = exact)
+  double rmse;   // root mean square residual, in y's unit
+  int n;         // points used
+} moe_linear_fit;
+
+// Fits n >= 2 points (x[i], y[i]). INVALID_ARG for NULL arrays, n < 2, a
+// non-finite value (naming its index), or x values that are all equal (the
+// slope is undetermined). R² is 1 when every y is predicted exactly (also when
+// all y are equal and so fitted), otherwise 1 - SS_res / SS_tot.
+moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
+                          moe_linear_fit *out);
+// alpha + beta * x.
+double moe_fit_eval(const moe_linear_fit *fit, double x);
+
+// ---- cluster descriptions ----------------------------------------------------------
+
+// One kind of link, each direction separately.
+typedef struct {
+  double gbit_per_s;  // bandwidth per direction, Gbit/s (> 0)
+  double latency_us;  // one-way latency of a message, microseconds (>= 0)
+  char kind[32];      // free text: "PCIe 3.0 x16", "NVLink 4", "InfiniBand EDR"
+} moe_link_spec;
+
+// A homogeneous cluster: `nodes` nodes of `devices_per_node` devices.
+// Each device has its own intra-node link (up and down) to its node's fabric;
+// each node has `nics_per_node` network interfaces (inter links, up and down)
+// sharing its inter-node traffic. Traffic between nodes also crosses the
+// sending and receiving devices' intra links when inter_uses_intra is 1 (a
+// GPU reaching its NIC over the same PCIe link it uses for peers); not when the
+// NIC path is separate (NVLink within the node, PCIe to the NIC).
+typedef struct {
+  char name[64];
+  char device[48];       // "RTX 2080 Ti", "V100-PCIe", ...
+  char source[384];      // where the description comes from (paper, datasheet)
+  int nodes;             // [1, 65536]
+  int devices_per_node;  // [1, 1024]; nodes * devices_per_node <= 1 << 20
+  double gemm_tflops;    // sustained dense GEMM rate of one device, TFLOP/s (> 0)
+  moe_link_spec intra;
+  moe_link_spec inter;
+  int nics_per_node;     // [1, devices_per_node]
+  int inter_uses_intra;  // 0 or 1
+} moe_cluster;
+
+// Parses a cluster description. Keys (all required unless marked):
+//   "name" (string), "device" (string), "source" (string, optional),
+//   "nodes" (int), "devices_per_node" (int), "gemm_tflops" (number),
+//   "intra": {"gbit_per_s", "latency_us", "kind" (optional)},
+//   "inter": {"gbit_per_s", "latency_us", "kind" (optional)},
+//   "nics_per_node" (int, optional, default 1),
+//   "inter_uses_intra" (bool, optional, default false).
+// Unknown or repeated keys, wrong types, missing keys and out-of-range values
+// are INVALID_ARG (BAD_FORMAT for malformed JSON) naming the key and the valid
+// range; out is unchanged on error.
+moe_status moe_cluster_from_json(moe_ctx *ctx, const char *json, moe_cluster *out);
+moe_status moe_cluster_load(moe_ctx *ctx, const char *path, moe_cluster *out);
+// Range checks of moe_cluster_from_json on a filled struct.
+moe_status moe_cluster_validate(moe_ctx *ctx, const moe_cluster *c);
+// The same cluster with `devices` devices: whole nodes of the same size
+// (devices must be a multiple of devices_per_node, or smaller than one node,
+// which then becomes a single node of `devices` devices).
+moe_status moe_cluster_scale(moe_ctx *ctx, const moe_cluster *c, int devices, moe_cluster *out);
+static inline int moe_cluster_devices(const moe_cluster *c) {
+  return c->nodes * c->devices_per_node;
+}
+
+// ---- FasterMoE's models ------------------------------------------------------------
+
+// Eq. 1 (load-aware compute): the slowest device, max_w flops[w] / rate, in
+// seconds, for flops (D = devices) FLOPs per device at c->gemm_tflops.
+double moe_model_compute_s(const moe_cluster *c, const double *flops);
+
+// Where the busiest link is, from moe_model_alltoall_s.
+typedef struct {
+  double seconds;     // the model's time
+  double max_load_s;  // the busiest link's bytes / bandwidth
+  int kind;           // 0 intra up, 1 intra down, 2 inter up, 3 inter down
+  int index;          // device (intra) or node (inter) of that link
+  double latency_s;   // the latency term added
+} moe_link_report;
+
+// Eq. 2 (directed link model): an exchange moving bytes[s * D + d] bytes from
+// device s to device d (D = devices; the diagonal is ignored) takes
+// max over directed links of (bytes crossing it) / (its bandwidth), plus the
+// one-way latency of the slowest path in use (inter if any bytes leave a node,
+// else intra; 0 with no traffic). A node's inter links are its NICs together
+// (nics_per_node x the inter bandwidth). INVALID_ARG for negative or
+// non-finite bytes.
+moe_status moe_model_alltoall_s(moe_ctx *ctx, const moe_cluster *c, const double *bytes,
+                                moe_link_report *out);
+
+// Eq. 3-6, the DDL-roofline point of a layer (FasterMoE §3.3), per worker:
+//   R_CC = lat_comp / lat_comm                                    (eq. 3)
+//   achieved = flops_total / (workers * lat_e2e)                  (eq. 4)
+//   ideal = peak * min(1, R_CC)                                   (eq. 5)
+//   semi-ideal = peak * R_CC / (R_CC + 1)                         (eq. 6)
+// All rates in FLOP/s; times in seconds (> 0).
+typedef struct {
+  double r_cc;
+  double achieved_flops, ideal_flops, semi_flops, peak_flops;
+} moe_roofline;
+moe_status moe_roofline_point(moe_ctx *ctx, double peak_flops, double flops_total, int workers,
+                              double lat_comp, double lat_comm, double lat_e2e, moe_roofline *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_PERF_H

@@ -1,0 +1,52 @@
+// Ordinary least squares for t = alpha + beta * x: the alpha-beta model of a
+// collective (x = bytes), the GEMM model (x = FLOPs) and the compressor model
+// (x = bytes), fitted from benchmark points. Centred sums, so large x (bytes,
+// FLOPs ~1e12) do not lose precision.
+#include <math.h>
+
+#include "moe/perf.h"
+
+moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
+                          moe_linear_fit *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !x || !y || !out, MOE_STATUS_INVALID_ARG, "fit: x, y and out must not be NULL");
+  MOE_FAIL_IF(ctx, n < 2, MOE_STATUS_INVALID_ARG, "fit: needs at least 2 points, got %d", n);
+  double mx = 0.0, my = 0.0;
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx, !isfinite(x[i]) || !isfinite(y[i]), MOE_STATUS_INVALID_ARG,
+                "fit: point %d (%g, %g) is not finite", i, x[i], y[i]);
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0.0, sxy = 0.0, syy = 0.0;
+  for (int i = 0; i < n; i++) {
+    const double dx = x[i] - mx, dy = y[i] - my;
+    sxx += dx * dx;
+    sxy += dx * dy;
+    syy += dy * dy;
+  }
+  MOE_FAIL_IF(ctx, !(sxx > 0.0), MOE_STATUS_INVALID_ARG,
+              "fit: all %d points have the same x (%g): the slope is undetermined; measure at "
+              "least two sizes",
+              n, mx);
+  const double beta = sxy / sxx, alpha = my - beta * mx;
+  double ss_res = 0.0;
+  for (int i = 0; i < n; i++) {
+    const double r = y[i] - (alpha + beta * x[i]);
+    ss_res += r * r;
+  }
+  out->alpha = alpha;
+  out->beta = beta;
+  out->n = n;
+  out->rmse = sqrt(ss_res / n);
+  // exact fits (including constant y) have R² = 1; rounding can leave a
+  // residual of a few ulps of y, which must not turn into R² = 0
+  const double tiny = 1e-24 * (my * my + 1e-300) * n;
+  out->r2 = syy > tiny ? 1.0 - ss_res / syy : (ss_res <= tiny ? 1.0 : 0.0);
+done:
+  return st;
+}
+
+double moe_fit_eval(const moe_linear_fit *fit, double x) { return fit->alpha + fit->beta * x; }
