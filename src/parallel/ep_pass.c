@@ -55,10 +55,6 @@ static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // ---- setup -------------------------------------------------------------------------------
 
-static int is_compression(moe_chunk_task k) {
-  return k == MOE_CT_C1 || k == MOE_CT_D1 || k == MOE_CT_C2 || k == MOE_CT_D2;
-}
-
 static moe_status task_c1(void *arg, moe_ctx *ctx);
 static moe_status task_a1(void *arg, moe_ctx *ctx);
 static moe_status task_d1(void *arg, moe_ctx *ctx);
@@ -72,50 +68,27 @@ static moe_status task_a_wait(void *arg, moe_ctx *ctx);
 // Builds the task graph of one direction and its schedule.
 static moe_status build_pass(moe_ep_layer *L, int dir) {
   moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L->ctx;
-  static const moe_task_fn fns[MOE_CT_KINDS] = {task_c1, task_a1, task_d1, task_e,
-                                                task_c2, task_a2, task_d2};
   const int r = L->r;
   const int compressed = L->compress_on && (dir == 0 || L->pc.compress_backward);
-  int(*tidx)[MOE_CT_KINDS] = moe_calloc((size_t)r, sizeof *tidx);
-  MOE_FAIL_IF(ctx, !tidx, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate task indices");
-  moe_task_graph_clear(&L->graph[dir]);
+  moe_chunk_task_fns fns[MOE_CT_KINDS] = {
+      {task_c1, NULL, NULL}, {task_a1, task_a_test, task_a_wait},
+      {task_d1, NULL, NULL}, {task_e, NULL, NULL},
+      {task_c2, NULL, NULL}, {task_a2, task_a_test, task_a_wait},
+      {task_d2, NULL, NULL}};
+  void **args = moe_calloc((size_t)r, sizeof *args);
+  MOE_FAIL_IF(L->ctx, !args, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate task arguments");
   for (int c = 0; c < r; c++) {
     moe_ep_task_arg *a = &L->targ[dir * r + c];
     a->L = L;
     a->chunk = c;
     a->backward = dir;
     a->compressed = compressed;
-    int prev = -1;
-    for (int k = 0; k < MOE_CT_KINDS; k++) {
-      tidx[c][k] = -1;
-      if (!compressed && is_compression((moe_chunk_task)k)) continue;
-      char name[MOE_TASK_NAME_MAX];
-      snprintf(name, sizeof name, "%s%s^%d", moe_chunk_task_name((moe_chunk_task)k), dir ? "'" : "",
-               c + 1);
-      moe_task_desc d;
-      memset(&d, 0, sizeof d);
-      d.stream = (k == MOE_CT_A1 || k == MOE_CT_A2) ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE;
-      d.name = name;
-      d.chunk = c;
-      d.run = fns[k];
-      if (d.stream == MOE_STREAM_COMM) {
-        d.test = task_a_test;
-        d.wait = task_a_wait;
-      }
-      d.arg = a;
-      d.deps = prev >= 0 ? &prev : NULL;
-      d.n_deps = prev >= 0 ? 1 : 0;
-      int idx = -1;
-      MOE_TRY(moe_task_graph_add(ctx, &L->graph[dir], &d, &idx));
-      tidx[c][k] = idx;
-      prev = idx;
-    }
+    args[c] = a;
   }
-  MOE_TRY(L->sched->order(ctx, r, (const int(*)[MOE_CT_KINDS])tidx, dir, &L->order[dir]));
-  MOE_TRY(moe_schedule_validate(ctx, &L->graph[dir], &L->order[dir]));
+  st = moe_chunk_pass_build(L->ctx, L->sched, r, compressed, dir, fns, args, &L->graph[dir],
+                            &L->order[dir], NULL);
 done:
-  moe_free(tidx);
+  moe_free(args);
   return st;
 }
 

@@ -152,3 +152,62 @@ moe_status moe_schedule_algo_find(moe_ctx *ctx, const char *name, const moe_sche
 done:
   return st;
 }
+
+static moe_status noop_task(void *arg, moe_ctx *ctx) {
+  (void)arg;
+  (void)ctx;
+  return MOE_STATUS_OK;
+}
+
+static int is_compression(int k) {
+  return k == MOE_CT_C1 || k == MOE_CT_D1 || k == MOE_CT_C2 || k == MOE_CT_D2;
+}
+
+moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int r, int compressed,
+                                int backward, const moe_chunk_task_fns *fns, void *const *args,
+                                moe_task_graph *graph, moe_schedule *sched,
+                                int (*tidx)[MOE_CT_KINDS]) {
+  moe_status st = MOE_STATUS_OK;
+  int(*idx)[MOE_CT_KINDS] = NULL;
+  MOE_FAIL_IF(ctx, !algo || !graph || !sched, MOE_STATUS_INVALID_ARG,
+              "chunk pass: algo, graph and schedule must not be NULL");
+  MOE_FAIL_IF(ctx, r < 1, MOE_STATUS_INVALID_ARG, "chunk pass: r (%d) must be >= 1", r);
+  MOE_FAIL_IF(ctx,
+              graph->max_tasks < MOE_CT_KINDS * r || graph->max_deps < MOE_CT_KINDS * r ||
+                  sched->max_per_stream < MOE_CT_KINDS * r,
+              MOE_STATUS_INVALID_ARG,
+              "chunk pass: the graph and schedule need room for %d tasks (r = %d)",
+              MOE_CT_KINDS * r, r);
+  idx = tidx ? tidx : moe_calloc((size_t)r, sizeof *idx);
+  MOE_FAIL_IF(ctx, !idx, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate task indices");
+  moe_task_graph_clear(graph);
+  for (int c = 0; c < r; c++) {
+    int prev = -1;
+    for (int k = 0; k < MOE_CT_KINDS; k++) {
+      idx[c][k] = -1;
+      if (!compressed && is_compression(k)) continue;
+      char name[MOE_TASK_NAME_MAX];
+      snprintf(name, sizeof name, "%s%s^%d", moe_chunk_task_name((moe_chunk_task)k),
+               backward ? "'" : "", c + 1);
+      moe_task_desc d;
+      memset(&d, 0, sizeof d);
+      d.stream = (k == MOE_CT_A1 || k == MOE_CT_A2) ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE;
+      d.name = name;
+      d.chunk = c;
+      d.run = fns && fns[k].run ? fns[k].run : noop_task;
+      d.test = fns && fns[k].run ? fns[k].test : NULL;
+      d.wait = fns && fns[k].run ? fns[k].wait : NULL;
+      d.arg = args ? args[c] : NULL;
+      d.deps = prev >= 0 ? &prev : NULL;
+      d.n_deps = prev >= 0 ? 1 : 0;
+      int t = -1;
+      MOE_TRY(moe_task_graph_add(ctx, graph, &d, &t));
+      idx[c][k] = prev = t;
+    }
+  }
+  MOE_TRY(algo->order(ctx, r, (const int(*)[MOE_CT_KINDS])idx, backward, sched));
+  MOE_TRY(moe_schedule_validate(ctx, graph, sched));
+done:
+  if (idx != tidx) moe_free(idx);
+  return st;
+}
