@@ -240,6 +240,129 @@ static void test_cluster_json(const char *clusters_dir) {
            "missing file names the path: %s", moe_ctx_error(g_ctx));
 }
 
+// ScheMoE eq. 16-18 from the algorithm models: 2 nodes x 4 devices, b bytes
+// between every pair. Per device: 3 intra-node blocks on its intra link; per
+// node: 4 devices x 4 remote blocks on its NIC.
+static void test_a2a_algos(void) {
+  moe_cluster c = small_cluster(0);
+  c.devices_per_node = 4;  // 2 x 4
+  const int D = 8;
+  double bytes[64];
+  for (int i = 0; i < 64; i++) bytes[i] = (i / D == i % D) ? 0.0 : 1e6;
+  const double t1 = 3e6 / 10e9 + 2e-6;  // intra part: 3 MB at 10 GB/s + latency
+  const double t2 = 16e6 / 1e9 + 5e-6;  // inter part: 16 MB at 1 GB/s + latency
+  double mpi = 0, pipe = 0, pw = 0, d2 = 0;
+  TU_CHECK(moe_model_a2a_algo_s(g_ctx, &c, "mpi", bytes, &mpi) == MOE_STATUS_OK &&
+               moe_model_a2a_algo_s(g_ctx, &c, "pipe", bytes, &pipe) == MOE_STATUS_OK &&
+               moe_model_a2a_algo_s(g_ctx, &c, "pairwise", bytes, &pw) == MOE_STATUS_OK &&
+               moe_model_a2a_algo_s(g_ctx, &c, "2dh", bytes, &d2) == MOE_STATUS_OK,
+           "a2a models: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(close_rel(mpi, t1 + t2, 1e-12) && close_rel(pw, mpi, 1e-12), "eq. 17: %g vs %g", mpi,
+           t1 + t2);
+  TU_CHECK(close_rel(pipe, t2, 1e-12), "eq. 16: %g vs %g", pipe, t2);
+  const double s_max = mpi / pipe;
+  TU_CHECK(s_max > 1.0 && s_max <= 2.0 && close_rel(s_max, (t1 + t2) / t2, 1e-12),
+           "eq. 18: speedup %g", s_max);
+  // 2dh: phase 1 carries each device's 7 MB over its intra link, then the NICs
+  TU_CHECK(close_rel(d2, 7e6 / 10e9 + 2e-6 + t2, 1e-12), "2dh: %g", d2);
+  // equal intra and inter times: pipe is exactly 2x faster (the bound)
+  moe_cluster e = c;
+  e.intra.gbit_per_s = 8.0 * 3.0 / 16.0;  // 3 MB at 0.1875 GB/s = 16 ms, like the NIC
+  e.intra.latency_us = e.inter.latency_us;
+  TU_CHECK(moe_model_a2a_algo_s(g_ctx, &e, "mpi", bytes, &mpi) == MOE_STATUS_OK &&
+               moe_model_a2a_algo_s(g_ctx, &e, "pipe", bytes, &pipe) == MOE_STATUS_OK &&
+               close_rel(mpi / pipe, 2.0, 1e-9),
+           "eq. 18 bound: %g", mpi / pipe);
+  TU_CHECK(moe_model_a2a_algo_s(g_ctx, &c, "nccl", bytes, &mpi) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "pipe"),
+           "unknown algorithm names the valid ones: %s", moe_ctx_error(g_ctx));
+}
+
+// The layer simulator against a pass worked out by hand: 1 node x 2 devices,
+// 10 GB/s links without latency, 1 TFLOP/s; T = 100 tokens, M = 10, H = 20,
+// E = 2, K = 1, dropless: each device sends 50 rows (2000 bytes) to the other.
+//   A = 2000 B / 10 GB/s = 200 ns; E = 100 rows x 4 x 10 x 20 / 1e12 = 80 ns
+//   (160 ns backward); gate 2 x 100 x 10 x 2 / 1e12 = 4 ns (8 ns backward)
+static void test_simulate_layer(void) {
+  moe_cluster c = small_cluster(0);
+  c.nodes = 1;
+  c.devices_per_node = 2;
+  c.gemm_tflops = 1.0;
+  c.intra.latency_us = 0.0;
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  moe_layer_config_default(&v.cfg);
+  v.cfg.tokens = 100;
+  v.cfg.model_dim = 10;
+  v.cfg.hidden_dim = 20;
+  v.cfg.num_experts = 2;
+  v.cfg.top_k = 1;
+  v.cfg.capacity_factor = 0.0;
+  snprintf(v.a2a, sizeof v.a2a, "mpi");
+  snprintf(v.schedule, sizeof v.schedule, "sequential");
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = 1;
+  moe_sim_result r;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_OK, "simulate: %s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(
+      close_rel(r.pass_ms[0], 480e-9 * 1e3, 1e-9) && close_rel(r.pass_ms[1], 560e-9 * 1e3, 1e-9),
+      "sequential passes %g %g ms", r.pass_ms[0], r.pass_ms[1]);
+  TU_CHECK(close_rel(r.fwd_ms, 484e-6, 1e-9) && close_rel(r.bwd_ms, 568e-6, 1e-9) &&
+               close_rel(r.total_ms, 1052e-6, 1e-9),
+           "sequential layer %g + %g = %g ms", r.fwd_ms, r.bwd_ms, r.total_ms);
+  TU_CHECK(r.breakdown[0].overlap_ns == 0 && r.breakdown[0].comm_ns == 400 &&
+               r.breakdown[0].compute_ns == 80,
+           "sequential breakdown: comm %llu compute %llu overlap %llu",
+           (unsigned long long)r.breakdown[0].comm_ns,
+           (unsigned long long)r.breakdown[0].compute_ns,
+           (unsigned long long)r.breakdown[0].overlap_ns);
+  // optsche r = 2 (25 rows per chunk): A1^1 [0,100] A1^2 [100,200] E^1 [100,140]
+  // E^2 [200,240] A2^1 [200,300] A2^2 [300,400] -> 400 ns
+  snprintf(v.schedule, sizeof v.schedule, "optsche");
+  v.chunks = 2;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_OK && r.chunks == 2, "optsche");
+  TU_CHECK(close_rel(r.pass_ms[0], 400e-6, 1e-9), "optsche r=2 forward pass %g ms", r.pass_ms[0]);
+  // compression adds C/D tasks with the codec's rate: int8 at 1 GB/s both ways
+  snprintf(v.compress, sizeof v.compress, "int8");
+  v.compress_gbs = v.decompress_gbs = 1.0;
+  snprintf(v.schedule, sizeof v.schedule, "sequential");
+  v.chunks = 1;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_OK, "int8: %s",
+           moe_ctx_error(g_ctx));
+  // int8 of 50 rows x 10: 8 x 50 + 500 = 900 bytes: A = 90 ns; C1/D1/C2/D2 on
+  // 100 rows (own rows included) x 40 bytes / 1 GB/s = 4000 ns each
+  TU_CHECK(close_rel(r.pass_ms[0], (4 * 4000e-9 + 2 * 90e-9 + 80e-9) * 1e3, 1e-9),
+           "int8 forward pass %g ms", r.pass_ms[0]);
+  TU_CHECK(close_rel(r.pass_ms[1], (2 * 200e-9 + 160e-9) * 1e3, 1e-9),
+           "backward uncompressed without compress_backward: %g ms", r.pass_ms[1]);
+  // errors
+  v.cfg.num_experts = 3;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "divisible"),
+           "experts not divisible: %s", moe_ctx_error(g_ctx));
+  v.cfg.num_experts = 2;
+  snprintf(v.schedule, sizeof v.schedule, "fastest");
+  TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_INVALID_ARG, "unknown schedule");
+  // every shipped cluster is built in and simulates a layer
+  TU_CHECK(moe_cluster_builtin_count() >= 5, "built-in clusters: %d", moe_cluster_builtin_count());
+  snprintf(v.schedule, sizeof v.schedule, "optsche");
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = 2;
+  for (int i = 0; i < moe_cluster_builtin_count(); i++) {
+    moe_cluster k;
+    TU_CHECK(moe_cluster_builtin(g_ctx, moe_cluster_builtin_name(i), &k) == MOE_STATUS_OK,
+             "built-in %s: %s", moe_cluster_builtin_name(i), moe_ctx_error(g_ctx));
+    v.cfg.num_experts = moe_cluster_devices(&k);
+    v.cfg.top_k = 1;
+    TU_CHECK(moe_simulate_layer(g_ctx, &k, &v, &r) == MOE_STATUS_OK && r.total_ms > 0,
+             "simulate on %s: %s", k.name, moe_ctx_error(g_ctx));
+  }
+  TU_CHECK(moe_cluster_builtin(g_ctx, "dgx-9000", &c) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "schemoe-8x4-rtx2080ti"),
+           "unknown built-in lists the shipped ones: %s", moe_ctx_error(g_ctx));
+}
+
 int main(int argc, char **argv) {
   moe_ctx_create(&g_ctx);
   char clusters[1024];
@@ -248,6 +371,8 @@ int main(int argc, char **argv) {
   test_fit();
   test_models();
   test_cluster_json(clusters);
+  test_a2a_algos();
+  test_simulate_layer();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_perf");
 }

@@ -13,6 +13,8 @@
 #include <stddef.h>
 
 #include "moe/core.h"
+#include "moe/layer.h"
+#include "moe/sched.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -126,6 +128,76 @@ typedef struct {
 } moe_roofline;
 moe_status moe_roofline_point(moe_ctx *ctx, double peak_flops, double flops_total, int workers,
                               double lat_comp, double lat_comm, double lat_e2e, moe_roofline *out);
+
+// ---- all-to-all algorithms on a described cluster ---------------------------------
+
+// Time of one all-to-all by algorithm, from the link model (eq. 2) applied
+// separately to the intra-node pairs (t_intra) and the inter-node pairs
+// (t_inter) of bytes (D x D):
+//   mpi, pairwise, grouped  t_intra + t_inter             (ScheMoE eq. 17: the
+//                           send/receive pairs one after another)
+//   pipe                    max(t_intra, t_inter)         (eq. 16)
+//   2dh                     t_all_intra + t_inter: phase 1 moves every byte
+//                           that leaves a device over the intra links, phase 2
+//                           the inter-node share (Tutel/DeepSpeed)
+//   1dh                     2 t_leader + t_inter: gather to and scatter from
+//                           the node leader, whose intra link carries the
+//                           node's whole traffic (HetuMoE)
+// INVALID_ARG naming the valid algorithms for an unknown name.
+moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *algo,
+                                const double *bytes, double *seconds);
+
+// ---- compressor throughput ---------------------------------------------------------
+
+// GB/s of float input per device (compress, decompress) of a compressor by
+// name; the defaults are one core of the development machine
+// (docs/compression.md): none 12.7/13.3, fp16 1.95/4.09, bf16 5.14/12.9,
+// int8 1.12/19.7, zfp (rate 8) 0.18/0.21. INVALID_ARG for an unknown name.
+moe_status moe_codec_rate_default(moe_ctx *ctx, const char *name, double *compress_gbs,
+                                  double *decompress_gbs);
+
+// ---- the layer simulator -------------------------------------------------------------
+
+// One variant of an expert-parallel layer on a described cluster: EP over all
+// devices, cfg.tokens tokens per device, routing assumed uniform (each device
+// sends K T / E rows to every expert, capped at the capacity).
+typedef struct {
+  moe_layer_config cfg;
+  char a2a[32];       // algorithm for moe_model_a2a_algo_s
+  char schedule[16];  // moe_schedule_algo_find
+  int chunks;         // r (smart: ignored; r = peer groups)
+  char compress[32];  // compressor spec ("none", "int8", "zfp:8", ...)
+  int compress_backward;
+  int group_size;                       // smart's peer group size; 0 = devices per node
+  double compress_gbs, decompress_gbs;  // codec throughput; 0 = moe_codec_rate_default
+} moe_sim_variant;
+
+typedef struct {
+  double fwd_ms, bwd_ms, total_ms;  // predicted layer times
+  double outside_ms;                // gate GEMMs (forward + backward), outside the passes
+  double pass_ms[2];                // simulated pass makespans, forward and backward
+  moe_pass_breakdown breakdown[2];  // compute, comm, overlap, exposed of each pass (ns)
+  int chunks;                       // r as run
+  double a2a_ms;                    // one unchunked all-to-all of the forward, for reference
+  double expert_ms;                 // the unchunked forward expert computation
+} moe_sim_result;
+
+// Runs the variant's forward and backward task graphs (moe_chunk_pass_build,
+// the same graphs the layer runs) through moe_schedule_simulate with modelled
+// durations: A tasks by moe_model_a2a_algo_s on the chunk's traffic, E tasks by
+// eq. 1 on the chunk's rows (2 GEMMs forward, 4 backward), C and D tasks by
+// the codec throughput, on the slowest device. INVALID_ARG for a config the
+// layer would refuse, experts not divisible by the devices, or unknown names.
+moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_variant *v,
+                              moe_sim_result *out);
+
+// ---- shipped cluster descriptions -------------------------------------------------
+
+// The descriptions of clusters/*.json, compiled into the library.
+int moe_cluster_builtin_count(void);
+const char *moe_cluster_builtin_name(int i);  // NULL outside [0, count)
+// By name (e.g. "schemoe-8x4-rtx2080ti"); INVALID_ARG listing the names.
+moe_status moe_cluster_builtin(moe_ctx *ctx, const char *name, moe_cluster *out);
 
 #ifdef __cplusplus
 }

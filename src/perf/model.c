@@ -112,3 +112,71 @@ moe_status moe_roofline_point(moe_ctx *ctx, double peak_flops, double flops_tota
 done:
   return st;
 }
+
+// Largest per-device (leader = 0) or per-node (leader = 1) volume sent or
+// received, in bytes, over all pairs of distinct devices.
+static double largest_volume(const moe_cluster *c, const double *bytes, int per_node) {
+  const int D = moe_cluster_devices(c), G = c->devices_per_node;
+  const int groups = per_node ? c->nodes : D, size = per_node ? G : 1;
+  double worst = 0.0;
+  for (int g = 0; g < groups; g++) {
+    double up = 0.0, down = 0.0;
+    for (int v = g * size; v < (g + 1) * size; v++) {
+      for (int u = 0; u < D; u++) {
+        if (u == v) continue;
+        up += bytes[(size_t)v * D + u];
+        down += bytes[(size_t)u * D + v];
+      }
+    }
+    worst = up > worst ? up : worst;
+    worst = down > worst ? down : worst;
+  }
+  return worst;
+}
+
+moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *algo,
+                                const double *bytes, double *seconds) {
+  moe_status st = MOE_STATUS_OK;
+  double *part = NULL;
+  MOE_FAIL_IF(ctx, !c || !algo || !bytes || !seconds, MOE_STATUS_INVALID_ARG,
+              "all-to-all model: cluster, algorithm, bytes and seconds must not be NULL");
+  const int seq =
+      strcmp(algo, "mpi") == 0 || strcmp(algo, "pairwise") == 0 || strcmp(algo, "grouped") == 0;
+  const int pipe = strcmp(algo, "pipe") == 0, d2 = strcmp(algo, "2dh") == 0,
+            d1 = strcmp(algo, "1dh") == 0;
+  MOE_FAIL_IF(ctx, !seq && !pipe && !d2 && !d1, MOE_STATUS_INVALID_ARG,
+              "all-to-all model: algorithm '%s' is unknown (valid: mpi, pairwise, grouped, pipe, "
+              "1dh, 2dh)",
+              algo);
+  const int D = moe_cluster_devices(c), G = c->devices_per_node;
+  const size_t n = (size_t)D * (size_t)D;
+  part = moe_malloc(n * sizeof *part);
+  MOE_FAIL_IF(ctx, !part, MOE_STATUS_OUT_OF_MEMORY, "all-to-all model: cannot allocate %zu cells",
+              n);
+  // t_intra: intra-node pairs only; t_inter: inter-node pairs only
+  double t[2];
+  for (int inter = 0; inter < 2; inter++) {
+    for (size_t i = 0; i < n; i++) {
+      const int s = (int)(i / (size_t)D), d = (int)(i % (size_t)D);
+      part[i] = ((s / G != d / G) == inter) ? bytes[i] : 0.0;
+    }
+    moe_link_report r;
+    MOE_TRY(moe_model_alltoall_s(ctx, c, part, &r));
+    t[inter] = r.seconds;
+  }
+  const double intra_bw = c->intra.gbit_per_s * 1e9 / 8.0, lat = c->intra.latency_us * 1e-6;
+  if (seq) {
+    *seconds = t[0] + t[1];
+  } else if (pipe) {
+    *seconds = t[0] > t[1] ? t[0] : t[1];
+  } else if (d2) {
+    const double v = largest_volume(c, bytes, 0);
+    *seconds = (v > 0 ? v / intra_bw + lat : 0.0) + t[1];
+  } else {
+    const double v = largest_volume(c, bytes, 1);
+    *seconds = (v > 0 ? 2.0 * (v / intra_bw + lat) : 0.0) + t[1];
+  }
+done:
+  moe_free(part);
+  return st;
+}

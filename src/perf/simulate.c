@@ -1,0 +1,257 @@
+// The layer simulator: an expert-parallel layer's forward and backward passes
+// on a described cluster, with the same task graphs and schedules the real
+// layer runs (moe_chunk_pass_build) and modelled task durations, through
+// moe_schedule_simulate.
+//
+// Model of one variant (all devices do EP over all experts; E / D experts each):
+//   rows a device sends each expert: n = K T / E, at most the capacity C
+//   (uniform routing, the expectation of a balanced gate); real-valued
+//   chunk c of r holds slots [c C / r, (c + 1) C / r) of each block (capacity)
+//   or n / r rows (dropless); with peer groups (smart) step j holds the pairs
+//   (s, d) whose groups differ by j
+//   A1, A2   moe_model_a2a_algo_s on the chunk's bytes (raw 4 M per row, or the
+//            compressor's size for that many rows)
+//   E        eq. 1: the busiest device's rows x 4 M H FLOPs (forward; 8 M H
+//            backward) at the cluster's GEMM rate
+//   C1 D1 C2 D2  raw bytes of the chunk on the busiest device / codec rate
+//   outside the passes: the gate GEMMs, 2 T M E FLOPs forward, 4 T M E backward
+// Not modelled: dispatch, combine and softmax (memory-bound, small next to
+// the GEMMs), per-task launch overheads, slowdown of overlapping tasks.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/compress.h"
+#include "moe/perf.h"
+
+moe_status moe_codec_rate_default(moe_ctx *ctx, const char *name, double *compress_gbs,
+                                  double *decompress_gbs) {
+  moe_status st = MOE_STATUS_OK;
+  static const struct {
+    const char *name;
+    double c, d;
+  } k_rates[] = {{"none", 12.7, 13.3},
+                 {"fp16", 1.95, 4.09},
+                 {"bf16", 5.14, 12.9},
+                 {"int8", 1.12, 19.7},
+                 {"zfp", 0.18, 0.21}};
+  MOE_FAIL_IF(ctx, !name || !compress_gbs || !decompress_gbs, MOE_STATUS_INVALID_ARG,
+              "codec rate: arguments must not be NULL");
+  const size_t len = strcspn(name, ":");
+  for (size_t i = 0; i < sizeof k_rates / sizeof k_rates[0]; i++) {
+    if (strlen(k_rates[i].name) == len && strncmp(k_rates[i].name, name, len) == 0) {
+      *compress_gbs = k_rates[i].c;
+      *decompress_gbs = k_rates[i].d;
+      goto done;
+    }
+  }
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+           "codec rate: compressor '%s' has no default throughput (known: none, fp16, bf16, "
+           "int8, zfp)",
+           name);
+done:
+  return st;
+}
+
+// Everything one simulation needs, derived once.
+typedef struct {
+  const moe_cluster *c;
+  const moe_sim_variant *v;
+  moe_compressor comp;
+  int compressed_fwd, compressed_bwd;
+  int D, G, r, groups, group_size;
+  double n_block;  // rows a device sends one expert
+  int cap;         // capacity C, or -1 dropless
+  double *bytes;   // (D, D) scratch
+} sim_ctx;
+
+// Rows a device sends one expert in chunk c (rows chunking).
+static double chunk_rows(const sim_ctx *s, int c) {
+  if (s->cap < 0) return s->n_block / s->r;
+  const double lo = fmin(s->n_block, (double)s->cap * c / s->r);
+  const double hi = fmin(s->n_block, (double)s->cap * (c + 1) / s->r);
+  return hi - lo;
+}
+
+// Rows device src sends device dst in chunk c.
+static double pair_rows(const sim_ctx *s, int c, int src, int dst) {
+  const double experts = (double)s->v->cfg.num_experts / s->D;
+  if (s->groups > 1) {  // peer groups: the whole block in the step of its group distance
+    const int gs = src / s->group_size, gd = dst / s->group_size;
+    return ((gd - gs + s->groups) % s->groups == c) ? experts * s->n_block : 0.0;
+  }
+  if (s->r == 1 || s->groups == 1) return experts * chunk_rows(s, c);
+  return 0.0;
+}
+
+// Wire bytes of `rows` rows of M floats, compressed or not.
+static double wire_bytes(const sim_ctx *s, double rows, int compressed) {
+  const size_t M = (size_t)s->v->cfg.model_dim;
+  if (rows <= 0.0) return 0.0;
+  if (!compressed) return rows * (double)M * 4.0;
+  // the compressor's exact size for the nearest whole rows, scaled back
+  const size_t whole = (size_t)ceil(rows);
+  return (double)moe_compress_max_bytes(&s->comp, whole, M) * rows / (double)whole;
+}
+
+// Durations (s) of the tasks of one pass, by their kind and chunk.
+static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph *g, int backward,
+                                 double *dur) {
+  moe_status st = MOE_STATUS_OK;
+  const int D = s->D, compressed = backward ? s->compressed_bwd : s->compressed_fwd;
+  const double M = s->v->cfg.model_dim, H = s->v->cfg.hidden_dim;
+  double cgbs = s->v->compress_gbs, dgbs = s->v->decompress_gbs;
+  if (!(cgbs > 0) || !(dgbs > 0)) {
+    double dc = 0, dd = 0;
+    MOE_TRY(moe_codec_rate_default(ctx, s->comp.name, &dc, &dd));
+    if (!(cgbs > 0)) cgbs = dc;
+    if (!(dgbs > 0)) dgbs = dd;
+  }
+  for (int i = 0; i < g->n_tasks; i++) {
+    const int c = g->tasks[i].chunk;
+    const char *nm = g->tasks[i].name;
+    // per device: rows sent and received in chunk c
+    double max_send = 0.0, max_recv = 0.0;
+    for (int d = 0; d < D; d++) {
+      double snd = 0.0, rcv = 0.0;
+      for (int u = 0; u < D; u++) {
+        snd += pair_rows(s, c, d, u);
+        rcv += pair_rows(s, c, u, d);
+      }
+      max_send = fmax(max_send, snd);
+      max_recv = fmax(max_recv, rcv);
+    }
+    if (nm[0] == 'A') {
+      // A1 token side -> experts; A2 back (the transpose; uniform routing
+      // makes it the same volume)
+      for (int a = 0; a < D; a++) {
+        for (int b = 0; b < D; b++) {
+          s->bytes[(size_t)a * D + b] =
+              a == b ? 0.0 : wire_bytes(s, pair_rows(s, c, a, b), compressed);
+        }
+      }
+      MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, &dur[i]));
+    } else if (nm[0] == 'E') {
+      dur[i] = max_recv * (backward ? 8.0 : 4.0) * M * H / (s->c->gemm_tflops * 1e12);
+    } else if (nm[0] == 'C') {
+      const double rows = nm[1] == '1' ? max_send : max_recv;
+      dur[i] = rows * M * 4.0 / (cgbs * 1e9);
+    } else {  // D1 on the expert side, D2 on the token side
+      const double rows = nm[1] == '1' ? max_recv : max_send;
+      dur[i] = rows * M * 4.0 / (dgbs * 1e9);
+    }
+  }
+done:
+  return st;
+}
+
+moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_variant *v,
+                              moe_sim_result *out) {
+  moe_status st = MOE_STATUS_OK;
+  sim_ctx s;
+  memset(&s, 0, sizeof s);
+  moe_task_graph g;
+  moe_schedule sch;
+  memset(&g, 0, sizeof g);
+  memset(&sch, 0, sizeof sch);
+  double *dur = NULL, *end = NULL;
+  moe_task_record *rec = NULL;
+  MOE_FAIL_IF(ctx, !c || !v || !out, MOE_STATUS_INVALID_ARG,
+              "simulate: cluster, variant and out must not be NULL");
+  MOE_TRY(moe_cluster_validate(ctx, c));
+  MOE_TRY(moe_layer_config_validate(ctx, &v->cfg));
+  const moe_schedule_algo *algo = NULL;
+  MOE_TRY(moe_schedule_algo_find(ctx, v->schedule, &algo));
+  MOE_TRY(moe_compressor_get(ctx, v->compress, &s.comp));
+  s.c = c;
+  s.v = v;
+  s.D = moe_cluster_devices(c);
+  s.G = c->devices_per_node;
+  MOE_FAIL_IF(ctx, v->cfg.num_experts % s.D != 0, MOE_STATUS_INVALID_ARG,
+              "simulate: experts (%d) must be divisible by the devices (%d)", v->cfg.num_experts,
+              s.D);
+  MOE_FAIL_IF(ctx, v->compress_backward != 0 && v->compress_backward != 1, MOE_STATUS_INVALID_ARG,
+              "simulate: compress_backward (%d) must be 0 or 1", v->compress_backward);
+  const int lossy_or_any = strcmp(s.comp.name, "none") != 0;
+  s.compressed_fwd = lossy_or_any;
+  s.compressed_bwd = lossy_or_any && v->compress_backward;
+  if (algo->chunking == MOE_CHUNK_PEER_GROUPS) {
+    int gsz = v->group_size > 0 ? v->group_size : s.G;
+    if (gsz > s.D) gsz = s.D;
+    s.group_size = gsz;
+    s.groups = (s.D + gsz - 1) / gsz;
+    s.r = s.groups;
+    MOE_FAIL_IF(ctx, s.r > 64, MOE_STATUS_INVALID_ARG,
+                "simulate: smart with %d peer groups exceeds 64 chunks; set a larger group size",
+                s.r);
+  } else {
+    MOE_FAIL_IF(ctx, v->chunks < 1 || v->chunks > 64, MOE_STATUS_INVALID_ARG,
+                "simulate: chunks (%d) must be in [1, 64]", v->chunks);
+    s.r = v->chunks;
+    s.groups = 1;
+    s.group_size = s.D;
+  }
+  const moe_layer_config *cfg = &v->cfg;
+  const double T = cfg->tokens, K = cfg->top_k, E = cfg->num_experts;
+  s.cap = moe_layer_capacity(cfg, cfg->tokens);
+  s.n_block = K * T / E;
+  if (s.cap >= 0 && s.n_block > s.cap) s.n_block = s.cap;
+  const int n = MOE_CT_KINDS * s.r;
+  s.bytes = moe_malloc((size_t)s.D * (size_t)s.D * sizeof(double));
+  dur = moe_calloc((size_t)n, sizeof *dur);
+  end = moe_calloc((size_t)n, sizeof *end);
+  rec = moe_calloc((size_t)n, sizeof *rec);
+  MOE_FAIL_IF(ctx, !s.bytes || !dur || !end || !rec, MOE_STATUS_OUT_OF_MEMORY,
+              "simulate: cannot allocate for %d devices", s.D);
+  MOE_TRY(moe_task_graph_init(ctx, &g, n, n));
+  MOE_TRY(moe_schedule_init(ctx, &sch, n));
+  memset(out, 0, sizeof *out);
+  out->chunks = s.r;
+  for (int dir = 0; dir < 2; dir++) {
+    const int compressed = dir ? s.compressed_bwd : s.compressed_fwd;
+    MOE_TRY(moe_chunk_pass_build(ctx, algo, s.r, compressed, dir, NULL, NULL, &g, &sch, NULL));
+    MOE_TRY(pass_durations(ctx, &s, &g, dir, dur));
+    double makespan = 0.0;
+    MOE_TRY(moe_schedule_simulate(ctx, &g, &sch, dur, end, &makespan));
+    for (int i = 0; i < g.n_tasks; i++) {
+      rec[i].stream = g.tasks[i].stream;
+      rec[i].ran = 1;
+      rec[i].end_ns = (uint64_t)llround(end[i] * 1e9);
+      rec[i].start_ns = (uint64_t)llround((end[i] - dur[i]) * 1e9);
+    }
+    moe_pass_breakdown_compute(rec, g.n_tasks, &out->breakdown[dir]);
+    out->pass_ms[dir] = makespan * 1e3;
+  }
+  // reference numbers: one unchunked forward all-to-all and expert step
+  {
+    const int saved_r = s.r, saved_groups = s.groups;
+    s.r = 1;
+    s.groups = 1;
+    for (int a = 0; a < s.D; a++) {
+      for (int b = 0; b < s.D; b++) {
+        s.bytes[(size_t)a * s.D + b] = a == b ? 0.0 : wire_bytes(&s, pair_rows(&s, 0, a, b), 0);
+      }
+    }
+    double t = 0.0;
+    MOE_TRY(moe_model_a2a_algo_s(ctx, c, v->a2a, s.bytes, &t));
+    out->a2a_ms = t * 1e3;
+    out->expert_ms = (E / s.D) * s.n_block * s.D * 4.0 * cfg->model_dim * cfg->hidden_dim /
+                     (c->gemm_tflops * 1e12) * 1e3;
+    s.r = saved_r;
+    s.groups = saved_groups;
+  }
+  const double gate_flops = 2.0 * T * cfg->model_dim * E;
+  const double gate_fwd_ms = gate_flops / (c->gemm_tflops * 1e12) * 1e3;
+  out->outside_ms = 3.0 * gate_fwd_ms;
+  out->fwd_ms = gate_fwd_ms + out->pass_ms[0];
+  out->bwd_ms = 2.0 * gate_fwd_ms + out->pass_ms[1];
+  out->total_ms = out->fwd_ms + out->bwd_ms;
+done:
+  moe_task_graph_free(&g);
+  moe_schedule_free(&sch);
+  moe_free(s.bytes);
+  moe_free(dur);
+  moe_free(end);
+  moe_free(rec);
+  return st;
+}
