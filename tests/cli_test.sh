@@ -6,6 +6,10 @@ set -u
 MOE=${1:?usage: cli_test.sh path/to/moe}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/bad_cluster.json" <<'JSON'
+{"name": "bad", "device": "d", "nodes": 0, "devices_per_node": 4, "gemm_tflops": 10,
+ "intra": {"gbit_per_s": 96, "latency_us": 5}, "inter": {"gbit_per_s": 100, "latency_us": 5}}
+JSON
 pass=0
 fail=0
 
@@ -146,6 +150,36 @@ assert any(e["ph"] == "X" and e["tid"] == 0 for e in ev)
   expect 1 "cannot write '$tmp/no/dir/t.json.tmp'" -- bench layer --tokens 8 --model 8 \
     --hidden 8 --iters 1 --trace "$tmp/no/dir/t.json"
 fi
+
+# moe simulate (no MPI): shipped clusters, a JSON file, JSON output, errors
+here=$(cd "$(dirname "$0")" && pwd)
+expect 0 "schemoe-8x4-rtx2080ti +8 +4" -- simulate --list-clusters
+expect 0 "--cluster NAME\|FILE" -- simulate --help
+expect 0 "optsche +2 .* 1\.[0-9]{3}" -- simulate --chunks 2 --json "$tmp/sim.json"
+if /usr/bin/env python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+v = d["variants"]
+assert d["cluster"] == "schemoe-8x4-rtx2080ti" and len(v) >= 8
+base = [x for x in v if x["schedule"] == "sequential" and x["chunks"] == 1]
+assert all(x["speedup"] == 1 for x in base)
+assert all(x["total_ms"] > 0 for x in v)
+' "$tmp/sim.json" 2>/dev/null; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1))
+  echo "FAIL: moe simulate --json wrote no valid JSON" >&2
+fi
+expect 0 "lina-4x4-a100 \(4 x 4 A100" -- simulate --cluster "$here/../clusters/lina-4x4-a100.json" \
+  --schedule optsche --a2a pipe
+expect 0 "16 x 4|64 x 4" -- simulate --devices 256 --schedule optsche --a2a mpi
+expect 2 "cluster 'nope' is not a shipped description \(shipped: .*schemoe" -- simulate --cluster nope
+expect 2 "cluster: .*nodes \(0\) must be in" -- simulate --cluster "$tmp/bad_cluster.json"
+expect 2 "devices \(6\) must be at most one node \(4\) or a multiple of 4" -- simulate --devices 6
+expect 2 "--chunks: '0' must be an integer in \[1, 64\]" -- simulate --chunks 0
+expect 2 "experts \(33\) must be divisible by the devices \(32\)" -- simulate --experts 33
+expect 2 "algorithm 'nccl' is unknown" -- simulate --a2a nccl
+expect 2 "unknown option '--bogus'" -- simulate --bogus
 
 echo "cli_test: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

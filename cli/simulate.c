@@ -1,0 +1,362 @@
+// moe simulate: predicted forward + backward time of the expert-parallel layer
+// on a described cluster (a shipped one or a JSON file), for every variant
+// all-to-all x compressor x (schedule, chunks), from the same task graphs and
+// schedules the real layer runs, with modelled task durations
+// (moe_simulate_layer, include/moe/perf.h). No MPI, no measurement.
+#define _POSIX_C_SOURCE 200809L  // strtok_r
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "moe/compress.h"
+#include "moe/perf.h"
+
+#define SIM_MAX_LIST 16
+
+typedef struct {
+  moe_layer_config cfg;
+  const char *cluster;
+  int devices, experts_set, list_clusters, group_size, compress_backward;
+  double cgbs, dgbs;
+  char a2as[SIM_MAX_LIST][32];
+  int n_a2a;
+  char scheds[SIM_MAX_LIST][16];
+  int n_sched;
+  int chunks[SIM_MAX_LIST];
+  int n_chunks;
+  char comps[SIM_MAX_LIST][32];
+  int n_comp;
+  const char *json_path;
+} sim_opts;
+
+typedef struct {
+  const char *a2a, *compress, *schedule;
+  int chunks_req;
+  moe_sim_result r;
+  double speedup;
+} sim_row;
+
+static void simulate_usage(FILE *f) {
+  fprintf(f,
+          "usage: moe simulate [options]\n"
+          "\n"
+          "Predicts the expert-parallel MoE layer's forward and backward time on a\n"
+          "described cluster: the layer's own task graphs and schedules run with modelled\n"
+          "durations (all-to-all from the directed link model, experts from the GEMM\n"
+          "rate, compression from codec throughput; uniform routing). EP spans every\n"
+          "device; tokens are per device. Prints one row per variant\n"
+          "all-to-all x compressor x (schedule, chunks); docs/performance-model.md has the\n"
+          "model and its limits.\n"
+          "\n"
+          "options (default in brackets):\n"
+          "  --cluster NAME|FILE    a shipped cluster or a cluster JSON file\n"
+          "                         [schemoe-8x4-rtx2080ti]\n"
+          "  --list-clusters        print the shipped clusters and exit\n"
+          "  --devices N            scale the cluster to N devices (whole nodes)\n"
+          "  --tokens T             tokens per device [4096]\n"
+          "  --model M              model dimension [1024]\n"
+          "  --hidden H             expert hidden dimension [4096]\n"
+          "  --experts E            experts, divisible by the devices [devices]\n"
+          "  --topk K               experts per token [2]\n"
+          "  --capacity-factor F    capacity C = ceil(F*K*T/E) per device; <= 0 dropless [1.2]\n"
+          "  --a2a LIST|all         all-to-all models: mpi, pairwise, grouped, pipe, 1dh, 2dh\n"
+          "                         [mpi,pipe]\n"
+          "  --schedule LIST|all    %s [all]\n"
+          "  --chunks LIST          chunks r, 1..64 [2]; sequential also runs at r=1 as the\n"
+          "                         baseline; smart uses its peer groups\n"
+          "  --group-size G         smart's peer group size [devices per node]\n"
+          "  --compress LIST        %s [none]\n"
+          "  --compress-backward    also compress the backward's gradients\n"
+          "  --codec-gbs C,D        compressor throughput per device, GB/s [this machine's\n"
+          "                         one-core numbers, docs/compression.md]\n"
+          "  --json FILE            write every variant's numbers as JSON\n"
+          "\n"
+          "columns: fwd/bwd/total ms predicted; speedup over sequential r=1 with the same\n"
+          "all-to-all and compressor; comm, comp = summed task times of both passes;\n"
+          "exposed = comm not overlapped by compute in the simulated schedule.\n",
+          moe_schedule_algo_names(), moe_compressor_names());
+}
+
+// Splits a comma-separated list into items of width w; "all" expands to `all`.
+static int parse_names(cli_args *a, const char *opt, const char *text, const char *all, char *items,
+                       size_t w, int *n) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", strcmp(text, "all") == 0 ? all : text);
+  *n = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+    if (*n >= SIM_MAX_LIST || strlen(t) >= w) {
+      cli_error("%s: too many items or '%s' too long (at most %d items)", opt, t, SIM_MAX_LIST);
+      a->bad = 1;
+      return 0;
+    }
+    snprintf(items + (size_t)(*n) * w, w, "%s", t);
+    (*n)++;
+  }
+  if (*n == 0) {
+    cli_error("%s: empty list", opt);
+    a->bad = 1;
+  }
+  return *n;
+}
+
+static int parse_sim(int argc, char **argv, sim_opts *o) {
+  memset(o, 0, sizeof *o);
+  moe_layer_config_default(&o->cfg);
+  o->cfg.tokens = 4096;
+  o->cfg.model_dim = 1024;
+  o->cfg.hidden_dim = 4096;
+  o->cfg.top_k = 2;
+  o->cfg.capacity_factor = 1.2;
+  o->cluster = "schemoe-8x4-rtx2080ti";
+  snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");
+  snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");
+  o->n_a2a = 2;
+  const moe_schedule_algo *list = moe_schedule_algo_list(&o->n_sched);
+  for (int i = 0; i < o->n_sched; i++) snprintf(o->scheds[i], 16, "%s", list[i].name);
+  o->chunks[0] = 2;
+  o->n_chunks = 1;
+  snprintf(o->comps[0], sizeof o->comps[0], "none");
+  o->n_comp = 1;
+  cli_args a;
+  cli_args_init(&a, argc, argv, 2);
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      simulate_usage(stdout);
+      exit(CLI_OK);
+    } else if (cli_flag(&a, "--list-clusters")) {
+      o->list_clusters = 1;
+    } else if (cli_opt(&a, "--cluster")) {
+      o->cluster = a.value;
+    } else if (cli_opt(&a, "--devices")) {
+      cli_parse_int(&a, "--devices", 1, 1 << 20, &o->devices);
+    } else if (cli_opt(&a, "--tokens")) {
+      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
+    } else if (cli_opt(&a, "--model")) {
+      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
+    } else if (cli_opt(&a, "--hidden")) {
+      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
+    } else if (cli_opt(&a, "--experts")) {
+      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
+      o->experts_set = 1;
+    } else if (cli_opt(&a, "--topk")) {
+      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
+    } else if (cli_opt(&a, "--capacity-factor")) {
+      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
+    } else if (cli_opt(&a, "--a2a")) {
+      if (a.value) {
+        parse_names(&a, "--a2a", a.value, "mpi,pairwise,grouped,pipe,1dh,2dh", &o->a2as[0][0], 32,
+                    &o->n_a2a);
+      }
+    } else if (cli_opt(&a, "--schedule")) {
+      if (a.value) {
+        parse_names(&a, "--schedule", a.value, moe_schedule_algo_names(), &o->scheds[0][0], 16,
+                    &o->n_sched);
+      }
+    } else if (cli_opt(&a, "--compress")) {
+      if (a.value) parse_names(&a, "--compress", a.value, "none", &o->comps[0][0], 32, &o->n_comp);
+    } else if (cli_opt(&a, "--chunks")) {
+      char items[SIM_MAX_LIST][16];
+      if (a.value && parse_names(&a, "--chunks", a.value, "", &items[0][0], 16, &o->n_chunks)) {
+        for (int i = 0; i < o->n_chunks && !a.bad; i++) {
+          char *end = NULL;
+          const long v = strtol(items[i], &end, 10);
+          if (!end || *end || v < 1 || v > 64) {
+            cli_error("--chunks: '%s' must be an integer in [1, 64]", items[i]);
+            a.bad = 1;
+          }
+          o->chunks[i] = (int)v;
+        }
+      }
+    } else if (cli_opt(&a, "--group-size")) {
+      cli_parse_int(&a, "--group-size", 1, 1 << 20, &o->group_size);
+    } else if (cli_flag(&a, "--compress-backward")) {
+      o->compress_backward = 1;
+    } else if (cli_opt(&a, "--codec-gbs")) {
+      char tail = 0;
+      if (a.value && (sscanf(a.value, "%lf,%lf%c", &o->cgbs, &o->dgbs, &tail) != 2 ||
+                      !(o->cgbs > 0) || !(o->dgbs > 0) || o->cgbs > 1e6 || o->dgbs > 1e6)) {
+        cli_error("--codec-gbs '%s' must be C,D: two throughputs in (0, 1e6] GB/s", a.value);
+        a.bad = 1;
+      }
+    } else if (cli_opt(&a, "--json")) {
+      o->json_path = a.value;
+    } else {
+      cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
+      return CLI_USAGE;
+    }
+  }
+  return a.bad ? CLI_USAGE : CLI_OK;
+}
+
+// The cluster by shipped name, else as a file.
+static int load_cluster(moe_ctx *ctx, const char *what, moe_cluster *c) {
+  if (moe_cluster_builtin(ctx, what, c) == MOE_STATUS_OK) return CLI_OK;
+  if (!strchr(what, '/') && !strstr(what, ".json")) {
+    cli_error("--cluster: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  if (moe_cluster_load(ctx, what, c) != MOE_STATUS_OK) {
+    cli_error("--cluster: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  return CLI_OK;
+}
+
+static int write_json(const char *path, const sim_opts *o, const moe_cluster *c,
+                      const sim_row *rows, int n) {
+  cli_out out;
+  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  FILE *f = out.f;
+  char cfg[1024];
+  if (moe_layer_config_to_json(NULL, &o->cfg, cfg, sizeof cfg) != MOE_STATUS_OK) cfg[0] = 0;
+  fprintf(f,
+          "{\"tool\": \"moe simulate\", \"cluster\": \"%s\", \"nodes\": %d, "
+          "\"devices_per_node\": %d, \"layer\": %s, \"compress_backward\": %s,\n \"variants\": [\n",
+          c->name, c->nodes, c->devices_per_node, cfg[0] ? cfg : "null",
+          o->compress_backward ? "true" : "false");
+  for (int i = 0; i < n; i++) {
+    const sim_row *r = &rows[i];
+    const moe_pass_breakdown *b = r->r.breakdown;
+    fprintf(f,
+            "  {\"a2a\": \"%s\", \"compress\": \"%s\", \"schedule\": \"%s\", \"chunks\": %d, "
+            "\"fwd_ms\": %.6g, \"bwd_ms\": %.6g, \"total_ms\": %.6g, \"speedup\": %.6g, "
+            "\"comm_ms\": %.6g, \"comp_ms\": %.6g, \"exposed_comm_ms\": %.6g, "
+            "\"a2a_ms\": %.6g, \"expert_ms\": %.6g}%s\n",
+            r->a2a, r->compress, r->schedule, r->r.chunks, r->r.fwd_ms, r->r.bwd_ms, r->r.total_ms,
+            r->speedup, (double)(b[0].comm_ns + b[1].comm_ns) / 1e6,
+            (double)(b[0].compute_ns + b[1].compute_ns) / 1e6,
+            (double)(b[0].exposed_comm_ns + b[1].exposed_comm_ns) / 1e6, r->r.a2a_ms,
+            r->r.expert_ms, i + 1 < n ? "," : "");
+  }
+  fputs(" ]\n}\n", f);
+  return cli_out_commit(&out);
+}
+
+int cmd_simulate(int argc, char **argv) {
+  sim_opts o;
+  int rc = parse_sim(argc, argv, &o);
+  if (rc != CLI_OK) return rc;
+  if (o.list_clusters) {
+    moe_ctx *ctx = NULL;
+    moe_ctx_create(&ctx);
+    printf("%-26s %6s %5s %-18s %9s %10s %10s\n", "cluster", "nodes", "dev", "device", "TFLOP/s",
+           "intra Gb/s", "inter Gb/s");
+    for (int i = 0; i < moe_cluster_builtin_count(); i++) {
+      moe_cluster c;
+      if (moe_cluster_builtin(ctx, moe_cluster_builtin_name(i), &c) != MOE_STATUS_OK) continue;
+      printf("%-26s %6d %5d %-18.18s %9.1f %10.0f %10.0f\n", c.name, c.nodes, c.devices_per_node,
+             c.device, c.gemm_tflops, c.intra.gbit_per_s, c.inter.gbit_per_s * c.nics_per_node);
+    }
+    moe_ctx_destroy(ctx);
+    return CLI_OK;
+  }
+  moe_ctx *ctx = NULL;
+  sim_row *rows = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+  moe_cluster c;
+  rc = load_cluster(ctx, o.cluster, &c);
+  if (rc == CLI_OK && o.devices > 0) {
+    moe_cluster s;
+    if (moe_cluster_scale(ctx, &c, o.devices, &s) != MOE_STATUS_OK) {
+      cli_error("--devices: %s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+    } else {
+      c = s;
+    }
+  }
+  if (rc != CLI_OK) goto done;
+  const int D = moe_cluster_devices(&c);
+  if (!o.experts_set) o.cfg.num_experts = D;
+  if (moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
+  // variants: per (a2a, compress): sequential r=1, then every (schedule, r)
+  const int per = 1 + o.n_sched * o.n_chunks, max_rows = o.n_a2a * o.n_comp * per;
+  rows = calloc((size_t)max_rows, sizeof *rows);
+  if (!rows) {
+    cli_error("out of memory");
+    rc = CLI_FAILED;
+    goto done;
+  }
+  const uint64_t t0 = moe_time_ns();
+  int n = 0;
+  for (int a = 0; a < o.n_a2a; a++) {
+    for (int z = 0; z < o.n_comp; z++) {
+      const int base = n;
+      for (int s = -1; s < o.n_sched; s++) {
+        for (int k = 0; k < (s < 0 ? 1 : o.n_chunks); k++) {
+          const char *sched = s < 0 ? "sequential" : o.scheds[s];
+          const int r = s < 0 ? 1 : o.chunks[k];
+          if (s >= 0 && strcmp(sched, "sequential") == 0 && r == 1) continue;
+          const moe_schedule_algo *al = NULL;
+          if (moe_schedule_algo_find(ctx, sched, &al) != MOE_STATUS_OK) {
+            cli_error("--schedule: %s", moe_ctx_error(ctx));
+            rc = CLI_USAGE;
+            goto done;
+          }
+          if (s >= 0 && al->chunking == MOE_CHUNK_PEER_GROUPS && k > 0) continue;
+          moe_sim_variant v;
+          memset(&v, 0, sizeof v);
+          v.cfg = o.cfg;
+          snprintf(v.a2a, sizeof v.a2a, "%s", o.a2as[a]);
+          snprintf(v.schedule, sizeof v.schedule, "%s", sched);
+          v.chunks = r;
+          snprintf(v.compress, sizeof v.compress, "%s", o.comps[z]);
+          v.compress_backward = o.compress_backward;
+          v.group_size = o.group_size;
+          v.compress_gbs = o.cgbs;
+          v.decompress_gbs = o.dgbs;
+          sim_row *row = &rows[n];
+          row->a2a = o.a2as[a];
+          row->compress = o.comps[z];
+          row->schedule = al->name;
+          row->chunks_req = r;
+          const moe_status st = moe_simulate_layer(ctx, &c, &v, &row->r);
+          if (st != MOE_STATUS_OK) {
+            cli_error("%s", moe_ctx_error(ctx));
+            rc = st == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
+            goto done;
+          }
+          row->speedup = rows[base].r.total_ms / row->r.total_ms;
+          n++;
+        }
+      }
+    }
+  }
+  const double sim_ms = moe_time_ms_since(t0);
+  printf("moe simulate: %s (%d x %d %s, %.1f TFLOP/s, intra %g Gb/s %s, inter %g Gb/s x %d %s)\n",
+         c.name, c.nodes, c.devices_per_node, c.device, c.gemm_tflops, c.intra.gbit_per_s,
+         c.intra.kind, c.inter.gbit_per_s, c.nics_per_node, c.inter.kind);
+  printf("layer: T=%d per device (%lld in all) M=%d H=%d E=%d K=%d ", o.cfg.tokens,
+         (long long)o.cfg.tokens * D, o.cfg.model_dim, o.cfg.hidden_dim, o.cfg.num_experts,
+         o.cfg.top_k);
+  if (o.cfg.capacity_factor > 0) {
+    printf("f=%g (C=%d)", o.cfg.capacity_factor, moe_layer_capacity(&o.cfg, o.cfg.tokens));
+  } else {
+    printf("dropless");
+  }
+  printf(", uniform routing; one forward all-to-all (unchunked) %.3f ms, experts %.3f ms\n\n",
+         rows[0].r.a2a_ms, rows[0].r.expert_ms);
+  printf("%-8s %-8s %-10s %3s %10s %10s %10s %8s %9s %9s %9s\n", "a2a", "compress", "schedule", "r",
+         "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms", "exposed");
+  for (int i = 0; i < n; i++) {
+    const sim_row *r = &rows[i];
+    const moe_pass_breakdown *b = r->r.breakdown;
+    printf("%-8s %-8s %-10s %3d %10.3f %10.3f %10.3f %8.3f %9.3f %9.3f %9.3f\n", r->a2a,
+           r->compress, r->schedule, r->r.chunks, r->r.fwd_ms, r->r.bwd_ms, r->r.total_ms,
+           r->speedup, (double)(b[0].comm_ns + b[1].comm_ns) / 1e6,
+           (double)(b[0].compute_ns + b[1].compute_ns) / 1e6,
+           (double)(b[0].exposed_comm_ns + b[1].exposed_comm_ns) / 1e6);
+  }
+  printf("\n%d variants simulated in %.1f ms\n", n, sim_ms);
+  if (o.json_path) {
+    rc = write_json(o.json_path, &o, &c, rows, n);
+    if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
+  }
+done:
+  free(rows);
+  moe_ctx_destroy(ctx);
+  return rc;
+}
