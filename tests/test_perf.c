@@ -363,6 +363,107 @@ static void test_simulate_layer(void) {
            "unknown built-in lists the shipped ones: %s", moe_ctx_error(g_ctx));
 }
 
+// Profiles: JSON round trip, strict errors, and the simulator with measured
+// models: A = alpha + beta x bytes sent, E = alpha per GEMM + beta x FLOPs.
+static void test_profile(void) {
+  moe_profile p;
+  memset(&p, 0, sizeof p);
+  snprintf(p.name, sizeof p.name, "unit");
+  p.cluster = small_cluster(0);
+  p.cluster.nodes = 1;
+  p.cluster.devices_per_node = 2;
+  p.gemm = (moe_linear_fit){1e-7, 1e-12, 0.999, 0.0, 12};
+  p.n_a2a = 1;
+  snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "mpi");
+  p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8};
+  p.n_codec = 1;
+  snprintf(p.codec_c[0].name, sizeof p.codec_c[0].name, "int8");
+  snprintf(p.codec_d[0].name, sizeof p.codec_d[0].name, "int8");
+  p.codec_c[0].fit = (moe_linear_fit){0.0, 1e-9, 1.0, 0.0, 4};
+  p.codec_d[0].fit = (moe_linear_fit){0.0, 5e-10, 1.0, 0.0, 4};
+  char *text = NULL;
+  TU_CHECK(moe_profile_to_json(g_ctx, &p, &text) == MOE_STATUS_OK, "to_json: %s",
+           moe_ctx_error(g_ctx));
+  moe_profile q;
+  TU_CHECK(text && moe_profile_from_json(g_ctx, text, &q) == MOE_STATUS_OK, "round trip: %s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(strcmp(q.name, "unit") == 0 && q.n_a2a == 1 && q.gemm.beta == 1e-12 &&
+               moe_profile_a2a(&q, "mpi") && moe_profile_a2a(&q, "mpi")->alpha == 1e-6 &&
+               !moe_profile_a2a(&q, "pipe") && moe_profile_codec(&q, "int8", NULL, NULL) &&
+               !moe_profile_codec(&q, "zfp:8", NULL, NULL) && q.cluster.devices_per_node == 2,
+           "round trip values");
+  moe_free(text);
+  // strict parsing
+  const char *head =
+      "{\"profile_version\": 1, \"cluster\": {\"name\": \"c\", \"device\": "
+      "\"d\", \"nodes\": 1, \"devices_per_node\": 2, \"gemm_tflops\": 1, "
+      "\"intra\": {\"gbit_per_s\": 8, \"latency_us\": 1}, \"inter\": "
+      "{\"gbit_per_s\": 8, \"latency_us\": 1}}, ";
+  char buf[1024];
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1e-12, \"r2\": 1, "
+           "\"points\": 3}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "'a2a' is missing"),
+           "missing a2a: %s", moe_ctx_error(g_ctx));
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 0, \"r2\": 1, "
+           "\"points\": 3}, \"a2a\": {}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "beta_s > 0"),
+           "zero beta: %s", moe_ctx_error(g_ctx));
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1}, "
+           "\"a2a\": {}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "gemm' lacks points"),
+           "fit without points: %s", moe_ctx_error(g_ctx));
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, "
+           "\"points\": 2}, \"a2a\": {}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "no all-to-all model"),
+           "empty a2a: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(moe_profile_from_json(g_ctx, "{\"profile_version\": 2}", &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "version 2"),
+           "future version: %s", moe_ctx_error(g_ctx));
+  // the simulator with the profile: the hand-worked layer of
+  // test_simulate_layer; each device sends 2000 bytes: A = 1e-6 + 2e-6 = 3 us;
+  // E = 2 GEMMs x 0.1 us + 80000 FLOPs x 1e-12 = 0.28 us -> pass 6.28 us
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  moe_layer_config_default(&v.cfg);
+  v.cfg.tokens = 100;
+  v.cfg.model_dim = 10;
+  v.cfg.hidden_dim = 20;
+  v.cfg.num_experts = 2;
+  v.cfg.top_k = 1;
+  v.cfg.capacity_factor = 0.0;
+  snprintf(v.a2a, sizeof v.a2a, "mpi");
+  snprintf(v.schedule, sizeof v.schedule, "sequential");
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = 1;
+  v.profile = &p;
+  moe_sim_result r;
+  TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK, "simulate: %s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(close_rel(r.pass_ms[0], 6.28e-3, 1e-9), "profiled forward pass %g ms", r.pass_ms[0]);
+  // int8 from the profile's codec fits: C1 on 100 rows x 40 bytes = 4000 B x 1e-9 = 4 us,
+  // D1 2 us, C2 4 us, D2 2 us; A on 900 bytes: 1e-6 + 0.9e-6 = 1.9 us
+  snprintf(v.compress, sizeof v.compress, "int8");
+  TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], (4 + 2 + 4 + 2 + 2 * 1.9 + 0.28) * 1e-3, 1e-9),
+           "profiled int8 pass %g ms", r.pass_ms[0]);
+  snprintf(v.a2a, sizeof v.a2a, "pipe");
+  TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "no model for all-to-all 'pipe'"),
+           "uncalibrated algorithm: %s", moe_ctx_error(g_ctx));
+}
+
 int main(int argc, char **argv) {
   moe_ctx_create(&g_ctx);
   char clusters[1024];
@@ -373,6 +474,7 @@ int main(int argc, char **argv) {
   test_cluster_json(clusters);
   test_a2a_algos();
   test_simulate_layer();
+  test_profile();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_perf");
 }

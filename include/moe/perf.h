@@ -156,6 +156,48 @@ moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *
 moe_status moe_codec_rate_default(moe_ctx *ctx, const char *name, double *compress_gbs,
                                   double *decompress_gbs);
 
+// ---- calibrated profiles --------------------------------------------------------------
+
+#define MOE_PROFILE_MAX 16
+
+typedef struct {
+  char name[16];
+  moe_linear_fit fit;
+} moe_named_fit;
+
+// What `moe calibrate` measured on a cluster: its description (devices,
+// nodes; link and GEMM numbers from the fits) and the fitted models:
+//   gemm          seconds of one GEMM = alpha + beta * FLOPs
+//   a2a[name]     seconds of one all-to-all = alpha + beta * bytes one rank sends
+//   codec_c/d     seconds to compress / decompress = alpha + beta * input float bytes
+typedef struct {
+  char name[64];
+  moe_cluster cluster;
+  moe_linear_fit gemm;
+  int n_a2a;
+  moe_named_fit a2a[MOE_PROFILE_MAX];
+  int n_codec;
+  moe_named_fit codec_c[MOE_PROFILE_MAX], codec_d[MOE_PROFILE_MAX];
+} moe_profile;
+
+// Profile JSON (written by `moe calibrate`, read by --profile):
+//   {"profile_version": 1, "name": "...", "cluster": {cluster description},
+//    "gemm": FIT, "a2a": {"mpi": FIT, ...}, "codecs": {"int8": {"compress": FIT,
+//    "decompress": FIT}, ...}}
+//   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}
+// Strict like the cluster parser; INVALID_ARG names the key. A fit needs a
+// finite alpha (a small negative intercept is fitting noise), a finite
+// beta > 0, r2 <= 1 and points >= 2.
+moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *out);
+moe_status moe_profile_load(moe_ctx *ctx, const char *path, moe_profile *out);
+// The profile as JSON text (moe_malloc'd, the caller moe_free()s it).
+moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out);
+// The fitted all-to-all model of algo, or NULL when the profile has none.
+const moe_linear_fit *moe_profile_a2a(const moe_profile *p, const char *algo);
+// The fitted codec models of a compressor name ("zfp:8" matches "zfp"), or 0.
+int moe_profile_codec(const moe_profile *p, const char *name, const moe_linear_fit **compress,
+                      const moe_linear_fit **decompress);
+
 // ---- the layer simulator -------------------------------------------------------------
 
 // One variant of an expert-parallel layer on a described cluster: EP over all
@@ -170,6 +212,10 @@ typedef struct {
   int compress_backward;
   int group_size;                       // smart's peer group size; 0 = devices per node
   double compress_gbs, decompress_gbs;  // codec throughput; 0 = moe_codec_rate_default
+  // Measured models (moe calibrate) instead of the description's: all-to-all
+  // by its fitted alpha-beta on the bytes the busiest device sends, experts by
+  // the GEMM fit (alpha per GEMM), codecs by their fits. NULL: the models.
+  const moe_profile *profile;
 } moe_sim_variant;
 
 typedef struct {

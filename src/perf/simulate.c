@@ -15,6 +15,8 @@
 //            backward) at the cluster's GEMM rate
 //   C1 D1 C2 D2  raw bytes of the chunk on the busiest device / codec rate
 //   outside the passes: the gate GEMMs, 2 T M E FLOPs forward, 4 T M E backward
+// With a calibrated profile (moe calibrate), the all-to-all, GEMM and codec
+// times come from its fitted alpha-beta models instead.
 // Not modelled: dispatch, combine and softmax (memory-bound, small next to
 // the GEMMs), per-task launch overheads, slowdown of overlapping tasks.
 #include <math.h>
@@ -100,6 +102,8 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
   moe_status st = MOE_STATUS_OK;
   const int D = s->D, compressed = backward ? s->compressed_bwd : s->compressed_fwd;
   const double M = s->v->cfg.model_dim, H = s->v->cfg.hidden_dim;
+  const double experts_here = (double)s->v->cfg.num_experts / D;
+  const moe_profile *pf = s->v->profile;
   double cgbs = s->v->compress_gbs, dgbs = s->v->decompress_gbs;
   if (!(cgbs > 0) || !(dgbs > 0)) {
     double dc = 0, dd = 0;
@@ -130,15 +134,42 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
               a == b ? 0.0 : wire_bytes(s, pair_rows(s, c, a, b), compressed);
         }
       }
-      MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, &dur[i]));
+      if (pf) {
+        // measured alpha-beta on the bytes the busiest device sends
+        const moe_linear_fit *f = moe_profile_a2a(pf, s->v->a2a);
+        MOE_FAIL_IF(ctx, !f, MOE_STATUS_INVALID_ARG,
+                    "simulate: the profile '%s' has no model for all-to-all '%s' (calibrate "
+                    "it with moe calibrate --a2a %s)",
+                    pf->name, s->v->a2a, s->v->a2a);
+        double worst = 0.0;
+        for (int a = 0; a < D; a++) {
+          double out_bytes = 0.0;
+          for (int b = 0; b < D; b++) out_bytes += s->bytes[(size_t)a * D + b];
+          worst = fmax(worst, out_bytes);
+        }
+        dur[i] = worst > 0.0 ? fmax(0.0, moe_fit_eval(f, worst)) : 0.0;
+      } else {
+        MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, &dur[i]));
+      }
     } else if (nm[0] == 'E') {
-      dur[i] = max_recv * (backward ? 8.0 : 4.0) * M * H / (s->c->gemm_tflops * 1e12);
-    } else if (nm[0] == 'C') {
-      const double rows = nm[1] == '1' ? max_send : max_recv;
-      dur[i] = rows * M * 4.0 / (cgbs * 1e9);
-    } else {  // D1 on the expert side, D2 on the token side
-      const double rows = nm[1] == '1' ? max_recv : max_send;
-      dur[i] = rows * M * 4.0 / (dgbs * 1e9);
+      const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
+      if (pf) {
+        // two GEMMs per expert forward, four backward, each paying alpha
+        const double gemms = max_recv > 0 ? (backward ? 4.0 : 2.0) * experts_here : 0.0;
+        dur[i] = fmax(0.0, gemms * pf->gemm.alpha + pf->gemm.beta * flops);
+      } else {
+        dur[i] = flops / (s->c->gemm_tflops * 1e12);
+      }
+    } else {
+      // C1 and D2 on the token side, C2 and D1 on the expert side
+      const int token_side = (nm[0] == 'C') == (nm[1] == '1');
+      const double bytes = (token_side ? max_send : max_recv) * M * 4.0;
+      const moe_linear_fit *fc = NULL, *fd = NULL;
+      if (pf && moe_profile_codec(pf, s->comp.name, &fc, &fd)) {
+        dur[i] = bytes > 0 ? fmax(0.0, moe_fit_eval(nm[0] == 'C' ? fc : fd, bytes)) : 0.0;
+      } else {
+        dur[i] = bytes / ((nm[0] == 'C' ? cgbs : dgbs) * 1e9);
+      }
     }
   }
 done:
@@ -241,7 +272,9 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     s.groups = saved_groups;
   }
   const double gate_flops = 2.0 * T * cfg->model_dim * E;
-  const double gate_fwd_ms = gate_flops / (c->gemm_tflops * 1e12) * 1e3;
+  const double gate_fwd_ms = (v->profile ? moe_fit_eval(&v->profile->gemm, gate_flops)
+                                         : gate_flops / (c->gemm_tflops * 1e12)) *
+                             1e3;
   out->outside_ms = 3.0 * gate_fwd_ms;
   out->fwd_ms = gate_fwd_ms + out->pass_ms[0];
   out->bwd_ms = 2.0 * gate_fwd_ms + out->pass_ms[1];

@@ -1,0 +1,308 @@
+// Calibrated profiles (include/moe/perf.h): what `moe calibrate` measured,
+// as JSON, read back strictly (every error names the key).
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "moe/perf.h"
+
+static moe_status parse_fit(moe_ctx *ctx, const cJSON *obj, const char *where, moe_linear_fit *f) {
+  moe_status st = MOE_STATUS_OK;
+  int have = 0;
+  MOE_FAIL_IF(ctx, !cJSON_IsObject(obj), MOE_STATUS_INVALID_ARG,
+              "profile: '%s' must be an object {alpha_s, beta_s, r2, points}", where);
+  memset(f, 0, sizeof *f);
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", where, it->string);
+    for (const cJSON *p = obj->child; p != it; p = p->next) {
+      MOE_FAIL_IF(ctx, strcmp(p->string, it->string) == 0, MOE_STATUS_INVALID_ARG,
+                  "profile: key '%s' appears twice", key);
+    }
+    if (strcmp(it->string, "alpha_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &f->alpha));
+      have |= 1;
+    } else if (strcmp(it->string, "beta_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &f->beta));
+      have |= 2;
+    } else if (strcmp(it->string, "r2") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &f->r2));
+      have |= 4;
+    } else if (strcmp(it->string, "points") == 0) {
+      MOE_TRY(moe_json_get_int(ctx, it, key, &f->n));
+      have |= 8;
+    } else if (strcmp(it->string, "rmse_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &f->rmse));
+    } else {
+      MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+               "profile: unknown key '%s' (valid: alpha_s, beta_s, r2, points, rmse_s)", key);
+    }
+  }
+  MOE_FAIL_IF(ctx, have != 15, MOE_STATUS_INVALID_ARG, "profile: '%s' lacks %s", where,
+              !(have & 1)   ? "alpha_s"
+              : !(have & 2) ? "beta_s"
+              : !(have & 4) ? "r2"
+                            : "points");
+  MOE_FAIL_IF(
+      ctx, !isfinite(f->alpha) || !(f->beta > 0.0) || !isfinite(f->beta), MOE_STATUS_INVALID_ARG,
+      "profile: '%s' needs a finite alpha_s and beta_s > 0 (got %g, %g)", where, f->alpha, f->beta);
+  MOE_FAIL_IF(ctx, !(f->r2 <= 1.0) || f->n < 2, MOE_STATUS_INVALID_ARG,
+              "profile: '%s' needs r2 <= 1 and points >= 2 (got %g, %d)", where, f->r2, f->n);
+done:
+  return st;
+}
+
+static moe_status parse_named(moe_ctx *ctx, const cJSON *obj, const char *where, int codec,
+                              moe_profile *p) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cJSON_IsObject(obj), MOE_STATUS_INVALID_ARG, "profile: '%s' must be an object",
+              where);
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", where, it->string);
+    MOE_FAIL_IF(ctx, strlen(it->string) >= sizeof p->a2a[0].name, MOE_STATUS_INVALID_ARG,
+                "profile: name '%s' is too long", key);
+    int *n = codec ? &p->n_codec : &p->n_a2a;
+    MOE_FAIL_IF(ctx, *n >= MOE_PROFILE_MAX, MOE_STATUS_INVALID_ARG,
+                "profile: '%s' has more than %d entries", where, MOE_PROFILE_MAX);
+    for (int i = 0; i < *n; i++) {
+      const char *have = codec ? p->codec_c[i].name : p->a2a[i].name;
+      MOE_FAIL_IF(ctx, strcmp(have, it->string) == 0, MOE_STATUS_INVALID_ARG,
+                  "profile: key '%s' appears twice", key);
+    }
+    if (!codec) {
+      snprintf(p->a2a[*n].name, sizeof p->a2a[*n].name, "%s", it->string);
+      MOE_TRY(parse_fit(ctx, it, key, &p->a2a[*n].fit));
+    } else {
+      const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "compress");
+      const cJSON *d = cJSON_GetObjectItemCaseSensitive(it, "decompress");
+      MOE_FAIL_IF(ctx, !c || !d || cJSON_GetArraySize(it) != 2, MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' must hold exactly 'compress' and 'decompress'", key);
+      char kc[200], kd[200];
+      snprintf(kc, sizeof kc, "%s.compress", key);
+      snprintf(kd, sizeof kd, "%s.decompress", key);
+      snprintf(p->codec_c[*n].name, sizeof p->codec_c[*n].name, "%s", it->string);
+      snprintf(p->codec_d[*n].name, sizeof p->codec_d[*n].name, "%s", it->string);
+      MOE_TRY(parse_fit(ctx, c, kc, &p->codec_c[*n].fit));
+      MOE_TRY(parse_fit(ctx, d, kd, &p->codec_d[*n].fit));
+    }
+    (*n)++;
+  }
+done:
+  return st;
+}
+
+moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *out) {
+  moe_status st = MOE_STATUS_OK;
+  cJSON *root = NULL;
+  char *cluster_text = NULL;
+  moe_profile p;
+  memset(&p, 0, sizeof p);
+  int have_version = 0, have_cluster = 0, have_gemm = 0, have_a2a = 0;
+  MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "profile: json and out must be set");
+  MOE_TRY(moe_json_parse_object(ctx, json, "profile", &root));
+  for (const cJSON *it = root->child; it; it = it->next) {
+    const char *k = it->string;
+    for (const cJSON *q = root->child; q != it; q = q->next) {
+      MOE_FAIL_IF(ctx, strcmp(q->string, k) == 0, MOE_STATUS_INVALID_ARG,
+                  "profile: key '%s' appears twice", k);
+    }
+    if (strcmp(k, "profile_version") == 0) {
+      int v = 0;
+      MOE_TRY(moe_json_get_int(ctx, it, k, &v));
+      MOE_FAIL_IF(ctx, v != 1, MOE_STATUS_INVALID_ARG,
+                  "profile: profile_version %d is not supported (this libmoe reads 1)", v);
+      have_version = 1;
+    } else if (strcmp(k, "name") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsString(it) || strlen(it->valuestring) >= sizeof p.name,
+                  MOE_STATUS_INVALID_ARG, "profile: 'name' must be a string of < %zu bytes",
+                  sizeof p.name);
+      snprintf(p.name, sizeof p.name, "%s", it->valuestring);
+    } else if (strcmp(k, "created_by") == 0 || strcmp(k, "note") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsString(it), MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' must be a string", k);
+    } else if (strcmp(k, "cluster") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
+                  "profile: 'cluster' must be a cluster description object");
+      cluster_text = cJSON_PrintUnformatted(it);
+      MOE_FAIL_IF(ctx, !cluster_text, MOE_STATUS_OUT_OF_MEMORY, "profile: cannot print cluster");
+      MOE_TRY(moe_cluster_from_json(ctx, cluster_text, &p.cluster));
+      have_cluster = 1;
+    } else if (strcmp(k, "gemm") == 0) {
+      MOE_TRY(parse_fit(ctx, it, "gemm", &p.gemm));
+      have_gemm = 1;
+    } else if (strcmp(k, "a2a") == 0) {
+      MOE_TRY(parse_named(ctx, it, "a2a", 0, &p));
+      have_a2a = 1;
+    } else if (strcmp(k, "codecs") == 0) {
+      MOE_TRY(parse_named(ctx, it, "codecs", 1, &p));
+    } else {
+      MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+               "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
+               "cluster, gemm, a2a, codecs)",
+               k);
+    }
+  }
+  MOE_FAIL_IF(ctx, !have_version || !have_cluster || !have_gemm || !have_a2a,
+              MOE_STATUS_INVALID_ARG, "profile: required key '%s' is missing",
+              !have_version   ? "profile_version"
+              : !have_cluster ? "cluster"
+              : !have_gemm    ? "gemm"
+                              : "a2a");
+  MOE_FAIL_IF(ctx, p.n_a2a == 0, MOE_STATUS_INVALID_ARG,
+              "profile: 'a2a' holds no all-to-all model");
+  *out = p;
+done:
+  if (cluster_text) cJSON_free(cluster_text);
+  cJSON_Delete(root);
+  return st;
+}
+
+moe_status moe_profile_load(moe_ctx *ctx, const char *path, moe_profile *out) {
+  moe_status st = MOE_STATUS_OK;
+  char *text = NULL;
+  MOE_TRY(moe_read_file(ctx, path, 4u << 20, &text, NULL));
+  st = moe_profile_from_json(ctx, text, out);
+  if (st != MOE_STATUS_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
+    MOE_FAIL(ctx, st, "%s: %s", path, msg);
+  }
+done:
+  moe_free(text);
+  return st;
+}
+
+// Appends printf output to a growing buffer.
+typedef struct {
+  char *buf;
+  size_t len, cap;
+  int failed;
+} strbuf;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void
+sb_printf(strbuf *b, const char *fmt, ...) {
+  if (b->failed) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->failed = 1;
+      return;
+    }
+    if ((size_t)n < b->cap - b->len) {
+      b->len += (size_t)n;
+      return;
+    }
+    const size_t cap = (b->cap + (size_t)n + 1) * 2;
+    char *nb = moe_malloc(cap);
+    if (!nb) {
+      b->failed = 1;
+      return;
+    }
+    memcpy(nb, b->buf, b->len + 1);
+    moe_free(b->buf);
+    b->buf = nb;
+    b->cap = cap;
+  }
+}
+
+static void sb_fit(strbuf *b, const moe_linear_fit *f) {
+  sb_printf(b,
+            "{\"alpha_s\": %.9g, \"beta_s\": %.9g, \"r2\": %.6f, \"points\": %d, \"rmse_s\": %.6g}",
+            f->alpha, f->beta, f->r2, f->n, f->rmse);
+}
+
+// A JSON string literal of s (the descriptions hold plain text; quotes and
+// backslashes are escaped, control characters dropped).
+static void sb_string(strbuf *b, const char *s) {
+  sb_printf(b, "\"");
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') {
+      sb_printf(b, "\\%c", *s);
+    } else if ((unsigned char)*s >= 0x20) {
+      sb_printf(b, "%c", *s);
+    }
+  }
+  sb_printf(b, "\"");
+}
+
+moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
+  moe_status st = MOE_STATUS_OK;
+  strbuf b = {moe_malloc(4096), 0, 4096, 0};
+  MOE_FAIL_IF(ctx, !p || !out, MOE_STATUS_INVALID_ARG, "profile: p and out must be set");
+  MOE_FAIL_IF(ctx, !b.buf, MOE_STATUS_OUT_OF_MEMORY, "profile: cannot allocate");
+  b.buf[0] = '\0';
+  const moe_cluster *c = &p->cluster;
+  sb_printf(&b, "{\n  \"profile_version\": 1,\n  \"name\": ");
+  sb_string(&b, p->name);
+  sb_printf(&b, ",\n  \"created_by\": \"moe calibrate\",\n  \"cluster\": {\"name\": ");
+  sb_string(&b, c->name);
+  sb_printf(&b, ", \"device\": ");
+  sb_string(&b, c->device);
+  sb_printf(&b, ", \"source\": ");
+  sb_string(&b, c->source);
+  sb_printf(&b,
+            ",\n    \"nodes\": %d, \"devices_per_node\": %d, \"gemm_tflops\": %.9g,\n"
+            "    \"intra\": {\"gbit_per_s\": %.9g, \"latency_us\": %.9g, \"kind\": ",
+            c->nodes, c->devices_per_node, c->gemm_tflops, c->intra.gbit_per_s,
+            c->intra.latency_us);
+  sb_string(&b, c->intra.kind);
+  sb_printf(&b, "},\n    \"inter\": {\"gbit_per_s\": %.9g, \"latency_us\": %.9g, \"kind\": ",
+            c->inter.gbit_per_s, c->inter.latency_us);
+  sb_string(&b, c->inter.kind);
+  sb_printf(&b, "},\n    \"nics_per_node\": %d, \"inter_uses_intra\": %s},\n  \"gemm\": ",
+            c->nics_per_node, c->inter_uses_intra ? "true" : "false");
+  sb_fit(&b, &p->gemm);
+  sb_printf(&b, ",\n  \"a2a\": {");
+  for (int i = 0; i < p->n_a2a; i++) {
+    sb_printf(&b, "%s\n    ", i ? "," : "");
+    sb_string(&b, p->a2a[i].name);
+    sb_printf(&b, ": ");
+    sb_fit(&b, &p->a2a[i].fit);
+  }
+  sb_printf(&b, "\n  },\n  \"codecs\": {");
+  for (int i = 0; i < p->n_codec; i++) {
+    sb_printf(&b, "%s\n    ", i ? "," : "");
+    sb_string(&b, p->codec_c[i].name);
+    sb_printf(&b, ": {\"compress\": ");
+    sb_fit(&b, &p->codec_c[i].fit);
+    sb_printf(&b, ",\n      \"decompress\": ");
+    sb_fit(&b, &p->codec_d[i].fit);
+    sb_printf(&b, "}");
+  }
+  sb_printf(&b, "\n  }\n}\n");
+  MOE_FAIL_IF(ctx, b.failed, MOE_STATUS_OUT_OF_MEMORY, "profile: cannot format the JSON");
+  *out = b.buf;
+  b.buf = NULL;
+done:
+  moe_free(b.buf);
+  return st;
+}
+
+const moe_linear_fit *moe_profile_a2a(const moe_profile *p, const char *algo) {
+  for (int i = 0; p && algo && i < p->n_a2a; i++) {
+    if (strcmp(p->a2a[i].name, algo) == 0) return &p->a2a[i].fit;
+  }
+  return NULL;
+}
+
+int moe_profile_codec(const moe_profile *p, const char *name, const moe_linear_fit **compress,
+                      const moe_linear_fit **decompress) {
+  const size_t len = name ? strcspn(name, ":") : 0;
+  for (int i = 0; p && name && i < p->n_codec; i++) {
+    if (strlen(p->codec_c[i].name) == len && strncmp(p->codec_c[i].name, name, len) == 0) {
+      if (compress) *compress = &p->codec_c[i].fit;
+      if (decompress) *decompress = &p->codec_d[i].fit;
+      return 1;
+    }
+  }
+  return 0;
+}
