@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "                   expert-parallel with the schedules (under mpirun)\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
           "  bench compress   throughput, ratio and error of the compressors\n"
+          "  calibrate        measure this cluster (under mpirun) and write a profile\n"
           "  simulate         predict the expert-parallel layer's time on a described cluster\n"
           "                   (the papers' testbeds are built in; no MPI needed)\n"
           "  help             print this help (also --help, -h)\n"
@@ -74,6 +75,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return cmd_version(argc, argv);
   if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
   if (strcmp(cmd, "simulate") == 0) return cmd_simulate(argc, argv);
+  if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
   cli_error("unknown command '%s' (run 'moe --help' for the list)", cmd);
   return CLI_USAGE;
 }

@@ -15,8 +15,8 @@
 
 typedef struct {
   moe_layer_config cfg;
-  const char *cluster;
-  int devices, experts_set, list_clusters, group_size, compress_backward;
+  const char *cluster, *profile;
+  int cluster_set, devices, experts_set, list_clusters, group_size, compress_backward;
   double cgbs, dgbs;
   char a2as[SIM_MAX_LIST][32];
   int n_a2a;
@@ -52,6 +52,9 @@ static void simulate_usage(FILE *f) {
           "  --cluster NAME|FILE    a shipped cluster or a cluster JSON file\n"
           "                         [schemoe-8x4-rtx2080ti]\n"
           "  --list-clusters        print the shipped clusters and exit\n"
+          "  --profile FILE         a profile from 'moe calibrate': its cluster and measured\n"
+          "                         all-to-all, GEMM and codec models (not with --cluster or\n"
+          "                         --devices)\n"
           "  --devices N            scale the cluster to N devices (whole nodes)\n"
           "  --tokens T             tokens per device [4096]\n"
           "  --model M              model dimension [1024]\n"
@@ -127,6 +130,9 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       o->list_clusters = 1;
     } else if (cli_opt(&a, "--cluster")) {
       o->cluster = a.value;
+      o->cluster_set = 1;
+    } else if (cli_opt(&a, "--profile")) {
+      o->profile = a.value;
     } else if (cli_opt(&a, "--devices")) {
       cli_parse_int(&a, "--devices", 1, 1 << 20, &o->devices);
     } else if (cli_opt(&a, "--tokens")) {
@@ -254,7 +260,24 @@ int cmd_simulate(int argc, char **argv) {
   sim_row *rows = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
   moe_cluster c;
-  rc = load_cluster(ctx, o.cluster, &c);
+  moe_profile prof;
+  if (o.profile) {
+    if (o.cluster_set || o.devices > 0) {
+      cli_error(
+          "--profile brings its own cluster: it cannot be combined with --cluster or "
+          "--devices (its fits hold for the calibrated ranks only)");
+      rc = CLI_USAGE;
+      goto done;
+    }
+    if (moe_profile_load(ctx, o.profile, &prof) != MOE_STATUS_OK) {
+      cli_error("--profile: %s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
+    c = prof.cluster;
+  } else {
+    rc = load_cluster(ctx, o.cluster, &c);
+  }
   if (rc == CLI_OK && o.devices > 0) {
     moe_cluster s;
     if (moe_cluster_scale(ctx, &c, o.devices, &s) != MOE_STATUS_OK) {
@@ -308,6 +331,7 @@ int cmd_simulate(int argc, char **argv) {
           v.group_size = o.group_size;
           v.compress_gbs = o.cgbs;
           v.decompress_gbs = o.dgbs;
+          v.profile = o.profile ? &prof : NULL;
           sim_row *row = &rows[n];
           row->a2a = o.a2as[a];
           row->compress = o.comps[z];
@@ -326,9 +350,18 @@ int cmd_simulate(int argc, char **argv) {
     }
   }
   const double sim_ms = moe_time_ms_since(t0);
-  printf("moe simulate: %s (%d x %d %s, %.1f TFLOP/s, intra %g Gb/s %s, inter %g Gb/s x %d %s)\n",
-         c.name, c.nodes, c.devices_per_node, c.device, c.gemm_tflops, c.intra.gbit_per_s,
-         c.intra.kind, c.inter.gbit_per_s, c.nics_per_node, c.inter.kind);
+  if (o.profile) {
+    printf(
+        "moe simulate: profile %s (%s: %d x %d ranks; measured GEMM, all-to-all and codec "
+        "models)\n",
+        o.profile, prof.name, c.nodes, c.devices_per_node);
+  } else {
+    printf(
+        "moe simulate: %s (%d x %d %s, %.1f TFLOP/s, intra %g Gb/s %s, inter %g Gb/s x %d "
+        "%s)\n",
+        c.name, c.nodes, c.devices_per_node, c.device, c.gemm_tflops, c.intra.gbit_per_s,
+        c.intra.kind, c.inter.gbit_per_s, c.nics_per_node, c.inter.kind);
+  }
   printf("layer: T=%d per device (%lld in all) M=%d H=%d E=%d K=%d ", o.cfg.tokens,
          (long long)o.cfg.tokens * D, o.cfg.model_dim, o.cfg.hidden_dim, o.cfg.num_experts,
          o.cfg.top_k);

@@ -264,10 +264,23 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
       }
     }
     double t = 0.0;
-    MOE_TRY(moe_model_a2a_algo_s(ctx, c, v->a2a, s.bytes, &t));
+    const double expert_flops =
+        (E / s.D) * s.n_block * s.D * 4.0 * cfg->model_dim * cfg->hidden_dim;
+    const moe_linear_fit *f = v->profile ? moe_profile_a2a(v->profile, v->a2a) : NULL;
+    if (f) {
+      double worst = 0.0;
+      for (int a = 0; a < s.D; a++) {
+        double sent = 0.0;
+        for (int b = 0; b < s.D; b++) sent += s.bytes[(size_t)a * s.D + b];
+        worst = fmax(worst, sent);
+      }
+      t = worst > 0 ? fmax(0.0, moe_fit_eval(f, worst)) : 0.0;
+      out->expert_ms = fmax(0.0, moe_fit_eval(&v->profile->gemm, expert_flops)) * 1e3;
+    } else {
+      MOE_TRY(moe_model_a2a_algo_s(ctx, c, v->a2a, s.bytes, &t));
+      out->expert_ms = expert_flops / (c->gemm_tflops * 1e12) * 1e3;
+    }
     out->a2a_ms = t * 1e3;
-    out->expert_ms = (E / s.D) * s.n_block * s.D * 4.0 * cfg->model_dim * cfg->hidden_dim /
-                     (c->gemm_tflops * 1e12) * 1e3;
     s.r = saved_r;
     s.groups = saved_groups;
   }

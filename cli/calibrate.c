@@ -1,0 +1,453 @@
+// moe calibrate: measures this cluster under mpirun and writes a profile
+// (include/moe/perf.h): alpha-beta fits of one GEMM (seconds vs FLOPs), of
+// every all-to-all algorithm (seconds vs bytes one rank sends to the others)
+// and of every compressor (seconds vs input float bytes), each with R².
+// All ranks measure at the same time, as in a training step, and every point
+// is the slowest rank's median. `moe simulate --profile FILE` and the planner
+// read the result.
+#define _POSIX_C_SOURCE 200809L  // strtok_r
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "moe/compress.h"
+#include "moe/kernels.h"
+#include "moe/perf.h"
+
+#if MOE_CLI_MPI
+#include "moe/comm.h"
+
+typedef struct {
+  const char *out, *name, *a2a, *compress;
+  int ranks_per_node, iters;
+  long long min_bytes, max_bytes;
+} cal_opts;
+
+static void calibrate_usage(FILE *f) {
+  fprintf(f,
+          "usage: mpirun -n P moe calibrate --out FILE [options]\n"
+          "\n"
+          "Measures this cluster and writes a profile (JSON): least-squares fits\n"
+          "t = alpha + beta * x of one GEMM (x = FLOPs), of each all-to-all algorithm\n"
+          "(x = bytes one rank sends to the others, uniform counts) and of each\n"
+          "compressor (x = input float bytes), with R². Every rank measures at the same\n"
+          "time; each point is the slowest rank's median. Read it back with\n"
+          "'moe simulate --profile FILE'.\n"
+          "\n"
+          "options (default in brackets):\n"
+          "  --out FILE             the profile to write (required)\n"
+          "  --name NAME            profile and cluster name [calibrated-<ranks>]\n"
+          "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
+          "  --a2a LIST|all         algorithms to fit [all that run on this layout]\n"
+          "  --compress LIST|all    compressors to fit [all]\n"
+          "  --min-bytes S          smallest all-to-all, bytes per rank [65536]\n"
+          "  --max-bytes S          largest all-to-all, bytes per rank [8388608]\n"
+          "  --iters N              timed repetitions per point, 1..1000 [5]\n");
+}
+
+static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
+  memset(o, 0, sizeof *o);
+  o->a2a = "all";
+  o->compress = "all";
+  o->iters = 5;
+  o->min_bytes = 65536;
+  o->max_bytes = 8 << 20;
+  cli_args a;
+  cli_args_init(&a, argc, argv, 2);
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      if (rank == 0) calibrate_usage(stdout);
+      return -1;
+    } else if (cli_opt(&a, "--out")) {
+      o->out = a.value;
+    } else if (cli_opt(&a, "--name")) {
+      o->name = a.value;
+      if (a.value && strlen(a.value) >= 64) {
+        if (rank == 0) cli_error("--name '%s' is longer than 63 bytes", a.value);
+        a.bad = 1;
+      }
+    } else if (cli_opt(&a, "--ranks-per-node")) {
+      cli_parse_int(&a, "--ranks-per-node", 0, 1 << 20, &o->ranks_per_node);
+    } else if (cli_opt(&a, "--a2a")) {
+      o->a2a = a.value;
+    } else if (cli_opt(&a, "--compress")) {
+      o->compress = a.value;
+    } else if (cli_opt(&a, "--iters")) {
+      cli_parse_int(&a, "--iters", 1, 1000, &o->iters);
+    } else if (cli_opt(&a, "--min-bytes")) {
+      int v = 0;
+      cli_parse_int(&a, "--min-bytes", 1024, 1 << 30, &v);
+      o->min_bytes = v;
+    } else if (cli_opt(&a, "--max-bytes")) {
+      int v = 0;
+      cli_parse_int(&a, "--max-bytes", 1024, 1 << 30, &v);
+      o->max_bytes = v;
+    } else {
+      if (rank == 0) cli_error("unknown option '%s' (see moe calibrate --help)", cli_args_peek(&a));
+      return CLI_USAGE;
+    }
+  }
+  if (!a.bad && !o->out) {
+    if (rank == 0) cli_error("--out FILE is required (see moe calibrate --help)");
+    a.bad = 1;
+  }
+  if (!a.bad && o->min_bytes * 4 > o->max_bytes) {
+    if (rank == 0) {
+      cli_error("--max-bytes (%lld) must be at least 4 x --min-bytes (%lld) for a fit",
+                o->max_bytes, o->min_bytes);
+    }
+    a.bad = 1;
+  }
+  return a.bad ? CLI_USAGE : CLI_OK;
+}
+
+static int cmp_d(const void *x, const void *y) {
+  const double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+// The slowest rank's time of the median of n measurements t[].
+static double slowest_median(double *t, int n) {
+  qsort(t, (size_t)n, sizeof *t, cmp_d);
+  double m = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return m;
+}
+
+// GEMM: rows x M x H shapes, all ranks at once.
+static int fit_gemm(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *fit) {
+  static const int rows[] = {64, 256, 1024, 2048},
+                   mh[][2] = {{256, 512}, {512, 1024}, {1024, 2048}};
+  double x[12], y[12], t[1000];
+  int n = 0;
+  float *a = moe_malloc((size_t)2048 * 1024 * sizeof(float));
+  float *b = moe_malloc((size_t)1024 * 2048 * sizeof(float));
+  float *c = moe_malloc((size_t)2048 * 2048 * sizeof(float));
+  int ok = a && b && c;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    if (rank == 0) cli_error("cannot allocate the GEMM buffers");
+    moe_free(a);
+    moe_free(b);
+    moe_free(c);
+    return CLI_FAILED;
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, 5, (uint64_t)rank);
+  moe_rng_fill_uniform(&rng, a, (size_t)2048 * 1024, -1.0f, 1.0f);
+  moe_rng_fill_uniform(&rng, b, (size_t)1024 * 2048, -1.0f, 1.0f);
+  for (size_t s = 0; s < sizeof mh / sizeof mh[0]; s++) {
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+      const int m = rows[r], k = mh[s][0], nn = mh[s][1];
+      moe_gemm(0, 0, m, nn, k, 1.0f, a, k, b, nn, 0.0f, c, nn);  // warm-up
+      MPI_Barrier(MPI_COMM_WORLD);
+      for (int i = 0; i < o->iters; i++) {
+        const uint64_t t0 = moe_time_ns();
+        moe_gemm(0, 0, m, nn, k, 1.0f, a, k, b, nn, 0.0f, c, nn);
+        t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+      }
+      x[n] = 2.0 * m * (double)k * nn;
+      y[n] = slowest_median(t, o->iters);
+      n++;
+    }
+  }
+  moe_free(a);
+  moe_free(b);
+  moe_free(c);
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("GEMM fit: %s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  if (rank == 0) {
+    printf("gemm: %d shapes, alpha %.2f us, %.1f GFLOP/s per rank, R² %.4f\n", n, fit->alpha * 1e6,
+           1e-9 / fit->beta, fit->r2);
+  }
+  return CLI_OK;
+}
+
+// One all-to-all algorithm over sizes min..max (doubling), uniform counts.
+static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g,
+                   const moe_a2a_algo *algo, unsigned char *sbuf, unsigned char *rbuf,
+                   moe_workspace *ws, moe_linear_fit *fit) {
+  const int P = g->size;
+  double x[32], y[32], t[1000];
+  int n = 0;
+  size_t *sc = moe_malloc(4 * (size_t)P * sizeof(size_t));
+  if (!sc) return CLI_FAILED;
+  size_t *sd = sc + P, *rc = sd + P, *rd = rc + P;
+  moe_status st = MOE_STATUS_OK;
+  for (long long S = o->min_bytes; S <= o->max_bytes && n < 32; S *= 2) {
+    const size_t block = (size_t)S / (size_t)P;
+    for (int p = 0; p < P; p++) {
+      sc[p] = rc[p] = block;
+      sd[p] = rd[p] = (size_t)p * block;
+    }
+    st = moe_a2a_run(ctx, algo, g, sbuf, sc, sd, rbuf, rc, rd, ws);  // warm-up
+    for (int i = 0; i < o->iters && st == MOE_STATUS_OK; i++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const uint64_t t0 = moe_time_ns();
+      st = moe_a2a_run(ctx, algo, g, sbuf, sc, sd, rbuf, rc, rd, ws);
+      t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+    }
+    if (st != MOE_STATUS_OK) break;
+    x[n] = (double)block * (P - 1);  // bytes one rank sends to the others
+    y[n] = slowest_median(t, o->iters);
+    n++;
+  }
+  moe_free(sc);
+  if (st != MOE_STATUS_OK) {
+    cli_error("rank %d: all-to-all '%s': %s", rank, algo->name, moe_ctx_error(ctx));
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);  // a collective failed midway: peers cannot recover
+  }
+  if (P == 1) {  // nothing leaves the rank: the time is a copy; fit it against the block size
+    for (int i = 0; i < n; i++) x[i] = (double)(o->min_bytes << i);
+  }
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK || !(fit->beta > 0)) {
+    if (rank == 0) {
+      cli_error("all-to-all '%s': no usable fit (%s); widen --min-bytes/--max-bytes", algo->name,
+                moe_ctx_error(ctx));
+    }
+    return CLI_FAILED;
+  }
+  if (rank == 0) {
+    printf("a2a %-9s %2d sizes, alpha %8.1f us, %8.3f GB/s sent per rank, R² %.4f\n", algo->name, n,
+           fit->alpha * 1e6, 1e-9 / fit->beta, fit->r2);
+  }
+  return CLI_OK;
+}
+
+// One compressor: rows x 512 floats, all ranks at once.
+static int fit_codec(moe_ctx *ctx, const cal_opts *o, int rank, const moe_compressor *comp,
+                     moe_linear_fit *fc, moe_linear_fit *fd) {
+  static const int rows[] = {64, 256, 1024, 4096};
+  const size_t cols = 512, max_n = 4096 * cols;
+  double x[4], yc[4], yd[4], t[1000];
+  float *in = moe_malloc(max_n * sizeof(float)), *back = moe_malloc(max_n * sizeof(float));
+  const size_t cap = moe_compress_max_bytes(comp, 4096, cols);
+  void *buf = moe_malloc(cap);
+  int ok = in && back && buf;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int rc = CLI_OK;
+  if (!ok) {
+    rc = CLI_FAILED;
+    goto done;
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, 11, (uint64_t)rank);
+  moe_rng_fill_uniform(&rng, in, max_n, -1.0f, 1.0f);
+  for (int r = 0; r < 4; r++) {
+    const size_t m = (size_t)rows[r];
+    size_t got = 0;
+    int fail = moe_compress(comp, ctx, in, m, cols, buf, cap, &got) != MOE_STATUS_OK;
+    for (int i = 0; i < o->iters && !fail; i++) {
+      const uint64_t t0 = moe_time_ns();
+      fail = moe_compress(comp, ctx, in, m, cols, buf, cap, &got) != MOE_STATUS_OK;
+      t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (fail) {
+      if (rank == 0) cli_error("compressor '%s' failed: %s", comp->name, moe_ctx_error(ctx));
+      rc = CLI_FAILED;
+      goto done;
+    }
+    yc[r] = slowest_median(t, o->iters);
+    for (int i = 0; i < o->iters; i++) {
+      const uint64_t t0 = moe_time_ns();
+      moe_decompress(comp, ctx, buf, got, m, cols, back);
+      t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+    }
+    yd[r] = slowest_median(t, o->iters);
+    x[r] = (double)(m * cols * sizeof(float));
+  }
+  if (moe_fit_linear(ctx, x, yc, 4, fc) != MOE_STATUS_OK ||
+      moe_fit_linear(ctx, x, yd, 4, fd) != MOE_STATUS_OK || !(fc->beta > 0) || !(fd->beta > 0)) {
+    if (rank == 0) cli_error("compressor '%s': no usable fit", comp->name);
+    rc = CLI_FAILED;
+    goto done;
+  }
+  if (rank == 0) {
+    printf("codec %-6s compress %7.2f GB/s (R² %.4f), decompress %7.2f GB/s (R² %.4f)\n",
+           comp->name, 1e-9 / fc->beta, fc->r2, 1e-9 / fd->beta, fd->r2);
+  }
+done:
+  moe_free(in);
+  moe_free(back);
+  moe_free(buf);
+  return rc;
+}
+
+int cmd_calibrate(int argc, char **argv) {
+  int provided = 0, rank = 0, P = 1;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  cal_opts o;
+  int rc = parse_cal(argc, argv, &o, rank);
+  moe_ctx *ctx = NULL;
+  moe_group g;
+  memset(&g, 0, sizeof g);
+  int have_group = 0;
+  int *nodes = NULL;
+  unsigned char *sbuf = NULL, *rbuf = NULL;
+  moe_workspace ws = {0};
+  moe_profile prof;
+  memset(&prof, 0, sizeof prof);
+  char *json = NULL;
+  cli_out out = {0};
+  if (rc != CLI_OK) goto done;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    rc = CLI_FAILED;
+    goto done;
+  }
+  {
+    int ok = 1;
+    if (rank == 0) ok = cli_out_open(&out, o.out) == CLI_OK;
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+      rc = CLI_FAILED;
+      goto done;
+    }
+  }
+  nodes = moe_malloc((size_t)P * sizeof(int));
+  if (!nodes || moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, nodes) != MOE_STATUS_OK ||
+      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes[rank]) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
+  have_group = 1;
+  snprintf(prof.name, sizeof prof.name, "%s", o.name ? o.name : "");
+  if (!o.name) snprintf(prof.name, sizeof prof.name, "calibrated-%d", P);
+  if (rank == 0) {
+    printf("moe calibrate: %d rank%s on %d node%s, %d repetitions per point\n", P,
+           P == 1 ? "" : "s", g.num_nodes, g.num_nodes == 1 ? "" : "s", o.iters);
+  }
+  rc = fit_gemm(ctx, &o, rank, &prof.gemm);
+  if (rc != CLI_OK) goto done;
+  // all-to-all algorithms
+  sbuf = moe_malloc((size_t)o.max_bytes + 1);
+  rbuf = moe_malloc((size_t)o.max_bytes + 1);
+  {
+    int ok = sbuf && rbuf;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) {
+      if (rank == 0) cli_error("cannot allocate %lld-byte all-to-all buffers", o.max_bytes);
+      rc = CLI_FAILED;
+      goto done;
+    }
+    memset(sbuf, rank & 0xff, (size_t)o.max_bytes);
+  }
+  {
+    int na = 0;
+    const moe_a2a_algo *algos = moe_a2a_list(&na);
+    char list[256];
+    snprintf(list, sizeof list, "%s", o.a2a);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+      for (int i = 0; i < na; i++) {
+        const int all = strcmp(tok, "all") == 0;
+        if (!all && strcmp(tok, algos[i].name) != 0) continue;
+        if (algos[i].needs_uniform_nodes && !g.uniform) {
+          if (!all) {
+            if (rank == 0) cli_error("--a2a: '%s' needs uniform nodes", algos[i].name);
+            rc = CLI_USAGE;
+            goto done;
+          }
+          continue;
+        }
+        if (moe_profile_a2a(&prof, algos[i].name) || prof.n_a2a >= MOE_PROFILE_MAX) continue;
+        moe_named_fit *nf = &prof.a2a[prof.n_a2a];
+        snprintf(nf->name, sizeof nf->name, "%s", algos[i].name);
+        rc = fit_a2a(ctx, &o, rank, &g, &algos[i], sbuf, rbuf, &ws, &nf->fit);
+        if (rc != CLI_OK) goto done;
+        prof.n_a2a++;
+      }
+    }
+    if (prof.n_a2a == 0) {
+      if (rank == 0) cli_error("--a2a '%s' names no algorithm (valid: all, mpi, ...)", o.a2a);
+      rc = CLI_USAGE;
+      goto done;
+    }
+  }
+  // compressors
+  {
+    static const char *const all_codecs[] = {"none", "fp16", "bf16", "int8", "zfp"};
+    char list[256];
+    snprintf(list, sizeof list, "%s",
+             strcmp(o.compress, "all") == 0 ? "none,fp16,bf16,int8,zfp" : o.compress);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+      moe_compressor comp;
+      if (moe_compressor_get(ctx, tok, &comp) != MOE_STATUS_OK) {
+        if (strcmp(o.compress, "all") == 0 && strcmp(tok, all_codecs[4]) == 0) continue;
+        if (rank == 0) cli_error("--compress: %s", moe_ctx_error(ctx));
+        rc = CLI_USAGE;
+        goto done;
+      }
+      if (moe_profile_codec(&prof, comp.name, NULL, NULL) || prof.n_codec >= MOE_PROFILE_MAX) {
+        continue;
+      }
+      const int k = prof.n_codec;
+      snprintf(prof.codec_c[k].name, sizeof prof.codec_c[k].name, "%s", comp.name);
+      snprintf(prof.codec_d[k].name, sizeof prof.codec_d[k].name, "%s", comp.name);
+      rc = fit_codec(ctx, &o, rank, &comp, &prof.codec_c[k].fit, &prof.codec_d[k].fit);
+      if (rc != CLI_OK) goto done;
+      prof.n_codec++;
+    }
+  }
+  // the description: shape from the topology, rates from the fits
+  {
+    moe_cluster *c = &prof.cluster;
+    snprintf(c->name, sizeof c->name, "%s", prof.name);
+    snprintf(c->device, sizeof c->device, "calibrated rank");
+    snprintf(c->source, sizeof c->source,
+             "moe calibrate: GEMM rate from the GEMM fit; both link entries from the 'mpi' "
+             "all-to-all fit (effective bandwidth per rank), not per link");
+    c->nodes = g.num_nodes;
+    c->devices_per_node = g.uniform ? g.local_size : 1;
+    if (!g.uniform) c->nodes = P;
+    c->gemm_tflops = 1e-12 / prof.gemm.beta;
+    const moe_linear_fit *f = moe_profile_a2a(&prof, "mpi");
+    if (!f) f = &prof.a2a[0].fit;
+    const double gbit = 8e-9 / f->beta, lat = f->alpha > 0 ? f->alpha * 1e6 : 0.0;
+    c->intra.gbit_per_s = c->inter.gbit_per_s = gbit;
+    c->intra.latency_us = c->inter.latency_us = lat;
+    snprintf(c->intra.kind, sizeof c->intra.kind, "effective (mpi fit)");
+    snprintf(c->inter.kind, sizeof c->inter.kind, "effective (mpi fit)");
+    c->nics_per_node = 1;
+  }
+  if (rank == 0) {
+    if (moe_profile_to_json(ctx, &prof, &json) != MOE_STATUS_OK) {
+      cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_FAILED;
+    } else {
+      fputs(json, out.f);
+      rc = cli_out_commit(&out);
+      if (rc == CLI_OK) printf("wrote %s\n", o.out);
+    }
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+done:
+  if (rank == 0) cli_out_abort(&out);
+  moe_free(json);
+  moe_free(sbuf);
+  moe_free(rbuf);
+  moe_free(nodes);
+  moe_workspace_free(&ws);
+  if (have_group) moe_group_free(&g);
+  moe_ctx_destroy(ctx);
+  MPI_Finalize();
+  return rc < 0 ? CLI_OK : rc;
+}
+
+#else  // !MOE_CLI_MPI
+
+int cmd_calibrate(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  cli_error("calibrate needs MPI, and this moe was built without it (install libopenmpi-dev)");
+  return CLI_FAILED;
+}
+
+#endif
