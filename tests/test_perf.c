@@ -464,6 +464,71 @@ static void test_profile(void) {
            "uncalibrated algorithm: %s", moe_ctx_error(g_ctx));
 }
 
+// The planner: the minimum over its candidates, never a lossy compressor
+// without the flag, even where compression would win.
+static void test_planner(void) {
+  moe_cluster c = small_cluster(0);  // 2 x 2, 1 GB/s between nodes
+  c.inter.gbit_per_s = 0.08;         // 10 MB/s: communication dominates
+  moe_plan_request q;
+  memset(&q, 0, sizeof q);
+  moe_layer_config_default(&q.cfg);
+  q.cfg.tokens = 256;
+  q.cfg.model_dim = 64;
+  q.cfg.hidden_dim = 128;
+  q.cfg.num_experts = 4;
+  snprintf(q.a2a, sizeof q.a2a, "auto");
+  snprintf(q.schedule, sizeof q.schedule, "auto");
+  snprintf(q.compress, sizeof q.compress, "auto");
+  q.chunks = 0;
+  moe_plan plan;
+  TU_CHECK(moe_plan_layer(g_ctx, &c, &q, &plan) == MOE_STATUS_OK, "plan: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(strcmp(plan.best.compress, "none") == 0, "lossless plan picked '%s'",
+           plan.best.compress);
+  // 6 algorithms x 1 codec x (3 row schedules x 4 r + smart) = 78 candidates
+  TU_CHECK(plan.candidates == 78, "candidates %d", plan.candidates);
+  // the choice is the minimum of an explicit enumeration
+  double best = 1e300;
+  const char *algos[] = {"mpi", "pairwise", "grouped", "pipe", "1dh", "2dh"};
+  const char *scheds[] = {"sequential", "pipeline", "optsche", "smart"};
+  for (int a = 0; a < 6; a++) {
+    for (int s = 0; s < 4; s++) {
+      for (int r = 1; r <= 8; r *= 2) {
+        moe_sim_variant v;
+        memset(&v, 0, sizeof v);
+        v.cfg = q.cfg;
+        snprintf(v.a2a, sizeof v.a2a, "%s", algos[a]);
+        snprintf(v.schedule, sizeof v.schedule, "%s", scheds[s]);
+        snprintf(v.compress, sizeof v.compress, "none");
+        v.chunks = r;
+        moe_sim_result res;
+        if (moe_simulate_layer(g_ctx, &c, &v, &res) == MOE_STATUS_OK && res.total_ms < best) {
+          best = res.total_ms;
+        }
+      }
+    }
+  }
+  TU_CHECK(close_rel(plan.predicted.total_ms, best, 1e-12), "plan %g ms vs enumerated best %g",
+           plan.predicted.total_ms, best);
+  // with lossy allowed and fast codecs, compression wins on this network
+  q.allow_lossy = 1;
+  moe_plan lossy;
+  TU_CHECK(moe_plan_layer(g_ctx, &c, &q, &lossy) == MOE_STATUS_OK &&
+               strcmp(lossy.best.compress, "none") != 0 &&
+               lossy.predicted.total_ms < plan.predicted.total_ms,
+           "lossy allowed: picked '%s' at %g ms (lossless %g)", lossy.best.compress,
+           lossy.predicted.total_ms, plan.predicted.total_ms);
+  // fixed choices are kept
+  q.allow_lossy = 0;
+  snprintf(q.a2a, sizeof q.a2a, "pipe");
+  snprintf(q.schedule, sizeof q.schedule, "optsche");
+  q.chunks = 2;
+  TU_CHECK(moe_plan_layer(g_ctx, &c, &q, &plan) == MOE_STATUS_OK && plan.candidates == 1 &&
+               strcmp(plan.best.a2a, "pipe") == 0 && plan.best.chunks == 2,
+           "fixed request");
+  q.allow_lossy = 2;
+  TU_CHECK(moe_plan_layer(g_ctx, &c, &q, &plan) == MOE_STATUS_INVALID_ARG, "allow_lossy 2");
+}
+
 int main(int argc, char **argv) {
   moe_ctx_create(&g_ctx);
   char clusters[1024];
@@ -475,6 +540,7 @@ int main(int argc, char **argv) {
   test_a2a_algos();
   test_simulate_layer();
   test_profile();
+  test_planner();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_perf");
 }

@@ -237,6 +237,39 @@ typedef struct {
 moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_variant *v,
                               moe_sim_result *out);
 
+// ---- the planner ------------------------------------------------------------------------
+
+// What to choose: each of a2a, schedule, chunks and compress is either fixed
+// or "auto" ("auto" strings; chunks 0). Candidates for auto: the algorithms the
+// profile has (every modelled one without a profile); every registered
+// schedule; r in {1, 2, 4, 8} (smart: its peer groups); "none", plus fp16,
+// bf16, int8 and zfp:8 only when allow_lossy is 1 (an explicit lossy
+// compress is the caller's choice and always allowed).
+typedef struct {
+  moe_layer_config cfg;  // tokens per device
+  char a2a[32];
+  char schedule[16];
+  int chunks;
+  char compress[32];
+  int allow_lossy;
+  int compress_backward;
+  int group_size;
+  const moe_profile *profile;  // measured models, or NULL for the description's
+} moe_plan_request;
+
+typedef struct {
+  moe_sim_variant best;      // the choice (its profile pointer is the request's)
+  moe_sim_result predicted;  // its simulated times
+  int candidates;            // how many were simulated
+} moe_plan;
+
+// Simulates every candidate on c (moe_simulate_layer) and returns the one with
+// the least predicted forward + backward time (ties: the first in the order
+// a2a, compressor, schedule, chunks listed above). INVALID_ARG when no
+// candidate can run (the message of the last failure).
+moe_status moe_plan_layer(moe_ctx *ctx, const moe_cluster *c, const moe_plan_request *req,
+                          moe_plan *out);
+
 // ---- shipped cluster descriptions -------------------------------------------------
 
 // The descriptions of clusters/*.json, compiled into the library.
