@@ -22,6 +22,7 @@
 
 #include "cli.h"
 #include "moe/compress.h"
+#include "moe/perf.h"
 #if MOE_CLI_MPI
 #include "moe/comm.h"
 #include "moe/parallel.h"
@@ -32,8 +33,8 @@
 
 // Options that select the distributed benchmark.
 static const char *const ep_only_opts[] = {
-    "--schedule", "--chunks",         "--a2a",  "--compress", "--compress-backward", "--grid",
-    "--ep",       "--ranks-per-node", "--trace"};
+    "--schedule", "--chunks",         "--a2a",   "--compress", "--compress-backward", "--grid",
+    "--ep",       "--ranks-per-node", "--trace", "--profile",  "--allow-lossy"};
 
 // World size announced by the launcher (Open MPI, MPICH/Hydra, Slurm's PMI), or 1.
 static int launcher_world_size(void) {
@@ -69,8 +70,9 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "\n"
           "distributed benchmark (MPI): 'mpirun -n P moe bench layer [options]', or one\n"
           "process as an MPI singleton. Used instead of the above when any of --schedule,\n"
-          "--chunks, --a2a, --compress, --compress-backward, --grid, --ep, --ranks-per-node\n"
-          "or --trace is given, or when the job has more than one rank.%s\n"
+          "--chunks, --a2a, --compress, --compress-backward, --grid, --ep, --ranks-per-node,\n"
+          "--trace, --profile or --allow-lossy is given, or when the job has more than one\n"
+          "rank.%s\n"
           "Times the expert-parallel layer forward and backward for every variant\n"
           "a2a x compress x (schedule, chunks); sequential at r=1 always runs as the\n"
           "baseline of each (a2a, compress). The variants of one (a2a, compress) run\n"
@@ -105,6 +107,11 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "  --compress-backward    also compress the backward's gradients\n"
           "  --wait blocking|poll-backoff\n"
           "                         how the communication thread waits for MPI [poll-backoff]\n"
+          "  --profile FILE         a profile from 'moe calibrate' on these ranks: adds the\n"
+          "                         predicted time of every variant (pred ms, error), and\n"
+          "                         lets --a2a, --schedule, --chunks and --compress be\n"
+          "                         'auto' (the planner picks the least predicted time)\n"
+          "  --allow-lossy          let --compress auto pick lossy compressors\n"
           "  --poll-us MIN,MAX      poll-backoff sleeps, microseconds, doubling from MIN to\n"
           "                         MAX [the executor's defaults]\n"
           "  --iters N              timed iterations per variant, 1..10000 [5; 3 with --grid]\n"
@@ -120,7 +127,14 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         H {512, 1024} x f {1.0, 1.2, dropless}; it sets tokens,\n"
           "                         model, hidden and capacity factor (not allowed with\n"
           "                         them); variants unless given: sequential r=1,\n"
-          "                         pipeline r=2, optsche r=2, smart\n"
+          "                         pipeline r=2, optsche r=2, smart\n",
+#if MOE_CLI_MPI
+          "",
+#else
+          "\n(Not available: this moe was built without MPI.)",
+#endif
+          a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names());
+  fprintf(f,
           "\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
           "sequential r=1 (same a2a and compress) / total; comm, comp = summed durations\n"
@@ -130,13 +144,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "eff = speedup / bound; model = the speedup ScheMoE's task model predicts for\n"
           "this variant: its task graphs and schedules simulated with the baseline's\n"
           "busy time per task kind split evenly over the chunks (no overheads);\n"
-          "eff_r = speedup / model.\n",
-#if MOE_CLI_MPI
-          "",
-#else
-          "\n(Not available: this moe was built without MPI.)",
-#endif
-          a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names());
+          "eff_r = speedup / model; with --profile, pred ms = the predicted total\n"
+          "(moe_simulate_layer with the measured models) and error = pred / measured - 1.\n");
 }
 
 #if MOE_CLI_MPI
@@ -155,6 +164,10 @@ typedef struct {
   uint32_t poll_min_ns, poll_max_ns;               // 0: the executor's defaults
   const char *a2a, *schedule, *chunks, *compress;  // lists as given (NULL: default)
   const char *json_path, *trace_path;
+  const char *profile_path;  // --profile: predictions, and the planner for "auto"
+  int allow_lossy;
+  int auto_a2a, auto_sched, auto_chunks, auto_comp;  // "auto" given
+  moe_profile profile;
   // the lists, validated
   char a2as[MAX_LIST][32];
   int n_a2a;
@@ -185,6 +198,8 @@ typedef struct {
   // the baseline's per-kind times split evenly over the chunks
   double model_ms, model_speedup, model_efficiency;
   double total_q1, total_q3;  // quartiles of the total over the iterations (noise)
+  double predicted_ms;        // moe_simulate_layer with --profile; NaN without
+  int planned;                // chosen by the planner ("auto")
   long long rows, dropped;    // over all ranks, last iteration
 } ep_result;
 
@@ -231,6 +246,19 @@ static int parse_lists(ep_opts *o, moe_ctx *ctx) {
   char *items[MAX_LIST];
   char valid[256];
   int n;
+  // "auto" (the planner) stands alone in its list and needs a profile
+  o->auto_a2a = o->a2a && strcmp(o->a2a, "auto") == 0;
+  o->auto_comp = o->compress && strcmp(o->compress, "auto") == 0;
+  o->auto_sched = o->schedule && strcmp(o->schedule, "auto") == 0;
+  o->auto_chunks = o->chunks && strcmp(o->chunks, "auto") == 0;
+  if ((o->auto_a2a || o->auto_comp || o->auto_sched || o->auto_chunks) && !o->profile_path) {
+    cli_error("'auto' needs a calibrated profile: --profile FILE (from 'moe calibrate')");
+    return CLI_USAGE;
+  }
+  if (o->auto_a2a) o->a2a = "mpi";  // placeholders; the plan replaces them per config
+  if (o->auto_comp) o->compress = "none";
+  if (o->auto_sched) o->schedule = "sequential";
+  if (o->auto_chunks) o->chunks = "1";
   // --a2a
   moe_a2a_names(valid, sizeof valid, 0);
   n = split_list(o->a2a ? o->a2a : "mpi", buf, sizeof buf, items, MAX_LIST);
@@ -416,6 +444,10 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
           a.bad = 1;
         }
       }
+    } else if (cli_opt(&a, "--profile")) {
+      o->profile_path = a.value;
+    } else if (cli_flag(&a, "--allow-lossy")) {
+      o->allow_lossy = 1;
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
     } else if (cli_opt(&a, "--trace")) {
@@ -764,18 +796,25 @@ static void config_line(FILE *f, int index, int n_configs, const moe_layer_confi
           cfg->renormalize ? " renormalized" : "", ep, world / ep);
 }
 
-static void print_table(const ep_result *rs, int n) {
-  printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s %6s %6s\n", "a2a", "compress",
+static void print_table(const ep_result *rs, int n, int with_prediction) {
+  printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s %6s %6s", "a2a", "compress",
          "schedule", "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms",
          "exposed", "bound", "eff", "model", "eff_r");
+  if (with_prediction) printf(" %9s %7s", "pred ms", "error");
+  printf("\n");
   for (int i = 0; i < n; i++) {
     const ep_result *r = &rs[i];
     printf(
         "%-8s %-8s %-10s %3d %9.2f %9.2f %9.2f %7.3f %8.2f %8.2f %8.2f %6.3f %5.1f%% %6.3f "
-        "%5.1f%%\n",
+        "%5.1f%%",
         r->a2a, r->compress, r->schedule, r->chunks, r->fwd_ms, r->bwd_ms, r->total_ms, r->speedup,
         r->comm_ms, r->comp_ms, r->exposed_ms, r->bound, 100.0 * r->efficiency, r->model_speedup,
         100.0 * r->model_efficiency);
+    if (with_prediction) {
+      printf(" %9.2f %+6.1f%%", r->predicted_ms,
+             100.0 * (r->predicted_ms - r->total_ms) / r->total_ms);
+    }
+    printf("%s\n", r->planned ? "  <- planned" : "");
   }
   const ep_result *base = &rs[rs[0].baseline];
   printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n\n", base->dropped,
@@ -849,6 +888,8 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       json_num(f, "model_ms", r->model_ms, ", ");
       json_num(f, "model_speedup", r->model_speedup, ", ");
       json_num(f, "model_efficiency", r->model_efficiency, ",\n       ");
+      json_num(f, "predicted_ms", r->predicted_ms, ", ");
+      fprintf(f, "\"planned\": %s, ", r->planned ? "true" : "false");
       json_pass(f, "fwd_pass", r->fwd_pass, ", ");
       json_pass(f, "bwd_pass", r->bwd_pass, "}");
       fputs(v + 1 < per_config ? ",\n" : "\n", f);
@@ -966,6 +1007,31 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
   }
+  if (rc == CLI_OK && o.profile_path) {
+    // every rank reads the same file, so every rank fails alike
+    if (moe_profile_load(ctx, o.profile_path, &o.profile) != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+    } else if (moe_cluster_devices(&o.profile.cluster) != world || o.ep != world) {
+      if (rank == 0) {
+        cli_error(
+            "--profile '%s' was calibrated on %d ranks; predictions need the same ranks "
+            "(%d here) and EP over all of them (--ep %d)",
+            o.profile.name, moe_cluster_devices(&o.profile.cluster), world, o.ep);
+      }
+      rc = CLI_USAGE;
+    }
+  }
+  const int any_auto = o.auto_a2a || o.auto_comp || o.auto_sched || o.auto_chunks;
+  if (rc == CLI_OK && any_auto &&
+      (o.n_a2a != 1 || o.n_comp != 1 || o.n_sched != 1 || o.n_chunks != 1)) {
+    if (rank == 0) {
+      cli_error(
+          "with 'auto', give one value (or auto) for each of --a2a, --compress, "
+          "--schedule and --chunks");
+    }
+    rc = CLI_USAGE;
+  }
   if (rc != CLI_OK) goto done;
   {
     int *node_of = moe_malloc((size_t)world * sizeof(int));
@@ -980,7 +1046,8 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   // The configs.
   n_configs = o.grid ? GRID_CONFIGS : 1;
   cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);
-  const int n_sv = make_sched_variants(&o, sv, (int)(sizeof sv / sizeof sv[0]));
+  int n_sv = make_sched_variants(&o, sv, (int)(sizeof sv / sizeof sv[0]));
+  if (any_auto) n_sv = 2;  // sequential r=1, then the plan (filled per config)
   per_config = o.n_a2a * o.n_comp * n_sv;
   rs = moe_calloc((size_t)n_configs * (size_t)per_config, sizeof *rs);
   if (!cfgs || !rs) {
@@ -1065,6 +1132,35 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     moe_rng_init(&rng, o.seed, 101 + 2 * (uint64_t)rank);
     moe_rng_fill_uniform(&rng, b.dy, tm, -1.0f, 1.0f);
     ep_result *crs = rs + (size_t)c * (size_t)per_config;
+    if (any_auto) {
+      moe_plan_request q;
+      memset(&q, 0, sizeof q);
+      q.cfg = *cfg;
+      snprintf(q.a2a, sizeof q.a2a, "%s", o.auto_a2a ? "auto" : o.a2as[0]);
+      snprintf(q.compress, sizeof q.compress, "%s", o.auto_comp ? "auto" : o.comps[0]);
+      snprintf(q.schedule, sizeof q.schedule, "%s", o.auto_sched ? "auto" : o.scheds[0]);
+      q.chunks = o.auto_chunks ? 0 : o.chunk_list[0];
+      q.allow_lossy = o.allow_lossy;
+      q.compress_backward = o.compress_backward;
+      q.profile = &o.profile;
+      moe_plan plan;
+      if (moe_plan_layer(ctx, &o.profile.cluster, &q, &plan) != MOE_STATUS_OK) {
+        if (rank == 0) cli_error("planner: %s", moe_ctx_error(ctx));
+        rc = CLI_FAILED;
+        goto done;
+      }
+      snprintf(o.a2as[0], sizeof o.a2as[0], "%s", plan.best.a2a);
+      snprintf(o.comps[0], sizeof o.comps[0], "%s", plan.best.compress);
+      snprintf(sv[1].schedule, sizeof sv[1].schedule, "%s", plan.best.schedule);
+      sv[1].chunks = plan.best.chunks;
+      if (rank == 0) {
+        printf(
+            "plan (config %d): a2a %s, compress %s, schedule %s, r=%d: predicted %.2f ms, "
+            "best of %d candidates\n",
+            c + 1, plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks,
+            plan.predicted.total_ms, plan.candidates);
+      }
+    }
     int k = 0;
     for (int a = 0; a < o.n_a2a; a++) {
       for (int z = 0; z < o.n_comp; z++) {
@@ -1083,12 +1179,30 @@ int cmd_bench_layer_ep(int argc, char **argv) {
           rc = CLI_FAILED;
           goto done;
         }
+        for (int i = base; i < k; i++) {
+          crs[i].planned = any_auto && i == base + 1;
+          crs[i].predicted_ms = NAN;
+          if (!o.profile_path) continue;
+          moe_sim_variant v;
+          memset(&v, 0, sizeof v);
+          v.cfg = *cfg;
+          snprintf(v.a2a, sizeof v.a2a, "%s", crs[i].a2a);
+          snprintf(v.schedule, sizeof v.schedule, "%s", crs[i].schedule);
+          v.chunks = crs[i].chunks_req;
+          snprintf(v.compress, sizeof v.compress, "%s", crs[i].compress);
+          v.compress_backward = o.compress_backward;
+          v.profile = &o.profile;
+          moe_sim_result sr;
+          if (moe_simulate_layer(ctx, &o.profile.cluster, &v, &sr) == MOE_STATUS_OK) {
+            crs[i].predicted_ms = sr.total_ms;
+          }
+        }
       }
     }
     derive(crs, per_config);
     if (rank == 0) {
       config_line(stdout, c, n_configs, cfg, world, o.ep);
-      print_table(crs, per_config);
+      print_table(crs, per_config, o.profile_path != NULL);
       fflush(stdout);
     }
   }

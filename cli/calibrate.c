@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "moe/compress.h"
+#include "moe/expert.h"
 #include "moe/kernels.h"
 #include "moe/perf.h"
 
@@ -29,7 +30,9 @@ static void calibrate_usage(FILE *f) {
           "usage: mpirun -n P moe calibrate --out FILE [options]\n"
           "\n"
           "Measures this cluster and writes a profile (JSON): least-squares fits\n"
-          "t = alpha + beta * x of one GEMM (x = FLOPs), of each all-to-all algorithm\n"
+          "t = alpha + beta * x of one GEMM (x = FLOPs), of one expert's forward and\n"
+          "backward step (x = FLOPs), of the layer's work outside the experts (gate,\n"
+          "dispatch, combine; x = T M (E + K)), of each all-to-all algorithm\n"
           "(x = bytes one rank sends to the others, uniform counts) and of each\n"
           "compressor (x = input float bytes), with R². Every rank measures at the same\n"
           "time; each point is the slowest rank's median. Read it back with\n"
@@ -164,6 +167,156 @@ static int fit_gemm(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *f
            1e-9 / fit->beta, fit->r2);
   }
   return CLI_OK;
+}
+
+// One expert's forward and backward step (the "ffn" kind: GEMMs, bias,
+// activation) over rows x M x H shapes, all ranks at once; x = FLOPs.
+static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *ffit,
+                      moe_linear_fit *bfit) {
+  static const int rows[] = {64, 256, 1024, 2048},
+                   mh[][2] = {{256, 512}, {512, 1024}, {1024, 2048}};
+  double x[12], yf[12], yb[12], t[1000];
+  int n = 0, rc = CLI_OK;
+  const size_t big = (size_t)2048 * 2048;
+  float *w1 = moe_malloc(big * 4), *w2 = moe_malloc(big * 4), *b1 = moe_malloc(2048 * 4),
+        *b2 = moe_malloc(2048 * 4), *xin = moe_malloc(big * 4), *pre = moe_malloc(big * 4),
+        *h = moe_malloc(big * 4), *y = moe_malloc(big * 4), *dh = moe_malloc(big * 4),
+        *dpre = moe_malloc(big * 4), *g1 = moe_malloc(big * 4), *g2 = moe_malloc(big * 4),
+        *gb1 = moe_malloc(2048 * 4), *gb2 = moe_malloc(2048 * 4);
+  const moe_expert_kind *kind = NULL;
+  int ok = w1 && w2 && b1 && b2 && xin && pre && h && y && dh && dpre && g1 && g2 && gb1 && gb2 &&
+           moe_expert_kind_find(ctx, "ffn", &kind) == MOE_STATUS_OK;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    if (rank == 0) cli_error("cannot allocate the expert buffers");
+    rc = CLI_FAILED;
+    goto done;
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, 9, (uint64_t)rank);
+  float *fill[] = {w1, w2, xin, y};
+  for (int i = 0; i < 4; i++) moe_rng_fill_uniform(&rng, fill[i], big, -0.1f, 0.1f);
+  moe_rng_fill_uniform(&rng, b1, 2048, -0.1f, 0.1f);
+  moe_rng_fill_uniform(&rng, b2, 2048, -0.1f, 0.1f);
+  for (size_t s = 0; s < sizeof mh / sizeof mh[0]; s++) {
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+      moe_layer_config cfg;
+      moe_layer_config_default(&cfg);
+      cfg.model_dim = mh[s][0];
+      cfg.hidden_dim = mh[s][1];
+      const int m = rows[r];
+      const moe_expert_params p = {w1, b1, w2, b2};
+      const moe_expert_grads gr = {g1, gb1, g2, gb2};
+      moe_layer_timing tm;
+      memset(&tm, 0, sizeof tm);
+      kind->forward(&cfg, &p, xin, m, pre, h, y, &tm);  // warm-up
+      MPI_Barrier(MPI_COMM_WORLD);
+      for (int i = 0; i < o->iters; i++) {
+        const uint64_t t0 = moe_time_ns();
+        kind->forward(&cfg, &p, xin, m, pre, h, y, &tm);
+        t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+      }
+      yf[n] = slowest_median(t, o->iters);
+      for (int i = 0; i < o->iters; i++) {
+        const uint64_t t0 = moe_time_ns();
+        kind->backward(&cfg, &p, &gr, xin, pre, h, y, m, dh, dpre, &tm);
+        t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+      }
+      yb[n] = slowest_median(t, o->iters);
+      x[n] = 4.0 * m * (double)cfg.model_dim * cfg.hidden_dim;  // forward FLOPs
+      n++;
+    }
+  }
+  double xb[12];
+  for (int i = 0; i < n; i++) xb[i] = 2.0 * x[i];  // backward FLOPs
+  if (moe_fit_linear(ctx, x, yf, n, ffit) != MOE_STATUS_OK ||
+      moe_fit_linear(ctx, xb, yb, n, bfit) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("expert fit: %s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+    goto done;
+  }
+  if (rank == 0) {
+    printf(
+        "expert forward: alpha %.1f us, %.1f GFLOP/s, R² %.4f; backward: alpha %.1f us, "
+        "%.1f GFLOP/s, R² %.4f\n",
+        ffit->alpha * 1e6, 1e-9 / ffit->beta, ffit->r2, bfit->alpha * 1e6, 1e-9 / bfit->beta,
+        bfit->r2);
+  }
+done:;
+  float *all[] = {w1, w2, b1, b2, xin, pre, h, y, dh, dpre, g1, g2, gb1, gb2};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
+  return rc;
+}
+
+// The layer's work outside the expert passes (gate, softmax, top-k,
+// dispatch, combine and their backward), from the single-process layer's own
+// phase timings, over T x M with E = 8, K = 2; x = T M (E + K).
+static int fit_outside(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *fit) {
+  static const int toks[] = {256, 512, 1024, 2048}, dims[] = {256, 512};
+  double x[8], y[8], t[1000];
+  int n = 0, rc = CLI_OK;
+  float *in = moe_malloc((size_t)2048 * 512 * 4), *out = moe_malloc((size_t)2048 * 512 * 4),
+        *dx = moe_malloc((size_t)2048 * 512 * 4);
+  int ok = in && out && dx;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    rc = CLI_FAILED;
+    goto done;
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, 13, (uint64_t)rank);
+  moe_rng_fill_uniform(&rng, in, (size_t)2048 * 512, -1.0f, 1.0f);
+  for (size_t d = 0; d < 2; d++) {
+    for (size_t k = 0; k < 4; k++) {
+      moe_layer_config cfg;
+      moe_layer_config_default(&cfg);
+      cfg.tokens = toks[k];
+      cfg.model_dim = dims[d];
+      cfg.hidden_dim = 16;  // experts are timed apart; keep them cheap
+      cfg.num_experts = 8;
+      cfg.top_k = 2;
+      moe_layer *L = NULL;
+      int fail = moe_layer_create(ctx, &cfg, &L) != MOE_STATUS_OK;
+      if (!fail) moe_layer_init_params(L, 3);
+      for (int i = -1; i < o->iters && !fail; i++) {
+        fail = moe_layer_forward(L, in, cfg.tokens, out, NULL) != MOE_STATUS_OK ||
+               moe_layer_backward(L, in, dx) != MOE_STATUS_OK;  // dy = x: any values do
+        const moe_layer_timing f = moe_layer_get_forward_timing(L);
+        const moe_layer_timing b = moe_layer_get_backward_timing(L);
+        if (i >= 0) {
+          t[i] = (f.gate_ms + f.dispatch_ms + f.combine_ms + b.gate_ms + b.dispatch_ms +
+                  b.combine_ms) *
+                 1e-3;
+        }
+      }
+      moe_layer_destroy(L);
+      MPI_Allreduce(MPI_IN_PLACE, &fail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      if (fail) {
+        if (rank == 0) cli_error("layer timing: %s", moe_ctx_error(ctx));
+        rc = CLI_FAILED;
+        goto done;
+      }
+      y[n] = slowest_median(t, o->iters);
+      x[n] = (double)cfg.tokens * cfg.model_dim * (cfg.num_experts + cfg.top_k);
+      n++;
+    }
+  }
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK || !(fit->beta > 0)) {
+    if (rank == 0) cli_error("outside fit: no usable fit");
+    rc = CLI_FAILED;
+    goto done;
+  }
+  if (rank == 0) {
+    printf(
+        "outside the experts (gate, dispatch, combine; fwd+bwd): alpha %.1f us, %.3f ns per "
+        "T*M*(E+K), R² %.4f\n",
+        fit->alpha * 1e6, fit->beta * 1e9, fit->r2);
+  }
+done:
+  moe_free(in);
+  moe_free(out);
+  moe_free(dx);
+  return rc;
 }
 
 // One all-to-all algorithm over sizes min..max (doubling), uniform counts.
@@ -324,7 +477,10 @@ int cmd_calibrate(int argc, char **argv) {
            P == 1 ? "" : "s", g.num_nodes, g.num_nodes == 1 ? "" : "s", o.iters);
   }
   rc = fit_gemm(ctx, &o, rank, &prof.gemm);
+  if (rc == CLI_OK) rc = fit_expert(ctx, &o, rank, &prof.expert_fwd, &prof.expert_bwd);
+  if (rc == CLI_OK) rc = fit_outside(ctx, &o, rank, &prof.outside);
   if (rc != CLI_OK) goto done;
+  prof.have_layer_fits = 1;
   // all-to-all algorithms
   sbuf = moe_malloc((size_t)o.max_bytes + 1);
   rbuf = moe_malloc((size_t)o.max_bytes + 1);

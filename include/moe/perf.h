@@ -174,6 +174,12 @@ typedef struct {
   char name[64];
   moe_cluster cluster;
   moe_linear_fit gemm;
+  // Optional (have_layer_fits): one expert's whole forward / backward step
+  // (GEMMs, bias, activation) vs its FLOPs (4 n M H / 8 n M H), and the layer
+  // work outside the expert passes (gate, softmax, top-k, dispatch, combine and
+  // their backward) vs T M (E + K).
+  int have_layer_fits;
+  moe_linear_fit expert_fwd, expert_bwd, outside;
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -183,7 +189,8 @@ typedef struct {
 // Profile JSON (written by `moe calibrate`, read by --profile):
 //   {"profile_version": 1, "name": "...", "cluster": {cluster description},
 //    "gemm": FIT, "a2a": {"mpi": FIT, ...}, "codecs": {"int8": {"compress": FIT,
-//    "decompress": FIT}, ...}}
+//    "decompress": FIT}, ...}, optionally "expert_fwd": FIT, "expert_bwd": FIT,
+//    "outside": FIT (all three or none)}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a
 // finite alpha (a small negative intercept is fitting noise), a finite

@@ -138,10 +138,19 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       have_a2a = 1;
     } else if (strcmp(k, "codecs") == 0) {
       MOE_TRY(parse_named(ctx, it, "codecs", 1, &p));
+    } else if (strcmp(k, "expert_fwd") == 0) {
+      MOE_TRY(parse_fit(ctx, it, k, &p.expert_fwd));
+      p.have_layer_fits |= 1;
+    } else if (strcmp(k, "expert_bwd") == 0) {
+      MOE_TRY(parse_fit(ctx, it, k, &p.expert_bwd));
+      p.have_layer_fits |= 2;
+    } else if (strcmp(k, "outside") == 0) {
+      MOE_TRY(parse_fit(ctx, it, k, &p.outside));
+      p.have_layer_fits |= 4;
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
-               "cluster, gemm, a2a, codecs)",
+               "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside)",
                k);
     }
   }
@@ -153,6 +162,9 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
                               : "a2a");
   MOE_FAIL_IF(ctx, p.n_a2a == 0, MOE_STATUS_INVALID_ARG,
               "profile: 'a2a' holds no all-to-all model");
+  MOE_FAIL_IF(ctx, p.have_layer_fits != 0 && p.have_layer_fits != 7, MOE_STATUS_INVALID_ARG,
+              "profile: expert_fwd, expert_bwd and outside come together (found only some)");
+  p.have_layer_fits = p.have_layer_fits == 7;
   *out = p;
 done:
   if (cluster_text) cJSON_free(cluster_text);
@@ -261,6 +273,14 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
   sb_printf(&b, "},\n    \"nics_per_node\": %d, \"inter_uses_intra\": %s},\n  \"gemm\": ",
             c->nics_per_node, c->inter_uses_intra ? "true" : "false");
   sb_fit(&b, &p->gemm);
+  if (p->have_layer_fits) {
+    sb_printf(&b, ",\n  \"expert_fwd\": ");
+    sb_fit(&b, &p->expert_fwd);
+    sb_printf(&b, ",\n  \"expert_bwd\": ");
+    sb_fit(&b, &p->expert_bwd);
+    sb_printf(&b, ",\n  \"outside\": ");
+    sb_fit(&b, &p->outside);
+  }
   sb_printf(&b, ",\n  \"a2a\": {");
   for (int i = 0; i < p->n_a2a; i++) {
     sb_printf(&b, "%s\n    ", i ? "," : "");

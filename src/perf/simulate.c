@@ -16,7 +16,9 @@
 //   C1 D1 C2 D2  raw bytes of the chunk on the busiest device / codec rate
 //   outside the passes: the gate GEMMs, 2 T M E FLOPs forward, 4 T M E backward
 // With a calibrated profile (moe calibrate), the all-to-all, GEMM and codec
-// times come from its fitted alpha-beta models instead.
+// times come from its fitted alpha-beta models instead, and when the profile
+// has them, the expert steps and the work outside the passes from their own
+// fits (the outside time is split 1:2 between forward and backward).
 // Not modelled: dispatch, combine and softmax (memory-bound, small next to
 // the GEMMs), per-task launch overheads, slowdown of overlapping tasks.
 #include <math.h>
@@ -153,7 +155,11 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       }
     } else if (nm[0] == 'E') {
       const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
-      if (pf) {
+      if (pf && pf->have_layer_fits) {
+        // measured expert steps: alpha per expert, beta per FLOP
+        const moe_linear_fit *f = backward ? &pf->expert_bwd : &pf->expert_fwd;
+        dur[i] = max_recv > 0 ? fmax(0.0, experts_here * f->alpha + f->beta * flops) : 0.0;
+      } else if (pf) {
         // two GEMMs per expert forward, four backward, each paying alpha
         const double gemms = max_recv > 0 ? (backward ? 4.0 : 2.0) * experts_here : 0.0;
         dur[i] = fmax(0.0, gemms * pf->gemm.alpha + pf->gemm.beta * flops);
@@ -289,8 +295,13 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
                                          : gate_flops / (c->gemm_tflops * 1e12)) *
                              1e3;
   out->outside_ms = 3.0 * gate_fwd_ms;
-  out->fwd_ms = gate_fwd_ms + out->pass_ms[0];
-  out->bwd_ms = 2.0 * gate_fwd_ms + out->pass_ms[1];
+  if (v->profile && v->profile->have_layer_fits) {
+    // measured: gate, softmax, top-k, dispatch, combine, forward and backward
+    out->outside_ms =
+        fmax(0.0, moe_fit_eval(&v->profile->outside, T * cfg->model_dim * (E + K))) * 1e3;
+  }
+  out->fwd_ms = out->outside_ms / 3.0 + out->pass_ms[0];
+  out->bwd_ms = 2.0 * out->outside_ms / 3.0 + out->pass_ms[1];
   out->total_ms = out->fwd_ms + out->bwd_ms;
 done:
   moe_task_graph_free(&g);
