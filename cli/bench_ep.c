@@ -655,18 +655,21 @@ static int time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, int rank, e
   return CLI_OK;
 }
 
-// Runs a group of variants (one a2a and compressor; res[0] is the baseline,
-// sequential r=1) interleaved: every iteration runs each variant once, so a
+// Runs n variants interleaved: every iteration runs each variant once, so a
 // slow phase of this shared machine hits all variants alike and the ratios
-// stay fair. Fills res; with trace_path writes the last variant's last
-// iteration (every rank merged). CLI_OK or CLI_FAILED on every rank.
+// stay fair. res[k].baseline is the index of k's baseline (sequential r=1 of
+// its a2a and compressor) in the config; res is that config's row base_index
+// on, and every baseline precedes its variants within res. Fills res; with
+// trace_path writes the last variant's last iteration (every rank merged).
+// CLI_OK or CLI_FAILED on every rank.
 static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, int rank,
-                     ep_buffers *b, ep_result *res, int n, const char *trace_path) {
+                     ep_buffers *b, ep_result *res, int n, int base_index, const char *trace_path) {
   int rc = CLI_OK;
   moe_ep_layer **layers = moe_calloc((size_t)n, sizeof *layers);
   double *samples = moe_calloc((size_t)n * (size_t)o->iters * N_SAMPLES, sizeof(double));
-  // the baseline's busy ms per kind on this rank, per iteration
-  double *base_kinds = moe_calloc((size_t)o->iters * 2 * MOE_CT_KINDS, sizeof(double));
+  // every variant's busy ms per kind on this rank, per iteration (the
+  // baselines' feed the model)
+  double *base_kinds = moe_calloc((size_t)n * (size_t)o->iters * 2 * MOE_CT_KINDS, sizeof(double));
   moe_layer_stats *stats = moe_calloc((size_t)n, sizeof *stats);
   uint64_t fwd_pass_ns = 0;
   {
@@ -693,20 +696,15 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
         goto done;
       }
       if (k == n - 1) fwd_pass_ns = (uint64_t)v[N_SAMPLES];
-      if (it >= o->warmup && k == 0) {
-        memcpy(base_kinds + (size_t)(it - o->warmup) * 2 * MOE_CT_KINDS, mine, sizeof mine);
+      if (it >= o->warmup) {
+        memcpy(base_kinds + ((size_t)k * o->iters + (size_t)(it - o->warmup)) * 2 * MOE_CT_KINDS,
+               mine, sizeof mine);
       }
       if (it >= o->warmup) {
         memcpy(samples + ((size_t)k * (size_t)o->iters + (size_t)(it - o->warmup)) * N_SAMPLES, v,
                sizeof v[0] * N_SAMPLES);
       }
     }
-  }
-  // this rank's median busy ms per kind of the baseline
-  double my_kinds[2 * MOE_CT_KINDS];
-  for (int c = 0; c < 2 * MOE_CT_KINDS; c++) {
-    for (int i = 0; i < o->iters; i++) b->col[i] = base_kinds[(size_t)i * 2 * MOE_CT_KINDS + c];
-    my_kinds[c] = median(b->col, o->iters);
   }
   for (int k = 0; k < n; k++) {
     ep_result *r = &res[k];
@@ -734,7 +732,16 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     // passes simulated (the baseline models itself: its chain's busy times)
     // Each rank simulates with its own baseline times; the slowest rank's
     // model counts.
-    const ep_result *m = &res[0];
+    // (the baseline's own medians are complete: baselines come first)
+    const int bi = r->baseline - base_index;
+    const ep_result *m = &res[bi];
+    double my_kinds[2 * MOE_CT_KINDS];  // this rank's median busy ms per kind of the baseline
+    for (int c = 0; c < 2 * MOE_CT_KINDS; c++) {
+      for (int i = 0; i < o->iters; i++) {
+        b->col[i] = base_kinds[((size_t)bi * o->iters + (size_t)i) * 2 * MOE_CT_KINDS + c];
+      }
+      my_kinds[c] = median(b->col, o->iters);
+    }
     const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
     double passes = model_pass_ms(ctx, layers[k], 0, my_kinds, r->chunks) +
                     model_pass_ms(ctx, layers[k], 1, my_kinds + MOE_CT_KINDS, r->chunks);
@@ -1173,12 +1180,27 @@ int cmd_bench_layer_ep(int argc, char **argv) {
           r->chunks_req = sv[s].chunks;
           r->baseline = base;
         }
-        const int last = c == n_configs - 1 && k == per_config;
-        if (run_group(ctx, &o, cfg, rank, &b, &crs[base], n_sv, last ? o.trace_path : NULL) !=
+      }
+    }
+    // Run the config's variants interleaved: all of them when they are few
+    // (every ratio then compares measurements taken side by side), else one
+    // (a2a, compress) group at a time (bounded memory).
+    {
+      const int unit = per_config <= 32 ? per_config : n_sv;
+      for (int g0 = 0; g0 < per_config; g0 += unit) {
+        const int last = c == n_configs - 1 && g0 + unit == per_config;
+        if (run_group(ctx, &o, cfg, rank, &b, &crs[g0], unit, g0, last ? o.trace_path : NULL) !=
             CLI_OK) {
           rc = CLI_FAILED;
           goto done;
         }
+      }
+    }
+    k = 0;
+    for (int a = 0; a < o.n_a2a; a++) {
+      for (int z = 0; z < o.n_comp; z++) {
+        const int base = k;
+        k += n_sv;
         for (int i = base; i < k; i++) {
           crs[i].planned = any_auto && i == base + 1;
           crs[i].predicted_ms = NAN;

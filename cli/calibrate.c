@@ -227,20 +227,22 @@ static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit 
       n++;
     }
   }
-  double xb[12];
-  for (int i = 0; i < n; i++) xb[i] = 2.0 * x[i];  // backward FLOPs
-  if (moe_fit_linear(ctx, x, yf, n, ffit) != MOE_STATUS_OK ||
-      moe_fit_linear(ctx, xb, yb, n, bfit) != MOE_STATUS_OK) {
+  double xb[12], wt[12];
+  for (int i = 0; i < n; i++) {
+    xb[i] = 2.0 * x[i];                           // backward FLOPs
+    wt[i] = (double)mh[i / 4][0] * mh[i / 4][1];  // weight elements read per call (M H)
+  }
+  if (moe_fit_linear2(ctx, x, wt, yf, n, ffit) != MOE_STATUS_OK ||
+      moe_fit_linear2(ctx, xb, wt, yb, n, bfit) != MOE_STATUS_OK) {
     if (rank == 0) cli_error("expert fit: %s", moe_ctx_error(ctx));
     rc = CLI_FAILED;
     goto done;
   }
   if (rank == 0) {
-    printf(
-        "expert forward: alpha %.1f us, %.1f GFLOP/s, R² %.4f; backward: alpha %.1f us, "
-        "%.1f GFLOP/s, R² %.4f\n",
-        ffit->alpha * 1e6, 1e-9 / ffit->beta, ffit->r2, bfit->alpha * 1e6, 1e-9 / bfit->beta,
-        bfit->r2);
+    printf("expert forward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f\n",
+           ffit->alpha * 1e6, 1e-9 / ffit->beta, ffit->gamma * 1e9, ffit->r2);
+    printf("expert backward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f\n",
+           bfit->alpha * 1e6, 1e-9 / bfit->beta, bfit->gamma * 1e9, bfit->r2);
   }
 done:;
   float *all[] = {w1, w2, b1, b2, xin, pre, h, y, dh, dpre, g1, g2, gb1, gb2};

@@ -62,6 +62,25 @@ static void test_fit(void) {
                strstr(moe_ctx_error(g_ctx), "point 1"),
            "NaN refused naming the point: %s", moe_ctx_error(g_ctx));
   TU_CHECK(moe_fit_linear(g_ctx, NULL, y, 3, &f) == MOE_STATUS_INVALID_ARG, "NULL refused");
+  // two regressors: t = 20 us + F / 100 GFLOP/s + W x 0.5 ns over 12 shapes
+  double fx[12], fw[12], fy[12];
+  const int rows[4] = {64, 256, 1024, 2048}, mh[3][2] = {{256, 512}, {512, 1024}, {1024, 2048}};
+  for (int i = 0; i < 12; i++) {
+    const double M = mh[i / 4][0], H = mh[i / 4][1];
+    fx[i] = 4.0 * rows[i % 4] * M * H;
+    fw[i] = M * H;
+    fy[i] = 20e-6 + fx[i] / 100e9 + fw[i] * 0.5e-9;
+  }
+  TU_CHECK(moe_fit_linear2(g_ctx, fx, fw, fy, 12, &f) == MOE_STATUS_OK &&
+               close_rel(f.alpha, 20e-6, 1e-6) && close_rel(f.beta, 1e-11, 1e-9) &&
+               close_rel(f.gamma, 0.5e-9, 1e-6) && f.r2 > 1 - 1e-12 &&
+               close_rel(moe_fit_eval2(&f, 1e9, 1e6), 20e-6 + 1e-2 + 0.5e-3, 1e-9),
+           "two-variable fit: alpha %g beta %g gamma %g r2 %g", f.alpha, f.beta, f.gamma, f.r2);
+  double coll[12];
+  for (int i = 0; i < 12; i++) coll[i] = 3.0 * fx[i];
+  TU_CHECK(moe_fit_linear2(g_ctx, fx, coll, fy, 12, &f) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "collinear"),
+           "collinear regressors refused: %s", moe_ctx_error(g_ctx));
 }
 
 static moe_cluster small_cluster(int inter_uses_intra) {
@@ -372,15 +391,15 @@ static void test_profile(void) {
   p.cluster = small_cluster(0);
   p.cluster.nodes = 1;
   p.cluster.devices_per_node = 2;
-  p.gemm = (moe_linear_fit){1e-7, 1e-12, 0.999, 0.0, 12};
+  p.gemm = (moe_linear_fit){1e-7, 1e-12, 0.999, 0.0, 12, 0.0};
   p.n_a2a = 1;
   snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "mpi");
-  p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8};
+  p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8, 0.0};
   p.n_codec = 1;
   snprintf(p.codec_c[0].name, sizeof p.codec_c[0].name, "int8");
   snprintf(p.codec_d[0].name, sizeof p.codec_d[0].name, "int8");
-  p.codec_c[0].fit = (moe_linear_fit){0.0, 1e-9, 1.0, 0.0, 4};
-  p.codec_d[0].fit = (moe_linear_fit){0.0, 5e-10, 1.0, 0.0, 4};
+  p.codec_c[0].fit = (moe_linear_fit){0.0, 1e-9, 1.0, 0.0, 4, 0.0};
+  p.codec_d[0].fit = (moe_linear_fit){0.0, 5e-10, 1.0, 0.0, 4, 0.0};
   char *text = NULL;
   TU_CHECK(moe_profile_to_json(g_ctx, &p, &text) == MOE_STATUS_OK, "to_json: %s",
            moe_ctx_error(g_ctx));

@@ -29,6 +29,7 @@ typedef struct {
   double r2;     // coefficient of determination on the fitted points (1 = exact)
   double rmse;   // root mean square residual, in y's unit
   int n;         // points used
+  double gamma;  // second slope of a two-variable fit (moe_fit_linear2); 0 otherwise
 } moe_linear_fit;
 
 // Fits n >= 2 points (x[i], y[i]). INVALID_ARG for NULL arrays, n < 2, a
@@ -39,6 +40,14 @@ moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
                           moe_linear_fit *out);
 // alpha + beta * x.
 double moe_fit_eval(const moe_linear_fit *fit, double x);
+// y = alpha + beta * x + gamma * w by least squares (n >= 3): for example an
+// expert step's time against its FLOPs (x) and the weights it reads (w), so a
+// call's fixed cost of streaming its weights is not mistaken for per-FLOP
+// work. INVALID_ARG for non-finite points or when x and w are collinear.
+moe_status moe_fit_linear2(moe_ctx *ctx, const double *x, const double *w, const double *y, int n,
+                           moe_linear_fit *out);
+// alpha + beta * x + gamma * w.
+double moe_fit_eval2(const moe_linear_fit *fit, double x, double w);
 
 // ---- cluster descriptions ----------------------------------------------------------
 
@@ -191,7 +200,8 @@ typedef struct {
 //    "gemm": FIT, "a2a": {"mpi": FIT, ...}, "codecs": {"int8": {"compress": FIT,
 //    "decompress": FIT}, ...}, optionally "expert_fwd": FIT, "expert_bwd": FIT,
 //    "outside": FIT (all three or none)}
-//   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}
+//   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
+//   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a
 // finite alpha (a small negative intercept is fitting noise), a finite
 // beta > 0, r2 <= 1 and points >= 2.

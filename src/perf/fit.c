@@ -39,6 +39,7 @@ moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
   }
   out->alpha = alpha;
   out->beta = beta;
+  out->gamma = 0.0;
   out->n = n;
   out->rmse = sqrt(ss_res / n);
   // exact fits (including constant y) have R² = 1; rounding can leave a
@@ -50,3 +51,56 @@ done:
 }
 
 double moe_fit_eval(const moe_linear_fit *fit, double x) { return fit->alpha + fit->beta * x; }
+
+moe_status moe_fit_linear2(moe_ctx *ctx, const double *x, const double *w, const double *y, int n,
+                           moe_linear_fit *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !x || !w || !y || !out, MOE_STATUS_INVALID_ARG,
+              "fit: x, w, y and out must not be NULL");
+  MOE_FAIL_IF(ctx, n < 3, MOE_STATUS_INVALID_ARG, "fit: needs at least 3 points, got %d", n);
+  double mx = 0, mw = 0, my = 0;
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx, !isfinite(x[i]) || !isfinite(w[i]) || !isfinite(y[i]), MOE_STATUS_INVALID_ARG,
+                "fit: point %d (%g, %g, %g) is not finite", i, x[i], w[i], y[i]);
+    mx += x[i];
+    mw += w[i];
+    my += y[i];
+  }
+  mx /= n;
+  mw /= n;
+  my /= n;
+  double sxx = 0, sww = 0, sxw = 0, sxy = 0, swy = 0, syy = 0;
+  for (int i = 0; i < n; i++) {
+    const double dx = x[i] - mx, dw = w[i] - mw, dy = y[i] - my;
+    sxx += dx * dx;
+    sww += dw * dw;
+    sxw += dx * dw;
+    sxy += dx * dy;
+    swy += dw * dy;
+    syy += dy * dy;
+  }
+  const double det = sxx * sww - sxw * sxw;
+  MOE_FAIL_IF(ctx, !(det > 1e-12 * sxx * sww), MOE_STATUS_INVALID_ARG,
+              "fit: the two regressors are collinear over the %d points; vary them independently",
+              n);
+  const double beta = (sxy * sww - swy * sxw) / det, gamma = (swy * sxx - sxy * sxw) / det;
+  const double alpha = my - beta * mx - gamma * mw;
+  double ss_res = 0;
+  for (int i = 0; i < n; i++) {
+    const double r = y[i] - (alpha + beta * x[i] + gamma * w[i]);
+    ss_res += r * r;
+  }
+  out->alpha = alpha;
+  out->beta = beta;
+  out->gamma = gamma;
+  out->n = n;
+  out->rmse = sqrt(ss_res / n);
+  const double tiny = 1e-24 * (my * my + 1e-300) * n;
+  out->r2 = syy > tiny ? 1.0 - ss_res / syy : (ss_res <= tiny ? 1.0 : 0.0);
+done:
+  return st;
+}
+
+double moe_fit_eval2(const moe_linear_fit *fit, double x, double w) {
+  return fit->alpha + fit->beta * x + fit->gamma * w;
+}

@@ -35,9 +35,14 @@ static moe_status parse_fit(moe_ctx *ctx, const cJSON *obj, const char *where, m
       have |= 8;
     } else if (strcmp(it->string, "rmse_s") == 0) {
       MOE_TRY(moe_json_get_double(ctx, it, key, &f->rmse));
+    } else if (strcmp(it->string, "gamma_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &f->gamma));
+      MOE_FAIL_IF(ctx, !isfinite(f->gamma), MOE_STATUS_INVALID_ARG, "profile: '%s' must be finite",
+                  key);
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
-               "profile: unknown key '%s' (valid: alpha_s, beta_s, r2, points, rmse_s)", key);
+               "profile: unknown key '%s' (valid: alpha_s, beta_s, gamma_s, r2, points, rmse_s)",
+               key);
     }
   }
   MOE_FAIL_IF(ctx, have != 15, MOE_STATUS_INVALID_ARG, "profile: '%s' lacks %s", where,

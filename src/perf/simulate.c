@@ -158,7 +158,9 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       if (pf && pf->have_layer_fits) {
         // measured expert steps: alpha per expert, beta per FLOP
         const moe_linear_fit *f = backward ? &pf->expert_bwd : &pf->expert_fwd;
-        dur[i] = max_recv > 0 ? fmax(0.0, experts_here * f->alpha + f->beta * flops) : 0.0;
+        dur[i] = max_recv > 0
+                     ? fmax(0.0, experts_here * (f->alpha + f->gamma * M * H) + f->beta * flops)
+                     : 0.0;
       } else if (pf) {
         // two GEMMs per expert forward, four backward, each paying alpha
         const double gemms = max_recv > 0 ? (backward ? 4.0 : 2.0) * experts_here : 0.0;

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Checks the performance model against a measured grid: the JSON of
+`moe bench layer --grid --profile PROFILE --json FILE` holds, per config and
+variant, the measured total and the predicted one.
+
+1. Prediction error: configs are split in two halves (even and odd index). A
+   linear correction measured = a + b * predicted is fitted on one half and
+   applied to the other (held-out) half; MAPE and R^2 are reported raw and
+   corrected, both ways round.
+2. The planner restricted to the measured variants (lossless only): per config
+   the variant with the least predicted time, and whether its measured time is
+   within 5% of the best measured variant.
+
+Standard library only.   usage: bench/model_validation.py GRID.json
+"""
+import json
+import statistics
+import sys
+
+
+def fit(xs, ys):
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+def scores(pred, meas):
+    mape = 100.0 * statistics.fmean(abs(p - m) / m for p, m in zip(pred, meas))
+    my = statistics.fmean(meas)
+    ss_tot = sum((m - my) ** 2 for m in meas)
+    ss_res = sum((m - p) ** 2 for p, m in zip(pred, meas))
+    return mape, 1.0 - ss_res / ss_tot
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    d = json.load(open(sys.argv[1]))
+    configs = d["configs"]
+    rows = []  # (config index, variant, predicted, measured)
+    for i, c in enumerate(configs):
+        for v in c["variants"]:
+            if v.get("predicted_ms") is None:
+                sys.exit("the grid has no predicted_ms: run it with --profile")
+            rows.append((i, v, v["predicted_ms"], v["total_ms"]))
+    print("%d configs, %d variants with predictions" % (len(configs), len(rows)))
+    p_all = [r[2] for r in rows]
+    m_all = [r[3] for r in rows]
+    mape, r2 = scores(p_all, m_all)
+    print("raw model, all variants: MAPE %.1f%%, R^2 %.3f, mean signed error %+.1f%%" % (
+        mape, r2, 100 * statistics.fmean((p - m) / m for p, m in zip(p_all, m_all))))
+    for train, test in ((0, 1), (1, 0)):
+        tr = [r for r in rows if r[0] % 2 == train]
+        te = [r for r in rows if r[0] % 2 == test]
+        a, b = fit([r[2] for r in tr], [r[3] for r in tr])
+        corr = [a + b * r[2] for r in te]
+        m = [r[3] for r in te]
+        mape_raw, r2_raw = scores([r[2] for r in te], m)
+        mape_c, r2_c = scores(corr, m)
+        print("held-out %s configs (%d variants): raw MAPE %.1f%% R^2 %.3f; corrected "
+              "(measured = %.2f ms + %.3f x predicted, fitted on the %s half) MAPE %.1f%% "
+              "R^2 %.3f" % ("odd" if test else "even", len(te), mape_raw, r2_raw, a, b,
+                            "even" if train == 0 else "odd", mape_c, r2_c))
+    # the planner over the measured (lossless) variants
+    within = 0
+    n = 0
+    print("\nplanner over the measured variants (lossless):")
+    print("%6s %5s %5s %8s  %-22s %9s  %-22s %9s %7s" % (
+        "T/rank", "M", "H", "f", "planned", "meas ms", "best measured", "meas ms", "gap"))
+    for i, c in enumerate(configs):
+        vs = [v for v in c["variants"] if v["compress"] == "none"]
+        pick = min(vs, key=lambda v: v["predicted_ms"])
+        best = min(vs, key=lambda v: v["total_ms"])
+        gap = pick["total_ms"] / best["total_ms"] - 1.0
+        n += 1
+        within += gap <= 0.05
+        cfg = c["config"]
+        f = "dropless" if cfg["capacity_factor"] <= 0 else "%g" % cfg["capacity_factor"]
+        label = lambda v: "%s %s r=%d" % (v["a2a"], v["schedule"], v["chunks"])
+        print("%6d %5d %5d %8s  %-22s %9.2f  %-22s %9.2f %+6.1f%%" % (
+            c["tokens_per_rank"], cfg["model_dim"], cfg["hidden_dim"], f, label(pick),
+            pick["total_ms"], label(best), best["total_ms"], 100 * gap))
+    print("planned variant within 5%% of the best measured: %d of %d configs (%.0f%%)" % (
+        within, n, 100.0 * within / n))
+
+
+if __name__ == "__main__":
+    main()
