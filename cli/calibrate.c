@@ -172,7 +172,7 @@ static int fit_gemm(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *f
 // One expert's forward and backward step (the "ffn" kind: GEMMs, bias,
 // activation) over rows x M x H shapes, all ranks at once; x = FLOPs.
 static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *ffit,
-                      moe_linear_fit *bfit) {
+                      moe_linear_fit *bfit, double (*points)[5], int *n_points) {
   static const int rows[] = {64, 256, 1024, 2048},
                    mh[][2] = {{256, 512}, {512, 1024}, {1024, 2048}};
   double x[12], yf[12], yb[12], t[1000];
@@ -224,9 +224,17 @@ static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit 
       }
       yb[n] = slowest_median(t, o->iters);
       x[n] = 4.0 * m * (double)cfg.model_dim * cfg.hidden_dim;  // forward FLOPs
+      if (points) {
+        points[n][0] = m;
+        points[n][1] = cfg.model_dim;
+        points[n][2] = cfg.hidden_dim;
+        points[n][3] = yf[n];
+        points[n][4] = yb[n];
+      }
       n++;
     }
   }
+  if (n_points) *n_points = n;
   double xb[12], wt[12];
   for (int i = 0; i < n; i++) {
     xb[i] = 2.0 * x[i];                           // backward FLOPs
@@ -479,7 +487,10 @@ int cmd_calibrate(int argc, char **argv) {
            P == 1 ? "" : "s", g.num_nodes, g.num_nodes == 1 ? "" : "s", o.iters);
   }
   rc = fit_gemm(ctx, &o, rank, &prof.gemm);
-  if (rc == CLI_OK) rc = fit_expert(ctx, &o, rank, &prof.expert_fwd, &prof.expert_bwd);
+  if (rc == CLI_OK) {
+    rc = fit_expert(ctx, &o, rank, &prof.expert_fwd, &prof.expert_bwd, prof.expert_points,
+                    &prof.n_expert_points);
+  }
   if (rc == CLI_OK) rc = fit_outside(ctx, &o, rank, &prof.outside);
   if (rc != CLI_OK) goto done;
   prof.have_layer_fits = 1;

@@ -477,6 +477,27 @@ static void test_profile(void) {
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK &&
                close_rel(r.pass_ms[0], (4 + 2 + 4 + 2 + 2 * 1.9 + 0.28) * 1e-3, 1e-9),
            "profiled int8 pass %g ms", r.pass_ms[0]);
+  // measured expert points: rows 50 -> 1 us, rows 200 -> 2 us at (M, H) = (10, 20);
+  // 100 rows interpolate the per-FLOP time in log rows: 1.875e-11 s x 80000 FLOPs
+  // = 1.5 us (a decoy shape far away must not be used)
+  moe_profile pp = p;
+  const double pts[3][5] = {
+      {50, 10, 20, 1e-6, 3e-6}, {200, 10, 20, 2e-6, 5e-6}, {100, 1000, 2000, 1.0, 1.0}};
+  memcpy(pp.expert_points, pts, sizeof pts);
+  pp.n_expert_points = 3;
+  char *ptext = NULL;
+  moe_profile back;
+  TU_CHECK(moe_profile_to_json(g_ctx, &pp, &ptext) == MOE_STATUS_OK &&
+               moe_profile_from_json(g_ctx, ptext, &back) == MOE_STATUS_OK &&
+               back.n_expert_points == 3 && back.expert_points[1][4] == 5e-6,
+           "expert points round trip: %s", moe_ctx_error(g_ctx));
+  moe_free(ptext);
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.profile = &pp;
+  TU_CHECK(moe_simulate_layer(g_ctx, &pp.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], (2 * 3e-6 + 1.5e-6) * 1e3, 1e-9),
+           "expert points forward pass %g ms", r.pass_ms[0]);
+  v.profile = &p;
   snprintf(v.a2a, sizeof v.a2a, "pipe");
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(g_ctx), "no model for all-to-all 'pipe'"),

@@ -189,6 +189,11 @@ typedef struct {
   // their backward) vs T M (E + K).
   int have_layer_fits;
   moe_linear_fit expert_fwd, expert_bwd, outside;
+  // Optional measured expert steps: rows, M, H and seconds of forward and
+  // backward, used instead of expert_fwd/bwd when present (a GEMM's rate
+  // depends on the rows; a table captures that curve, a line cannot).
+  int n_expert_points;
+  double expert_points[MOE_PROFILE_MAX * 2][5];  // rows, M, H, fwd s, bwd s
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -199,7 +204,8 @@ typedef struct {
 //   {"profile_version": 1, "name": "...", "cluster": {cluster description},
 //    "gemm": FIT, "a2a": {"mpi": FIT, ...}, "codecs": {"int8": {"compress": FIT,
 //    "decompress": FIT}, ...}, optionally "expert_fwd": FIT, "expert_bwd": FIT,
-//    "outside": FIT (all three or none)}
+//    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
+//    fwd_s, bwd_s], ...] (at most 32)}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a

@@ -149,13 +149,32 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
     } else if (strcmp(k, "expert_bwd") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.expert_bwd));
       p.have_layer_fits |= 2;
+    } else if (strcmp(k, "expert_points") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsArray(it), MOE_STATUS_INVALID_ARG,
+                  "profile: 'expert_points' must be an array of [rows, M, H, fwd_s, bwd_s]");
+      const int np = cJSON_GetArraySize(it);
+      MOE_FAIL_IF(ctx, np > MOE_PROFILE_MAX * 2, MOE_STATUS_INVALID_ARG,
+                  "profile: 'expert_points' has %d entries (at most %d)", np, MOE_PROFILE_MAX * 2);
+      int i = 0;
+      for (const cJSON *e = it->child; e; e = e->next, i++) {
+        MOE_FAIL_IF(ctx, !cJSON_IsArray(e) || cJSON_GetArraySize(e) != 5, MOE_STATUS_INVALID_ARG,
+                    "profile: expert_points[%d] must be [rows, M, H, fwd_s, bwd_s]", i);
+        int j = 0;
+        for (const cJSON *v = e->child; v; v = v->next, j++) {
+          MOE_FAIL_IF(ctx, !cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite(v->valuedouble),
+                      MOE_STATUS_INVALID_ARG,
+                      "profile: expert_points[%d][%d] must be a positive number", i, j);
+          p.expert_points[i][j] = v->valuedouble;
+        }
+      }
+      p.n_expert_points = np;
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
       p.have_layer_fits |= 4;
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
-               "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside)",
+               "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points)",
                k);
     }
   }
@@ -285,6 +304,15 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_fit(&b, &p->expert_bwd);
     sb_printf(&b, ",\n  \"outside\": ");
     sb_fit(&b, &p->outside);
+  }
+  if (p->n_expert_points > 0) {
+    sb_printf(&b, ",\n  \"expert_points\": [");
+    for (int i = 0; i < p->n_expert_points; i++) {
+      const double *e = p->expert_points[i];
+      sb_printf(&b, "%s\n    [%.0f, %.0f, %.0f, %.9g, %.9g]", i ? "," : "", e[0], e[1], e[2], e[3],
+                e[4]);
+    }
+    sb_printf(&b, "\n  ]");
   }
   sb_printf(&b, ",\n  \"a2a\": {");
   for (int i = 0; i < p->n_a2a; i++) {

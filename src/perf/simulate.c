@@ -57,6 +57,38 @@ done:
   return st;
 }
 
+// Seconds of one expert step over `rows` rows from the profile's measured
+// points: the points of the (M, H) closest to this one (in log M H) give
+// seconds per FLOP as a function of log rows, interpolated linearly (clamped
+// at the ends), times this step's FLOPs.
+static double expert_point_time(const moe_profile *pf, int backward, double rows, double M,
+                                double H) {
+  const double mh = M * H;
+  double best_d = 1e300, bmh = 0;
+  for (int i = 0; i < pf->n_expert_points; i++) {
+    const double d = fabs(log(pf->expert_points[i][1] * pf->expert_points[i][2]) - log(mh));
+    if (d < best_d) best_d = d, bmh = pf->expert_points[i][1] * pf->expert_points[i][2];
+  }
+  // the points of that shape, by rows: per-FLOP seconds
+  double lo_r = 0, lo_v = 0, hi_r = 0, hi_v = 0;
+  int have_lo = 0, have_hi = 0;
+  for (int i = 0; i < pf->n_expert_points; i++) {
+    const double *e = pf->expert_points[i];
+    if (e[1] * e[2] != bmh) continue;
+    const double per_flop = e[backward ? 4 : 3] / ((backward ? 8.0 : 4.0) * e[0] * e[1] * e[2]);
+    if (e[0] <= rows && (!have_lo || e[0] > lo_r)) lo_r = e[0], lo_v = per_flop, have_lo = 1;
+    if (e[0] >= rows && (!have_hi || e[0] < hi_r)) hi_r = e[0], hi_v = per_flop, have_hi = 1;
+  }
+  double per_flop = have_lo ? lo_v : hi_v;
+  if (have_lo && have_hi && hi_r > lo_r) {
+    const double t = (log(rows) - log(lo_r)) / (log(hi_r) - log(lo_r));
+    per_flop = lo_v + t * (hi_v - lo_v);
+  } else if (!have_lo && have_hi) {
+    per_flop = hi_v;
+  }
+  return per_flop * (backward ? 8.0 : 4.0) * rows * M * H;
+}
+
 // Everything one simulation needs, derived once.
 typedef struct {
   const moe_cluster *c;
@@ -155,7 +187,10 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       }
     } else if (nm[0] == 'E') {
       const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
-      if (pf && pf->have_layer_fits) {
+      if (pf && pf->n_expert_points > 0) {
+        const double rows_e = max_recv / experts_here;
+        dur[i] = max_recv > 0 ? experts_here * expert_point_time(pf, backward, rows_e, M, H) : 0.0;
+      } else if (pf && pf->have_layer_fits) {
         // measured expert steps: alpha per expert, beta per FLOP
         const moe_linear_fit *f = backward ? &pf->expert_bwd : &pf->expert_fwd;
         dur[i] = max_recv > 0
