@@ -59,6 +59,10 @@ static void run_case(const char *name, int r, int compressed, const double *by_k
              moe_ctx_error(ctx));
     TU_CHECK(fabs(m - expect) < 1e-12, "%s r=%d comp=%d: makespan %g, expected %g", name, r,
              compressed, m, expect);
+    double ms = -1.0;
+    TU_CHECK(moe_schedule_simulate_shared(ctx, &g, &s, dur, 1.0, 1.0, NULL, &ms) == MOE_STATUS_OK &&
+                 fabs(ms - m) < 1e-12,
+             "%s: the shared simulation without contention gives %g, not %g", name, ms, m);
     for (int i = 0; end_task && i < g.n_tasks; i++) {
       if (strcmp(g.tasks[i].name, end_task) == 0) {
         TU_CHECK(fabs(ends[i] - expect_end) < 1e-12, "%s: %s ends at %g, expected %g", name,
@@ -115,6 +119,58 @@ static void errors(void) {
   moe_ctx_destroy(ctx);
 }
 
+// Contention: compute C = 10 beside an independent comm A = 4, both 2x slower
+// while they overlap: A ends at 8 (4 units at half speed), C has done 4 units
+// by then and runs its last 6 alone: 14. A dependent chain never overlaps.
+static void shared(void) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_task_graph g;
+  moe_schedule s;
+  moe_task_graph_init(ctx, &g, 3, 3);
+  moe_schedule_init(ctx, &s, 3);
+  moe_task_desc d;
+  memset(&d, 0, sizeof d);
+  d.run = noop;
+  d.stream = MOE_STREAM_COMPUTE;
+  d.name = "C";
+  moe_task_graph_add(ctx, &g, &d, NULL);
+  d.stream = MOE_STREAM_COMM;
+  d.name = "A";
+  moe_task_graph_add(ctx, &g, &d, NULL);
+  moe_schedule_in_index_order(ctx, &s, &g);
+  double dur[3] = {10.0, 4.0, 0.0}, end[3], m = 0.0;
+  TU_CHECK(moe_schedule_simulate_shared(ctx, &g, &s, dur, 2.0, 2.0, end, &m) == MOE_STATUS_OK &&
+               fabs(m - 14.0) < 1e-12 && fabs(end[1] - 8.0) < 1e-12 && fabs(end[0] - 14.0) < 1e-12,
+           "contention: makespan %g (A %g, C %g), expected 14 (8, 14)", m, end[1], end[0]);
+  // comm slowed 3x, compute not: C ends at 10, when A has done 10/3 of its 4
+  // units; A finishes the rest alone at 10 + 2/3
+  TU_CHECK(moe_schedule_simulate_shared(ctx, &g, &s, dur, 1.0, 3.0, end, &m) == MOE_STATUS_OK &&
+               fabs(end[1] - 32.0 / 3.0) < 1e-12 && fabs(end[0] - 10.0) < 1e-12,
+           "comm-only contention: A %g C %g", end[1], end[0]);
+  // chain A -> C': no overlap, no slowdown
+  const int dep = 1;
+  d.stream = MOE_STREAM_COMPUTE;
+  d.name = "C2";
+  d.deps = &dep;
+  d.n_deps = 1;
+  moe_task_graph_add(ctx, &g, &d, NULL);
+  moe_schedule_clear(&s);
+  moe_schedule_push(ctx, &s, MOE_STREAM_COMM, 1);
+  moe_schedule_push(ctx, &s, MOE_STREAM_COMPUTE, 2);
+  moe_schedule_push(ctx, &s, MOE_STREAM_COMPUTE, 0);
+  dur[2] = 5.0;
+  TU_CHECK(moe_schedule_simulate_shared(ctx, &g, &s, dur, 2.0, 2.0, end, &m) == MOE_STATUS_OK &&
+               fabs(end[2] - 9.0) < 1e-12 && fabs(m - 19.0) < 1e-12,
+           "chain then C: C2 ends %g (9), makespan %g (19)", end[2], m);
+  TU_CHECK(
+      moe_schedule_simulate_shared(ctx, &g, &s, dur, 0.5, 1.0, end, &m) == MOE_STATUS_INVALID_ARG,
+      "slowdown below 1 refused");
+  moe_task_graph_free(&g);
+  moe_schedule_free(&s);
+  moe_ctx_destroy(ctx);
+}
+
 int main(void) {
   // kinds: C1 A1 D1 E C2 A2 D2
   const double plain[MOE_CT_KINDS] = {0, 4, 0, 6, 0, 4, 0};
@@ -134,5 +190,6 @@ int main(void) {
   // sequential with compression: (1 + 4 + 1 + 6 + 1 + 4 + 1) per chunk = 18, twice
   run_case("sequential", 2, 1, comp, 36.0, "D2^1", 18.0);
   errors();
+  shared();
   return tu_finish("test_simulate");
 }

@@ -226,6 +226,16 @@ moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int
                                 moe_task_graph *graph, moe_schedule *sched,
                                 int (*tidx)[MOE_CT_KINDS]);
 
+// The same with contention: while both streams run a task, the compute task
+// progresses slow_compute times slower and the communication task slow_comm
+// times slower (>= 1; both 1 is moe_schedule_simulate). Models two streams
+// sharing cores, memory bandwidth and the network stack, as measured by
+// `moe calibrate`. durations are the tasks' times when running alone.
+moe_status moe_schedule_simulate_shared(moe_ctx *ctx, const moe_task_graph *graph,
+                                        const moe_schedule *sched, const double *durations,
+                                        double slow_compute, double slow_comm, double *end_times,
+                                        double *makespan);
+
 // ---- executor ------------------------------------------------------------------------
 
 // How the communication stream waits for a split task to complete.
