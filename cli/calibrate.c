@@ -15,6 +15,7 @@
 #include "moe/expert.h"
 #include "moe/kernels.h"
 #include "moe/perf.h"
+#include "moe/sched.h"
 
 #if MOE_CLI_MPI
 #include "moe/comm.h"
@@ -34,7 +35,9 @@ static void calibrate_usage(FILE *f) {
           "backward step (x = FLOPs), of the layer's work outside the experts (gate,\n"
           "dispatch, combine; x = T M (E + K)), of each all-to-all algorithm\n"
           "(x = bytes one rank sends to the others, uniform counts) and of each\n"
-          "compressor (x = input float bytes), with R². Every rank measures at the same\n"
+          "compressor (x = input float bytes), with R², and how much a compute task and\n"
+          "an all-to-all slow each other down when they overlap on the executor (the\n"
+          "simulator's contention factors). Every rank measures at the same\n"
           "time; each point is the slowest rank's median. Read it back with\n"
           "'moe simulate --profile FILE'.\n"
           "\n"
@@ -329,6 +332,198 @@ done:
   return rc;
 }
 
+// ---- contention: a compute task beside all-to-alls on the executor ------------------
+
+typedef struct {
+  const moe_group *g;
+  const moe_a2a_algo *algo;
+  unsigned char *send, *recv;
+  size_t *sc, *sd, *rc, *rd;
+  moe_workspace *ws;
+  moe_a2a_pending pending;
+  float *a, *b, *c;  // the compute task's GEMM operands
+  int gemms;
+} overlap_arg;
+
+static moe_status ov_compute(void *p, moe_ctx *ctx) {
+  overlap_arg *o = p;
+  (void)ctx;
+  for (int i = 0; i < o->gemms; i++)
+    moe_gemm(0, 0, 512, 1024, 1024, 1.0f, o->a, 1024, o->b, 1024, 0.0f, o->c, 1024);
+  return MOE_STATUS_OK;
+}
+
+static moe_status ov_a2a(void *p, moe_ctx *ctx) {
+  overlap_arg *o = p;
+  return moe_a2a_start(ctx, o->algo, o->g, o->send, o->sc, o->sd, o->recv, o->rc, o->rd, o->ws,
+                       &o->pending);
+}
+
+static moe_status ov_test(void *p, moe_ctx *ctx, moe_task_state *state) {
+  overlap_arg *o = p;
+  int done = 0;
+  const moe_status st = moe_a2a_test(ctx, &o->pending, &done);
+  *state = done ? MOE_TASK_DONE : MOE_TASK_PENDING;
+  return st;
+}
+
+// One executor pass: the compute task (if with_compute) and n_a2a chained
+// all-to-alls on the communication stream, independent of each other. out:
+// the compute task's duration and the mean duration of the all-to-alls that
+// ran entirely within it (or of all of them without compute), in seconds.
+static moe_status overlap_pass(moe_ctx *ctx, moe_executor *ex, overlap_arg *arg, int with_compute,
+                               int n_a2a, double *comp_s, double *a2a_s) {
+  moe_status st = MOE_STATUS_OK;
+  moe_task_graph g;
+  moe_schedule sch;
+  memset(&g, 0, sizeof g);
+  memset(&sch, 0, sizeof sch);
+  MOE_TRY(moe_task_graph_init(ctx, &g, n_a2a + 1, n_a2a + 1));
+  MOE_TRY(moe_schedule_init(ctx, &sch, n_a2a + 1));
+  int prev = -1, ci = -1;
+  for (int i = 0; i < n_a2a; i++) {
+    moe_task_desc d;
+    memset(&d, 0, sizeof d);
+    d.stream = MOE_STREAM_COMM;
+    d.run = ov_a2a;
+    d.test = ov_test;
+    d.arg = arg;
+    d.deps = prev >= 0 ? &prev : NULL;
+    d.n_deps = prev >= 0;
+    MOE_TRY(moe_task_graph_add(ctx, &g, &d, &prev));
+  }
+  if (with_compute) {
+    moe_task_desc d;
+    memset(&d, 0, sizeof d);
+    d.stream = MOE_STREAM_COMPUTE;
+    d.run = ov_compute;
+    d.arg = arg;
+    MOE_TRY(moe_task_graph_add(ctx, &g, &d, &ci));
+  }
+  MOE_TRY(moe_schedule_in_index_order(ctx, &sch, &g));
+  MOE_TRY(moe_executor_run(ex, &g, &sch, ctx));
+  int nr = 0;
+  const moe_task_record *rec = moe_executor_records(ex, &nr);
+  *comp_s = ci >= 0 ? (double)(rec[ci].end_ns - rec[ci].start_ns) * 1e-9 : 0.0;
+  double sum = 0.0;
+  int cnt = 0;
+  for (int i = 0; i < n_a2a; i++) {
+    const int inside =
+        ci < 0 || (rec[i].start_ns >= rec[ci].start_ns && rec[i].end_ns <= rec[ci].end_ns);
+    if (!inside) continue;
+    sum += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-9;
+    cnt++;
+  }
+  *a2a_s = cnt ? sum / cnt : 0.0;
+done:
+  moe_task_graph_free(&g);
+  moe_schedule_free(&sch);
+  return st;
+}
+
+// Contention factors: a GEMM loop (~50 ms) on the compute stream beside a
+// chain of 1 MiB-per-rank all-to-alls (algorithm `mpi`) on the communication
+// stream, against each alone; medians over the repetitions, slowest rank.
+static int measure_overlap(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g,
+                           unsigned char *sbuf, unsigned char *rbuf, moe_workspace *ws,
+                           double *slow_comp, double *slow_comm) {
+  int rc = CLI_OK;
+  const int P = g->size;
+  overlap_arg arg;
+  memset(&arg, 0, sizeof arg);
+  moe_executor *ex = NULL;
+  size_t *cnt = moe_malloc(4 * (size_t)P * sizeof(size_t));
+  arg.a = moe_malloc((size_t)512 * 1024 * 4);
+  arg.b = moe_malloc((size_t)1024 * 1024 * 4);
+  arg.c = moe_malloc((size_t)512 * 1024 * 4);
+  const moe_a2a_algo *algo = NULL;
+  int ok = cnt && arg.a && arg.b && arg.c && moe_a2a_find(ctx, "mpi", &algo) == MOE_STATUS_OK &&
+           moe_executor_create(ctx, NULL, 300, &ex) == MOE_STATUS_OK;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    if (rank == 0) cli_error("contention measurement: cannot set up (%s)", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+    goto done;
+  }
+  memset(arg.a, 0, (size_t)512 * 1024 * 4);
+  memset(arg.b, 0, (size_t)1024 * 1024 * 4);
+  {
+    const size_t S =
+        (size_t)1 << 20 < (size_t)o->max_bytes ? (size_t)1 << 20 : (size_t)o->max_bytes;
+    const size_t block = S / (size_t)P;
+    for (int p = 0; p < P; p++) {
+      cnt[p] = cnt[2 * P + p] = block;
+      cnt[P + p] = cnt[3 * P + p] = (size_t)p * block;
+    }
+  }
+  arg.g = g;
+  arg.algo = algo;
+  arg.send = sbuf;
+  arg.recv = rbuf;
+  arg.sc = cnt;
+  arg.sd = cnt + P;
+  arg.rc = cnt + 2 * P;
+  arg.rd = cnt + 3 * P;
+  arg.ws = ws;
+  // size the compute task to ~50 ms alone
+  {
+    const uint64_t t0 = moe_time_ns();
+    arg.gemms = 1;
+    ov_compute(&arg, ctx);
+    const double one = (double)(moe_time_ns() - t0) * 1e-9;
+    int gemms = (int)(0.05 / (one > 1e-6 ? one : 1e-6)) + 1;
+    if (gemms > 1000) gemms = 1000;
+    MPI_Allreduce(MPI_IN_PLACE, &gemms, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    arg.gemms = gemms;
+  }
+  double comp_alone[1000], a2a_alone[1000], comp_both[1000], a2a_both[1000];
+  const int reps = o->iters;
+  int n_a2a = 8;
+  for (int r = 0; r < reps && rc == CLI_OK; r++) {
+    double c = 0, a = 0;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (overlap_pass(ctx, ex, &arg, 0, 8, &c, &a) != MOE_STATUS_OK) rc = CLI_FAILED;
+    a2a_alone[r] = a;
+    const uint64_t t0 = moe_time_ns();
+    ov_compute(&arg, ctx);
+    comp_alone[r] = (double)(moe_time_ns() - t0) * 1e-9;
+    // enough all-to-alls to outlast the compute task (at most 256)
+    int k = a > 0 ? (int)(2.0 * comp_alone[r] / a) + 2 : 8;
+    if (k > 256) k = 256;
+    MPI_Allreduce(MPI_IN_PLACE, &k, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    n_a2a = k;
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rc == CLI_OK && overlap_pass(ctx, ex, &arg, 1, n_a2a, &c, &a) != MOE_STATUS_OK) {
+      rc = CLI_FAILED;
+    }
+    comp_both[r] = c;
+    a2a_both[r] = a;
+  }
+  if (rc != CLI_OK) {
+    cli_error("rank %d: contention measurement: %s", rank, moe_ctx_error(ctx));
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
+  {
+    const double ca = slowest_median(comp_alone, reps), cb = slowest_median(comp_both, reps);
+    const double aa = slowest_median(a2a_alone, reps), ab = slowest_median(a2a_both, reps);
+    *slow_comp = ca > 0 && cb > ca ? cb / ca : 1.0;
+    *slow_comm = aa > 0 && ab > aa ? ab / aa : 1.0;
+    if (rank == 0) {
+      printf(
+          "contention (executor: %d GEMMs beside %d all-to-alls of 1 MiB per rank): compute "
+          "%.1f -> %.1f ms (x%.3f), all-to-all %.2f -> %.2f ms (x%.3f)\n",
+          arg.gemms, n_a2a, ca * 1e3, cb * 1e3, *slow_comp, aa * 1e3, ab * 1e3, *slow_comm);
+    }
+  }
+done:
+  moe_executor_destroy(ex);
+  moe_free(cnt);
+  moe_free(arg.a);
+  moe_free(arg.b);
+  moe_free(arg.c);
+  return rc;
+}
+
 // One all-to-all algorithm over sizes min..max (doubling), uniform counts.
 static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g,
                    const moe_a2a_algo *algo, unsigned char *sbuf, unsigned char *rbuf,
@@ -539,6 +734,8 @@ int cmd_calibrate(int argc, char **argv) {
       goto done;
     }
   }
+  rc = measure_overlap(ctx, &o, rank, &g, sbuf, rbuf, &ws, &prof.slow_compute, &prof.slow_comm);
+  if (rc != CLI_OK) goto done;
   // compressors
   {
     static const char *const all_codecs[] = {"none", "fp16", "bf16", "int8", "zfp"};

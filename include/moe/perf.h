@@ -194,6 +194,10 @@ typedef struct {
   // depends on the rows; a table captures that curve, a line cannot).
   int n_expert_points;
   double expert_points[MOE_PROFILE_MAX * 2][5];  // rows, M, H, fwd s, bwd s
+  // Contention while a compute task and an all-to-all run at the same time
+  // (measured with the executor): each is this many times slower than alone;
+  // 1 when absent. The simulator then uses moe_schedule_simulate_shared.
+  double slow_compute, slow_comm;
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -205,7 +209,8 @@ typedef struct {
 //    "gemm": FIT, "a2a": {"mpi": FIT, ...}, "codecs": {"int8": {"compress": FIT,
 //    "decompress": FIT}, ...}, optionally "expert_fwd": FIT, "expert_bwd": FIT,
 //    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
-//    fwd_s, bwd_s], ...] (at most 32)}
+//    fwd_s, bwd_s], ...] (at most 32), and "overlap": {"compute_slowdown": x,
+//    "comm_slowdown": y} (each >= 1)}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a

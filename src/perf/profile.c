@@ -105,6 +105,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
   char *cluster_text = NULL;
   moe_profile p;
   memset(&p, 0, sizeof p);
+  p.slow_compute = p.slow_comm = 1.0;
   int have_version = 0, have_cluster = 0, have_gemm = 0, have_a2a = 0;
   MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "profile: json and out must be set");
   MOE_TRY(moe_json_parse_object(ctx, json, "profile", &root));
@@ -168,13 +169,27 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
         }
       }
       p.n_expert_points = np;
+    } else if (strcmp(k, "overlap") == 0) {
+      const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "compute_slowdown");
+      const cJSON *m = cJSON_GetObjectItemCaseSensitive(it, "comm_slowdown");
+      MOE_FAIL_IF(ctx, !cJSON_IsObject(it) || !c || !m || cJSON_GetArraySize(it) != 2,
+                  MOE_STATUS_INVALID_ARG,
+                  "profile: 'overlap' must be {\"compute_slowdown\": x, \"comm_slowdown\": y}");
+      MOE_TRY(moe_json_get_double(ctx, c, "overlap.compute_slowdown", &p.slow_compute));
+      MOE_TRY(moe_json_get_double(ctx, m, "overlap.comm_slowdown", &p.slow_comm));
+      MOE_FAIL_IF(ctx,
+                  !(p.slow_compute >= 1.0) || !(p.slow_comm >= 1.0) || p.slow_compute > 100.0 ||
+                      p.slow_comm > 100.0,
+                  MOE_STATUS_INVALID_ARG, "profile: overlap slowdowns (%g, %g) must be in [1, 100]",
+                  p.slow_compute, p.slow_comm);
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
       p.have_layer_fits |= 4;
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
-               "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points)",
+               "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
+               "overlap)",
                k);
     }
   }
@@ -304,6 +319,10 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_fit(&b, &p->expert_bwd);
     sb_printf(&b, ",\n  \"outside\": ");
     sb_fit(&b, &p->outside);
+  }
+  if (p->slow_compute > 1.0 || p->slow_comm > 1.0) {
+    sb_printf(&b, ",\n  \"overlap\": {\"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g}",
+              p->slow_compute, p->slow_comm);
   }
   if (p->n_expert_points > 0) {
     sb_printf(&b, ",\n  \"expert_points\": [");

@@ -286,12 +286,27 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     MOE_TRY(moe_chunk_pass_build(ctx, algo, s.r, compressed, dir, NULL, NULL, &g, &sch, NULL));
     MOE_TRY(pass_durations(ctx, &s, &g, dir, dur));
     double makespan = 0.0;
-    MOE_TRY(moe_schedule_simulate(ctx, &g, &sch, dur, end, &makespan));
-    for (int i = 0; i < g.n_tasks; i++) {
-      rec[i].stream = g.tasks[i].stream;
-      rec[i].ran = 1;
-      rec[i].end_ns = (uint64_t)llround(end[i] * 1e9);
-      rec[i].start_ns = (uint64_t)llround((end[i] - dur[i]) * 1e9);
+    const double sc = v->profile && v->profile->slow_compute > 1.0 ? v->profile->slow_compute : 1.0;
+    const double sm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
+    MOE_TRY(moe_schedule_simulate_shared(ctx, &g, &sch, dur, sc, sm, end, &makespan));
+    // starts: a task starts when its stream's previous task and its
+    // dependencies have ended (the simulation's rule; under contention a
+    // task lasts longer than its solo duration)
+    for (int st2 = 0; st2 < MOE_STREAM_COUNT_; st2++) {
+      double prev = 0.0;
+      for (int j = 0; j < sch.len[st2]; j++) {
+        const int t = sch.order[st2][j];
+        const int *deps = NULL;
+        int nd = 0;
+        moe_task_graph_deps(&g, t, &deps, &nd);
+        double start = prev;
+        for (int d = 0; d < nd; d++) start = fmax(start, end[deps[d]]);
+        rec[t].stream = g.tasks[t].stream;
+        rec[t].ran = 1;
+        rec[t].start_ns = (uint64_t)llround(start * 1e9);
+        rec[t].end_ns = (uint64_t)llround(end[t] * 1e9);
+        prev = end[t];
+      }
     }
     moe_pass_breakdown_compute(rec, g.n_tasks, &out->breakdown[dir]);
     out->pass_ms[dir] = makespan * 1e3;
