@@ -47,7 +47,7 @@ static void calibrate_usage(FILE *f) {
           "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
           "  --a2a LIST|all         algorithms to fit [all that run on this layout]\n"
           "  --compress LIST|all    compressors to fit [all]\n"
-          "  --min-bytes S          smallest all-to-all, bytes per rank [65536]\n"
+          "  --min-bytes S          smallest all-to-all, bytes per rank [4096]\n"
           "  --max-bytes S          largest all-to-all, bytes per rank [8388608]\n"
           "  --iters N              timed repetitions per point, 1..1000 [5]\n");
 }
@@ -57,7 +57,7 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   o->a2a = "all";
   o->compress = "all";
   o->iters = 5;
-  o->min_bytes = 65536;
+  o->min_bytes = 4096;
   o->max_bytes = 8 << 20;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
@@ -421,6 +421,54 @@ done:
   return st;
 }
 
+static moe_status ov_nothing(void *p, moe_ctx *ctx) {
+  (void)p;
+  (void)ctx;
+  return MOE_STATUS_OK;
+}
+
+// The executor's fixed cost per task: a chain of empty tasks alternating
+// between the streams (every one a hand-off), median over repetitions.
+static int measure_task_overhead(moe_ctx *ctx, const cal_opts *o, int rank, double *out) {
+  enum { N = 200 };
+  moe_executor *ex = NULL;
+  moe_task_graph g;
+  moe_schedule sch;
+  memset(&g, 0, sizeof g);
+  memset(&sch, 0, sizeof sch);
+  double t[1000];
+  int ok = moe_executor_create(ctx, NULL, N, &ex) == MOE_STATUS_OK &&
+           moe_task_graph_init(ctx, &g, N, N) == MOE_STATUS_OK &&
+           moe_schedule_init(ctx, &sch, N) == MOE_STATUS_OK;
+  int prev = -1;
+  for (int i = 0; ok && i < N; i++) {
+    moe_task_desc d;
+    memset(&d, 0, sizeof d);
+    d.stream = i % 2 ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE;
+    d.run = ov_nothing;
+    d.deps = prev >= 0 ? &prev : NULL;
+    d.n_deps = prev >= 0;
+    ok = moe_task_graph_add(ctx, &g, &d, &prev) == MOE_STATUS_OK;
+  }
+  ok = ok && moe_schedule_in_index_order(ctx, &sch, &g) == MOE_STATUS_OK;
+  for (int r = 0; ok && r < o->iters; r++) {
+    const uint64_t t0 = moe_time_ns();
+    ok = moe_executor_run(ex, &g, &sch, ctx) == MOE_STATUS_OK;
+    t[r] = (double)(moe_time_ns() - t0) * 1e-9 / N;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (ok) *out = slowest_median(t, o->iters);
+  moe_task_graph_free(&g);
+  moe_schedule_free(&sch);
+  moe_executor_destroy(ex);
+  if (!ok) {
+    if (rank == 0) cli_error("task overhead: %s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  if (rank == 0) printf("executor hand-off per task: %.1f us\n", *out * 1e6);
+  return CLI_OK;
+}
+
 // Contention factors: a GEMM loop (~50 ms) on the compute stream beside a
 // chain of 1 MiB-per-rank all-to-alls (algorithm `mpi`) on the communication
 // stream, against each alone; medians over the repetitions, slowest rank.
@@ -527,7 +575,7 @@ done:
 // One all-to-all algorithm over sizes min..max (doubling), uniform counts.
 static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g,
                    const moe_a2a_algo *algo, unsigned char *sbuf, unsigned char *rbuf,
-                   moe_workspace *ws, moe_linear_fit *fit) {
+                   moe_workspace *ws, moe_linear_fit *fit, double (*points)[2], int *n_points) {
   const int P = g->size;
   double x[32], y[32], t[1000];
   int n = 0;
@@ -560,6 +608,13 @@ static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g
   }
   if (P == 1) {  // nothing leaves the rank: the time is a copy; fit it against the block size
     for (int i = 0; i < n; i++) x[i] = (double)(o->min_bytes << i);
+  }
+  *n_points = 0;
+  for (int i = 0; i < n && i < 24; i++) {
+    if (x[i] <= 0 || y[i] <= 0 || (i > 0 && x[i] <= x[i - 1])) continue;
+    points[*n_points][0] = x[i];
+    points[*n_points][1] = y[i];
+    (*n_points)++;
   }
   if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK || !(fit->beta > 0)) {
     if (rank == 0) {
@@ -723,7 +778,8 @@ int cmd_calibrate(int argc, char **argv) {
         if (moe_profile_a2a(&prof, algos[i].name) || prof.n_a2a >= MOE_PROFILE_MAX) continue;
         moe_named_fit *nf = &prof.a2a[prof.n_a2a];
         snprintf(nf->name, sizeof nf->name, "%s", algos[i].name);
-        rc = fit_a2a(ctx, &o, rank, &g, &algos[i], sbuf, rbuf, &ws, &nf->fit);
+        rc = fit_a2a(ctx, &o, rank, &g, &algos[i], sbuf, rbuf, &ws, &nf->fit,
+                     prof.a2a_points[prof.n_a2a], &prof.n_a2a_points[prof.n_a2a]);
         if (rc != CLI_OK) goto done;
         prof.n_a2a++;
       }
@@ -735,6 +791,7 @@ int cmd_calibrate(int argc, char **argv) {
     }
   }
   rc = measure_overlap(ctx, &o, rank, &g, sbuf, rbuf, &ws, &prof.slow_compute, &prof.slow_comm);
+  if (rc == CLI_OK) rc = measure_task_overhead(ctx, &o, rank, &prof.task_overhead);
   if (rc != CLI_OK) goto done;
   // compressors
   {

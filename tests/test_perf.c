@@ -497,6 +497,27 @@ static void test_profile(void) {
   TU_CHECK(moe_simulate_layer(g_ctx, &pp.cluster, &v, &r) == MOE_STATUS_OK &&
                close_rel(r.pass_ms[0], (2 * 3e-6 + 1.5e-6) * 1e3, 1e-9),
            "expert points forward pass %g ms", r.pass_ms[0]);
+  // measured all-to-all points (log-log): 2000 bytes between [1000, 10 us] and
+  // [4000, 40 us] -> 20 us; plus 1 us of executor overhead per task:
+  // 2 x 21 us + 0.28 + 1 us
+  moe_profile pa = p;
+  pa.n_a2a_points[0] = 2;
+  pa.a2a_points[0][0][0] = 1000;
+  pa.a2a_points[0][0][1] = 1e-5;
+  pa.a2a_points[0][1][0] = 4000;
+  pa.a2a_points[0][1][1] = 4e-5;
+  pa.task_overhead = 1e-6;
+  char *atext = NULL;
+  moe_profile aback;
+  TU_CHECK(moe_profile_to_json(g_ctx, &pa, &atext) == MOE_STATUS_OK &&
+               moe_profile_from_json(g_ctx, atext, &aback) == MOE_STATUS_OK &&
+               aback.n_a2a_points[0] == 2 && aback.task_overhead == 1e-6,
+           "a2a points round trip: %s", moe_ctx_error(g_ctx));
+  moe_free(atext);
+  v.profile = &pa;
+  TU_CHECK(moe_simulate_layer(g_ctx, &pa.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], (2 * 21e-6 + 1.28e-6) * 1e3, 1e-9),
+           "a2a points forward pass %g ms", r.pass_ms[0]);
   v.profile = &p;
   snprintf(v.a2a, sizeof v.a2a, "pipe");
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&

@@ -198,6 +198,14 @@ typedef struct {
   // (measured with the executor): each is this many times slower than alone;
   // 1 when absent. The simulator then uses moe_schedule_simulate_shared.
   double slow_compute, slow_comm;
+  // Optional measured all-to-all times: per algorithm (same order and names
+  // as a2a[]), up to 24 points (bytes sent per rank, seconds); when present
+  // the simulator interpolates them (log-log) instead of the alpha-beta line,
+  // whose intercept misstates small exchanges.
+  int n_a2a_points[MOE_PROFILE_MAX];
+  double a2a_points[MOE_PROFILE_MAX][24][2];
+  // Fixed cost per task of the executor (hand-off between the streams), s.
+  double task_overhead;
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -210,7 +218,8 @@ typedef struct {
 //    "decompress": FIT}, ...}, optionally "expert_fwd": FIT, "expert_bwd": FIT,
 //    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
 //    fwd_s, bwd_s], ...] (at most 32), and "overlap": {"compute_slowdown": x,
-//    "comm_slowdown": y} (each >= 1)}
+//    "comm_slowdown": y} (each >= 1), "a2a_points": {"mpi": [[bytes, s], ...]},
+//    "task_overhead_s": t}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a

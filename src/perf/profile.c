@@ -107,6 +107,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
   memset(&p, 0, sizeof p);
   p.slow_compute = p.slow_comm = 1.0;
   int have_version = 0, have_cluster = 0, have_gemm = 0, have_a2a = 0;
+  const cJSON *a2a_points = NULL;
   MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "profile: json and out must be set");
   MOE_TRY(moe_json_parse_object(ctx, json, "profile", &root));
   for (const cJSON *it = root->child; it; it = it->next) {
@@ -182,6 +183,14 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
                       p.slow_comm > 100.0,
                   MOE_STATUS_INVALID_ARG, "profile: overlap slowdowns (%g, %g) must be in [1, 100]",
                   p.slow_compute, p.slow_comm);
+    } else if (strcmp(k, "task_overhead_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &p.task_overhead));
+      MOE_FAIL_IF(ctx, !(p.task_overhead >= 0.0) || p.task_overhead > 1.0, MOE_STATUS_INVALID_ARG,
+                  "profile: task_overhead_s (%g) must be in [0, 1]", p.task_overhead);
+    } else if (strcmp(k, "a2a_points") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
+                  "profile: 'a2a_points' must be an object {algorithm: [[bytes, s], ...]}");
+      a2a_points = it;  // resolved after 'a2a' is known
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
       p.have_layer_fits |= 4;
@@ -189,7 +198,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
                "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
-               "overlap)",
+               "overlap, a2a_points, task_overhead_s)",
                k);
     }
   }
@@ -204,6 +213,33 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
   MOE_FAIL_IF(ctx, p.have_layer_fits != 0 && p.have_layer_fits != 7, MOE_STATUS_INVALID_ARG,
               "profile: expert_fwd, expert_bwd and outside come together (found only some)");
   p.have_layer_fits = p.have_layer_fits == 7;
+  for (const cJSON *al = a2a_points ? a2a_points->child : NULL; al; al = al->next) {
+    int idx = -1;
+    for (int i = 0; i < p.n_a2a; i++) {
+      if (strcmp(p.a2a[i].name, al->string) == 0) idx = i;
+    }
+    MOE_FAIL_IF(ctx, idx < 0, MOE_STATUS_INVALID_ARG,
+                "profile: a2a_points.%s has no model in 'a2a'", al->string);
+    const int np = cJSON_GetArraySize(al);
+    MOE_FAIL_IF(ctx, !cJSON_IsArray(al) || np < 1 || np > 24, MOE_STATUS_INVALID_ARG,
+                "profile: a2a_points.%s must be 1..24 points [bytes, s]", al->string);
+    int i = 0;
+    double last = 0;
+    for (const cJSON *e = al->child; e; e = e->next, i++) {
+      const cJSON *x = cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 ? e->child : NULL;
+      MOE_FAIL_IF(ctx,
+                  !x || !cJSON_IsNumber(x) || !cJSON_IsNumber(x->next) ||
+                      !(x->valuedouble > last) || !(x->next->valuedouble > 0) ||
+                      !isfinite(x->valuedouble) || !isfinite(x->next->valuedouble),
+                  MOE_STATUS_INVALID_ARG,
+                  "profile: a2a_points.%s[%d] must be [bytes, seconds], positive, bytes "
+                  "increasing",
+                  al->string, i);
+      p.a2a_points[idx][i][0] = last = x->valuedouble;
+      p.a2a_points[idx][i][1] = x->next->valuedouble;
+    }
+    p.n_a2a_points[idx] = np;
+  }
   *out = p;
 done:
   if (cluster_text) cJSON_free(cluster_text);
@@ -319,6 +355,28 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_fit(&b, &p->expert_bwd);
     sb_printf(&b, ",\n  \"outside\": ");
     sb_fit(&b, &p->outside);
+  }
+  if (p->task_overhead > 0) sb_printf(&b, ",\n  \"task_overhead_s\": %.6g", p->task_overhead);
+  {
+    int any = 0;
+    for (int i = 0; i < p->n_a2a; i++) any |= p->n_a2a_points[i] > 0;
+    if (any) {
+      sb_printf(&b, ",\n  \"a2a_points\": {");
+      int first = 1;
+      for (int i = 0; i < p->n_a2a; i++) {
+        if (p->n_a2a_points[i] == 0) continue;
+        sb_printf(&b, "%s\n    ", first ? "" : ",");
+        sb_string(&b, p->a2a[i].name);
+        sb_printf(&b, ": [");
+        for (int j = 0; j < p->n_a2a_points[i]; j++) {
+          sb_printf(&b, "%s[%.0f, %.6g]", j ? ", " : "", p->a2a_points[i][j][0],
+                    p->a2a_points[i][j][1]);
+        }
+        sb_printf(&b, "]");
+        first = 0;
+      }
+      sb_printf(&b, "\n  }");
+    }
   }
   if (p->slow_compute > 1.0 || p->slow_comm > 1.0) {
     sb_printf(&b, ",\n  \"overlap\": {\"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g}",

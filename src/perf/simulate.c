@@ -89,6 +89,26 @@ static double expert_point_time(const moe_profile *pf, int backward, double rows
   return per_flop * (backward ? 8.0 : 4.0) * rows * M * H;
 }
 
+// Seconds of an all-to-all sending `bytes` per rank from the profile's
+// measured points of that algorithm (log-log interpolation; below the first
+// point its time, above the last the last segment's slope), or -1 when the
+// profile has none.
+static double a2a_point_time(const moe_profile *pf, const char *algo, double bytes) {
+  for (int i = 0; i < pf->n_a2a; i++) {
+    if (strcmp(pf->a2a[i].name, algo) != 0 || pf->n_a2a_points[i] == 0) continue;
+    const int n = pf->n_a2a_points[i];
+    const double(*pt)[2] = pf->a2a_points[i];
+    if (bytes <= pt[0][0] || n == 1) return pt[0][1] * (n == 1 ? fmax(1.0, bytes / pt[0][0]) : 1.0);
+    for (int j = 1; j < n; j++) {
+      if (bytes <= pt[j][0] || j == n - 1) {
+        const double t = (log(bytes) - log(pt[j - 1][0])) / (log(pt[j][0]) - log(pt[j - 1][0]));
+        return exp(log(pt[j - 1][1]) + t * (log(pt[j][1]) - log(pt[j - 1][1])));
+      }
+    }
+  }
+  return -1.0;
+}
+
 // Everything one simulation needs, derived once.
 typedef struct {
   const moe_cluster *c;
@@ -181,7 +201,8 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
           for (int b = 0; b < D; b++) out_bytes += s->bytes[(size_t)a * D + b];
           worst = fmax(worst, out_bytes);
         }
-        dur[i] = worst > 0.0 ? fmax(0.0, moe_fit_eval(f, worst)) : 0.0;
+        const double tp = worst > 0.0 ? a2a_point_time(pf, s->v->a2a, worst) : 0.0;
+        dur[i] = worst > 0.0 ? (tp >= 0 ? tp : fmax(0.0, moe_fit_eval(f, worst))) : 0.0;
       } else {
         MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, &dur[i]));
       }
@@ -286,6 +307,9 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     MOE_TRY(moe_chunk_pass_build(ctx, algo, s.r, compressed, dir, NULL, NULL, &g, &sch, NULL));
     MOE_TRY(pass_durations(ctx, &s, &g, dir, dur));
     double makespan = 0.0;
+    if (v->profile && v->profile->task_overhead > 0) {
+      for (int i = 0; i < g.n_tasks; i++) dur[i] += v->profile->task_overhead;
+    }
     const double sc = v->profile && v->profile->slow_compute > 1.0 ? v->profile->slow_compute : 1.0;
     const double sm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
     MOE_TRY(moe_schedule_simulate_shared(ctx, &g, &sch, dur, sc, sm, end, &makespan));
