@@ -16,7 +16,7 @@
 typedef struct {
   moe_layer_config cfg;
   const char *cluster, *profile;
-  int cluster_set, devices, experts_set, list_clusters, group_size, compress_backward;
+  int cluster_set, a2a_set, devices, experts_set, list_clusters, group_size, compress_backward;
   double cgbs, dgbs;
   char a2as[SIM_MAX_LIST][32];
   int n_a2a;
@@ -63,7 +63,7 @@ static void simulate_usage(FILE *f) {
           "  --topk K               experts per token [2]\n"
           "  --capacity-factor F    capacity C = ceil(F*K*T/E) per device; <= 0 dropless [1.2]\n"
           "  --a2a LIST|all         all-to-all models: mpi, pairwise, grouped, pipe, 1dh, 2dh\n"
-          "                         [mpi,pipe]\n"
+          "                         [mpi,pipe; with --profile, the profile's algorithms]\n"
           "  --schedule LIST|all    %s [all]\n"
           "  --chunks LIST          chunks r, 1..64 [2]; sequential also runs at r=1 as the\n"
           "                         baseline; smart uses its peer groups\n"
@@ -149,6 +149,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
     } else if (cli_opt(&a, "--capacity-factor")) {
       cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
     } else if (cli_opt(&a, "--a2a")) {
+      o->a2a_set = 1;
       if (a.value) {
         parse_names(&a, "--a2a", a.value, "mpi,pairwise,grouped,pipe,1dh,2dh", &o->a2as[0][0], 32,
                     &o->n_a2a);
@@ -275,6 +276,12 @@ int cmd_simulate(int argc, char **argv) {
       goto done;
     }
     c = prof.cluster;
+    if (!o.a2a_set) {  // default: every algorithm the profile measured
+      o.n_a2a = 0;
+      for (int i = 0; i < prof.n_a2a && o.n_a2a < SIM_MAX_LIST; i++) {
+        snprintf(o.a2as[o.n_a2a++], sizeof o.a2as[0], "%s", prof.a2a[i].name);
+      }
+    }
   } else {
     rc = load_cluster(ctx, o.cluster, &c);
   }

@@ -6,6 +6,9 @@ set -u
 MOE=${1:?usage: cli_test.sh path/to/moe}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/bad_profile.json" <<'JSON'
+{"profile_version": 1, "colour": "blue"}
+JSON
 cat >"$tmp/bad_cluster.json" <<'JSON'
 {"name": "bad", "device": "d", "nodes": 0, "devices_per_node": 4, "gemm_tflops": 10,
  "intra": {"gbit_per_s": 96, "latency_us": 5}, "inter": {"gbit_per_s": 100, "latency_us": 5}}
@@ -180,6 +183,25 @@ expect 2 "--chunks: '0' must be an integer in \[1, 64\]" -- simulate --chunks 0
 expect 2 "experts \(33\) must be divisible by the devices \(32\)" -- simulate --experts 33
 expect 2 "algorithm 'nccl' is unknown" -- simulate --a2a nccl
 expect 2 "unknown option '--bogus'" -- simulate --bogus
+
+# moe calibrate (an MPI singleton) -> profile -> simulate --profile and bench layer auto
+if "$MOE" version | grep -q "mpi=yes"; then
+  expect 0 "--out FILE" -- calibrate --help
+  expect 2 "--out FILE is required" -- calibrate
+  expect 0 "wrote $tmp/prof.json" -- calibrate --out "$tmp/prof.json" --max-bytes 16384 \
+    --iters 1 --a2a mpi --compress none,int8
+  expect 0 "optsche +2 " -- simulate --profile "$tmp/prof.json" \
+    --tokens 64 --model 32 --hidden 64 --experts 2 --chunks 2
+  expect 2 "cannot be combined with --cluster" -- simulate --profile "$tmp/prof.json" \
+    --cluster lina-4x4-a100
+  expect 2 "profile: .*unknown key 'colour'" -- simulate --profile "$tmp/bad_profile.json"
+  expect 0 "plan \(config 1\): a2a mpi, compress none, .*predicted .* ms, best of [0-9]+ candidates" \
+    -- bench layer --tokens 64 --model 32 --hidden 64 --experts 2 --schedule auto --chunks auto \
+    --a2a auto --compress auto --profile "$tmp/prof.json" --iters 1 --warmup 0
+  expect 0 "<- planned" -- bench layer --tokens 64 --model 32 --hidden 64 --experts 2 \
+    --schedule auto --chunks auto --profile "$tmp/prof.json" --iters 1 --warmup 0
+  expect 2 "'auto' needs a calibrated profile" -- bench layer --schedule auto
+fi
 
 echo "cli_test: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]
