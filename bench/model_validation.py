@@ -11,11 +11,17 @@ variant, the measured total and the predicted one.
    the variant with the least predicted time, and whether its measured time is
    within 5% of the best measured variant.
 
-Standard library only.   usage: bench/model_validation.py GRID.json
+Standard library only.
+usage: bench/model_validation.py GRID.json [--profile PROFILE --moe PATH]
+  with --profile, the predictions are recomputed by `moe simulate --profile`
+  (for example with a profile calibrated after the grid ran)
 """
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 
 
 def fit(xs, ys):
@@ -33,11 +39,45 @@ def scores(pred, meas):
     return mape, 1.0 - ss_res / ss_tot
 
 
+def repredict(configs, profile, moe):
+    """Replaces predicted_ms with `moe simulate --profile` for every variant."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "sim.json")
+        for c in configs:
+            cfg = c["config"]
+            vs = c["variants"]
+            a2as = sorted({v["a2a"] for v in vs})
+            comps = sorted({v["compress"] for v in vs})
+            scheds = sorted({v["schedule"] for v in vs})
+            chunks = sorted({v["chunks_requested"] for v in vs})
+            cmd = [moe, "simulate", "--profile", profile, "--tokens", str(c["tokens_per_rank"]),
+                   "--model", str(cfg["model_dim"]), "--hidden", str(cfg["hidden_dim"]),
+                   "--experts", str(cfg["num_experts"]), "--topk", str(cfg["top_k"]),
+                   "--capacity-factor", repr(cfg["capacity_factor"]), "--a2a", ",".join(a2as),
+                   "--compress", ",".join(comps), "--schedule", ",".join(scheds),
+                   "--chunks", ",".join(str(r) for r in chunks), "--json", out]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            sim = json.load(open(out))["variants"]
+            for v in vs:
+                key = (v["a2a"], v["compress"], v["schedule"])
+                match = [s for s in sim if (s["a2a"], s["compress"], s["schedule"]) == key and
+                         (s["chunks"] == v["chunks"] or v["schedule"] == "smart")]
+                if not match:
+                    sys.exit("no prediction for %s" % (key,))
+                v["predicted_ms"] = match[0]["total_ms"]
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if not args or args[0].startswith("-"):
         sys.exit(__doc__)
-    d = json.load(open(sys.argv[1]))
+    d = json.load(open(args[0]))
     configs = d["configs"]
+    if "--profile" in args:
+        profile = args[args.index("--profile") + 1]
+        moe = args[args.index("--moe") + 1] if "--moe" in args else "build/moe"
+        repredict(configs, profile, moe)
+        print("predictions recomputed with %s" % profile)
     rows = []  # (config index, variant, predicted, measured)
     for i, c in enumerate(configs):
         for v in c["variants"]:
