@@ -616,12 +616,25 @@ static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g
     points[*n_points][1] = y[i];
     (*n_points)++;
   }
-  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK || !(fit->beta > 0)) {
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK) {
     if (rank == 0) {
       cli_error("all-to-all '%s': no usable fit (%s); widen --min-bytes/--max-bytes", algo->name,
                 moe_ctx_error(ctx));
     }
     return CLI_FAILED;
+  }
+  if (!(fit->beta > 0)) {
+    // Times that do not grow with the size (tiny sizes, noise): keep the
+    // measured points (the simulator interpolates them) and, for the line,
+    // the largest point's average cost per byte, without an intercept.
+    if (rank == 0) {
+      printf(
+          "a2a %-9s warning: times do not grow with the size (slope %g s/B); the line uses "
+          "the largest point's cost per byte, widen --max-bytes for a real fit\n",
+          algo->name, fit->beta);
+    }
+    fit->beta = y[n - 1] / x[n - 1];
+    fit->alpha = 0.0;
   }
   if (rank == 0) {
     printf("a2a %-9s %2d sizes, alpha %8.1f us, %8.3f GB/s sent per rank, R² %.4f\n", algo->name, n,

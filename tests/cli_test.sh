@@ -188,7 +188,7 @@ expect 2 "unknown option '--bogus'" -- simulate --bogus
 if "$MOE" version | grep -q "mpi=yes"; then
   expect 0 "--out FILE" -- calibrate --help
   expect 2 "--out FILE is required" -- calibrate
-  expect 0 "wrote $tmp/prof.json" -- calibrate --out "$tmp/prof.json" --max-bytes 16384 \
+  expect 0 "wrote $tmp/prof.json" -- calibrate --out "$tmp/prof.json" --max-bytes 262144 \
     --iters 1 --a2a mpi --compress none,int8
   expect 0 "optsche +2 " -- simulate --profile "$tmp/prof.json" \
     --tokens 64 --model 32 --hidden 64 --experts 2 --chunks 2
