@@ -67,6 +67,7 @@ void cli_bench_layer_ep_usage(FILE *f);    // the distributed benchmark's part
 int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
 int cmd_bench_compress(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
+int cmd_roofline(int argc, char **argv);   // simulate.c
 int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error without it
 
 #endif

@@ -22,6 +22,7 @@ static void usage(FILE *f) {
           "  calibrate        measure this cluster (under mpirun) and write a profile\n"
           "  simulate         predict the expert-parallel layer's time on a described cluster\n"
           "                   (the papers' testbeds are built in; no MPI needed)\n"
+          "  roofline         the DDL-roofline point of every variant (and a gnuplot plot)\n"
           "  help             print this help (also --help, -h)\n"
           "\n"
           "Run 'moe <command> --help' for the options of a command.\n"
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return cmd_version(argc, argv);
   if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
   if (strcmp(cmd, "simulate") == 0) return cmd_simulate(argc, argv);
+  if (strcmp(cmd, "roofline") == 0) return cmd_roofline(argc, argv);
   if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
   cli_error("unknown command '%s' (run 'moe --help' for the list)", cmd);
   return CLI_USAGE;

@@ -27,6 +27,8 @@ typedef struct {
   char comps[SIM_MAX_LIST][32];
   int n_comp;
   const char *json_path;
+  int roofline;           // moe roofline: the DDL-roofline point of every variant
+  const char *plot_path;  // roofline: gnuplot output (.png, .svg, else text)
 } sim_opts;
 
 typedef struct {
@@ -102,8 +104,29 @@ static int parse_names(cli_args *a, const char *opt, const char *text, const cha
   return *n;
 }
 
+static void roofline_usage(FILE *f) {
+  fprintf(f,
+          "usage: moe roofline [options]\n"
+          "\n"
+          "The DDL-roofline point (FasterMoE eq. 3-6) of the expert-parallel layer for every\n"
+          "variant, from the same simulation as 'moe simulate' (which documents the layer,\n"
+          "cluster and variant options; all of them apply here):\n"
+          "  R_CC = comp / comm (the passes' compute and communication task time),\n"
+          "  achieved = expert FLOPs / (devices x total time), ideal = peak x min(1, R_CC),\n"
+          "  semi-ideal = peak x R_CC / (R_CC + 1), each as a fraction of the device peak\n"
+          "  (the cluster's GEMM rate).\n"
+          "\n"
+          "extra option:\n"
+          "  --plot FILE            plot the points over the ideal and semi-ideal curves with\n"
+          "                         gnuplot (FILE.png or FILE.svg, else a text plot in FILE);\n"
+          "                         the data and script are written next to it as FILE.dat and\n"
+          "                         FILE.gp, and gnuplot is run when it is installed\n");
+}
+
 static int parse_sim(int argc, char **argv, sim_opts *o) {
+  const int roofline = o->roofline;
   memset(o, 0, sizeof *o);
+  o->roofline = roofline;
   moe_layer_config_default(&o->cfg);
   o->cfg.tokens = 4096;
   o->cfg.model_dim = 1024;
@@ -124,7 +147,11 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   cli_args_init(&a, argc, argv, 2);
   while (!cli_args_done(&a) && !a.bad) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
-      simulate_usage(stdout);
+      if (o->roofline) {
+        roofline_usage(stdout);
+      } else {
+        simulate_usage(stdout);
+      }
       exit(CLI_OK);
     } else if (cli_flag(&a, "--list-clusters")) {
       o->list_clusters = 1;
@@ -187,6 +214,8 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       }
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (o->roofline && cli_opt(&a, "--plot")) {
+      o->plot_path = a.value;
     } else {
       cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -239,8 +268,84 @@ static int write_json(const char *path, const sim_opts *o, const moe_cluster *c,
   return cli_out_commit(&out);
 }
 
-int cmd_simulate(int argc, char **argv) {
+// The roofline point of one simulated variant (per device).
+static void roofline_of(const moe_cluster *c, const moe_layer_config *cfg, const sim_row *r,
+                        moe_roofline *out) {
+  const int D = moe_cluster_devices(c);
+  const double T = cfg->tokens, K = cfg->top_k, E = cfg->num_experts;
+  const int cap = moe_layer_capacity(cfg, cfg->tokens);
+  double n_block = K * T / E;
+  if (cap >= 0 && n_block > cap) n_block = cap;
+  // every device computes E n_block rows (its E / D experts, n_block rows
+  // from each of D devices), 12 M H FLOPs each over forward and backward
+  const double flops = (double)D * 12.0 * E * n_block * cfg->model_dim * cfg->hidden_dim;
+  const moe_pass_breakdown *b = r->r.breakdown;
+  const double comp = (double)(b[0].compute_ns + b[1].compute_ns) * 1e-9;
+  const double comm = (double)(b[0].comm_ns + b[1].comm_ns) * 1e-9;
+  memset(out, 0, sizeof *out);
+  moe_roofline_point(NULL, c->gemm_tflops * 1e12, flops, D, comp > 0 ? comp : 1e-12,
+                     comm > 0 ? comm : 1e-12, r->r.total_ms * 1e-3, out);
+}
+
+// Writes FILE.dat and FILE.gp and runs gnuplot when it is installed.
+static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer_config *cfg,
+                         const sim_row *rows, int n) {
+  char dat[4096], gp[4096];
+  snprintf(dat, sizeof dat, "%s.dat", path);
+  snprintf(gp, sizeof gp, "%s.gp", path);
+  FILE *f = fopen(dat, "w");
+  if (!f) {
+    cli_error("--plot: cannot write '%s'", dat);
+    return CLI_FAILED;
+  }
+  fprintf(f, "# R_CC achieved/peak label\n");
+  for (int i = 0; i < n; i++) {
+    moe_roofline p;
+    roofline_of(c, cfg, &rows[i], &p);
+    fprintf(f, "%.6g %.6g \"%s/%s r=%d\"\n", p.r_cc, p.achieved_flops / p.peak_flops,
+            rows[i].schedule, rows[i].a2a, rows[i].r.chunks);
+  }
+  fclose(f);
+  const size_t len = strlen(path);
+  const char *term = len > 4 && strcmp(path + len - 4, ".png") == 0   ? "pngcairo size 900,600"
+                     : len > 4 && strcmp(path + len - 4, ".svg") == 0 ? "svg size 900,600"
+                                                                      : "dumb size 100,30";
+  f = fopen(gp, "w");
+  if (!f) {
+    cli_error("--plot: cannot write '%s'", gp);
+    return CLI_FAILED;
+  }
+  fprintf(f,
+          "set terminal %s\nset output '%s'\nset logscale x\nset xlabel 'R_{CC} = comp / comm'\n"
+          "set ylabel 'FLOP/s per device / peak'\nset yrange [0:1.05]\nset key top left\n"
+          "set title 'DDL-roofline, %s'\n"
+          "plot [0.01:100] (x < 1 ? x : 1) title 'ideal', x / (x + 1) title 'semi-ideal', "
+          "'%s' using 1:2 with points pt 7 title 'variants', '%s' using 1:2:3 with labels "
+          "offset 1,0.5 font ',7' notitle\n",
+          term, path, c->name, dat, dat);
+  fclose(f);
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    printf("gnuplot is not installed: wrote %s and %s (run 'gnuplot %s')\n", dat, gp, gp);
+    return CLI_OK;
+  }
+  char cmd[8300];
+  snprintf(cmd, sizeof cmd, "gnuplot '%s'", gp);
+  if (system(cmd) != 0) {
+    cli_error("--plot: gnuplot failed on '%s'", gp);
+    return CLI_FAILED;
+  }
+  printf("plotted %s (data %s, script %s)\n", path, dat, gp);
+  return CLI_OK;
+}
+
+static int simulate_main(int argc, char **argv, int roofline);
+
+int cmd_simulate(int argc, char **argv) { return simulate_main(argc, argv, 0); }
+int cmd_roofline(int argc, char **argv) { return simulate_main(argc, argv, 1); }
+
+static int simulate_main(int argc, char **argv, int roofline) {
   sim_opts o;
+  o.roofline = roofline;
   int rc = parse_sim(argc, argv, &o);
   if (rc != CLI_OK) return rc;
   if (o.list_clusters) {
@@ -389,6 +494,24 @@ int cmd_simulate(int argc, char **argv) {
            r->speedup, (double)(b[0].comm_ns + b[1].comm_ns) / 1e6,
            (double)(b[0].compute_ns + b[1].compute_ns) / 1e6,
            (double)(b[0].exposed_comm_ns + b[1].exposed_comm_ns) / 1e6);
+  }
+  if (o.roofline) {
+    printf("\nDDL-roofline (FasterMoE eq. 3-6), per device, fractions of the peak %.1f TFLOP/s:\n",
+           c.gemm_tflops);
+    printf("%-8s %-8s %-10s %3s %8s %9s %9s %9s %14s\n", "a2a", "compress", "schedule", "r", "R_CC",
+           "achieved", "ideal", "semi", "achieved/ideal");
+    for (int i = 0; i < n; i++) {
+      moe_roofline p;
+      roofline_of(&c, &o.cfg, &rows[i], &p);
+      printf("%-8s %-8s %-10s %3d %8.3f %9.3f %9.3f %9.3f %14.3f\n", rows[i].a2a, rows[i].compress,
+             rows[i].schedule, rows[i].r.chunks, p.r_cc, p.achieved_flops / p.peak_flops,
+             p.ideal_flops / p.peak_flops, p.semi_flops / p.peak_flops,
+             p.achieved_flops / p.ideal_flops);
+    }
+    if (o.plot_path) {
+      const int prc = plot_roofline(o.plot_path, &c, &o.cfg, rows, n);
+      if (prc != CLI_OK) rc = prc;
+    }
   }
   printf("\n%d variants simulated in %.1f ms\n", n, sim_ms);
   if (o.json_path) {

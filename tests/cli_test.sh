@@ -183,6 +183,13 @@ expect 2 "--chunks: '0' must be an integer in \[1, 64\]" -- simulate --chunks 0
 expect 2 "experts \(33\) must be divisible by the devices \(32\)" -- simulate --experts 33
 expect 2 "algorithm 'nccl' is unknown" -- simulate --a2a nccl
 expect 2 "unknown option '--bogus'" -- simulate --bogus
+# moe roofline: sequential sits on the semi-ideal curve (no overlap), a text plot
+expect 0 "--plot FILE" -- roofline --help
+expect 0 "sequential +1 +[0-9.]+ +(0\.[0-9]+) +[0-9.]+ +\1 " -- roofline --a2a mpi \
+  --schedule sequential
+expect 0 "plotted|gnuplot is not installed" -- roofline --a2a mpi --schedule optsche \
+  --plot "$tmp/roof.txt"
+expect 2 "unknown option '--plot'" -- simulate --plot "$tmp/x.txt"
 
 # moe calibrate (an MPI singleton) -> profile -> simulate --profile and bench layer auto
 if "$MOE" version | grep -q "mpi=yes"; then
