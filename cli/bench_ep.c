@@ -1048,6 +1048,16 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     }
     moe_free(node_of);
   }
+  if (o.profile_path && o.profile.cluster.nodes != nodes) {
+    if (rank == 0) {
+      cli_error(
+          "--profile '%s' was calibrated on %d node(s); this run has %d (--ranks-per-node "
+          "must match the calibration's)",
+          o.profile.name, o.profile.cluster.nodes, nodes);
+    }
+    rc = CLI_USAGE;
+    goto done;
+  }
   moe_blas_set_threads(o.threads);
 
   // The configs.

@@ -161,8 +161,8 @@ static int fit_gemm(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *f
   moe_free(a);
   moe_free(b);
   moe_free(c);
-  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK) {
-    if (rank == 0) cli_error("GEMM fit: %s", moe_ctx_error(ctx));
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK || !(fit->beta > 0)) {
+    if (rank == 0) cli_error("GEMM fit: no usable fit (slope %g s/FLOP)", fit->beta);
     return CLI_FAILED;
   }
   if (rank == 0) {
@@ -244,7 +244,8 @@ static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit 
     wt[i] = (double)mh[i / 4][0] * mh[i / 4][1];  // weight elements read per call (M H)
   }
   if (moe_fit_linear2(ctx, x, wt, yf, n, ffit) != MOE_STATUS_OK ||
-      moe_fit_linear2(ctx, xb, wt, yb, n, bfit) != MOE_STATUS_OK) {
+      moe_fit_linear2(ctx, xb, wt, yb, n, bfit) != MOE_STATUS_OK || !(ffit->beta > 0) ||
+      !(bfit->beta > 0)) {
     if (rank == 0) cli_error("expert fit: %s", moe_ctx_error(ctx));
     rc = CLI_FAILED;
     goto done;
@@ -530,7 +531,11 @@ static int measure_overlap(moe_ctx *ctx, const cal_opts *o, int rank, const moe_
   for (int r = 0; r < reps && rc == CLI_OK; r++) {
     double c = 0, a = 0;
     MPI_Barrier(MPI_COMM_WORLD);
-    if (overlap_pass(ctx, ex, &arg, 0, 8, &c, &a) != MOE_STATUS_OK) rc = CLI_FAILED;
+    if (overlap_pass(ctx, ex, &arg, 0, 8, &c, &a) != MOE_STATUS_OK) {
+      // peers may be inside the failed exchange: no collective can follow
+      cli_error("rank %d: contention measurement: %s", rank, moe_ctx_error(ctx));
+      MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+    }
     a2a_alone[r] = a;
     const uint64_t t0 = moe_time_ns();
     ov_compute(&arg, ctx);
@@ -541,8 +546,9 @@ static int measure_overlap(moe_ctx *ctx, const cal_opts *o, int rank, const moe_
     MPI_Allreduce(MPI_IN_PLACE, &k, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     n_a2a = k;
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rc == CLI_OK && overlap_pass(ctx, ex, &arg, 1, n_a2a, &c, &a) != MOE_STATUS_OK) {
-      rc = CLI_FAILED;
+    if (overlap_pass(ctx, ex, &arg, 1, n_a2a, &c, &a) != MOE_STATUS_OK) {
+      cli_error("rank %d: contention measurement: %s", rank, moe_ctx_error(ctx));
+      MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
     }
     comp_both[r] = c;
     a2a_both[r] = a;
@@ -556,6 +562,10 @@ static int measure_overlap(moe_ctx *ctx, const cal_opts *o, int rank, const moe_
     const double aa = slowest_median(a2a_alone, reps), ab = slowest_median(a2a_both, reps);
     *slow_comp = ca > 0 && cb > ca ? cb / ca : 1.0;
     *slow_comm = aa > 0 && ab > aa ? ab / aa : 1.0;
+    // the profile format caps them at 100 (beyond that the streams are
+    // effectively serialized)
+    if (*slow_comp > 100.0) *slow_comp = 100.0;
+    if (*slow_comm > 100.0) *slow_comm = 100.0;
     if (rank == 0) {
       printf(
           "contention (executor: %d GEMMs beside %d all-to-alls of 1 MiB per rank): compute "
@@ -580,7 +590,10 @@ static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g
   double x[32], y[32], t[1000];
   int n = 0;
   size_t *sc = moe_malloc(4 * (size_t)P * sizeof(size_t));
-  if (!sc) return CLI_FAILED;
+  if (!sc) {  // the others would wait in the exchanges below
+    cli_error("rank %d: out of memory", rank);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
   size_t *sd = sc + P, *rc = sd + P, *rd = rc + P;
   moe_status st = MOE_STATUS_OK;
   for (long long S = o->min_bytes; S <= o->max_bytes && n < 32; S *= 2) {
@@ -777,6 +790,12 @@ int cmd_calibrate(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", o.a2a);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
+      const moe_a2a_algo *known = NULL;
+      if (strcmp(tok, "all") != 0 && moe_a2a_find(ctx, tok, &known) != MOE_STATUS_OK) {
+        if (rank == 0) cli_error("--a2a: %s (or all)", moe_ctx_error(ctx));
+        rc = CLI_USAGE;
+        goto done;
+      }
       for (int i = 0; i < na; i++) {
         const int all = strcmp(tok, "all") == 0;
         if (!all && strcmp(tok, algos[i].name) != 0) continue;
@@ -798,7 +817,7 @@ int cmd_calibrate(int argc, char **argv) {
       }
     }
     if (prof.n_a2a == 0) {
-      if (rank == 0) cli_error("--a2a '%s' names no algorithm (valid: all, mpi, ...)", o.a2a);
+      if (rank == 0) cli_error("--a2a '%s' leaves no algorithm that runs on this layout", o.a2a);
       rc = CLI_USAGE;
       goto done;
     }

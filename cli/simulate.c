@@ -16,7 +16,8 @@
 typedef struct {
   moe_layer_config cfg;
   const char *cluster, *profile;
-  int cluster_set, a2a_set, devices, experts_set, list_clusters, group_size, compress_backward;
+  int cluster_set, a2a_set, a2a_all, sched_set, devices, experts_set, list_clusters, group_size,
+      compress_backward;
   double cgbs, dgbs;
   char a2as[SIM_MAX_LIST][32];
   int n_a2a;
@@ -177,17 +178,21 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
     } else if (cli_opt(&a, "--a2a")) {
       o->a2a_set = 1;
+      o->a2a_all = a.value && strcmp(a.value, "all") == 0;
       if (a.value) {
         parse_names(&a, "--a2a", a.value, "mpi,pairwise,grouped,pipe,1dh,2dh", &o->a2as[0][0], 32,
                     &o->n_a2a);
       }
     } else if (cli_opt(&a, "--schedule")) {
       if (a.value) {
+        o->sched_set = strcmp(a.value, "all") != 0;
         parse_names(&a, "--schedule", a.value, moe_schedule_algo_names(), &o->scheds[0][0], 16,
                     &o->n_sched);
       }
     } else if (cli_opt(&a, "--compress")) {
-      if (a.value) parse_names(&a, "--compress", a.value, "none", &o->comps[0][0], 32, &o->n_comp);
+      if (a.value)
+        parse_names(&a, "--compress", a.value, "none,fp16,bf16,int8,zfp:8", &o->comps[0][0], 32,
+                    &o->n_comp);
     } else if (cli_opt(&a, "--chunks")) {
       char items[SIM_MAX_LIST][16];
       if (a.value && parse_names(&a, "--chunks", a.value, "", &items[0][0], 16, &o->n_chunks)) {
@@ -243,12 +248,18 @@ static int write_json(const char *path, const sim_opts *o, const moe_cluster *c,
   cli_out out;
   if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
   FILE *f = out.f;
+  char safe_name[sizeof c->name];  // the name without characters JSON would need escaped
+  size_t k = 0;
+  for (const char *q = c->name; *q && k + 1 < sizeof safe_name; q++) {
+    if (*q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) safe_name[k++] = *q;
+  }
+  safe_name[k] = '\0';
   char cfg[1024];
   if (moe_layer_config_to_json(NULL, &o->cfg, cfg, sizeof cfg) != MOE_STATUS_OK) cfg[0] = 0;
   fprintf(f,
           "{\"tool\": \"moe simulate\", \"cluster\": \"%s\", \"nodes\": %d, "
           "\"devices_per_node\": %d, \"layer\": %s, \"compress_backward\": %s,\n \"variants\": [\n",
-          c->name, c->nodes, c->devices_per_node, cfg[0] ? cfg : "null",
+          safe_name, c->nodes, c->devices_per_node, cfg[0] ? cfg : "null",
           o->compress_backward ? "true" : "false");
   for (int i = 0; i < n; i++) {
     const sim_row *r = &rows[i];
@@ -291,6 +302,10 @@ static void roofline_of(const moe_cluster *c, const moe_layer_config *cfg, const
 static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer_config *cfg,
                          const sim_row *rows, int n) {
   char dat[4096], gp[4096];
+  if (strpbrk(path, "'\"\\\n") || strlen(path) > 4000) {
+    cli_error("--plot '%s': the path may not contain quotes, backslashes or newlines", path);
+    return CLI_USAGE;
+  }
   snprintf(dat, sizeof dat, "%s.dat", path);
   snprintf(gp, sizeof gp, "%s.gp", path);
   FILE *f = fopen(dat, "w");
@@ -356,7 +371,7 @@ static int simulate_main(int argc, char **argv, int roofline) {
     for (int i = 0; i < moe_cluster_builtin_count(); i++) {
       moe_cluster c;
       if (moe_cluster_builtin(ctx, moe_cluster_builtin_name(i), &c) != MOE_STATUS_OK) continue;
-      printf("%-26s %6d %5d %-18.18s %9.1f %10.0f %10.0f\n", c.name, c.nodes, c.devices_per_node,
+      printf("%-26s %6d %5d %-18.18s %9.2f %10.0f %10.0f\n", c.name, c.nodes, c.devices_per_node,
              c.device, c.gemm_tflops, c.intra.gbit_per_s, c.inter.gbit_per_s * c.nics_per_node);
     }
     moe_ctx_destroy(ctx);
@@ -381,7 +396,7 @@ static int simulate_main(int argc, char **argv, int roofline) {
       goto done;
     }
     c = prof.cluster;
-    if (!o.a2a_set) {  // default: every algorithm the profile measured
+    if (!o.a2a_set || o.a2a_all) {  // default and "all": the algorithms the profile measured
       o.n_a2a = 0;
       for (int i = 0; i < prof.n_a2a && o.n_a2a < SIM_MAX_LIST; i++) {
         snprintf(o.a2as[o.n_a2a++], sizeof o.a2as[0], "%s", prof.a2a[i].name);
@@ -450,6 +465,11 @@ static int simulate_main(int argc, char **argv, int roofline) {
           row->schedule = al->name;
           row->chunks_req = r;
           const moe_status st = moe_simulate_layer(ctx, &c, &v, &row->r);
+          if (st != MOE_STATUS_OK && !o.sched_set &&
+              al->chunking == MOE_CHUNK_PEER_GROUPS) {  // "all" skips what cannot run here
+            printf("note: skipping %s: %s\n", al->name, moe_ctx_error(ctx));
+            continue;
+          }
           if (st != MOE_STATUS_OK) {
             cli_error("%s", moe_ctx_error(ctx));
             rc = st == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
@@ -515,8 +535,9 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   printf("\n%d variants simulated in %.1f ms\n", n, sim_ms);
   if (o.json_path) {
-    rc = write_json(o.json_path, &o, &c, rows, n);
-    if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
+    const int jrc = write_json(o.json_path, &o, &c, rows, n);
+    if (jrc != CLI_OK) rc = jrc;
+    if (jrc == CLI_OK) printf("wrote %s\n", o.json_path);
   }
 done:
   free(rows);

@@ -518,6 +518,58 @@ static void test_profile(void) {
   TU_CHECK(moe_simulate_layer(g_ctx, &pa.cluster, &v, &r) == MOE_STATUS_OK &&
                close_rel(r.pass_ms[0], (2 * 21e-6 + 1.28e-6) * 1e3, 1e-9),
            "a2a points forward pass %g ms", r.pass_ms[0]);
+  // review regressions: a noisy point that makes a larger exchange look
+  // faster must not make predicted times fall with the size; gamma survives a
+  // round trip; a negative GEMM intercept cannot make time negative; a
+  // compressor the profile lacks is an error
+  moe_profile pn = p;
+  pn.n_a2a_points[0] = 3;
+  const double noisy[3][2] = {{2048, 2.9e-6}, {4096, 6.3e-6}, {8192, 4.7e-6}};
+  memcpy(pn.a2a_points[0], noisy, sizeof noisy);
+  pn.gemm.alpha = -2e-4;
+  pn.have_layer_fits = 1;
+  pn.expert_fwd = (moe_linear_fit){1e-6, 1e-11, 0.99, 0.0, 12, 2e-9};
+  pn.expert_bwd = (moe_linear_fit){1e-6, 1e-11, 0.99, 0.0, 12, 0.0};
+  pn.outside = (moe_linear_fit){0.0, 1e-9, 0.99, 0.0, 8, 0.0};
+  double prev = 0.0;
+  int monotone = 1;
+  for (int tok = 8; tok <= 32768; tok *= 4) {
+    v.cfg.tokens = tok;
+    v.profile = &pn;
+    snprintf(v.compress, sizeof v.compress, "none");
+    if (moe_simulate_layer(g_ctx, &pn.cluster, &v, &r) != MOE_STATUS_OK) monotone = 0;
+    const double comm = (double)r.breakdown[0].comm_ns;
+    monotone &= comm >= prev && r.outside_ms >= 0.0;
+    prev = comm;
+  }
+  TU_CHECK(monotone, "forward communication must grow with the tokens, outside time >= 0: %s",
+           moe_ctx_error(g_ctx));
+  v.cfg.tokens = 100;
+  char *gtext = NULL;
+  moe_profile gback;
+  TU_CHECK(moe_profile_to_json(g_ctx, &pn, &gtext) == MOE_STATUS_OK &&
+               moe_profile_from_json(g_ctx, gtext, &gback) == MOE_STATUS_OK &&
+               gback.expert_fwd.gamma == 2e-9,
+           "gamma round trip: %s", moe_ctx_error(g_ctx));
+  moe_free(gtext);
+  snprintf(v.compress, sizeof v.compress, "bf16");
+  TU_CHECK(moe_simulate_layer(g_ctx, &pn.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "no model for compressor 'bf16'"),
+           "missing codec: %s", moe_ctx_error(g_ctx));
+  snprintf(v.compress, sizeof v.compress, "none");
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": -1e999, \"points\": 2}, "
+           "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG, "infinite r2 refused");
+  snprintf(buf, sizeof buf,
+           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
+           "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}, "
+           "\"a2a_points\": {\"mpi\": [[1, 1]], \"mpi\": [[2, 2]]}}",
+           head);
+  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "twice"),
+           "duplicate a2a_points refused: %s", moe_ctx_error(g_ctx));
   v.profile = &p;
   snprintf(v.a2a, sizeof v.a2a, "pipe");
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&

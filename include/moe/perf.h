@@ -250,8 +250,10 @@ typedef struct {
   int group_size;                       // smart's peer group size; 0 = devices per node
   double compress_gbs, decompress_gbs;  // codec throughput; 0 = moe_codec_rate_default
   // Measured models (moe calibrate) instead of the description's: all-to-all
-  // by its fitted alpha-beta on the bytes the busiest device sends, experts by
-  // the GEMM fit (alpha per GEMM), codecs by their fits. NULL: the models.
+  // by its measured points (else its alpha-beta) on the bytes the busiest
+  // device sends, experts by the measured expert points (else the fits),
+  // codecs by their fits (a compressor the profile lacks is an error), plus
+  // contention and the per-task overhead. NULL: the description's models.
   const moe_profile *profile;
 } moe_sim_variant;
 
@@ -266,7 +268,8 @@ typedef struct {
 } moe_sim_result;
 
 // Runs the variant's forward and backward task graphs (moe_chunk_pass_build,
-// the same graphs the layer runs) through moe_schedule_simulate with modelled
+// the same graphs the layer runs) through moe_schedule_simulate_shared
+// (contention factors from the profile, else none) with modelled
 // durations: A tasks by moe_model_a2a_algo_s on the chunk's traffic, E tasks by
 // eq. 1 on the chunk's rows (2 GEMMs forward, 4 backward), C and D tasks by
 // the codec throughput, on the slowest device. INVALID_ARG for a config the

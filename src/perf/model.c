@@ -35,6 +35,7 @@ moe_status moe_model_alltoall_s(moe_ctx *ctx, const moe_cluster *c, const double
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !c || !bytes || !out, MOE_STATUS_INVALID_ARG,
               "link model: cluster, bytes and out must not be NULL");
+  MOE_TRY(moe_cluster_validate(ctx, c));
   const int D = moe_cluster_devices(c), G = c->devices_per_node, N = c->nodes;
   // Loads are accumulated link by link without a D-sized scratch: every link's
   // load is a row or column sum over a block of the matrix.

@@ -53,8 +53,13 @@ static moe_status parse_fit(moe_ctx *ctx, const cJSON *obj, const char *where, m
   MOE_FAIL_IF(
       ctx, !isfinite(f->alpha) || !(f->beta > 0.0) || !isfinite(f->beta), MOE_STATUS_INVALID_ARG,
       "profile: '%s' needs a finite alpha_s and beta_s > 0 (got %g, %g)", where, f->alpha, f->beta);
-  MOE_FAIL_IF(ctx, !(f->r2 <= 1.0) || f->n < 2, MOE_STATUS_INVALID_ARG,
-              "profile: '%s' needs r2 <= 1 and points >= 2 (got %g, %d)", where, f->r2, f->n);
+  MOE_FAIL_IF(
+      ctx,
+      !(f->r2 <= 1.0) || !isfinite(f->r2) || f->n < 2 || !(f->rmse >= 0.0) || !isfinite(f->rmse),
+      MOE_STATUS_INVALID_ARG,
+      "profile: '%s' needs a finite r2 <= 1, points >= 2 and a finite rmse_s >= 0 (got "
+      "%g, %d, %g)",
+      where, f->r2, f->n, f->rmse);
 done:
   return st;
 }
@@ -220,6 +225,8 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
     }
     MOE_FAIL_IF(ctx, idx < 0, MOE_STATUS_INVALID_ARG,
                 "profile: a2a_points.%s has no model in 'a2a'", al->string);
+    MOE_FAIL_IF(ctx, p.n_a2a_points[idx] != 0, MOE_STATUS_INVALID_ARG,
+                "profile: key 'a2a_points.%s' appears twice", al->string);
     const int np = cJSON_GetArraySize(al);
     MOE_FAIL_IF(ctx, !cJSON_IsArray(al) || np < 1 || np > 24, MOE_STATUS_INVALID_ARG,
                 "profile: a2a_points.%s must be 1..24 points [bytes, s]", al->string);
@@ -302,9 +309,9 @@ sb_printf(strbuf *b, const char *fmt, ...) {
 }
 
 static void sb_fit(strbuf *b, const moe_linear_fit *f) {
-  sb_printf(b,
-            "{\"alpha_s\": %.9g, \"beta_s\": %.9g, \"r2\": %.6f, \"points\": %d, \"rmse_s\": %.6g}",
-            f->alpha, f->beta, f->r2, f->n, f->rmse);
+  sb_printf(b, "{\"alpha_s\": %.9g, \"beta_s\": %.9g, ", f->alpha, f->beta);
+  if (f->gamma != 0.0) sb_printf(b, "\"gamma_s\": %.9g, ", f->gamma);
+  sb_printf(b, "\"r2\": %.6f, \"points\": %d, \"rmse_s\": %.6g}", f->r2, f->n, f->rmse);
 }
 
 // A JSON string literal of s (the descriptions hold plain text; quotes and

@@ -19,8 +19,9 @@
 // times come from its fitted alpha-beta models instead, and when the profile
 // has them, the expert steps and the work outside the passes from their own
 // fits (the outside time is split 1:2 between forward and backward).
-// Not modelled: dispatch, combine and softmax (memory-bound, small next to
-// the GEMMs), per-task launch overheads, slowdown of overlapping tasks.
+// Not modelled from a description: dispatch, combine and softmax
+// (memory-bound, small next to the GEMMs), per-task overheads, slowdown of
+// overlapping tasks; a calibrated profile supplies all three.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -90,21 +91,27 @@ static double expert_point_time(const moe_profile *pf, int backward, double rows
 }
 
 // Seconds of an all-to-all sending `bytes` per rank from the profile's
-// measured points of that algorithm (log-log interpolation; below the first
-// point its time, above the last the last segment's slope), or -1 when the
-// profile has none.
+// measured points of that algorithm (log-log interpolation of the running
+// maximum of the times), or -1 when the profile has none.
 static double a2a_point_time(const moe_profile *pf, const char *algo, double bytes) {
   for (int i = 0; i < pf->n_a2a; i++) {
     if (strcmp(pf->a2a[i].name, algo) != 0 || pf->n_a2a_points[i] == 0) continue;
     const int n = pf->n_a2a_points[i];
     const double(*pt)[2] = pf->a2a_points[i];
-    if (bytes <= pt[0][0] || n == 1) return pt[0][1] * (n == 1 ? fmax(1.0, bytes / pt[0][0]) : 1.0);
+    // times made non-decreasing in the size (noise can make a larger
+    // exchange look faster); below the first point its time; above the last
+    // the last time plus the fitted per-byte cost
+    double prev_t = pt[0][1];
+    if (bytes <= pt[0][0]) return prev_t;
     for (int j = 1; j < n; j++) {
-      if (bytes <= pt[j][0] || j == n - 1) {
+      const double tj = fmax(pt[j][1], prev_t);
+      if (bytes <= pt[j][0]) {
         const double t = (log(bytes) - log(pt[j - 1][0])) / (log(pt[j][0]) - log(pt[j - 1][0]));
-        return exp(log(pt[j - 1][1]) + t * (log(pt[j][1]) - log(pt[j - 1][1])));
+        return exp(log(prev_t) + t * (log(tj) - log(prev_t)));
       }
+      prev_t = tj;
     }
+    return prev_t + pf->a2a[i].fit.beta * (bytes - pt[n - 1][0]);
   }
   return -1.0;
 }
@@ -229,7 +236,11 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       const int token_side = (nm[0] == 'C') == (nm[1] == '1');
       const double bytes = (token_side ? max_send : max_recv) * M * 4.0;
       const moe_linear_fit *fc = NULL, *fd = NULL;
-      if (pf && moe_profile_codec(pf, s->comp.name, &fc, &fd)) {
+      MOE_FAIL_IF(ctx, pf && !moe_profile_codec(pf, s->comp.name, &fc, &fd), MOE_STATUS_INVALID_ARG,
+                  "simulate: the profile '%s' has no model for compressor '%s' (calibrate it "
+                  "with moe calibrate --compress %s)",
+                  pf->name, s->comp.name, s->comp.name);
+      if (pf) {
         dur[i] = bytes > 0 ? fmax(0.0, moe_fit_eval(nm[0] == 'C' ? fc : fd, bytes)) : 0.0;
       } else {
         dur[i] = bytes / ((nm[0] == 'C' ? cgbs : dgbs) * 1e9);
@@ -356,7 +367,8 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
         for (int b = 0; b < s.D; b++) sent += s.bytes[(size_t)a * s.D + b];
         worst = fmax(worst, sent);
       }
-      t = worst > 0 ? fmax(0.0, moe_fit_eval(f, worst)) : 0.0;
+      const double tp = worst > 0 ? a2a_point_time(v->profile, v->a2a, worst) : 0.0;
+      t = worst > 0 ? (tp >= 0 ? tp : fmax(0.0, moe_fit_eval(f, worst))) : 0.0;
       out->expert_ms = fmax(0.0, moe_fit_eval(&v->profile->gemm, expert_flops)) * 1e3;
     } else {
       MOE_TRY(moe_model_a2a_algo_s(ctx, c, v->a2a, s.bytes, &t));
@@ -367,7 +379,7 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     s.groups = saved_groups;
   }
   const double gate_flops = 2.0 * T * cfg->model_dim * E;
-  const double gate_fwd_ms = (v->profile ? moe_fit_eval(&v->profile->gemm, gate_flops)
+  const double gate_fwd_ms = (v->profile ? fmax(0.0, moe_fit_eval(&v->profile->gemm, gate_flops))
                                          : gate_flops / (c->gemm_tflops * 1e12)) *
                              1e3;
   out->outside_ms = 3.0 * gate_fwd_ms;
