@@ -102,6 +102,16 @@ def main():
               "(measured = %.2f ms + %.3f x predicted, fitted on the %s half) MAPE %.1f%% "
               "R^2 %.3f" % ("odd" if test else "even", len(te), mape_raw, r2_raw, a, b,
                             "even" if train == 0 else "odd", mape_c, r2_c))
+    # bias by variant kind
+    by = {}
+    for r in rows:
+        v = r[1]
+        by.setdefault((v["a2a"], v["schedule"], v["chunks"]), []).append((r[2] - r[3]) / r[3])
+    print("\nsigned error by variant (predicted / measured - 1): mean and spread over configs")
+    for k in sorted(by):
+        e = by[k]
+        print("  %-6s %-10s r=%d  %+6.1f%%  sd %5.1f%%" % (k[0], k[1], k[2], 100 * statistics.fmean(e),
+                                                        100 * statistics.pstdev(e)))
     # the planner over the measured (lossless) variants
     within = 0
     n = 0

@@ -470,6 +470,46 @@ static int measure_task_overhead(moe_ctx *ctx, const cal_opts *o, int rank, doub
   return CLI_OK;
 }
 
+// A small collective over the world (8-double allreduce) and one rank's
+// memory copy bandwidth (32 MiB memcpy), medians, slowest rank.
+static int measure_small(const cal_opts *o, int rank, double *coll_s, double *copy_gbs) {
+  double t[1000], v[8] = {0};
+  for (int i = 0; i < o->iters; i++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const uint64_t t0 = moe_time_ns();
+    for (int k = 0; k < 10; k++)
+      MPI_Allreduce(MPI_IN_PLACE, v, 8, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    t[i] = (double)(moe_time_ns() - t0) * 1e-9 / 10;
+  }
+  *coll_s = slowest_median(t, o->iters);
+  const size_t n = (size_t)32 << 20;
+  char *a = moe_malloc(n), *b = moe_malloc(n);
+  int ok = a && b;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!ok) {
+    moe_free(a);
+    moe_free(b);
+    if (rank == 0) cli_error("cannot allocate the copy buffers");
+    return CLI_FAILED;
+  }
+  memset(a, 1, n);
+  memset(b, 2, n);
+  for (int i = 0; i < o->iters; i++) {
+    const uint64_t t0 = moe_time_ns();
+    memcpy(b, a, n);
+    t[i] = (double)(moe_time_ns() - t0) * 1e-9;
+  }
+  const double s = slowest_median(t, o->iters);
+  *copy_gbs = s > 0 ? (double)n / s / 1e9 : 0.0;
+  moe_free(a);
+  moe_free(b);
+  if (rank == 0) {
+    printf("small collective (8-double allreduce): %.1f us; memory copy %.2f GB/s per rank\n",
+           *coll_s * 1e6, *copy_gbs);
+  }
+  return CLI_OK;
+}
+
 // Contention factors: a GEMM loop (~50 ms) on the compute stream beside a
 // chain of 1 MiB-per-rank all-to-alls (algorithm `mpi`) on the communication
 // stream, against each alone; medians over the repetitions, slowest rank.
@@ -824,6 +864,7 @@ int cmd_calibrate(int argc, char **argv) {
   }
   rc = measure_overlap(ctx, &o, rank, &g, sbuf, rbuf, &ws, &prof.slow_compute, &prof.slow_comm);
   if (rc == CLI_OK) rc = measure_task_overhead(ctx, &o, rank, &prof.task_overhead);
+  if (rc == CLI_OK) rc = measure_small(&o, rank, &prof.small_collective, &prof.copy_gbs);
   if (rc != CLI_OK) goto done;
   // compressors
   {

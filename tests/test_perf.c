@@ -545,6 +545,27 @@ static void test_profile(void) {
   TU_CHECK(monotone, "forward communication must grow with the tokens, outside time >= 0: %s",
            moe_ctx_error(g_ctx));
   v.cfg.tokens = 100;
+  // five small collectives and four row copies outside the passes: with
+  // 0.1 ms per collective and 1 GB/s copies, 0.5 ms + 4 x 100 rows (K T) x 40 B / 1 GB/s
+  {
+    moe_profile pc = p;
+    moe_sim_result r0, r1;
+    v.profile = &pc;
+    snprintf(v.compress, sizeof v.compress, "none");
+    TU_CHECK(moe_simulate_layer(g_ctx, &pc.cluster, &v, &r0) == MOE_STATUS_OK, "baseline");
+    pc.small_collective = 1e-4;
+    pc.copy_gbs = 1.0;
+    char *ct = NULL;
+    moe_profile cback;
+    TU_CHECK(moe_profile_to_json(g_ctx, &pc, &ct) == MOE_STATUS_OK &&
+                 moe_profile_from_json(g_ctx, ct, &cback) == MOE_STATUS_OK &&
+                 cback.small_collective == 1e-4 && cback.copy_gbs == 1.0,
+             "collective and copy round trip: %s", moe_ctx_error(g_ctx));
+    moe_free(ct);
+    TU_CHECK(moe_simulate_layer(g_ctx, &pc.cluster, &v, &r1) == MOE_STATUS_OK &&
+                 close_rel(r1.outside_ms - r0.outside_ms, 0.5 + 4 * 100 * 40 / 1e9 * 1e3, 1e-9),
+             "outside grows by %g ms", r1.outside_ms - r0.outside_ms);
+  }
   char *gtext = NULL;
   moe_profile gback;
   TU_CHECK(moe_profile_to_json(g_ctx, &pn, &gtext) == MOE_STATUS_OK &&

@@ -206,6 +206,12 @@ typedef struct {
   double a2a_points[MOE_PROFILE_MAX][24][2];
   // Fixed cost per task of the executor (hand-off between the streams), s.
   double task_overhead;
+  // Optional: the time of one small collective over all ranks (an 8-double
+  // allreduce: the layer makes about five per step outside its passes: loss
+  // statistics, counts exchange, agreements, gradient reductions), s; and the
+  // memory copy bandwidth of one rank, GB/s (the layer copies every row to
+  // and from its send order and the expert-major order). 0 when absent.
+  double small_collective, copy_gbs;
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -219,7 +225,7 @@ typedef struct {
 //    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
 //    fwd_s, bwd_s], ...] (at most 32), and "overlap": {"compute_slowdown": x,
 //    "comm_slowdown": y} (each >= 1), "a2a_points": {"mpi": [[bytes, s], ...]},
-//    "task_overhead_s": t}
+//    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a

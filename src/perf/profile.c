@@ -192,6 +192,15 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_TRY(moe_json_get_double(ctx, it, k, &p.task_overhead));
       MOE_FAIL_IF(ctx, !(p.task_overhead >= 0.0) || p.task_overhead > 1.0, MOE_STATUS_INVALID_ARG,
                   "profile: task_overhead_s (%g) must be in [0, 1]", p.task_overhead);
+    } else if (strcmp(k, "small_collective_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &p.small_collective));
+      MOE_FAIL_IF(ctx, !(p.small_collective >= 0.0) || p.small_collective > 1.0,
+                  MOE_STATUS_INVALID_ARG, "profile: small_collective_s (%g) must be in [0, 1]",
+                  p.small_collective);
+    } else if (strcmp(k, "copy_gbs") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &p.copy_gbs));
+      MOE_FAIL_IF(ctx, !(p.copy_gbs > 0.0) || p.copy_gbs > 1e6, MOE_STATUS_INVALID_ARG,
+                  "profile: copy_gbs (%g) must be in (0, 1e6]", p.copy_gbs);
     } else if (strcmp(k, "a2a_points") == 0) {
       MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
                   "profile: 'a2a_points' must be an object {algorithm: [[bytes, s], ...]}");
@@ -203,7 +212,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
                "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
-               "overlap, a2a_points, task_overhead_s)",
+               "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs)",
                k);
     }
   }
@@ -364,6 +373,10 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_fit(&b, &p->outside);
   }
   if (p->task_overhead > 0) sb_printf(&b, ",\n  \"task_overhead_s\": %.6g", p->task_overhead);
+  if (p->small_collective > 0) {
+    sb_printf(&b, ",\n  \"small_collective_s\": %.6g", p->small_collective);
+  }
+  if (p->copy_gbs > 0) sb_printf(&b, ",\n  \"copy_gbs\": %.6g", p->copy_gbs);
   {
     int any = 0;
     for (int i = 0; i < p->n_a2a; i++) any |= p->n_a2a_points[i] > 0;

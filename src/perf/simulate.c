@@ -218,6 +218,8 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       if (pf && pf->n_expert_points > 0) {
         const double rows_e = max_recv / experts_here;
         dur[i] = max_recv > 0 ? experts_here * expert_point_time(pf, backward, rows_e, M, H) : 0.0;
+        // the layer regroups the chunk's rows to expert-major order and back
+        if (pf->copy_gbs > 0) dur[i] += 2.0 * max_recv * M * 4.0 / (pf->copy_gbs * 1e9);
       } else if (pf && pf->have_layer_fits) {
         // measured expert steps: alpha per expert, beta per FLOP
         const moe_linear_fit *f = backward ? &pf->expert_bwd : &pf->expert_fwd;
@@ -387,6 +389,17 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     // measured: gate, softmax, top-k, dispatch, combine, forward and backward
     out->outside_ms =
         fmax(0.0, moe_fit_eval(&v->profile->outside, T * cfg->model_dim * (E + K))) * 1e3;
+  }
+  if (v->profile) {
+    // the distributed layer's own work outside the passes: five small
+    // collectives (loss statistics, counts exchange, two agreements, the gate
+    // gradient) and two copies of every row per direction (to and from the
+    // send order)
+    out->outside_ms += 5.0 * v->profile->small_collective * 1e3;
+    if (v->profile->copy_gbs > 0) {
+      const double rows = K * T;
+      out->outside_ms += 4.0 * rows * cfg->model_dim * 4.0 / (v->profile->copy_gbs * 1e9) * 1e3;
+    }
   }
   out->fwd_ms = out->outside_ms / 3.0 + out->pass_ms[0];
   out->bwd_ms = 2.0 * out->outside_ms / 3.0 + out->pass_ms[1];
