@@ -565,6 +565,7 @@ static void test_profile(void) {
     TU_CHECK(moe_simulate_layer(g_ctx, &pc.cluster, &v, &r1) == MOE_STATUS_OK &&
                  close_rel(r1.outside_ms - r0.outside_ms, 0.5 + 4 * 100 * 40 / 1e9 * 1e3, 1e-9),
              "outside grows by %g ms", r1.outside_ms - r0.outside_ms);
+    v.profile = &pn;  // pc ends with this block
   }
   char *gtext = NULL;
   moe_profile gback;
