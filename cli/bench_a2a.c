@@ -150,11 +150,6 @@ static unsigned char payload(int s, int d, size_t i) {
                          (uint32_t)(i >> 8));
 }
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 typedef struct {
   const char *algo;
   size_t bytes;
@@ -377,7 +372,7 @@ int cmd_bench_a2a(int argc, char **argv) {
         }
       }
       MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      qsort(times, (size_t)o.iters, sizeof(double), cmp_double);
+      cli_sort_doubles(times, o.iters);
       const double t =
           o.iters % 2 ? times[o.iters / 2] : 0.5 * (times[o.iters / 2 - 1] + times[o.iters / 2]);
       // algbw counts the bytes this variant moves (all of S unless masked)

@@ -43,16 +43,6 @@ static void bench_compress_usage(FILE *f) {
           moe_compressor_names());
 }
 
-static int cmp_dbl(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_dbl);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static int parse_cbench(int argc, char **argv, cbench_opts *o) {
   o->rows = 8192;
   o->cols = 1024;
@@ -134,14 +124,14 @@ static int run_one(moe_ctx *ctx, const char *spec, const float *x, float *y, voi
     if (moe_compress(&c, ctx, x, rows, cols, buf, cap, &bytes) != MOE_STATUS_OK) goto fail;
     t[i] = moe_time_ms_since(t0);
   }
-  const double comp_ms = median_of(t, o->iters);
+  const double comp_ms = cli_median(t, o->iters);
   if (moe_decompress(&c, ctx, buf, bytes, rows, cols, y) != MOE_STATUS_OK) goto fail;
   for (int i = 0; i < o->iters; i++) {
     const uint64_t t0 = moe_time_ns();
     if (moe_decompress(&c, ctx, buf, bytes, rows, cols, y) != MOE_STATUS_OK) goto fail;
     t[i] = moe_time_ms_since(t0);
   }
-  const double decomp_ms = median_of(t, o->iters);
+  const double decomp_ms = cli_median(t, o->iters);
   double amax = 0.0, emax = 0.0;
   for (size_t i = 0; i < n; i++) {
     amax = fmax(amax, fabs((double)x[i]));

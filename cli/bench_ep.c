@@ -203,16 +203,6 @@ typedef struct {
   long long rows, dropped;    // over all ranks, last iteration
 } ep_result;
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Splits a comma-separated list into a copy (buf) and token pointers.
 // The q-quantile of n sorted values (linear interpolation).
 static double quartile(const double *sorted, int n, double q) {
@@ -435,15 +425,7 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
     } else if (cli_opt(&a, "--threads")) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
     } else if (cli_opt(&a, "--seed")) {
-      char *end = NULL;
-      if (a.value) {
-        errno = 0;
-        o->seed = strtoull(a.value, &end, 10);
-        if (end == a.value || *end != '\0' || errno == ERANGE || strchr(a.value, '-')) {
-          cli_error("--seed (%s) must be an integer in [0, %llu]", a.value, ULLONG_MAX);
-          a.bad = 1;
-        }
-      }
+      cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--profile")) {
       o->profile_path = a.value;
     } else if (cli_flag(&a, "--allow-lossy")) {
@@ -713,7 +695,7 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
       for (int i = 0; i < o->iters; i++) {
         b->col[i] = samples[((size_t)k * (size_t)o->iters + (size_t)i) * N_SAMPLES + (size_t)c];
       }
-      med[c] = median(b->col, o->iters);  // sorts col
+      med[c] = cli_median(b->col, o->iters);  // sorts col
       if (c == 2) {
         r->total_q1 = quartile(b->col, o->iters, 0.25);
         r->total_q3 = quartile(b->col, o->iters, 0.75);
@@ -740,7 +722,7 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
       for (int i = 0; i < o->iters; i++) {
         b->col[i] = base_kinds[((size_t)bi * o->iters + (size_t)i) * 2 * MOE_CT_KINDS + c];
       }
-      my_kinds[c] = median(b->col, o->iters);
+      my_kinds[c] = cli_median(b->col, o->iters);
     }
     const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
     double passes = model_pass_ms(ctx, layers[k], 0, my_kinds, r->chunks) +

@@ -47,16 +47,6 @@ void cli_bench_layer_usage(FILE *f) {
   cli_bench_layer_ep_usage(f);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Median GFLOP/s of a square n x n x n SGEMM over 5 runs (after one warm-up).
 static double sgemm_peak_gflops(int n, double *ms_out) {
   const size_t nn = (size_t)n * (size_t)n;
@@ -76,8 +66,8 @@ static double sgemm_peak_gflops(int n, double *ms_out) {
     ms[i] = moe_time_ms_since(t0);
     gf[i] = 2.0 * n * (double)n * n / (ms[i] * 1e6);
   }
-  result = median(gf, 5);
-  *ms_out = median(ms, 5);
+  result = cli_median(gf, 5);
+  *ms_out = cli_median(ms, 5);
 done:
   moe_free(a);
   moe_free(b);
@@ -144,15 +134,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     } else if (cli_opt(&a, "--peak-size")) {
       cli_parse_int(&a, "--peak-size", 64, 8192, &o->peak_n);
     } else if (cli_opt(&a, "--seed")) {
-      char *end = NULL;
-      if (a.value) {
-        errno = 0;
-        o->seed = strtoull(a.value, &end, 10);
-        if (end == a.value || *end != '\0' || errno == ERANGE || strchr(a.value, '-')) {
-          cli_error("--seed (%s) must be an integer in [0, %llu]", a.value, ULLONG_MAX);
-          a.bad = 1;
-        }
-      }
+      cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
     } else {
@@ -310,7 +292,7 @@ int cmd_bench_layer(int argc, char **argv) {
     }
     for (int c = 0; c < 15; c++) {
       for (int i = 0; i < o.iters; i++) col[i] = samples[(size_t)i * 16 + (size_t)c];
-      med[c] = median(col, o.iters);
+      med[c] = cli_median(col, o.iters);
     }
     moe_free(col);
   }

@@ -108,15 +108,9 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   return a.bad ? CLI_USAGE : CLI_OK;
 }
 
-static int cmp_d(const void *x, const void *y) {
-  const double a = *(const double *)x, b = *(const double *)y;
-  return (a > b) - (a < b);
-}
-
 // The slowest rank's time of the median of n measurements t[].
 static double slowest_median(double *t, int n) {
-  qsort(t, (size_t)n, sizeof *t, cmp_d);
-  double m = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+  double m = cli_median(t, n);
   MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return m;
 }

@@ -38,6 +38,14 @@ int cli_opt(cli_args *a, const char *name);
 // sets a->bad on failure.
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
+// Parse a->value as a non-negative integer (no sign) into *out, or print the
+// error naming opt and the range [0, ULLONG_MAX] and set a->bad.
+void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out);
+
+// Sorts v (n doubles) ascending, in place.
+void cli_sort_doubles(double *v, int n);
+// The median of v (n >= 1); sorts v in place.
+double cli_median(double *v, int n);
 
 // An output file written atomically: to PATH.tmp, renamed onto PATH by
 // cli_out_commit, so a failed run never leaves a half-written PATH.

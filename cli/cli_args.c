@@ -1,6 +1,7 @@
 // Option parsing for the moe CLI: "--name VALUE" or "--name=VALUE", numbers
 // checked against their valid range with a message that names the option.
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -89,6 +90,31 @@ void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double
   } else {
     *out = v;
   }
+}
+
+void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out) {
+  if (!a->value) return;
+  char *end = NULL;
+  errno = 0;
+  const unsigned long long v = strtoull(a->value, &end, 10);
+  if (end == a->value || *end != '\0' || errno == ERANGE || strchr(a->value, '-')) {
+    cli_error("%s (%s) must be an integer in [0, %llu]", opt, a->value, ULLONG_MAX);
+    a->bad = 1;
+  } else {
+    *out = v;
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void cli_sort_doubles(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
+
+double cli_median(double *v, int n) {
+  cli_sort_doubles(v, n);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // ---- atomic output files ---------------------------------------------------------
