@@ -62,6 +62,22 @@ done:
   return st;
 }
 
+moe_status moe_json_load_file(moe_ctx *ctx, const char *path, size_t max_bytes,
+                              moe_json_text_parser parse, void *out) {
+  moe_status st = MOE_STATUS_OK;
+  char *text = NULL;
+  MOE_TRY(moe_read_file(ctx, path, max_bytes, &text, NULL));
+  st = parse(ctx, text, out);
+  if (st != MOE_STATUS_OK) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
+    MOE_FAIL(ctx, st, "%s: %s", path, msg);
+  }
+done:
+  moe_free(text);
+  return st;
+}
+
 moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, int *out) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be an integer", what);

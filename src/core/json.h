@@ -13,6 +13,11 @@ moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *wha
 // Reads a whole file (at most max_bytes) into a NUL-terminated moe_malloc'd
 // buffer. IO error names the path and the reason.
 moe_status moe_read_file(moe_ctx *ctx, const char *path, size_t max_bytes, char **out, size_t *len);
+// Reads path (at most max_bytes) and passes its text to parse(ctx, text, out);
+// a parse error keeps its status and gets the path in front of its message.
+typedef moe_status (*moe_json_text_parser)(moe_ctx *ctx, const char *text, void *out);
+moe_status moe_json_load_file(moe_ctx *ctx, const char *path, size_t max_bytes,
+                              moe_json_text_parser parse, void *out);
 // Typed reads; INVALID_ARG names the key and the expected type.
 moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, int *out);
 moe_status moe_json_get_double(moe_ctx *ctx, const cJSON *item, const char *what, double *out);

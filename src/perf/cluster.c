@@ -159,19 +159,12 @@ done:
   return st;
 }
 
+static moe_status parse_cluster(moe_ctx *ctx, const char *text, void *out) {
+  return moe_cluster_from_json(ctx, text, out);
+}
+
 moe_status moe_cluster_load(moe_ctx *ctx, const char *path, moe_cluster *out) {
-  moe_status st = MOE_STATUS_OK;
-  char *text = NULL;
-  MOE_TRY(moe_read_file(ctx, path, 1u << 20, &text, NULL));
-  st = moe_cluster_from_json(ctx, text, out);
-  if (st != MOE_STATUS_OK) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
-    MOE_FAIL(ctx, st, "%s: %s", path, msg);
-  }
-done:
-  moe_free(text);
-  return st;
+  return moe_json_load_file(ctx, path, 1u << 20, parse_cluster, out);
 }
 
 moe_status moe_cluster_scale(moe_ctx *ctx, const moe_cluster *c, int devices, moe_cluster *out) {

@@ -263,19 +263,12 @@ done:
   return st;
 }
 
+static moe_status parse_profile(moe_ctx *ctx, const char *text, void *out) {
+  return moe_profile_from_json(ctx, text, out);
+}
+
 moe_status moe_profile_load(moe_ctx *ctx, const char *path, moe_profile *out) {
-  moe_status st = MOE_STATUS_OK;
-  char *text = NULL;
-  MOE_TRY(moe_read_file(ctx, path, 4u << 20, &text, NULL));
-  st = moe_profile_from_json(ctx, text, out);
-  if (st != MOE_STATUS_OK) {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
-    MOE_FAIL(ctx, st, "%s: %s", path, msg);
-  }
-done:
-  moe_free(text);
-  return st;
+  return moe_json_load_file(ctx, path, 4u << 20, parse_profile, out);
 }
 
 // Appends printf output to a growing buffer.
