@@ -382,6 +382,23 @@ static void test_simulate_layer(void) {
            "unknown built-in lists the shipped ones: %s", moe_ctx_error(g_ctx));
 }
 
+// A profile made of a valid head (version and cluster) and `tail` must be
+// refused with INVALID_ARG, the message containing needle (any when NULL).
+static void expect_bad_profile(const char *tail, const char *needle) {
+  static const char head[] =
+      "{\"profile_version\": 1, \"cluster\": {\"name\": \"c\", \"device\": "
+      "\"d\", \"nodes\": 1, \"devices_per_node\": 2, \"gemm_tflops\": 1, "
+      "\"intra\": {\"gbit_per_s\": 8, \"latency_us\": 1}, \"inter\": "
+      "{\"gbit_per_s\": 8, \"latency_us\": 1}}, ";
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s%s", head, tail);
+  moe_profile q;
+  const moe_status st = moe_profile_from_json(g_ctx, buf, &q);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG && (!needle || strstr(moe_ctx_error(g_ctx), needle)),
+           "bad profile ...%s: status %s, message '%s' should contain '%s'", tail,
+           moe_status_str(st), moe_ctx_error(g_ctx), needle ? needle : "(anything)");
+}
+
 // Profiles: JSON round trip, strict errors, and the simulator with measured
 // models: A = alpha + beta x bytes sent, E = alpha per GEMM + beta x FLOPs.
 static void test_profile(void) {
@@ -413,40 +430,18 @@ static void test_profile(void) {
            "round trip values");
   moe_free(text);
   // strict parsing
-  const char *head =
-      "{\"profile_version\": 1, \"cluster\": {\"name\": \"c\", \"device\": "
-      "\"d\", \"nodes\": 1, \"devices_per_node\": 2, \"gemm_tflops\": 1, "
-      "\"intra\": {\"gbit_per_s\": 8, \"latency_us\": 1}, \"inter\": "
-      "{\"gbit_per_s\": 8, \"latency_us\": 1}}, ";
-  char buf[1024];
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1e-12, \"r2\": 1, "
-           "\"points\": 3}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "'a2a' is missing"),
-           "missing a2a: %s", moe_ctx_error(g_ctx));
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 0, \"r2\": 1, "
-           "\"points\": 3}, \"a2a\": {}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "beta_s > 0"),
-           "zero beta: %s", moe_ctx_error(g_ctx));
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1}, "
-           "\"a2a\": {}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "gemm' lacks points"),
-           "fit without points: %s", moe_ctx_error(g_ctx));
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, "
-           "\"points\": 2}, \"a2a\": {}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "no all-to-all model"),
-           "empty a2a: %s", moe_ctx_error(g_ctx));
+  expect_bad_profile("\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1e-12, \"r2\": 1, \"points\": 3}}",
+                     "'a2a' is missing");
+  expect_bad_profile(
+      "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 0, \"r2\": 1, \"points\": 3}, "
+      "\"a2a\": {}}",
+      "beta_s > 0");
+  expect_bad_profile("\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1}, \"a2a\": {}}",
+                     "gemm' lacks points");
+  expect_bad_profile(
+      "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
+      "\"a2a\": {}}",
+      "no all-to-all model");
   TU_CHECK(moe_profile_from_json(g_ctx, "{\"profile_version\": 2}", &q) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(g_ctx), "version 2"),
            "future version: %s", moe_ctx_error(g_ctx));
@@ -579,19 +574,15 @@ static void test_profile(void) {
                strstr(moe_ctx_error(g_ctx), "no model for compressor 'bf16'"),
            "missing codec: %s", moe_ctx_error(g_ctx));
   snprintf(v.compress, sizeof v.compress, "none");
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": -1e999, \"points\": 2}, "
-           "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG, "infinite r2 refused");
-  snprintf(buf, sizeof buf,
-           "%s\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
-           "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}, "
-           "\"a2a_points\": {\"mpi\": [[1, 1]], \"mpi\": [[2, 2]]}}",
-           head);
-  TU_CHECK(moe_profile_from_json(g_ctx, buf, &q) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "twice"),
-           "duplicate a2a_points refused: %s", moe_ctx_error(g_ctx));
+  expect_bad_profile(
+      "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": -1e999, \"points\": 2}, "
+      "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}}",
+      NULL);
+  expect_bad_profile(
+      "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
+      "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}, "
+      "\"a2a_points\": {\"mpi\": [[1, 1]], \"mpi\": [[2, 2]]}}",
+      "twice");
   v.profile = &p;
   snprintf(v.a2a, sizeof v.a2a, "pipe");
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&
