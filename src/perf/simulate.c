@@ -157,6 +157,44 @@ static double wire_bytes(const sim_ctx *s, double rows, int compressed) {
   return (double)moe_compress_max_bytes(&s->comp, whole, M) * rows / (double)whole;
 }
 
+// Fills s->bytes (D x D) with the wire bytes of chunk c.
+static void fill_bytes(sim_ctx *s, int c, int compressed) {
+  const int D = s->D;
+  for (int a = 0; a < D; a++) {
+    for (int b = 0; b < D; b++) {
+      s->bytes[(size_t)a * D + b] = a == b ? 0.0 : wire_bytes(s, pair_rows(s, c, a, b), compressed);
+    }
+  }
+}
+
+// Seconds of the all-to-all whose traffic is in s->bytes: with a profile, its
+// measured points (else its fit) on the bytes the busiest device sends; else
+// the algorithm's link model on the description.
+static moe_status bytes_a2a_seconds(moe_ctx *ctx, const sim_ctx *s, double *out) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_profile *pf = s->v->profile;
+  const int D = s->D;
+  if (!pf) {
+    MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, out));
+    goto done;
+  }
+  const moe_linear_fit *f = moe_profile_a2a(pf, s->v->a2a);
+  MOE_FAIL_IF(ctx, !f, MOE_STATUS_INVALID_ARG,
+              "simulate: the profile '%s' has no model for all-to-all '%s' (calibrate it with moe "
+              "calibrate --a2a %s)",
+              pf->name, s->v->a2a, s->v->a2a);
+  double worst = 0.0;
+  for (int a = 0; a < D; a++) {
+    double sent = 0.0;
+    for (int b = 0; b < D; b++) sent += s->bytes[(size_t)a * D + b];
+    worst = fmax(worst, sent);
+  }
+  const double tp = worst > 0.0 ? a2a_point_time(pf, s->v->a2a, worst) : 0.0;
+  *out = worst > 0.0 ? (tp >= 0 ? tp : fmax(0.0, moe_fit_eval(f, worst))) : 0.0;
+done:
+  return st;
+}
+
 // Durations (s) of the tasks of one pass, by their kind and chunk.
 static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph *g, int backward,
                                  double *dur) {
@@ -165,6 +203,7 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
   const double M = s->v->cfg.model_dim, H = s->v->cfg.hidden_dim;
   const double experts_here = (double)s->v->cfg.num_experts / D;
   const moe_profile *pf = s->v->profile;
+  double *chunk = NULL;
   double cgbs = s->v->compress_gbs, dgbs = s->v->decompress_gbs;
   if (!(cgbs > 0) || !(dgbs > 0)) {
     double dc = 0, dd = 0;
@@ -172,10 +211,13 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
     if (!(cgbs > 0)) cgbs = dc;
     if (!(dgbs > 0)) dgbs = dd;
   }
-  for (int i = 0; i < g->n_tasks; i++) {
-    const int c = g->tasks[i].chunk;
-    const char *nm = g->tasks[i].name;
-    // per device: rows sent and received in chunk c
+  // per chunk, computed once: the rows the busiest device sends and receives
+  // (every kind of task of the chunk needs them) and the all-to-all time (A1
+  // and A2 move the same volume under uniform routing)
+  const int r = s->r;
+  chunk = moe_malloc((size_t)r * 3 * sizeof(double));
+  MOE_FAIL_IF(ctx, !chunk, MOE_STATUS_OUT_OF_MEMORY, "simulate: cannot allocate %d chunks", r);
+  for (int c = 0; c < r; c++) {
     double max_send = 0.0, max_recv = 0.0;
     for (int d = 0; d < D; d++) {
       double snd = 0.0, rcv = 0.0;
@@ -186,33 +228,20 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       max_send = fmax(max_send, snd);
       max_recv = fmax(max_recv, rcv);
     }
+    chunk[3 * c] = max_send;
+    chunk[3 * c + 1] = max_recv;
+    chunk[3 * c + 2] = -1.0;  // all-to-all time: computed on first use
+  }
+  for (int i = 0; i < g->n_tasks; i++) {
+    const int c = g->tasks[i].chunk;
+    const char *nm = g->tasks[i].name;
+    const double max_send = chunk[3 * c], max_recv = chunk[3 * c + 1];
     if (nm[0] == 'A') {
-      // A1 token side -> experts; A2 back (the transpose; uniform routing
-      // makes it the same volume)
-      for (int a = 0; a < D; a++) {
-        for (int b = 0; b < D; b++) {
-          s->bytes[(size_t)a * D + b] =
-              a == b ? 0.0 : wire_bytes(s, pair_rows(s, c, a, b), compressed);
-        }
+      if (chunk[3 * c + 2] < 0) {
+        fill_bytes(s, c, compressed);
+        MOE_TRY(bytes_a2a_seconds(ctx, s, &chunk[3 * c + 2]));
       }
-      if (pf) {
-        // measured alpha-beta on the bytes the busiest device sends
-        const moe_linear_fit *f = moe_profile_a2a(pf, s->v->a2a);
-        MOE_FAIL_IF(ctx, !f, MOE_STATUS_INVALID_ARG,
-                    "simulate: the profile '%s' has no model for all-to-all '%s' (calibrate "
-                    "it with moe calibrate --a2a %s)",
-                    pf->name, s->v->a2a, s->v->a2a);
-        double worst = 0.0;
-        for (int a = 0; a < D; a++) {
-          double out_bytes = 0.0;
-          for (int b = 0; b < D; b++) out_bytes += s->bytes[(size_t)a * D + b];
-          worst = fmax(worst, out_bytes);
-        }
-        const double tp = worst > 0.0 ? a2a_point_time(pf, s->v->a2a, worst) : 0.0;
-        dur[i] = worst > 0.0 ? (tp >= 0 ? tp : fmax(0.0, moe_fit_eval(f, worst))) : 0.0;
-      } else {
-        MOE_TRY(moe_model_a2a_algo_s(ctx, s->c, s->v->a2a, s->bytes, &dur[i]));
-      }
+      dur[i] = chunk[3 * c + 2];
     } else if (nm[0] == 'E') {
       const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
       if (pf && pf->n_expert_points > 0) {
@@ -250,6 +279,7 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
     }
   }
 done:
+  moe_free(chunk);
   return st;
 }
 
@@ -353,29 +383,14 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     const int saved_r = s.r, saved_groups = s.groups;
     s.r = 1;
     s.groups = 1;
-    for (int a = 0; a < s.D; a++) {
-      for (int b = 0; b < s.D; b++) {
-        s.bytes[(size_t)a * s.D + b] = a == b ? 0.0 : wire_bytes(&s, pair_rows(&s, 0, a, b), 0);
-      }
-    }
+    fill_bytes(&s, 0, 0);
     double t = 0.0;
     const double expert_flops =
         (E / s.D) * s.n_block * s.D * 4.0 * cfg->model_dim * cfg->hidden_dim;
-    const moe_linear_fit *f = v->profile ? moe_profile_a2a(v->profile, v->a2a) : NULL;
-    if (f) {
-      double worst = 0.0;
-      for (int a = 0; a < s.D; a++) {
-        double sent = 0.0;
-        for (int b = 0; b < s.D; b++) sent += s.bytes[(size_t)a * s.D + b];
-        worst = fmax(worst, sent);
-      }
-      const double tp = worst > 0 ? a2a_point_time(v->profile, v->a2a, worst) : 0.0;
-      t = worst > 0 ? (tp >= 0 ? tp : fmax(0.0, moe_fit_eval(f, worst))) : 0.0;
-      out->expert_ms = fmax(0.0, moe_fit_eval(&v->profile->gemm, expert_flops)) * 1e3;
-    } else {
-      MOE_TRY(moe_model_a2a_algo_s(ctx, c, v->a2a, s.bytes, &t));
-      out->expert_ms = expert_flops / (c->gemm_tflops * 1e12) * 1e3;
-    }
+    MOE_TRY(bytes_a2a_seconds(ctx, &s, &t));
+    out->expert_ms = (v->profile ? fmax(0.0, moe_fit_eval(&v->profile->gemm, expert_flops))
+                                 : expert_flops / (c->gemm_tflops * 1e12)) *
+                     1e3;
     out->a2a_ms = t * 1e3;
     s.r = saved_r;
     s.groups = saved_groups;
