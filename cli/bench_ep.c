@@ -929,26 +929,10 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   // message is out.
   int rc;
   {
-    const int quiet = rank != 0;
-    int saved[2] = {-1, -1};
-    if (quiet) {
-      fflush(stdout);
-      fflush(stderr);
-      const int null = open("/dev/null", O_WRONLY);
-      for (int fd = 0; fd < 2 && null >= 0; fd++) {
-        saved[fd] = dup(fd + 1);
-        if (saved[fd] >= 0) dup2(null, fd + 1);
-      }
-      if (null >= 0) close(null);
-    }
+    int saved[2];
+    cli_silence_begin(rank != 0, saved);
     rc = parse_opts(argc, argv, &o);
-    fflush(stdout);
-    fflush(stderr);
-    for (int fd = 0; fd < 2; fd++) {
-      if (saved[fd] < 0) continue;
-      dup2(saved[fd], fd + 1);
-      close(saved[fd]);
-    }
+    cli_silence_end(saved);
   }
   moe_ctx *ctx = NULL;
   cli_out json = {0};

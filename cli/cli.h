@@ -63,6 +63,12 @@ int cli_out_commit(cli_out *o);
 // Closes and removes the temporary; a no-op when o is not open.
 void cli_out_abort(cli_out *o);
 
+// Under mpirun every rank parses the same argv; only rank 0 should print.
+// cli_silence_begin(on, saved) sends stdout and stderr to /dev/null when on;
+// cli_silence_end(saved) restores them (a no-op when nothing was silenced).
+void cli_silence_begin(int on, int saved[2]);
+void cli_silence_end(int saved[2]);
+
 int cmd_bench(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
 // The distributed `bench layer` (bench_ep.c; needs MPI): cmd_bench_layer hands
@@ -77,5 +83,7 @@ int cmd_bench_compress(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_roofline(int argc, char **argv);   // simulate.c
 int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error without it
+int cmd_train(int argc, char **argv);      // train.c: MPI (MOE_CLI_MPI)
+int cmd_sample(int argc, char **argv);     // sample.c: one process
 
 #endif

@@ -1,11 +1,14 @@
 // Option parsing for the moe CLI: "--name VALUE" or "--name=VALUE", numbers
 // checked against their valid range with a message that names the option.
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -151,4 +154,28 @@ void cli_out_abort(cli_out *o) {
   fclose(o->f);
   o->f = NULL;
   remove(o->tmp);
+}
+
+void cli_silence_begin(int on, int saved[2]) {
+  saved[0] = saved[1] = -1;
+  if (!on) return;
+  fflush(stdout);
+  fflush(stderr);
+  const int null = open("/dev/null", O_WRONLY);
+  for (int fd = 0; fd < 2 && null >= 0; fd++) {
+    saved[fd] = dup(fd + 1);
+    if (saved[fd] >= 0) dup2(null, fd + 1);
+  }
+  if (null >= 0) close(null);
+}
+
+void cli_silence_end(int saved[2]) {
+  fflush(stdout);
+  fflush(stderr);
+  for (int fd = 0; fd < 2; fd++) {
+    if (saved[fd] < 0) continue;
+    dup2(saved[fd], fd + 1);
+    close(saved[fd]);
+    saved[fd] = -1;
+  }
 }

@@ -15,6 +15,8 @@ static void usage(FILE *f) {
           "\n"
           "commands:\n"
           "  version          print the version and the compiled-in features (also --version)\n"
+          "  train            train MoE-GPT (under mpirun: data x expert parallelism)\n"
+          "  sample           generate text from a training checkpoint\n"
           "  bench layer      time one MoE layer (forward + backward), in one process or\n"
           "                   expert-parallel with the schedules (under mpirun)\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
@@ -74,6 +76,8 @@ int main(int argc, char **argv) {
     return CLI_OK;
   }
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return cmd_version(argc, argv);
+  if (strcmp(cmd, "train") == 0) return cmd_train(argc, argv);
+  if (strcmp(cmd, "sample") == 0) return cmd_sample(argc, argv);
   if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
   if (strcmp(cmd, "simulate") == 0) return cmd_simulate(argc, argv);
   if (strcmp(cmd, "roofline") == 0) return cmd_roofline(argc, argv);

@@ -1,0 +1,57 @@
+// MoE-GPT checkpoints: what a training checkpoint holds and how a model (and
+// its optimizer state) is loaded from one, in one process or as one rank's
+// slice. Writing needs the whole model, so it lives with the trainer
+// (include/moe/train.h); the file format is include/moe/checkpoint.h's.
+//
+// Contents (docs/training.md#checkpoints): the config JSON
+//   {"format": "libmoe-gpt", "version": 1, "model": {moe_gpt_config},
+//    "step": N, "seed": S, "batch": B, "optim": {...}}
+// and one tensor per model parameter under its moe_gpt_param name, WHOLE
+// (every expert, in expert order), plus "adam.m.<name>" and "adam.v.<name>"
+// when the optimizer state is saved. A rank that holds experts
+// [first, first + count) reads only that slice, so a checkpoint loads at any
+// world size and expert-parallel layout.
+#ifndef MOE_GPT_IO_H
+#define MOE_GPT_IO_H
+
+#include "moe/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOE_GPT_CKPT_FORMAT "libmoe-gpt"
+#define MOE_GPT_CKPT_VERSION 1
+
+typedef struct {
+  moe_gpt_config model;
+  int step;       // optimizer steps taken when saved
+  uint64_t seed;  // training seed
+  int batch;      // global batch B
+  int has_optim;  // 1 when adam.m.* / adam.v.* are present
+} moe_gpt_ckpt_info;
+
+// Reads a model config JSON file (moe_gpt_config_from_json) over the fields of cfg.
+moe_status moe_gpt_config_load_file(moe_ctx *ctx, const char *path, moe_gpt_config *cfg);
+
+// Opens and fully validates path (checksums), reads its config. BAD_FORMAT
+// when the file is a valid checkpoint of something else or its config is not
+// a MoE-GPT config.
+moe_status moe_gpt_ckpt_read_info(moe_ctx *ctx, const char *path, moe_gpt_ckpt_info *info);
+
+// Loads every parameter tensor of model (this rank's slice of expert tensors)
+// from path, and, when opt is not NULL, the AdamW moments and step count.
+// The checkpoint's model config must equal the model's (BAD_FORMAT naming the
+// first differing field otherwise); every tensor must be present with the
+// model's whole shape. On error some tensors may already have been
+// overwritten: treat the model (and opt) as unusable.
+moe_status moe_gpt_ckpt_load(moe_ctx *ctx, const char *path, moe_gpt *model, moe_optim *opt);
+
+// The config JSON of a checkpoint (caller frees with moe_free).
+moe_status moe_gpt_ckpt_config_json(moe_ctx *ctx, const moe_gpt *model, const moe_optim *opt,
+                                    int step, uint64_t seed, int batch, char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_GPT_IO_H

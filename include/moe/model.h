@@ -1,0 +1,228 @@
+// MoE-GPT: a GPT-2-style byte-level language model whose feed-forward layers
+// are MoE layers, with its forward, backward and optimizer.
+//
+// Architecture (docs/model.md): token embedding wte (V, M) + learned position
+// embedding wpe (S, M); L pre-LN blocks
+//     x = x + proj(attn(ln1(x)))        causal multi-head self-attention
+//     x = x + ffn(ln2(x))               MoE layer, or a dense FFN (moe_every)
+// final layernorm lnf; logits = lnf(x) wte^T (tied LM head); loss = mean
+// cross-entropy + sum over MoE layers of aux_loss_coef * aux + z_loss_coef * z
+// (the MoE layers add their auxiliary gradients themselves).
+//
+// The MoE FFNs go through a backend (moe_gpt_moe_ops): the default one is the
+// single-process moe_layer (every expert local); the trainer plugs in the
+// expert-parallel layer (MPI) without this header depending on MPI.
+//
+// Dimension letters: B sequences, S sequence length, V vocabulary, M model
+// dim (d_model), L layers, NH heads, E experts, K top-k, H expert hidden dim.
+//
+// Threading: a moe_gpt is used by one thread at a time with its moe_ctx.
+#ifndef MOE_MODEL_H
+#define MOE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/core.h"
+#include "moe/kernels.h"
+#include "moe/layer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- configuration ----------------------------------------------------------------
+
+#define MOE_GPT_MAX_LAYERS 256
+
+typedef struct {
+  int vocab_size;    // V, [2, 65536]; 256 for bytes
+  int seq_len;       // S: context length (wpe rows), [1, 65536]
+  int n_layer;       // L, [1, MOE_GPT_MAX_LAYERS]
+  int n_head;        // NH, divides d_model
+  int d_model;       // M, [1, MOE_MAX_DIM]
+  int moe_every;     // block i has an MoE FFN iff (i + 1) % moe_every == 0; 1 = every block,
+                     // 2 = every other block (dense FFN in blocks 0, 2, ...); 0 = no MoE (dense)
+  int dense_hidden;  // hidden width of the dense FFN blocks (GELU), [1, MOE_MAX_DIM]
+  float ln_eps;      // layernorm epsilon (> 0)
+  float init_std;    // std of the normal init of weights (GPT-2: 0.02)
+  // The MoE layers: moe.model_dim is forced to d_model and moe.tokens to the
+  // batch's B * S by moe_gpt_create; the other fields (experts, top_k,
+  // hidden_dim, capacity_factor, act, renormalize, aux/z coefficients,
+  // expert kind) are the MoE layer's.
+  moe_layer_config moe;
+} moe_gpt_config;
+
+// Defaults: V 256, S 128, L 4, NH 4, M 128, moe_every 1, dense_hidden 512,
+// ln_eps 1e-5, init_std 0.02, MoE: E 8, K 2, H 256, dropless (f = -1), gelu,
+// renormalize, aux 0.01, z 0.
+void moe_gpt_config_default(moe_gpt_config *cfg);
+// INVALID_ARG naming the field, its value and the valid range.
+moe_status moe_gpt_config_validate(moe_ctx *ctx, const moe_gpt_config *cfg);
+// Overrides fields from a JSON object with keys vocab_size, seq_len, n_layer,
+// n_head, d_model, moe_every, dense_hidden, ln_eps, init_std and "moe": {layer
+// config keys, see moe_layer_config_from_json}. Strict: unknown/repeated keys,
+// wrong types, malformed JSON are errors; cfg unchanged on error.
+moe_status moe_gpt_config_from_json(moe_ctx *ctx, const char *json, moe_gpt_config *cfg);
+// Writes every field as one JSON object (readable by moe_gpt_config_from_json).
+moe_status moe_gpt_config_to_json(moe_ctx *ctx, const moe_gpt_config *cfg, char *buf,
+                                  size_t len);
+// 1 when block i has an MoE FFN.
+int moe_gpt_block_is_moe(const moe_gpt_config *cfg, int block);
+
+// ---- MoE FFN backends ---------------------------------------------------------------------
+
+// Parameters one backend instance holds (the gate is always whole; experts
+// home_first .. home_first + home_count - 1 of E). Shapes as moe_layer_tensors,
+// with home_count in place of E for the experts.
+typedef struct {
+  int home_first, home_count;
+  float *wg, *w1, *b1, *w2, *b2;
+  float *dwg, *dw1, *db1, *dw2, *db2;
+} moe_gpt_moe_tensors;
+
+// One MoE FFN implementation. `user` is the pointer given to moe_gpt_create.
+// Every function of a distributed backend may be collective: the model calls
+// them in the same order on every rank.
+typedef struct {
+  const char *name;
+  moe_status (*create)(void *user, moe_ctx *ctx, const moe_layer_config *cfg, int block,
+                       void **impl);
+  void (*destroy)(void *impl);
+  // The same values as moe_layer_init_params(seed) on the whole layer.
+  void (*init_params)(void *impl, uint64_t seed);
+  void (*zero_grad)(void *impl);
+  moe_gpt_moe_tensors (*tensors)(void *impl);
+  // x (T, M) -> y (T, M); stats as moe_layer_forward (global aux/z for a distributed backend).
+  moe_status (*forward)(void *impl, const float *x, int tokens, float *y, moe_layer_stats *stats);
+  // dy (T, M) -> dx (T, M) +=; parameter gradients +=.
+  moe_status (*backward)(void *impl, const float *dy, float *dx);
+} moe_gpt_moe_ops;
+
+// The single-process backend (moe_layer).
+extern const moe_gpt_moe_ops moe_gpt_moe_local;
+
+// ---- the model -----------------------------------------------------------------------------
+
+typedef struct moe_gpt moe_gpt;
+
+typedef enum {
+  MOE_GPT_PARAM_DENSE = 0,   // replicated on every rank (embeddings, attention, LN, dense FFN)
+  MOE_GPT_PARAM_GATE = 1,    // an MoE gate wg (replicated)
+  MOE_GPT_PARAM_EXPERT = 2,  // expert tensors w1/b1/w2/b2 of the home experts
+} moe_gpt_param_kind;
+
+// One parameter tensor of the model (view; the model owns the memory).
+typedef struct {
+  char name[64];            // e.g. "wte", "h0.ln1.g", "h1.attn.w_qkv", "h1.moe.w1"
+  moe_gpt_param_kind kind;  //
+  float *data, *grad;       // numel floats each
+  size_t numel;             // elements held here
+  int ndim;                 // of the WHOLE tensor
+  int64_t dims[4];          // WHOLE tensor's shape (experts: E first)
+  int decay;                // 1: AdamW weight decay applies: the weight matrices (wte, wpe,
+                            // w_qkv, w_proj, w_fc, w_fc2, wg, w1, w2); 0 for biases, LN and
+                            // the expert biases b1 (E, H), b2 (E, M) (ndim 2, still biases)
+  int block;                // block index, -1 for wte/wpe/lnf
+  int expert_first;         // EXPERT: first home expert; dims[0] = E; numel = count * rest
+  int expert_count;         // EXPERT: home experts held here
+} moe_gpt_param;
+
+// Creates the model for batches of up to max_batch sequences of up to
+// cfg->seq_len tokens. ops NULL = moe_gpt_moe_local. Allocates every buffer;
+// forward and backward allocate nothing afterwards. Parameters start at zero:
+// call moe_gpt_init_params.
+moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
+                          const moe_gpt_moe_ops *ops, void *ops_user, moe_gpt **out);
+void moe_gpt_destroy(moe_gpt *model);  // NULL is a no-op
+
+const moe_gpt_config *moe_gpt_get_config(const moe_gpt *model);
+int moe_gpt_num_params(const moe_gpt *model);  // number of tensors
+moe_gpt_param moe_gpt_get_param(moe_gpt *model, int i);
+// Elements of the whole model (every expert counted once) and of what one
+// token activates (K experts per MoE layer).
+size_t moe_gpt_total_elements(const moe_gpt *model);
+size_t moe_gpt_active_elements(const moe_gpt *model);
+// Bytes of activations and backward scratch for max_batch x seq_len tokens: the
+// model's arena plus the MoE layers' working buffers (the single-process
+// layer's formula; docs/model.md "Memory").
+size_t moe_gpt_activation_bytes(const moe_gpt *model);
+
+// GPT-2 init: weights N(0, init_std), the residual projections (attn.w_proj,
+// ffn.w_fc2) N(0, init_std / sqrt(2 L)), biases 0, LN gains 1, each tensor its
+// own RNG stream of seed (layout-independent); MoE layers through the backend's
+// init_params(seed + 1000 + block).
+void moe_gpt_init_params(moe_gpt *model, uint64_t seed);
+void moe_gpt_zero_grad(moe_gpt *model);
+
+typedef struct {
+  double loss;     // sum of the cross-entropy over this call's tokens / loss_denominator
+  double ce_sum;   // sum of the cross-entropy over this call's tokens (nats)
+  int tokens;      // tokens with a target in this call
+  double aux;      // sum over MoE layers of their aux loss (unscaled)
+  double z;        // sum over MoE layers of their z-loss (unscaled)
+  int dropped;     // dropped choices over the MoE layers (this rank)
+} moe_gpt_loss;
+
+// tokens (B, S) in [0, V) -> logits (B, S, V) (moe_gpt_logits). targets (B, S)
+// in [0, V) or -1 (ignored), or NULL (no loss; backward then invalid).
+// loss_denominator > 0 divides the summed CE (data parallelism: the global
+// number of target tokens), <= 0 means this call's target count. 1 <= B <=
+// max_batch, 1 <= S <= cfg.seq_len. Collective when the backend is.
+// INVALID_ARG for out-of-range sizes or token ids (named).
+moe_status moe_gpt_forward(moe_gpt *model, const int32_t *tokens, const int32_t *targets, int b,
+                           int s, double loss_denominator, moe_gpt_loss *out);
+// The logits of the last forward, (B, S, V). Valid until the next forward.
+const float *moe_gpt_logits(const moe_gpt *model);
+// Gradients of the last forward's loss (+ the MoE auxiliary terms) +=. Collective.
+moe_status moe_gpt_backward(moe_gpt *model);
+
+// ---- optimizer ------------------------------------------------------------------------------
+
+typedef struct {
+  float lr;            // peak learning rate
+  float min_lr;        // floor of the cosine decay
+  int warmup_steps;    // linear warm-up from lr/warmup to lr over steps 1..warmup
+  int total_steps;     // cosine decay from lr (end of warm-up) to min_lr at total_steps
+  float beta1, beta2, eps;
+  float weight_decay;  // on tensors with decay = 1
+  float grad_clip;     // clip the global L2 norm to this (<= 0: no clipping)
+} moe_optim_config;
+
+// lr 3e-3, min_lr 3e-4, warmup 100, total 1000, betas 0.9/0.95, eps 1e-8, wd 0.1, clip 1.0.
+void moe_optim_config_default(moe_optim_config *oc);
+// INVALID_ARG naming the field: lr >= 0, 0 <= min_lr <= lr, warmup >= 0, total >= 1,
+// betas in [0, 1), eps > 0, weight_decay >= 0, grad_clip finite. moe_optim_create calls it.
+moe_status moe_optim_config_validate(moe_ctx *ctx, const moe_optim_config *oc);
+// Learning rate of step t (1-based): t <= warmup: lr * t / warmup; then
+// min_lr + 0.5 (lr - min_lr)(1 + cos(pi * (t - warmup) / (total - warmup))),
+// min_lr after total. warmup 0: no warm-up (the cosine starts at step 0).
+float moe_optim_lr(const moe_optim_config *oc, int step);
+// The clip scale for a global gradient L2 norm: min(1, grad_clip / norm), or 1
+// when grad_clip <= 0.
+float moe_optim_clip_scale(const moe_optim_config *oc, double grad_norm);
+
+// AdamW state (m, v) for every tensor of a model, in moe_gpt_get_param order.
+typedef struct moe_optim moe_optim;
+moe_status moe_optim_create(moe_ctx *ctx, moe_gpt *model, const moe_optim_config *oc,
+                            moe_optim **out);
+void moe_optim_destroy(moe_optim *opt);  // NULL is a no-op
+// m and v of tensor i (numel floats each, as the tensor held here).
+float *moe_optim_m(moe_optim *opt, int i);
+float *moe_optim_v(moe_optim *opt, int i);
+int moe_optim_step_count(const moe_optim *opt);  // steps taken
+void moe_optim_set_step_count(moe_optim *opt, int steps);  // for resuming
+// Sum of squares of every gradient held here, split by kind (so that a
+// distributed trainer can sum each over the right ranks).
+void moe_optim_grad_sq(moe_gpt *model, double sq[3]);
+// One step: t = steps + 1, lr = moe_optim_lr(t), every gradient scaled by
+// clip_scale (the caller computes min(1, grad_clip / global_norm), or 1),
+// then moe_adamw_update on every tensor (weight decay where decay = 1). The
+// gradients are scaled IN PLACE. opt must have been created for this model.
+// Returns the lr used.
+float moe_optim_step(moe_optim *opt, moe_gpt *model, float clip_scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_MODEL_H

@@ -1,0 +1,105 @@
+// Training MoE-GPT under MPI: data parallelism x expert parallelism, the MoE
+// layers on the task engine, AdamW with warm-up and cosine decay, gradient
+// clipping, validation, checkpoints (save, resume, redistribution to another
+// world size), progress line, metrics and traces.
+//
+// Layout: every rank of `world` processes B / P of the global batch's B
+// sequences (rank r the r-th slice, so the global batch is the same for every
+// P). The MoE layers are expert-parallel over EP ranks (pc.ep_size; DP = P /
+// EP); dense parameters are replicated and their gradients summed over the
+// world. The math is the single-process model's on the global batch: with no
+// dropped tokens every layout gives the same losses up to float summation
+// order (tests/test_train.c).
+//
+// Threading: one thread per rank; MPI initialised with MPI_THREAD_MULTIPLE (the
+// MoE layers' all-to-alls run on the executor's communication thread).
+#ifndef MOE_TRAIN_H
+#define MOE_TRAIN_H
+
+#include <mpi.h>
+
+#include "moe/model.h"
+#include "moe/parallel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int step;              // 1-based step just finished
+  double loss;           // global mean cross-entropy of the step's batch (nats per token)
+  double aux;            // sum over MoE layers of the aux loss (global)
+  double val_loss;       // validation cross-entropy, NAN when not measured at this step
+  double lr;             // learning rate used
+  double grad_norm;      // global L2 norm before clipping
+  double step_s;         // wall time of the step (rank 0), validation excluded
+  double tokens_per_s;   // global tokens / step_s
+  double a2a_share;      // all-to-all busy time / step time (rank 0, every MoE pass)
+  double exposed_share;  // all-to-all time not hidden by compute / step time (rank 0)
+  int dropped;           // dropped choices over the world
+} moe_train_step_info;
+
+typedef struct {
+  moe_gpt_config model;
+  moe_optim_config optim;   // optim.total_steps is forced to `steps`
+  moe_parallel_config par;  // par.ep_size 0 = the world size
+  int batch;                // B, global sequences per step; divisible by the world size
+  int steps;                // the schedule's length: lr decays to min_lr at this step
+  int stop_step;            // stop (validate, save) after this step; 0 = steps. A run
+                            // resumed from it continues exactly as if never stopped
+  uint64_t seed;            // parameters and batches
+  double val_fraction;      // share of the text held out for validation, (0, 0.5]
+  int eval_every;           // validate every N steps and at the last (0: only at the last)
+  int eval_batches;         // global batches of B validation windows per validation
+  int save_every;           // save every N steps (0: only at the end); needs checkpoint
+  const char *data;         // text file, NULL: the default corpus (moe_text_load)
+  const char *checkpoint;   // where to save (NULL: never)
+  const char *resume;       // checkpoint to start from (NULL: fresh)
+  const char *metrics;      // JSON lines (rank 0), NULL: none
+  int metrics_append;       // 1: append to metrics (a resumed run)
+  const char *trace;        // merged Chrome trace of one step's MoE passes, NULL: none
+  int trace_step;           // the step traced (0: the last)
+  int progress;             // 1: progress line on rank 0 (stderr)
+  int progress_tty;         // -1 detect, 0 plain lines, 1 redraw in place
+  int log_every;            // progress line every N steps (>= 1)
+  // Called on every rank after every step (may be NULL).
+  void (*on_step)(void *user, const moe_train_step_info *info);
+  void *on_step_user;
+} moe_train_config;
+
+// Defaults: the default model and optimizer, EP = world, B 32, 200 steps, seed
+// 1, val 0.1, eval every 50, 4 eval batches, no files, progress on, log every 1.
+void moe_train_config_default(moe_train_config *tc);
+
+typedef struct {
+  int first_step;         // 1, or the resumed step + 1
+  int last_step;          // steps
+  double first_loss;      // loss of the first step run
+  double final_loss;      // loss of the last step
+  double first_val_loss;  // first validation (NAN if none)
+  double final_val_loss;  // last validation (NAN if none)
+  double tokens_per_s;    // median over the steps after the first
+  double a2a_share;       // median
+  double exposed_share;   // median
+  double train_s;         // wall time of the training loop (validation included)
+  size_t params_total;    // elements of the model (experts once)
+  size_t params_active;   // elements one token uses
+  char source[256];       // the text's description
+} moe_train_result;
+
+// Collective over world. Errors (on every rank, no hang): invalid configs,
+// B not divisible by P, E not divisible by EP, unreadable data, a checkpoint
+// that cannot be read or does not match the model, a failed save (the
+// previous checkpoint is kept).
+moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
+                         moe_train_result *out);
+
+// Reads the model config stored in a checkpoint written by moe_train_run (no
+// MPI needed) and the step it was saved at (step may be NULL).
+moe_status moe_train_checkpoint_config(moe_ctx *ctx, const char *path, moe_gpt_config *cfg,
+                                       int *step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_TRAIN_H

@@ -1,0 +1,167 @@
+// MoE-GPT checkpoint contents: the config JSON a training checkpoint carries,
+// and loading a model (whole, or one rank's expert slice) plus its AdamW state
+// from one. The byte format is src/model/checkpoint.c's; writing the whole
+// model from many ranks is the trainer's (src/train/trainer.c).
+#include "moe/gpt_io.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "moe/checkpoint.h"
+
+// ---- config JSON ------------------------------------------------------------------------
+
+// The model config as a checkpoint stores it: moe.tokens (set from the batch
+// by moe_gpt_create) and moe.model_dim (= d_model) are not properties of the
+// trained model, so they are normalised to seq_len and d_model.
+static moe_status model_json(moe_ctx *ctx, const moe_gpt_config *cfg, char *buf, size_t len) {
+  moe_gpt_config c = *cfg;
+  c.moe.tokens = c.seq_len;
+  c.moe.model_dim = c.d_model;
+  return moe_gpt_config_to_json(ctx, &c, buf, len);
+}
+
+static moe_status parse_model_text(moe_ctx *ctx, const char *text, void *out) {
+  return moe_gpt_config_from_json(ctx, text, out);
+}
+
+moe_status moe_gpt_config_load_file(moe_ctx *ctx, const char *path, moe_gpt_config *cfg) {
+  return moe_json_load_file(ctx, path, (size_t)1 << 20, parse_model_text, cfg);
+}
+
+moe_status moe_gpt_ckpt_config_json(moe_ctx *ctx, const moe_gpt *model, const moe_optim *opt,
+                                    int step, uint64_t seed, int batch, char **out) {
+  moe_status st = MOE_STATUS_OK;
+  char mj[4096];
+  const size_t cap = sizeof mj + 512;
+  char *buf = NULL;
+  *out = NULL;
+  MOE_TRY(model_json(ctx, moe_gpt_get_config(model), mj, sizeof mj));
+  buf = moe_malloc(cap);
+  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "checkpoint config: out of memory");
+  const int n = snprintf(buf, cap,
+                         "{\"format\":\"%s\",\"version\":%d,\"model\":%s,\"step\":%d,"
+                         "\"seed\":%llu,\"batch\":%d,\"optim\":%s}",
+                         MOE_GPT_CKPT_FORMAT, MOE_GPT_CKPT_VERSION, mj, step,
+                         (unsigned long long)seed, batch, opt ? "true" : "false");
+  MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= cap, MOE_STATUS_INTERNAL,
+              "checkpoint config does not fit in %zu bytes", cap);
+  *out = buf;
+  buf = NULL;
+done:
+  moe_free(buf);
+  return st;
+}
+
+static moe_status parse_info(moe_ctx *ctx, const char *path, const char *json,
+                             moe_gpt_ckpt_info *info) {
+  moe_status st = MOE_STATUS_OK;
+  cJSON *root = NULL;
+  char *model_json = NULL;
+  MOE_TRY(moe_json_parse_object(ctx, json, "checkpoint config", &root));
+  const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+  MOE_FAIL_IF(ctx, !cJSON_IsString(fmt) || strcmp(fmt->valuestring, MOE_GPT_CKPT_FORMAT) != 0,
+              MOE_STATUS_BAD_FORMAT,
+              "%s: not a MoE-GPT checkpoint (config has no \"format\": \"%s\")", path,
+              MOE_GPT_CKPT_FORMAT);
+  int version = 0;
+  MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "version"),
+                           "checkpoint version", &version));
+  MOE_FAIL_IF(ctx, version != MOE_GPT_CKPT_VERSION, MOE_STATUS_BAD_FORMAT,
+              "%s: MoE-GPT checkpoint content version %d, this build reads version %d", path,
+              version, MOE_GPT_CKPT_VERSION);
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+  MOE_FAIL_IF(ctx, !cJSON_IsObject(model), MOE_STATUS_BAD_FORMAT,
+              "%s: config has no \"model\" object", path);
+  model_json = cJSON_PrintUnformatted(model);
+  MOE_FAIL_IF(ctx, !model_json, MOE_STATUS_OUT_OF_MEMORY, "checkpoint config: out of memory");
+  moe_gpt_config_default(&info->model);
+  MOE_TRY(moe_gpt_config_from_json(ctx, model_json, &info->model));
+  MOE_TRY(moe_gpt_config_validate(ctx, &info->model));
+  MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "step"), "checkpoint step",
+                           &info->step));
+  MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "batch"), "checkpoint batch",
+                           &info->batch));
+  double seed = 0;
+  MOE_TRY(moe_json_get_double(ctx, cJSON_GetObjectItemCaseSensitive(root, "seed"),
+                              "checkpoint seed", &seed));
+  MOE_FAIL_IF(ctx, !(seed >= 0) || seed > 9007199254740992.0, MOE_STATUS_BAD_FORMAT,
+              "%s: seed %g out of range", path, seed);
+  info->seed = (uint64_t)seed;
+  MOE_TRY(moe_json_get_bool(ctx, cJSON_GetObjectItemCaseSensitive(root, "optim"),
+                            "checkpoint optim", &info->has_optim));
+  MOE_FAIL_IF(ctx, info->step < 0, MOE_STATUS_BAD_FORMAT, "%s: step %d is negative", path,
+              info->step);
+done:
+  free(model_json);  // cJSON's allocator
+  cJSON_Delete(root);
+  return st;
+}
+
+moe_status moe_gpt_ckpt_read_info(moe_ctx *ctx, const char *path, moe_gpt_ckpt_info *info) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ckpt_reader *r = NULL;
+  MOE_TRY(moe_ckpt_reader_open(ctx, path, &r));
+  MOE_TRY(parse_info(ctx, path, moe_ckpt_reader_config(r), info));
+done:
+  moe_ckpt_reader_close(r);
+  return st;
+}
+
+// ---- loading ------------------------------------------------------------------------------
+
+// Reads this rank's part of tensor `name` (numel elements from element `first`)
+// after checking the stored shape equals the whole shape of p.
+static moe_status read_part(moe_ctx *ctx, const char *path, moe_ckpt_reader *r, const char *name,
+                            const moe_gpt_param *p, float *dst) {
+  moe_status st = MOE_STATUS_OK;
+  const int i = moe_ckpt_reader_find(r, name);
+  MOE_FAIL_IF(ctx, i < 0, MOE_STATUS_BAD_FORMAT, "%s: tensor '%s' is missing", path, name);
+  const moe_ckpt_tensor_desc *d = moe_ckpt_reader_desc(r, i);
+  int same = d->ndim == p->ndim && d->dtype == MOE_CKPT_F32;
+  for (int k = 0; same && k < p->ndim; k++) same = d->dims[k] == p->dims[k];
+  MOE_FAIL_IF(ctx, !same, MOE_STATUS_BAD_FORMAT,
+              "%s: tensor '%s' has another shape or type than the model's", path, name);
+  size_t first = 0;
+  if (p->kind == MOE_GPT_PARAM_EXPERT)
+    first = (size_t)p->expert_first * (p->numel / (size_t)p->expert_count);
+  MOE_TRY(moe_ckpt_reader_read(r, i, first, p->numel, dst));
+done:
+  return st;
+}
+
+moe_status moe_gpt_ckpt_load(moe_ctx *ctx, const char *path, moe_gpt *model, moe_optim *opt) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ckpt_reader *r = NULL;
+  char a[4096], b[4096];
+  moe_gpt_ckpt_info info;
+  MOE_TRY(moe_ckpt_reader_open(ctx, path, &r));
+  MOE_TRY(parse_info(ctx, path, moe_ckpt_reader_config(r), &info));
+  MOE_TRY(model_json(ctx, &info.model, a, sizeof a));
+  MOE_TRY(model_json(ctx, moe_gpt_get_config(model), b, sizeof b));
+  MOE_FAIL_IF(
+      ctx, strcmp(a, b) != 0, MOE_STATUS_BAD_FORMAT,
+      "%s: the checkpoint's model differs from this model:\n  checkpoint %s\n  model      %s", path,
+      a, b);
+  MOE_FAIL_IF(ctx, opt && !info.has_optim, MOE_STATUS_BAD_FORMAT,
+              "%s: has no optimizer state (saved without it)", path);
+  const int n = moe_gpt_num_params(model);
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(model, i);
+    MOE_TRY(read_part(ctx, path, r, p.name, &p, p.data));
+    if (opt) {
+      char name[96];
+      snprintf(name, sizeof name, "adam.m.%s", p.name);
+      MOE_TRY(read_part(ctx, path, r, name, &p, moe_optim_m(opt, i)));
+      snprintf(name, sizeof name, "adam.v.%s", p.name);
+      MOE_TRY(read_part(ctx, path, r, name, &p, moe_optim_v(opt, i)));
+    }
+  }
+  if (opt) moe_optim_set_step_count(opt, info.step);
+done:
+  moe_ckpt_reader_close(r);
+  return st;
+}

@@ -1,0 +1,597 @@
+// moe_train_run: MoE-GPT training under MPI (data parallelism x expert
+// parallelism), the main job of libmoe.
+//
+// One step (every rank, collective):
+//   1. the rank's B/P sequences of the step's global batch (moe_batch_train:
+//      the same global batch for every P);
+//   2. forward and backward; the MoE blocks are moe_ep_layer's (task engine:
+//      schedule, chunks, all-to-all, compression), which sum the gate's
+//      gradient over the world and each expert's over its DP replicas;
+//   3. the dense gradients summed over the world (one packed MPI_Allreduce);
+//   4. the global gradient norm (dense and gate counted once, experts summed
+//      over the EP group), clipping, AdamW with warm-up + cosine decay;
+//   5. global loss (MPI_Allreduce of the CE sum), progress, metrics,
+//      validation, checkpoint, trace.
+// The loss is the mean over the GLOBAL batch: each rank divides its CE sum by
+// B*S, so summed gradients are the global batch's.
+//
+// Not here: the model (src/model/gpt.c), the file format (checkpoint.c), the
+// data (data.c), the progress line and metrics (progress.c).
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/checkpoint.h"
+#include "moe/data.h"
+#include "moe/gpt_io.h"
+#include "moe/progress.h"
+#include "train/train_internal.h"
+
+void moe_train_config_default(moe_train_config *tc) {
+  memset(tc, 0, sizeof *tc);
+  moe_gpt_config_default(&tc->model);
+  moe_optim_config_default(&tc->optim);
+  moe_parallel_config_default(&tc->par);
+  tc->par.ep_size = 0;
+  tc->batch = 32;
+  tc->steps = 200;
+  tc->seed = 1;
+  tc->val_fraction = 0.1;
+  tc->eval_every = 50;
+  tc->eval_batches = 4;
+  tc->progress = 1;
+  tc->progress_tty = -1;
+  tc->log_every = 1;
+}
+
+// ---- state of one run ------------------------------------------------------------------------
+
+typedef struct {
+  moe_ctx *ctx;
+  MPI_Comm world;
+  int rank, size;
+  const moe_train_config *tc;
+  int bl;  // B / P: this rank's sequences
+  int s;   // S
+  moe_text *text;
+  moe_text_span train, val;
+  int val_batches;  // global validation batches actually used
+  moe_train_ep_user *user;
+  moe_gpt *model;
+  moe_optim *opt;
+  int32_t *tokens, *targets;  // (bl, S)
+  float *dense_buf;           // packed dense gradients
+  size_t dense_n;
+  MPI_Comm ep_comm;  // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
+  int in_group0;     // 1 when world rank 0 is in this rank's EP group
+  moe_progress *progress;
+  moe_metrics *metrics;
+} run_state;
+
+// MPI counts are int: large arrays move in pieces.
+#define MPI_PIECE ((size_t)1 << 30)
+
+// Every rank contributes its status; all fail together (no hang).
+static moe_status agree(run_state *r, moe_status local, const char *what) {
+  return moe_ep_agree_(r->ctx, r->world, local, what);
+}
+
+// ---- checks ----------------------------------------------------------------------------------
+
+static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int size, int *ep) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_gpt_config_validate(ctx, &tc->model));
+  MOE_FAIL_IF(ctx, tc->batch < 1 || tc->batch > (1 << 20), MOE_STATUS_INVALID_ARG,
+              "batch %d out of range [1, %d]", tc->batch, 1 << 20);
+  MOE_FAIL_IF(ctx, tc->batch % size != 0, MOE_STATUS_INVALID_ARG,
+              "batch (%d sequences) must be divisible by the number of ranks (%d)", tc->batch,
+              size);
+  MOE_FAIL_IF(ctx, tc->steps < 1, MOE_STATUS_INVALID_ARG, "steps %d must be >= 1", tc->steps);
+  MOE_FAIL_IF(ctx, tc->stop_step < 0, MOE_STATUS_INVALID_ARG, "stop step %d must be >= 0",
+              tc->stop_step);
+  MOE_FAIL_IF(ctx, !(tc->val_fraction > 0 && tc->val_fraction <= 0.5), MOE_STATUS_INVALID_ARG,
+              "val fraction %g out of range (0, 0.5]", tc->val_fraction);
+  MOE_FAIL_IF(ctx, tc->eval_every < 0 || tc->save_every < 0 || tc->eval_batches < 0,
+              MOE_STATUS_INVALID_ARG, "eval-every, save-every and eval-batches must be >= 0");
+  MOE_FAIL_IF(ctx, tc->log_every < 1, MOE_STATUS_INVALID_ARG, "log-every %d must be >= 1",
+              tc->log_every);
+  MOE_FAIL_IF(ctx, tc->save_every > 0 && !tc->checkpoint, MOE_STATUS_INVALID_ARG,
+              "save-every needs a checkpoint path");
+  MOE_FAIL_IF(
+      ctx, !(tc->optim.lr > 0) || !(tc->optim.min_lr >= 0) || tc->optim.min_lr > tc->optim.lr,
+      MOE_STATUS_INVALID_ARG, "learning rates: need lr > 0 and 0 <= min_lr <= lr (got %g, %g)",
+      tc->optim.lr, tc->optim.min_lr);
+  MOE_FAIL_IF(ctx, tc->optim.warmup_steps < 0, MOE_STATUS_INVALID_ARG, "warmup %d must be >= 0",
+              tc->optim.warmup_steps);
+  *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
+  MOE_FAIL_IF(ctx, *ep > size || size % *ep != 0, MOE_STATUS_INVALID_ARG,
+              "EP size %d must divide the number of ranks (%d)", *ep, size);
+  if (tc->model.moe_every > 0)
+    MOE_FAIL_IF(ctx, tc->model.moe.num_experts % *ep != 0, MOE_STATUS_INVALID_ARG,
+                "experts (%d) must be divisible by the EP size (%d)", tc->model.moe.num_experts,
+                *ep);
+done:
+  return st;
+}
+
+// ---- gradients -------------------------------------------------------------------------------
+
+// Sums the dense gradients over the world, packed into one buffer.
+static moe_status allreduce_dense(run_state *r) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  if (r->size == 1 || r->dense_n == 0) return st;
+  const int n = moe_gpt_num_params(r->model);
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    if (p.kind != MOE_GPT_PARAM_DENSE) continue;
+    memcpy(r->dense_buf + off, p.grad, p.numel * sizeof(float));
+    off += p.numel;
+  }
+  for (size_t i = 0; i < r->dense_n; i += MPI_PIECE) {
+    const size_t c = r->dense_n - i < MPI_PIECE ? r->dense_n - i : MPI_PIECE;
+    MOE_MPI_TRY(
+        ctx, MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
+  }
+  off = 0;
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    if (p.kind != MOE_GPT_PARAM_DENSE) continue;
+    memcpy(p.grad, r->dense_buf + off, p.numel * sizeof(float));
+    off += p.numel;
+  }
+done:
+  return st;
+}
+
+// Global L2 norm: dense and gate gradients are identical on every rank after
+// their reductions; each expert lives once per EP group.
+static moe_status grad_norm(run_state *r, double *norm) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  double sq[3];
+  moe_optim_grad_sq(r->model, sq);
+  if (r->ep_comm != MPI_COMM_NULL)
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
+  *norm = sqrt(sq[0] + sq[1] + sq[2]);
+done:
+  return st;
+}
+
+// ---- validation -------------------------------------------------------------------------------
+
+static moe_status validate(run_state *r, double *val_loss) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  double acc[2] = {0, 0};
+  *val_loss = NAN;
+  if (r->val_batches == 0) return st;
+  for (int k = 0; k < r->val_batches; k++) {
+    const int first = k * r->tc->batch + r->rank * r->bl;
+    moe_batch_val(&r->val, first, r->bl, r->s, r->tokens, r->targets);
+    moe_gpt_loss l;
+    MOE_TRY(moe_gpt_forward(r->model, r->tokens, r->targets, r->bl, r->s, 0, &l));
+    acc[0] += l.ce_sum;
+    acc[1] += l.tokens;
+  }
+  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
+  *val_loss = acc[1] > 0 ? acc[0] / acc[1] : NAN;
+done:
+  return st;
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+// Tensor k of the checkpoint: parameter k % n, kind k / n (0 data, 1 m, 2 v).
+static float *ckpt_source(run_state *r, const moe_gpt_param *p, int i, int which) {
+  if (which == 0) return p->data;
+  return which == 1 ? moe_optim_m(r->opt, i) : moe_optim_v(r->opt, i);
+}
+
+// Collective. Rank 0 writes; the members of rank 0's EP group send their
+// experts. A failure on rank 0 is reported on every rank after every rank has
+// finished its part; the previous file at path stays intact.
+static moe_status save_checkpoint(run_state *r, const char *path, int step) {
+  moe_status st = MOE_STATUS_OK, wst = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const int n = moe_gpt_num_params(r->model);
+  moe_ckpt_tensor_desc *descs = NULL;
+  moe_ckpt_writer *w = NULL;
+  char *config = NULL;
+  float *full = NULL;
+  size_t full_n = 0;
+  char msg[512] = "";
+  int ok = 1;
+
+  if (r->rank == 0) {
+    descs = moe_calloc((size_t)3 * n, sizeof *descs);
+    wst = descs ? MOE_STATUS_OK
+                : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                               "checkpoint: out of memory");
+    for (int k = 0; wst == MOE_STATUS_OK && k < 3 * n; k++) {
+      const moe_gpt_param p = moe_gpt_get_param(r->model, k % n);
+      static const char *const prefix[3] = {"", "adam.m.", "adam.v."};
+      snprintf(descs[k].name, sizeof descs[k].name, "%s%s", prefix[k / n], p.name);
+      descs[k].dtype = MOE_CKPT_F32;
+      descs[k].ndim = p.ndim;
+      for (int d = 0; d < 4; d++) descs[k].dims[d] = d < p.ndim ? p.dims[d] : 1;
+    }
+    if (wst == MOE_STATUS_OK)
+      wst =
+          moe_gpt_ckpt_config_json(ctx, r->model, r->opt, step, r->tc->seed, r->tc->batch, &config);
+    if (wst == MOE_STATUS_OK) wst = moe_ckpt_writer_open(ctx, path, config, descs, 3 * n, &w);
+  }
+  // Rank 0 assembles each expert tensor whole: one buffer for the largest.
+  int ep_size = 1;
+  if (r->in_group0) MPI_Comm_size(r->ep_comm, &ep_size);
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    if (p.kind == MOE_GPT_PARAM_EXPERT && p.numel * (size_t)ep_size > full_n)
+      full_n = p.numel * (size_t)ep_size;
+  }
+  if (r->rank == 0 && full_n) full = moe_malloc(full_n * sizeof(float));
+  MOE_TRY(agree(r,
+                r->rank != 0 || !full_n || full
+                    ? MOE_STATUS_OK
+                    : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                   "checkpoint: out of memory (%zu floats)", full_n),
+                "checkpoint buffer"));
+  for (int k = 0; k < 3 * n; k++) {
+    const int i = k % n;
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    const float *src = ckpt_source(r, &p, i, k / n);
+    if (p.kind != MOE_GPT_PARAM_EXPERT) {
+      if (r->rank == 0 && wst == MOE_STATUS_OK)
+        wst = moe_ckpt_writer_write(w, k, src, p.numel * sizeof(float));
+      continue;
+    }
+    if (!r->in_group0) continue;
+    // Experts are in EP-rank order (block placement): EP rank q's slice goes at q * numel.
+    if (r->rank == 0) {
+      memcpy(full, src, p.numel * sizeof(float));
+      for (int q = 1; q < ep_size; q++)
+        for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
+          const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
+          MOE_MPI_TRY(ctx, MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
+                                    r->ep_comm, MPI_STATUS_IGNORE));
+        }
+      if (wst == MOE_STATUS_OK)
+        wst = moe_ckpt_writer_write(w, k, full, p.numel * (size_t)ep_size * sizeof(float));
+    } else {
+      for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
+        const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
+        MOE_MPI_TRY(ctx, MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
+      }
+    }
+  }
+  if (r->rank == 0) {
+    if (wst == MOE_STATUS_OK) {
+      wst = moe_ckpt_writer_commit(w);
+    } else {
+      moe_ckpt_writer_abort(w);
+    }
+    w = NULL;
+    if (wst != MOE_STATUS_OK) {
+      ok = 0;
+      snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
+    }
+  }
+  MOE_MPI_TRY(ctx, MPI_Bcast(&ok, 1, MPI_INT, 0, r->world));
+  if (!ok) {
+    MOE_MPI_TRY(ctx, MPI_Bcast(msg, sizeof msg, MPI_CHAR, 0, r->world));
+    if (r->rank == 0) {
+      st = wst;
+    } else {
+      MOE_FAIL(ctx, MOE_STATUS_IO, "checkpoint save failed on rank 0: %s", msg);
+    }
+  }
+done:
+  if (w) moe_ckpt_writer_abort(w);
+  moe_free(full);
+  moe_free(config);
+  moe_free(descs);
+  return st;
+}
+
+// ---- trace -------------------------------------------------------------------------------------
+
+static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
+  moe_status st = MOE_STATUS_OK;
+  moe_trace_pass passes[2 * MOE_GPT_MAX_LAYERS];
+  int np = 0;
+  for (int b = 0; b < r->tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    uint64_t f0 = 0, b0 = 0;
+    moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], &f0, &b0);
+    for (int dir = 0; dir < 2; dir++) {
+      const moe_task_graph *g = NULL;
+      const moe_task_record *rec = NULL;
+      moe_ep_layer_last_pass(l, dir, &g, &rec);
+      if (!g || !rec) continue;
+      const uint64_t t0 = dir ? b0 : f0;
+      passes[np].rank = r->rank;
+      passes[np].graph = g;
+      passes[np].records = rec;
+      passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
+      np++;
+    }
+  }
+  st = moe_trace_write_ranks(r->ctx, r->world, r->tc->trace, passes, np);
+  return st;
+}
+
+// Sum over the MoE blocks' last forward and backward passes (this rank).
+static void comm_times(run_state *r, double *comm_s, double *exposed_s) {
+  *comm_s = *exposed_s = 0;
+  for (int b = 0; b < r->tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    for (int dir = 0; dir < 2; dir++) {
+      const moe_task_graph *g = NULL;
+      const moe_task_record *rec = NULL;
+      moe_ep_layer_last_pass(l, dir, &g, &rec);
+      if (!g || !rec) continue;
+      moe_pass_breakdown bd;
+      moe_pass_breakdown_compute(rec, g->n_tasks, &bd);
+      *comm_s += (double)bd.comm_ns * 1e-9;
+      *exposed_s += (double)bd.exposed_comm_ns * 1e-9;
+    }
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  if (n <= 0) return NAN;
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// ---- setup and teardown -----------------------------------------------------------------------
+
+static moe_status setup(run_state *r, int *start_step) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  int ep = 1;
+
+  local = check_config(ctx, tc, r->size, &ep);
+  MOE_TRY(agree(r, local, "training config"));
+  r->bl = tc->batch / r->size;
+  r->s = tc->model.seq_len;
+
+  // Text: every rank reads it (a shared file system, or the same package on every node).
+  local = moe_text_load(ctx, tc->data, (size_t)r->s * 4 + 2, &r->text);
+  if (local == MOE_STATUS_OK)
+    local = moe_text_split(ctx, r->text, tc->val_fraction, r->s, &r->train, &r->val);
+  MOE_TRY(agree(r, local, "loading the training text"));
+  const int windows = moe_batch_val_windows(&r->val, r->s);
+  r->val_batches = windows / tc->batch < tc->eval_batches ? windows / tc->batch : tc->eval_batches;
+  if (r->val_batches < tc->eval_batches && r->rank == 0)
+    MOE_WARN("validation: %d windows of %d bytes give %d batches of %d (asked for %d)", windows,
+             r->s, r->val_batches, tc->batch, tc->eval_batches);
+
+  // Model on the expert-parallel backend.
+  r->user = moe_calloc(1, sizeof *r->user);
+  local = r->user
+              ? MOE_STATUS_OK
+              : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory");
+  MOE_TRY(agree(r, local, "allocation"));
+  r->user->world = r->world;
+  r->user->par = tc->par;
+  r->user->par.ep_size = ep;
+  moe_gpt_config mc = tc->model;
+  MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
+  moe_optim_config oc = tc->optim;
+  oc.total_steps = tc->steps;
+  local = moe_optim_create(ctx, r->model, &oc, &r->opt);
+  if (local == MOE_STATUS_OK) {
+    r->tokens = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
+    r->targets = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
+    const int n = moe_gpt_num_params(r->model);
+    for (int i = 0; i < n; i++) {
+      const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+      if (p.kind == MOE_GPT_PARAM_DENSE) r->dense_n += p.numel;
+    }
+    r->dense_buf = moe_malloc(r->dense_n * sizeof(float));
+    if (!r->tokens || !r->targets || (r->dense_n && !r->dense_buf))
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "training buffers: out of memory");
+  }
+  MOE_TRY(agree(r, local, "optimizer and buffers"));
+
+  // The EP group (for the expert part of the gradient norm and checkpoint gathers).
+  r->ep_comm = MPI_COMM_NULL;
+  for (int b = 0; b < tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    const moe_group *g = moe_ep_layer_ep_group(moe_train_ep_layer(r->user->impl[b], NULL, NULL));
+    r->ep_comm = g->comm;
+    MPI_Group wg, eg;
+    int zero = 0, in = MPI_UNDEFINED;
+    MPI_Comm_group(r->world, &wg);
+    MPI_Comm_group(g->comm, &eg);
+    MPI_Group_translate_ranks(wg, 1, &zero, eg, &in);
+    MPI_Group_free(&wg);
+    MPI_Group_free(&eg);
+    r->in_group0 = in == 0;  // rank 0 must also be EP rank 0 (it is: groups keep world order)
+    break;
+  }
+
+  // Parameters: fresh or from a checkpoint (every rank reads its slice).
+  *start_step = 1;
+  if (tc->resume) {
+    moe_gpt_ckpt_info info;
+    local = moe_gpt_ckpt_read_info(ctx, tc->resume, &info);
+    if (local == MOE_STATUS_OK) local = moe_gpt_ckpt_load(ctx, tc->resume, r->model, r->opt);
+    MOE_TRY(agree(r, local, "loading the checkpoint"));
+    *start_step = info.step + 1;
+    if (r->rank == 0) {
+      if (info.seed != tc->seed || info.batch != tc->batch)
+        MOE_WARN(
+            "resuming %s saved with seed %llu batch %d under seed %llu batch %d: the run "
+            "continues, but not as the original run would have",
+            tc->resume, (unsigned long long)info.seed, info.batch, (unsigned long long)tc->seed,
+            tc->batch);
+    }
+  } else {
+    moe_gpt_init_params(r->model, tc->seed);
+  }
+
+  // Outputs on rank 0.
+  local = MOE_STATUS_OK;
+  if (r->rank == 0 && tc->metrics)
+    local = moe_metrics_open(ctx, tc->metrics, tc->metrics_append, &r->metrics);
+  if (local == MOE_STATUS_OK && r->rank == 0 && tc->progress)
+    local = moe_progress_create(ctx, stderr, tc->progress_tty, tc->steps, &r->progress);
+  MOE_TRY(agree(r, local, "opening the outputs"));
+done:
+  return st;
+}
+
+static void teardown(run_state *r) {
+  moe_progress_free(r->progress);
+  moe_metrics_close(r->metrics);
+  moe_free(r->dense_buf);
+  moe_free(r->targets);
+  moe_free(r->tokens);
+  moe_optim_destroy(r->opt);
+  moe_gpt_destroy(r->model);  // collective: destroys the EP layers
+  moe_free(r->user);
+  moe_text_free(r->text);
+}
+
+// ---- the loop --------------------------------------------------------------------------------
+
+moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
+                         moe_train_result *out) {
+  moe_status st = MOE_STATUS_OK;
+  run_state r;
+  memset(&r, 0, sizeof r);
+  r.ctx = ctx;
+  r.world = world;
+  r.tc = tc;
+  MPI_Comm_rank(world, &r.rank);
+  MPI_Comm_size(world, &r.size);
+  double *tps = NULL, *a2a = NULL, *exposed = NULL;
+  int n_timed = 0, start = 1;
+  memset(out, 0, sizeof *out);
+  out->first_val_loss = out->final_val_loss = NAN;
+
+  MOE_TRY(setup(&r, &start));
+  out->first_step = start;
+  const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
+  out->last_step = end;
+  MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
+              "%s is at step %d already: nothing to train up to step %d (raise --steps)",
+              tc->resume, start - 1, end);
+  out->params_total = moe_gpt_total_elements(r.model);
+  out->params_active = moe_gpt_active_elements(r.model);
+  snprintf(out->source, sizeof out->source, "%s", moe_text_source(r.text));
+  const int nsteps = end - start + 1;
+  tps = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *tps);
+  a2a = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *a2a);
+  exposed = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *exposed);
+  MOE_TRY(agree(&r,
+                tps && a2a && exposed ? MOE_STATUS_OK
+                                      : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__,
+                                                     __LINE__, "out of memory"),
+                "allocation"));
+
+  const uint64_t t_begin = moe_time_ns();
+  const int gtokens = tc->batch * r.s;
+  for (int step = start; step <= end; step++) {
+    MOE_MPI_TRY(ctx, MPI_Barrier(world));  // steps start together: clean per-step times
+    const uint64_t t0 = moe_time_ns();
+    moe_batch_train(&r.train, tc->seed, (uint64_t)step, r.rank * r.bl, r.bl, r.s, r.tokens,
+                    r.targets);
+    moe_gpt_zero_grad(r.model);
+    moe_gpt_loss l;
+    MOE_TRY(moe_gpt_forward(r.model, r.tokens, r.targets, r.bl, r.s, (double)gtokens, &l));
+    MOE_TRY(moe_gpt_backward(r.model));
+    MOE_TRY(allreduce_dense(&r));
+    double norm = 0;
+    MOE_TRY(grad_norm(&r, &norm));
+    float scale = 1.0f;
+    if (tc->optim.grad_clip > 0 && norm > tc->optim.grad_clip)
+      scale = (float)(tc->optim.grad_clip / norm);
+    const float lr = moe_optim_step(r.opt, r.model, scale);
+    double sums[2] = {l.ce_sum, (double)l.dropped};
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
+    const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
+
+    moe_train_step_info info;
+    memset(&info, 0, sizeof info);
+    info.step = step;
+    info.loss = sums[0] / gtokens;
+    info.aux = l.aux;
+    info.dropped = (int)sums[1];
+    info.lr = lr;
+    info.grad_norm = norm;
+    info.step_s = step_s;
+    info.tokens_per_s = gtokens / step_s;
+    double comm_s = 0, exposed_s = 0;
+    comm_times(&r, &comm_s, &exposed_s);
+    info.a2a_share = comm_s / step_s;
+    info.exposed_share = exposed_s / step_s;
+    info.val_loss = NAN;
+
+    if (tc->trace && step == (tc->trace_step > 0 ? tc->trace_step : end))
+      MOE_TRY(write_trace(&r, t0));
+    const int last = step == end;
+    if (last || (tc->eval_every > 0 && step % tc->eval_every == 0) ||
+        (step == start && tc->eval_every > 0))
+      MOE_TRY(validate(&r, &info.val_loss));
+
+    if (step == start) out->first_loss = info.loss;
+    out->final_loss = info.loss;
+    if (!isnan(info.val_loss)) {
+      if (isnan(out->first_val_loss)) out->first_val_loss = info.val_loss;
+      out->final_val_loss = info.val_loss;
+    }
+    if (step > start || nsteps == 1) {
+      tps[n_timed] = info.tokens_per_s;
+      a2a[n_timed] = info.a2a_share;
+      exposed[n_timed] = info.exposed_share;
+      n_timed++;
+    }
+    const double elapsed = (double)(moe_time_ns() - t_begin) * 1e-9;
+    if (r.rank == 0) {
+      if (r.progress && (step % tc->log_every == 0 || last || !isnan(info.val_loss)))
+        moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
+                            info.a2a_share, elapsed);
+      if (r.metrics) {
+        static const char *const names[] = {"aux", "grad_norm", "exposed_share", "dropped",
+                                            "step_ms"};
+        const double vals[] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
+                               step_s * 1e3};
+        // A full disk must not stop training (nor leave the other ranks waiting).
+        if (moe_metrics_write(r.metrics, step, info.loss, info.val_loss, info.tokens_per_s,
+                              info.a2a_share, lr, elapsed, names, vals, 5) != MOE_STATUS_OK) {
+          MOE_WARN("metrics: %s; no more metrics are written", moe_ctx_error(ctx));
+          moe_metrics_close(r.metrics);
+          r.metrics = NULL;
+        }
+      }
+    }
+    if (tc->on_step) tc->on_step(tc->on_step_user, &info);
+    if (tc->checkpoint && (last || (tc->save_every > 0 && step % tc->save_every == 0)))
+      MOE_TRY(save_checkpoint(&r, tc->checkpoint, step));
+  }
+  if (r.progress) moe_progress_finish(r.progress);
+  out->train_s = (double)(moe_time_ns() - t_begin) * 1e-9;
+  out->tokens_per_s = median(tps, n_timed);
+  out->a2a_share = median(a2a, n_timed);
+  out->exposed_share = median(exposed, n_timed);
+done:
+  moe_free(tps);
+  moe_free(a2a);
+  moe_free(exposed);
+  teardown(&r);
+  return st;
+}
