@@ -545,7 +545,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       MOE_TRY(write_trace(&r, t0));
     const int last = step == end;
     if (last || (tc->eval_every > 0 && step % tc->eval_every == 0) ||
-        (step == start && tc->eval_every > 0))
+        (step == 1 && tc->eval_every > 0))
       MOE_TRY(validate(&r, &info.val_loss));
 
     if (step == start) out->first_loss = info.loss;

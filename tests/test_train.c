@@ -1,0 +1,312 @@
+// moe_train_run across layouts, determinism, resume and bad input. Run under
+// mpirun with 4 ranks (with fewer, the layouts that need more are skipped).
+//
+// 1. Layouts: a tiny dropless MoE-GPT trained 20 steps on 1 rank (the
+//    reference), on 2 ranks (EP 2; EP 1 = pure DP) and on 4 ranks (EP 4,
+//    EP 2 x DP 2 contiguous and strided, EP 1): the losses of every step equal
+//    the 1-rank run's within 1e-5 relative; with the pipeline/optsche schedules
+//    and chunks too, and with a dense block between MoE blocks.
+// 2. Determinism: the same run twice gives bitwise-identical losses.
+// 3. Resume: 20 steps stopped at 10 and resumed equals the uninterrupted run
+//    bitwise (same layout); resumed on another world size within 1e-5.
+// 4. Errors reach every rank (no hang): batch not divisible by P, experts
+//    not divisible by EP, a corrupted checkpoint (the file is left as it was),
+//    a checkpoint of another model, an unwritable checkpoint path.
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moe/moe.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#define STEPS 20
+#define REL_TOL 1e-5
+
+static int g_rank, g_world;
+static char g_text[256], g_ckpt[256], g_ckpt2[256];
+
+typedef struct {
+  double loss[STEPS + 1];
+  double val[STEPS + 1];
+  int n;
+} losses;
+
+static void on_step(void *user, const moe_train_step_info *info) {
+  losses *l = user;
+  if (info->step >= 1 && info->step <= STEPS) {
+    l->loss[info->step] = info->loss;
+    l->val[info->step] = info->val_loss;
+    l->n++;
+  }
+}
+
+static void base_config(moe_train_config *tc) {
+  moe_train_config_default(tc);
+  moe_gpt_config *m = &tc->model;
+  m->seq_len = 16;
+  m->n_layer = 2;
+  m->n_head = 2;
+  m->d_model = 16;
+  m->dense_hidden = 32;
+  m->moe.num_experts = 4;
+  m->moe.top_k = 2;
+  m->moe.hidden_dim = 24;
+  m->moe.capacity_factor = -1;  // dropless: every layout routes the same
+  tc->batch = 8;
+  tc->steps = STEPS;
+  tc->seed = 7;
+  tc->eval_every = 5;
+  tc->eval_batches = 2;
+  tc->progress = 0;
+  tc->data = g_text;
+  tc->optim.warmup_steps = 3;
+  tc->optim.lr = 1e-2f;
+  tc->optim.min_lr = 1e-3f;
+  tc->on_step = on_step;
+}
+
+// Runs tc on the first `size` ranks (the others wait). Returns the status on
+// those ranks (OK on the others) and the losses in *l.
+static moe_status run_on(int size, const moe_train_config *tc0, losses *l, moe_ctx *ctx) {
+  MPI_Comm comm;
+  moe_status st = MOE_STATUS_OK;
+  MPI_Comm_split(MPI_COMM_WORLD, g_rank < size ? 0 : MPI_UNDEFINED, g_rank, &comm);
+  memset(l, 0, sizeof *l);
+  if (comm != MPI_COMM_NULL) {
+    moe_train_config tc = *tc0;
+    tc.on_step_user = l;
+    moe_train_result res;
+    st = moe_train_run(ctx, comm, &tc, &res);
+    MPI_Comm_free(&comm);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return st;
+}
+
+static void compare(const char *name, const losses *got, const losses *ref, int first, int exact) {
+  if (g_rank != 0) return;
+  TU_CHECK(got->n == STEPS - first + 1, "%s: %d steps ran, expected %d", name, got->n,
+           STEPS - first + 1);
+  double worst = 0;
+  int at = 0;
+  for (int s = first; s <= STEPS; s++) {
+    const double e = fabs(got->loss[s] - ref->loss[s]) / fabs(ref->loss[s]);
+    if (e > worst) worst = e, at = s;
+    if (!isnan(ref->val[s]) || !isnan(got->val[s])) {
+      const double ev = fabs(got->val[s] - ref->val[s]) / fabs(ref->val[s]);
+      TU_CHECK(exact ? got->val[s] == ref->val[s] : ev <= REL_TOL,
+               "%s: val loss at step %d: %.9g vs %.9g", name, s, got->val[s], ref->val[s]);
+    }
+  }
+  if (exact) {
+    int same = 1;
+    for (int s = first; s <= STEPS; s++) same &= got->loss[s] == ref->loss[s];
+    TU_CHECK(same, "%s: losses not bitwise equal (worst rel %.3g at step %d)", name, worst, at);
+  } else {
+    TU_CHECK(worst <= REL_TOL, "%s: loss rel error %.3g at step %d (%.9g vs %.9g)", name, worst, at,
+             got->loss[at], ref->loss[at]);
+  }
+  printf("  %-44s max rel diff %.2e over steps %d..%d\n", name, worst, first, STEPS);
+}
+
+static void write_text(void) {
+  // A deterministic text with structure to learn (the same on every rank).
+  snprintf(g_text, sizeof g_text, "/tmp/moe_test_train_%d.txt", (int)getppid());
+  snprintf(g_ckpt, sizeof g_ckpt, "/tmp/moe_test_train_%d.ckpt", (int)getppid());
+  snprintf(g_ckpt2, sizeof g_ckpt2, "/tmp/moe_test_train_%d_b.ckpt", (int)getppid());
+  if (g_rank == 0) {
+    FILE *f = fopen(g_text, "w");
+    static const char *const words[] = {"the ",  "cat ", "sat ", "on ",  "a ",
+                                        "mat. ", "dog ", "ran ", "far ", "away!\n"};
+    moe_rng rng;
+    moe_rng_init(&rng, 3, 0);
+    for (int i = 0; i < 12000 && f; i++) fputs(words[moe_rng_u32(&rng) % 10], f);
+    if (f) fclose(f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static int file_equal(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int same = fa && fb;
+  while (same) {
+    const int ca = fgetc(fa), cb = fgetc(fb);
+    if (ca != cb) same = 0;
+    if (ca == EOF || cb == EOF) break;
+  }
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
+static void copy_file(const char *from, const char *to) {
+  FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+  int c;
+  while (a && b && (c = fgetc(a)) != EOF) fputc(c, b);
+  if (a) fclose(a);
+  if (b) fclose(b);
+}
+
+// Every rank of the run must fail with the same kind of error, the message
+// containing `words`.
+static void expect_fail(const char *name, int size, const moe_train_config *tc, const char *words,
+                        moe_ctx *ctx) {
+  losses l;
+  const moe_status st = run_on(size, tc, &l, ctx);
+  if (g_rank < size) {
+    TU_CHECK(st != MOE_STATUS_OK, "%s: expected an error on rank %d", name, g_rank);
+    if (g_rank == 0)
+      TU_CHECK(strstr(moe_ctx_error(ctx), words) != NULL, "%s: message '%s' lacks '%s'", name,
+               moe_ctx_error(ctx), words);
+  }
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  (void)argv;
+  int provided = 0;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  moe_log_set_level(MOE_LOG_ERROR);
+  moe_blas_set_threads(1);
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  write_text();
+
+  moe_train_config tc;
+  base_config(&tc);
+  losses ref, got;
+  if (g_rank == 0) printf("layouts against 1 rank:\n");
+  TU_CHECK(run_on(1, &tc, &ref, ctx) == MOE_STATUS_OK, "1 rank: %s", moe_ctx_error(ctx));
+  if (g_rank == 0)
+    TU_CHECK(ref.loss[STEPS] < ref.loss[1] - 0.5, "the loss does not fall (%g -> %g)", ref.loss[1],
+             ref.loss[STEPS]);
+
+  // 1. layouts
+  struct {
+    int size, ep, strided;
+    const char *schedule;
+    int chunks, moe_every;
+  } lay[] = {
+      {2, 2, 0, "sequential", 1, 1}, {2, 1, 0, "sequential", 1, 1}, {4, 4, 0, "sequential", 1, 1},
+      {4, 2, 0, "sequential", 1, 1}, {4, 2, 1, "sequential", 1, 1}, {4, 1, 0, "sequential", 1, 1},
+      {4, 4, 0, "optsche", 2, 1},    {2, 2, 0, "pipeline", 3, 1},   {4, 4, 0, "smart", 1, 1}};
+  for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) {
+    if (lay[i].size > g_world) continue;
+    moe_train_config t = tc;
+    t.par.ep_size = lay[i].ep;
+    t.par.ep_strided = lay[i].strided;
+    snprintf(t.par.schedule, sizeof t.par.schedule, "%s", lay[i].schedule);
+    t.par.chunks = lay[i].chunks;
+    char name[128];
+    snprintf(name, sizeof name, "P=%d EP=%d%s %s r=%d", lay[i].size, lay[i].ep,
+             lay[i].strided ? " strided" : "", lay[i].schedule, lay[i].chunks);
+    TU_CHECK(run_on(lay[i].size, &t, &got, ctx) == MOE_STATUS_OK, "%s: %s", name,
+             moe_ctx_error(ctx));
+    compare(name, &got, &ref, 1, 0);
+  }
+  // A dense block between MoE blocks (moe_every 2), 1 rank vs all ranks.
+  {
+    moe_train_config t = tc;
+    t.model.n_layer = 3;
+    t.model.moe_every = 2;
+    losses r1;
+    TU_CHECK(run_on(1, &t, &r1, ctx) == MOE_STATUS_OK, "moe_every 2: %s", moe_ctx_error(ctx));
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "moe_every 2: %s",
+             moe_ctx_error(ctx));
+    compare("moe_every=2, all ranks", &got, &r1, 1, 0);
+  }
+
+  // 2. determinism
+  TU_CHECK(run_on(g_world, &tc, &ref, ctx) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
+  TU_CHECK(run_on(g_world, &tc, &got, ctx) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
+  compare("same run twice (bitwise)", &got, &ref, 1, 1);
+
+  // 3. resume: stop at 10, resume to 20 (bitwise at the same layout).
+  {
+    moe_train_config t = tc;
+    t.checkpoint = g_ckpt;
+    t.stop_step = 10;
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "save: %s", moe_ctx_error(ctx));
+    t.stop_step = 0;
+    t.checkpoint = NULL;
+    t.resume = g_ckpt;
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s", moe_ctx_error(ctx));
+    compare("resume at step 10, same layout (bitwise)", &got, &ref, 11, 1);
+    if (g_world >= 2) {
+      TU_CHECK(run_on(g_world / 2, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s",
+               moe_ctx_error(ctx));
+      compare("resume on half the ranks", &got, &ref, 11, 0);
+    }
+    TU_CHECK(run_on(1, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s", moe_ctx_error(ctx));
+    compare("resume on 1 rank", &got, &ref, 11, 0);
+  }
+
+  // 4. errors on every rank
+  {
+    moe_train_config t = tc;
+    if (g_world >= 3) {
+      t.batch = 9;
+      expect_fail("batch 9 on 3+ ranks", 3, &t, "divisible", ctx);
+      t.batch = 8;
+      t.model.moe.num_experts = 6;
+      t.model.moe.top_k = 2;
+      t.par.ep_size = 4;
+      if (g_world >= 4) expect_fail("6 experts on EP 4", 4, &t, "divisible", ctx);
+    }
+    // A corrupted checkpoint: every rank fails, the file is unchanged.
+    if (g_rank == 0) {
+      copy_file(g_ckpt, g_ckpt2);
+      FILE *f = fopen(g_ckpt2, "r+b");
+      if (f) {
+        fseek(f, 4000, SEEK_SET);
+        const int c = fgetc(f);
+        fseek(f, 4000, SEEK_SET);
+        fputc(c ^ 0x5a, f);
+        fclose(f);
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    char snapshot[300];
+    snprintf(snapshot, sizeof snapshot, "%s.snap", g_ckpt2);
+    if (g_rank == 0) copy_file(g_ckpt2, snapshot);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t = tc;
+    t.resume = g_ckpt2;
+    t.checkpoint = g_ckpt2;
+    expect_fail("corrupted checkpoint", g_world, &t, "checksum", ctx);
+    if (g_rank == 0)
+      TU_CHECK(file_equal(g_ckpt2, snapshot), "the corrupted checkpoint was changed");
+    // Another model: a wider d_model.
+    t = tc;
+    t.model.d_model = 32;
+    t.resume = g_ckpt;
+    expect_fail("checkpoint of another model", g_world, &t, "differs", ctx);
+    // An unwritable path: the run fails on every rank at its save.
+    t = tc;
+    t.checkpoint = "/nonexistent-dir/x.ckpt";
+    t.steps = 2;
+    expect_fail("unwritable checkpoint path", g_world, &t, "nonexistent", ctx);
+    if (g_rank == 0) {
+      remove(snapshot);
+      remove(g_ckpt2);
+    }
+  }
+
+  if (g_rank == 0) {
+    remove(g_ckpt);
+    remove(g_text);
+  }
+  moe_ctx_destroy(ctx);
+  int failures = tu_failures, all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int rc = 0;
+  if (g_rank == 0) rc = tu_finish("test_train");
+  MPI_Finalize();
+  return all ? 1 : rc;
+}
