@@ -2,6 +2,7 @@
 // MoE layers on the task engine). Parses the options on every rank (only rank
 // 0 prints), runs moe_train_run, prints a summary and draws the loss plot.
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +224,14 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   o->model_flags = v_layers >= 0 || v_d >= 0 || v_heads >= 0 || v_s >= 0 || v_e >= 0 || v_k >= 0 ||
                    v_h >= 0 || v_me >= 0 || v_dh >= 0 || !isnan(v_f) || !isnan(v_aux) ||
                    o->model_config;
+  if (tc->data) {
+    FILE *f = fopen(tc->data, "rb");
+    if (!f) {
+      cli_error("--data: cannot open '%s': %s", tc->data, strerror(errno));
+      return CLI_USAGE;
+    }
+    fclose(f);
+  }
   if (tc->resume) {
     // The model is the checkpoint's.
     moe_gpt_ckpt_info info;

@@ -7,7 +7,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config clang clang-format libclang-rt-dev git
       openmpi-bin libopenmpi-dev libopenblas-dev libzfp-dev libcjson-dev
-      gnuplot-nox iproute2)
+      gnuplot-nox iproute2 fortunes)
 if [[ "${1:-}" == "--torch" ]]; then
   pkgs+=(python3-torch python3-numpy)
 fi

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# `moe train` and `moe sample` end to end: help and exit codes, a tiny run on 2
+# ranks with metrics, plot, trace and checkpoint, sampling from it, resuming
+# (bitwise equal metrics), a corrupted checkpoint (clear error, file unchanged),
+# and a killed rank (the job ends with an error within a bounded time).
+# Usage: train_cli_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
+tmp=$(mktemp -d)
+bg=""
+cleanup() {
+  if [[ -n "$bg" ]]; then kill -9 "$bg" 2>/dev/null; pkill -9 -P "$bg" 2>/dev/null; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+OVERSUB=""
+if "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then OVERSUB=--oversubscribe; fi
+mpi() { "$MPIEXEC" -n "$1" $OVERSUB "${@:2}"; }
+
+# A small text with structure (the default corpus would do too; this keeps the test fast).
+python3 - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(5)
+w = ["the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away!\n"]
+open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
+PY
+TINY=(--data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4
+      --expert-hidden 32 --batch 8 --eval-every 5 --eval-batches 2 --progress line)
+
+# expect CODE PATTERN -- CMD...: exit status and output pattern.
+expect() {
+  local code=$1 pattern=$2
+  shift 3
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then ok; else
+    bad "$* -> exit $rc (want $code), wanted /$pattern/, output:"
+    echo "$out" | tail -5 >&2
+  fi
+}
+
+expect 0 "usage: mpirun -n P moe train" -- "$MOE" train --help
+expect 0 "usage: moe sample" -- "$MOE" sample --help
+expect 2 "unknown option '--frobnicate'" -- "$MOE" train --frobnicate
+expect 2 "--layers.*must be in" -- "$MOE" train --layers 0
+expect 2 "divide|divisible" -- "$MOE" train --d-model 30 --heads 4
+expect 2 "--plot needs --metrics" -- "$MOE" train --plot x.png
+expect 2 "checkpoint FILE is required" -- "$MOE" sample
+expect 2 "divisible by the number of ranks" -- mpi 2 "$MOE" train "${TINY[@]}" --batch 3 --steps 2
+expect 2 "nothing|No such|cannot|open" -- "$MOE" train --data "$tmp/missing.txt" --steps 2
+
+# A run with every output, then sampling from its checkpoint.
+expect 0 "val loss" -- mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/m.jsonl" \
+  --plot "$tmp/loss.txt" --trace "$tmp/trace.json" --trace-step 3 --checkpoint "$tmp/c.ckpt"
+if python3 - "$tmp/m.jsonl" "$tmp/trace.json" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == list(range(1, 13)), rows
+for r in rows:
+    for k in ("loss", "tokens_per_s", "a2a_share", "lr"):
+        assert k in r, k
+assert "val_loss" in rows[4] and "val_loss" not in rows[5]
+assert rows[-1]["loss"] < rows[0]["loss"]
+t = json.load(open(sys.argv[2]))
+assert len(t["traceEvents"]) > 0
+PY
+then ok; else bad "metrics or trace content"; fi
+if [[ -s "$tmp/c.ckpt" ]]; then ok; else bad "no checkpoint written"; fi
+if command -v gnuplot >/dev/null; then
+  if [[ -s "$tmp/loss.txt" ]]; then ok; else bad "no loss plot"; fi
+fi
+out=$("$MOE" sample --checkpoint "$tmp/c.ckpt" --prompt "the cat" --length 40 2>&1)
+if [[ $? -eq 0 && "$out" == "the cat"* && ${#out} -ge 47 ]]; then ok; else bad "sample: $out"; fi
+out2=$("$MOE" sample --checkpoint "$tmp/c.ckpt" --prompt "the cat" --length 40 2>&1)
+if [[ "$out" == "$out2" ]]; then ok; else bad "sample is not deterministic"; fi
+
+# Resume: 12 steps stopped at 6 then resumed equal the uninterrupted run's metrics.
+mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/full.jsonl" --quiet >/dev/null 2>&1
+mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --stop-at 6 --checkpoint "$tmp/r.ckpt" \
+  --metrics "$tmp/part.jsonl" --quiet >/dev/null 2>&1
+mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
+  --quiet >/dev/null 2>&1
+if python3 - "$tmp/full.jsonl" "$tmp/part.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 12, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["step"] == y["step"] and x["loss"] == y["loss"], (x, y)
+    if "val_loss" in x:  # the stopped run also validates at its last step
+        assert x["val_loss"] == y.get("val_loss"), (x, y)
+PY
+then ok; else bad "resumed metrics differ from the uninterrupted run"; fi
+
+# A corrupted checkpoint: clear error from sample and train; the file is not touched.
+cp "$tmp/c.ckpt" "$tmp/bad.ckpt"
+printf '\xff\xff\xff\xff' | dd of="$tmp/bad.ckpt" bs=1 seek=5000 conv=notrunc status=none
+cp "$tmp/bad.ckpt" "$tmp/bad.snap"
+expect 2 "checksum" -- "$MOE" sample --checkpoint "$tmp/bad.ckpt"
+expect 2 "checksum" -- mpi 2 "$MOE" train "${TINY[@]}" --steps 20 --resume "$tmp/bad.ckpt" \
+  --checkpoint "$tmp/bad.ckpt"
+if cmp -s "$tmp/bad.ckpt" "$tmp/bad.snap"; then ok; else bad "corrupted checkpoint was modified"; fi
+head -c 3000 "$tmp/c.ckpt" >"$tmp/trunc.ckpt"
+expect 2 "truncated" -- "$MOE" sample --checkpoint "$tmp/trunc.ckpt"
+
+# A killed rank: the job must end with an error, not hang.
+"$MPIEXEC" -n 2 $OVERSUB "$MOE" train "${TINY[@]}" --steps 1000000 --eval-every 0 \
+  --metrics "$tmp/k.jsonl" --quiet >"$tmp/kill.log" 2>&1 &
+bg=$!
+for _ in $(seq 1 150); do  # up to 30 s for the job to start stepping
+  [[ -s "$tmp/k.jsonl" ]] && break
+  sleep 0.2
+done
+victim=$(pgrep -n -P "$bg" -f "train")  # the newest rank (mpirun's child)
+if [[ -z "$victim" ]]; then
+  bad "no rank of the job to kill (did it start?)"
+else
+  t0=$(date +%s)
+  kill -9 "$victim"
+  ended=0
+  for _ in $(seq 1 300); do  # up to 60 s
+    if ! kill -0 "$bg" 2>/dev/null; then ended=1; break; fi
+    sleep 0.2
+  done
+  if [[ $ended -eq 1 ]]; then
+    wait "$bg"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then ok; else bad "killed job exited 0"; fi
+    echo "killed rank: job ended after $(( $(date +%s) - t0 )) s with exit $rc"
+  else
+    bad "job still running 60 s after a rank was killed"
+  fi
+  bg=""
+fi
+
+echo "train_cli_test: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
