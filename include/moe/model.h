@@ -65,8 +65,7 @@ moe_status moe_gpt_config_validate(moe_ctx *ctx, const moe_gpt_config *cfg);
 // wrong types, malformed JSON are errors; cfg unchanged on error.
 moe_status moe_gpt_config_from_json(moe_ctx *ctx, const char *json, moe_gpt_config *cfg);
 // Writes every field as one JSON object (readable by moe_gpt_config_from_json).
-moe_status moe_gpt_config_to_json(moe_ctx *ctx, const moe_gpt_config *cfg, char *buf,
-                                  size_t len);
+moe_status moe_gpt_config_to_json(moe_ctx *ctx, const moe_gpt_config *cfg, char *buf, size_t len);
 // 1 when block i has an MoE FFN.
 int moe_gpt_block_is_moe(const moe_gpt_config *cfg, int block);
 
@@ -156,12 +155,12 @@ void moe_gpt_init_params(moe_gpt *model, uint64_t seed);
 void moe_gpt_zero_grad(moe_gpt *model);
 
 typedef struct {
-  double loss;     // sum of the cross-entropy over this call's tokens / loss_denominator
-  double ce_sum;   // sum of the cross-entropy over this call's tokens (nats)
-  int tokens;      // tokens with a target in this call
-  double aux;      // sum over MoE layers of their aux loss (unscaled)
-  double z;        // sum over MoE layers of their z-loss (unscaled)
-  int dropped;     // dropped choices over the MoE layers (this rank)
+  double loss;    // sum of the cross-entropy over this call's tokens / loss_denominator
+  double ce_sum;  // sum of the cross-entropy over this call's tokens (nats)
+  int tokens;     // tokens with a target in this call
+  double aux;     // sum over MoE layers of their aux loss (unscaled)
+  double z;       // sum over MoE layers of their z-loss (unscaled)
+  int dropped;    // dropped choices over the MoE layers (this rank)
 } moe_gpt_loss;
 
 // tokens (B, S) in [0, V) -> logits (B, S, V) (moe_gpt_logits). targets (B, S)
@@ -180,10 +179,10 @@ moe_status moe_gpt_backward(moe_gpt *model);
 // ---- optimizer ------------------------------------------------------------------------------
 
 typedef struct {
-  float lr;            // peak learning rate
-  float min_lr;        // floor of the cosine decay
-  int warmup_steps;    // linear warm-up from lr/warmup to lr over steps 1..warmup
-  int total_steps;     // cosine decay from lr (end of warm-up) to min_lr at total_steps
+  float lr;          // peak learning rate
+  float min_lr;      // floor of the cosine decay
+  int warmup_steps;  // linear warm-up from lr/warmup to lr over steps 1..warmup
+  int total_steps;   // cosine decay from lr (end of warm-up) to min_lr at total_steps
   float beta1, beta2, eps;
   float weight_decay;  // on tensors with decay = 1
   float grad_clip;     // clip the global L2 norm to this (<= 0: no clipping)
@@ -210,7 +209,7 @@ void moe_optim_destroy(moe_optim *opt);  // NULL is a no-op
 // m and v of tensor i (numel floats each, as the tensor held here).
 float *moe_optim_m(moe_optim *opt, int i);
 float *moe_optim_v(moe_optim *opt, int i);
-int moe_optim_step_count(const moe_optim *opt);  // steps taken
+int moe_optim_step_count(const moe_optim *opt);            // steps taken
 void moe_optim_set_step_count(moe_optim *opt, int steps);  // for resuming
 // Sum of squares of every gradient held here, split by kind (so that a
 // distributed trainer can sum each over the right ranks).

@@ -1,0 +1,662 @@
+// MoE-GPT: the model's parameters, forward and backward (docs/model.md).
+//
+// Layout: the dense parameters (embeddings, attention, layernorms, dense FFNs)
+// live in one arena, data then gradients, in the order of the parameter table;
+// the MoE FFNs' tensors are views into their backend (moe_gpt_moe_ops). The
+// activations of every block and the backward scratch live in a second arena
+// sized for max_batch x seq_len tokens, so forward and backward allocate
+// nothing. Every big product is one BLAS GEMM over all B*S rows; attention is
+// moe_attention_forward/backward.
+//
+// Forward, for N = B*S rows (x_l is (N, M), the residual stream into block l):
+//   x_0 = wte[tokens] + wpe[positions]
+//   per block: a = ln1(x_l); qkv = a w_qkv + b_qkv; y = attn(qkv);
+//              r = x_l + y w_proj + b_proj; c = ln2(r);
+//              x_{l+1} = r + ffn(c)      (MoE layer, or gelu(c w_fc + b_fc) w_fc2 + b_fc2)
+//   logits = lnf(x_L) wte^T; loss = sum over targets of CE / denominator.
+// Backward walks the same steps in reverse with one residual gradient buffer
+// (N, M) that every branch accumulates into.
+//
+// Not here: the optimizer (optim.c), configuration (gpt_config.c), the MoE
+// layer itself (src/moe/), communication (the trainer's backend).
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/kernels.h"
+#include "moe/model.h"
+#include "moe/moe_ops.h"
+
+// Dense parameters of one block (data or gradients).
+typedef struct {
+  float *ln1_g, *ln1_b;    // (M)
+  float *w_qkv, *b_qkv;    // (M, 3M), (3M)
+  float *w_proj, *b_proj;  // (M, M), (M)
+  float *ln2_g, *ln2_b;    // (M)
+  float *w_fc, *b_fc;      // (M, Hd), (Hd): dense blocks only
+  float *w_fc2, *b_fc2;    // (Hd, M), (M): dense blocks only
+} gpt_block_params;
+
+typedef struct {
+  int is_moe;
+  void *moe;  // backend instance (MoE blocks)
+  moe_gpt_moe_tensors mt;
+  gpt_block_params p, g;
+  // activations, for N = max_batch * S rows
+  float *ln1, *ln1_mean, *ln1_rstd;  // (N, M), (N), (N)
+  float *qkv;                        // (N, 3M)
+  float *att;                        // (B, NH, S, S)
+  float *atty;                       // (N, M): attention output before w_proj
+  float *resid2;                     // (N, M): x_l + attention branch
+  float *ln2, *ln2_mean, *ln2_rstd;  // (N, M), (N), (N)
+  float *fch, *fch_gelu;             // (N, Hd) each: dense blocks only
+} gpt_block;
+
+struct moe_gpt {
+  moe_ctx *ctx;
+  moe_gpt_config cfg;
+  int max_batch;
+  const moe_gpt_moe_ops *ops;
+  void *ops_user;
+  int n_blocks_created;  // backends created (for destroy)
+  gpt_block *blocks;     // (L)
+  // parameter table
+  int n_params;
+  moe_gpt_param *params;
+  moe_arena param_arena;  // dense data then dense gradients
+  size_t dense_floats;    // floats of dense data (= of dense grads), padding included
+  float *dense_data, *dense_grad;
+  float *wte, *wpe, *lnf_g, *lnf_b;      // (V, M), (S, M), (M), (M)
+  float *dwte, *dwpe, *dlnf_g, *dlnf_b;  // same shapes
+  // activations
+  moe_arena act_arena;
+  float **resid;                     // (L + 1) pointers to (N, M): x_0 .. x_L
+  float *lnf, *lnf_mean, *lnf_rstd;  // (N, M), (N), (N)
+  float *logits;                     // (N, V)
+  float *lse;                        // (N): logsumexp of each logits row
+  int32_t *tokens, *targets;         // (N) copies of the last forward's inputs
+  // backward scratch
+  float *dresid;     // (N, M): gradient of the residual stream
+  float *dln;        // (N, M): gradient of a layernorm output
+  float *dlogits;    // (N, V): shares memory with the block scratch below
+  float *dqkv;       // (N, 3M)
+  float *datty;      // (N, M)
+  float *dh, *dfch;  // (N, Hd) each
+  float *att_scratch;
+  size_t moe_work_bytes;  // estimate of the MoE layers' own buffers (activation_bytes)
+  // state of the last forward
+  int have_forward;  // 1 after a forward with targets
+  int b_last, s_last;
+  double denom_last;
+};
+
+// ---- parameter table -----------------------------------------------------------------
+
+// FNV-1a of the tensor name: the RNG stream of its init, independent of where
+// the tensor lives and of which other tensors exist.
+static uint64_t name_stream(const char *name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    h ^= *p;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static size_t pad16(size_t n) { return (n + 15) & ~(size_t)15; }  // 64-byte steps
+
+typedef struct {
+  float **data, **grad;  // where the dense pointers go once allocated (NULL for MoE)
+  size_t offset;         // dense: offset in the dense region (floats)
+} param_slot;
+
+static void add_param(moe_gpt *m, param_slot *slots, const char *name, moe_gpt_param_kind kind,
+                      int ndim, const int64_t *dims, int decay, int block, float **data,
+                      float **grad) {
+  moe_gpt_param *p = &m->params[m->n_params];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->kind = kind;
+  p->ndim = ndim;
+  size_t numel = 1;
+  for (int d = 0; d < 4; d++) {
+    p->dims[d] = d < ndim ? dims[d] : 1;
+    numel *= (size_t)p->dims[d];
+  }
+  p->numel = numel;
+  p->decay = decay;
+  p->block = block;
+  param_slot *s = &slots[m->n_params];
+  s->data = data;
+  s->grad = grad;
+  if (kind == MOE_GPT_PARAM_DENSE) {
+    s->offset = m->dense_floats;
+    m->dense_floats += pad16(numel);
+  }
+  m->n_params++;
+}
+
+#define DIMS(...) ((const int64_t[]){__VA_ARGS__})
+
+// The whole table, in its documented order (docs/model.md). MoE tensors get
+// their pointers later, from the backend.
+static void build_param_table(moe_gpt *m, param_slot *slots) {
+  const moe_gpt_config *c = &m->cfg;
+  const int64_t V = c->vocab_size, S = c->seq_len, M = c->d_model, Hd = c->dense_hidden;
+  const int64_t E = c->moe.num_experts, H = c->moe.hidden_dim;
+  const moe_gpt_param_kind D = MOE_GPT_PARAM_DENSE;
+  char nm[64];
+  m->n_params = 0;
+  m->dense_floats = 0;
+  add_param(m, slots, "wte", D, 2, DIMS(V, M), 1, -1, &m->wte, &m->dwte);
+  add_param(m, slots, "wpe", D, 2, DIMS(S, M), 1, -1, &m->wpe, &m->dwpe);
+  for (int l = 0; l < c->n_layer; l++) {
+    gpt_block *b = &m->blocks[l];
+#define ADD(suffix, ndim, dims, decay, field)                                   \
+  do {                                                                          \
+    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                               \
+    add_param(m, slots, nm, D, ndim, dims, decay, l, &b->p.field, &b->g.field); \
+  } while (0)
+#define ADD_MOE(suffix, kind, ndim, dims, decay)                     \
+  do {                                                               \
+    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                    \
+    add_param(m, slots, nm, kind, ndim, dims, decay, l, NULL, NULL); \
+  } while (0)
+    ADD("ln1.g", 1, DIMS(M), 0, ln1_g);
+    ADD("ln1.b", 1, DIMS(M), 0, ln1_b);
+    ADD("attn.w_qkv", 2, DIMS(M, 3 * M), 1, w_qkv);
+    ADD("attn.b_qkv", 1, DIMS(3 * M), 0, b_qkv);
+    ADD("attn.w_proj", 2, DIMS(M, M), 1, w_proj);
+    ADD("attn.b_proj", 1, DIMS(M), 0, b_proj);
+    ADD("ln2.g", 1, DIMS(M), 0, ln2_g);
+    ADD("ln2.b", 1, DIMS(M), 0, ln2_b);
+    if (b->is_moe) {
+      // decay on the matrices; the expert biases b1 (E, H), b2 (E, M) are biases
+      ADD_MOE("moe.wg", MOE_GPT_PARAM_GATE, 2, DIMS(M, E), 1);
+      ADD_MOE("moe.w1", MOE_GPT_PARAM_EXPERT, 3, DIMS(E, M, H), 1);
+      ADD_MOE("moe.b1", MOE_GPT_PARAM_EXPERT, 2, DIMS(E, H), 0);
+      ADD_MOE("moe.w2", MOE_GPT_PARAM_EXPERT, 3, DIMS(E, H, M), 1);
+      ADD_MOE("moe.b2", MOE_GPT_PARAM_EXPERT, 2, DIMS(E, M), 0);
+    } else {
+      ADD("ffn.w_fc", 2, DIMS(M, Hd), 1, w_fc);
+      ADD("ffn.b_fc", 1, DIMS(Hd), 0, b_fc);
+      ADD("ffn.w_fc2", 2, DIMS(Hd, M), 1, w_fc2);
+      ADD("ffn.b_fc2", 1, DIMS(M), 0, b_fc2);
+    }
+#undef ADD
+#undef ADD_MOE
+  }
+  add_param(m, slots, "lnf.g", D, 1, DIMS(M), 0, -1, &m->lnf_g, &m->dlnf_g);
+  add_param(m, slots, "lnf.b", D, 1, DIMS(M), 0, -1, &m->lnf_b, &m->dlnf_b);
+}
+
+// Points the MoE entries of the table at the backend's tensors.
+static void bind_moe_params(moe_gpt *m) {
+  for (int i = 0; i < m->n_params; i++) {
+    moe_gpt_param *p = &m->params[i];
+    if (p->kind == MOE_GPT_PARAM_DENSE) continue;
+    const moe_gpt_moe_tensors *t = &m->blocks[p->block].mt;
+    const char *leaf = strrchr(p->name, '.') + 1;
+    const size_t per_expert = p->kind == MOE_GPT_PARAM_EXPERT ? p->numel / (size_t)p->dims[0] : 0;
+    if (p->kind == MOE_GPT_PARAM_GATE) {
+      p->data = t->wg;
+      p->grad = t->dwg;
+      continue;
+    }
+    p->expert_first = t->home_first;
+    p->expert_count = t->home_count;
+    p->numel = per_expert * (size_t)t->home_count;
+    if (strcmp(leaf, "w1") == 0) {
+      p->data = t->w1;
+      p->grad = t->dw1;
+    } else if (strcmp(leaf, "b1") == 0) {
+      p->data = t->b1;
+      p->grad = t->db1;
+    } else if (strcmp(leaf, "w2") == 0) {
+      p->data = t->w2;
+      p->grad = t->dw2;
+    } else {
+      p->data = t->b2;
+      p->grad = t->db2;
+    }
+  }
+}
+
+// ---- create / destroy ------------------------------------------------------------------
+
+// Bytes of the MoE layer's own working buffers for cfg (the formula of
+// src/moe/layer.c: gate buffers, routing plan, expert rows and their grads).
+static size_t moe_layer_work_bytes(const moe_layer_config *cfg) {
+  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
+               E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
+  const size_t R = moe_layer_max_rows(cfg);
+  const size_t floats = 4 * T * E + T + 2 * T * K + 3 * R * M + 4 * R * H;
+  const size_t ints = 2 * T * K + T * K + 3 * E + 1 + 2 * R;  // route (weight counted as int)
+  return 4 * (floats + ints);
+}
+
+moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
+                          const moe_gpt_moe_ops *ops, void *ops_user, moe_gpt **out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_gpt *m = NULL;
+  param_slot *slots = NULL;
+  moe_tensor_spec *specs = NULL;
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  *out = NULL;
+  MOE_TRY(moe_gpt_config_validate(ctx, cfg));
+  MOE_FAIL_IF(ctx, max_batch < 1 || (int64_t)max_batch * cfg->seq_len > MOE_MAX_TOKENS,
+              MOE_STATUS_INVALID_ARG,
+              "max_batch (%d) must be in [1, %d] (max_batch x seq_len <= %d)", max_batch,
+              MOE_MAX_TOKENS / cfg->seq_len, MOE_MAX_TOKENS);
+  if (!ops) ops = &moe_gpt_moe_local;
+  m = moe_calloc(1, sizeof *m);
+  MOE_FAIL_IF(ctx, !m, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the model");
+  m->ctx = ctx;
+  m->cfg = *cfg;
+  m->cfg.moe.model_dim = cfg->d_model;
+  m->cfg.moe.tokens = max_batch * cfg->seq_len;
+  m->max_batch = max_batch;
+  m->ops = ops;
+  m->ops_user = ops_user;
+  const moe_gpt_config *c = &m->cfg;
+  const int L = c->n_layer;
+  m->blocks = moe_calloc((size_t)L, sizeof *m->blocks);
+  MOE_FAIL_IF(ctx, !m->blocks, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d blocks", L);
+  for (int l = 0; l < L; l++) m->blocks[l].is_moe = moe_gpt_block_is_moe(c, l);
+
+  // step 1: the parameter table and the dense arena (data, then gradients)
+  const int max_params = 4 + 13 * L;
+  m->params = moe_calloc((size_t)max_params, sizeof *m->params);
+  slots = moe_calloc((size_t)max_params, sizeof *slots);
+  MOE_FAIL_IF(ctx, !m->params || !slots, MOE_STATUS_OUT_OF_MEMORY,
+              "cannot allocate the parameter table");
+  build_param_table(m, slots);
+  MOE_FAIL_IF(ctx, m->dense_floats > SIZE_MAX / 8, MOE_STATUS_INVALID_ARG,
+              "model too large (%zu dense floats)", m->dense_floats);
+  MOE_TRY(moe_arena_init(ctx, &m->param_arena, 2 * m->dense_floats * sizeof(float)));
+  m->dense_data = moe_arena_alloc(&m->param_arena, 2 * m->dense_floats * sizeof(float));
+  MOE_FAIL_IF(ctx, !m->dense_data, MOE_STATUS_OUT_OF_MEMORY, "cannot carve the parameters");
+  m->dense_grad = m->dense_data + m->dense_floats;
+  for (int i = 0; i < m->n_params; i++) {
+    if (m->params[i].kind != MOE_GPT_PARAM_DENSE) continue;
+    m->params[i].data = m->dense_data + slots[i].offset;
+    m->params[i].grad = m->dense_grad + slots[i].offset;
+    *slots[i].data = m->params[i].data;
+    *slots[i].grad = m->params[i].grad;
+  }
+
+  // step 2: the MoE backends (collective for a distributed backend: same order everywhere)
+  for (int l = 0; l < L; l++) {
+    gpt_block *b = &m->blocks[l];
+    if (!b->is_moe) continue;
+    MOE_TRY(ops->create(ops_user, ctx, &c->moe, l, &b->moe));
+    m->n_blocks_created = l + 1;
+    b->mt = ops->tensors(b->moe);
+    MOE_FAIL_IF(ctx,
+                b->mt.home_count < 0 || b->mt.home_first < 0 ||
+                    b->mt.home_first + b->mt.home_count > c->moe.num_experts,
+                MOE_STATUS_INTERNAL, "backend '%s' holds experts %d..%d of %d", ops->name,
+                b->mt.home_first, b->mt.home_first + b->mt.home_count - 1, c->moe.num_experts);
+    m->moe_work_bytes += moe_layer_work_bytes(&c->moe);
+  }
+  m->n_blocks_created = L;
+  bind_moe_params(m);
+
+  // step 3: activations and backward scratch, one arena
+  {
+    const size_t N = (size_t)max_batch * (size_t)c->seq_len, M = (size_t)c->d_model,
+                 V = (size_t)c->vocab_size, Hd = (size_t)c->dense_hidden;
+    const size_t att =
+        (size_t)max_batch * (size_t)c->n_head * (size_t)c->seq_len * (size_t)c->seq_len;
+    const size_t att_scr =
+        moe_attention_scratch_floats(max_batch, c->seq_len, c->n_head, c->d_model / c->n_head);
+    int any_dense = 0;
+    for (int l = 0; l < L; l++) any_dense |= !m->blocks[l].is_moe;
+    // Block scratch and dlogits share memory: dlogits is dead once dlnf and dwte are done.
+    const size_t block_scr =
+        pad16(3 * N * M) + pad16(N * M) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
+    const size_t shared = block_scr > N * V ? block_scr : N * V;
+    m->resid = moe_calloc((size_t)L + 1, sizeof *m->resid);
+    const int max_specs = 16 * L + 16;
+    specs = moe_calloc((size_t)max_specs, sizeof *specs);
+    MOE_FAIL_IF(ctx, !m->resid || !specs, MOE_STATUS_OUT_OF_MEMORY,
+                "cannot allocate the activation table");
+    float *shared_base = NULL, *ints = NULL;
+    int n = 0;
+#define SPEC(name, count, ptr) \
+  specs[n++] = (moe_tensor_spec) { name, count, ptr }
+    for (int l = 0; l <= L; l++) SPEC("resid", N * M, &m->resid[l]);
+    for (int l = 0; l < L; l++) {
+      gpt_block *b = &m->blocks[l];
+      SPEC("ln1", N * M, &b->ln1);
+      SPEC("ln1_mean", N, &b->ln1_mean);
+      SPEC("ln1_rstd", N, &b->ln1_rstd);
+      SPEC("qkv", 3 * N * M, &b->qkv);
+      SPEC("att", att, &b->att);
+      SPEC("atty", N * M, &b->atty);
+      SPEC("resid2", N * M, &b->resid2);
+      SPEC("ln2", N * M, &b->ln2);
+      SPEC("ln2_mean", N, &b->ln2_mean);
+      SPEC("ln2_rstd", N, &b->ln2_rstd);
+      if (!b->is_moe) {
+        SPEC("fch", N * Hd, &b->fch);
+        SPEC("fch_gelu", N * Hd, &b->fch_gelu);
+      }
+    }
+    SPEC("lnf", N * M, &m->lnf);
+    SPEC("lnf_mean", N, &m->lnf_mean);
+    SPEC("lnf_rstd", N, &m->lnf_rstd);
+    SPEC("logits", N * V, &m->logits);
+    SPEC("lse", N, &m->lse);
+    SPEC("tokens_targets", 2 * N, &ints);  // int32, same size as float
+    SPEC("dresid", N * M, &m->dresid);
+    SPEC("dln", N * M, &m->dln);
+    SPEC("backward_scratch", shared, &shared_base);
+#undef SPEC
+    const size_t bytes = moe_tensor_table_bytes(specs, n);
+    MOE_FAIL_IF(ctx, bytes == SIZE_MAX, MOE_STATUS_INVALID_ARG,
+                "activations overflow the address space (max_batch %d, seq_len %d)", max_batch,
+                c->seq_len);
+    MOE_TRY(moe_arena_init(ctx, &m->act_arena, bytes));
+    MOE_TRY(moe_tensor_table_carve(ctx, &m->act_arena, specs, n));
+    m->tokens = (int32_t *)ints;
+    m->targets = (int32_t *)ints + N;
+    m->dlogits = shared_base;
+    float *p = shared_base;
+    m->dqkv = p;
+    p += pad16(3 * N * M);
+    m->datty = p;
+    p += pad16(N * M);
+    if (any_dense) {
+      m->dh = p;
+      p += pad16(N * Hd);
+      m->dfch = p;
+      p += pad16(N * Hd);
+    }
+    m->att_scratch = p;
+  }
+  *out = m;
+  m = NULL;
+done:
+  moe_free(slots);
+  moe_free(specs);
+  moe_gpt_destroy(m);
+  return st;
+}
+
+void moe_gpt_destroy(moe_gpt *m) {
+  if (!m) return;
+  if (m->blocks) {
+    for (int l = 0; l < m->n_blocks_created; l++) {
+      if (m->blocks[l].moe) m->ops->destroy(m->blocks[l].moe);
+    }
+  }
+  moe_arena_free(&m->param_arena);
+  moe_arena_free(&m->act_arena);
+  moe_free(m->resid);
+  moe_free(m->params);
+  moe_free(m->blocks);
+  moe_free(m);
+}
+
+// ---- accessors ------------------------------------------------------------------------------
+
+const moe_gpt_config *moe_gpt_get_config(const moe_gpt *m) { return &m->cfg; }
+int moe_gpt_num_params(const moe_gpt *m) { return m->n_params; }
+
+moe_gpt_param moe_gpt_get_param(moe_gpt *m, int i) {
+  moe_gpt_param none;
+  memset(&none, 0, sizeof none);
+  if (!m || i < 0 || i >= m->n_params) return none;
+  return m->params[i];
+}
+
+static size_t whole_numel(const moe_gpt_param *p) {
+  size_t n = 1;
+  for (int d = 0; d < p->ndim; d++) n *= (size_t)p->dims[d];
+  return n;
+}
+
+size_t moe_gpt_total_elements(const moe_gpt *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) n += whole_numel(&m->params[i]);
+  return n;
+}
+
+size_t moe_gpt_active_elements(const moe_gpt *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    const moe_gpt_param *p = &m->params[i];
+    const size_t w = whole_numel(p);
+    n += p->kind == MOE_GPT_PARAM_EXPERT ? w / (size_t)p->dims[0] * (size_t)m->cfg.moe.top_k : w;
+  }
+  return n;
+}
+
+size_t moe_gpt_activation_bytes(const moe_gpt *m) {
+  return m->act_arena.capacity + m->moe_work_bytes;
+}
+
+const float *moe_gpt_logits(const moe_gpt *m) { return m->logits; }
+
+// ---- init -----------------------------------------------------------------------------------
+
+void moe_gpt_init_params(moe_gpt *m, uint64_t seed) {
+  const moe_gpt_config *c = &m->cfg;
+  const float std = c->init_std, std_resid = c->init_std / sqrtf(2.0f * (float)c->n_layer);
+  for (int i = 0; i < m->n_params; i++) {
+    const moe_gpt_param *p = &m->params[i];
+    if (p->kind != MOE_GPT_PARAM_DENSE) continue;
+    const char *leaf = strrchr(p->name, '.');
+    leaf = leaf ? leaf + 1 : p->name;
+    if (p->ndim >= 2) {
+      const int resid = strcmp(leaf, "w_proj") == 0 || strcmp(leaf, "w_fc2") == 0;
+      moe_rng rng;
+      moe_rng_init(&rng, seed, name_stream(p->name));
+      moe_rng_fill_normal(&rng, p->data, p->numel, 0.0f, resid ? std_resid : std);
+    } else if (strcmp(leaf, "g") == 0) {
+      for (size_t j = 0; j < p->numel; j++) p->data[j] = 1.0f;
+    } else {
+      memset(p->data, 0, p->numel * sizeof(float));
+    }
+  }
+  for (int l = 0; l < c->n_layer; l++) {
+    if (m->blocks[l].is_moe) m->ops->init_params(m->blocks[l].moe, seed + 1000 + (uint64_t)l);
+  }
+}
+
+void moe_gpt_zero_grad(moe_gpt *m) {
+  memset(m->dense_grad, 0, m->dense_floats * sizeof(float));
+  for (int l = 0; l < m->cfg.n_layer; l++) {
+    if (m->blocks[l].is_moe) m->ops->zero_grad(m->blocks[l].moe);
+  }
+}
+
+// ---- forward --------------------------------------------------------------------------------
+
+// y (N, Dout) = x (N, Din) w (Din, Dout) + b, added onto y's current values (the residual).
+static void linear_residual(float *y, const float *x, const float *w, const float *b, int n,
+                            int din, int dout) {
+  moe_gemm(0, 0, n, dout, din, 1.0f, x, din, w, dout, 1.0f, y, dout);
+  moe_bias_add_forward(y, b, n, dout);
+}
+
+moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *targets, int b, int s,
+                           double loss_denominator, moe_gpt_loss *out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = m ? m->ctx : NULL;
+  MOE_FAIL_IF(ctx, !m, MOE_STATUS_INVALID_ARG, "model must not be NULL");
+  const moe_gpt_config *c = &m->cfg;
+  m->have_forward = 0;
+  MOE_FAIL_IF(ctx, b < 1 || b > m->max_batch, MOE_STATUS_INVALID_ARG,
+              "batch size B (%d) must be in [1, %d] (max_batch)", b, m->max_batch);
+  MOE_FAIL_IF(ctx, s < 1 || s > c->seq_len, MOE_STATUS_INVALID_ARG,
+              "sequence length S (%d) must be in [1, %d] (seq_len)", s, c->seq_len);
+  MOE_FAIL_IF(ctx, !tokens, MOE_STATUS_INVALID_ARG, "tokens must not be NULL");
+  MOE_FAIL_IF(ctx, !isfinite(loss_denominator), MOE_STATUS_INVALID_ARG,
+              "loss_denominator (%g) must be finite", loss_denominator);
+  const int N = b * s, M = c->d_model, V = c->vocab_size, NH = c->n_head, hd = M / NH;
+  const int Hd = c->dense_hidden;
+  for (int i = 0; i < N; i++) {
+    MOE_FAIL_IF(ctx, tokens[i] < 0 || tokens[i] >= V, MOE_STATUS_INVALID_ARG,
+                "tokens[%d][%d] (%d) must be in [0, %d)", i / s, i % s, (int)tokens[i], V);
+    MOE_FAIL_IF(ctx, targets && (targets[i] < -1 || targets[i] >= V), MOE_STATUS_INVALID_ARG,
+                "targets[%d][%d] (%d) must be in [0, %d) or -1 (ignored)", i / s, i % s,
+                (int)targets[i], V);
+  }
+  memcpy(m->tokens, tokens, (size_t)N * sizeof(int32_t));
+
+  // step 1: embeddings x_0 = wte[token] + wpe[t]
+  float *x = m->resid[0];
+  for (int i = 0; i < N; i++) {
+    const float *te = m->wte + (size_t)tokens[i] * M, *pe = m->wpe + (size_t)(i % s) * M;
+    float *xi = x + (size_t)i * M;
+    for (int j = 0; j < M; j++) xi[j] = te[j] + pe[j];
+  }
+
+  // step 2: blocks
+  moe_gpt_loss res;
+  memset(&res, 0, sizeof res);
+  for (int l = 0; l < c->n_layer; l++) {
+    gpt_block *blk = &m->blocks[l];
+    const gpt_block_params *p = &blk->p;
+    const float *xl = m->resid[l];
+    float *xn = m->resid[l + 1];
+    // attention branch
+    moe_layernorm_forward(blk->ln1, blk->ln1_mean, blk->ln1_rstd, xl, p->ln1_g, p->ln1_b, N, M,
+                          c->ln_eps);
+    moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * M);
+    moe_attention_forward(blk->atty, blk->att, blk->qkv, b, s, NH, hd);
+    memcpy(blk->resid2, xl, (size_t)N * M * sizeof(float));
+    linear_residual(blk->resid2, blk->atty, p->w_proj, p->b_proj, N, M, M);
+    // feed-forward branch
+    moe_layernorm_forward(blk->ln2, blk->ln2_mean, blk->ln2_rstd, blk->resid2, p->ln2_g, p->ln2_b,
+                          N, M, c->ln_eps);
+    if (blk->is_moe) {
+      moe_layer_stats ls;
+      memset(&ls, 0, sizeof ls);
+      MOE_TRY(m->ops->forward(blk->moe, blk->ln2, N, xn, &ls));
+      const size_t nm = (size_t)N * M;
+      for (size_t j = 0; j < nm; j++) xn[j] += blk->resid2[j];
+      res.aux += ls.aux_loss;
+      res.z += ls.z_loss;
+      res.dropped += ls.dropped;
+    } else {
+      moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hd);
+      moe_gelu_forward(blk->fch_gelu, blk->fch, (size_t)N * Hd);
+      memcpy(xn, blk->resid2, (size_t)N * M * sizeof(float));
+      linear_residual(xn, blk->fch_gelu, p->w_fc2, p->b_fc2, N, Hd, M);
+    }
+  }
+
+  // step 3: final layernorm and the tied head: logits = lnf(x_L) wte^T
+  moe_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->resid[c->n_layer], m->lnf_g, m->lnf_b,
+                        N, M, c->ln_eps);
+  moe_gemm(0, 1, N, V, M, 1.0f, m->lnf, M, m->wte, M, 0.0f, m->logits, V);
+
+  // step 4: cross-entropy, summed over the rows with a target
+  if (targets) {
+    memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
+    moe_logsumexp_forward(m->lse, m->logits, N, V);
+    double sum = 0.0;
+    int count = 0;
+    for (int i = 0; i < N; i++) {
+      if (targets[i] < 0) continue;
+      sum += (double)m->lse[i] - (double)m->logits[(size_t)i * V + targets[i]];
+      count++;
+    }
+    const double denom = loss_denominator > 0.0 ? loss_denominator : (count > 0 ? count : 1);
+    res.ce_sum = sum;
+    res.tokens = count;
+    res.loss = sum / denom;
+    m->denom_last = denom;
+    m->b_last = b;
+    m->s_last = s;
+    m->have_forward = 1;
+  }
+  if (out) *out = res;
+done:
+  return st;
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+// dx (N, Din) = dy (N, Dout) w^T (overwritten); dw (Din, Dout) += x^T dy; db (Dout) += sums.
+static void linear_backward_set(float *dx, float *dw, float *db, const float *dy, const float *x,
+                                const float *w, int n, int din, int dout) {
+  moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
+  moe_gemm(1, 0, din, dout, n, 1.0f, x, din, dy, dout, 1.0f, dw, dout);
+  moe_bias_add_backward(db, dy, n, dout);
+}
+
+moe_status moe_gpt_backward(moe_gpt *m) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = m ? m->ctx : NULL;
+  MOE_FAIL_IF(ctx, !m, MOE_STATUS_INVALID_ARG, "model must not be NULL");
+  MOE_FAIL_IF(ctx, !m->have_forward, MOE_STATUS_INVALID_ARG,
+              "backward needs a successful forward with targets first");
+  const moe_gpt_config *c = &m->cfg;
+  const int b = m->b_last, s = m->s_last, N = b * s, M = c->d_model, V = c->vocab_size;
+  const int NH = c->n_head, hd = M / NH, Hd = c->dense_hidden;
+  const size_t NM = (size_t)N * M;
+
+  // step 1: dlogits = (softmax - onehot) / denominator on rows with a target
+  const float inv = (float)(1.0 / m->denom_last);
+  for (int i = 0; i < N; i++) {
+    float *dl = m->dlogits + (size_t)i * V;
+    const int tgt = m->targets[i];
+    if (tgt < 0) {
+      memset(dl, 0, (size_t)V * sizeof(float));
+      continue;
+    }
+    const float *lg = m->logits + (size_t)i * V;
+    const float lse = m->lse[i];
+    for (int v = 0; v < V; v++) dl[v] = expf(lg[v] - lse) * inv;
+    dl[tgt] -= inv;
+  }
+
+  // step 2: tied head: dlnf = dlogits wte, dwte += dlogits^T lnf; final layernorm
+  moe_gemm(0, 0, N, M, V, 1.0f, m->dlogits, V, m->wte, M, 0.0f, m->dln, M);
+  moe_gemm(1, 0, V, M, N, 1.0f, m->dlogits, V, m->lnf, M, 1.0f, m->dwte, M);
+  memset(m->dresid, 0, NM * sizeof(float));
+  moe_layernorm_backward(m->dresid, m->dlnf_g, m->dlnf_b, m->dln, m->resid[c->n_layer], m->lnf_mean,
+                         m->lnf_rstd, m->lnf_g, N, M);
+
+  // step 3: blocks in reverse; dresid holds dL/dx_{l+1}, then dL/dresid2, then dL/dx_l
+  for (int l = c->n_layer - 1; l >= 0; l--) {
+    gpt_block *blk = &m->blocks[l];
+    const gpt_block_params *p = &blk->p;
+    gpt_block_params *g = &blk->g;
+    // feed-forward branch
+    if (blk->is_moe) {
+      memset(m->dln, 0, NM * sizeof(float));
+      MOE_TRY(m->ops->backward(blk->moe, m->dresid, m->dln));
+    } else {
+      linear_backward_set(m->dh, g->w_fc2, g->b_fc2, m->dresid, blk->fch_gelu, p->w_fc2, N, Hd, M);
+      memset(m->dfch, 0, (size_t)N * Hd * sizeof(float));
+      moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
+      linear_backward_set(m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
+    }
+    moe_layernorm_backward(m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
+                           blk->ln2_rstd, p->ln2_g, N, M);
+    // attention branch
+    linear_backward_set(m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, M, M);
+    memset(m->dqkv, 0, 3 * NM * sizeof(float));
+    moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NH, hd);
+    linear_backward_set(m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
+    moe_layernorm_backward(m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
+                           blk->ln1_rstd, p->ln1_g, N, M);
+  }
+
+  // step 4: embeddings
+  for (int i = 0; i < N; i++) {
+    const float *d = m->dresid + (size_t)i * M;
+    float *te = m->dwte + (size_t)m->tokens[i] * M, *pe = m->dwpe + (size_t)(i % s) * M;
+    for (int j = 0; j < M; j++) {
+      te[j] += d[j];
+      pe[j] += d[j];
+    }
+  }
+done:
+  return st;
+}
