@@ -127,6 +127,30 @@ float moe_cross_entropy_forward_ref(const float *logits, const int32_t *targets,
 void moe_cross_entropy_backward(float *dlogits, const float *probs, const int32_t *targets, int n,
                                 int v, float dloss);
 
+// ---- causal self-attention ----------------------------------------------------------------
+
+// Causal multi-head self-attention core (the part between the qkv projection and
+// the output projection; no dropout). d = NH * hd.
+// qkv is (B, S, 3d): row (b, t) holds [q | k | v], each d wide, head h at
+// columns h*hd .. h*hd+hd-1 of its part (GPT-2's c_attn layout).
+// out is (B, S, d): out[b,t,h*hd+i] = sum_{u<=t} att[b,h,t,u] * v[b,u,h*hd+i].
+// att is (B, NH, S, S): softmax over u <= t of q.k / sqrt(hd); entries u > t are
+// written as 0. Saved for backward. Overwrites out and att.
+// Any of b, s, nh, hd <= 0: nothing is done. Inputs are assumed finite (an inf
+// in v at u > t can turn row t into NaN through 0 * inf).
+void moe_attention_forward(float *out, float *att, const float *qkv, int b, int s, int nh, int hd);
+void moe_attention_forward_ref(float *out, float *att, const float *qkv, int b, int s, int nh,
+                               int hd);
+// dqkv (B, S, 3d) += gradient of the forward w.r.t. qkv, given dout (B, S, d) and
+// the forward's att and qkv. scratch holds at least moe_attention_scratch_floats()
+// floats (B*NH*S*S is always enough), caller-provided, contents ignored; dqkv
+// must not overlap qkv, att, dout or scratch.
+void moe_attention_backward(float *dqkv, float *scratch, const float *dout, const float *att,
+                            const float *qkv, int b, int s, int nh, int hd);
+// Scratch floats moe_attention_backward needs for these sizes (currently S*S:
+// one block reused per (b, h)); 0 when s <= 0.
+size_t moe_attention_scratch_floats(int b, int s, int nh, int hd);
+
 // ---- AdamW -------------------------------------------------------------------------------
 
 typedef struct {
