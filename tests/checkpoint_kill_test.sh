@@ -75,7 +75,7 @@ done
 
 # Stale temp files are left behind; readers ignore them and the next save works.
 stale=$(find "$tmp" -name 'model.ckpt.tmp.*' | wc -l)
-[[ $stale -ge 1 ]] && ok || bad "expected stale temp files from the killed writers"
+if [[ $stale -ge 1 ]]; then ok; else bad "expected stale temp files from the killed writers"; fi
 if "$BIN" --write "$ckpt" 3 && "$BIN" --verify "$ckpt" 3 >/dev/null; then ok; else bad "save after kills"; fi
 # The verifier can fail: the old seed is gone now.
 if "$BIN" --verify "$ckpt" 1 >/dev/null 2>&1; then bad "--verify accepts the wrong seed"; else ok; fi
