@@ -346,22 +346,26 @@ int cmd_train(int argc, char **argv) {
   } else if (rank == 0) {
     print_summary(&o.tc, &res, world, rss);
     if (o.tc.checkpoint) printf("  checkpoint: %s\n", o.tc.checkpoint);
-    if (o.plot) {
-      if (moe_plot_loss(ctx, o.tc.metrics, o.plot) == MOE_STATUS_OK) {
-        printf("  loss plot: %s\n", o.plot);
-      } else {
-        fprintf(stderr, "moe: warning: --plot: %s\n", moe_ctx_error(ctx));
-      }
+  }
+  fflush(stdout);
+  MPI_Finalize();
+  // gnuplot runs as a child process: after MPI is done.
+  if (rc == CLI_OK && rank == 0 && o.plot) {
+    if (moe_plot_loss(ctx, o.tc.metrics, o.plot) == MOE_STATUS_OK) {
+      printf("  loss plot: %s\n", o.plot);
+    } else {
+      fprintf(stderr, "moe: warning: --plot: %s\n", moe_ctx_error(ctx));
     }
   }
   moe_ctx_destroy(ctx);
-  MPI_Finalize();
   return rc;
 }
 #else
 int cmd_train(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
+  if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
+    usage(stdout);
+    return CLI_OK;
+  }
   cli_error("train needs MPI; this build has none (install libopenmpi-dev and rebuild)");
   return CLI_FAILED;
 }
