@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "moe/compress.h"
 #include "moe/perf.h"
+#include "moe/progress.h"
 
 #define SIM_MAX_LIST 16
 
@@ -302,7 +303,7 @@ static void roofline_of(const moe_cluster *c, const moe_layer_config *cfg, const
 static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer_config *cfg,
                          const sim_row *rows, int n) {
   char dat[4096], gp[4096];
-  if (strpbrk(path, "'\"\\\n") || strlen(path) > 4000) {
+  if (!moe_gnuplot_path_ok(path)) {
     cli_error("--plot '%s': the path may not contain quotes, backslashes or newlines", path);
     return CLI_USAGE;
   }
@@ -321,34 +322,31 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
             rows[i].schedule, rows[i].a2a, rows[i].r.chunks);
   }
   fclose(f);
-  const size_t len = strlen(path);
-  const char *term = len > 4 && strcmp(path + len - 4, ".png") == 0   ? "pngcairo size 900,600"
-                     : len > 4 && strcmp(path + len - 4, ".svg") == 0 ? "svg size 900,600"
-                                                                      : "dumb size 100,30";
   f = fopen(gp, "w");
   if (!f) {
     cli_error("--plot: cannot write '%s'", gp);
     return CLI_FAILED;
   }
+  moe_gnuplot_set_output(f, path);
   fprintf(f,
-          "set terminal %s\nset output '%s'\nset logscale x\nset xlabel 'R_{CC} = comp / comm'\n"
+          "set logscale x\nset xlabel 'R_{CC} = comp / comm'\n"
           "set ylabel 'FLOP/s per device / peak'\nset yrange [0:1.05]\nset key top left\n"
           "set title 'DDL-roofline, %s'\n"
           "plot [0.01:100] (x < 1 ? x : 1) title 'ideal', x / (x + 1) title 'semi-ideal', "
           "'%s' using 1:2 with points pt 7 title 'variants', '%s' using 1:2:3 with labels "
           "offset 1,0.5 font ',7' notitle\n",
-          term, path, c->name, dat, dat);
+          c->name, dat, dat);
   fclose(f);
-  if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+  if (!moe_gnuplot_available()) {
     printf("gnuplot is not installed: wrote %s and %s (run 'gnuplot %s')\n", dat, gp, gp);
     return CLI_OK;
   }
-  char cmd[8300];
-  snprintf(cmd, sizeof cmd, "gnuplot '%s'", gp);
-  if (system(cmd) != 0) {
-    cli_error("--plot: gnuplot failed on '%s'", gp);
-    return CLI_FAILED;
-  }
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
+  const moe_status st = moe_gnuplot_run(ctx, gp);
+  if (st != MOE_STATUS_OK) cli_error("--plot: %s", moe_ctx_error(ctx));
+  moe_ctx_destroy(ctx);
+  if (st != MOE_STATUS_OK) return CLI_FAILED;
   printf("plotted %s (data %s, script %s)\n", path, dat, gp);
   return CLI_OK;
 }

@@ -280,7 +280,7 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
 }
 
 static void print_summary(const moe_train_config *tc, const moe_train_result *r, int world,
-                          double peak_rss_mib) {
+                          const double peak_rss_mib[2]) {
   const double ln2 = log(2.0);
   printf("trained MoE-GPT: steps %d..%d, %d rank(s), global batch %d x %d bytes\n", r->first_step,
          r->last_step, world, tc->batch, tc->model.seq_len);
@@ -293,7 +293,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
            r->final_val_loss, r->first_val_loss / ln2, r->final_val_loss / ln2);
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
-  printf("  peak RSS per rank (max over ranks): %.1f MiB\n", peak_rss_mib);
+  const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);
+  printf(
+      "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: "
+      "%.1f MiB = params+grads+AdamW %.1f + activations %.1f (RSS/config %.2f)\n",
+      peak_rss_mib[0], peak_rss_mib[1], model_mib, (double)r->state_bytes / (1 << 20),
+      (double)r->activation_bytes / (1 << 20), peak_rss_mib[0] / model_mib);
 }
 
 // VmHWM of this process in MiB (0 when unknown).
@@ -338,8 +343,8 @@ int cmd_train(int argc, char **argv) {
   if (rank != 0) o.tc.progress = 0;
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);
-  double rss = peak_rss_mib();
-  MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  double rss[2] = {peak_rss_mib(), 0};  // rank 0's, max over ranks
+  MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (st != MOE_STATUS_OK) {
     if (rank == 0) cli_error("train: %s", moe_ctx_error(ctx));
     rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;

@@ -72,19 +72,21 @@ typedef struct {
 void moe_train_config_default(moe_train_config *tc);
 
 typedef struct {
-  int first_step;         // 1, or the resumed step + 1
-  int last_step;          // steps
-  double first_loss;      // loss of the first step run
-  double final_loss;      // loss of the last step
-  double first_val_loss;  // first validation (NAN if none)
-  double final_val_loss;  // last validation (NAN if none)
-  double tokens_per_s;    // median over the steps after the first
-  double a2a_share;       // median
-  double exposed_share;   // median
-  double train_s;         // wall time of the training loop (validation included)
-  size_t params_total;    // elements of the model (experts once)
-  size_t params_active;   // elements one token uses
-  char source[256];       // the text's description
+  int first_step;           // 1, or the resumed step + 1
+  int last_step;            // steps
+  double first_loss;        // loss of the first step run
+  double final_loss;        // loss of the last step
+  double first_val_loss;    // first validation (NAN if none)
+  double final_val_loss;    // last validation (NAN if none)
+  double tokens_per_s;      // median over the steps after the first
+  double a2a_share;         // median
+  double exposed_share;     // median
+  double train_s;           // wall time of the training loop (validation included)
+  size_t params_total;      // elements of the model (experts once)
+  size_t params_active;     // elements one token uses
+  size_t state_bytes;       // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
+  size_t activation_bytes;  // rank 0: moe_gpt_activation_bytes (activations and scratch)
+  char source[256];         // the text's description
 } moe_train_result;
 
 // Collective over world. Errors (on every rank, no hang): invalid configs,

@@ -492,6 +492,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
               tc->resume, start - 1, end);
   out->params_total = moe_gpt_total_elements(r.model);
   out->params_active = moe_gpt_active_elements(r.model);
+  for (int i = 0; i < moe_gpt_num_params(r.model); i++)
+    out->state_bytes += 16 * moe_gpt_get_param(r.model, i).numel;
+  out->activation_bytes = moe_gpt_activation_bytes(r.model);
   snprintf(out->source, sizeof out->source, "%s", moe_text_source(r.text));
   const int nsteps = end - start + 1;
   tps = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *tps);
