@@ -2,10 +2,15 @@
 #ifndef MOE_MOE_H
 #define MOE_MOE_H
 
+#include "moe/checkpoint.h"
 #include "moe/core.h"
+#include "moe/data.h"
 #include "moe/expert.h"
+#include "moe/gpt_io.h"
 #include "moe/kernels.h"
 #include "moe/layer.h"
+#include "moe/model.h"
+#include "moe/progress.h"
 #include "moe/sched.h"
 
 #ifdef __cplusplus
