@@ -9,7 +9,7 @@
 #               (forward and backward), final train and validation loss.
 #
 #   bash bench/train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]
-# Environment: TP_STEPS (throughput steps, 30), CONV_STEPS (convergence steps, 300).
+# Environment: TP_STEPS (throughput steps, 30), CONV_STEPS (convergence steps, 600).
 set -euo pipefail
 build=${1:?usage: train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]}
 out=${2:?usage: train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]}
@@ -20,7 +20,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yi
 export OPENBLAS_NUM_THREADS=1
 launch() { mpiexec -n "$1" --oversubscribe "${@:2}"; }
 tp_steps=${TP_STEPS:-30}
-conv_steps=${CONV_STEPS:-300}
+conv_steps=${CONV_STEPS:-600}
 
 if [[ $what == throughput || $what == all ]]; then
   echo "| ranks | EP | tokens/s (median) | all-to-all share | exposed share | peak RSS rank 0 (MiB) | from config (MiB) | RSS/config |"
@@ -54,8 +54,8 @@ if [[ $what == convergence || $what == all ]]; then
     opts=${v#*:}
     log="$out/conv_${name//+/_}.log"
     # shellcheck disable=SC2086
-    launch 4 "$moe" train --steps "$conv_steps" --batch 32 --eval-every 0 --eval-batches 8 \
-      --lr 2e-3 --min-lr 2e-4 --quiet --metrics "$out/conv_${name//+/_}.jsonl" $opts >"$log" 2>&1
+    launch 4 "$moe" train --steps "$conv_steps" --batch 16 --eval-every 0 --eval-batches 16 \
+      --quiet --metrics "$out/conv_${name//+/_}.jsonl" $opts >"$log" 2>&1
     python3 - "$log" "$name" "$conv_steps" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()

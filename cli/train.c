@@ -44,7 +44,7 @@ static void usage(FILE *f) {
       "  --steps N             length of the run: the lr schedule ends at step N [200]\n"
       "  --stop-at N           stop (validate, save) after step N < steps; --resume then\n"
       "                        continues exactly as an uninterrupted run [steps]\n"
-      "  --batch B             global sequences per step, divisible by P [32]\n"
+      "  --batch B             global sequences per step, divisible by P [16]\n"
       "  --lr X, --min-lr X    peak and final learning rate [3e-3, 3e-4]\n"
       "  --warmup N            linear warm-up steps [100; at most steps/5 by default]\n"
       "  --weight-decay X      AdamW weight decay [0.1]\n"

@@ -7,7 +7,7 @@
 #   bash scripts/demo.sh [BUILD_DIR] [extra moe train options...]
 #
 # Outputs go to demo-out/ (metrics.jsonl, loss.png or loss.txt, model.ckpt).
-# Environment: RANKS (default 4), STEPS (default 1200), OUT (default demo-out).
+# Environment: RANKS (default 4), STEPS (default 2000), OUT (default demo-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -18,7 +18,7 @@ if [[ ! -x "$moe" ]]; then
   exit 2
 fi
 ranks=${RANKS:-4}
-steps=${STEPS:-1200}
+steps=${STEPS:-2000}
 out=${OUT:-demo-out}
 mkdir -p "$out"
 mpiexec=$(command -v mpiexec || command -v mpirun || true)
@@ -40,8 +40,8 @@ plot="$out/loss.png"
 if ! command -v gnuplot >/dev/null; then plot=""; fi
 
 echo "== training MoE-GPT on $ranks ranks for $steps steps (outputs in $out/)"
-args=(train --steps "$steps" --batch 32 --layers 4 --d-model 128 --heads 4 --experts 8 --topk 2
-      --eval-every 100 --log-every 10 --metrics "$out/metrics.jsonl"
+args=(train --steps "$steps" --batch 16 --layers 4 --d-model 128 --heads 4 --experts 8 --topk 2
+      --eval-every 200 --eval-batches 16 --log-every 20 --metrics "$out/metrics.jsonl"
       --checkpoint "$out/model.ckpt" --save-every 200)
 if [[ -n "$plot" ]]; then args+=(--plot "$plot"); fi
 "${launch[@]}" "$moe" "${args[@]}" "$@"

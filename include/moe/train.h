@@ -67,7 +67,7 @@ typedef struct {
   void *on_step_user;
 } moe_train_config;
 
-// Defaults: the default model and optimizer, EP = world, B 32, 200 steps, seed
+// Defaults: the default model and optimizer, EP = world, B 16, 200 steps, seed
 // 1, val 0.1, eval every 50, 4 eval batches, no files, progress on, log every 1.
 void moe_train_config_default(moe_train_config *tc);
 

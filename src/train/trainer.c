@@ -35,7 +35,7 @@ void moe_train_config_default(moe_train_config *tc) {
   moe_optim_config_default(&tc->optim);
   moe_parallel_config_default(&tc->par);
   tc->par.ep_size = 0;
-  tc->batch = 32;
+  tc->batch = 16;
   tc->steps = 200;
   tc->seed = 1;
   tc->val_fraction = 0.1;
