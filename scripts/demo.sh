@@ -7,7 +7,7 @@
 #   bash scripts/demo.sh [BUILD_DIR] [extra moe train options...]
 #
 # Outputs go to demo-out/ (metrics.jsonl, loss.png or loss.txt, model.ckpt).
-# Environment: RANKS (default 4), STEPS (default 2000), OUT (default demo-out).
+# Environment: RANKS (default 4), STEPS (default 3000), OUT (default demo-out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -18,7 +18,7 @@ if [[ ! -x "$moe" ]]; then
   exit 2
 fi
 ranks=${RANKS:-4}
-steps=${STEPS:-2000}
+steps=${STEPS:-3000}
 out=${OUT:-demo-out}
 mkdir -p "$out"
 mpiexec=$(command -v mpiexec || command -v mpirun || true)
