@@ -9,7 +9,7 @@
 #               (forward and backward), final train and validation loss.
 #
 #   bash bench/train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]
-# Environment: TP_STEPS (throughput steps, 30), CONV_STEPS (convergence steps, 600).
+# Environment: TP_STEPS (throughput steps, 60), CONV_STEPS (convergence steps, 600).
 set -euo pipefail
 build=${1:?usage: train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]}
 out=${2:?usage: train_bench.sh BUILD_DIR OUT_DIR [throughput|convergence|all]}
@@ -19,22 +19,33 @@ mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OPENBLAS_NUM_THREADS=1
 launch() { mpiexec -n "$1" --oversubscribe "${@:2}"; }
-tp_steps=${TP_STEPS:-30}
+tp_steps=${TP_STEPS:-60}
 conv_steps=${CONV_STEPS:-600}
 
 if [[ $what == throughput || $what == all ]]; then
-  echo "| ranks | EP | tokens/s (median) | all-to-all share | exposed share | peak RSS rank 0 (MiB) | from config (MiB) | RSS/config |"
-  echo "|---|---|---|---|---|---|---|---|"
+  # The process baseline (MPI, OpenBLAS, libraries) is the peak RSS of the same
+  # command with a model of a few hundred parameters; the last column compares
+  # what the model adds above it with the memory computed from the config.
+  echo "| ranks | EP | tokens/s (median) | all-to-all share | exposed share | peak RSS rank 0 (MiB) | baseline RSS (MiB) | from config (MiB) | RSS/config | (RSS-baseline)/config |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   for p in 1 2 4; do
     log="$out/throughput_np$p.log"
-    launch "$p" "$moe" train --steps "$tp_steps" --batch 32 --eval-every 0 --eval-batches 1 \
+    base="$out/baseline_np$p.log"
+    launch "$p" "$moe" train --steps 3 --batch 16 --layers 1 --d-model 8 --heads 1 --seq-len 8 \
+      --experts 4 --expert-hidden 8 --dense-hidden 8 --eval-every 0 --eval-batches 1 --quiet \
+      >"$base" 2>&1
+    launch "$p" "$moe" train --steps "$tp_steps" --batch 16 --eval-every 0 --eval-batches 1 \
       --quiet --metrics "$out/throughput_np$p.jsonl" >"$log" 2>&1
-    python3 - "$log" "$p" <<'PY'
+    python3 - "$log" "$base" "$p" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()
+b = open(sys.argv[2]).read()
 m = re.search(r"median tokens/s (\d+), all-to-all share ([\d.]+)%, exposed ([\d.]+)%", t)
 r = re.search(r"peak RSS ([\d.]+) MiB .*?from the config: ([\d.]+) MiB.*?RSS/config ([\d.]+)", t)
-print(f"| {sys.argv[2]} | {sys.argv[2]} | {m.group(1)} | {m.group(2)}% | {m.group(3)}% | {r.group(1)} | {r.group(2)} | {r.group(3)} |")
+base = float(re.search(r"peak RSS ([\d.]+) MiB", b).group(1))
+rss, cfg = float(r.group(1)), float(r.group(2))
+p = sys.argv[3]
+print(f"| {p} | {p} | {m.group(1)} | {m.group(2)}% | {m.group(3)}% | {rss:.1f} | {base:.1f} | {cfg:.1f} | {r.group(3)} | {(rss - base) / cfg:.2f} |")
 PY
   done
 fi
