@@ -74,38 +74,6 @@ static void bwd(float *dqkv, float *scratch, const float *dout, const float *att
 
 // ---- small helpers ---------------------------------------------------------------------
 
-#define MAX_ALLOCS 256
-static void *g_allocs[MAX_ALLOCS];
-static int g_nallocs;
-
-// Zeroed test buffer, freed by free_all() after each test function.
-static float *fbuf(size_t n) {
-  float *p = calloc(n ? n : 1, sizeof(float));
-  if (!p || g_nallocs == MAX_ALLOCS) {
-    fprintf(stderr, "test_attention: out of memory\n");
-    exit(2);
-  }
-  g_allocs[g_nallocs++] = p;
-  return p;
-}
-
-static void free_all(void) {
-  for (int i = 0; i < g_nallocs; i++) free(g_allocs[i]);
-  g_nallocs = 0;
-}
-
-static float *filled(size_t n, uint64_t seed, float lo, float hi) {
-  float *p = fbuf(n);
-  tu_fill(p, n, seed, lo, hi);
-  return p;
-}
-
-static float *copy_of(const float *x, size_t n) {
-  float *p = fbuf(n);
-  if (n) memcpy(p, x, n * sizeof(float));
-  return p;
-}
-
 static void fill_nan(float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = NAN;
 }
@@ -190,15 +158,15 @@ static void test_forward(void) {
     const shape p = fwd_shapes[si];
     for (int big = 0; big < 2; big++) {
       // big: q and k scaled so scores reach ~1e3 (max-subtraction must hold).
-      float *qkv = filled(n_qkv(p), 100 + si, -2, 2);
+      float *qkv = tu_filled(n_qkv(p), 100 + si, -2, 2);
       if (big) {
         const int d = p.nh * p.hd;
         for (size_t r = 0; r < (size_t)p.b * p.s; r++) {
           for (int c = 0; c < 2 * d; c++) qkv[r * 3 * d + c] *= 10.0f;
         }
       }
-      float *out = fbuf(n_out(p)), *att = fbuf(n_att(p));
-      float *out_r = fbuf(n_out(p)), *att_r = fbuf(n_att(p));
+      float *out = tu_fbuf(n_out(p)), *att = tu_fbuf(n_att(p));
+      float *out_r = tu_fbuf(n_out(p)), *att_r = tu_fbuf(n_att(p));
       fill_nan(out, n_out(p));
       fill_nan(att, n_att(p));
       fill_nan(out_r, n_out(p));
@@ -293,11 +261,11 @@ static void backward_naive(float *dqkv, const float *dout, const float *qkv, sha
 // size plus a guard that must stay untouched; dqkv += gradient.
 static void run_backward(const char *name, float *dqkv, const float *dout, const float *qkv,
                          shape p) {
-  float *out = fbuf(n_out(p)), *att = fbuf(n_att(p));
+  float *out = tu_fbuf(n_out(p)), *att = tu_fbuf(n_att(p));
   fwd(out, att, qkv, p.b, p.s, p.nh, p.hd);
   const size_t ns = moe_attention_scratch_floats(p.b, p.s, p.nh, p.hd);
   TU_CHECK(ns <= n_att(p), "%s: scratch %zu floats > B*NH*S*S", name, ns);
-  float *scratch = fbuf(ns + 16);
+  float *scratch = tu_fbuf(ns + 16);
   fill_nan(scratch, ns);
   for (int i = 0; i < 16; i++) scratch[ns + i] = 1234.5f;
   bwd(dqkv, scratch, dout, att, qkv, p.b, p.s, p.nh, p.hd);
@@ -314,23 +282,24 @@ static void test_backward(void) {
   char name[128];
   for (size_t si = 0; si < sizeof fd_shapes / sizeof fd_shapes[0]; si++) {
     const shape p = fd_shapes[si];
-    float *qkv = filled(n_qkv(p), 200 + si, -1.5f, 1.5f), *w = filled(n_out(p), 300 + si, -1, 1);
-    float *dqkv = fbuf(n_qkv(p));
+    float *qkv = tu_filled(n_qkv(p), 200 + si, -1.5f, 1.5f),
+          *w = tu_filled(n_out(p), 300 + si, -1, 1);
+    float *dqkv = tu_fbuf(n_qkv(p));
     snprintf(name, sizeof name, "attention dqkv FD [%s] B%d S%d NH%d hd%d", isa_label(), p.b, p.s,
              p.nh, p.hd);
     run_backward(name, dqkv, w, qkv, p);
-    att_fd c = {qkv, w, fbuf(n_out(p)), fbuf(n_att(p)), p};
+    att_fd c = {qkv, w, tu_fbuf(n_out(p)), tu_fbuf(n_att(p)), p};
     tu_fd_check(name, att_loss, &c, qkv, dqkv, n_qkv(p), 1e-2f, 3e-5, 1e-3);
 
     // Accumulation: twice from zero is 2x once; onto a pre-filled buffer adds.
-    float *twice = fbuf(n_qkv(p)), *want = fbuf(n_qkv(p));
+    float *twice = tu_fbuf(n_qkv(p)), *want = tu_fbuf(n_qkv(p));
     run_backward(name, twice, w, qkv, p);
     run_backward(name, twice, w, qkv, p);
     for (size_t i = 0; i < n_qkv(p); i++) want[i] = 2.0f * dqkv[i];
     snprintf(name, sizeof name, "attention dqkv accumulates (2x) [%s] B%d S%d", isa_label(), p.b,
              p.s);
     tu_allclose(name, twice, want, n_qkv(p), 1e-6, 1e-5);
-    float *base = filled(n_qkv(p), 400 + si, -1, 1), *acc = copy_of(base, n_qkv(p));
+    float *base = tu_filled(n_qkv(p), 400 + si, -1, 1), *acc = tu_copy_of(base, n_qkv(p));
     run_backward(name, acc, w, qkv, p);
     for (size_t i = 0; i < n_qkv(p); i++) want[i] = base[i] + dqkv[i];
     snprintf(name, sizeof name, "attention dqkv accumulates (base) [%s] B%d S%d", isa_label(), p.b,
@@ -342,9 +311,9 @@ static void test_backward(void) {
   // against the naive double backward.
   for (size_t si = 0; si < sizeof cmp_shapes / sizeof cmp_shapes[0]; si++) {
     const shape p = cmp_shapes[si];
-    float *qkv = filled(n_qkv(p), 500 + si, -2, 2), *dout = filled(n_out(p), 600 + si, -1, 1);
-    float *base = filled(n_qkv(p), 700 + si, -1, 1);
-    float *got = copy_of(base, n_qkv(p)), *want = copy_of(base, n_qkv(p));
+    float *qkv = tu_filled(n_qkv(p), 500 + si, -2, 2), *dout = tu_filled(n_out(p), 600 + si, -1, 1);
+    float *base = tu_filled(n_qkv(p), 700 + si, -1, 1);
+    float *got = tu_copy_of(base, n_qkv(p)), *want = tu_copy_of(base, n_qkv(p));
     snprintf(name, sizeof name, "attention dqkv vs naive [%s] B%d S%d NH%d hd%d", isa_label(), p.b,
              p.s, p.nh, p.hd);
     run_backward(name, got, dout, qkv, p);
@@ -359,9 +328,9 @@ static void test_backward(void) {
 static void test_causality(void) {
   const shape p = {2, 40, 2, 4};
   const int d = p.nh * p.hd;
-  float *qkv = filled(n_qkv(p), 800, -1, 1);
-  float *out0 = fbuf(n_out(p)), *att0 = fbuf(n_att(p));
-  float *out1 = fbuf(n_out(p)), *att1 = fbuf(n_att(p));
+  float *qkv = tu_filled(n_qkv(p), 800, -1, 1);
+  float *out0 = tu_fbuf(n_out(p)), *att0 = tu_fbuf(n_att(p));
+  float *out1 = tu_fbuf(n_out(p)), *att1 = tu_fbuf(n_att(p));
   const int tps[] = {0, 1, 17, 31, 32, 33, 39};
   for (int fast = 0; fast < 2; fast++) {
     void (*run)(float *, float *, const float *, int, int, int, int) =
@@ -369,7 +338,7 @@ static void test_causality(void) {
     run(out0, att0, qkv, p.b, p.s, p.nh, p.hd);
     for (size_t ti = 0; ti < sizeof tps / sizeof tps[0]; ti++) {
       const int tp = tps[ti];
-      float *pert = copy_of(qkv, n_qkv(p));
+      float *pert = tu_copy_of(qkv, n_qkv(p));
       // Perturb all of q, k and v at (b = 1, t').
       for (int c = 0; c < 3 * d; c++) pert[((size_t)1 * p.s + tp) * 3 * d + c] += 0.5f;
       run(out1, att1, pert, p.b, p.s, p.nh, p.hd);
@@ -402,9 +371,9 @@ static int cmp_double(const void *a, const void *b) {
 static void time_attention(void) {
   const shape p = {16, 128, 4, 32};
   moe_blas_set_threads(1);
-  float *qkv = filled(n_qkv(p), 900, -1, 1), *dout = filled(n_out(p), 901, -1, 1);
-  float *out = fbuf(n_out(p)), *att = fbuf(n_att(p)), *dqkv = fbuf(n_qkv(p));
-  float *scratch = fbuf(moe_attention_scratch_floats(p.b, p.s, p.nh, p.hd));
+  float *qkv = tu_filled(n_qkv(p), 900, -1, 1), *dout = tu_filled(n_out(p), 901, -1, 1);
+  float *out = tu_fbuf(n_out(p)), *att = tu_fbuf(n_att(p)), *dqkv = tu_fbuf(n_qkv(p));
+  float *scratch = tu_fbuf(moe_attention_scratch_floats(p.b, p.s, p.nh, p.hd));
   enum { REPS = 15 };
   double tf[REPS], tb[REPS];
   for (int r = 0; r < REPS; r++) {
@@ -431,10 +400,10 @@ static void time_attention(void) {
 // rounding (copies differ only in FMA contraction and vector width).
 static void test_isa_copies_agree(void) {
   const shape p = {2, 77, 3, 19};
-  float *qkv = filled(n_qkv(p), 1000, -2, 2), *dout = filled(n_out(p), 1001, -1, 1);
-  float *out_p = fbuf(n_out(p)), *att_p = fbuf(n_att(p)), *d_p = fbuf(n_qkv(p));
-  float *out_c = fbuf(n_out(p)), *att_c = fbuf(n_att(p)), *d_c = fbuf(n_qkv(p));
-  float *scratch = fbuf(moe_attention_scratch_floats(p.b, p.s, p.nh, p.hd));
+  float *qkv = tu_filled(n_qkv(p), 1000, -2, 2), *dout = tu_filled(n_out(p), 1001, -1, 1);
+  float *out_p = tu_fbuf(n_out(p)), *att_p = tu_fbuf(n_att(p)), *d_p = tu_fbuf(n_qkv(p));
+  float *out_c = tu_fbuf(n_out(p)), *att_c = tu_fbuf(n_att(p)), *d_c = tu_fbuf(n_qkv(p));
+  float *scratch = tu_fbuf(moe_attention_scratch_floats(p.b, p.s, p.nh, p.hd));
   moe_attention_forward(out_p, att_p, qkv, p.b, p.s, p.nh, p.hd);
   moe_attention_backward(d_p, scratch, dout, att_p, qkv, p.b, p.s, p.nh, p.hd);
   fwd(out_c, att_c, qkv, p.b, p.s, p.nh, p.hd);
@@ -463,11 +432,11 @@ int main(int argc, char **argv) {
     g_isa = isa;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
       tests[i]();
-      free_all();
+      tu_free_all();
     }
     if (isa >= 0) {
       test_isa_copies_agree();
-      free_all();
+      tu_free_all();
     }
   }
   g_isa = -1;
@@ -475,6 +444,6 @@ int main(int argc, char **argv) {
                moe_attention_backward_isa(-1, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 1) == -1,
            "the ISA hooks accept an unknown instruction set");
   time_attention();
-  free_all();
+  tu_free_all();
   return tu_finish("test_attention");
 }

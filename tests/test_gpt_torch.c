@@ -7,7 +7,6 @@
 // weight decay on the matrices) within 1e-4 relative. Also checks that the
 // steps after the first allocate nothing.
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,10 +18,6 @@
 
 #define REL_TOL 1e-4
 #define N_CASES 2  // the generator writes this many; fewer means files went missing
-
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
 
 static double g_worst;  // largest relative error of a case (printed)
 
@@ -186,31 +181,16 @@ done:
 
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "tests/data";
-  DIR *d = opendir(dir);
-  if (!d) {
-    fprintf(stderr, "cannot open data directory %s\n", dir);
-    return 1;
-  }
   char *names[64];
-  int n = 0;
-  for (struct dirent *ent; (ent = readdir(d)) != NULL && n < 64;) {
-    const size_t len = strlen(ent->d_name);
-    if (strncmp(ent->d_name, "gpt_", 4) == 0 && len > 4 &&
-        strcmp(ent->d_name + len - 4, ".bin") == 0) {
-      names[n] = malloc(strlen(dir) + len + 2);
-      sprintf(names[n], "%s/%s", dir, ent->d_name);
-      n++;
-    }
-  }
-  closedir(d);
-  qsort(names, (size_t)n, sizeof names[0], cmp_str);
+  const int n = tu_list_files(dir, "gpt_", ".bin", names, 64);
+  if (n < 0) return 1;
   TU_CHECK(n >= N_CASES, "expected at least %d gpt reference files in %s, found %d", N_CASES, dir,
            n);
   for (int i = 0; i < n; i++) {
     const int failures = tu_failures;
     run_case(names[i]);
     printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
-    free(names[i]);
   }
+  tu_free_names(names, n);
   return tu_finish("test_gpt_torch");
 }

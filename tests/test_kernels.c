@@ -25,49 +25,6 @@
 
 // ---- small helpers ---------------------------------------------------------------------
 
-#define MAX_ALLOCS 4096
-static void *g_allocs[MAX_ALLOCS];
-static int g_nallocs;
-
-// Zeroed test buffer, freed by free_all() after each test function (tests may
-// allocate; kernels do not).
-static float *fbuf(size_t n) {
-  float *p = calloc(n ? n : 1, sizeof(float));
-  if (!p || g_nallocs == MAX_ALLOCS) {
-    fprintf(stderr, "test_kernels: out of memory\n");
-    exit(2);
-  }
-  g_allocs[g_nallocs++] = p;
-  return p;
-}
-
-static int32_t *ibuf(size_t n) {
-  int32_t *p = calloc(n ? n : 1, sizeof(int32_t));
-  if (!p || g_nallocs == MAX_ALLOCS) {
-    fprintf(stderr, "test_kernels: out of memory\n");
-    exit(2);
-  }
-  g_allocs[g_nallocs++] = p;
-  return p;
-}
-
-static void free_all(void) {
-  for (int i = 0; i < g_nallocs; i++) free(g_allocs[i]);
-  g_nallocs = 0;
-}
-
-static float *filled(size_t n, uint64_t seed, float lo, float hi) {
-  float *p = fbuf(n);
-  tu_fill(p, n, seed, lo, hi);
-  return p;
-}
-
-static float *copy_of(const float *x, size_t n) {
-  float *p = fbuf(n);
-  if (n) memcpy(p, x, n * sizeof(float));
-  return p;
-}
-
 static double dot_d(const float *a, const float *b, size_t n) {
   double s = 0.0;
   for (size_t i = 0; i < n; i++) s += (double)a[i] * (double)b[i];
@@ -82,7 +39,7 @@ static int bits_equal(const float *a, const float *b, size_t n) {
 // contract (backward adds into a pre-filled buffer instead of overwriting).
 static void check_accumulated(const char *name, const float *got, const float *base,
                               const float *delta, size_t n) {
-  float *want = fbuf(n);
+  float *want = tu_fbuf(n);
   for (size_t i = 0; i < n; i++) want[i] = base[i] + delta[i];
   tu_allclose(name, got, want, n, 1e-6, 1e-5);
 }
@@ -124,10 +81,10 @@ static void test_gemm_vs_ref(void) {
         const int arows = ta ? k : m, acols = ta ? m : k;
         const int brows = tb ? n : k, bcols = tb ? k : n;
         const int lda = acols + 3, ldb = bcols + 2, ldc = n + 5;
-        const float *a = filled((size_t)arows * lda, 100 + s, -1.0f, 1.0f);
-        const float *b = filled((size_t)brows * ldb, 200 + s, -1.0f, 1.0f);
-        float *c0 = filled((size_t)m * ldc, 300 + s, -1.0f, 1.0f);
-        float *c = copy_of(c0, (size_t)m * ldc), *cr = copy_of(c0, (size_t)m * ldc);
+        const float *a = tu_filled((size_t)arows * lda, 100 + s, -1.0f, 1.0f);
+        const float *b = tu_filled((size_t)brows * ldb, 200 + s, -1.0f, 1.0f);
+        float *c0 = tu_filled((size_t)m * ldc, 300 + s, -1.0f, 1.0f);
+        float *c = tu_copy_of(c0, (size_t)m * ldc), *cr = tu_copy_of(c0, (size_t)m * ldc);
         moe_gemm(ta, tb, m, n, k, 0.7f, a, lda, b, ldb, -1.3f, c, ldc);
         moe_gemm_ref(ta, tb, m, n, k, 0.7f, a, lda, b, ldb, -1.3f, cr, ldc);
         // sgemm vs a double-accumulated reference: |error| ~ k * 2^-24 * O(1).
@@ -209,18 +166,18 @@ static void test_linear(void) {
   for (int s = 0; s < 5; s++) {
     const int n = shapes[s][0], din = shapes[s][1], dout = shapes[s][2];
     const size_t nx = (size_t)n * din, nw = (size_t)din * dout, ny = (size_t)n * dout;
-    float *x = filled(nx, 11 + s, -1, 1), *w = filled(nw, 12 + s, -1, 1);
-    float *b = filled((size_t)dout, 13 + s, -1, 1);
+    float *x = tu_filled(nx, 11 + s, -1, 1), *w = tu_filled(nw, 12 + s, -1, 1);
+    float *b = tu_filled((size_t)dout, 13 + s, -1, 1);
     for (int with_b = 0; with_b < 2; with_b++) {
       const float *bb = with_b ? b : NULL;
-      float *y = filled(ny, 14, -5, 5), *yr = filled(ny, 15, -5, 5);  // overwritten
+      float *y = tu_filled(ny, 14, -5, 5), *yr = tu_filled(ny, 15, -5, 5);  // overwritten
       moe_linear_forward(y, x, w, bb, n, din, dout);
       moe_linear_forward_ref(yr, x, w, bb, n, din, dout);
       snprintf(name, sizeof name, "linear fwd n%d din%d dout%d bias%d", n, din, dout, with_b);
       tu_allclose(name, y, yr, ny, 2e-6 * (din + 1), 1e-5);
     }
     if (din == 0) {
-      float *y = filled(ny, 16, -5, 5);
+      float *y = tu_filled(ny, 16, -5, 5);
       moe_linear_forward(y, x, w, b, n, din, dout);
       int ok = 1;
       for (int i = 0; i < n; i++) ok &= bits_equal(y + (size_t)i * dout, b, (size_t)dout);
@@ -229,10 +186,10 @@ static void test_linear(void) {
     }
 
     // Backward from zero, then from a pre-filled buffer.
-    float *r = filled(ny, 17 + s, -1, 1);
-    float *dx = fbuf(nx), *dw = fbuf(nw), *db = fbuf((size_t)dout);
+    float *r = tu_filled(ny, 17 + s, -1, 1);
+    float *dx = tu_fbuf(nx), *dw = tu_fbuf(nw), *db = tu_fbuf((size_t)dout);
     moe_linear_backward(dx, dw, db, r, x, w, n, din, dout);
-    linear_fd c = {x, w, b, r, fbuf(ny), n, din, dout};
+    linear_fd c = {x, w, b, r, tu_fbuf(ny), n, din, dout};
     snprintf(name, sizeof name, "linear dx n%d din%d dout%d", n, din, dout);
     tu_fd_check(name, linear_loss, &c, x, dx, nx, 1e-2f, 1e-3, 1e-2);
     snprintf(name, sizeof name, "linear dw n%d din%d dout%d", n, din, dout);
@@ -240,16 +197,17 @@ static void test_linear(void) {
     snprintf(name, sizeof name, "linear db n%d din%d dout%d", n, din, dout);
     tu_fd_check(name, linear_loss, &c, b, db, (size_t)dout, 1e-2f, 1e-3, 1e-2);
 
-    float *dx0 = filled(nx, 18, -1, 1), *dw0 = filled(nw, 19, -1, 1);
-    float *db0 = filled((size_t)dout, 20, -1, 1);
-    float *dx1 = copy_of(dx0, nx), *dw1 = copy_of(dw0, nw), *db1 = copy_of(db0, (size_t)dout);
+    float *dx0 = tu_filled(nx, 18, -1, 1), *dw0 = tu_filled(nw, 19, -1, 1);
+    float *db0 = tu_filled((size_t)dout, 20, -1, 1);
+    float *dx1 = tu_copy_of(dx0, nx), *dw1 = tu_copy_of(dw0, nw),
+          *db1 = tu_copy_of(db0, (size_t)dout);
     moe_linear_backward(dx1, dw1, db1, r, x, w, n, din, dout);
     check_accumulated("linear dx accumulates", dx1, dx0, dx, nx);
     check_accumulated("linear dw accumulates", dw1, dw0, dw, nw);
     check_accumulated("linear db accumulates", db1, db0, db, (size_t)dout);
 
     // dx and db may be NULL; dw is still produced.
-    float *dw2 = fbuf(nw);
+    float *dw2 = tu_fbuf(nw);
     moe_linear_backward(NULL, dw2, NULL, r, x, w, n, din, dout);
     tu_allclose("linear dw with dx, db NULL", dw2, dw, nw, 0, 0);
   }
@@ -278,16 +236,16 @@ static void test_bias(void) {
   for (int s = 0; s < 5; s++) {
     const int n = shapes[s][0], d = shapes[s][1];
     const size_t ny = (size_t)n * d;
-    float *y0 = filled(ny, 30 + s, -1, 1), *b = filled((size_t)d, 31 + s, -1, 1);
-    float *y = copy_of(y0, ny), *yr = copy_of(y0, ny);
+    float *y0 = tu_filled(ny, 30 + s, -1, 1), *b = tu_filled((size_t)d, 31 + s, -1, 1);
+    float *y = tu_copy_of(y0, ny), *yr = tu_copy_of(y0, ny);
     moe_bias_add_forward(y, b, n, d);
     moe_bias_add_forward_ref(yr, b, n, d);
     snprintf(name, sizeof name, "bias fwd n%d d%d", n, d);
     tu_allclose(name, y, yr, ny, 0, 0);  // one float add each: identical
 
     // Backward: column sums against double sums, then FD and accumulation.
-    float *dy = filled(ny, 32 + s, -1, 1), *db = filled((size_t)d, 33, -1, 1);
-    float *db0 = copy_of(db, (size_t)d), *want = fbuf((size_t)d);
+    float *dy = tu_filled(ny, 32 + s, -1, 1), *db = tu_filled((size_t)d, 33, -1, 1);
+    float *db0 = tu_copy_of(db, (size_t)d), *want = tu_fbuf((size_t)d);
     for (int j = 0; j < d; j++) {
       double sum = db0[j];
       for (int i = 0; i < n; i++) sum += dy[(size_t)i * d + j];
@@ -297,9 +255,9 @@ static void test_bias(void) {
     snprintf(name, sizeof name, "bias bwd (accumulating) n%d d%d", n, d);
     tu_allclose(name, db, want, (size_t)d, 1e-7 * (n + 10), 1e-6);
     if (ny <= 1000) {
-      float *db2 = fbuf((size_t)d);
+      float *db2 = tu_fbuf((size_t)d);
       moe_bias_add_backward(db2, dy, n, d);
-      bias_fd c = {y0, b, dy, fbuf(ny), n, d};
+      bias_fd c = {y0, b, dy, tu_fbuf(ny), n, d};
       snprintf(name, sizeof name, "bias db FD n%d d%d", n, d);
       tu_fd_check(name, bias_loss, &c, b, db2, (size_t)d, 1e-2f, 1e-3, 1e-2);
     }
@@ -371,7 +329,7 @@ static void test_gelu_copy(void) {
   // Dense sweep, element-wise within 1e-6 relative of the double
   // 0.5 x erfc(-x / sqrt 2); plus the `_ref` itself against that definition.
   const size_t n = GELU_SWEEP_N;
-  float *x = fbuf(n), *y = fbuf(n), *yr = fbuf(n), *want = fbuf(n);
+  float *x = tu_fbuf(n), *y = tu_fbuf(n), *yr = tu_fbuf(n), *want = tu_fbuf(n);
   for (size_t i = 0; i < n; i++) {
     x[i] = gelu_sweep_x(i);
     want[i] = (float)gelu_d(x[i]);
@@ -393,7 +351,7 @@ static void test_gelu_copy(void) {
   // Random values, odd lengths (vector tails), and in place == out of place.
   static const size_t lens[] = {1, 3, 17, 1001};
   for (int s = 0; s < 4; s++) {
-    float *xs = filled(lens[s], 40 + s, -6, 6), *ys = fbuf(lens[s]), *yrs = fbuf(lens[s]);
+    float *xs = tu_filled(lens[s], 40 + s, -6, 6), *ys = tu_fbuf(lens[s]), *yrs = tu_fbuf(lens[s]);
     gelu_fwd(ys, xs, lens[s]);
     moe_gelu_forward_ref(yrs, xs, lens[s]);
     tu_allclose(gelu_name("fwd random"), ys, yrs, lens[s], 1e-37, 1e-6);
@@ -434,7 +392,7 @@ static void test_gelu_copy(void) {
 
   // Backward against the analytic derivative in double over the sweep, with
   // dy = 1 and accumulation onto 0.25.
-  float *dx = fbuf(n), *dy = fbuf(n), *gwant = fbuf(n);
+  float *dx = tu_fbuf(n), *dy = tu_fbuf(n), *gwant = tu_fbuf(n);
   for (size_t i = 0; i < n; i++) {
     dx[i] = 0.25f;
     dy[i] = 1.0f;
@@ -445,16 +403,16 @@ static void test_gelu_copy(void) {
 
   // And against finite differences of L = sum r gelu(x).
   const size_t nf = 301;
-  float *xf = filled(nf, 45, -5, 5), *r = filled(nf, 46, -1, 1), *g = fbuf(nf);
+  float *xf = tu_filled(nf, 45, -5, 5), *r = tu_filled(nf, 46, -1, 1), *g = tu_fbuf(nf);
   gelu_bwd(g, r, xf, nf);
-  act_fd c = {xf, r, fbuf(nf), nf, 0};
+  act_fd c = {xf, r, tu_fbuf(nf), nf, 0};
   tu_fd_check(gelu_name("dx FD"), act_loss, &c, xf, g, nf, 1e-2f, 1e-3, 1e-2);
 
   // The errors themselves, for the log: forward relative to the double
   // definition, gelu' (from 0, dy = 1) absolute (it crosses 0 near x = -0.75).
   double fwd_rel = 0.0, bwd_abs = 0.0;
   float fwd_at = 0.0f, bwd_at = 0.0f;
-  float *g1 = fbuf(n);
+  float *g1 = tu_fbuf(n);
   gelu_bwd(g1, dy, x, n);
   for (size_t i = 0; i < n; i++) {
     const double w = gelu_d(x[i]);
@@ -515,18 +473,18 @@ static void test_gelu(void) {
   // bits where a compiler contracts to FMA), over the sweep and random inputs;
   // the public functions are bit for bit the widest supported copy.
   const size_t n = GELU_SWEEP_N, nr = 4099;
-  float *x = fbuf(n + nr), *dy = fbuf(n + nr), *dx0 = fbuf(n + nr);
+  float *x = tu_fbuf(n + nr), *dy = tu_fbuf(n + nr), *dx0 = tu_fbuf(n + nr);
   for (size_t i = 0; i < n; i++) x[i] = gelu_sweep_x(i);
   tu_fill(x + n, nr, 47, -13, 13);
   tu_fill(dy, n + nr, 48, -2, 2);
   tu_fill(dx0, n + nr, 49, -1, 1);
-  float *yb = fbuf(n + nr), *gb = copy_of(dx0, n + nr);
+  float *yb = tu_fbuf(n + nr), *gb = tu_copy_of(dx0, n + nr);
   moe_gelu_run_isa(MOE_GELU_ISA_BASE, MOE_GELU_FORWARD, yb, NULL, x, n + nr);
   moe_gelu_run_isa(MOE_GELU_ISA_BASE, MOE_GELU_BACKWARD, gb, dy, x, n + nr);
   char name[96];
   for (int isa = 0; isa < MOE_GELU_ISA_COUNT; isa++) {
     if (!((mask >> isa) & 1u)) continue;
-    float *y = fbuf(n + nr), *g = copy_of(dx0, n + nr);
+    float *y = tu_fbuf(n + nr), *g = tu_copy_of(dx0, n + nr);
     moe_gelu_run_isa(isa, MOE_GELU_FORWARD, y, NULL, x, n + nr);
     moe_gelu_run_isa(isa, MOE_GELU_BACKWARD, g, dy, x, n + nr);
     snprintf(name, sizeof name, "gelu fwd %s vs baseline", moe_gelu_isa_name(isa));
@@ -534,7 +492,7 @@ static void test_gelu(void) {
     snprintf(name, sizeof name, "gelu bwd %s vs baseline", moe_gelu_isa_name(isa));
     tu_allclose(name, g, gb, n + nr, 1e-6, 1e-6);
     if (isa != widest) continue;
-    float *yp = fbuf(n + nr), *gp = copy_of(dx0, n + nr);
+    float *yp = tu_fbuf(n + nr), *gp = tu_copy_of(dx0, n + nr);
     moe_gelu_forward(yp, x, n + nr);
     moe_gelu_backward(gp, dy, x, n + nr);
     TU_CHECK(bits_equal(yp, y, n + nr) && bits_equal(gp, g, n + nr),
@@ -564,7 +522,7 @@ static void test_relu(void) {
 
   static const size_t lens[] = {1, 5, 33, 1000};
   for (int s = 0; s < 4; s++) {
-    float *xs = filled(lens[s], 50 + s, -1, 1), *ys = fbuf(lens[s]), *yrs = fbuf(lens[s]);
+    float *xs = tu_filled(lens[s], 50 + s, -1, 1), *ys = tu_fbuf(lens[s]), *yrs = tu_fbuf(lens[s]);
     moe_relu_forward(ys, xs, lens[s]);
     moe_relu_forward_ref(yrs, xs, lens[s]);
     tu_allclose("relu fwd vs ref", ys, yrs, lens[s], 0, 0);
@@ -573,15 +531,15 @@ static void test_relu(void) {
   // Backward: FD away from the kink (|x| >= 0.05 > eps), accumulation, and
   // derivative 0 at exactly 0.
   const size_t nf = 200;
-  float *xf = filled(nf, 55, -1, 1), *r = filled(nf, 56, -1, 1);
+  float *xf = tu_filled(nf, 55, -1, 1), *r = tu_filled(nf, 56, -1, 1);
   for (size_t i = 0; i < nf; i++) {
     if (fabsf(xf[i]) < 0.05f) xf[i] += xf[i] < 0 ? -0.05f : 0.05f;
   }
-  float *g = fbuf(nf);
+  float *g = tu_fbuf(nf);
   moe_relu_backward(g, r, xf, nf);
-  act_fd c = {xf, r, fbuf(nf), nf, 1};
+  act_fd c = {xf, r, tu_fbuf(nf), nf, 1};
   tu_fd_check("relu dx FD", act_loss, &c, xf, g, nf, 1e-2f, 1e-4, 1e-3);
-  float *g0 = filled(nf, 57, -1, 1), *g1 = copy_of(g0, nf);
+  float *g0 = tu_filled(nf, 57, -1, 1), *g1 = tu_copy_of(g0, nf);
   moe_relu_backward(g1, r, xf, nf);
   check_accumulated("relu dx accumulates", g1, g0, g, nf);
   float zx[2] = {0.0f, -0.0f}, zdy[2] = {1.0f, 1.0f}, zdx[2] = {0.5f, 0.5f};
@@ -628,11 +586,11 @@ static void test_softmax(void) {
     const size_t nx = (size_t)n * d;
     for (int big = 0; big < 2; big++) {
       // big: entries ~1e4 (and spread 20 so the row is not uniform): stays finite.
-      float *x = filled(nx, 60 + s, -10, 10);
+      float *x = tu_filled(nx, 60 + s, -10, 10);
       if (big) {
         for (size_t i = 0; i < nx; i++) x[i] = 1e4f + x[i] * 2.0f;
       }
-      float *y = fbuf(nx), *yr = fbuf(nx), *l = fbuf((size_t)n), *lr = fbuf((size_t)n);
+      float *y = tu_fbuf(nx), *yr = tu_fbuf(nx), *l = tu_fbuf((size_t)n), *lr = tu_fbuf((size_t)n);
       moe_softmax_forward(y, x, n, d);
       moe_softmax_forward_ref(yr, x, n, d);
       snprintf(name, sizeof name, "softmax fwd n%d d%d%s", n, d, big ? " (1e4)" : "");
@@ -644,7 +602,7 @@ static void test_softmax(void) {
         worst = fmax(worst, fabs(sum - 1.0));
       }
       TU_CHECK(worst < 1e-5, "%s: rows sum to 1 (worst |sum - 1| %.3g)", name, worst);
-      float *yi = copy_of(x, nx);
+      float *yi = tu_copy_of(x, nx);
       moe_softmax_forward(yi, yi, n, d);
       TU_CHECK(bits_equal(yi, y, nx), "%s: in place differs from out of place", name);
       moe_logsumexp_forward(l, x, n, d);
@@ -655,14 +613,14 @@ static void test_softmax(void) {
 
     if (nx > 200) continue;
     // Backward: FD of L = sum r softmax(x) at x, and accumulation.
-    float *x = filled(nx, 70 + s, -3, 3), *r = filled(nx, 71 + s, -1, 1);
-    float *y = fbuf(nx), *dx = fbuf(nx);
+    float *x = tu_filled(nx, 70 + s, -3, 3), *r = tu_filled(nx, 71 + s, -1, 1);
+    float *y = tu_fbuf(nx), *dx = tu_fbuf(nx);
     moe_softmax_forward(y, x, n, d);
     moe_softmax_backward(dx, r, y, n, d);
-    softmax_fd c = {x, r, fbuf(nx), n, d};
+    softmax_fd c = {x, r, tu_fbuf(nx), n, d};
     snprintf(name, sizeof name, "softmax dx FD n%d d%d", n, d);
     tu_fd_check(name, softmax_loss, &c, x, dx, nx, 1e-2f, 2e-4, 1e-2);
-    float *dx0 = filled(nx, 72, -1, 1), *dx1 = copy_of(dx0, nx);
+    float *dx0 = tu_filled(nx, 72, -1, 1), *dx1 = tu_copy_of(dx0, nx);
     moe_softmax_backward(dx1, r, y, n, d);
     check_accumulated("softmax dx accumulates", dx1, dx0, dx, nx);
   }
@@ -738,14 +696,14 @@ static void test_topk(void) {
   for (int s = 0; s < 7; s++) {
     const int n = shapes[s][0], d = shapes[s][1], k = shapes[s][2];
     const size_t nx = (size_t)n * d, nk = (size_t)n * k;
-    float *xs = filled(nx, 80 + s, -2, 2);
+    float *xs = tu_filled(nx, 80 + s, -2, 2);
     for (size_t i = 0; i < nx; i++) {
       xs[i] = floorf(xs[i] * 4.0f) / 4.0f;
       if (i % 11 == 3) xs[i] = NAN;
       if (i % 13 == 5) xs[i] = -INFINITY;
     }
-    int32_t *ia = ibuf(nk), *ib = ibuf(nk);
-    float *va = fbuf(nk), *vb = fbuf(nk);
+    int32_t *ia = tu_ibuf(nk), *ib = tu_ibuf(nk);
+    float *va = tu_fbuf(nk), *vb = tu_fbuf(nk);
     moe_topk_forward(ia, va, xs, n, d, k);
     moe_topk_forward_ref(ib, vb, xs, n, d, k);
     snprintf(name, sizeof name, "topk idx n%d d%d k%d", n, d, k);
@@ -771,16 +729,16 @@ static void test_topk(void) {
   tu_allclose("topk bwd scatter (accumulated onto 1)", bdx, bwant, 8, 0, 0);
 
   const int n = 6, d = 9, k = 3;
-  float *xf = fbuf((size_t)n * d);
+  float *xf = tu_fbuf((size_t)n * d);
   for (int i = 0; i < n; i++) {
     for (int j = 0; j < d; j++) xf[i * d + j] = (float)((j * 5 + i * 3) % d) * 0.5f - 2.0f;
   }
-  float *r = filled((size_t)n * k, 90, -1, 1), *g = fbuf((size_t)n * d);
-  int32_t *fi = ibuf((size_t)n * k);
-  float *fv = fbuf((size_t)n * k);
+  float *r = tu_filled((size_t)n * k, 90, -1, 1), *g = tu_fbuf((size_t)n * d);
+  int32_t *fi = tu_ibuf((size_t)n * k);
+  float *fv = tu_fbuf((size_t)n * k);
   moe_topk_forward(fi, fv, xf, n, d, k);
   moe_topk_backward(g, r, fi, n, d, k);
-  topk_fd c = {xf, r, ibuf((size_t)n * k), fbuf((size_t)n * k), n, d, k};
+  topk_fd c = {xf, r, tu_ibuf((size_t)n * k), tu_fbuf((size_t)n * k), n, d, k};
   tu_fd_check("topk dx FD", topk_loss, &c, xf, g, (size_t)n * d, 1e-2f, 1e-4, 1e-3);
 }
 
@@ -814,10 +772,10 @@ static void test_layernorm(void) {
     const int n = shapes[s][0], d = shapes[s][1];
     const size_t nx = (size_t)n * d;
     // Offset mean (5 + U(-1, 1)): the variance must not cancel.
-    float *x = filled(nx, 100 + s, 4, 6), *gamma = filled((size_t)d, 101 + s, 0.5f, 1.5f);
-    float *beta = filled((size_t)d, 102 + s, -0.5f, 0.5f);
-    float *y = fbuf(nx), *yr = fbuf(nx), *m = fbuf((size_t)n), *mr = fbuf((size_t)n);
-    float *rs = fbuf((size_t)n), *rsr = fbuf((size_t)n);
+    float *x = tu_filled(nx, 100 + s, 4, 6), *gamma = tu_filled((size_t)d, 101 + s, 0.5f, 1.5f);
+    float *beta = tu_filled((size_t)d, 102 + s, -0.5f, 0.5f);
+    float *y = tu_fbuf(nx), *yr = tu_fbuf(nx), *m = tu_fbuf((size_t)n), *mr = tu_fbuf((size_t)n);
+    float *rs = tu_fbuf((size_t)n), *rsr = tu_fbuf((size_t)n);
     moe_layernorm_forward(y, m, rs, x, gamma, beta, n, d, 1e-5f);
     moe_layernorm_forward_ref(yr, mr, rsr, x, gamma, beta, n, d, 1e-5f);
     snprintf(name, sizeof name, "layernorm fwd n%d d%d", n, d);
@@ -828,20 +786,21 @@ static void test_layernorm(void) {
     if (d == 1 || nx > 200) continue;  // d = 1: y = beta exactly, gradient 0
     // Backward: FD for dx, dgamma, dbeta on x in [-1, 1] (O(1) rstd so the
     // finite differences are well conditioned), then accumulation.
-    float *xb = filled(nx, 103 + s, -1, 1), *r = filled(nx, 104 + s, -1, 1);
+    float *xb = tu_filled(nx, 103 + s, -1, 1), *r = tu_filled(nx, 104 + s, -1, 1);
     moe_layernorm_forward(y, m, rs, xb, gamma, beta, n, d, 1e-5f);
-    float *dx = fbuf(nx), *dg = fbuf((size_t)d), *db = fbuf((size_t)d);
+    float *dx = tu_fbuf(nx), *dg = tu_fbuf((size_t)d), *db = tu_fbuf((size_t)d);
     moe_layernorm_backward(dx, dg, db, r, xb, m, rs, gamma, n, d);
-    ln_fd c = {xb, gamma, beta, r, fbuf(nx), fbuf((size_t)n), fbuf((size_t)n), n, d};
+    ln_fd c = {xb, gamma, beta, r, tu_fbuf(nx), tu_fbuf((size_t)n), tu_fbuf((size_t)n), n, d};
     snprintf(name, sizeof name, "layernorm dx FD n%d d%d", n, d);
     tu_fd_check(name, ln_loss, &c, xb, dx, nx, 3e-3f, 1e-3, 1e-2);
     snprintf(name, sizeof name, "layernorm dgamma FD n%d d%d", n, d);
     tu_fd_check(name, ln_loss, &c, gamma, dg, (size_t)d, 1e-2f, 1e-3, 1e-2);
     snprintf(name, sizeof name, "layernorm dbeta FD n%d d%d", n, d);
     tu_fd_check(name, ln_loss, &c, beta, db, (size_t)d, 1e-2f, 1e-3, 1e-2);
-    float *dx0 = filled(nx, 105, -1, 1), *dg0 = filled((size_t)d, 106, -1, 1);
-    float *db0 = filled((size_t)d, 107, -1, 1);
-    float *dx1 = copy_of(dx0, nx), *dg1 = copy_of(dg0, (size_t)d), *db1 = copy_of(db0, (size_t)d);
+    float *dx0 = tu_filled(nx, 105, -1, 1), *dg0 = tu_filled((size_t)d, 106, -1, 1);
+    float *db0 = tu_filled((size_t)d, 107, -1, 1);
+    float *dx1 = tu_copy_of(dx0, nx), *dg1 = tu_copy_of(dg0, (size_t)d),
+          *db1 = tu_copy_of(db0, (size_t)d);
     moe_layernorm_backward(dx1, dg1, db1, r, xb, m, rs, gamma, n, d);
     check_accumulated("layernorm dx accumulates", dx1, dx0, dx, nx);
     check_accumulated("layernorm dgamma accumulates", dg1, dg0, dg, (size_t)d);
@@ -907,14 +866,14 @@ static void test_cross_entropy(void) {
   for (int s = 0; s < 5; s++) {
     const int n = shapes[s][0], v = shapes[s][1];
     const size_t nl = (size_t)n * v;
-    int32_t *t = ibuf((size_t)n);
+    int32_t *t = tu_ibuf((size_t)n);
     for (int i = 0; i < n; i++) t[i] = (i % 4 == 3) ? -1 : (int32_t)((i * 7 + 1) % v);
     for (int big = 0; big < 2; big++) {
-      float *l = filled(nl, 110 + s, -4, 4);
+      float *l = tu_filled(nl, 110 + s, -4, 4);
       if (big) {
         for (size_t i = 0; i < nl; i++) l[i] = 1e4f + 3.0f * l[i];
       }
-      float *p = fbuf(nl);
+      float *p = tu_fbuf(nl);
       const float loss = moe_cross_entropy_forward(p, l, t, n, v);
       const float loss_ref = moe_cross_entropy_forward_ref(l, t, n, v);
       snprintf(name, sizeof name, "CE fwd n%d v%d%s", n, v, big ? " (1e4)" : "");
@@ -924,14 +883,14 @@ static void test_cross_entropy(void) {
 
     if (nl > 500) continue;
     // Backward vs FD of dloss * loss; ignored rows receive exactly nothing.
-    float *l = filled(nl, 120 + s, -2, 2), *p = fbuf(nl);
+    float *l = tu_filled(nl, 120 + s, -2, 2), *p = tu_fbuf(nl);
     moe_cross_entropy_forward(p, l, t, n, v);
-    float *dl = fbuf(nl);
+    float *dl = tu_fbuf(nl);
     moe_cross_entropy_backward(dl, p, t, n, v, 0.7f);
     ce_fd c = {l, t, n, v, 0.7f};
     snprintf(name, sizeof name, "CE dlogits FD n%d v%d", n, v);
     tu_fd_check(name, ce_loss, &c, l, dl, nl, 1e-2f, 5e-5, 1e-2);
-    float *dl0 = filled(nl, 121, -1, 1), *dl1 = copy_of(dl0, nl);
+    float *dl0 = tu_filled(nl, 121, -1, 1), *dl1 = tu_copy_of(dl0, nl);
     moe_cross_entropy_backward(dl1, p, t, n, v, 0.7f);
     check_accumulated("CE dlogits accumulates", dl1, dl0, dl, nl);
     int ignored_ok = 1;
@@ -987,8 +946,8 @@ static void test_adamw(void) {
 
   // Many parameters over several steps: update vs ref from the same state.
   const size_t n = 1003;
-  float *pa = filled(n, 130, -1, 1), *ga = fbuf(n), *ma = fbuf(n), *va = fbuf(n);
-  float *pb = copy_of(pa, n), *mb = fbuf(n), *vb = fbuf(n);
+  float *pa = tu_filled(n, 130, -1, 1), *ga = tu_fbuf(n), *ma = tu_fbuf(n), *va = tu_fbuf(n);
+  float *pb = tu_copy_of(pa, n), *mb = tu_fbuf(n), *vb = tu_fbuf(n);
   const moe_adamw_config cfg2 = {3e-3f, 0.8f, 0.99f, 1e-6f, 0.01f};
   for (int t = 1; t <= 5; t++) {
     tu_fill(ga, n, 131 + (uint64_t)t, -1, 1);
@@ -1020,7 +979,7 @@ int main(int argc, char **argv) {
       test_layernorm, test_cross_entropy, test_adamw};
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     tests[i]();
-    free_all();
+    tu_free_all();
   }
   return tu_finish("test_kernels");
 }

@@ -5,7 +5,6 @@
 // error of 1e-5 (max |diff| / max |ref| per tensor). Also checks that forward
 // and backward allocate nothing and are bitwise deterministic.
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +14,6 @@
 #include "testutil.h"
 
 #define REL_TOL 1e-5
-
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
 
 static void copy_param(float *dst, const ref_file *rf, const char *name, size_t n) {
   const float *src = ref_f32(rf, name, n);
@@ -179,31 +174,16 @@ done:
 
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : "tests/data";
-  DIR *d = opendir(dir);
-  if (!d) {
-    fprintf(stderr, "cannot open data directory %s\n", dir);
-    return 1;
-  }
   char *names[256];
-  int n = 0;
-  for (struct dirent *ent; (ent = readdir(d)) != NULL && n < 256;) {
-    const size_t len = strlen(ent->d_name);
-    if (strncmp(ent->d_name, "layer_", 6) == 0 && len > 4 &&
-        strcmp(ent->d_name + len - 4, ".bin") == 0) {
-      names[n] = malloc(strlen(dir) + len + 2);
-      sprintf(names[n], "%s/%s", dir, ent->d_name);
-      n++;
-    }
-  }
-  closedir(d);
-  qsort(names, (size_t)n, sizeof names[0], cmp_str);
+  const int n = tu_list_files(dir, "layer_", ".bin", names, 256);
+  if (n < 0) return 1;
   // The generator writes 8 cases; fewer means files went missing.
   TU_CHECK(n >= 8, "expected at least 8 layer reference files in %s, found %d", dir, n);
   for (int i = 0; i < n; i++) {
     const int failures = tu_failures;
     run_case(names[i]);
     printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
-    free(names[i]);
   }
+  tu_free_names(names, n);
   return tu_finish("test_layer_torch");
 }

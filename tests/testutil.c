@@ -1,9 +1,13 @@
 // Test utilities (see testutil.h).
+#define _POSIX_C_SOURCE 200809L  // opendir
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "moe/core.h"
 
@@ -130,4 +134,73 @@ int tu_finish(const char *name) {
   const int passed = tu_checks - tu_failures;
   printf("%s: %d passed, %d failed\n", name, passed < 0 ? 0 : passed, tu_failures);
   return tu_failures ? 1 : 0;
+}
+
+// ---- buffer pool --------------------------------------------------------------------------
+
+#define TU_MAX_ALLOCS 8192
+static void *tu_allocs[TU_MAX_ALLOCS];
+static int tu_nallocs;
+
+static void *tu_alloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p || tu_nallocs == TU_MAX_ALLOCS) {
+    fprintf(stderr, "test: out of memory (or more than %d test buffers)\n", TU_MAX_ALLOCS);
+    exit(2);
+  }
+  tu_allocs[tu_nallocs++] = p;
+  return p;
+}
+
+float *tu_fbuf(size_t n) { return tu_alloc(n, sizeof(float)); }
+int32_t *tu_ibuf(size_t n) { return tu_alloc(n, sizeof(int32_t)); }
+
+float *tu_filled(size_t n, uint64_t seed, float lo, float hi) {
+  float *p = tu_fbuf(n);
+  tu_fill(p, n, seed, lo, hi);
+  return p;
+}
+
+float *tu_copy_of(const float *x, size_t n) {
+  float *p = tu_fbuf(n);
+  if (n) memcpy(p, x, n * sizeof(float));
+  return p;
+}
+
+void tu_free_all(void) {
+  for (int i = 0; i < tu_nallocs; i++) free(tu_allocs[i]);
+  tu_nallocs = 0;
+}
+
+// ---- reference file lists -------------------------------------------------------------------
+
+static int tu_cmp_str(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int tu_list_files(const char *dir, const char *prefix, const char *suffix, char **names, int max) {
+  DIR *d = opendir(dir);
+  if (!d) {
+    fprintf(stderr, "cannot open data directory %s\n", dir);
+    return -1;
+  }
+  const size_t lp = strlen(prefix), ls = strlen(suffix);
+  int n = 0;
+  for (struct dirent *ent; (ent = readdir(d)) != NULL && n < max;) {
+    const size_t len = strlen(ent->d_name);
+    if (len > lp + ls && strncmp(ent->d_name, prefix, lp) == 0 &&
+        strcmp(ent->d_name + len - ls, suffix) == 0) {
+      names[n] = malloc(strlen(dir) + len + 2);
+      if (!names[n]) break;
+      sprintf(names[n], "%s/%s", dir, ent->d_name);
+      n++;
+    }
+  }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof names[0], tu_cmp_str);
+  return n;
+}
+
+void tu_free_names(char **names, int n) {
+  for (int i = 0; i < n; i++) free(names[i]);
 }

@@ -44,6 +44,21 @@ int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param, cons
 // Deterministic test data in [lo, hi).
 void tu_fill(float *x, size_t n, uint64_t seed, float lo, float hi);
 
+// A pool of zeroed test buffers (tests may allocate; kernels do not): each
+// call returns a new buffer of n elements (at least one), freed together by
+// tu_free_all(). Exits with status 2 when memory or the pool runs out.
+float *tu_fbuf(size_t n);
+int32_t *tu_ibuf(size_t n);
+float *tu_filled(size_t n, uint64_t seed, float lo, float hi);  // tu_fbuf + tu_fill
+float *tu_copy_of(const float *x, size_t n);
+void tu_free_all(void);
+
+// The files dir/PREFIX*SUFFIX, sorted by name, as malloc'ed paths in names
+// (at most max). Returns the count, or -1 when dir cannot be opened (printed).
+// Free with tu_free_names.
+int tu_list_files(const char *dir, const char *prefix, const char *suffix, char **names, int max);
+void tu_free_names(char **names, int n);
+
 // Prints "<name>: N passed, M failed" and returns 0 if no failure, else 1.
 int tu_finish(const char *name);
 
