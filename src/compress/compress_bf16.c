@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compress/codec16.h"
 #include "moe/compress.h"
 
 static uint16_t f32_to_bf16(float f) {
@@ -18,44 +19,32 @@ static uint16_t f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+static float bf16_to_f32(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 static size_t bf16_max_bytes(const moe_compressor *c, size_t rows, size_t cols) {
   (void)c;
-  return rows * cols * sizeof(uint16_t);
+  return moe_codec16_max_bytes(rows, cols);
 }
 
 // x (rows, cols) -> out (rows*cols bfloat16)
 static moe_status bf16_compress(const moe_compressor *c, moe_ctx *ctx, const float *x, size_t rows,
                                 size_t cols, void *out, size_t *out_bytes) {
-  const size_t n = rows * cols;
-  unsigned char *o = out;
   (void)c;
   (void)ctx;
-  for (size_t i = 0; i < n; i++) {
-    const uint16_t h = f32_to_bf16(x[i]);
-    memcpy(o + 2 * i, &h, sizeof h);
-  }
-  *out_bytes = n * sizeof(uint16_t);
+  moe_codec16_encode(f32_to_bf16, x, rows * cols, out, out_bytes);
   return MOE_STATUS_OK;
 }
 
 // in (rows*cols bfloat16) -> y (rows, cols)
 static moe_status bf16_decompress(const moe_compressor *c, moe_ctx *ctx, const void *in,
                                   size_t in_bytes, size_t rows, size_t cols, float *y) {
-  moe_status st = MOE_STATUS_OK;
-  const size_t n = rows * cols;
-  const unsigned char *p = in;
   (void)c;
-  MOE_FAIL_IF(ctx, in_bytes != n * sizeof(uint16_t), MOE_STATUS_BAD_FORMAT,
-              "bf16: a (%zu, %zu) matrix is %zu bytes, got %zu", rows, cols, n * sizeof(uint16_t),
-              in_bytes);
-  for (size_t i = 0; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, p + 2 * i, sizeof h);
-    const uint32_t u = (uint32_t)h << 16;
-    memcpy(&y[i], &u, sizeof u);
-  }
-done:
-  return st;
+  return moe_codec16_decode(bf16_to_f32, "bf16", ctx, in, in_bytes, rows, cols, y);
 }
 
 const moe_compressor moe_compressor_bf16_impl = {

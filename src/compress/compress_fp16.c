@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "compress/codec16.h"
 #include "moe/compress.h"
 
 static uint32_t f32_bits(float f) {
@@ -62,41 +63,23 @@ static float f16_to_f32(uint16_t h) {
 
 static size_t fp16_max_bytes(const moe_compressor *c, size_t rows, size_t cols) {
   (void)c;
-  return rows * cols * sizeof(uint16_t);
+  return moe_codec16_max_bytes(rows, cols);
 }
 
 // x (rows, cols) -> out (rows*cols binary16)
 static moe_status fp16_compress(const moe_compressor *c, moe_ctx *ctx, const float *x, size_t rows,
                                 size_t cols, void *out, size_t *out_bytes) {
-  const size_t n = rows * cols;
-  unsigned char *o = out;
   (void)c;
   (void)ctx;
-  for (size_t i = 0; i < n; i++) {
-    const uint16_t h = f32_to_f16(x[i]);
-    memcpy(o + 2 * i, &h, sizeof h);
-  }
-  *out_bytes = n * sizeof(uint16_t);
+  moe_codec16_encode(f32_to_f16, x, rows * cols, out, out_bytes);
   return MOE_STATUS_OK;
 }
 
 // in (rows*cols binary16) -> y (rows, cols)
 static moe_status fp16_decompress(const moe_compressor *c, moe_ctx *ctx, const void *in,
                                   size_t in_bytes, size_t rows, size_t cols, float *y) {
-  moe_status st = MOE_STATUS_OK;
-  const size_t n = rows * cols;
-  const unsigned char *p = in;
   (void)c;
-  MOE_FAIL_IF(ctx, in_bytes != n * sizeof(uint16_t), MOE_STATUS_BAD_FORMAT,
-              "fp16: a (%zu, %zu) matrix is %zu bytes, got %zu", rows, cols, n * sizeof(uint16_t),
-              in_bytes);
-  for (size_t i = 0; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, p + 2 * i, sizeof h);
-    y[i] = f16_to_f32(h);
-  }
-done:
-  return st;
+  return moe_codec16_decode(f16_to_f32, "fp16", ctx, in, in_bytes, rows, cols, y);
 }
 
 const moe_compressor moe_compressor_fp16_impl = {
