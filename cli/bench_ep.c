@@ -158,7 +158,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
 typedef struct {
   moe_layer_config cfg;
   int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
-  int iters_set, layer_dims_set;
+  int iters_set;
+  unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   unsigned long long seed;
   moe_wait_policy wait;
   uint32_t poll_min_ns, poll_max_ns;               // 0: the executor's defaults
@@ -356,35 +357,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_bench_layer_usage(stdout);
       rc = -1;
       goto done;
-    } else if (cli_opt(&a, "--tokens")) {
-      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
-      o->layer_dims_set |= 1;
-    } else if (cli_opt(&a, "--model")) {
-      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
-      o->layer_dims_set |= 2;
-    } else if (cli_opt(&a, "--hidden")) {
-      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
-      o->layer_dims_set |= 4;
-    } else if (cli_opt(&a, "--experts")) {
-      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
-    } else if (cli_opt(&a, "--topk")) {
-      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
-    } else if (cli_opt(&a, "--capacity-factor")) {
-      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
-      o->layer_dims_set |= 8;
-    } else if (cli_opt(&a, "--act")) {
-      if (a.value && moe_activation_parse(ctx, a.value, &o->cfg.act) != MOE_STATUS_OK) {
-        cli_error("--act: %s", moe_ctx_error(ctx));
-        a.bad = 1;
-      }
-    } else if (cli_flag(&a, "--renormalize")) {
-      o->cfg.renormalize = 1;
-    } else if (cli_opt(&a, "--config")) {
-      if (a.value && moe_layer_config_load(ctx, a.value, &o->cfg) != MOE_STATUS_OK) {
-        cli_error("--config %s: %s", a.value, moe_ctx_error(ctx));
-        a.bad = 1;
-      }
-      o->layer_dims_set |= 16;
+    } else if (cli_layer_shape_opt(&a, &o->cfg, &o->layer_set) ||
+               cli_layer_config_opt(&a, &o->cfg, &o->layer_set)) {
     } else if (cli_opt(&a, "--ep")) {
       cli_parse_int(&a, "--ep", 1, 1 << 20, &o->ep);
     } else if (cli_opt(&a, "--ranks-per-node")) {
@@ -449,7 +423,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
     rc = CLI_USAGE;
     goto done;
   }
-  if (o->grid && o->layer_dims_set) {
+  if (o->grid && (o->layer_set & (CLI_LAYER_TOKENS | CLI_LAYER_MODEL | CLI_LAYER_HIDDEN |
+                                  CLI_LAYER_CAPACITY | CLI_LAYER_CONFIG))) {
     cli_error(
         "--grid sets the tokens, model, hidden dimension and capacity factor itself: drop "
         "--tokens, --model, --hidden, --capacity-factor and --config");

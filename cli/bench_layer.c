@@ -90,41 +90,13 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->seed = 1;
   o->json_path = NULL;
   cli_args a;
+  unsigned set = 0;  // layer options given (unused here)
   cli_args_init(&a, argc, argv, 3);
   while (!cli_args_done(&a) && !a.bad) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
       cli_bench_layer_usage(stdout);
       return -1;
-    } else if (cli_opt(&a, "--tokens")) {
-      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
-    } else if (cli_opt(&a, "--model")) {
-      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
-    } else if (cli_opt(&a, "--hidden")) {
-      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
-    } else if (cli_opt(&a, "--experts")) {
-      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
-    } else if (cli_opt(&a, "--topk")) {
-      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
-    } else if (cli_opt(&a, "--capacity-factor")) {
-      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
-    } else if (cli_opt(&a, "--act")) {
-      moe_ctx *ctx = NULL;
-      if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
-      if (a.value && moe_activation_parse(ctx, a.value, &o->cfg.act) != MOE_STATUS_OK) {
-        cli_error("--act: %s", moe_ctx_error(ctx));
-        a.bad = 1;
-      }
-      moe_ctx_destroy(ctx);
-    } else if (cli_flag(&a, "--renormalize")) {
-      o->cfg.renormalize = 1;
-    } else if (cli_opt(&a, "--config")) {
-      moe_ctx *ctx = NULL;
-      if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
-      if (a.value && moe_layer_config_load(ctx, a.value, &o->cfg) != MOE_STATUS_OK) {
-        cli_error("--config %s: %s", a.value, moe_ctx_error(ctx));
-        a.bad = 1;
-      }
-      moe_ctx_destroy(ctx);
+    } else if (cli_layer_shape_opt(&a, &o->cfg, &set) || cli_layer_config_opt(&a, &o->cfg, &set)) {
     } else if (cli_opt(&a, "--iters")) {
       cli_parse_int(&a, "--iters", 1, 10000, &o->iters);
     } else if (cli_opt(&a, "--warmup")) {

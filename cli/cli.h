@@ -42,6 +42,25 @@ void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.
 void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out);
 
+// Layer-config options shared by the commands that take a layer shape. Each
+// helper consumes the current argument when it is one of its options, sets
+// the matching CLI_LAYER_* bit in *set and returns 1; else returns 0.
+enum {
+  CLI_LAYER_TOKENS = 1,
+  CLI_LAYER_MODEL = 2,
+  CLI_LAYER_HIDDEN = 4,
+  CLI_LAYER_CAPACITY = 8,
+  CLI_LAYER_CONFIG = 16,
+  CLI_LAYER_EXPERTS = 32,
+  CLI_LAYER_TOPK = 64,
+  CLI_LAYER_ACT = 128,
+  CLI_LAYER_RENORM = 256
+};
+// --tokens, --model, --hidden, --experts, --topk, --capacity-factor.
+int cli_layer_shape_opt(cli_args *a, moe_layer_config *cfg, unsigned *set);
+// --act gelu|relu, --renormalize, --config FILE (layer config JSON).
+int cli_layer_config_opt(cli_args *a, moe_layer_config *cfg, unsigned *set);
+
 // Sorts v (n doubles) ascending, in place.
 void cli_sort_doubles(double *v, int n);
 // The median of v (n >= 1); sorts v in place.

@@ -179,3 +179,55 @@ void cli_silence_end(int saved[2]) {
     saved[fd] = -1;
   }
 }
+
+int cli_layer_shape_opt(cli_args *a, moe_layer_config *cfg, unsigned *set) {
+  if (cli_opt(a, "--tokens")) {
+    cli_parse_int(a, "--tokens", 1, MOE_MAX_TOKENS, &cfg->tokens);
+    *set |= CLI_LAYER_TOKENS;
+  } else if (cli_opt(a, "--model")) {
+    cli_parse_int(a, "--model", 1, MOE_MAX_DIM, &cfg->model_dim);
+    *set |= CLI_LAYER_MODEL;
+  } else if (cli_opt(a, "--hidden")) {
+    cli_parse_int(a, "--hidden", 1, MOE_MAX_DIM, &cfg->hidden_dim);
+    *set |= CLI_LAYER_HIDDEN;
+  } else if (cli_opt(a, "--experts")) {
+    cli_parse_int(a, "--experts", 1, MOE_MAX_EXPERTS, &cfg->num_experts);
+    *set |= CLI_LAYER_EXPERTS;
+  } else if (cli_opt(a, "--topk")) {
+    cli_parse_int(a, "--topk", 1, MOE_MAX_EXPERTS, &cfg->top_k);
+    *set |= CLI_LAYER_TOPK;
+  } else if (cli_opt(a, "--capacity-factor")) {
+    cli_parse_double(a, "--capacity-factor", -1e6, 1e6, &cfg->capacity_factor);
+    *set |= CLI_LAYER_CAPACITY;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+int cli_layer_config_opt(cli_args *a, moe_layer_config *cfg, unsigned *set) {
+  const int act = cli_opt(a, "--act");
+  if (!act && cli_flag(a, "--renormalize")) {
+    cfg->renormalize = 1;
+    *set |= CLI_LAYER_RENORM;
+    return 1;
+  }
+  if (!act && !cli_opt(a, "--config")) return 0;
+  *set |= act ? CLI_LAYER_ACT : CLI_LAYER_CONFIG;
+  if (!a->value) return 1;  // cli_opt reported the missing value
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("out of memory");
+    a->bad = 1;
+    return 1;
+  }
+  if (act && moe_activation_parse(ctx, a->value, &cfg->act) != MOE_STATUS_OK) {
+    cli_error("--act: %s", moe_ctx_error(ctx));
+    a->bad = 1;
+  } else if (!act && moe_layer_config_load(ctx, a->value, cfg) != MOE_STATUS_OK) {
+    cli_error("--config %s: %s", a->value, moe_ctx_error(ctx));
+    a->bad = 1;
+  }
+  moe_ctx_destroy(ctx);
+  return 1;
+}

@@ -17,8 +17,9 @@
 typedef struct {
   moe_layer_config cfg;
   const char *cluster, *profile;
-  int cluster_set, a2a_set, a2a_all, sched_set, devices, experts_set, list_clusters, group_size,
+  int cluster_set, a2a_set, a2a_all, sched_set, devices, list_clusters, group_size,
       compress_backward;
+  unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   double cgbs, dgbs;
   char a2as[SIM_MAX_LIST][32];
   int n_a2a;
@@ -164,19 +165,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       o->profile = a.value;
     } else if (cli_opt(&a, "--devices")) {
       cli_parse_int(&a, "--devices", 1, 1 << 20, &o->devices);
-    } else if (cli_opt(&a, "--tokens")) {
-      cli_parse_int(&a, "--tokens", 1, MOE_MAX_TOKENS, &o->cfg.tokens);
-    } else if (cli_opt(&a, "--model")) {
-      cli_parse_int(&a, "--model", 1, MOE_MAX_DIM, &o->cfg.model_dim);
-    } else if (cli_opt(&a, "--hidden")) {
-      cli_parse_int(&a, "--hidden", 1, MOE_MAX_DIM, &o->cfg.hidden_dim);
-    } else if (cli_opt(&a, "--experts")) {
-      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &o->cfg.num_experts);
-      o->experts_set = 1;
-    } else if (cli_opt(&a, "--topk")) {
-      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &o->cfg.top_k);
-    } else if (cli_opt(&a, "--capacity-factor")) {
-      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &o->cfg.capacity_factor);
+    } else if (cli_layer_shape_opt(&a, &o->cfg, &o->layer_set)) {
     } else if (cli_opt(&a, "--a2a")) {
       o->a2a_set = 1;
       o->a2a_all = a.value && strcmp(a.value, "all") == 0;
@@ -414,7 +403,7 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   if (rc != CLI_OK) goto done;
   const int D = moe_cluster_devices(&c);
-  if (!o.experts_set) o.cfg.num_experts = D;
+  if (!(o.layer_set & CLI_LAYER_EXPERTS)) o.cfg.num_experts = D;
   if (moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
