@@ -99,12 +99,11 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
               tc->log_every);
   MOE_FAIL_IF(ctx, tc->save_every > 0 && !tc->checkpoint, MOE_STATUS_INVALID_ARG,
               "save-every needs a checkpoint path");
-  MOE_FAIL_IF(
-      ctx, !(tc->optim.lr > 0) || !(tc->optim.min_lr >= 0) || tc->optim.min_lr > tc->optim.lr,
-      MOE_STATUS_INVALID_ARG, "learning rates: need lr > 0 and 0 <= min_lr <= lr (got %g, %g)",
-      tc->optim.lr, tc->optim.min_lr);
-  MOE_FAIL_IF(ctx, tc->optim.warmup_steps < 0, MOE_STATUS_INVALID_ARG, "warmup %d must be >= 0",
-              tc->optim.warmup_steps);
+  MOE_FAIL_IF(ctx, !(tc->optim.lr > 0), MOE_STATUS_INVALID_ARG, "lr (%g) must be > 0",
+              (double)tc->optim.lr);
+  moe_optim_config oc = tc->optim;
+  oc.total_steps = tc->steps;  // the run's length is the schedule's
+  MOE_TRY(moe_optim_config_validate(ctx, &oc));
   *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
   MOE_FAIL_IF(ctx, *ep > size || size % *ep != 0, MOE_STATUS_INVALID_ARG,
               "EP size %d must divide the number of ranks (%d)", *ep, size);
@@ -520,10 +519,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     MOE_TRY(allreduce_dense(&r));
     double norm = 0;
     MOE_TRY(grad_norm(&r, &norm));
-    float scale = 1.0f;
-    if (tc->optim.grad_clip > 0 && norm > tc->optim.grad_clip)
-      scale = (float)(tc->optim.grad_clip / norm);
-    const float lr = moe_optim_step(r.opt, r.model, scale);
+    const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     double sums[2] = {l.ce_sum, (double)l.dropped};
     MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
