@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_layer_ref import DT_F32, DT_I32, MAGIC, VERSION, pack_str, pack_tensor  # noqa: E402
+from gen_layer_ref import (DT_F32, DT_I32, MAGIC, VERSION, capacity_of, f32,  # noqa: E402
+                           pack_str, pack_tensor, route)
 
 ROUTE_REL_GAP = 1e-3
 MAX_TRIES = 2000
@@ -60,18 +61,8 @@ OPTIM = dict(lr=1e-2, min_lr=1e-3, warmup=3, total=STEPS, beta1=0.9, beta2=0.95,
 LN_EPS = 1e-5
 
 
-def f32(v):
-    return float(np.float32(v))
-
-
 def is_moe(c, block):
     return c["moe_every"] > 0 and (block + 1) % c["moe_every"] == 0
-
-
-def capacity_of(f, K, T, E):
-    if f <= 0.0:
-        return -1
-    return int(math.ceil(((f * K) * T) / E))
 
 
 def param_specs(c):
@@ -135,30 +126,6 @@ def draw(c, seed):
 
 
 # ---- the model (float64) --------------------------------------------------------------
-
-
-def route(probs, K, C):
-    """Top-K (descending, ties to the lower index), GShard slots (all first
-    choices before any second, token order), and the smallest relative gap
-    between adjacent ranks 0..K. probs: float64 numpy (T, E)."""
-    T, E = probs.shape
-    expert = np.zeros((T, K), dtype=np.int64)
-    min_gap = math.inf
-    for t in range(T):
-        order = sorted(range(E), key=lambda e: (-probs[t, e], e))
-        expert[t, :] = order[:K]
-        for r in range(min(K, E - 1)):
-            a, b = probs[t, order[r]], probs[t, order[r + 1]]
-            min_gap = min(min_gap, (a - b) / a)
-    slot = np.full((T, K), -1, dtype=np.int64)
-    count = np.zeros(E, dtype=np.int64)
-    for k in range(K):
-        for t in range(T):
-            e = expert[t, k]
-            if C < 0 or count[e] < C:
-                slot[t, k] = count[e]
-                count[e] += 1
-    return expert, slot, count, min_gap
 
 
 def moe_layer(c, x, wg, w1, b1, w2, b2):

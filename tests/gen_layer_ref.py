@@ -144,18 +144,18 @@ def route(probs, K, C):
     """Top-K per token (descending, ties to lower index) and GShard slots.
 
     probs: float64 numpy (T, E). Returns expert (T,K), slot (T,K), count (E),
-    and whether the routing is robust to float32 evaluation."""
+    and the smallest relative gap (a - b) / a between adjacent ranks 0..K of
+    any token (inf when there is no such pair): the routing is robust to
+    float32 evaluation when it is >= ROUTE_REL_GAP."""
     T, E = probs.shape
     expert = np.zeros((T, K), dtype=np.int64)
-    robust = True
+    min_gap = math.inf
     for t in range(T):
         order = sorted(range(E), key=lambda e: (-probs[t, e], e))
         expert[t, :] = order[:K]
-        last = min(K, E - 1)   # adjacent pairs (r, r+1) for r = 0..last-1
-        for r in range(last):
+        for r in range(min(K, E - 1)):   # adjacent pairs (r, r+1)
             a, b = probs[t, order[r]], probs[t, order[r + 1]]
-            if a - b < ROUTE_REL_GAP * a:
-                robust = False
+            min_gap = min(min_gap, (a - b) / a)
     slot = np.full((T, K), -1, dtype=np.int64)
     count = np.zeros(E, dtype=np.int64)
     for k in range(K):
@@ -164,7 +164,7 @@ def route(probs, K, C):
             if C < 0 or count[e] < C:
                 slot[t, k] = count[e]
                 count[e] += 1
-    return expert, slot, count, robust
+    return expert, slot, count, min_gap
 
 
 def act_fn(act, pre):
@@ -186,7 +186,8 @@ def compute(c, inp):
 
     logits = x @ wg                                  # (T, E)
     probs = torch.softmax(logits, dim=1)             # (T, E)
-    expert, slot, count, robust = route(probs.detach().numpy(), K, C)
+    expert, slot, count, min_gap = route(probs.detach().numpy(), K, C)
+    robust = min_gap >= ROUTE_REL_GAP
 
     ei = torch.from_numpy(expert)
     p = torch.gather(probs, 1, ei)                   # (T, K)
