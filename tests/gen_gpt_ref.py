@@ -32,17 +32,14 @@
 
 import math
 import os
-import struct
 import sys
-import zlib
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_layer_ref import (DT_F32, DT_I32, MAGIC, VERSION, capacity_of, f32,  # noqa: E402
-                           pack_str, pack_tensor, route)
+from gen_layer_ref import DT_F32, DT_I32, capacity_of, f32, route, write_ref  # noqa: E402
 
 ROUTE_REL_GAP = 1e-3
 MAX_TRIES = 2000
@@ -280,21 +277,8 @@ def write_case(path, c, params, tokens, targets, first, losses):
         assert np.all(np.isfinite(arr)), name
         assert len(name) < 32, name
 
-    buf = bytearray()
-    buf += MAGIC
-    buf += struct.pack("<I", VERSION)
-    buf += pack_str("gpt_" + c["name"], 64)
-    buf += struct.pack("<8i", T, M, c["H"], c["E"], c["K"], 0, c["renorm"], C)
-    buf += struct.pack("<d", float(c["f"]))
-    buf += struct.pack("<ff", f32(c["aux"]), f32(c["zl"]))
-    buf += struct.pack("<I", len(tensors))
-    assert len(buf) == 128
-    for name, arr, dt in tensors:
-        buf += pack_tensor(name, np.asarray(arr), dt)
-    buf += struct.pack("<I", zlib.crc32(bytes(buf)) & 0xFFFFFFFF)
-    with open(path, "wb") as fh:
-        fh.write(bytes(buf))
-    return len(buf)
+    return write_ref(path, "gpt_" + c["name"], (T, M, c["H"], c["E"], c["K"], 0, c["renorm"], C),
+                     c["f"], c["aux"], c["zl"], tensors)
 
 
 def main(argv):

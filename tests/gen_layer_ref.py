@@ -317,17 +317,25 @@ def write_case(path, c, inp, out, C):
     for k in ("x", "wg", "w1", "b1", "w2", "b2", "dy"):
         assert inp[k].dtype == torch.float32
 
+    return write_ref(path, c["name"], (T, M, H, E, K, c["act"], c["renorm"], C), c["f"], AUX,
+                     c["zl"], tensors)
+
+
+def write_ref(path, case_name, ints, f, aux_coef, z_coef, tensors):
+    """Writes one MOEREF v1 file (format above): the 128-byte header with the
+    eight ints T, M, H, E, K, act, renormalize, C, then the tensors
+    [(name, array, dtype)], then the CRC-32. Returns the file size."""
     buf = bytearray()
     buf += MAGIC
     buf += struct.pack("<I", VERSION)
-    buf += pack_str(c["name"], 64)
-    buf += struct.pack("<8i", T, M, H, E, K, c["act"], c["renorm"], C)
-    buf += struct.pack("<d", float(c["f"]))
-    buf += struct.pack("<ff", f32(AUX), f32(c["zl"]))
+    buf += pack_str(case_name, 64)
+    buf += struct.pack("<8i", *ints)
+    buf += struct.pack("<d", float(f))
+    buf += struct.pack("<ff", f32(aux_coef), f32(z_coef))
     buf += struct.pack("<I", len(tensors))
     assert len(buf) == 128
     for name, arr, dt in tensors:
-        buf += pack_tensor(name, arr, dt)
+        buf += pack_tensor(name, np.asarray(arr), dt)
     buf += struct.pack("<I", zlib.crc32(bytes(buf)) & 0xFFFFFFFF)
     with open(path, "wb") as fh:
         fh.write(bytes(buf))
