@@ -22,9 +22,12 @@
 
 typedef struct {
   const char *out, *name, *a2a, *compress;
+  const char *layers;  // shapes of the layer step, NULL: skipped
   int ranks_per_node, iters;
   long long min_bytes, max_bytes;
 } cal_opts;
+
+#define CAL_DEFAULT_LAYERS "256:256:512:1.1,512:256:1024:1.1,256:512:1024:1.1,384:384:768:1.1"
 
 static void calibrate_usage(FILE *f) {
   fprintf(f,
@@ -49,7 +52,20 @@ static void calibrate_usage(FILE *f) {
           "  --compress LIST|all    compressors to fit [all]\n"
           "  --min-bytes S          smallest all-to-all, bytes per rank [4096]\n"
           "  --max-bytes S          largest all-to-all, bytes per rank [8388608]\n"
-          "  --iters N              timed repetitions per point, 1..1000 [5]\n");
+          "  --iters N              timed repetitions per point, 1..1000 [5]\n"
+          "  --layers LIST          layer step: shapes T:M:H:f (tokens per rank, model,\n"
+          "                         hidden, capacity factor, 0 = dropless) of the\n"
+          "                         expert-parallel layer to run, E = 2 x ranks, K = 2\n"
+          "                         [" CAL_DEFAULT_LAYERS
+          "]\n"
+          "  --no-layers            skip the layer step (no layer corrections)\n"
+          "\n"
+          "The layer step runs every calibrated all-to-all with the sequential schedule\n"
+          "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"
+          "scale and a per-task cost of the expert steps and of each all-to-all, the\n"
+          "time outside the passes and each all-to-all's contention factors to those\n"
+          "runs (layer_fit in the profile), so the simulator predicts what the layer\n"
+          "does rather than what the micro-benchmarks do alone.\n");
 }
 
 static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
@@ -57,6 +73,7 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   o->a2a = "all";
   o->compress = "all";
   o->iters = 5;
+  o->layers = CAL_DEFAULT_LAYERS;
   o->min_bytes = 4096;
   o->max_bytes = 8 << 20;
   cli_args a;
@@ -81,6 +98,10 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
       o->compress = a.value;
     } else if (cli_opt(&a, "--iters")) {
       cli_parse_int(&a, "--iters", 1, 1000, &o->iters);
+    } else if (cli_opt(&a, "--layers")) {
+      o->layers = a.value;
+    } else if (cli_flag(&a, "--no-layers")) {
+      o->layers = NULL;
     } else if (cli_opt(&a, "--min-bytes")) {
       int v = 0;
       cli_parse_int(&a, "--min-bytes", 1024, 1 << 30, &v);
@@ -97,6 +118,11 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   if (!a.bad && !o->out) {
     if (rank == 0) cli_error("--out FILE is required (see moe calibrate --help)");
     a.bad = 1;
+  }
+  if (!a.bad && o->layers) {
+    int P = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    if (cli_calibrate_layers(NULL, o->layers, 0, 1, rank, P, NULL) != CLI_OK) a.bad = 1;
   }
   if (!a.bad && o->min_bytes * 4 > o->max_bytes) {
     if (rank == 0) {
@@ -906,6 +932,10 @@ int cmd_calibrate(int argc, char **argv) {
     snprintf(c->intra.kind, sizeof c->intra.kind, "effective (mpi fit)");
     snprintf(c->inter.kind, sizeof c->inter.kind, "effective (mpi fit)");
     c->nics_per_node = 1;
+  }
+  if (o.layers) {
+    rc = cli_calibrate_layers(ctx, o.layers, o.ranks_per_node, o.iters, rank, P, &prof);
+    if (rc != CLI_OK) goto done;
   }
   if (rank == 0) {
     if (moe_profile_to_json(ctx, &prof, &json) != MOE_STATUS_OK) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "moe/moe.h"
+#include "moe/perf.h"
 
 // Exit codes of every subcommand.
 enum { CLI_OK = 0, CLI_FAILED = 1, CLI_USAGE = 2 };
@@ -102,7 +103,13 @@ int cmd_bench_compress(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_roofline(int argc, char **argv);   // simulate.c
 int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error without it
-int cmd_train(int argc, char **argv);      // train.c: MPI (MOE_CLI_MPI)
-int cmd_sample(int argc, char **argv);     // sample.c: one process
+// calibrate's layer step (calibrate_layers.c, MPI): runs the expert-parallel
+// layer on the shapes "T:M:H:f,..." and fits prof's layer corrections
+// (moe_profile_fit_layer). Collective; CLI_OK, CLI_USAGE or CLI_FAILED on every rank.
+// prof NULL: only checks the list (not collective).
+int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, int iters, int rank,
+                         int P, moe_profile *prof);
+int cmd_train(int argc, char **argv);   // train.c: MPI (MOE_CLI_MPI)
+int cmd_sample(int argc, char **argv);  // sample.c: one process
 
 #endif

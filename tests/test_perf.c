@@ -655,6 +655,223 @@ static void test_planner(void) {
   TU_CHECK(moe_plan_layer(g_ctx, &c, &q, &plan) == MOE_STATUS_INVALID_ARG, "allow_lossy 2");
 }
 
+// A profile of 2 nodes x 1 device whose passes take milliseconds (the
+// simulator's records are whole nanoseconds).
+static moe_profile fit_profile(void) {
+  moe_profile p;
+  memset(&p, 0, sizeof p);
+  snprintf(p.name, sizeof p.name, "fit");
+  p.cluster = small_cluster(0);
+  p.cluster.devices_per_node = 1;
+  p.gemm = (moe_linear_fit){1e-6, 1e-10, 0.999, 0.0, 12, 0.0};
+  p.n_a2a = 2;
+  snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "mpi");
+  snprintf(p.a2a[1].name, sizeof p.a2a[1].name, "pipe");
+  p.a2a[0].fit = (moe_linear_fit){2e-5, 4e-9, 0.998, 0.0, 8, 0.0};
+  p.a2a[1].fit = (moe_linear_fit){1e-5, 5e-9, 0.998, 0.0, 8, 0.0};
+  p.task_overhead = 2e-6;
+  p.slow_compute = p.slow_comm = 1.0;
+  return p;
+}
+
+static moe_layer_sample fit_sample(const moe_profile *truth, int tokens, int M, const char *a2a,
+                                   const char *schedule, int chunks) {
+  moe_layer_sample s;
+  memset(&s, 0, sizeof s);
+  moe_layer_config_default(&s.cfg);
+  s.cfg.tokens = tokens;
+  s.cfg.model_dim = M;
+  s.cfg.hidden_dim = 2 * M;
+  s.cfg.num_experts = 4;
+  s.cfg.top_k = 2;
+  s.cfg.capacity_factor = 1.1f;
+  snprintf(s.a2a, sizeof s.a2a, "%s", a2a);
+  snprintf(s.schedule, sizeof s.schedule, "%s", schedule);
+  s.chunks = chunks;
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  v.cfg = s.cfg;
+  snprintf(v.a2a, sizeof v.a2a, "%s", a2a);
+  snprintf(v.schedule, sizeof v.schedule, "%s", schedule);
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = chunks;
+  v.profile = truth;
+  moe_sim_result r;
+  TU_CHECK(moe_simulate_layer(g_ctx, &truth->cluster, &v, &r) == MOE_STATUS_OK, "sample: %s",
+           moe_ctx_error(g_ctx));
+  s.comp_ms = (double)(r.breakdown[0].compute_ns + r.breakdown[1].compute_ns) * 1e-6;
+  s.comm_ms = (double)(r.breakdown[0].comm_ns + r.breakdown[1].comm_ns) * 1e-6;
+  s.passes_ms = r.pass_ms[0] + r.pass_ms[1];
+  s.total_ms = r.total_ms;
+  return s;
+}
+
+// Layer corrections: the simulator applies them as documented (hand-worked
+// pass), they survive a JSON round trip, bad ones are refused, and
+// moe_profile_fit_layer recovers known corrections from runs simulated with
+// them.
+static void test_layer_fit(void) {
+  moe_profile p = fit_profile();
+  // hand-worked: T = 1000, M = 64, H = 128, E = 4, K = 2, f = 1.1 on 2 x 1:
+  // C = 550, each device sends each expert 500 rows; forward A = 2e-5 + 4e-9
+  // x (2 experts x 500 rows x 256 B to the other device) = 1.044 ms; E: the
+  // device's 2 experts get 2000 rows, two GEMMs each: 4 x 1e-6 + 1e-10 x
+  // 2000 x 4 x 64 x 128 FLOPs = 6.5576 ms; plus 2 us hand-off per task
+  moe_layer_sample s0 = fit_sample(&p, 1000, 64, "mpi", "sequential", 1);
+  const double a = 2e-5 + 4e-9 * 2 * 500 * 256, e = 4e-6 + 1e-10 * 2000 * 4 * 64 * 128;
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  v.cfg = s0.cfg;
+  snprintf(v.a2a, sizeof v.a2a, "mpi");
+  snprintf(v.schedule, sizeof v.schedule, "sequential");
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = 1;
+  v.profile = &p;
+  moe_sim_result r;
+  TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], (2 * a + e + 3 * 2e-6) * 1e3, 1e-6),
+           "uncorrected forward pass %g ms, want %g", r.pass_ms[0], (2 * a + e + 6e-6) * 1e3);
+  moe_profile c = p;
+  c.have_layer_fit = 1;
+  c.lf_samples = 9;
+  c.lf_compute_scale = 1.5;
+  c.lf_compute_task_s = 1e-4;
+  c.lf_a2a_scale[0] = 2.0;
+  c.lf_a2a_exchange_s[0] = 3e-4;
+  c.lf_outside = (moe_linear_fit){1e-3, 1e-10, 0.9, 0.0, 9, 0.0};
+  v.profile = &c;
+  const double want = 2 * (2 * a + 3e-4) + 1.5 * e + 1e-4 + 3 * 2e-6;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], want * 1e3, 1e-6) &&
+               close_rel(r.outside_ms, (1e-3 + 1e-10 * 1000 * 64 * 6) * 1e3, 1e-9),
+           "corrected forward pass %g ms (want %g), outside %g ms", r.pass_ms[0], want * 1e3,
+           r.outside_ms);
+  // pipe has no correction of its own: only the compute one applies
+  snprintf(v.a2a, sizeof v.a2a, "pipe");
+  const double ap = 1e-5 + 5e-9 * 2 * 500 * 256;
+  TU_CHECK(moe_simulate_layer(g_ctx, &c.cluster, &v, &r) == MOE_STATUS_OK &&
+               close_rel(r.pass_ms[0], (2 * ap + 1.5 * e + 1e-4 + 6e-6) * 1e3, 1e-6),
+           "pipe without its correction: %g ms", r.pass_ms[0]);
+  // round trip and strictness
+  char *text = NULL;
+  moe_profile back;
+  TU_CHECK(moe_profile_to_json(g_ctx, &c, &text) == MOE_STATUS_OK &&
+               moe_profile_from_json(g_ctx, text, &back) == MOE_STATUS_OK &&
+               back.have_layer_fit == 1 && back.lf_compute_scale == 1.5 &&
+               back.lf_compute_task_s == 1e-4 && back.lf_a2a_scale[0] == 2.0 &&
+               back.lf_a2a_exchange_s[0] == 3e-4 && back.lf_a2a_scale[1] == 0.0 &&
+               back.lf_outside.alpha == 1e-3 && back.lf_samples == 9,
+           "layer_fit round trip: %s", moe_ctx_error(g_ctx));
+  moe_free(text);
+  static const char fits[] =
+      "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
+      "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}, ";
+  static const char outside[] =
+      "\"outside\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, "
+      "\"points\": 2}";
+  char tail[700];
+  snprintf(tail, sizeof tail,
+           "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, \"compute_task_s\": 0, %s, "
+           "\"a2a\": {\"pipe\": {\"scale\": 1, \"exchange_s\": 0}}}}",
+           fits, outside);
+  expect_bad_profile(tail, "layer_fit.a2a.pipe has no model");
+  snprintf(tail, sizeof tail,
+           "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 0, \"compute_task_s\": 0, %s}}",
+           fits, outside);
+  expect_bad_profile(tail, "compute_scale' (0) must be in (0, 100]");
+  snprintf(tail, sizeof tail, "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, %s}}", fits,
+           outside);
+  expect_bad_profile(tail, "lacks 'compute_task_s'");
+  snprintf(tail, sizeof tail,
+           "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, \"compute_task_s\": 0, %s, "
+           "\"a2a\": {\"mpi\": {\"scale\": 1, \"exchange_s\": -1}}}}",
+           fits, outside);
+  expect_bad_profile(tail, "exchange_s in [0, 1]");
+  snprintf(tail, sizeof tail,
+           "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, \"compute_task_s\": 0, %s, "
+           "\"extra\": 1}}",
+           fits, outside);
+  expect_bad_profile(tail, "unknown key 'layer_fit.extra'");
+  // recovery: runs simulated with known corrections and contention
+  moe_profile truth = p;
+  truth.have_layer_fit = 1;
+  truth.lf_samples = 2;
+  truth.lf_compute_scale = 1.7;
+  truth.lf_compute_task_s = 3e-4;
+  truth.lf_a2a_scale[0] = 1.3;
+  truth.lf_a2a_exchange_s[0] = 5e-4;
+  truth.lf_a2a_scale[1] = 1.1;
+  truth.lf_a2a_exchange_s[1] = 2e-4;
+  truth.lf_outside = (moe_linear_fit){2e-3, 4e-10, 1.0, 0.0, 2, 0.0};
+  truth.slow_compute = 1.4;
+  truth.slow_comm = 1.2;
+  // pipe spins: compute slows more (its samples cannot tell comm x1.1 from
+  // x1.05 with compute x2.1: the makespans agree, so only the range is checked)
+  truth.lf_a2a_slow[1][0] = 2.0;
+  truth.lf_a2a_slow[1][1] = 1.1;
+  moe_layer_sample ss[48];
+  int n = 0;
+  static const int shapes[][2] = {{1000, 64}, {4000, 64}, {2000, 128}};
+  for (int i = 0; i < 3; i++) {
+    for (int r2 = 1; r2 <= 4; r2 *= 2) {
+      ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "mpi", "sequential", r2);
+      ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "pipe", "sequential", r2);
+    }
+    ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "mpi", "optsche", 2);
+    ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "mpi", "pipeline", 4);
+    ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "mpi", "smart", 1);
+    ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "pipe", "optsche", 2);
+    ss[n++] = fit_sample(&truth, shapes[i][0], shapes[i][1], "pipe", "pipeline", 4);
+  }
+  moe_profile fitted = p;
+  moe_layer_fit_report rep;
+  TU_CHECK(moe_profile_fit_layer(g_ctx, &fitted, ss, n, &rep) == MOE_STATUS_OK, "fit: %s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(fitted.have_layer_fit && close_rel(fitted.lf_compute_scale, 1.7, 1e-5) &&
+               close_rel(fitted.lf_compute_task_s, 3e-4, 1e-3) &&
+               close_rel(fitted.lf_a2a_scale[0], 1.3, 1e-5) &&
+               close_rel(fitted.lf_a2a_exchange_s[0], 5e-4, 1e-3) &&
+               close_rel(fitted.lf_a2a_scale[1], 1.1, 1e-5) &&
+               close_rel(fitted.lf_a2a_exchange_s[1], 2e-4, 1e-3),
+           "recovered compute x%g + %g s, mpi x%g + %g s, pipe x%g + %g s", fitted.lf_compute_scale,
+           fitted.lf_compute_task_s, fitted.lf_a2a_scale[0], fitted.lf_a2a_exchange_s[0],
+           fitted.lf_a2a_scale[1], fitted.lf_a2a_exchange_s[1]);
+  TU_CHECK(close_rel(fitted.lf_outside.alpha, 2e-3, 1e-4) &&
+               close_rel(fitted.lf_outside.beta, 4e-10, 1e-4) &&
+               close_rel(fitted.lf_a2a_slow[0][0], 1.4, 1e-9) &&
+               close_rel(fitted.lf_a2a_slow[0][1], 1.2, 1e-9) && fitted.lf_a2a_slow[1][0] >= 1.9 &&
+               fitted.lf_a2a_slow[1][0] <= 2.2 && fitted.slow_compute > 1.4 &&
+               fitted.slow_compute < 2.0,
+           "recovered outside %g + %g x, contention mpi x%g x%g, pipe x%g x%g, all x%g x%g",
+           fitted.lf_outside.alpha, fitted.lf_outside.beta, fitted.lf_a2a_slow[0][0],
+           fitted.lf_a2a_slow[0][1], fitted.lf_a2a_slow[1][0], fitted.lf_a2a_slow[1][1],
+           fitted.slow_compute, fitted.slow_comm);
+  {
+    char *ft = NULL;
+    moe_profile fb;
+    TU_CHECK(moe_profile_to_json(g_ctx, &fitted, &ft) == MOE_STATUS_OK &&
+                 moe_profile_from_json(g_ctx, ft, &fb) == MOE_STATUS_OK &&
+                 fb.lf_a2a_slow[1][0] == fitted.lf_a2a_slow[1][0] &&
+                 fb.lf_a2a_slow[0][1] == fitted.lf_a2a_slow[0][1],
+             "per-algorithm contention round trip: %s", moe_ctx_error(g_ctx));
+    moe_free(ft);
+  }
+  TU_CHECK(rep.seq_samples == 18 && rep.overlap_samples == 15 && rep.mape_after < 0.01 &&
+               rep.mape_before > 5.0 && rep.r2_after > 0.9999,
+           "report: %d seq, %d overlap, MAPE %g%% -> %g%%, R² %g", rep.seq_samples,
+           rep.overlap_samples, rep.mape_before, rep.mape_after, rep.r2_after);
+  // errors leave the profile unchanged
+  moe_profile keep = p;
+  moe_layer_sample one_r[2] = {ss[0], ss[1]};  // mpi and pipe, both r = 1
+  TU_CHECK(moe_profile_fit_layer(g_ctx, &keep, one_r, 2, &rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "two or more chunk counts") && !keep.have_layer_fit,
+           "one chunk count: %s", moe_ctx_error(g_ctx));
+  ss[3].comm_ms = -1.0;
+  TU_CHECK(moe_profile_fit_layer(g_ctx, &keep, ss, n, &rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "sample 3") && !keep.have_layer_fit,
+           "bad sample: %s", moe_ctx_error(g_ctx));
+}
+
 int main(int argc, char **argv) {
   moe_ctx_create(&g_ctx);
   char clusters[1024];
@@ -667,6 +884,7 @@ int main(int argc, char **argv) {
   test_simulate_layer();
   test_profile();
   test_planner();
+  test_layer_fit();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_perf");
 }

@@ -216,6 +216,27 @@ typedef struct {
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
   moe_named_fit codec_c[MOE_PROFILE_MAX], codec_d[MOE_PROFILE_MAX];
+  // Optional corrections fitted on whole layer runs (moe_profile_fit_layer,
+  // the layer step of moe calibrate): the bottom-up models above come from
+  // micro-benchmarks, which miss what only the layer does (the executor's
+  // polling between the steps of a nonblocking all-to-all, skew between ranks,
+  // caches shared with the other buffers). With have_layer_fit, the simulator
+  // makes a compute task (E) last lf_compute_scale x its modelled time +
+  // lf_compute_task_s, an all-to-all task of algorithm a2a[i]
+  // lf_a2a_scale[i] x modelled + lf_a2a_exchange_s[i] (scale 0: no
+  // correction for that algorithm), and takes the time outside the passes from
+  // lf_outside (alpha-beta over T M (E + K), measured in the distributed layer)
+  // instead of the bottom-up sum. lf_samples: the layer runs behind the fit.
+  int have_layer_fit;
+  double lf_compute_scale, lf_compute_task_s;
+  moe_linear_fit lf_outside;
+  double lf_a2a_scale[MOE_PROFILE_MAX], lf_a2a_exchange_s[MOE_PROFILE_MAX];
+  // Contention while algorithm i overlaps compute (compute, comm slowdown),
+  // when fitted for it; 0: the profile's slow_compute / slow_comm. A blocking
+  // algorithm's communication thread spins and slows compute far more than a
+  // polled nonblocking one.
+  double lf_a2a_slow[MOE_PROFILE_MAX][2];
+  int lf_samples;
 } moe_profile;
 
 // Profile JSON (written by `moe calibrate`, read by --profile):
@@ -225,7 +246,10 @@ typedef struct {
 //    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
 //    fwd_s, bwd_s], ...] (at most 32), and "overlap": {"compute_slowdown": x,
 //    "comm_slowdown": y} (each >= 1), "a2a_points": {"mpi": [[bytes, s], ...]},
-//    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g}
+//    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g, "layer_fit":
+//    {"samples": n, "compute_scale": s, "compute_task_s": t, "outside": FIT,
+//     "a2a": {"mpi": {"scale": s, "exchange_s": t, optionally "compute_slowdown": x,
+//     "comm_slowdown": y}, ...}}}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a
@@ -282,6 +306,45 @@ typedef struct {
 // layer would refuse, experts not divisible by the devices, or unknown names.
 moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_variant *v,
                               moe_sim_result *out);
+
+// ---- fitting the simulator to whole layer runs ---------------------------------------
+
+// One measured layer variant (moe calibrate's layer step): medians over
+// iterations of the slowest rank, in ms.
+typedef struct {
+  moe_layer_config cfg;  // tokens per device
+  char a2a[32];
+  char schedule[16];
+  int chunks;        // as requested (smart: ignored)
+  double comp_ms;    // compute-stream busy time of both passes
+  double comm_ms;    // communication-stream busy time of both passes
+  double passes_ms;  // forward + backward pass makespans
+  double total_ms;   // forward + backward of the layer
+} moe_layer_sample;
+
+typedef struct {
+  int seq_samples, overlap_samples;  // used for the task corrections / the contention factors
+  double mape_before, mape_after;    // of total_ms over all samples, %
+  double r2_after;
+} moe_layer_fit_report;
+
+// Fits the profile's layer corrections (see moe_profile) to measured runs on
+// the profile's own cluster (uncompressed, tokens per device as simulated):
+// - compute: the sequential samples' compute busy time = scale x modelled +
+//   per task x E tasks (weighted least squares on relative error; a negative
+//   per-task term is dropped and the scale refitted);
+// - each all-to-all algorithm with sequential samples at two or more chunk
+//   counts: the same on its communication busy time and A tasks;
+// - outside the passes: total - passes against T M (E + K) (moe_fit_linear);
+// - the contention factors (slow_compute, slow_comm), when there are at least
+//   two samples with an overlapping schedule: the pair in [1, 3] (steps of
+//   0.05) with the least squared relative error of their pass makespans; and
+//   the same per algorithm that has two such samples (lf_a2a_slow).
+// Replaces any earlier corrections. INVALID_ARG without two sequential samples
+// of distinct chunk counts, or when a sample does not simulate; the profile is
+// then unchanged.
+moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+                                 moe_layer_fit_report *rep);
 
 // ---- the planner ------------------------------------------------------------------------
 

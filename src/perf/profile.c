@@ -104,6 +104,100 @@ done:
   return st;
 }
 
+// "layer_fit" (after 'a2a' is known): {"samples": n, "compute_scale": s,
+// "compute_task_s": t, "outside": FIT, "a2a": {name: {"scale": s, "exchange_s": t}}}
+static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p) {
+  moe_status st = MOE_STATUS_OK;
+  int have = 0;
+  MOE_FAIL_IF(ctx, !cJSON_IsObject(obj), MOE_STATUS_INVALID_ARG,
+              "profile: 'layer_fit' must be an object");
+  for (const cJSON *it = obj->child; it; it = it->next) {
+    const char *k = it->string;
+    char key[160];
+    snprintf(key, sizeof key, "layer_fit.%s", k);
+    for (const cJSON *q = obj->child; q != it; q = q->next) {
+      MOE_FAIL_IF(ctx, strcmp(q->string, k) == 0, MOE_STATUS_INVALID_ARG,
+                  "profile: key '%s' appears twice", key);
+    }
+    if (strcmp(k, "samples") == 0) {
+      MOE_TRY(moe_json_get_int(ctx, it, key, &p->lf_samples));
+      MOE_FAIL_IF(ctx, p->lf_samples < 2, MOE_STATUS_INVALID_ARG, "profile: '%s' (%d) must be >= 2",
+                  key, p->lf_samples);
+      have |= 1;
+    } else if (strcmp(k, "compute_scale") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &p->lf_compute_scale));
+      MOE_FAIL_IF(ctx, !(p->lf_compute_scale > 0.0) || p->lf_compute_scale > 100.0,
+                  MOE_STATUS_INVALID_ARG, "profile: '%s' (%g) must be in (0, 100]", key,
+                  p->lf_compute_scale);
+      have |= 2;
+    } else if (strcmp(k, "compute_task_s") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, key, &p->lf_compute_task_s));
+      MOE_FAIL_IF(ctx, !(p->lf_compute_task_s >= 0.0) || p->lf_compute_task_s > 1.0,
+                  MOE_STATUS_INVALID_ARG, "profile: '%s' (%g) must be in [0, 1]", key,
+                  p->lf_compute_task_s);
+      have |= 4;
+    } else if (strcmp(k, "outside") == 0) {
+      MOE_TRY(parse_fit(ctx, it, key, &p->lf_outside));
+      have |= 8;
+    } else if (strcmp(k, "a2a") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' must be an object {algorithm: {scale, exchange_s}}", key);
+      for (const cJSON *al = it->child; al; al = al->next) {
+        int idx = -1;
+        for (int i = 0; i < p->n_a2a; i++) {
+          if (strcmp(p->a2a[i].name, al->string) == 0) idx = i;
+        }
+        MOE_FAIL_IF(ctx, idx < 0, MOE_STATUS_INVALID_ARG,
+                    "profile: layer_fit.a2a.%s has no model in 'a2a'", al->string);
+        MOE_FAIL_IF(ctx, p->lf_a2a_scale[idx] > 0, MOE_STATUS_INVALID_ARG,
+                    "profile: key 'layer_fit.a2a.%s' appears twice", al->string);
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(al, "scale");
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(al, "exchange_s");
+        const cJSON *c1 = cJSON_GetObjectItemCaseSensitive(al, "compute_slowdown");
+        const cJSON *c2 = cJSON_GetObjectItemCaseSensitive(al, "comm_slowdown");
+        MOE_FAIL_IF(ctx,
+                    !cJSON_IsObject(al) || !sc || !ex || !c1 != !c2 ||
+                        cJSON_GetArraySize(al) != (c1 ? 4 : 2),
+                    MOE_STATUS_INVALID_ARG,
+                    "profile: layer_fit.a2a.%s must be {\"scale\": s, \"exchange_s\": t} and "
+                    "optionally \"compute_slowdown\": x, \"comm_slowdown\": y",
+                    al->string);
+        char ks[200];
+        snprintf(ks, sizeof ks, "layer_fit.a2a.%s", al->string);
+        MOE_TRY(moe_json_get_double(ctx, sc, ks, &p->lf_a2a_scale[idx]));
+        MOE_TRY(moe_json_get_double(ctx, ex, ks, &p->lf_a2a_exchange_s[idx]));
+        MOE_FAIL_IF(ctx,
+                    !(p->lf_a2a_scale[idx] > 0.0) || p->lf_a2a_scale[idx] > 100.0 ||
+                        !(p->lf_a2a_exchange_s[idx] >= 0.0) || p->lf_a2a_exchange_s[idx] > 1.0,
+                    MOE_STATUS_INVALID_ARG,
+                    "profile: %s needs scale in (0, 100] and exchange_s in [0, 1] (got %g, %g)", ks,
+                    p->lf_a2a_scale[idx], p->lf_a2a_exchange_s[idx]);
+        if (c1) {
+          double *sl = p->lf_a2a_slow[idx];
+          MOE_TRY(moe_json_get_double(ctx, c1, ks, &sl[0]));
+          MOE_TRY(moe_json_get_double(ctx, c2, ks, &sl[1]));
+          MOE_FAIL_IF(ctx, !(sl[0] >= 1.0) || !(sl[1] >= 1.0) || sl[0] > 100.0 || sl[1] > 100.0,
+                      MOE_STATUS_INVALID_ARG, "profile: %s slowdowns (%g, %g) must be in [1, 100]",
+                      ks, sl[0], sl[1]);
+        }
+      }
+    } else {
+      MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+               "profile: unknown key '%s' (valid: samples, compute_scale, compute_task_s, "
+               "outside, a2a)",
+               key);
+    }
+  }
+  MOE_FAIL_IF(ctx, (have & 15) != 15, MOE_STATUS_INVALID_ARG, "profile: 'layer_fit' lacks '%s'",
+              !(have & 1)   ? "samples"
+              : !(have & 2) ? "compute_scale"
+              : !(have & 4) ? "compute_task_s"
+                            : "outside");
+  p->have_layer_fit = 1;
+done:
+  return st;
+}
+
 moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *out) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
@@ -112,7 +206,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
   memset(&p, 0, sizeof p);
   p.slow_compute = p.slow_comm = 1.0;
   int have_version = 0, have_cluster = 0, have_gemm = 0, have_a2a = 0;
-  const cJSON *a2a_points = NULL;
+  const cJSON *a2a_points = NULL, *layer_fit = NULL;
   MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "profile: json and out must be set");
   MOE_TRY(moe_json_parse_object(ctx, json, "profile", &root));
   for (const cJSON *it = root->child; it; it = it->next) {
@@ -205,6 +299,8 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
                   "profile: 'a2a_points' must be an object {algorithm: [[bytes, s], ...]}");
       a2a_points = it;  // resolved after 'a2a' is known
+    } else if (strcmp(k, "layer_fit") == 0) {
+      layer_fit = it;  // resolved after 'a2a' is known
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
       p.have_layer_fits |= 4;
@@ -212,7 +308,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
                "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
-               "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs)",
+               "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs, layer_fit)",
                k);
     }
   }
@@ -256,6 +352,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
     }
     p.n_a2a_points[idx] = np;
   }
+  if (layer_fit) MOE_TRY(parse_layer_fit(ctx, layer_fit, &p));
   *out = p;
 done:
   if (cluster_text) cJSON_free(cluster_text);
@@ -403,6 +500,29 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
                 e[4]);
     }
     sb_printf(&b, "\n  ]");
+  }
+  if (p->have_layer_fit) {
+    sb_printf(&b,
+              ",\n  \"layer_fit\": {\"samples\": %d, \"compute_scale\": %.6g, "
+              "\"compute_task_s\": %.6g,\n    \"outside\": ",
+              p->lf_samples, p->lf_compute_scale, p->lf_compute_task_s);
+    sb_fit(&b, &p->lf_outside);
+    sb_printf(&b, ",\n    \"a2a\": {");
+    int first = 1;
+    for (int i = 0; i < p->n_a2a; i++) {
+      if (!(p->lf_a2a_scale[i] > 0)) continue;
+      sb_printf(&b, "%s", first ? "" : ", ");
+      sb_string(&b, p->a2a[i].name);
+      sb_printf(&b, ": {\"scale\": %.6g, \"exchange_s\": %.6g", p->lf_a2a_scale[i],
+                p->lf_a2a_exchange_s[i]);
+      if (p->lf_a2a_slow[i][0] >= 1.0) {
+        sb_printf(&b, ", \"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g", p->lf_a2a_slow[i][0],
+                  p->lf_a2a_slow[i][1]);
+      }
+      sb_printf(&b, "}");
+      first = 0;
+    }
+    sb_printf(&b, "}}");
   }
   sb_printf(&b, ",\n  \"a2a\": {");
   for (int i = 0; i < p->n_a2a; i++) {

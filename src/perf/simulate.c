@@ -19,6 +19,8 @@
 // times come from its fitted alpha-beta models instead, and when the profile
 // has them, the expert steps and the work outside the passes from their own
 // fits (the outside time is split 1:2 between forward and backward).
+// With the profile's layer corrections (moe_profile_fit_layer), A and E task
+// durations are scaled and offset and the outside time is the measured fit.
 // Not modelled from a description: dispatch, combine and softmax
 // (memory-bound, small next to the GEMMs), per-task overheads, slowdown of
 // overlapping tasks; a calibrated profile supplies all three.
@@ -126,6 +128,11 @@ typedef struct {
   double n_block;  // rows a device sends one expert
   int cap;         // capacity C, or -1 dropless
   double *bytes;   // (D, D) scratch
+  // the profile's layer corrections for this variant (moe_profile_fit_layer):
+  // A tasks a2a_scale x modelled + a2a_exch, E tasks comp_scale x modelled +
+  // comp_task; identity without them
+  double a2a_scale, a2a_exch, comp_scale, comp_task;
+  double slow_comp, slow_comm;  // contention factors (1: none)
 } sim_ctx;
 
 // Rows a device sends one expert in chunk c (rows chunking).
@@ -241,7 +248,7 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
         fill_bytes(s, c, compressed);
         MOE_TRY(bytes_a2a_seconds(ctx, s, &chunk[3 * c + 2]));
       }
-      dur[i] = chunk[3 * c + 2];
+      dur[i] = s->a2a_scale * chunk[3 * c + 2] + s->a2a_exch;
     } else if (nm[0] == 'E') {
       const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
       if (pf && pf->n_expert_points > 0) {
@@ -262,6 +269,7 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       } else {
         dur[i] = flops / (s->c->gemm_tflops * 1e12);
       }
+      dur[i] = s->comp_scale * dur[i] + s->comp_task;
     } else {
       // C1 and D2 on the token side, C2 and D1 on the expert side
       const int token_side = (nm[0] == 'C') == (nm[1] == '1');
@@ -303,6 +311,24 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
   MOE_TRY(moe_compressor_get(ctx, v->compress, &s.comp));
   s.c = c;
   s.v = v;
+  s.a2a_scale = s.comp_scale = 1.0;
+  s.slow_comp = v->profile && v->profile->slow_compute > 1.0 ? v->profile->slow_compute : 1.0;
+  s.slow_comm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
+  if (v->profile && v->profile->have_layer_fit) {
+    const moe_profile *pf = v->profile;
+    s.comp_scale = pf->lf_compute_scale;
+    s.comp_task = pf->lf_compute_task_s;
+    for (int i = 0; i < pf->n_a2a; i++) {
+      if (strcmp(pf->a2a[i].name, v->a2a) == 0 && pf->lf_a2a_scale[i] > 0) {
+        s.a2a_scale = pf->lf_a2a_scale[i];
+        s.a2a_exch = pf->lf_a2a_exchange_s[i];
+      }
+      if (strcmp(pf->a2a[i].name, v->a2a) == 0 && pf->lf_a2a_slow[i][0] >= 1.0) {
+        s.slow_comp = pf->lf_a2a_slow[i][0];
+        s.slow_comm = pf->lf_a2a_slow[i][1];
+      }
+    }
+  }
   s.D = moe_cluster_devices(c);
   s.G = c->devices_per_node;
   MOE_FAIL_IF(ctx, v->cfg.num_experts % s.D != 0, MOE_STATUS_INVALID_ARG,
@@ -353,9 +379,8 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     if (v->profile && v->profile->task_overhead > 0) {
       for (int i = 0; i < g.n_tasks; i++) dur[i] += v->profile->task_overhead;
     }
-    const double sc = v->profile && v->profile->slow_compute > 1.0 ? v->profile->slow_compute : 1.0;
-    const double sm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
-    MOE_TRY(moe_schedule_simulate_shared(ctx, &g, &sch, dur, sc, sm, end, &makespan));
+    MOE_TRY(
+        moe_schedule_simulate_shared(ctx, &g, &sch, dur, s.slow_comp, s.slow_comm, end, &makespan));
     // starts: a task starts when its stream's previous task and its
     // dependencies have ended (the simulation's rule; under contention a
     // task lasts longer than its solo duration)
@@ -405,7 +430,11 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
     out->outside_ms =
         fmax(0.0, moe_fit_eval(&v->profile->outside, T * cfg->model_dim * (E + K))) * 1e3;
   }
-  if (v->profile) {
+  if (v->profile && v->profile->have_layer_fit) {
+    // measured in the distributed layer itself: replaces the sum below
+    out->outside_ms =
+        fmax(0.0, moe_fit_eval(&v->profile->lf_outside, T * cfg->model_dim * (E + K))) * 1e3;
+  } else if (v->profile) {
     // the distributed layer's own work outside the passes: five small
     // collectives (loss statistics, counts exchange, two agreements, the gate
     // gradient) and two copies of every row per direction (to and from the

@@ -1,0 +1,239 @@
+// Fitting the simulator to whole layer runs (moe_profile_fit_layer, perf.h).
+//
+// The bottom-up models of a profile come from micro-benchmarks: a blocking
+// all-to-all timed alone, an expert step timed alone, the single-process
+// layer's phases. Inside the expert-parallel layer the same work costs more:
+// the executor polls a nonblocking all-to-all with back-off, so every protocol
+// step of an exchange waits for the next poll; ranks skew; the layer's buffers
+// share the caches with the weights. None of that is a new term the simulator
+// could derive; it shows up as a per-task offset and a scale on each kind of
+// task, which a handful of measured layer runs determine. The fit keeps the
+// simulator's structure (the same task graphs and schedules) and only
+// corrects the durations it feeds them.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/perf.h"
+
+// Weighted least squares y ~ s x + o n over k points with weights 1 / y²
+// (relative error, so small configurations count as much as large ones). A
+// negative o is dropped (o = 0, s refitted): a task cannot take less than its
+// modelled time minus a constant. Returns 0 when s is not positive.
+static int fit_scale_offset(const double *x, const double *n, const double *y, int k, double *s,
+                            double *o) {
+  double axx = 0, axn = 0, ann = 0, bx = 0, bn = 0;
+  for (int i = 0; i < k; i++) {
+    const double w = 1.0 / (y[i] * y[i]);
+    axx += w * x[i] * x[i];
+    axn += w * x[i] * n[i];
+    ann += w * n[i] * n[i];
+    bx += w * x[i] * y[i];
+    bn += w * n[i] * y[i];
+  }
+  const double det = axx * ann - axn * axn;
+  *s = 0.0;
+  *o = 0.0;
+  if (det > 1e-12 * axx * ann) {
+    *s = (bx * ann - bn * axn) / det;
+    *o = (axx * bn - axn * bx) / det;
+  }
+  if (!(*o >= 0.0) || !(*s > 0.0)) {
+    *o = 0.0;
+    *s = axx > 0 ? bx / axx : 0.0;
+  }
+  return *s > 0.0 && isfinite(*s);
+}
+
+// The simulated result of sample s on profile pf.
+static moe_status simulate_sample(moe_ctx *ctx, const moe_profile *pf, const moe_layer_sample *s,
+                                  moe_sim_result *out) {
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  v.cfg = s->cfg;
+  snprintf(v.a2a, sizeof v.a2a, "%s", s->a2a);
+  snprintf(v.schedule, sizeof v.schedule, "%s", s->schedule);
+  v.chunks = s->chunks;
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.profile = pf;
+  return moe_simulate_layer(ctx, &pf->cluster, &v, out);
+}
+
+static int is_sequential(const moe_layer_sample *s) {
+  return strcmp(s->schedule, "sequential") == 0;
+}
+
+// MAPE (%) and R² of the predicted totals against the measured ones.
+static moe_status total_errors(moe_ctx *ctx, const moe_profile *pf, const moe_layer_sample *s,
+                               int n, double *mape, double *r2) {
+  moe_status st = MOE_STATUS_OK;
+  double sum = 0, mean = 0, ss_res = 0, ss_tot = 0;
+  for (int i = 0; i < n; i++) mean += s[i].total_ms / n;
+  for (int i = 0; i < n; i++) {
+    moe_sim_result r;
+    MOE_TRY(simulate_sample(ctx, pf, &s[i], &r));
+    sum += fabs(r.total_ms - s[i].total_ms) / s[i].total_ms;
+    ss_res += (r.total_ms - s[i].total_ms) * (r.total_ms - s[i].total_ms);
+    ss_tot += (s[i].total_ms - mean) * (s[i].total_ms - mean);
+  }
+  *mape = 100.0 * sum / n;
+  *r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
+done:
+  return st;
+}
+
+// The contention pair in [1, 3] x [1, 3] (steps of 0.05) with the least
+// squared relative error of the pass makespans of the overlapping samples (of
+// algorithm a2a only, unless NULL). Uses pf's profile-wide factors for the
+// search (per-algorithm ones are cleared while it runs).
+static moe_status fit_contention(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+                                 const char *a2a, double *best_c, double *best_m) {
+  moe_status st = MOE_STATUS_OK;
+  const double keep_c = pf->slow_compute, keep_m = pf->slow_comm;
+  double saved[MOE_PROFILE_MAX][2];
+  memcpy(saved, pf->lf_a2a_slow, sizeof saved);
+  memset(pf->lf_a2a_slow, 0, sizeof pf->lf_a2a_slow);
+  double best = INFINITY;
+  *best_c = keep_c;
+  *best_m = keep_m;
+  for (int ic = 0; ic <= 40; ic++) {
+    for (int im = 0; im <= 40; im++) {
+      pf->slow_compute = 1.0 + 0.05 * ic;
+      pf->slow_comm = 1.0 + 0.05 * im;
+      double err = 0;
+      for (int i = 0; i < n; i++) {
+        if (is_sequential(&s[i]) || (a2a && strcmp(s[i].a2a, a2a) != 0)) continue;
+        moe_sim_result res;
+        MOE_TRY(simulate_sample(ctx, pf, &s[i], &res));
+        const double e = (res.pass_ms[0] + res.pass_ms[1]) / s[i].passes_ms - 1.0;
+        err += e * e;
+      }
+      if (err < best) best = err, *best_c = pf->slow_compute, *best_m = pf->slow_comm;
+    }
+  }
+done:
+  pf->slow_compute = keep_c;
+  pf->slow_comm = keep_m;
+  memcpy(pf->lf_a2a_slow, saved, sizeof saved);
+  return st;
+}
+
+moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+                                 moe_layer_fit_report *rep) {
+  moe_status st = MOE_STATUS_OK;
+  double *buf = NULL;
+  moe_layer_fit_report r;
+  memset(&r, 0, sizeof r);
+  MOE_FAIL_IF(ctx, !pf || !s || n < 2 || !rep, MOE_STATUS_INVALID_ARG,
+              "layer fit: needs a profile, at least 2 samples (got %d) and a report", n);
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx,
+                !(s[i].total_ms > 0) || !(s[i].passes_ms > 0) || !(s[i].comp_ms > 0) ||
+                    !(s[i].comm_ms > 0) || !isfinite(s[i].total_ms) || !isfinite(s[i].comp_ms) ||
+                    !isfinite(s[i].comm_ms) || s[i].passes_ms > s[i].total_ms,
+                MOE_STATUS_INVALID_ARG,
+                "layer fit: sample %d needs positive finite times with passes <= total (got "
+                "comp %g, comm %g, passes %g, total %g ms)",
+                i, s[i].comp_ms, s[i].comm_ms, s[i].passes_ms, s[i].total_ms);
+  }
+  moe_profile base = *pf;  // the bottom-up models only
+  base.have_layer_fit = 0;
+  moe_profile fitted = base;
+  // x (modelled s), count, y (measured s) for up to n points; outside x, y
+  buf = moe_malloc((size_t)n * 5 * sizeof(double));
+  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "layer fit: cannot allocate %d samples", n);
+  double *x = buf, *cnt = buf + n, *y = buf + 2 * n, *ox = buf + 3 * n, *oy = buf + 4 * n;
+  const double ovh = base.task_overhead;
+  // compute: the sequential samples (no overlap, so busy time is solo time)
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    moe_sim_result res;
+    MOE_TRY(simulate_sample(ctx, &base, &s[i], &res));
+    ox[i] = (double)s[i].cfg.tokens * s[i].cfg.model_dim * (s[i].cfg.num_experts + s[i].cfg.top_k);
+    oy[i] = (s[i].total_ms - s[i].passes_ms) * 1e-3;
+    if (!is_sequential(&s[i])) continue;
+    const double tasks = 2.0 * res.chunks;  // E tasks, forward and backward
+    x[k] = (double)(res.breakdown[0].compute_ns + res.breakdown[1].compute_ns) * 1e-9 - tasks * ovh;
+    cnt[k] = tasks;
+    y[k] = s[i].comp_ms * 1e-3 - tasks * ovh;
+    if (x[k] > 0 && y[k] > 0) k++;
+  }
+  r.seq_samples = k;
+  {
+    int distinct = 0;
+    for (int i = 1; i < k; i++) distinct |= cnt[i] != cnt[0];
+    MOE_FAIL_IF(ctx, k < 2 || !distinct, MOE_STATUS_INVALID_ARG,
+                "layer fit: needs sequential samples at two or more chunk counts (got %d "
+                "sequential samples)",
+                k);
+  }
+  MOE_FAIL_IF(ctx,
+              !fit_scale_offset(x, cnt, y, k, &fitted.lf_compute_scale, &fitted.lf_compute_task_s),
+              MOE_STATUS_INVALID_ARG, "layer fit: no positive compute scale fits the samples");
+  // all-to-all: per algorithm, its sequential samples
+  for (int a = 0; a < base.n_a2a; a++) {
+    fitted.lf_a2a_scale[a] = fitted.lf_a2a_exchange_s[a] = 0.0;
+    k = 0;
+    for (int i = 0; i < n; i++) {
+      if (!is_sequential(&s[i]) || strcmp(s[i].a2a, base.a2a[a].name) != 0) continue;
+      moe_sim_result res;
+      MOE_TRY(simulate_sample(ctx, &base, &s[i], &res));
+      const double tasks = 4.0 * res.chunks;  // A1 and A2, forward and backward
+      x[k] = (double)(res.breakdown[0].comm_ns + res.breakdown[1].comm_ns) * 1e-9 - tasks * ovh;
+      cnt[k] = tasks;
+      y[k] = s[i].comm_ms * 1e-3 - tasks * ovh;
+      if (x[k] > 0 && y[k] > 0) k++;
+    }
+    int distinct = 0;
+    for (int i = 1; i < k; i++) distinct |= cnt[i] != cnt[0];
+    if (k >= 2 && distinct) {
+      double sc = 0, ex = 0;
+      if (fit_scale_offset(x, cnt, y, k, &sc, &ex)) {
+        fitted.lf_a2a_scale[a] = sc;
+        fitted.lf_a2a_exchange_s[a] = ex;
+      }
+    }
+  }
+  // outside the passes: every sample
+  MOE_TRY(moe_fit_linear(ctx, ox, oy, n, &fitted.lf_outside));
+  if (!(fitted.lf_outside.beta > 0)) {
+    // no growth with the size in these samples: their mean, flat
+    double m = 0;
+    for (int i = 0; i < n; i++) m += oy[i] / n;
+    fitted.lf_outside.alpha = m;
+    fitted.lf_outside.beta = 1e-30;
+  }
+  fitted.lf_samples = n;
+  fitted.have_layer_fit = 1;
+  // contention: the overlapping samples' pass makespans, all of them (the
+  // profile's factors), then per algorithm
+  for (int i = 0; i < n; i++) r.overlap_samples += !is_sequential(&s[i]);
+  memset(fitted.lf_a2a_slow, 0, sizeof fitted.lf_a2a_slow);
+  if (r.overlap_samples >= 2) {
+    double sl[2];
+    MOE_TRY(fit_contention(ctx, &fitted, s, n, NULL, &sl[0], &sl[1]));
+    fitted.slow_compute = sl[0];
+    fitted.slow_comm = sl[1];
+  }
+  for (int a = 0; a < fitted.n_a2a; a++) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+      m += !is_sequential(&s[i]) && strcmp(s[i].a2a, fitted.a2a[a].name) == 0;
+    }
+    if (m < 2) continue;
+    double sl[2];
+    MOE_TRY(fit_contention(ctx, &fitted, s, n, fitted.a2a[a].name, &sl[0], &sl[1]));
+    fitted.lf_a2a_slow[a][0] = sl[0];
+    fitted.lf_a2a_slow[a][1] = sl[1];
+  }
+  {
+    double r2_before = 0;
+    MOE_TRY(total_errors(ctx, &base, s, n, &r.mape_before, &r2_before));
+    MOE_TRY(total_errors(ctx, &fitted, s, n, &r.mape_after, &r.r2_after));
+  }
+  *pf = fitted;
+  *rep = r;
+done:
+  moe_free(buf);
+  return st;
+}
