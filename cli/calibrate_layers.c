@@ -227,6 +227,13 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
           prof->lf_outside.alpha * 1e6, prof->lf_outside.beta * 1e9, prof->lf_outside.r2,
           prof->slow_compute, prof->slow_comm, sc0, sm0, rep.mape_before, rep.mape_after,
           rep.r2_after);
+      if (rep.r2_after < 0.8 || rep.mape_after > 15.0) {
+        printf(
+            "  warning: the fitted model explains the layer runs poorly (R² %.2f, MAPE %.0f%%): "
+            "the machine was probably busy or noisy during calibration; run it again before "
+            "trusting predictions\n",
+            rep.r2_after, rep.mape_after);
+      }
     }
   }
   moe_free(samples);

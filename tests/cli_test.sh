@@ -195,8 +195,18 @@ expect 2 "unknown option '--plot'" -- simulate --plot "$tmp/x.txt"
 if "$MOE" version | grep -q "mpi=yes"; then
   expect 0 "--out FILE" -- calibrate --help
   expect 2 "--out FILE is required" -- calibrate
-  expect 0 "wrote $tmp/prof.json" -- calibrate --out "$tmp/prof.json" --max-bytes 262144 \
-    --iters 1 --a2a mpi --compress none,int8
+  expect 2 "--layers: '64:32' is not T:M:H:f" -- calibrate --out "$tmp/p2.json" --layers 64:32
+  expect 2 "--layers: '64:32:64:-1' is not T:M:H:f" -- calibrate --out "$tmp/p2.json" \
+    --layers 64:32:64:1.1,64:32:64:-1
+  if [[ -e "$tmp/p2.json" ]]; then fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote" >&2; fi
+  expect 0 "layer fit over 12 runs: compute x" -- calibrate --out "$tmp/prof.json" \
+    --max-bytes 262144 --iters 1 --a2a mpi --compress none,int8 --layers 64:32:64:1.1,128:32:64:0
+  if grep -q '"layer_fit": {"samples": 12' "$tmp/prof.json"; then pass=$((pass + 1)); else
+    fail=$((fail + 1)); echo "FAIL: the profile has no layer_fit of 12 samples" >&2; fi
+  expect 0 "wrote $tmp/prof_nl.json" -- calibrate --out "$tmp/prof_nl.json" --max-bytes 262144 \
+    --iters 1 --a2a mpi --compress none --no-layers
+  if grep -q layer_fit "$tmp/prof_nl.json"; then fail=$((fail + 1)); echo "FAIL: --no-layers" >&2
+  else pass=$((pass + 1)); fi
   expect 0 "optsche +2 " -- simulate --profile "$tmp/prof.json" \
     --tokens 64 --model 32 --hidden 64 --experts 2 --chunks 2
   expect 2 "cannot be combined with --cluster" -- simulate --profile "$tmp/prof.json" \
