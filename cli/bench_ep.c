@@ -482,12 +482,7 @@ static void report_failure(moe_ctx *ctx, int rank, const char *what) {
 
 static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
                          uint64_t *total_ns) {
-  const moe_task_graph *g = NULL;
-  const moe_task_record *rec = NULL;
-  moe_ep_layer_last_pass(layer, backward, &g, &rec);
-  moe_pass_breakdown b;
-  memset(&b, 0, sizeof b);
-  if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &b);
+  const moe_pass_breakdown b = cli_ep_pass_breakdown(layer, backward);
   out5[0] = (double)b.compute_ns / 1e6;
   out5[1] = (double)b.comm_ns / 1e6;
   out5[2] = (double)b.overlap_ns / 1e6;

@@ -63,15 +63,20 @@ static int parse_shapes(const char *text, int P, int rank, moe_layer_config *cfg
   return CLI_OK;
 }
 
-// Compute and communication busy ms and the makespan of one pass.
-static void pass_ms(const moe_ep_layer *layer, int backward, double *comp, double *comm,
-                    double *total) {
+moe_pass_breakdown cli_ep_pass_breakdown(const moe_ep_layer *layer, int backward) {
   const moe_task_graph *g = NULL;
   const moe_task_record *rec = NULL;
   moe_ep_layer_last_pass(layer, backward, &g, &rec);
   moe_pass_breakdown b;
   memset(&b, 0, sizeof b);
   if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &b);
+  return b;
+}
+
+// Compute and communication busy ms and the makespan of one pass, added to the sums.
+static void pass_ms(const moe_ep_layer *layer, int backward, double *comp, double *comm,
+                    double *total) {
+  const moe_pass_breakdown b = cli_ep_pass_breakdown(layer, backward);
   *comp += (double)b.compute_ns * 1e-6;
   *comm += (double)b.comm_ns * 1e-6;
   *total += (double)b.total_ns * 1e-6;

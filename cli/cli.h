@@ -107,6 +107,10 @@ int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error withou
 // layer on the shapes "T:M:H:f,..." and fits prof's layer corrections
 // (moe_profile_fit_layer). Collective; CLI_OK, CLI_USAGE or CLI_FAILED on every rank.
 // prof NULL: only checks the list (not collective).
+// The busy-time breakdown of a distributed layer's last forward (backward = 0)
+// or backward pass; zeros before one ran (calibrate_layers.c, MPI builds).
+typedef struct moe_ep_layer moe_ep_layer;
+moe_pass_breakdown cli_ep_pass_breakdown(const moe_ep_layer *layer, int backward);
 int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, int iters, int rank,
                          int P, moe_profile *prof);
 int cmd_train(int argc, char **argv);   // train.c: MPI (MOE_CLI_MPI)

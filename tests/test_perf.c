@@ -401,14 +401,22 @@ static void expect_bad_profile(const char *tail, const char *needle) {
 
 // Profiles: JSON round trip, strict errors, and the simulator with measured
 // models: A = alpha + beta x bytes sent, E = alpha per GEMM + beta x FLOPs.
-static void test_profile(void) {
+// A profile named `name` on small_cluster reshaped to nodes x devices, with
+// GEMM = alpha + beta x FLOPs and nothing else.
+static moe_profile base_profile(const char *name, int nodes, int devices, double alpha,
+                                double beta) {
   moe_profile p;
   memset(&p, 0, sizeof p);
-  snprintf(p.name, sizeof p.name, "unit");
+  snprintf(p.name, sizeof p.name, "%s", name);
   p.cluster = small_cluster(0);
-  p.cluster.nodes = 1;
-  p.cluster.devices_per_node = 2;
-  p.gemm = (moe_linear_fit){1e-7, 1e-12, 0.999, 0.0, 12, 0.0};
+  p.cluster.nodes = nodes;
+  p.cluster.devices_per_node = devices;
+  p.gemm = (moe_linear_fit){alpha, beta, 0.999, 0.0, 12, 0.0};
+  return p;
+}
+
+static void test_profile(void) {
+  moe_profile p = base_profile("unit", 1, 2, 1e-7, 1e-12);
   p.n_a2a = 1;
   snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "mpi");
   p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8, 0.0};
@@ -658,12 +666,7 @@ static void test_planner(void) {
 // A profile of 2 nodes x 1 device whose passes take milliseconds (the
 // simulator's records are whole nanoseconds).
 static moe_profile fit_profile(void) {
-  moe_profile p;
-  memset(&p, 0, sizeof p);
-  snprintf(p.name, sizeof p.name, "fit");
-  p.cluster = small_cluster(0);
-  p.cluster.devices_per_node = 1;
-  p.gemm = (moe_linear_fit){1e-6, 1e-10, 0.999, 0.0, 12, 0.0};
+  moe_profile p = base_profile("fit", 2, 1, 1e-6, 1e-10);
   p.n_a2a = 2;
   snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "mpi");
   snprintf(p.a2a[1].name, sizeof p.a2a[1].name, "pipe");
@@ -672,6 +675,35 @@ static moe_profile fit_profile(void) {
   p.task_overhead = 2e-6;
   p.slow_compute = p.slow_comm = 1.0;
   return p;
+}
+
+// p with layer corrections: compute x cs + ct per task, the first
+// all-to-all x as + ae per exchange, outside oa + ob x T M (E + K).
+static moe_profile with_corrections(const moe_profile *p, double cs, double ct, double as,
+                                    double ae, double oa, double ob) {
+  moe_profile c = *p;
+  c.have_layer_fit = 1;
+  c.lf_samples = 9;
+  c.lf_compute_scale = cs;
+  c.lf_compute_task_s = ct;
+  c.lf_a2a_scale[0] = as;
+  c.lf_a2a_exchange_s[0] = ae;
+  c.lf_outside = (moe_linear_fit){oa, ob, 0.9, 0.0, 9, 0.0};
+  return c;
+}
+
+// An uncompressed variant of cfg on profile pf.
+static moe_sim_variant sim_variant(const moe_layer_config *cfg, const char *a2a,
+                                   const char *schedule, int chunks, const moe_profile *pf) {
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  v.cfg = *cfg;
+  snprintf(v.a2a, sizeof v.a2a, "%s", a2a);
+  snprintf(v.schedule, sizeof v.schedule, "%s", schedule);
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = chunks;
+  v.profile = pf;
+  return v;
 }
 
 static moe_layer_sample fit_sample(const moe_profile *truth, int tokens, int M, const char *a2a,
@@ -688,14 +720,7 @@ static moe_layer_sample fit_sample(const moe_profile *truth, int tokens, int M, 
   snprintf(s.a2a, sizeof s.a2a, "%s", a2a);
   snprintf(s.schedule, sizeof s.schedule, "%s", schedule);
   s.chunks = chunks;
-  moe_sim_variant v;
-  memset(&v, 0, sizeof v);
-  v.cfg = s.cfg;
-  snprintf(v.a2a, sizeof v.a2a, "%s", a2a);
-  snprintf(v.schedule, sizeof v.schedule, "%s", schedule);
-  snprintf(v.compress, sizeof v.compress, "none");
-  v.chunks = chunks;
-  v.profile = truth;
+  const moe_sim_variant v = sim_variant(&s.cfg, a2a, schedule, chunks, truth);
   moe_sim_result r;
   TU_CHECK(moe_simulate_layer(g_ctx, &truth->cluster, &v, &r) == MOE_STATUS_OK, "sample: %s",
            moe_ctx_error(g_ctx));
@@ -719,26 +744,12 @@ static void test_layer_fit(void) {
   // 2000 x 4 x 64 x 128 FLOPs = 6.5576 ms; plus 2 us hand-off per task
   moe_layer_sample s0 = fit_sample(&p, 1000, 64, "mpi", "sequential", 1);
   const double a = 2e-5 + 4e-9 * 2 * 500 * 256, e = 4e-6 + 1e-10 * 2000 * 4 * 64 * 128;
-  moe_sim_variant v;
-  memset(&v, 0, sizeof v);
-  v.cfg = s0.cfg;
-  snprintf(v.a2a, sizeof v.a2a, "mpi");
-  snprintf(v.schedule, sizeof v.schedule, "sequential");
-  snprintf(v.compress, sizeof v.compress, "none");
-  v.chunks = 1;
-  v.profile = &p;
+  moe_sim_variant v = sim_variant(&s0.cfg, "mpi", "sequential", 1, &p);
   moe_sim_result r;
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK &&
                close_rel(r.pass_ms[0], (2 * a + e + 3 * 2e-6) * 1e3, 1e-6),
            "uncorrected forward pass %g ms, want %g", r.pass_ms[0], (2 * a + e + 6e-6) * 1e3);
-  moe_profile c = p;
-  c.have_layer_fit = 1;
-  c.lf_samples = 9;
-  c.lf_compute_scale = 1.5;
-  c.lf_compute_task_s = 1e-4;
-  c.lf_a2a_scale[0] = 2.0;
-  c.lf_a2a_exchange_s[0] = 3e-4;
-  c.lf_outside = (moe_linear_fit){1e-3, 1e-10, 0.9, 0.0, 9, 0.0};
+  moe_profile c = with_corrections(&p, 1.5, 1e-4, 2.0, 3e-4, 1e-3, 1e-10);
   v.profile = &c;
   const double want = 2 * (2 * a + 3e-4) + 1.5 * e + 1e-4 + 3 * 2e-6;
   TU_CHECK(moe_simulate_layer(g_ctx, &c.cluster, &v, &r) == MOE_STATUS_OK &&
@@ -793,16 +804,9 @@ static void test_layer_fit(void) {
            fits, outside);
   expect_bad_profile(tail, "unknown key 'layer_fit.extra'");
   // recovery: runs simulated with known corrections and contention
-  moe_profile truth = p;
-  truth.have_layer_fit = 1;
-  truth.lf_samples = 2;
-  truth.lf_compute_scale = 1.7;
-  truth.lf_compute_task_s = 3e-4;
-  truth.lf_a2a_scale[0] = 1.3;
-  truth.lf_a2a_exchange_s[0] = 5e-4;
+  moe_profile truth = with_corrections(&p, 1.7, 3e-4, 1.3, 5e-4, 2e-3, 4e-10);
   truth.lf_a2a_scale[1] = 1.1;
   truth.lf_a2a_exchange_s[1] = 2e-4;
-  truth.lf_outside = (moe_linear_fit){2e-3, 4e-10, 1.0, 0.0, 2, 0.0};
   truth.slow_compute = 1.4;
   truth.slow_comm = 1.2;
   // pipe spins: compute slows more (its samples cannot tell comm x1.1 from
