@@ -10,14 +10,18 @@
 
 #include "moe/sched.h"
 
-moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
-                                 const moe_schedule *sched, const double *durations,
-                                 double *end_times, double *makespan) {
+// The checks and buffers both simulations share: arguments, slowdowns (1 for
+// the plain one), the schedule against the graph, every duration; then the
+// per-task end times and done flags (moe_free'd by the caller).
+static moe_status sim_begin(moe_ctx *ctx, const moe_task_graph *graph, const moe_schedule *sched,
+                            const double *durations, const double *makespan, double slow_compute,
+                            double slow_comm, double **end, unsigned char **done) {
   moe_status st = MOE_STATUS_OK;
-  double *end = NULL;
-  unsigned char *done = NULL;
   MOE_FAIL_IF(ctx, !graph || !sched || !durations || !makespan, MOE_STATUS_INVALID_ARG,
               "graph, schedule, durations and makespan must not be NULL");
+  MOE_FAIL_IF(
+      ctx, !(slow_compute >= 1.0) || !(slow_comm >= 1.0) || slow_compute > 1e6 || slow_comm > 1e6,
+      MOE_STATUS_INVALID_ARG, "slowdowns (%g, %g) must be in [1, 1e6]", slow_compute, slow_comm);
   MOE_TRY(moe_schedule_validate(ctx, graph, sched));  // also rules out deadlocks
   const int n = graph->n_tasks;
   for (int i = 0; i < n; i++) {
@@ -25,9 +29,29 @@ moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
                 "duration of task '%s' (#%d) is %g; it must be finite and >= 0",
                 graph->tasks[i].name, i, durations[i]);
   }
-  end = moe_calloc((size_t)(n ? n : 1), sizeof *end);
-  done = moe_calloc((size_t)(n ? n : 1), 1);
-  MOE_FAIL_IF(ctx, !end || !done, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d tasks", n);
+  *end = moe_calloc((size_t)(n ? n : 1), sizeof **end);
+  *done = moe_calloc((size_t)(n ? n : 1), 1);
+  MOE_FAIL_IF(ctx, !*end || !*done, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d tasks", n);
+done:
+  return st;
+}
+
+// The makespan (latest end) and, when asked, every task's end time.
+static void sim_finish(int n, const double *end, double *end_times, double *makespan) {
+  double m = 0.0;
+  for (int i = 0; i < n; i++) m = end[i] > m ? end[i] : m;
+  *makespan = m;
+  if (end_times) memcpy(end_times, end, (size_t)n * sizeof *end);
+}
+
+moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
+                                 const moe_schedule *sched, const double *durations,
+                                 double *end_times, double *makespan) {
+  moe_status st = MOE_STATUS_OK;
+  double *end = NULL;
+  unsigned char *done = NULL;
+  MOE_TRY(sim_begin(ctx, graph, sched, durations, makespan, 1.0, 1.0, &end, &done));
+  const int n = graph->n_tasks;
   int pos[MOE_STREAM_COUNT_] = {0};
   double free_at[MOE_STREAM_COUNT_] = {0};
   int placed = 0;
@@ -56,10 +80,7 @@ moe_status moe_schedule_simulate(moe_ctx *ctx, const moe_task_graph *graph,
     }
     MOE_FAIL_IF(ctx, !progress, MOE_STATUS_INTERNAL, "schedule simulation made no progress");
   }
-  double m = 0.0;
-  for (int i = 0; i < n; i++) m = end[i] > m ? end[i] : m;
-  *makespan = m;
-  if (end_times) memcpy(end_times, end, (size_t)n * sizeof *end);
+  sim_finish(n, end, end_times, makespan);
 done:
   moe_free(end);
   moe_free(done);
@@ -73,21 +94,8 @@ moe_status moe_schedule_simulate_shared(moe_ctx *ctx, const moe_task_graph *grap
   moe_status st = MOE_STATUS_OK;
   double *end = NULL;
   unsigned char *done = NULL;
-  MOE_FAIL_IF(ctx, !graph || !sched || !durations || !makespan, MOE_STATUS_INVALID_ARG,
-              "graph, schedule, durations and makespan must not be NULL");
-  MOE_FAIL_IF(
-      ctx, !(slow_compute >= 1.0) || !(slow_comm >= 1.0) || slow_compute > 1e6 || slow_comm > 1e6,
-      MOE_STATUS_INVALID_ARG, "slowdowns (%g, %g) must be in [1, 1e6]", slow_compute, slow_comm);
-  MOE_TRY(moe_schedule_validate(ctx, graph, sched));
+  MOE_TRY(sim_begin(ctx, graph, sched, durations, makespan, slow_compute, slow_comm, &end, &done));
   const int n = graph->n_tasks;
-  for (int i = 0; i < n; i++) {
-    MOE_FAIL_IF(ctx, !(durations[i] >= 0.0) || durations[i] > 1e300, MOE_STATUS_INVALID_ARG,
-                "duration of task '%s' (#%d) is %g; it must be finite and >= 0",
-                graph->tasks[i].name, i, durations[i]);
-  }
-  end = moe_calloc((size_t)(n ? n : 1), sizeof *end);
-  done = moe_calloc((size_t)(n ? n : 1), 1);
-  MOE_FAIL_IF(ctx, !end || !done, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d tasks", n);
   // Event simulation: each stream runs at most one task, with `left` seconds
   // of solo work remaining; while both run, each progresses at 1/slow.
   int pos[MOE_STREAM_COUNT_] = {0}, cur[MOE_STREAM_COUNT_] = {-1, -1};
@@ -141,10 +149,7 @@ moe_status moe_schedule_simulate_shared(moe_ctx *ctx, const moe_task_graph *grap
       }
     }
   }
-  double m = 0.0;
-  for (int i = 0; i < n; i++) m = end[i] > m ? end[i] : m;
-  *makespan = m;
-  if (end_times) memcpy(end_times, end, (size_t)n * sizeof *end);
+  sim_finish(n, end, end_times, makespan);
 done:
   moe_free(end);
   moe_free(done);
