@@ -297,6 +297,34 @@ static void test_a2a_algos(void) {
            "unknown algorithm names the valid ones: %s", moe_ctx_error(g_ctx));
 }
 
+// An uncompressed variant of cfg on profile pf.
+static moe_sim_variant sim_variant(const moe_layer_config *cfg, const char *a2a,
+                                   const char *schedule, int chunks, const moe_profile *pf) {
+  moe_sim_variant v;
+  memset(&v, 0, sizeof v);
+  v.cfg = *cfg;
+  snprintf(v.a2a, sizeof v.a2a, "%s", a2a);
+  snprintf(v.schedule, sizeof v.schedule, "%s", schedule);
+  snprintf(v.compress, sizeof v.compress, "none");
+  v.chunks = chunks;
+  v.profile = pf;
+  return v;
+}
+
+// The hand-worked layer of test_simulate_layer and test_profile: T = 100,
+// M = 10, H = 20, E = 2, K = 1, dropless.
+static moe_layer_config hand_cfg(void) {
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 100;
+  cfg.model_dim = 10;
+  cfg.hidden_dim = 20;
+  cfg.num_experts = 2;
+  cfg.top_k = 1;
+  cfg.capacity_factor = 0.0;
+  return cfg;
+}
+
 // The layer simulator against a pass worked out by hand: 1 node x 2 devices,
 // 10 GB/s links without latency, 1 TFLOP/s; T = 100 tokens, M = 10, H = 20,
 // E = 2, K = 1, dropless: each device sends 50 rows (2000 bytes) to the other.
@@ -308,19 +336,8 @@ static void test_simulate_layer(void) {
   c.devices_per_node = 2;
   c.gemm_tflops = 1.0;
   c.intra.latency_us = 0.0;
-  moe_sim_variant v;
-  memset(&v, 0, sizeof v);
-  moe_layer_config_default(&v.cfg);
-  v.cfg.tokens = 100;
-  v.cfg.model_dim = 10;
-  v.cfg.hidden_dim = 20;
-  v.cfg.num_experts = 2;
-  v.cfg.top_k = 1;
-  v.cfg.capacity_factor = 0.0;
-  snprintf(v.a2a, sizeof v.a2a, "mpi");
-  snprintf(v.schedule, sizeof v.schedule, "sequential");
-  snprintf(v.compress, sizeof v.compress, "none");
-  v.chunks = 1;
+  const moe_layer_config hc = hand_cfg();
+  moe_sim_variant v = sim_variant(&hc, "mpi", "sequential", 1, NULL);
   moe_sim_result r;
   TU_CHECK(moe_simulate_layer(g_ctx, &c, &v, &r) == MOE_STATUS_OK, "simulate: %s",
            moe_ctx_error(g_ctx));
@@ -456,20 +473,8 @@ static void test_profile(void) {
   // the simulator with the profile: the hand-worked layer of
   // test_simulate_layer; each device sends 2000 bytes: A = 1e-6 + 2e-6 = 3 us;
   // E = 2 GEMMs x 0.1 us + 80000 FLOPs x 1e-12 = 0.28 us -> pass 6.28 us
-  moe_sim_variant v;
-  memset(&v, 0, sizeof v);
-  moe_layer_config_default(&v.cfg);
-  v.cfg.tokens = 100;
-  v.cfg.model_dim = 10;
-  v.cfg.hidden_dim = 20;
-  v.cfg.num_experts = 2;
-  v.cfg.top_k = 1;
-  v.cfg.capacity_factor = 0.0;
-  snprintf(v.a2a, sizeof v.a2a, "mpi");
-  snprintf(v.schedule, sizeof v.schedule, "sequential");
-  snprintf(v.compress, sizeof v.compress, "none");
-  v.chunks = 1;
-  v.profile = &p;
+  const moe_layer_config hc = hand_cfg();
+  moe_sim_variant v = sim_variant(&hc, "mpi", "sequential", 1, &p);
   moe_sim_result r;
   TU_CHECK(moe_simulate_layer(g_ctx, &p.cluster, &v, &r) == MOE_STATUS_OK, "simulate: %s",
            moe_ctx_error(g_ctx));
@@ -627,13 +632,7 @@ static void test_planner(void) {
   for (int a = 0; a < 6; a++) {
     for (int s = 0; s < 4; s++) {
       for (int r = 1; r <= 8; r *= 2) {
-        moe_sim_variant v;
-        memset(&v, 0, sizeof v);
-        v.cfg = q.cfg;
-        snprintf(v.a2a, sizeof v.a2a, "%s", algos[a]);
-        snprintf(v.schedule, sizeof v.schedule, "%s", scheds[s]);
-        snprintf(v.compress, sizeof v.compress, "none");
-        v.chunks = r;
+        const moe_sim_variant v = sim_variant(&q.cfg, algos[a], scheds[s], r, NULL);
         moe_sim_result res;
         if (moe_simulate_layer(g_ctx, &c, &v, &res) == MOE_STATUS_OK && res.total_ms < best) {
           best = res.total_ms;
@@ -690,20 +689,6 @@ static moe_profile with_corrections(const moe_profile *p, double cs, double ct, 
   c.lf_a2a_exchange_s[0] = ae;
   c.lf_outside = (moe_linear_fit){oa, ob, 0.9, 0.0, 9, 0.0};
   return c;
-}
-
-// An uncompressed variant of cfg on profile pf.
-static moe_sim_variant sim_variant(const moe_layer_config *cfg, const char *a2a,
-                                   const char *schedule, int chunks, const moe_profile *pf) {
-  moe_sim_variant v;
-  memset(&v, 0, sizeof v);
-  v.cfg = *cfg;
-  snprintf(v.a2a, sizeof v.a2a, "%s", a2a);
-  snprintf(v.schedule, sizeof v.schedule, "%s", schedule);
-  snprintf(v.compress, sizeof v.compress, "none");
-  v.chunks = chunks;
-  v.profile = pf;
-  return v;
 }
 
 static moe_layer_sample fit_sample(const moe_profile *truth, int tokens, int M, const char *a2a,
