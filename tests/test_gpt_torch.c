@@ -180,17 +180,8 @@ done:
 }
 
 int main(int argc, char **argv) {
-  const char *dir = argc > 1 ? argv[1] : "tests/data";
-  char *names[64];
-  const int n = tu_list_files(dir, "gpt_", ".bin", names, 64);
-  if (n < 0) return 1;
-  TU_CHECK(n >= N_CASES, "expected at least %d gpt reference files in %s, found %d", N_CASES, dir,
-           n);
-  for (int i = 0; i < n; i++) {
-    const int failures = tu_failures;
-    run_case(names[i]);
-    printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
+  if (tu_run_files(argc > 1 ? argv[1] : "tests/data", "gpt_", ".bin", N_CASES, run_case) < 0) {
+    return 1;
   }
-  tu_free_names(names, n);
   return tu_finish("test_gpt_torch");
 }

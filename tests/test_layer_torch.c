@@ -173,17 +173,9 @@ done:
 }
 
 int main(int argc, char **argv) {
-  const char *dir = argc > 1 ? argv[1] : "tests/data";
-  char *names[256];
-  const int n = tu_list_files(dir, "layer_", ".bin", names, 256);
-  if (n < 0) return 1;
   // The generator writes 8 cases; fewer means files went missing.
-  TU_CHECK(n >= 8, "expected at least 8 layer reference files in %s, found %d", dir, n);
-  for (int i = 0; i < n; i++) {
-    const int failures = tu_failures;
-    run_case(names[i]);
-    printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
+  if (tu_run_files(argc > 1 ? argv[1] : "tests/data", "layer_", ".bin", 8, run_case) < 0) {
+    return 1;
   }
-  tu_free_names(names, n);
   return tu_finish("test_layer_torch");
 }

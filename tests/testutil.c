@@ -204,3 +204,19 @@ int tu_list_files(const char *dir, const char *prefix, const char *suffix, char 
 void tu_free_names(char **names, int n) {
   for (int i = 0; i < n; i++) free(names[i]);
 }
+
+int tu_run_files(const char *dir, const char *prefix, const char *suffix, int min_files,
+                 void (*run)(const char *path)) {
+  char *names[256];
+  const int n = tu_list_files(dir, prefix, suffix, names, 256);
+  if (n < 0) return -1;
+  TU_CHECK(n >= min_files, "expected at least %d %s*%s reference files in %s, found %d", min_files,
+           prefix, suffix, dir, n);
+  for (int i = 0; i < n; i++) {
+    const int failures = tu_failures;
+    run(names[i]);
+    printf("%-60s %s\n", names[i], tu_failures == failures ? "ok" : "FAILED");
+  }
+  tu_free_names(names, n);
+  return n;
+}

@@ -58,6 +58,12 @@ void tu_free_all(void);
 // Free with tu_free_names.
 int tu_list_files(const char *dir, const char *prefix, const char *suffix, char **names, int max);
 void tu_free_names(char **names, int n);
+// Runs run(path) on every file dir/PREFIX*SUFFIX (at most 256, by name) and
+// prints "<path> ok" or "<path> FAILED" after each; a check fails when there
+// are fewer than min_files. Returns -1 when dir cannot be opened, else the
+// number of files.
+int tu_run_files(const char *dir, const char *prefix, const char *suffix, int min_files,
+                 void (*run)(const char *path));
 
 // Prints "<name>: N passed, M failed" and returns 0 if no failure, else 1.
 int tu_finish(const char *name);
