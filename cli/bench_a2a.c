@@ -176,7 +176,6 @@ int cmd_bench_a2a(int argc, char **argv) {
   moe_group g;
   memset(&g, 0, sizeof g);
   moe_workspace ws = {0};
-  int *nodes = NULL;
   size_t *counts = NULL, *sc = NULL, *sd = NULL, *rcnt = NULL, *rd = NULL;
   int *isc = NULL, *isd = NULL, *irc = NULL, *ird = NULL;
   unsigned char *sbuf = NULL, *rbuf = NULL;
@@ -241,20 +240,13 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
   }
   // Rank 0 opens the JSON output now, and every rank learns whether it could.
-  int json_ok = 1;
-  if (rank == 0 && o.json_path) {
-    json_ok = cli_out_open(&out, o.json_path) == CLI_OK;
-    json = out.f;
-  }
-  MPI_Bcast(&json_ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  if (!json_ok) {
+  if (cli_out_open_root(&out, o.json_path, rank) != CLI_OK) {
     rc = CLI_FAILED;
     goto done;
   }
+  json = out.f;
 
-  nodes = moe_malloc((size_t)P * sizeof(int));
-  if (!nodes || moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, nodes) != MOE_STATUS_OK ||
-      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes[rank]) != MOE_STATUS_OK) {
+  if (moe_group_init_topology(ctx, &g, MPI_COMM_WORLD, o.ranks_per_node) != MOE_STATUS_OK) {
     // Topology errors (a ranks-per-node that does not divide P) are the same on every rank.
     if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
     rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
@@ -441,7 +433,6 @@ done:
   cli_out_abort(&out);
   moe_workspace_free(&ws);
   if (have_group) moe_group_free(&g);
-  moe_free(nodes);
   moe_free(counts);
   moe_free(sc);
   moe_free(sd);

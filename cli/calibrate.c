@@ -787,7 +787,6 @@ int cmd_calibrate(int argc, char **argv) {
   moe_group g;
   memset(&g, 0, sizeof g);
   int have_group = 0;
-  int *nodes = NULL;
   unsigned char *sbuf = NULL, *rbuf = NULL;
   moe_workspace ws = {0};
   moe_profile prof;
@@ -799,18 +798,11 @@ int cmd_calibrate(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
-  {
-    int ok = 1;
-    if (rank == 0) ok = cli_out_open(&out, o.out) == CLI_OK;
-    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!ok) {
-      rc = CLI_FAILED;
-      goto done;
-    }
+  if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
+    rc = CLI_FAILED;
+    goto done;
   }
-  nodes = moe_malloc((size_t)P * sizeof(int));
-  if (!nodes || moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, nodes) != MOE_STATUS_OK ||
-      moe_group_init(ctx, &g, MPI_COMM_WORLD, nodes[rank]) != MOE_STATUS_OK) {
+  if (moe_group_init_topology(ctx, &g, MPI_COMM_WORLD, o.ranks_per_node) != MOE_STATUS_OK) {
     if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
     goto done;
@@ -953,7 +945,6 @@ done:
   moe_free(json);
   moe_free(sbuf);
   moe_free(rbuf);
-  moe_free(nodes);
   moe_workspace_free(&ws);
   if (have_group) moe_group_free(&g);
   moe_ctx_destroy(ctx);

@@ -82,6 +82,9 @@ int cli_out_open(cli_out *o, const char *path);
 int cli_out_commit(cli_out *o);
 // Closes and removes the temporary; a no-op when o is not open.
 void cli_out_abort(cli_out *o);
+// Under mpirun (cli_mpi.c, MPI builds): rank 0 opens path (nothing when path is
+// NULL) and every rank learns whether it could: CLI_OK or CLI_FAILED on all.
+int cli_out_open_root(cli_out *o, const char *path, int rank);
 
 // Under mpirun every rank parses the same argv; only rank 0 should print.
 // cli_silence_begin(on, saved) sends stdout and stderr to /dev/null when on;

@@ -63,6 +63,9 @@ void moe_group_free(moe_group *g);  // NULL or zeroed is a no-op; collective ove
 // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Collective over comm; a bad or
 // differing value on any rank fails on every rank.
 moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, int *out);
+// moe_group_init over comm with this rank's node from moe_topology_nodes(comm,
+// ranks_per_node). Collective over comm; fails on every rank alike.
+moe_status moe_group_init_topology(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int ranks_per_node);
 
 // ---- workspace ---------------------------------------------------------------------------
 

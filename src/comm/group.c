@@ -148,6 +148,26 @@ done:
   return st;
 }
 
+moe_status moe_group_init_topology(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int ranks_per_node) {
+  moe_status st = MOE_STATUS_OK;
+  int size = 0, rank = 0;
+  int *nodes = NULL;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &size));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(comm, &rank));
+  nodes = moe_malloc((size_t)size * sizeof(int));
+  {
+    // every rank must take part in the collectives below, or none
+    int ok = nodes != NULL;
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
+    MOE_FAIL_IF(ctx, !ok, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node ids", size);
+  }
+  MOE_TRY(moe_topology_nodes(ctx, comm, ranks_per_node, nodes));
+  MOE_TRY(moe_group_init(ctx, g, comm, nodes[rank]));
+done:
+  moe_free(nodes);
+  return st;
+}
+
 void moe_group_free(moe_group *g) {
   if (!g) return;
   if (g->intra != MPI_COMM_NULL && g->intra != 0) MPI_Comm_free(&g->intra);
