@@ -6,6 +6,21 @@
 
 #include "moe/perf.h"
 
+// The coefficients, RMS residual and R² of a fit over n points with residual
+// sum ss_res, centred sum of squares syy and mean my of y.
+static void fit_store(moe_linear_fit *out, double alpha, double beta, double gamma, int n,
+                      double ss_res, double syy, double my) {
+  out->alpha = alpha;
+  out->beta = beta;
+  out->gamma = gamma;
+  out->n = n;
+  out->rmse = sqrt(ss_res / n);
+  // exact fits (including constant y) have R² = 1; rounding can leave a
+  // residual of a few ulps of y, which must not turn into R² = 0
+  const double tiny = 1e-24 * (my * my + 1e-300) * n;
+  out->r2 = syy > tiny ? 1.0 - ss_res / syy : (ss_res <= tiny ? 1.0 : 0.0);
+}
+
 moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
                           moe_linear_fit *out) {
   moe_status st = MOE_STATUS_OK;
@@ -37,15 +52,7 @@ moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
     const double r = y[i] - (alpha + beta * x[i]);
     ss_res += r * r;
   }
-  out->alpha = alpha;
-  out->beta = beta;
-  out->gamma = 0.0;
-  out->n = n;
-  out->rmse = sqrt(ss_res / n);
-  // exact fits (including constant y) have R² = 1; rounding can leave a
-  // residual of a few ulps of y, which must not turn into R² = 0
-  const double tiny = 1e-24 * (my * my + 1e-300) * n;
-  out->r2 = syy > tiny ? 1.0 - ss_res / syy : (ss_res <= tiny ? 1.0 : 0.0);
+  fit_store(out, alpha, beta, 0.0, n, ss_res, syy, my);
 done:
   return st;
 }
@@ -90,13 +97,7 @@ moe_status moe_fit_linear2(moe_ctx *ctx, const double *x, const double *w, const
     const double r = y[i] - (alpha + beta * x[i] + gamma * w[i]);
     ss_res += r * r;
   }
-  out->alpha = alpha;
-  out->beta = beta;
-  out->gamma = gamma;
-  out->n = n;
-  out->rmse = sqrt(ss_res / n);
-  const double tiny = 1e-24 * (my * my + 1e-300) * n;
-  out->r2 = syy > tiny ? 1.0 - ss_res / syy : (ss_res <= tiny ? 1.0 : 0.0);
+  fit_store(out, alpha, beta, gamma, n, ss_res, syy, my);
 done:
   return st;
 }
