@@ -159,6 +159,8 @@ static int run_shape(moe_ctx *ctx, const moe_layer_config *cfg, const layer_vari
     s->comp_ms = med[0];
     s->comm_ms = med[1];
     s->passes_ms = med[2];
+    // medians of separate columns: the total's can fall a little below the
+    // passes' (each iteration's total includes its passes)
     s->total_ms = med[3] > med[2] ? med[3] : med[2];
   }
 done:

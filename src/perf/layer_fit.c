@@ -63,23 +63,18 @@ static int is_sequential(const moe_layer_sample *s) {
   return strcmp(s->schedule, "sequential") == 0;
 }
 
-// MAPE (%) and R² of the predicted totals against the measured ones.
-static moe_status total_errors(moe_ctx *ctx, const moe_profile *pf, const moe_layer_sample *s,
-                               int n, double *mape, double *r2) {
-  moe_status st = MOE_STATUS_OK;
+// MAPE (%) and R² of the predicted totals pred[] against the measured ones.
+static void total_errors(const double *pred, const moe_layer_sample *s, int n, double *mape,
+                         double *r2) {
   double sum = 0, mean = 0, ss_res = 0, ss_tot = 0;
   for (int i = 0; i < n; i++) mean += s[i].total_ms / n;
   for (int i = 0; i < n; i++) {
-    moe_sim_result r;
-    MOE_TRY(simulate_sample(ctx, pf, &s[i], &r));
-    sum += fabs(r.total_ms - s[i].total_ms) / s[i].total_ms;
-    ss_res += (r.total_ms - s[i].total_ms) * (r.total_ms - s[i].total_ms);
+    sum += fabs(pred[i] - s[i].total_ms) / s[i].total_ms;
+    ss_res += (pred[i] - s[i].total_ms) * (pred[i] - s[i].total_ms);
     ss_tot += (s[i].total_ms - mean) * (s[i].total_ms - mean);
   }
   *mape = 100.0 * sum / n;
   *r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
-done:
-  return st;
 }
 
 // The contention pair in [1, 3] x [1, 3] (steps of 0.05) with the least
@@ -122,6 +117,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
                                  moe_layer_fit_report *rep) {
   moe_status st = MOE_STATUS_OK;
   double *buf = NULL;
+  moe_sim_result *base_res = NULL;
   moe_layer_fit_report r;
   memset(&r, 0, sizeof r);
   MOE_FAIL_IF(ctx, !pf || !s || n < 2 || !rep, MOE_STATUS_INVALID_ARG,
@@ -139,16 +135,20 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
   moe_profile base = *pf;  // the bottom-up models only
   base.have_layer_fit = 0;
   moe_profile fitted = base;
-  // x (modelled s), count, y (measured s) for up to n points; outside x, y
-  buf = moe_malloc((size_t)n * 5 * sizeof(double));
-  MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "layer fit: cannot allocate %d samples", n);
+  // x (modelled s), count, y (measured s) for up to n points; outside x, y;
+  // predicted totals; and every sample simulated on the bottom-up models
+  buf = moe_malloc((size_t)n * 6 * sizeof(double));
+  base_res = moe_malloc((size_t)n * sizeof *base_res);
+  MOE_FAIL_IF(ctx, !buf || !base_res, MOE_STATUS_OUT_OF_MEMORY,
+              "layer fit: cannot allocate %d samples", n);
   double *x = buf, *cnt = buf + n, *y = buf + 2 * n, *ox = buf + 3 * n, *oy = buf + 4 * n;
+  double *pred = buf + 5 * n;
   const double ovh = base.task_overhead;
   // compute: the sequential samples (no overlap, so busy time is solo time)
   int k = 0;
   for (int i = 0; i < n; i++) {
-    moe_sim_result res;
-    MOE_TRY(simulate_sample(ctx, &base, &s[i], &res));
+    MOE_TRY(simulate_sample(ctx, &base, &s[i], &base_res[i]));
+    const moe_sim_result res = base_res[i];
     ox[i] = (double)s[i].cfg.tokens * s[i].cfg.model_dim * (s[i].cfg.num_experts + s[i].cfg.top_k);
     oy[i] = (s[i].total_ms - s[i].passes_ms) * 1e-3;
     if (!is_sequential(&s[i])) continue;
@@ -176,8 +176,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     k = 0;
     for (int i = 0; i < n; i++) {
       if (!is_sequential(&s[i]) || strcmp(s[i].a2a, base.a2a[a].name) != 0) continue;
-      moe_sim_result res;
-      MOE_TRY(simulate_sample(ctx, &base, &s[i], &res));
+      const moe_sim_result res = base_res[i];
       const double tasks = 4.0 * res.chunks;  // A1 and A2, forward and backward
       x[k] = (double)(res.breakdown[0].comm_ns + res.breakdown[1].comm_ns) * 1e-9 - tasks * ovh;
       cnt[k] = tasks;
@@ -228,12 +227,19 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
   }
   {
     double r2_before = 0;
-    MOE_TRY(total_errors(ctx, &base, s, n, &r.mape_before, &r2_before));
-    MOE_TRY(total_errors(ctx, &fitted, s, n, &r.mape_after, &r.r2_after));
+    for (int i = 0; i < n; i++) pred[i] = base_res[i].total_ms;
+    total_errors(pred, s, n, &r.mape_before, &r2_before);
+    for (int i = 0; i < n; i++) {
+      moe_sim_result res;
+      MOE_TRY(simulate_sample(ctx, &fitted, &s[i], &res));
+      pred[i] = res.total_ms;
+    }
+    total_errors(pred, s, n, &r.mape_after, &r.r2_after);
   }
   *pf = fitted;
   *rep = r;
 done:
   moe_free(buf);
+  moe_free(base_res);
   return st;
 }
