@@ -642,6 +642,32 @@ done:
   return rc;
 }
 
+// The line y = alpha + beta x through n points of `what` (an all-to-all,
+// a compressor). Times that do not grow with the size (tiny sizes, noise, a
+// busy machine) keep, for the line, the largest point's average cost per x
+// without an intercept, with a warning. CLI_FAILED when no line fits at all.
+// hint: what the user can change.
+static int fit_growing(moe_ctx *ctx, const char *what, const char *hint, const double *x,
+                       const double *y, int n, int rank, moe_linear_fit *fit) {
+  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK) {
+    if (rank == 0) {
+      cli_error("%s: no usable fit (%s); %s", what, moe_ctx_error(ctx), hint);
+    }
+    return CLI_FAILED;
+  }
+  if (!(fit->beta > 0)) {
+    if (rank == 0) {
+      printf(
+          "%s warning: times do not grow with the size (slope %g s per unit); the line uses the "
+          "largest point's cost per unit; %s\n",
+          what, fit->beta, hint);
+    }
+    fit->beta = y[n - 1] / x[n - 1];
+    fit->alpha = 0.0;
+  }
+  return CLI_OK;
+}
+
 // One all-to-all algorithm over sizes min..max (doubling), uniform counts.
 static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g,
                    const moe_a2a_algo *algo, unsigned char *sbuf, unsigned char *rbuf,
@@ -689,26 +715,11 @@ static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g
     points[*n_points][1] = y[i];
     (*n_points)++;
   }
-  if (moe_fit_linear(ctx, x, y, n, fit) != MOE_STATUS_OK) {
-    if (rank == 0) {
-      cli_error("all-to-all '%s': no usable fit (%s); widen --min-bytes/--max-bytes", algo->name,
-                moe_ctx_error(ctx));
-    }
+  char what[64];
+  snprintf(what, sizeof what, "all-to-all '%s'", algo->name);
+  if (fit_growing(ctx, what, "widen --min-bytes/--max-bytes or calibrate on a quiet machine", x, y,
+                  n, rank, fit) != CLI_OK)
     return CLI_FAILED;
-  }
-  if (!(fit->beta > 0)) {
-    // Times that do not grow with the size (tiny sizes, noise): keep the
-    // measured points (the simulator interpolates them) and, for the line,
-    // the largest point's average cost per byte, without an intercept.
-    if (rank == 0) {
-      printf(
-          "a2a %-9s warning: times do not grow with the size (slope %g s/B); the line uses "
-          "the largest point's cost per byte, widen --max-bytes for a real fit\n",
-          algo->name, fit->beta);
-    }
-    fit->beta = y[n - 1] / x[n - 1];
-    fit->alpha = 0.0;
-  }
   if (rank == 0) {
     printf("a2a %-9s %2d sizes, alpha %8.1f us, %8.3f GB/s sent per rank, R² %.4f\n", algo->name, n,
            fit->alpha * 1e6, 1e-9 / fit->beta, fit->r2);
@@ -759,12 +770,13 @@ static int fit_codec(moe_ctx *ctx, const cal_opts *o, int rank, const moe_compre
     yd[r] = slowest_median(t, o->iters);
     x[r] = (double)(m * cols * sizeof(float));
   }
-  if (moe_fit_linear(ctx, x, yc, 4, fc) != MOE_STATUS_OK ||
-      moe_fit_linear(ctx, x, yd, 4, fd) != MOE_STATUS_OK || !(fc->beta > 0) || !(fd->beta > 0)) {
-    if (rank == 0) cli_error("compressor '%s': no usable fit", comp->name);
-    rc = CLI_FAILED;
-    goto done;
-  }
+  static const char quiet[] = "calibrate again on a quiet machine";
+  char what[64];
+  snprintf(what, sizeof what, "compressor '%s' (compress)", comp->name);
+  rc = fit_growing(ctx, what, quiet, x, yc, 4, rank, fc);
+  snprintf(what, sizeof what, "compressor '%s' (decompress)", comp->name);
+  if (rc == CLI_OK) rc = fit_growing(ctx, what, quiet, x, yd, 4, rank, fd);
+  if (rc != CLI_OK) goto done;
   if (rank == 0) {
     printf("codec %-6s compress %7.2f GB/s (R² %.4f), decompress %7.2f GB/s (R² %.4f)\n",
            comp->name, 1e-9 / fc->beta, fc->r2, 1e-9 / fd->beta, fd->r2);

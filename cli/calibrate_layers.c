@@ -214,11 +214,11 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
       if (rank == 0) cli_error("layer step: %s", moe_ctx_error(ctx));
       rc = CLI_FAILED;
     } else if (rank == 0) {
-      printf("layer fit over %d runs: compute x%.3f + %.1f us per task", n_shapes * nv,
+      printf("layer fit over %d runs: compute x%.3f %+.1f us per task", n_shapes * nv,
              prof->lf_compute_scale, prof->lf_compute_task_s * 1e6);
       for (int a = 0; a < prof->n_a2a; a++) {
         if (prof->lf_a2a_scale[a] > 0) {
-          printf("\n  %-9s x%.3f + %.1f us per exchange", prof->a2a[a].name, prof->lf_a2a_scale[a],
+          printf("\n  %-9s x%.3f %+.1f us per exchange", prof->a2a[a].name, prof->lf_a2a_scale[a],
                  prof->lf_a2a_exchange_s[a] * 1e6);
         }
         if (prof->lf_a2a_slow[a][0] >= 1.0) {
@@ -234,6 +234,12 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
           prof->lf_outside.alpha * 1e6, prof->lf_outside.beta * 1e9, prof->lf_outside.r2,
           prof->slow_compute, prof->slow_comm, sc0, sm0, rep.mape_before, rep.mape_after,
           rep.r2_after);
+      if (rep.at_bound > 0) {
+        printf(
+            "  warning: %d correction%s hit the scale bound (x0.1 or x10): the layer runs do not "
+            "look like the micro-benchmarks' tasks (one rank, tiny shapes, or a busy machine)\n",
+            rep.at_bound, rep.at_bound == 1 ? "" : "s");
+      }
       if (rep.r2_after < 0.8 || rep.mape_after > 15.0) {
         printf(
             "  warning: the fitted model explains the layer runs poorly (R² %.2f, MAPE %.0f%%): "

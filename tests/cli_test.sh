@@ -28,7 +28,14 @@ expect() {
   else
     fail=$((fail + 1))
     echo "FAIL: moe $* -> exit $rc (want $code), output:" >&2
-    echo "$out" | head -5 >&2
+    # the first lines name the run, the last ones its error
+    if [[ $(wc -l <<<"$out") -le 10 ]]; then
+      echo "$out" >&2
+    else
+      echo "$out" | head -4 >&2
+      echo "  ..." >&2
+      echo "$out" | tail -6 >&2
+    fi
     echo "  (wanted pattern: $pattern)" >&2
   fi
 }

@@ -782,7 +782,30 @@ static void test_layer_fit(void) {
            "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, \"compute_task_s\": 0, %s, "
            "\"a2a\": {\"mpi\": {\"scale\": 1, \"exchange_s\": -1}}}}",
            fits, outside);
-  expect_bad_profile(tail, "exchange_s in [0, 1]");
+  expect_bad_profile(tail, "exchange_s in [-task_overhead_s, 1] = [-0, 1] (got 1, -1)");
+  snprintf(tail, sizeof tail,
+           "%s\"task_overhead_s\": 1e-4, \"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, "
+           "\"compute_task_s\": -2e-4, %s}}",
+           fits, outside);
+  expect_bad_profile(tail, "compute_task_s' (-0.0002) must be in [-task_overhead_s, 1] = [-0.0001");
+  {
+    // a negative per-task term down to -task_overhead: the layer's tasks cost
+    // less than the executor measurement (a noisy one)
+    moe_profile neg = with_corrections(&p, 1.0, -1e-6, 1.0, -2e-6, 1e-3, 1e-10);
+    char *nt = NULL;
+    moe_profile nb;
+    TU_CHECK(moe_profile_to_json(g_ctx, &neg, &nt) == MOE_STATUS_OK &&
+                 moe_profile_from_json(g_ctx, nt, &nb) == MOE_STATUS_OK &&
+                 nb.lf_compute_task_s == -1e-6 && nb.lf_a2a_exchange_s[0] == -2e-6,
+             "negative per-task terms round trip: %s", moe_ctx_error(g_ctx));
+    moe_free(nt);
+    v.profile = &neg;
+    snprintf(v.a2a, sizeof v.a2a, "mpi");
+    const double wn = 2 * (a - 2e-6) + (e - 1e-6) + 3 * 2e-6;
+    TU_CHECK(moe_simulate_layer(g_ctx, &neg.cluster, &v, &r) == MOE_STATUS_OK &&
+                 close_rel(r.pass_ms[0], wn * 1e3, 1e-6),
+             "negative per-task terms: forward pass %g ms, want %g", r.pass_ms[0], wn * 1e3);
+  }
   snprintf(tail, sizeof tail,
            "%s\"layer_fit\": {\"samples\": 4, \"compute_scale\": 1, \"compute_task_s\": 0, %s, "
            "\"extra\": 1}}",
@@ -849,6 +872,38 @@ static void test_layer_fit(void) {
                rep.mape_before > 5.0 && rep.r2_after > 0.9999,
            "report: %d seq, %d overlap, MAPE %g%% -> %g%%, R² %g", rep.seq_samples,
            rep.overlap_samples, rep.mape_before, rep.mape_after, rep.r2_after);
+  // per-task costs below the executor's overhead measurement (measured
+  // busy time = modelled + 0.5 us per task, the profile says 2 us)
+  {
+    moe_profile low = with_corrections(&p, 1.2, -1.5e-6, 0.9, -1.5e-6, 1e-3, 1e-10);
+    moe_layer_sample ls[6];
+    int m = 0;
+    for (int r2 = 1; r2 <= 4; r2 *= 2) {
+      ls[m++] = fit_sample(&low, 1000, 64, "mpi", "sequential", r2);
+      ls[m++] = fit_sample(&low, 2000, 128, "mpi", "sequential", r2);
+    }
+    moe_profile lf = p;
+    TU_CHECK(moe_profile_fit_layer(g_ctx, &lf, ls, m, &rep) == MOE_STATUS_OK &&
+                 close_rel(lf.lf_compute_scale, 1.2, 1e-4) &&
+                 fabs(lf.lf_compute_task_s + 1.5e-6) < 2e-8 &&
+                 close_rel(lf.lf_a2a_scale[0], 0.9, 1e-4) &&
+                 fabs(lf.lf_a2a_exchange_s[0] + 1.5e-6) < 2e-8 && rep.at_bound == 0,
+             "below the overhead: compute x%g + %g s, mpi x%g + %g s (%s)", lf.lf_compute_scale,
+             lf.lf_compute_task_s, lf.lf_a2a_scale[0], lf.lf_a2a_exchange_s[0],
+             moe_ctx_error(g_ctx));
+    // compute 30x the model: the scale stops at its bound and the report says so
+    moe_profile slow = with_corrections(&p, 30.0, 0.0, 1.0, 0.0, 1e-3, 1e-10);
+    m = 0;
+    for (int r2 = 1; r2 <= 4; r2 *= 2) {
+      ls[m++] = fit_sample(&slow, 1000, 64, "mpi", "sequential", r2);
+      ls[m++] = fit_sample(&slow, 2000, 128, "mpi", "sequential", r2);
+    }
+    lf = p;
+    TU_CHECK(moe_profile_fit_layer(g_ctx, &lf, ls, m, &rep) == MOE_STATUS_OK &&
+                 lf.lf_compute_scale == 10.0 && lf.lf_compute_task_s > 0 && rep.at_bound == 1,
+             "scale bound: compute x%g + %g s, %d at the bound", lf.lf_compute_scale,
+             lf.lf_compute_task_s, rep.at_bound);
+  }
   // errors leave the profile unchanged
   moe_profile keep = p;
   moe_layer_sample one_r[2] = {ss[0], ss[1]};  // mpi and pipe, both r = 1

@@ -224,7 +224,9 @@ typedef struct {
   // makes a compute task (E) last lf_compute_scale x its modelled time +
   // lf_compute_task_s, an all-to-all task of algorithm a2a[i]
   // lf_a2a_scale[i] x modelled + lf_a2a_exchange_s[i] (scale 0: no
-  // correction for that algorithm), and takes the time outside the passes from
+  // correction for that algorithm), both before the executor's task_overhead
+  // (the per-task terms may be negative down to -task_overhead, when the
+  // layer's tasks cost less than that measurement), and takes the time outside the passes from
   // lf_outside (alpha-beta over T M (E + K), measured in the distributed layer)
   // instead of the bottom-up sum. lf_samples: the layer runs behind the fit.
   int have_layer_fit;
@@ -324,6 +326,7 @@ typedef struct {
 
 typedef struct {
   int seq_samples, overlap_samples;  // used for the task corrections / the contention factors
+  int at_bound;                      // corrections whose scale hit [0.1, 10]: a poor fit
   double mape_before, mape_after;    // of total_ms over all samples, %
   double r2_after;
 } moe_layer_fit_report;
@@ -331,8 +334,10 @@ typedef struct {
 // Fits the profile's layer corrections (see moe_profile) to measured runs on
 // the profile's own cluster (uncompressed, tokens per device as simulated):
 // - compute: the sequential samples' compute busy time = scale x modelled +
-//   per task x E tasks (weighted least squares on relative error; a negative
-//   per-task term is dropped and the scale refitted);
+//   per task x E tasks (weighted least squares on relative error, the scale
+//   in [0.1, 10]; the busy time includes the executor's overhead per task, so
+//   the per-task term, which the simulator adds to that overhead, may be
+//   negative down to -task_overhead);
 // - each all-to-all algorithm with sequential samples at two or more chunk
 //   counts: the same on its communication busy time and A tasks;
 // - outside the passes: total - passes against T M (E + K) (moe_fit_linear);

@@ -16,12 +16,22 @@
 
 #include "moe/perf.h"
 
+// The scale of a correction stays within [1/10, 10]: outside it the samples
+// do not describe the model's tasks (a one-rank "all-to-all" that is a copy of
+// a few bytes, a machine busy with something else) and an unbounded fit
+// would predict nonsense for every other shape.
+#define LF_SCALE_MIN 0.1
+#define LF_SCALE_MAX 10.0
+
 // Weighted least squares y ~ s x + o n over k points with weights 1 / y²
-// (relative error, so small configurations count as much as large ones). A
-// negative o is dropped (o = 0, s refitted): a task cannot take less than its
-// modelled time minus a constant. Returns 0 when s is not positive.
+// (relative error, so small configurations count as much as large ones),
+// with s in [LF_SCALE_MIN, LF_SCALE_MAX] and o >= 0 (a task does not take
+// less than its measured overhead). The objective is convex, so the box
+// minimum is the unconstrained one when that is inside, else the best of the
+// faces' minima (each a clamped one-variable solution). *at_bound: s is on a
+// bound. Returns 0 without points.
 static int fit_scale_offset(const double *x, const double *n, const double *y, int k, double *s,
-                            double *o) {
+                            double *o, int *at_bound) {
   double axx = 0, axn = 0, ann = 0, bx = 0, bn = 0;
   for (int i = 0; i < k; i++) {
     const double w = 1.0 / (y[i] * y[i]);
@@ -31,18 +41,36 @@ static int fit_scale_offset(const double *x, const double *n, const double *y, i
     bx += w * x[i] * y[i];
     bn += w * n[i] * y[i];
   }
-  const double det = axx * ann - axn * axn;
-  *s = 0.0;
+  *s = 1.0;
   *o = 0.0;
+  *at_bound = 0;
+  if (k < 1 || !(axx > 0) || !(ann > 0)) return 0;
+  double cand[4][2];
+  int nc = 0;
+  const double det = axx * ann - axn * axn;
   if (det > 1e-12 * axx * ann) {
-    *s = (bx * ann - bn * axn) / det;
-    *o = (axx * bn - axn * bx) / det;
+    cand[nc][0] = (bx * ann - bn * axn) / det;
+    cand[nc][1] = (axx * bn - axn * bx) / det;
+    if (cand[nc][0] >= LF_SCALE_MIN && cand[nc][0] <= LF_SCALE_MAX && cand[nc][1] >= 0) nc++;
   }
-  if (!(*o >= 0.0) || !(*s > 0.0)) {
-    *o = 0.0;
-    *s = axx > 0 ? bx / axx : 0.0;
+  if (nc == 0) {
+    cand[nc][0] = fmin(LF_SCALE_MAX, fmax(LF_SCALE_MIN, bx / axx));  // face o = 0
+    cand[nc++][1] = 0.0;
+    for (int b = 0; b < 2; b++) {  // faces s = min and s = max
+      cand[nc][0] = b ? LF_SCALE_MAX : LF_SCALE_MIN;
+      cand[nc][1] = fmax(0.0, (bn - cand[nc][0] * axn) / ann);
+      nc++;
+    }
   }
-  return *s > 0.0 && isfinite(*s);
+  double best = INFINITY;
+  for (int c = 0; c < nc; c++) {
+    const double cs = cand[c][0], co = cand[c][1];
+    // the weighted squared error less its constant sum w y²
+    const double e = cs * cs * axx + 2 * cs * co * axn + co * co * ann - 2 * cs * bx - 2 * co * bn;
+    if (e < best) best = e, *s = cs, *o = co;
+  }
+  *at_bound = *s <= LF_SCALE_MIN || *s >= LF_SCALE_MAX;
+  return isfinite(*s) && isfinite(*o);
 }
 
 // The simulated result of sample s on profile pf.
@@ -155,8 +183,8 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     const double tasks = 2.0 * res.chunks;  // E tasks, forward and backward
     x[k] = (double)(res.breakdown[0].compute_ns + res.breakdown[1].compute_ns) * 1e-9 - tasks * ovh;
     cnt[k] = tasks;
-    y[k] = s[i].comp_ms * 1e-3 - tasks * ovh;
-    if (x[k] > 0 && y[k] > 0) k++;
+    y[k] = s[i].comp_ms * 1e-3;  // with the executor's overhead: see fit_scale_offset's caller
+    if (x[k] > 0) k++;
   }
   r.seq_samples = k;
   {
@@ -167,9 +195,18 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
                 "sequential samples)",
                 k);
   }
-  MOE_FAIL_IF(ctx,
-              !fit_scale_offset(x, cnt, y, k, &fitted.lf_compute_scale, &fitted.lf_compute_task_s),
-              MOE_STATUS_INVALID_ARG, "layer fit: no positive compute scale fits the samples");
+  // The measured busy time includes the executor's overhead per task; the
+  // fitted offset does too, and the correction is what it adds to the
+  // overhead the simulator already charges. It is negative when the layer's
+  // tasks cost less than the (noisy) overhead measurement, never below
+  // -overhead: the offset is not negative.
+  int bound = 0;
+  MOE_FAIL_IF(
+      ctx,
+      !fit_scale_offset(x, cnt, y, k, &fitted.lf_compute_scale, &fitted.lf_compute_task_s, &bound),
+      MOE_STATUS_INVALID_ARG, "layer fit: no compute correction fits the samples");
+  r.at_bound += bound;
+  fitted.lf_compute_task_s -= ovh;
   // all-to-all: per algorithm, its sequential samples
   for (int a = 0; a < base.n_a2a; a++) {
     fitted.lf_a2a_scale[a] = fitted.lf_a2a_exchange_s[a] = 0.0;
@@ -180,16 +217,17 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
       const double tasks = 4.0 * res.chunks;  // A1 and A2, forward and backward
       x[k] = (double)(res.breakdown[0].comm_ns + res.breakdown[1].comm_ns) * 1e-9 - tasks * ovh;
       cnt[k] = tasks;
-      y[k] = s[i].comm_ms * 1e-3 - tasks * ovh;
-      if (x[k] > 0 && y[k] > 0) k++;
+      y[k] = s[i].comm_ms * 1e-3;  // with the overhead, as for compute
+      if (x[k] > 0) k++;
     }
     int distinct = 0;
     for (int i = 1; i < k; i++) distinct |= cnt[i] != cnt[0];
     if (k >= 2 && distinct) {
       double sc = 0, ex = 0;
-      if (fit_scale_offset(x, cnt, y, k, &sc, &ex)) {
+      if (fit_scale_offset(x, cnt, y, k, &sc, &ex, &bound)) {
+        r.at_bound += bound;
         fitted.lf_a2a_scale[a] = sc;
-        fitted.lf_a2a_exchange_s[a] = ex;
+        fitted.lf_a2a_exchange_s[a] = ex - ovh;
       }
     }
   }

@@ -132,9 +132,10 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
       have |= 2;
     } else if (strcmp(k, "compute_task_s") == 0) {
       MOE_TRY(moe_json_get_double(ctx, it, key, &p->lf_compute_task_s));
-      MOE_FAIL_IF(ctx, !(p->lf_compute_task_s >= 0.0) || p->lf_compute_task_s > 1.0,
-                  MOE_STATUS_INVALID_ARG, "profile: '%s' (%g) must be in [0, 1]", key,
-                  p->lf_compute_task_s);
+      MOE_FAIL_IF(ctx, !(p->lf_compute_task_s >= -p->task_overhead) || p->lf_compute_task_s > 1.0,
+                  MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' (%g) must be in [-task_overhead_s, 1] = [%g, 1]", key,
+                  p->lf_compute_task_s, -p->task_overhead);
       have |= 4;
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, key, &p->lf_outside));
@@ -168,10 +169,12 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
         MOE_TRY(moe_json_get_double(ctx, ex, ks, &p->lf_a2a_exchange_s[idx]));
         MOE_FAIL_IF(ctx,
                     !(p->lf_a2a_scale[idx] > 0.0) || p->lf_a2a_scale[idx] > 100.0 ||
-                        !(p->lf_a2a_exchange_s[idx] >= 0.0) || p->lf_a2a_exchange_s[idx] > 1.0,
+                        !(p->lf_a2a_exchange_s[idx] >= -p->task_overhead) ||
+                        p->lf_a2a_exchange_s[idx] > 1.0,
                     MOE_STATUS_INVALID_ARG,
-                    "profile: %s needs scale in (0, 100] and exchange_s in [0, 1] (got %g, %g)", ks,
-                    p->lf_a2a_scale[idx], p->lf_a2a_exchange_s[idx]);
+                    "profile: %s needs scale in (0, 100] and exchange_s in [-task_overhead_s, 1] "
+                    "= [%g, 1] (got %g, %g)",
+                    ks, -p->task_overhead, p->lf_a2a_scale[idx], p->lf_a2a_exchange_s[idx]);
         if (c1) {
           double *sl = p->lf_a2a_slow[idx];
           MOE_TRY(moe_json_get_double(ctx, c1, ks, &sl[0]));
