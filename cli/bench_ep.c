@@ -105,8 +105,10 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "  --compress LIST        compressors of the all-to-all payloads, comma-separated:\n"
           "                         %s [none]\n"
           "  --compress-backward    also compress the backward's gradients\n"
-          "  --wait blocking|poll-backoff\n"
-          "                         how the communication thread waits for MPI [poll-backoff]\n"
+          "  --wait blocking|poll-backoff|adaptive\n"
+          "                         how the communication thread waits for MPI: block,\n"
+          "                         poll with back-off sleeps, or back off only while a\n"
+          "                         compute task runs beside the exchange [%s]\n"
           "  --profile FILE         a profile from 'moe calibrate' on these ranks: adds the\n"
           "                         predicted time of every variant (pred ms, error), and\n"
           "                         lets --a2a, --schedule, --chunks and --compress be\n"
@@ -133,7 +135,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
 #else
           "\n(Not available: this moe was built without MPI.)",
 #endif
-          a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names());
+          a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names(),
+          moe_wait_policy_name(moe_executor_config_default().wait));
   fprintf(f,
           "\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
@@ -375,7 +378,7 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       o->compress = a.value;
     } else if (cli_opt(&a, "--wait")) {
       if (a.value && moe_wait_policy_parse(ctx, a.value, &o->wait) != MOE_STATUS_OK) {
-        cli_error("--wait '%s' is unknown (valid: blocking, poll-backoff)", a.value);
+        cli_error("--wait '%s' is unknown (valid: blocking, poll-backoff, adaptive)", a.value);
         a.bad = 1;
       }
     } else if (cli_opt(&a, "--poll-us")) {

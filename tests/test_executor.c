@@ -505,7 +505,7 @@ static void test_wait_policies(void) {
            "parse error: %s", moe_ctx_error(ctx));
   TU_CHECK(strcmp(moe_wait_policy_name(MOE_WAIT_POLL_BACKOFF), "poll-backoff") == 0, "name");
   moe_executor_config bad = moe_executor_config_default();
-  TU_CHECK(bad.wait == MOE_WAIT_POLL_BACKOFF, "default policy is poll-backoff");
+  TU_CHECK(bad.wait == MOE_WAIT_ADAPTIVE, "default policy is adaptive");
   bad.poll_min_ns = 200000;
   moe_executor *ex = NULL;
   TU_CHECK(moe_executor_create(ctx, &bad, 4, &ex) == MOE_STATUS_INVALID_ARG && !ex,
@@ -570,6 +570,67 @@ static void test_wait_policies(void) {
     moe_executor_destroy(ex);
     ex = NULL;
   }
+  moe_schedule_free(&s);
+  moe_task_graph_free(&g);
+  moe_ctx_destroy(ctx);
+}
+
+static moe_status nap_run(void *arg, moe_ctx *ctx) {
+  (void)ctx;
+  sleep_ms(*(const double *)arg);
+  return MOE_STATUS_OK;
+}
+
+// MOE_WAIT_ADAPTIVE: a pending comm task blocks in its wait function when
+// the compute stream waits for it, and polls with back-off while a compute
+// task runs beside it.
+static void test_adaptive_wait(void) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_wait_policy p = MOE_WAIT_BLOCKING;
+  TU_CHECK(moe_wait_policy_parse(ctx, "adaptive", &p) == MOE_STATUS_OK && p == MOE_WAIT_ADAPTIVE &&
+               strcmp(moe_wait_policy_name(MOE_WAIT_ADAPTIVE), "adaptive") == 0,
+           "parse adaptive");
+  moe_executor_config cfg = moe_executor_config_default();
+  cfg.wait = MOE_WAIT_ADAPTIVE;
+  moe_executor *ex = NULL;
+  TU_CHECK(moe_executor_create(ctx, &cfg, 4, &ex) == MOE_STATUS_OK, "create: %s",
+           moe_ctx_error(ctx));
+  moe_task_graph g;
+  moe_schedule s;
+  moe_task_graph_init(ctx, &g, 4, 4);
+  moe_schedule_init(ctx, &s, 4);
+  for (int dependent = 1; dependent >= 0 && ex; dependent--) {
+    // the comm task (ready after 20 ms) and a compute task: after it
+    // (dependent: the compute stream waits), or beside it for 100 ms
+    split_arg sa = {0, 20, 0, 0, 0, 0};
+    double nap = dependent ? 1.0 : 100.0;
+    moe_task_graph_clear(&g);
+    moe_task_desc d = {MOE_STREAM_COMM, "A1^0", 0, split_run, split_test, split_wait, &sa, NULL, 0};
+    int ia = -1;
+    moe_task_graph_add(ctx, &g, &d, &ia);
+    moe_task_desc e = {MOE_STREAM_COMPUTE, "E^0", 0, nap_run, NULL, NULL, &nap, NULL, 0};
+    if (dependent) {
+      e.deps = &ia;
+      e.n_deps = 1;
+    }
+    moe_task_graph_add(ctx, &g, &e, NULL);
+    moe_schedule_in_index_order(ctx, &s, &g);
+    const moe_status st = moe_executor_run(ex, &g, &s, ctx);
+    const moe_task_record *rec = moe_executor_records(ex, NULL);
+    TU_CHECK(st == MOE_STATUS_OK && rec && rec[ia].ran, "adaptive, dependent %d: %s", dependent,
+             moe_ctx_error(ctx));
+    if (dependent) {
+      TU_CHECK(sa.waited == 1 && sa.tests <= 2,
+               "compute waits for the comm task: it blocks in wait (waited %d, %d tests)",
+               sa.waited, sa.tests);
+    } else {
+      TU_CHECK(sa.waited == 0 && sa.tests >= 2,
+               "compute runs beside the comm task: back-off polls (waited %d, %d tests)", sa.waited,
+               sa.tests);
+    }
+  }
+  moe_executor_destroy(ex);
   moe_schedule_free(&s);
   moe_task_graph_free(&g);
   moe_ctx_destroy(ctx);
@@ -665,11 +726,13 @@ int main(int argc, char **argv) {
   test_schedule_validation();
   test_dependencies(MOE_WAIT_POLL_BACKOFF);
   test_dependencies(MOE_WAIT_BLOCKING);
+  test_dependencies(MOE_WAIT_ADAPTIVE);
   for (int p = 0; p < 2; p++) {
     test_failure((moe_wait_policy)p, MOE_STREAM_COMM);
     test_failure((moe_wait_policy)p, MOE_STREAM_COMPUTE);
   }
   test_wait_policies();
+  test_adaptive_wait();
   test_breakdown_synthetic();
   test_profiler();
   moe_ctx_destroy(g_run_ctx);

@@ -52,6 +52,9 @@ struct moe_executor {
   int failed;
   moe_status fail_status;
   int fail_task;
+  // a stream is waiting for the other one (for a dependency, or at the end
+  // of its order): MOE_WAIT_ADAPTIVE then polls without sleeping
+  int idle[MOE_STREAM_COUNT_];
 
   // ---- written by the running stream, read after the pass
   moe_task_record *records;  // (max_tasks)
@@ -67,6 +70,8 @@ const char *moe_wait_policy_name(moe_wait_policy policy) {
       return "blocking";
     case MOE_WAIT_POLL_BACKOFF:
       return "poll-backoff";
+    case MOE_WAIT_ADAPTIVE:
+      return "adaptive";
   }
   return "unknown";
 }
@@ -78,9 +83,11 @@ moe_status moe_wait_policy_parse(moe_ctx *ctx, const char *text, moe_wait_policy
     *out = MOE_WAIT_BLOCKING;
   } else if (strcmp(text, "poll-backoff") == 0) {
     *out = MOE_WAIT_POLL_BACKOFF;
+  } else if (strcmp(text, "adaptive") == 0) {
+    *out = MOE_WAIT_ADAPTIVE;
   } else {
     MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
-             "unknown wait policy '%s' (expected blocking or poll-backoff)", text);
+             "unknown wait policy '%s' (expected blocking, poll-backoff or adaptive)", text);
   }
 done:
   return st;
@@ -88,7 +95,7 @@ done:
 
 moe_executor_config moe_executor_config_default(void) {
   moe_executor_config cfg;
-  cfg.wait = MOE_WAIT_POLL_BACKOFF;
+  cfg.wait = MOE_WAIT_ADAPTIVE;
   cfg.poll_min_ns = 5000;
   cfg.poll_max_ns = 100000;
   return cfg;
@@ -103,9 +110,12 @@ static void sleep_ns(uint32_t ns) {
   nanosleep(&ts, NULL);
 }
 
-static int pass_failed(moe_executor *ex) {
+// Whether the pass failed; *other_idle: whether the stream other than s is
+// waiting for this one.
+static int pass_failed(moe_executor *ex, moe_stream s, int *other_idle) {
   pthread_mutex_lock(&ex->mu);
   const int failed = ex->failed;
+  *other_idle = ex->idle[s == MOE_STREAM_COMPUTE ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE];
   pthread_mutex_unlock(&ex->mu);
   return failed;
 }
@@ -124,8 +134,17 @@ static moe_status run_task(moe_executor *ex, const moe_task *task, moe_ctx *ctx,
     rec->polls++;
     if (st != MOE_STATUS_OK || state == MOE_TASK_DONE) return st;
     // The other stream failed: abandon the pending task (its owner cleans up).
-    if (pass_failed(ex)) return MOE_STATUS_OK;
-    if (ex->cfg.wait == MOE_WAIT_POLL_BACKOFF) {
+    int other_idle = 0;
+    if (pass_failed(ex, task->stream, &other_idle)) return MOE_STATUS_OK;
+    if (ex->cfg.wait == MOE_WAIT_ADAPTIVE && other_idle) {
+      // The other stream waits for this one, so it stays idle until this task
+      // is done: nothing to slow down, and every protocol step of the
+      // exchange would otherwise wait for the next poll. Block in the task
+      // (or test back to back).
+      if (task->wait) return task->wait(task->arg, ctx);
+      continue;
+    }
+    if (ex->cfg.wait != MOE_WAIT_BLOCKING) {
       sleep_ns(pause);
       pause = pause > ex->cfg.poll_max_ns / 2 ? ex->cfg.poll_max_ns : 2 * pause;
     }
@@ -153,7 +172,9 @@ static void run_stream(moe_executor *ex, moe_stream s) {
 
     // 1. wait for the dependencies (the other stream signals each completion)
     pthread_mutex_lock(&ex->mu);
+    ex->idle[s] = 1;
     while (!ex->failed && !deps_done(ex, graph, t)) pthread_cond_wait(&ex->cv_state, &ex->mu);
+    ex->idle[s] = 0;
     const int failed = ex->failed;
     pthread_mutex_unlock(&ex->mu);
     if (failed) return;
@@ -201,6 +222,7 @@ static void *comm_thread_main(void *arg) {
     run_stream(ex, MOE_STREAM_COMM);
     pthread_mutex_lock(&ex->mu);
     ex->comm_finished = 1;
+    ex->idle[MOE_STREAM_COMM] = 1;
     pthread_cond_broadcast(&ex->cv_state);
   }
   pthread_mutex_unlock(&ex->mu);
@@ -216,7 +238,9 @@ moe_status moe_executor_create(moe_ctx *ctx, const moe_executor_config *config, 
   MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "executor output is NULL");
   *out = NULL;
   const moe_executor_config cfg = config ? *config : moe_executor_config_default();
-  MOE_FAIL_IF(ctx, cfg.wait != MOE_WAIT_BLOCKING && cfg.wait != MOE_WAIT_POLL_BACKOFF,
+  MOE_FAIL_IF(ctx,
+              cfg.wait != MOE_WAIT_BLOCKING && cfg.wait != MOE_WAIT_POLL_BACKOFF &&
+                  cfg.wait != MOE_WAIT_ADAPTIVE,
               MOE_STATUS_INVALID_ARG, "executor: unknown wait policy %d", (int)cfg.wait);
   MOE_FAIL_IF(
       ctx,
@@ -304,6 +328,7 @@ moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
   ex->fail_status = MOE_STATUS_OK;
   ex->fail_task = -1;
   ex->comm_finished = 0;
+  memset(ex->idle, 0, sizeof ex->idle);
   ex->graph = graph;
   ex->sched = sched;
   ex->t0 = moe_time_ns();
@@ -316,6 +341,7 @@ moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
 
   // 3. wait for the comm stream
   pthread_mutex_lock(&ex->mu);
+  ex->idle[MOE_STREAM_COMPUTE] = 1;
   while (!ex->comm_finished) pthread_cond_wait(&ex->cv_state, &ex->mu);
   const int failed = ex->failed;
   const moe_status fail_status = ex->fail_status;
