@@ -12,6 +12,7 @@
 #if MOE_CLI_MPI
 #include "moe/data.h"
 #include "moe/gpt_io.h"
+#include "moe/perf.h"
 #include "moe/progress.h"
 #include "moe/train.h"
 #endif
@@ -59,11 +60,18 @@ static void usage(FILE *f) {
       "  --eval-batches N      global batches per validation [4]\n"
       "expert parallelism and the task engine:\n"
       "  --ep N                ranks the experts are spread over; DP = P / N [P]\n"
-      "  --a2a NAME            all-to-all algorithm [mpi]\n"
-      "  --schedule NAME       sequential|pipeline|optsche|smart [sequential]\n"
-      "  --chunks R            chunks per all-to-all [1]\n"
-      "  --compress SPEC       none|fp16|bf16|int8|zfp[:RATE] (lossy ones change results) [none]\n"
+      "  --a2a NAME            all-to-all algorithm, or auto [mpi]\n"
+      "  --schedule NAME       sequential|pipeline|optsche|smart|auto [sequential]\n"
+      "  --chunks R            chunks per all-to-all, or auto [1]\n"
+      "  --compress SPEC       none|fp16|bf16|int8|zfp[:RATE] (lossy ones change results),\n"
+      "                        or auto (lossless only, unless --allow-lossy) [none]\n"
       "  --compress-backward   also compress the backward's gradients\n"
+      "  --profile FILE        a profile from 'moe calibrate' on these P ranks (EP = P):\n"
+      "                        predicts the MoE layer's passes, reported next to the\n"
+      "                        measured ones, and lets the four options above be auto\n"
+      "                        (the planner picks the least predicted time for the\n"
+      "                        MoE layer's shape: B/P x S tokens per rank)\n"
+      "  --allow-lossy         let --compress auto pick lossy compressors\n"
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
       "  --save-every N        steps between saves [0: only at the end]\n"
@@ -88,8 +96,15 @@ typedef struct {
   int warmup_set;
   const char *plot;
   const char *model_config;
-  int model_flags;  // a model flag was given
+  int model_flags;           // a model flag was given
+  const char *profile_path;  // --profile: predictions, and the planner for auto
+  int allow_lossy;
 } train_opts;
+
+static int any_auto(const moe_train_config *tc) {
+  return strcmp(tc->par.a2a, "auto") == 0 || strcmp(tc->par.schedule, "auto") == 0 ||
+         strcmp(tc->par.compress, "auto") == 0 || tc->par.chunks == 0;
+}
 
 static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   cli_args a;
@@ -181,7 +196,15 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     } else if (cli_opt(&a, "--schedule")) {
       snprintf(tc->par.schedule, sizeof tc->par.schedule, "%s", a.value);
     } else if (cli_opt(&a, "--chunks")) {
-      cli_parse_int(&a, "--chunks", 1, MOE_MAX_CHUNKS, &tc->par.chunks);
+      if (a.value && strcmp(a.value, "auto") == 0) {
+        tc->par.chunks = 0;  // the planner's
+      } else {
+        cli_parse_int(&a, "--chunks", 1, MOE_MAX_CHUNKS, &tc->par.chunks);
+      }
+    } else if (cli_opt(&a, "--profile")) {
+      o->profile_path = a.value;
+    } else if (cli_flag(&a, "--allow-lossy")) {
+      o->allow_lossy = 1;
     } else if (cli_opt(&a, "--compress")) {
       snprintf(tc->par.compress, sizeof tc->par.compress, "%s", a.value);
     } else if (cli_flag(&a, "--compress-backward")) {
@@ -276,6 +299,75 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     return CLI_USAGE;
   }
   if (tc->resume && tc->metrics) tc->metrics_append = 1;
+  if (any_auto(tc) && !o->profile_path) {
+    cli_error("'auto' needs a calibrated profile: --profile FILE (from 'moe calibrate')");
+    return CLI_USAGE;
+  }
+  if (o->allow_lossy && strcmp(tc->par.compress, "auto") != 0) {
+    cli_error("--allow-lossy only applies to --compress auto");
+    return CLI_USAGE;
+  }
+  return CLI_OK;
+}
+
+// Loads the profile on every rank and checks that it describes these ranks;
+// plans the auto choices of tc->par (printing the plan on rank 0) and
+// predicts the MoE layer's forward + backward passes (*pred_ms). CLI_OK, or
+// CLI_USAGE with the message printed on rank 0 (every rank agrees: the
+// inputs are the same everywhere).
+static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, double *pred_ms) {
+  moe_train_config *tc = &o->tc;
+  moe_profile prof;
+  if (moe_profile_load(ctx, o->profile_path, &prof) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  const int ep = tc->par.ep_size > 0 ? tc->par.ep_size : world;
+  if (moe_cluster_devices(&prof.cluster) != world || ep != world) {
+    if (rank == 0) {
+      cli_error(
+          "--profile '%s' was calibrated on %d ranks; predictions need the same ranks with "
+          "EP over all of them (this run: %d ranks, EP %d)",
+          prof.name, moe_cluster_devices(&prof.cluster), world, ep);
+    }
+    return CLI_USAGE;
+  }
+  if (tc->batch % world != 0) {
+    if (rank == 0) cli_error("--batch (%d) must be divisible by the %d ranks", tc->batch, world);
+    return CLI_USAGE;
+  }
+  moe_plan_request q;
+  memset(&q, 0, sizeof q);
+  q.cfg = tc->model.moe;
+  q.cfg.model_dim = tc->model.d_model;
+  q.cfg.tokens = tc->batch / world * tc->model.seq_len;
+  snprintf(q.a2a, sizeof q.a2a, "%s", tc->par.a2a);
+  snprintf(q.schedule, sizeof q.schedule, "%s", tc->par.schedule);
+  snprintf(q.compress, sizeof q.compress, "%s", tc->par.compress);
+  q.chunks = tc->par.chunks;
+  q.allow_lossy = o->allow_lossy;
+  q.compress_backward = tc->par.compress_backward;
+  q.profile = &prof;
+  moe_plan plan;
+  if (moe_plan_layer(ctx, &prof.cluster, &q, &plan) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  if (rank == 0 && any_auto(tc)) {
+    printf(
+        "plan: a2a %s, compress %s, schedule %s, r=%d for T=%d tokens per rank, M=%d, H=%d, "
+        "E=%d, K=%d: predicted %.2f ms per MoE layer (forward + backward), best of %d "
+        "candidates\n",
+        plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks, q.cfg.tokens,
+        q.cfg.model_dim, q.cfg.hidden_dim, q.cfg.num_experts, q.cfg.top_k, plan.predicted.total_ms,
+        plan.candidates);
+    fflush(stdout);
+  }
+  snprintf(tc->par.a2a, sizeof tc->par.a2a, "%s", plan.best.a2a);
+  snprintf(tc->par.schedule, sizeof tc->par.schedule, "%s", plan.best.schedule);
+  snprintf(tc->par.compress, sizeof tc->par.compress, "%s", plan.best.compress);
+  tc->par.chunks = plan.best.chunks;
+  *pred_ms = plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1];
   return CLI_OK;
 }
 
@@ -339,6 +431,15 @@ int cmd_train(int argc, char **argv) {
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);
+  double pred_ms = NAN;
+  if (o.profile_path) {
+    rc = plan_train(ctx, &o, rank, world, &pred_ms);
+    if (rc != CLI_OK) {
+      moe_ctx_destroy(ctx);
+      MPI_Finalize();
+      return rc;
+    }
+  }
   moe_blas_set_threads(o.threads);
   if (rank != 0) o.tc.progress = 0;
   moe_train_result res;
@@ -350,6 +451,13 @@ int cmd_train(int argc, char **argv) {
     rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;
   } else if (rank == 0) {
     print_summary(&o.tc, &res, world, rss);
+    if (!isnan(pred_ms) && !isnan(res.moe_pass_ms)) {
+      printf(
+          "  MoE layer passes (forward + backward, per layer): measured %.2f ms (median, rank 0), "
+          "predicted %.2f ms (%s), error %+.1f%%\n",
+          res.moe_pass_ms, pred_ms, o.profile_path,
+          100.0 * (pred_ms - res.moe_pass_ms) / res.moe_pass_ms);
+    }
     if (o.tc.checkpoint) printf("  checkpoint: %s\n", o.tc.checkpoint);
   }
   fflush(stdout);

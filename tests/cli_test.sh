@@ -225,6 +225,32 @@ if "$MOE" version | grep -q "mpi=yes"; then
   expect 0 "<- planned" -- bench layer --tokens 64 --model 32 --hidden 64 --experts 2 \
     --schedule auto --chunks auto --profile "$tmp/prof.json" --iters 1 --warmup 0
   expect 2 "'auto' needs a calibrated profile" -- bench layer --schedule auto
+  # moe train with the planner: the same plan as bench layer's for the MoE
+  # layer's shape (B/P x S = 4 x 16 = 64 tokens, M 32, H 64, E 4, dropless),
+  # and the measured passes next to the predicted ones
+  tiny=(--steps 3 --batch 4 --layers 2 --d-model 32 --heads 2 --seq-len 16 --experts 4
+    --expert-hidden 64 --eval-every 0 --eval-batches 1 --quiet)
+  expect 2 "'auto' needs a calibrated profile" -- train "${tiny[@]}" --chunks auto
+  expect 2 "--allow-lossy only applies to --compress auto" -- train "${tiny[@]}" \
+    --profile "$tmp/prof.json" --allow-lossy
+  expect 2 "--profile: cannot open" -- train "${tiny[@]}" --profile "$tmp/none.json"
+  auto=(--schedule auto --chunks auto --a2a auto --compress auto --profile "$tmp/prof.json")
+  train_out=$("$MOE" train "${tiny[@]}" "${auto[@]}" 2>&1)
+  bench_out=$("$MOE" bench layer --tokens 64 --model 32 --hidden 64 --experts 4 \
+    --capacity-factor 0 "${auto[@]}" --iters 1 --warmup 0 2>&1)
+  train_plan=$(grep -oE "^plan: a2a [a-z0-9]+, compress [a-z0-9:]+, schedule [a-z]+, r=[0-9]+" \
+    <<<"$train_out" | sed 's/^plan: //')
+  bench_plan=$(grep -oE "^plan \(config 1\): a2a [a-z0-9]+, compress [a-z0-9:]+, schedule [a-z]+, r=[0-9]+" \
+    <<<"$bench_out" | sed 's/^plan (config 1): //')
+  if [[ -n $train_plan && $train_plan == "$bench_plan" ]] &&
+    grep -qE "MoE layer passes .* measured [0-9.]+ ms .* predicted [0-9.]+ ms .* error [-+][0-9.]+%" \
+      <<<"$train_out"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: train auto plan '$train_plan' vs bench layer '$bench_plan', output:" >&2
+    echo "$train_out" | tail -6 >&2
+  fi
 fi
 
 echo "cli_test: $pass passed, $fail failed"

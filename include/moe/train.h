@@ -36,6 +36,7 @@ typedef struct {
   double tokens_per_s;   // global tokens / step_s
   double a2a_share;      // all-to-all busy time / step time (rank 0, every MoE pass)
   double exposed_share;  // all-to-all time not hidden by compute / step time (rank 0)
+  double moe_pass_ms;    // forward + backward pass makespans per MoE layer, ms (rank 0)
   int dropped;           // dropped choices over the world
 } moe_train_step_info;
 
@@ -81,6 +82,7 @@ typedef struct {
   double tokens_per_s;      // median over the steps after the first
   double a2a_share;         // median
   double exposed_share;     // median
+  double moe_pass_ms;       // median of the steps' moe_pass_ms (NAN without MoE layers)
   double train_s;           // wall time of the training loop (validation included)
   size_t params_total;      // elements of the model (experts once)
   size_t params_active;     // elements one token uses

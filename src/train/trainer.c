@@ -322,12 +322,17 @@ static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
   return st;
 }
 
-// Sum over the MoE blocks' last forward and backward passes (this rank).
-static void comm_times(run_state *r, double *comm_s, double *exposed_s) {
+// Sum over the MoE blocks' last forward and backward passes (this rank):
+// all-to-all busy and exposed time, and the mean over the blocks of the
+// forward + backward pass makespans (NAN without MoE blocks).
+static void comm_times(run_state *r, double *comm_s, double *exposed_s, double *pass_ms) {
   *comm_s = *exposed_s = 0;
+  double passes_s = 0;
+  int blocks = 0;
   for (int b = 0; b < r->tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
     moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    blocks++;
     for (int dir = 0; dir < 2; dir++) {
       const moe_task_graph *g = NULL;
       const moe_task_record *rec = NULL;
@@ -337,8 +342,10 @@ static void comm_times(run_state *r, double *comm_s, double *exposed_s) {
       moe_pass_breakdown_compute(rec, g->n_tasks, &bd);
       *comm_s += (double)bd.comm_ns * 1e-9;
       *exposed_s += (double)bd.exposed_comm_ns * 1e-9;
+      passes_s += (double)bd.total_ns * 1e-9;
     }
   }
+  *pass_ms = blocks ? passes_s * 1e3 / blocks : NAN;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -477,7 +484,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   r.tc = tc;
   MPI_Comm_rank(world, &r.rank);
   MPI_Comm_size(world, &r.size);
-  double *tps = NULL, *a2a = NULL, *exposed = NULL;
+  double *tps = NULL, *a2a = NULL, *exposed = NULL, *pass_ms = NULL;
   int n_timed = 0, start = 1;
   memset(out, 0, sizeof *out);
   out->first_val_loss = out->final_val_loss = NAN;
@@ -499,11 +506,13 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   tps = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *tps);
   a2a = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *a2a);
   exposed = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *exposed);
-  MOE_TRY(agree(&r,
-                tps && a2a && exposed ? MOE_STATUS_OK
-                                      : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__,
-                                                     __LINE__, "out of memory"),
-                "allocation"));
+  pass_ms = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *pass_ms);
+  MOE_TRY(
+      agree(&r,
+            tps && a2a && exposed && pass_ms
+                ? MOE_STATUS_OK
+                : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory"),
+            "allocation"));
 
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
@@ -535,7 +544,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     info.step_s = step_s;
     info.tokens_per_s = gtokens / step_s;
     double comm_s = 0, exposed_s = 0;
-    comm_times(&r, &comm_s, &exposed_s);
+    comm_times(&r, &comm_s, &exposed_s, &info.moe_pass_ms);
     info.a2a_share = comm_s / step_s;
     info.exposed_share = exposed_s / step_s;
     info.val_loss = NAN;
@@ -557,6 +566,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       tps[n_timed] = info.tokens_per_s;
       a2a[n_timed] = info.a2a_share;
       exposed[n_timed] = info.exposed_share;
+      pass_ms[n_timed] = info.moe_pass_ms;
       n_timed++;
     }
     const double elapsed = (double)(moe_time_ns() - t_begin) * 1e-9;
@@ -565,13 +575,14 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        static const char *const names[] = {"aux", "grad_norm", "exposed_share", "dropped",
-                                            "step_ms"};
-        const double vals[] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
-                               step_s * 1e3};
+        static const char *const names[] = {"aux",     "grad_norm", "exposed_share",
+                                            "dropped", "step_ms",   "moe_pass_ms"};
+        const double vals[] = {info.aux,     info.grad_norm, info.exposed_share,
+                               info.dropped, step_s * 1e3,   info.moe_pass_ms};
+        const int n_vals = isnan(info.moe_pass_ms) ? 5 : 6;  // a dense model has no MoE pass
         // A full disk must not stop training (nor leave the other ranks waiting).
         if (moe_metrics_write(r.metrics, step, info.loss, info.val_loss, info.tokens_per_s,
-                              info.a2a_share, lr, elapsed, names, vals, 5) != MOE_STATUS_OK) {
+                              info.a2a_share, lr, elapsed, names, vals, n_vals) != MOE_STATUS_OK) {
           MOE_WARN("metrics: %s; no more metrics are written", moe_ctx_error(ctx));
           moe_metrics_close(r.metrics);
           r.metrics = NULL;
@@ -587,10 +598,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->tokens_per_s = median(tps, n_timed);
   out->a2a_share = median(a2a, n_timed);
   out->exposed_share = median(exposed, n_timed);
+  out->moe_pass_ms = n_timed > 0 && !isnan(pass_ms[0]) ? median(pass_ms, n_timed) : NAN;
 done:
   moe_free(tps);
   moe_free(a2a);
   moe_free(exposed);
+  moe_free(pass_ms);
   teardown(&r);
   return st;
 }
