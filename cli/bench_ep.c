@@ -954,19 +954,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     rc = CLI_USAGE;
   }
   if (rc == CLI_OK && o.profile_path) {
-    // every rank reads the same file, so every rank fails alike
-    if (moe_profile_load(ctx, o.profile_path, &o.profile) != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
-      rc = CLI_USAGE;
-    } else if (moe_cluster_devices(&o.profile.cluster) != world || o.ep != world) {
-      if (rank == 0) {
-        cli_error(
-            "--profile '%s' was calibrated on %d ranks; predictions need the same ranks "
-            "(%d here) and EP over all of them (--ep %d)",
-            o.profile.name, moe_cluster_devices(&o.profile.cluster), world, o.ep);
-      }
-      rc = CLI_USAGE;
-    }
+    rc = cli_profile_load_for(ctx, o.profile_path, world, o.ep, rank, &o.profile);
   }
   const int any_auto = o.auto_a2a || o.auto_comp || o.auto_sched || o.auto_chunks;
   if (rc == CLI_OK && any_auto &&

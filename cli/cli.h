@@ -85,6 +85,12 @@ void cli_out_abort(cli_out *o);
 // Under mpirun (cli_mpi.c, MPI builds): rank 0 opens path (nothing when path is
 // NULL) and every rank learns whether it could: CLI_OK or CLI_FAILED on all.
 int cli_out_open_root(cli_out *o, const char *path, int rank);
+// Under mpirun (cli_mpi.c): every rank loads the profile at path and checks
+// that it was calibrated on these world ranks, with EP over all of them (ep).
+// CLI_OK, or CLI_USAGE with the reason printed on rank 0 (every rank reads
+// the same file, so every rank fails alike).
+int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int rank,
+                         moe_profile *out);
 
 // Under mpirun every rank parses the same argv; only rank 0 should print.
 // cli_silence_begin(on, saved) sends stdout and stderr to /dev/null when on;

@@ -11,4 +11,22 @@ int cli_out_open_root(cli_out *o, const char *path, int rank) {
   return ok ? CLI_OK : CLI_FAILED;
 }
 
+int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int rank,
+                         moe_profile *out) {
+  if (moe_profile_load(ctx, path, out) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  if (moe_cluster_devices(&out->cluster) != world || ep != world) {
+    if (rank == 0) {
+      cli_error(
+          "--profile '%s' was calibrated on %d ranks; predictions need the same ranks "
+          "(%d here) and EP over all of them (--ep %d)",
+          out->name, moe_cluster_devices(&out->cluster), world, ep);
+    }
+    return CLI_USAGE;
+  }
+  return CLI_OK;
+}
+
 #endif

@@ -318,20 +318,9 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
 static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, double *pred_ms) {
   moe_train_config *tc = &o->tc;
   moe_profile prof;
-  if (moe_profile_load(ctx, o->profile_path, &prof) != MOE_STATUS_OK) {
-    if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
-    return CLI_USAGE;
-  }
   const int ep = tc->par.ep_size > 0 ? tc->par.ep_size : world;
-  if (moe_cluster_devices(&prof.cluster) != world || ep != world) {
-    if (rank == 0) {
-      cli_error(
-          "--profile '%s' was calibrated on %d ranks; predictions need the same ranks with "
-          "EP over all of them (this run: %d ranks, EP %d)",
-          prof.name, moe_cluster_devices(&prof.cluster), world, ep);
-    }
-    return CLI_USAGE;
-  }
+  const int rc = cli_profile_load_for(ctx, o->profile_path, world, ep, rank, &prof);
+  if (rc != CLI_OK) return rc;
   if (tc->batch % world != 0) {
     if (rank == 0) cli_error("--batch (%d) must be divisible by the %d ranks", tc->batch, world);
     return CLI_USAGE;

@@ -399,6 +399,15 @@ static void test_simulate_layer(void) {
            "unknown built-in lists the shipped ones: %s", moe_ctx_error(g_ctx));
 }
 
+// Writes p as JSON and parses it back into out; 1 on success.
+static int round_trip(const moe_profile *p, moe_profile *out) {
+  char *text = NULL;
+  const int ok = moe_profile_to_json(g_ctx, p, &text) == MOE_STATUS_OK &&
+                 moe_profile_from_json(g_ctx, text, out) == MOE_STATUS_OK;
+  moe_free(text);
+  return ok;
+}
+
 // A profile made of a valid head (version and cluster) and `tail` must be
 // refused with INVALID_ARG, the message containing needle (any when NULL).
 static void expect_bad_profile(const char *tail, const char *needle) {
@@ -493,13 +502,9 @@ static void test_profile(void) {
       {50, 10, 20, 1e-6, 3e-6}, {200, 10, 20, 2e-6, 5e-6}, {100, 1000, 2000, 1.0, 1.0}};
   memcpy(pp.expert_points, pts, sizeof pts);
   pp.n_expert_points = 3;
-  char *ptext = NULL;
   moe_profile back;
-  TU_CHECK(moe_profile_to_json(g_ctx, &pp, &ptext) == MOE_STATUS_OK &&
-               moe_profile_from_json(g_ctx, ptext, &back) == MOE_STATUS_OK &&
-               back.n_expert_points == 3 && back.expert_points[1][4] == 5e-6,
+  TU_CHECK(round_trip(&pp, &back) && back.n_expert_points == 3 && back.expert_points[1][4] == 5e-6,
            "expert points round trip: %s", moe_ctx_error(g_ctx));
-  moe_free(ptext);
   snprintf(v.compress, sizeof v.compress, "none");
   v.profile = &pp;
   TU_CHECK(moe_simulate_layer(g_ctx, &pp.cluster, &v, &r) == MOE_STATUS_OK &&
@@ -515,13 +520,9 @@ static void test_profile(void) {
   pa.a2a_points[0][1][0] = 4000;
   pa.a2a_points[0][1][1] = 4e-5;
   pa.task_overhead = 1e-6;
-  char *atext = NULL;
   moe_profile aback;
-  TU_CHECK(moe_profile_to_json(g_ctx, &pa, &atext) == MOE_STATUS_OK &&
-               moe_profile_from_json(g_ctx, atext, &aback) == MOE_STATUS_OK &&
-               aback.n_a2a_points[0] == 2 && aback.task_overhead == 1e-6,
+  TU_CHECK(round_trip(&pa, &aback) && aback.n_a2a_points[0] == 2 && aback.task_overhead == 1e-6,
            "a2a points round trip: %s", moe_ctx_error(g_ctx));
-  moe_free(atext);
   v.profile = &pa;
   TU_CHECK(moe_simulate_layer(g_ctx, &pa.cluster, &v, &r) == MOE_STATUS_OK &&
                close_rel(r.pass_ms[0], (2 * 21e-6 + 1.28e-6) * 1e3, 1e-9),
@@ -563,25 +564,17 @@ static void test_profile(void) {
     TU_CHECK(moe_simulate_layer(g_ctx, &pc.cluster, &v, &r0) == MOE_STATUS_OK, "baseline");
     pc.small_collective = 1e-4;
     pc.copy_gbs = 1.0;
-    char *ct = NULL;
     moe_profile cback;
-    TU_CHECK(moe_profile_to_json(g_ctx, &pc, &ct) == MOE_STATUS_OK &&
-                 moe_profile_from_json(g_ctx, ct, &cback) == MOE_STATUS_OK &&
-                 cback.small_collective == 1e-4 && cback.copy_gbs == 1.0,
+    TU_CHECK(round_trip(&pc, &cback) && cback.small_collective == 1e-4 && cback.copy_gbs == 1.0,
              "collective and copy round trip: %s", moe_ctx_error(g_ctx));
-    moe_free(ct);
     TU_CHECK(moe_simulate_layer(g_ctx, &pc.cluster, &v, &r1) == MOE_STATUS_OK &&
                  close_rel(r1.outside_ms - r0.outside_ms, 0.5 + 4 * 100 * 40 / 1e9 * 1e3, 1e-9),
              "outside grows by %g ms", r1.outside_ms - r0.outside_ms);
     v.profile = &pn;  // pc ends with this block
   }
-  char *gtext = NULL;
   moe_profile gback;
-  TU_CHECK(moe_profile_to_json(g_ctx, &pn, &gtext) == MOE_STATUS_OK &&
-               moe_profile_from_json(g_ctx, gtext, &gback) == MOE_STATUS_OK &&
-               gback.expert_fwd.gamma == 2e-9,
-           "gamma round trip: %s", moe_ctx_error(g_ctx));
-  moe_free(gtext);
+  TU_CHECK(round_trip(&pn, &gback) && gback.expert_fwd.gamma == 2e-9, "gamma round trip: %s",
+           moe_ctx_error(g_ctx));
   snprintf(v.compress, sizeof v.compress, "bf16");
   TU_CHECK(moe_simulate_layer(g_ctx, &pn.cluster, &v, &r) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(g_ctx), "no model for compressor 'bf16'"),
@@ -749,16 +742,12 @@ static void test_layer_fit(void) {
                close_rel(r.pass_ms[0], (2 * ap + 1.5 * e + 1e-4 + 6e-6) * 1e3, 1e-6),
            "pipe without its correction: %g ms", r.pass_ms[0]);
   // round trip and strictness
-  char *text = NULL;
   moe_profile back;
-  TU_CHECK(moe_profile_to_json(g_ctx, &c, &text) == MOE_STATUS_OK &&
-               moe_profile_from_json(g_ctx, text, &back) == MOE_STATUS_OK &&
-               back.have_layer_fit == 1 && back.lf_compute_scale == 1.5 &&
+  TU_CHECK(round_trip(&c, &back) && back.have_layer_fit == 1 && back.lf_compute_scale == 1.5 &&
                back.lf_compute_task_s == 1e-4 && back.lf_a2a_scale[0] == 2.0 &&
                back.lf_a2a_exchange_s[0] == 3e-4 && back.lf_a2a_scale[1] == 0.0 &&
                back.lf_outside.alpha == 1e-3 && back.lf_samples == 9,
            "layer_fit round trip: %s", moe_ctx_error(g_ctx));
-  moe_free(text);
   static const char fits[] =
       "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
       "\"a2a\": {\"mpi\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}}, ";
@@ -792,13 +781,10 @@ static void test_layer_fit(void) {
     // a negative per-task term down to -task_overhead: the layer's tasks cost
     // less than the executor measurement (a noisy one)
     moe_profile neg = with_corrections(&p, 1.0, -1e-6, 1.0, -2e-6, 1e-3, 1e-10);
-    char *nt = NULL;
     moe_profile nb;
-    TU_CHECK(moe_profile_to_json(g_ctx, &neg, &nt) == MOE_STATUS_OK &&
-                 moe_profile_from_json(g_ctx, nt, &nb) == MOE_STATUS_OK &&
-                 nb.lf_compute_task_s == -1e-6 && nb.lf_a2a_exchange_s[0] == -2e-6,
-             "negative per-task terms round trip: %s", moe_ctx_error(g_ctx));
-    moe_free(nt);
+    TU_CHECK(
+        round_trip(&neg, &nb) && nb.lf_compute_task_s == -1e-6 && nb.lf_a2a_exchange_s[0] == -2e-6,
+        "negative per-task terms round trip: %s", moe_ctx_error(g_ctx));
     v.profile = &neg;
     snprintf(v.a2a, sizeof v.a2a, "mpi");
     const double wn = 2 * (a - 2e-6) + (e - 1e-6) + 3 * 2e-6;
@@ -859,14 +845,10 @@ static void test_layer_fit(void) {
            fitted.lf_a2a_slow[0][1], fitted.lf_a2a_slow[1][0], fitted.lf_a2a_slow[1][1],
            fitted.slow_compute, fitted.slow_comm);
   {
-    char *ft = NULL;
     moe_profile fb;
-    TU_CHECK(moe_profile_to_json(g_ctx, &fitted, &ft) == MOE_STATUS_OK &&
-                 moe_profile_from_json(g_ctx, ft, &fb) == MOE_STATUS_OK &&
-                 fb.lf_a2a_slow[1][0] == fitted.lf_a2a_slow[1][0] &&
+    TU_CHECK(round_trip(&fitted, &fb) && fb.lf_a2a_slow[1][0] == fitted.lf_a2a_slow[1][0] &&
                  fb.lf_a2a_slow[0][1] == fitted.lf_a2a_slow[0][1],
              "per-algorithm contention round trip: %s", moe_ctx_error(g_ctx));
-    moe_free(ft);
   }
   TU_CHECK(rep.seq_samples == 18 && rep.overlap_samples == 15 && rep.mape_after < 0.01 &&
                rep.mape_before > 5.0 && rep.r2_after > 0.9999,
