@@ -226,9 +226,10 @@ typedef struct {
   // lf_a2a_scale[i] x modelled + lf_a2a_exchange_s[i] (scale 0: no
   // correction for that algorithm), both before the executor's task_overhead
   // (the per-task terms may be negative down to -task_overhead, when the
-  // layer's tasks cost less than that measurement), and takes the time outside the passes from
-  // lf_outside (alpha-beta over T M (E + K), measured in the distributed layer)
-  // instead of the bottom-up sum. lf_samples: the layer runs behind the fit.
+  // layer's tasks cost less than that measurement), and takes the time
+  // outside the passes from lf_outside (alpha-beta over T M (E + K), measured
+  // in the distributed layer) instead of the bottom-up sum. lf_samples: the
+  // layer runs behind the fit.
   int have_layer_fit;
   double lf_compute_scale, lf_compute_task_s;
   moe_linear_fit lf_outside;

@@ -45,7 +45,7 @@ static int fit_scale_offset(const double *x, const double *n, const double *y, i
   *o = 0.0;
   *at_bound = 0;
   if (k < 1 || !(axx > 0) || !(ann > 0)) return 0;
-  double cand[4][2];
+  double cand[3][2];  // (s, o): the interior minimum, or the three faces' minima
   int nc = 0;
   const double det = axx * ann - axn * axn;
   if (det > 1e-12 * axx * ann) {
@@ -183,7 +183,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     const double tasks = 2.0 * res.chunks;  // E tasks, forward and backward
     x[k] = (double)(res.breakdown[0].compute_ns + res.breakdown[1].compute_ns) * 1e-9 - tasks * ovh;
     cnt[k] = tasks;
-    y[k] = s[i].comp_ms * 1e-3;  // with the executor's overhead: see fit_scale_offset's caller
+    y[k] = s[i].comp_ms * 1e-3;  // with the executor's overhead (see the fit below)
     if (x[k] > 0) k++;
   }
   r.seq_samples = k;

@@ -53,7 +53,7 @@ struct moe_executor {
   moe_status fail_status;
   int fail_task;
   // a stream is waiting for the other one (for a dependency, or at the end
-  // of its order): MOE_WAIT_ADAPTIVE then polls without sleeping
+  // of its order): MOE_WAIT_ADAPTIVE then blocks in the other's pending task
   int idle[MOE_STREAM_COUNT_];
 
   // ---- written by the running stream, read after the pass
