@@ -225,6 +225,10 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
           printf(", overlapped: compute x%.2f, comm x%.2f", prof->lf_a2a_slow[a][0],
                  prof->lf_a2a_slow[a][1]);
         }
+        if (prof->lf_a2a_smart_slow[a][0] >= 1.0) {
+          printf("; smart: compute x%.2f, comm x%.2f", prof->lf_a2a_smart_slow[a][0],
+                 prof->lf_a2a_smart_slow[a][1]);
+        }
       }
       printf(
           "\n  outside the passes: %.1f us + %.3f ns per T*M*(E+K), R² %.3f; contention, all "

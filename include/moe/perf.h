@@ -239,6 +239,13 @@ typedef struct {
   // algorithm's communication thread spins and slows compute far more than a
   // polled nonblocking one.
   double lf_a2a_slow[MOE_PROFILE_MAX][2];
+  // The same for the smart schedule when fitted apart (0: lf_a2a_slow). Its
+  // compute stream waits for every peer step's exchange, so the executor
+  // blocks in the exchange for most of it (MOE_WAIT_ADAPTIVE), while a
+  // pipelined schedule's exchanges run beside compute and are polled: the
+  // two contend differently (on the emulated cluster: smart slows compute,
+  // pipelined slows the exchanges).
+  double lf_a2a_smart_slow[MOE_PROFILE_MAX][2];
   int lf_samples;
 } moe_profile;
 
@@ -252,7 +259,8 @@ typedef struct {
 //    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g, "layer_fit":
 //    {"samples": n, "compute_scale": s, "compute_task_s": t, "outside": FIT,
 //     "a2a": {"mpi": {"scale": s, "exchange_s": t, optionally "compute_slowdown": x,
-//     "comm_slowdown": y}, ...}}}
+//     "comm_slowdown": y, optionally "smart_compute_slowdown": x,
+//     "smart_comm_slowdown": y}, ...}}}
 //   FIT = {"alpha_s": a, "beta_s": b, "r2": r, "points": n}, plus "gamma_s" for
 //   the expert fits (seconds per weight element read, see moe_fit_linear2)
 // Strict like the cluster parser; INVALID_ARG names the key. A fit needs a
@@ -343,9 +351,12 @@ typedef struct {
 //   counts: the same on its communication busy time and A tasks;
 // - outside the passes: total - passes against T M (E + K) (moe_fit_linear);
 // - the contention factors (slow_compute, slow_comm), when there are at least
-//   two samples with an overlapping schedule: the pair in [1, 3] (steps of
-//   0.05) with the least squared relative error of their pass makespans; and
-//   the same per algorithm that has two such samples (lf_a2a_slow).
+//   two samples with an overlapping schedule: the pair in [1, 4] (steps of
+//   0.05) with the least squared relative error of
+//   their pass makespans; per algorithm, the same on its pipelined samples
+//   (every overlapping schedule but smart; all overlapping ones when fewer
+//   than two) when it has two (lf_a2a_slow), and on its smart samples when
+//   it has two (lf_a2a_smart_slow).
 // Replaces any earlier corrections. INVALID_ARG without two sequential samples
 // of distinct chunk counts, or when a sample does not simulate; the profile is
 // then unchanged.

@@ -105,39 +105,75 @@ static void total_errors(const double *pred, const moe_layer_sample *s, int n, d
   *r2 = ss_tot > 0 ? 1.0 - ss_res / ss_tot : 1.0;
 }
 
-// The contention pair in [1, 3] x [1, 3] (steps of 0.05) with the least
-// squared relative error of the pass makespans of the overlapping samples (of
-// algorithm a2a only, unless NULL). Uses pf's profile-wide factors for the
+// Which overlapping samples a contention fit uses.
+typedef enum { CONT_ALL, CONT_PIPELINED, CONT_SMART } cont_family;
+
+static int in_family(const moe_layer_sample *s, const char *a2a, cont_family fam) {
+  if (is_sequential(s) || (a2a && strcmp(s->a2a, a2a) != 0)) return 0;
+  const int smart = strcmp(s->schedule, "smart") == 0;
+  return fam == CONT_ALL || (fam == CONT_SMART) == smart;
+}
+
+static int count_family(const moe_layer_sample *s, int n, const char *a2a, cont_family fam) {
+  int m = 0;
+  for (int i = 0; i < n; i++) m += in_family(&s[i], a2a, fam);
+  return m;
+}
+
+#define CONT_MAX 4.0  // largest contention factor searched
+
+// Squared relative error of the pass makespans of the samples in the family
+// with pf's profile-wide factors set to (c, m).
+static moe_status contention_error(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+                                   const char *a2a, cont_family fam, double c, double m,
+                                   double *err) {
+  moe_status st = MOE_STATUS_OK;
+  pf->slow_compute = c;
+  pf->slow_comm = m;
+  *err = 0;
+  for (int i = 0; i < n; i++) {
+    if (!in_family(&s[i], a2a, fam)) continue;
+    moe_sim_result res;
+    MOE_TRY(simulate_sample(ctx, pf, &s[i], &res));
+    const double e = (res.pass_ms[0] + res.pass_ms[1]) / s[i].passes_ms - 1.0;
+    *err += e * e;
+  }
+done:
+  return st;
+}
+
+// The contention pair in [1, CONT_MAX]² (steps of 0.05) with the least
+// squared relative error of the pass makespans of the overlapping samples of
+// the family (of algorithm a2a only, unless NULL); the error surface has
+// ridges (a slower compute and a faster exchange give the same makespan), so
+// the search is exhaustive. Uses pf's profile-wide factors for the
 // search (per-algorithm ones are cleared while it runs).
 static moe_status fit_contention(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
-                                 const char *a2a, double *best_c, double *best_m) {
+                                 const char *a2a, cont_family fam, double *best_c, double *best_m) {
   moe_status st = MOE_STATUS_OK;
   const double keep_c = pf->slow_compute, keep_m = pf->slow_comm;
-  double saved[MOE_PROFILE_MAX][2];
-  memcpy(saved, pf->lf_a2a_slow, sizeof saved);
+  double saved[2][MOE_PROFILE_MAX][2];
+  memcpy(saved[0], pf->lf_a2a_slow, sizeof saved[0]);
+  memcpy(saved[1], pf->lf_a2a_smart_slow, sizeof saved[1]);
   memset(pf->lf_a2a_slow, 0, sizeof pf->lf_a2a_slow);
+  memset(pf->lf_a2a_smart_slow, 0, sizeof pf->lf_a2a_smart_slow);
   double best = INFINITY;
   *best_c = keep_c;
   *best_m = keep_m;
-  for (int ic = 0; ic <= 40; ic++) {
-    for (int im = 0; im <= 40; im++) {
-      pf->slow_compute = 1.0 + 0.05 * ic;
-      pf->slow_comm = 1.0 + 0.05 * im;
+  const int steps = (int)lround((CONT_MAX - 1.0) / 0.05);
+  for (int ic = 0; ic <= steps; ic++) {
+    for (int im = 0; im <= steps; im++) {
       double err = 0;
-      for (int i = 0; i < n; i++) {
-        if (is_sequential(&s[i]) || (a2a && strcmp(s[i].a2a, a2a) != 0)) continue;
-        moe_sim_result res;
-        MOE_TRY(simulate_sample(ctx, pf, &s[i], &res));
-        const double e = (res.pass_ms[0] + res.pass_ms[1]) / s[i].passes_ms - 1.0;
-        err += e * e;
-      }
-      if (err < best) best = err, *best_c = pf->slow_compute, *best_m = pf->slow_comm;
+      const double c = 1.0 + 0.05 * ic, m = 1.0 + 0.05 * im;
+      MOE_TRY(contention_error(ctx, pf, s, n, a2a, fam, c, m, &err));
+      if (err < best) best = err, *best_c = c, *best_m = m;
     }
   }
 done:
   pf->slow_compute = keep_c;
   pf->slow_comm = keep_m;
-  memcpy(pf->lf_a2a_slow, saved, sizeof saved);
+  memcpy(pf->lf_a2a_slow, saved[0], sizeof saved[0]);
+  memcpy(pf->lf_a2a_smart_slow, saved[1], sizeof saved[1]);
   return st;
 }
 
@@ -246,22 +282,28 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
   // profile's factors), then per algorithm
   for (int i = 0; i < n; i++) r.overlap_samples += !is_sequential(&s[i]);
   memset(fitted.lf_a2a_slow, 0, sizeof fitted.lf_a2a_slow);
+  memset(fitted.lf_a2a_smart_slow, 0, sizeof fitted.lf_a2a_smart_slow);
   if (r.overlap_samples >= 2) {
     double sl[2];
-    MOE_TRY(fit_contention(ctx, &fitted, s, n, NULL, &sl[0], &sl[1]));
+    MOE_TRY(fit_contention(ctx, &fitted, s, n, NULL, CONT_ALL, &sl[0], &sl[1]));
     fitted.slow_compute = sl[0];
     fitted.slow_comm = sl[1];
   }
   for (int a = 0; a < fitted.n_a2a; a++) {
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-      m += !is_sequential(&s[i]) && strcmp(s[i].a2a, fitted.a2a[a].name) == 0;
-    }
-    if (m < 2) continue;
+    const char *name = fitted.a2a[a].name;
+    const cont_family pip =
+        count_family(s, n, name, CONT_PIPELINED) >= 2 ? CONT_PIPELINED : CONT_ALL;
     double sl[2];
-    MOE_TRY(fit_contention(ctx, &fitted, s, n, fitted.a2a[a].name, &sl[0], &sl[1]));
-    fitted.lf_a2a_slow[a][0] = sl[0];
-    fitted.lf_a2a_slow[a][1] = sl[1];
+    if (count_family(s, n, name, pip) >= 2) {
+      MOE_TRY(fit_contention(ctx, &fitted, s, n, name, pip, &sl[0], &sl[1]));
+      fitted.lf_a2a_slow[a][0] = sl[0];
+      fitted.lf_a2a_slow[a][1] = sl[1];
+    }
+    if (count_family(s, n, name, CONT_SMART) >= 2) {
+      MOE_TRY(fit_contention(ctx, &fitted, s, n, name, CONT_SMART, &sl[0], &sl[1]));
+      fitted.lf_a2a_smart_slow[a][0] = sl[0];
+      fitted.lf_a2a_smart_slow[a][1] = sl[1];
+    }
   }
   {
     double r2_before = 0;

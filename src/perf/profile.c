@@ -156,12 +156,16 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
         const cJSON *ex = cJSON_GetObjectItemCaseSensitive(al, "exchange_s");
         const cJSON *c1 = cJSON_GetObjectItemCaseSensitive(al, "compute_slowdown");
         const cJSON *c2 = cJSON_GetObjectItemCaseSensitive(al, "comm_slowdown");
+        const cJSON *s1 = cJSON_GetObjectItemCaseSensitive(al, "smart_compute_slowdown");
+        const cJSON *s2 = cJSON_GetObjectItemCaseSensitive(al, "smart_comm_slowdown");
         MOE_FAIL_IF(ctx,
-                    !cJSON_IsObject(al) || !sc || !ex || !c1 != !c2 ||
-                        cJSON_GetArraySize(al) != (c1 ? 4 : 2),
+                    !cJSON_IsObject(al) || !sc || !ex || !c1 != !c2 || !s1 != !s2 ||
+                        cJSON_GetArraySize(al) != 2 + (c1 ? 2 : 0) + (s1 ? 2 : 0),
                     MOE_STATUS_INVALID_ARG,
                     "profile: layer_fit.a2a.%s must be {\"scale\": s, \"exchange_s\": t} and "
-                    "optionally \"compute_slowdown\": x, \"comm_slowdown\": y",
+                    "optionally \"compute_slowdown\": x, \"comm_slowdown\": y and "
+                    "\"smart_compute_slowdown\": x, \"smart_comm_slowdown\": y (each pair both or "
+                    "neither)",
                     al->string);
         char ks[200];
         snprintf(ks, sizeof ks, "layer_fit.a2a.%s", al->string);
@@ -175,13 +179,16 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
                     "profile: %s needs scale in (0, 100] and exchange_s in [-task_overhead_s, 1] "
                     "= [%g, 1] (got %g, %g)",
                     ks, -p->task_overhead, p->lf_a2a_scale[idx], p->lf_a2a_exchange_s[idx]);
-        if (c1) {
-          double *sl = p->lf_a2a_slow[idx];
-          MOE_TRY(moe_json_get_double(ctx, c1, ks, &sl[0]));
-          MOE_TRY(moe_json_get_double(ctx, c2, ks, &sl[1]));
+        for (int f = 0; f < 2; f++) {
+          const cJSON *a = f ? s1 : c1, *b = f ? s2 : c2;
+          if (!a) continue;
+          double *sl = f ? p->lf_a2a_smart_slow[idx] : p->lf_a2a_slow[idx];
+          MOE_TRY(moe_json_get_double(ctx, a, ks, &sl[0]));
+          MOE_TRY(moe_json_get_double(ctx, b, ks, &sl[1]));
           MOE_FAIL_IF(ctx, !(sl[0] >= 1.0) || !(sl[1] >= 1.0) || sl[0] > 100.0 || sl[1] > 100.0,
-                      MOE_STATUS_INVALID_ARG, "profile: %s slowdowns (%g, %g) must be in [1, 100]",
-                      ks, sl[0], sl[1]);
+                      MOE_STATUS_INVALID_ARG,
+                      "profile: %s %sslowdowns (%g, %g) must be in [1, 100]", ks, f ? "smart " : "",
+                      sl[0], sl[1]);
         }
       }
     } else {
@@ -521,6 +528,10 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
       if (p->lf_a2a_slow[i][0] >= 1.0) {
         sb_printf(&b, ", \"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g", p->lf_a2a_slow[i][0],
                   p->lf_a2a_slow[i][1]);
+      }
+      if (p->lf_a2a_smart_slow[i][0] >= 1.0) {
+        sb_printf(&b, ", \"smart_compute_slowdown\": %.6g, \"smart_comm_slowdown\": %.6g",
+                  p->lf_a2a_smart_slow[i][0], p->lf_a2a_smart_slow[i][1]);
       }
       sb_printf(&b, "}");
       first = 0;

@@ -323,9 +323,13 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
         s.a2a_scale = pf->lf_a2a_scale[i];
         s.a2a_exch = pf->lf_a2a_exchange_s[i];
       }
-      if (strcmp(pf->a2a[i].name, v->a2a) == 0 && pf->lf_a2a_slow[i][0] >= 1.0) {
-        s.slow_comp = pf->lf_a2a_slow[i][0];
-        s.slow_comm = pf->lf_a2a_slow[i][1];
+      if (strcmp(pf->a2a[i].name, v->a2a) != 0) continue;
+      const double *sl = strcmp(v->schedule, "smart") == 0 && pf->lf_a2a_smart_slow[i][0] >= 1.0
+                             ? pf->lf_a2a_smart_slow[i]
+                             : pf->lf_a2a_slow[i];
+      if (sl[0] >= 1.0) {
+        s.slow_comp = sl[0];
+        s.slow_comm = sl[1];
       }
     }
   }
