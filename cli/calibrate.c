@@ -22,7 +22,10 @@
 
 typedef struct {
   const char *out, *name, *a2a, *compress;
-  const char *layers;  // shapes of the layer step, NULL: skipped
+  const char *layers;   // shapes of the layer step, NULL: skipped
+  const char *samples;  // write the layer step's runs there
+  const char *refit;    // fit --profile's corrections to these runs instead of measuring
+  const char *profile;  // the profile to refit
   int ranks_per_node, iters;
   long long min_bytes, max_bytes;
 } cal_opts;
@@ -59,6 +62,12 @@ static void calibrate_usage(FILE *f) {
           "                         [" CAL_DEFAULT_LAYERS
           "]\n"
           "  --no-layers            skip the layer step (no layer corrections)\n"
+          "  --samples FILE         also write the layer step's runs (JSON) to FILE\n"
+          "  --refit FILE --profile IN\n"
+          "                         measure nothing: fit IN's layer corrections again to the\n"
+          "                         runs in FILE (from --samples) and write the result to\n"
+          "                         --out (one process is enough; no measuring option\n"
+          "                         applies)\n"
           "\n"
           "The layer step runs every calibrated all-to-all with the sequential schedule\n"
           "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"
@@ -78,12 +87,23 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   o->max_bytes = 8 << 20;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
+  const char *measuring = NULL;  // the first option that only applies to measuring
   while (!cli_args_done(&a) && !a.bad) {
+    const char *arg = cli_args_peek(&a);
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
       if (rank == 0) calibrate_usage(stdout);
       return -1;
     } else if (cli_opt(&a, "--out")) {
       o->out = a.value;
+      arg = NULL;
+    } else if (cli_opt(&a, "--refit")) {
+      o->refit = a.value;
+      arg = NULL;
+    } else if (cli_opt(&a, "--profile")) {
+      o->profile = a.value;
+      arg = NULL;
+    } else if (cli_opt(&a, "--samples")) {
+      o->samples = a.value;
     } else if (cli_opt(&a, "--name")) {
       o->name = a.value;
       if (a.value && strlen(a.value) >= 64) {
@@ -114,17 +134,37 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
       if (rank == 0) cli_error("unknown option '%s' (see moe calibrate --help)", cli_args_peek(&a));
       return CLI_USAGE;
     }
+    if (arg && !measuring) measuring = arg;
+  }
+  if (!a.bad && o->refit && (!o->profile || measuring)) {
+    if (rank == 0) {
+      if (!o->profile) {
+        cli_error("--refit FILE needs --profile IN: the profile whose corrections to fit again");
+      } else {
+        cli_error("--refit measures nothing, so '%s' does not apply (see moe calibrate --help)",
+                  measuring);
+      }
+    }
+    a.bad = 1;
+  }
+  if (!a.bad && o->profile && !o->refit) {
+    if (rank == 0) cli_error("--profile IN only goes with --refit FILE (see moe calibrate --help)");
+    a.bad = 1;
+  }
+  if (!a.bad && o->samples && !o->layers) {
+    if (rank == 0) cli_error("--samples FILE writes the layer step's runs; --no-layers skips it");
+    a.bad = 1;
   }
   if (!a.bad && !o->out) {
     if (rank == 0) cli_error("--out FILE is required (see moe calibrate --help)");
     a.bad = 1;
   }
-  if (!a.bad && o->layers) {
+  if (!a.bad && o->layers && !o->refit) {
     int P = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &P);
-    if (cli_calibrate_layers(NULL, o->layers, 0, 1, rank, P, NULL) != CLI_OK) a.bad = 1;
+    if (cli_calibrate_layers(NULL, o->layers, 0, 1, rank, P, NULL, NULL) != CLI_OK) a.bad = 1;
   }
-  if (!a.bad && o->min_bytes * 4 > o->max_bytes) {
+  if (!a.bad && !o->refit && o->min_bytes * 4 > o->max_bytes) {
     if (rank == 0) {
       cli_error("--max-bytes (%lld) must be at least 4 x --min-bytes (%lld) for a fit",
                 o->max_bytes, o->min_bytes);
@@ -788,6 +828,35 @@ done:
   return rc;
 }
 
+// --refit: o->profile's layer corrections fitted again to the runs in
+// o->refit, written to out (one process).
+static int refit_profile(moe_ctx *ctx, const cal_opts *o, moe_profile *prof, char **json,
+                         cli_out *out) {
+  moe_layer_sample *samples = NULL;
+  int n = 0, rc = CLI_OK;
+  if (moe_profile_load(ctx, o->profile, prof) != MOE_STATUS_OK ||
+      moe_layer_samples_load(ctx, o->refit, &samples, &n) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+  }
+  if (rc == CLI_OK) {
+    printf("moe calibrate --refit: %d layer runs from %s, profile %s ('%s')\n", n, o->refit,
+           o->profile, prof->name);
+    rc = cli_fit_layer_samples(ctx, prof, samples, n, 1, 0);
+  }
+  if (rc == CLI_OK && moe_profile_to_json(ctx, prof, json) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+  }
+  if (rc == CLI_OK) {
+    fputs(*json, out->f);
+    rc = cli_out_commit(out);
+    if (rc == CLI_OK) printf("wrote %s\n", o->out);
+  }
+  moe_free(samples);
+  return rc;
+}
+
 int cmd_calibrate(int argc, char **argv) {
   int provided = 0, rank = 0, P = 1;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -812,6 +881,11 @@ int cmd_calibrate(int argc, char **argv) {
   }
   if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
     rc = CLI_FAILED;
+    goto done;
+  }
+  if (o.refit) {
+    if (rank == 0) rc = refit_profile(ctx, &o, &prof, &json, &out);
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
     goto done;
   }
   if (moe_group_init_topology(ctx, &g, MPI_COMM_WORLD, o.ranks_per_node) != MOE_STATUS_OK) {
@@ -938,7 +1012,7 @@ int cmd_calibrate(int argc, char **argv) {
     c->nics_per_node = 1;
   }
   if (o.layers) {
-    rc = cli_calibrate_layers(ctx, o.layers, o.ranks_per_node, o.iters, rank, P, &prof);
+    rc = cli_calibrate_layers(ctx, o.layers, o.ranks_per_node, o.iters, rank, P, o.samples, &prof);
     if (rc != CLI_OK) goto done;
   }
   if (rank == 0) {
@@ -965,6 +1039,35 @@ done:
 }
 
 #else  // !MOE_CLI_MPI
+
+// --refit: o->profile's layer corrections fitted again to the runs in
+// o->refit, written to out (one process).
+static int refit_profile(moe_ctx *ctx, const cal_opts *o, moe_profile *prof, char **json,
+                         cli_out *out) {
+  moe_layer_sample *samples = NULL;
+  int n = 0, rc = CLI_OK;
+  if (moe_profile_load(ctx, o->profile, prof) != MOE_STATUS_OK ||
+      moe_layer_samples_load(ctx, o->refit, &samples, &n) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+  }
+  if (rc == CLI_OK) {
+    printf("moe calibrate --refit: %d layer runs from %s, profile %s ('%s')\n", n, o->refit,
+           o->profile, prof->name);
+    rc = cli_fit_layer_samples(ctx, prof, samples, n, 1, 0);
+  }
+  if (rc == CLI_OK && moe_profile_to_json(ctx, prof, json) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+  }
+  if (rc == CLI_OK) {
+    fputs(*json, out->f);
+    rc = cli_out_commit(out);
+    if (rc == CLI_OK) printf("wrote %s\n", o->out);
+  }
+  moe_free(samples);
+  return rc;
+}
 
 int cmd_calibrate(int argc, char **argv) {
   (void)argc;

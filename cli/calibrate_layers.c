@@ -173,8 +173,88 @@ done:
   return rc;
 }
 
+// Fits prof's layer corrections to n samples and prints the result on rank
+// 0 (the layer step and, refit, --refit: the contention factors before the
+// fit are then the earlier fit's, not the executor measurement's). CLI_OK or
+// CLI_FAILED.
+int cli_fit_layer_samples(moe_ctx *ctx, moe_profile *prof, const moe_layer_sample *samples, int n,
+                          int refit, int rank) {
+  int rc = CLI_OK;
+  moe_layer_fit_report rep;
+  const double sc0 = prof->slow_compute, sm0 = prof->slow_comm;
+  if (moe_profile_fit_layer(ctx, prof, samples, n, &rep) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("layer step: %s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  if (rank != 0) return rc;
+  printf("layer fit over %d runs: compute x%.3f %+.1f us per task", n, prof->lf_compute_scale,
+         prof->lf_compute_task_s * 1e6);
+  for (int a = 0; a < prof->n_a2a; a++) {
+    if (prof->lf_a2a_scale[a] > 0) {
+      printf("\n  %-9s x%.3f %+.1f us per exchange", prof->a2a[a].name, prof->lf_a2a_scale[a],
+             prof->lf_a2a_exchange_s[a] * 1e6);
+    }
+    if (prof->lf_a2a_slow[a][0] >= 1.0) {
+      printf(", overlapped: compute x%.2f, comm x%.2f", prof->lf_a2a_slow[a][0],
+             prof->lf_a2a_slow[a][1]);
+    }
+    if (prof->lf_a2a_smart_slow[a][0] >= 1.0) {
+      printf("; smart: compute x%.2f, comm x%.2f", prof->lf_a2a_smart_slow[a][0],
+             prof->lf_a2a_smart_slow[a][1]);
+    }
+  }
+  printf(
+      "\n  outside the passes: %.1f us + %.3f ns per T*M*(E+K), R² %.3f; contention, all "
+      "algorithms: x%.2f compute, x%.2f comm (%s: x%.2f, x%.2f)\n"
+      "  the layer runs' totals: MAPE %.1f%% with the micro-benchmark models alone, "
+      "%.1f%% fitted (R² %.3f; in-sample)\n",
+      prof->lf_outside.alpha * 1e6, prof->lf_outside.beta * 1e9, prof->lf_outside.r2,
+      prof->slow_compute, prof->slow_comm, refit ? "before the refit" : "executor measurement", sc0,
+      sm0, rep.mape_before, rep.mape_after, rep.r2_after);
+  if (rep.outliers > 0) {
+    printf(
+        "  left out as outliers: %d run%s whose total the fit missed by more than %.0f%% "
+        "(noise bursts)\n",
+        rep.outliers, rep.outliers == 1 ? "" : "s", rep.outlier_threshold * 100.0);
+  }
+  if (rep.at_bound > 0) {
+    printf(
+        "  warning: %d correction%s hit the scale bound (x0.1 or x10): the layer runs do not "
+        "look like the micro-benchmarks' tasks (one rank, tiny shapes, or a busy machine)\n",
+        rep.at_bound, rep.at_bound == 1 ? "" : "s");
+  }
+  if (rep.r2_after < 0.8 || rep.mape_after > 15.0) {
+    printf(
+        "  warning: the fitted model explains the layer runs poorly (R² %.2f, MAPE %.0f%%): "
+        "the machine was probably busy or noisy during calibration; run it again before "
+        "trusting predictions\n",
+        rep.r2_after, rep.mape_after);
+  }
+  return rc;
+}
+
+// Writes the layer runs to path (rank 0): complete or not at all.
+int cli_write_layer_samples(moe_ctx *ctx, const char *path, const moe_layer_sample *samples,
+                            int n) {
+  char *json = NULL;
+  cli_out out = {0};
+  int rc = cli_out_open(&out, path);
+  if (rc == CLI_OK && moe_layer_samples_to_json(ctx, samples, n, &json) != MOE_STATUS_OK) {
+    cli_error("--samples: %s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+  }
+  if (rc == CLI_OK) {
+    fputs(json, out.f);
+    rc = cli_out_commit(&out);
+    if (rc == CLI_OK) printf("wrote the %d layer runs to %s\n", n, path);
+  }
+  cli_out_abort(&out);
+  moe_free(json);
+  return rc;
+}
+
 int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, int iters, int rank,
-                         int P, moe_profile *prof) {
+                         int P, const char *samples_path, moe_profile *prof) {
   moe_layer_config cfgs[MAX_SHAPES];
   int n_shapes = 0;
   int rc = parse_shapes(shapes, P, rank, cfgs, &n_shapes);
@@ -207,51 +287,13 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
   for (int i = 0; i < n_shapes && rc == CLI_OK; i++) {
     rc = run_shape(ctx, &cfgs[i], vs, nv, P, ranks_per_node, iters, rank, samples + (size_t)i * nv);
   }
+  if (rc == CLI_OK && samples_path && rank == 0) {
+    rc = cli_write_layer_samples(ctx, samples_path, samples, n_shapes * nv);
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
   if (rc == CLI_OK) {
-    moe_layer_fit_report rep;
-    const double sc0 = prof->slow_compute, sm0 = prof->slow_comm;
-    if (moe_profile_fit_layer(ctx, prof, samples, n_shapes * nv, &rep) != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("layer step: %s", moe_ctx_error(ctx));
-      rc = CLI_FAILED;
-    } else if (rank == 0) {
-      printf("layer fit over %d runs: compute x%.3f %+.1f us per task", n_shapes * nv,
-             prof->lf_compute_scale, prof->lf_compute_task_s * 1e6);
-      for (int a = 0; a < prof->n_a2a; a++) {
-        if (prof->lf_a2a_scale[a] > 0) {
-          printf("\n  %-9s x%.3f %+.1f us per exchange", prof->a2a[a].name, prof->lf_a2a_scale[a],
-                 prof->lf_a2a_exchange_s[a] * 1e6);
-        }
-        if (prof->lf_a2a_slow[a][0] >= 1.0) {
-          printf(", overlapped: compute x%.2f, comm x%.2f", prof->lf_a2a_slow[a][0],
-                 prof->lf_a2a_slow[a][1]);
-        }
-        if (prof->lf_a2a_smart_slow[a][0] >= 1.0) {
-          printf("; smart: compute x%.2f, comm x%.2f", prof->lf_a2a_smart_slow[a][0],
-                 prof->lf_a2a_smart_slow[a][1]);
-        }
-      }
-      printf(
-          "\n  outside the passes: %.1f us + %.3f ns per T*M*(E+K), R² %.3f; contention, all "
-          "algorithms: x%.2f compute, x%.2f comm (executor measurement: x%.2f, x%.2f)\n"
-          "  the layer runs' totals: MAPE %.1f%% with the micro-benchmark models alone, "
-          "%.1f%% fitted (R² %.3f; in-sample)\n",
-          prof->lf_outside.alpha * 1e6, prof->lf_outside.beta * 1e9, prof->lf_outside.r2,
-          prof->slow_compute, prof->slow_comm, sc0, sm0, rep.mape_before, rep.mape_after,
-          rep.r2_after);
-      if (rep.at_bound > 0) {
-        printf(
-            "  warning: %d correction%s hit the scale bound (x0.1 or x10): the layer runs do not "
-            "look like the micro-benchmarks' tasks (one rank, tiny shapes, or a busy machine)\n",
-            rep.at_bound, rep.at_bound == 1 ? "" : "s");
-      }
-      if (rep.r2_after < 0.8 || rep.mape_after > 15.0) {
-        printf(
-            "  warning: the fitted model explains the layer runs poorly (R² %.2f, MAPE %.0f%%): "
-            "the machine was probably busy or noisy during calibration; run it again before "
-            "trusting predictions\n",
-            rep.r2_after, rep.mape_after);
-      }
-    }
+    // every rank fits (the same numbers: the samples are the slowest rank's)
+    rc = cli_fit_layer_samples(ctx, prof, samples, n_shapes * nv, 0, rank);
   }
   moe_free(samples);
   return rc;

@@ -120,8 +120,15 @@ int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error withou
 // or backward pass; zeros before one ran (calibrate_layers.c, MPI builds).
 typedef struct moe_ep_layer moe_ep_layer;
 moe_pass_breakdown cli_ep_pass_breakdown(const moe_ep_layer *layer, int backward);
+// samples_path: rank 0 also writes the runs there (moe_layer_samples_to_json).
 int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, int iters, int rank,
-                         int P, moe_profile *prof);
+                         int P, const char *samples_path, moe_profile *prof);
+// Fits prof's layer corrections to the runs and prints them on rank 0
+// (the layer step, and calibrate --refit with refit 1); CLI_OK or CLI_FAILED.
+int cli_fit_layer_samples(moe_ctx *ctx, moe_profile *prof, const moe_layer_sample *samples, int n,
+                          int refit, int rank);
+// Writes the runs to path, complete or not at all (one process).
+int cli_write_layer_samples(moe_ctx *ctx, const char *path, const moe_layer_sample *samples, int n);
 int cmd_train(int argc, char **argv);   // train.c: MPI (MOE_CLI_MPI)
 int cmd_sample(int argc, char **argv);  // sample.c: one process
 

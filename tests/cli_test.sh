@@ -207,9 +207,27 @@ if "$MOE" version | grep -q "mpi=yes"; then
     --layers 64:32:64:1.1,64:32:64:-1
   if [[ -e "$tmp/p2.json" ]]; then fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote" >&2; fi
   expect 0 "layer fit over 12 runs: compute x" -- calibrate --out "$tmp/prof.json" \
-    --max-bytes 262144 --iters 1 --a2a mpi --compress none,int8 --layers 64:32:64:1.1,128:32:64:0
+    --max-bytes 262144 --iters 1 --a2a mpi --compress none,int8 --layers 64:32:64:1.1,128:32:64:0 \
+    --samples "$tmp/runs.json"
   if grep -q '"layer_fit": {"samples": 12' "$tmp/prof.json"; then pass=$((pass + 1)); else
     fail=$((fail + 1)); echo "FAIL: the profile has no layer_fit of 12 samples" >&2; fi
+  # --refit: the same runs give the same corrections, byte for byte
+  expect 0 "--refit: 12 layer runs from" -- calibrate --refit "$tmp/runs.json" \
+    --profile "$tmp/prof.json" --out "$tmp/prof_re.json"
+  if cmp -s "$tmp/prof.json" "$tmp/prof_re.json"; then pass=$((pass + 1)); else
+    fail=$((fail + 1)); echo "FAIL: --refit on the same runs changed the profile" >&2
+    diff "$tmp/prof.json" "$tmp/prof_re.json" | head -10 >&2; fi
+  expect 2 "--refit FILE needs --profile IN" -- calibrate --refit "$tmp/runs.json" --out "$tmp/p2.json"
+  expect 2 "'--iters' does not apply" -- calibrate --refit "$tmp/runs.json" \
+    --profile "$tmp/prof.json" --iters 3 --out "$tmp/p2.json"
+  expect 2 "--profile IN only goes with --refit" -- calibrate --profile "$tmp/prof.json" \
+    --out "$tmp/p2.json"
+  expect 2 "--no-layers skips it" -- calibrate --samples "$tmp/r2.json" --no-layers --out "$tmp/p2.json"
+  sed 's/"total_ms"/"totl_ms"/' "$tmp/runs.json" > "$tmp/bad_runs.json"
+  expect 1 "samples\[0\] has unknown key 'totl_ms'" -- calibrate --refit "$tmp/bad_runs.json" \
+    --profile "$tmp/prof.json" --out "$tmp/p2.json"
+  if [[ -e "$tmp/p2.json" || -e "$tmp/r2.json" ]]; then
+    fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote" >&2; fi
   expect 0 "wrote $tmp/prof_nl.json" -- calibrate --out "$tmp/prof_nl.json" --max-bytes 262144 \
     --iters 1 --a2a mpi --compress none --no-layers
   if grep -q layer_fit "$tmp/prof_nl.json"; then fail=$((fail + 1)); echo "FAIL: --no-layers" >&2

@@ -940,6 +940,123 @@ static void test_layer_fit(void) {
              "scale bound: compute x%g + %g s, %d at the bound", lf.lf_compute_scale,
              lf.lf_compute_task_s, rep.at_bound);
   }
+  // the runs as JSON (calibrate --samples / --refit): exact round trip, and
+  // the same fit from the runs read back
+  {
+    char *js = NULL;
+    moe_layer_sample *rt = NULL;
+    int nb = 0;
+    TU_CHECK(moe_layer_samples_to_json(g_ctx, ss, n, &js) == MOE_STATUS_OK &&
+                 moe_layer_samples_from_json(g_ctx, js, &rt, &nb) == MOE_STATUS_OK && nb == n,
+             "samples round trip: %s", moe_ctx_error(g_ctx));
+    int same = rt != NULL, bad_i = -1;
+    for (int i = 0; same && i < n; i++) {
+      bad_i = i;
+      same = rt[i].cfg.tokens == ss[i].cfg.tokens && rt[i].cfg.model_dim == ss[i].cfg.model_dim &&
+             rt[i].cfg.hidden_dim == ss[i].cfg.hidden_dim &&
+             rt[i].cfg.num_experts == ss[i].cfg.num_experts && rt[i].cfg.top_k == ss[i].cfg.top_k &&
+             rt[i].cfg.capacity_factor == ss[i].cfg.capacity_factor &&
+             strcmp(rt[i].a2a, ss[i].a2a) == 0 && strcmp(rt[i].schedule, ss[i].schedule) == 0 &&
+             rt[i].chunks == ss[i].chunks && rt[i].comp_ms == ss[i].comp_ms &&
+             rt[i].comm_ms == ss[i].comm_ms && rt[i].passes_ms == ss[i].passes_ms &&
+             rt[i].total_ms == ss[i].total_ms;
+    }
+    TU_CHECK(same, "samples read back exactly (sample %d: %s %s %d, cf %.17g, total %.17g)", bad_i,
+             rt ? rt[bad_i].a2a : "-", rt ? rt[bad_i].schedule : "-", rt ? rt[bad_i].chunks : 0,
+             rt ? rt[bad_i].cfg.capacity_factor : 0.0, rt ? rt[bad_i].total_ms : 0.0);
+    moe_profile refit = p;
+    moe_layer_fit_report rr;
+    TU_CHECK(same && moe_profile_fit_layer(g_ctx, &refit, rt, nb, &rr) == MOE_STATUS_OK &&
+                 refit.lf_compute_scale == fitted.lf_compute_scale &&
+                 refit.lf_a2a_exchange_s[1] == fitted.lf_a2a_exchange_s[1] &&
+                 refit.lf_a2a_smart_slow[0][0] == fitted.lf_a2a_smart_slow[0][0] &&
+                 refit.slow_comm == fitted.slow_comm,
+             "the runs read back fit the same corrections: %s", moe_ctx_error(g_ctx));
+    moe_free(rt);
+    moe_free(js);
+    static const char one[] =
+        "{\"layer_samples_version\": 1, \"samples\": [{\"config\": {\"tokens\": 64, "
+        "\"model_dim\": 32, \"hidden_dim\": 64, \"num_experts\": 2}, \"a2a\": \"mpi\", "
+        "\"schedule\": \"sequential\", \"chunks\": %s, \"comp_ms\": 1, \"comm_ms\": 2, "
+        "\"passes_ms\": %s, \"total_ms\": 4%s}]}";
+    static const struct {
+      const char *chunks, *passes, *extra, *needle;
+    } bad[] = {
+        {"2", "3", "", NULL},  // valid
+        {"0", "3", "", "samples[0].chunks (0) must be in [1, 64]"},
+        {"2", "5", "", "passes_ms 5 above total_ms 4"},
+        {"2", "-3", "", "samples[0].passes_ms (-3) must be a positive finite time"},
+        {"2", "3", ", \"colour\": 1", "samples[0] has unknown key 'colour'"},
+        {"2", "3", ", \"chunks\": 2", "samples[0] has key 'chunks' twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      char text[1024];
+      snprintf(text, sizeof text, one, bad[i].chunks, bad[i].passes, bad[i].extra);
+      moe_layer_sample *got = NULL;
+      int ng = 0;
+      const moe_status st = moe_layer_samples_from_json(g_ctx, text, &got, &ng);
+      TU_CHECK(bad[i].needle ? st == MOE_STATUS_INVALID_ARG && !got &&
+                                   strstr(moe_ctx_error(g_ctx), bad[i].needle)
+                             : st == MOE_STATUS_OK && ng == 1 && got[0].chunks == 2 &&
+                                   got[0].passes_ms == 3.0 && got[0].cfg.num_experts == 2,
+               "samples case %zu: %s (want '%s')", i, moe_ctx_error(g_ctx),
+               bad[i].needle ? bad[i].needle : "ok");
+      moe_free(got);
+    }
+    moe_layer_sample *got = NULL;
+    int ng = 0;
+    TU_CHECK(moe_layer_samples_from_json(g_ctx, "{\"layer_samples_version\": 2, \"samples\": []}",
+                                         &got, &ng) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "layer_samples_version 2 is not supported"),
+             "samples version: %s", moe_ctx_error(g_ctx));
+    TU_CHECK(moe_layer_samples_from_json(g_ctx,
+                                         "{\"layer_samples_version\": 1, \"samples\": [{"
+                                         "\"a2a\": \"mpi\"}]}",
+                                         &got, &ng) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "samples[0] lacks 'config'"),
+             "samples missing key: %s", moe_ctx_error(g_ctx));
+  }
+  // three runs hit by a burst of noise (every time x2.5): left out, and the
+  // fit of the others is the clean one
+  {
+    moe_layer_sample noisy[48];
+    memcpy(noisy, ss, sizeof noisy);
+    int hit[3] = {-1, -1, -1}, nh = 0;
+    for (int i = 0; i < n && nh < 3; i++) {
+      // a sequential pipe run and two overlapping mpi ones
+      const int seq = strcmp(noisy[i].schedule, "sequential") == 0;
+      if ((nh == 0 && seq && strcmp(noisy[i].a2a, "pipe") == 0) ||
+          (nh > 0 && !seq && strcmp(noisy[i].a2a, "mpi") == 0 && i > hit[nh - 1] + 5)) {
+        hit[nh++] = i;
+        noisy[i].comp_ms *= 2.5;
+        noisy[i].comm_ms *= 2.5;
+        noisy[i].passes_ms *= 2.5;
+        noisy[i].total_ms *= 2.5;
+      }
+    }
+    moe_profile rob = p, clean = p;
+    moe_layer_fit_report rr, rc;
+    moe_layer_sample kept[48];
+    int nk = 0;
+    for (int i = 0; i < n; i++) {
+      if (i != hit[0] && i != hit[1] && i != hit[2]) kept[nk++] = ss[i];
+    }
+    TU_CHECK(nh == 3 && moe_profile_fit_layer(g_ctx, &rob, noisy, n, &rr) == MOE_STATUS_OK &&
+                 moe_profile_fit_layer(g_ctx, &clean, kept, nk, &rc) == MOE_STATUS_OK &&
+                 rr.outliers == 3 && rc.outliers == 0 &&
+                 rob.lf_compute_scale == clean.lf_compute_scale &&
+                 rob.lf_a2a_scale[1] == clean.lf_a2a_scale[1] &&
+                 rob.lf_a2a_slow[0][0] == clean.lf_a2a_slow[0][0] &&
+                 rob.lf_outside.alpha == clean.lf_outside.alpha,
+             "noise bursts: %d runs hit, %d left out (threshold %g), compute x%g vs x%g: %s", nh,
+             rr.outliers, rr.outlier_threshold, rob.lf_compute_scale, clean.lf_compute_scale,
+             moe_ctx_error(g_ctx));
+    // more than a quarter of the runs off: nothing is left out
+    for (int i = 0; i < n; i += 3) noisy[i].total_ms *= 3.0, noisy[i].passes_ms *= 3.0;
+    rob = p;
+    TU_CHECK(moe_profile_fit_layer(g_ctx, &rob, noisy, n, &rr) == MOE_STATUS_OK && rr.outliers == 0,
+             "a noisy machine throughout: %d runs left out (want 0)", rr.outliers);
+  }
   // errors leave the profile unchanged
   moe_profile keep = p;
   moe_layer_sample one_r[2] = {ss[0], ss[1]};  // mpi and pipe, both r = 1

@@ -336,8 +336,10 @@ typedef struct {
 typedef struct {
   int seq_samples, overlap_samples;  // used for the task corrections / the contention factors
   int at_bound;                      // corrections whose scale hit [0.1, 10]: a poor fit
-  double mape_before, mape_after;    // of total_ms over all samples, %
+  double mape_before, mape_after;    // of total_ms over the samples fitted, %
   double r2_after;
+  int outliers;              // runs left out of the fit (see moe_profile_fit_layer)
+  double outlier_threshold;  // their total's relative error under the first fit exceeded this
 } moe_layer_fit_report;
 
 // Fits the profile's layer corrections (see moe_profile) to measured runs on
@@ -357,11 +359,33 @@ typedef struct {
 //   (every overlapping schedule but smart; all overlapping ones when fewer
 //   than two) when it has two (lf_a2a_slow), and on its smart samples when
 //   it has two (lf_a2a_smart_slow).
+// Then, robustly: a run whose total the fit misses by more than 25% and by
+// more than 4 x the median error (a burst of noise on a shared machine) is
+// left out and everything is fitted again without it, when such runs are at
+// most a quarter of all (rep->outliers; with more, the machine was noisy
+// throughout and the report's errors say so).
 // Replaces any earlier corrections. INVALID_ARG without two sequential samples
 // of distinct chunk counts, or when a sample does not simulate; the profile is
 // then unchanged.
 moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
                                  moe_layer_fit_report *rep);
+
+// Layer samples as JSON, so a profile's corrections can be fitted again from
+// the runs behind them (moe calibrate --samples / --refit):
+//   {"layer_samples_version": 1, "samples": [{"config": {layer config, see
+//    moe_layer_config_from_json}, "a2a": "mpi", "schedule": "sequential",
+//    "chunks": r, "comp_ms": t, "comm_ms": t, "passes_ms": t, "total_ms": t},
+//    ...]}
+// The text is moe_malloc'd (the caller moe_free()s it); times are printed so
+// that they read back exactly.
+moe_status moe_layer_samples_to_json(moe_ctx *ctx, const moe_layer_sample *s, int n, char **out);
+// Strict: unknown, repeated or missing keys, an invalid layer config, chunks
+// outside [1, 64], times that are not positive and finite or passes above the
+// total are INVALID_ARG naming the sample and key. *out is moe_malloc'd (the
+// caller moe_free()s it), 1..100000 samples.
+moe_status moe_layer_samples_from_json(moe_ctx *ctx, const char *json, moe_layer_sample **out,
+                                       int *n);
+moe_status moe_layer_samples_load(moe_ctx *ctx, const char *path, moe_layer_sample **out, int *n);
 
 // ---- the planner ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@
 // corrects the durations it feeds them.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/perf.h"
@@ -177,7 +178,8 @@ done:
   return st;
 }
 
-moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+// One fit over all n samples (moe_profile_fit_layer without the outlier pass).
+static moe_status fit_layer_once(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
                                  moe_layer_fit_report *rep) {
   moe_status st = MOE_STATUS_OK;
   double *buf = NULL;
@@ -321,5 +323,69 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
 done:
   moe_free(buf);
   moe_free(base_res);
+  return st;
+}
+
+// A run is an outlier when its total's error under the fit exceeds both
+// LF_OUTLIER_MIN and LF_OUTLIER_K x the median error of all runs; the fit is
+// redone without the outliers while they are at most a quarter of the runs
+// (more: the machine was noisy throughout, and the fit says so by its
+// errors), up to LF_OUTLIER_ROUNDS times.
+#define LF_OUTLIER_MIN 0.25
+#define LF_OUTLIER_K 4.0
+#define LF_OUTLIER_ROUNDS 4
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
+                                 moe_layer_fit_report *rep) {
+  moe_status st = MOE_STATUS_OK;
+  double *err = NULL;
+  moe_layer_sample *kept = NULL;
+  moe_layer_fit_report r;
+  moe_profile first = pf ? *pf : (moe_profile){0};
+  MOE_TRY(fit_layer_once(ctx, &first, s, n, &r));
+  err = moe_malloc(2 * (size_t)n * sizeof(double));
+  kept = moe_malloc((size_t)n * sizeof *kept);
+  MOE_FAIL_IF(ctx, !err || !kept, MOE_STATUS_OUT_OF_MEMORY, "layer fit: cannot allocate %d samples",
+              n);
+  // up to LF_OUTLIER_ROUNDS rounds: the errors of every run under the
+  // current fit, the runs within the threshold fitted again, until the
+  // number left out stops changing
+  int prev_out = 0;
+  for (int round = 0; round < LF_OUTLIER_ROUNDS; round++) {
+    for (int i = 0; i < n; i++) {
+      moe_sim_result res;
+      MOE_TRY(simulate_sample(ctx, &first, &s[i], &res));
+      err[i] = err[n + i] = fabs(res.total_ms / s[i].total_ms - 1.0);
+    }
+    qsort(err + n, (size_t)n, sizeof(double), cmp_double);
+    const double med = n % 2 ? err[n + n / 2] : 0.5 * (err[n + n / 2 - 1] + err[n + n / 2]);
+    const double thr = fmax(LF_OUTLIER_MIN, LF_OUTLIER_K * med);
+    int nk = 0;
+    for (int i = 0; i < n; i++) {
+      if (err[i] <= thr) kept[nk++] = s[i];
+    }
+    if (n - nk == prev_out) break;  // as many left out as in this fit: done
+    if (4 * (n - nk) > n) break;    // noisy throughout: keep the last fit
+    moe_profile next = *pf;
+    moe_layer_fit_report rn;
+    if (fit_layer_once(ctx, &next, kept, nk, &rn) != MOE_STATUS_OK) {
+      moe_ctx_clear_error(ctx);  // the kept runs cannot be fitted alone: keep the last fit
+      break;
+    }
+    first = next;
+    r = rn;
+    r.outliers = prev_out = n - nk;
+    r.outlier_threshold = thr;
+  }
+  *pf = first;
+  *rep = r;
+done:
+  moe_free(err);
+  moe_free(kept);
   return st;
 }
