@@ -11,9 +11,13 @@ variant, the measured total and the predicted one.
    the variant with the least predicted time, and whether its measured time is
    within 5% of the best measured variant (and, noise-aware, whether its
    first quartile reaches the best variant's third quartile).
+3. With --repeat GRID2 (the same grid measured again): how reproducible the
+   5% criterion itself is. The best measured variant of GRID, judged by
+   GRID2's measurement (an oracle that measured every variant once), and
+   the planned variant judged the same way.
 
 Standard library only.
-usage: bench/model_validation.py GRID.json [--profile PROFILE --moe PATH]
+usage: bench/model_validation.py GRID.json [--profile PROFILE --moe PATH] [--repeat GRID2]
   with --profile, the predictions are recomputed by `moe simulate --profile`
   (for example with a profile calibrated after the grid ran)
 """
@@ -141,6 +145,29 @@ def main():
         within, n, 100.0 * within / n))
     print("  or not told apart from it (planned q1 <= best q3): %d of %d configs (%.0f%%)" % (
         within_noise, n, 100.0 * within_noise / n))
+    if "--repeat" in args:
+        repeat(configs, json.load(open(args[args.index("--repeat") + 1]))["configs"])
+
+
+def repeat(configs, again):
+    """The 5% criterion judged on a second measurement of the same grid."""
+    key = lambda v: (v["a2a"], v["compress"], v["schedule"], v["chunks"])
+    if len(again) != len(configs):
+        sys.exit("--repeat: the grids have %d and %d configs" % (len(configs), len(again)))
+    oracle = planned = 0
+    for c, c2 in zip(configs, again):
+        vs = [v for v in c["variants"] if v["compress"] == "none"]
+        second = {key(v): v["total_ms"] for v in c2["variants"] if v["compress"] == "none"}
+        if set(second) != {key(v) for v in vs}:
+            sys.exit("--repeat: the grids measured different variants")
+        best2 = min(second.values())
+        oracle += second[key(min(vs, key=lambda v: v["total_ms"]))] <= 1.05 * best2
+        planned += second[key(min(vs, key=lambda v: v["predicted_ms"]))] <= 1.05 * best2
+    n = len(configs)
+    print("\njudged by the repeated measurement (within 5% of its best):")
+    print("  the best measured variant of this grid: %d of %d configs (%.0f%%): the ceiling of "
+          "any choice made from one measurement" % (oracle, n, 100.0 * oracle / n))
+    print("  the planned variant: %d of %d configs (%.0f%%)" % (planned, n, 100.0 * planned / n))
 
 
 if __name__ == "__main__":
