@@ -1040,35 +1040,6 @@ done:
 
 #else  // !MOE_CLI_MPI
 
-// --refit: o->profile's layer corrections fitted again to the runs in
-// o->refit, written to out (one process).
-static int refit_profile(moe_ctx *ctx, const cal_opts *o, moe_profile *prof, char **json,
-                         cli_out *out) {
-  moe_layer_sample *samples = NULL;
-  int n = 0, rc = CLI_OK;
-  if (moe_profile_load(ctx, o->profile, prof) != MOE_STATUS_OK ||
-      moe_layer_samples_load(ctx, o->refit, &samples, &n) != MOE_STATUS_OK) {
-    cli_error("%s", moe_ctx_error(ctx));
-    rc = CLI_FAILED;
-  }
-  if (rc == CLI_OK) {
-    printf("moe calibrate --refit: %d layer runs from %s, profile %s ('%s')\n", n, o->refit,
-           o->profile, prof->name);
-    rc = cli_fit_layer_samples(ctx, prof, samples, n, 1, 0);
-  }
-  if (rc == CLI_OK && moe_profile_to_json(ctx, prof, json) != MOE_STATUS_OK) {
-    cli_error("%s", moe_ctx_error(ctx));
-    rc = CLI_FAILED;
-  }
-  if (rc == CLI_OK) {
-    fputs(*json, out->f);
-    rc = cli_out_commit(out);
-    if (rc == CLI_OK) printf("wrote %s\n", o->out);
-  }
-  moe_free(samples);
-  return rc;
-}
-
 int cmd_calibrate(int argc, char **argv) {
   (void)argc;
   (void)argv;
