@@ -828,6 +828,19 @@ done:
   return rc;
 }
 
+// Writes prof to out, complete or not at all (rank 0). *json holds the text.
+static int write_profile(moe_ctx *ctx, const moe_profile *prof, char **json, cli_out *out,
+                         const char *path) {
+  if (moe_profile_to_json(ctx, prof, json) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  fputs(*json, out->f);
+  const int rc = cli_out_commit(out);
+  if (rc == CLI_OK) printf("wrote %s\n", path);
+  return rc;
+}
+
 // --refit: o->profile's layer corrections fitted again to the runs in
 // o->refit, written to out (one process).
 static int refit_profile(moe_ctx *ctx, const cal_opts *o, moe_profile *prof, char **json,
@@ -844,15 +857,7 @@ static int refit_profile(moe_ctx *ctx, const cal_opts *o, moe_profile *prof, cha
            o->profile, prof->name);
     rc = cli_fit_layer_samples(ctx, prof, samples, n, 1, 0);
   }
-  if (rc == CLI_OK && moe_profile_to_json(ctx, prof, json) != MOE_STATUS_OK) {
-    cli_error("%s", moe_ctx_error(ctx));
-    rc = CLI_FAILED;
-  }
-  if (rc == CLI_OK) {
-    fputs(*json, out->f);
-    rc = cli_out_commit(out);
-    if (rc == CLI_OK) printf("wrote %s\n", o->out);
-  }
+  if (rc == CLI_OK) rc = write_profile(ctx, prof, json, out, o->out);
   moe_free(samples);
   return rc;
 }
@@ -1015,16 +1020,7 @@ int cmd_calibrate(int argc, char **argv) {
     rc = cli_calibrate_layers(ctx, o.layers, o.ranks_per_node, o.iters, rank, P, o.samples, &prof);
     if (rc != CLI_OK) goto done;
   }
-  if (rank == 0) {
-    if (moe_profile_to_json(ctx, &prof, &json) != MOE_STATUS_OK) {
-      cli_error("%s", moe_ctx_error(ctx));
-      rc = CLI_FAILED;
-    } else {
-      fputs(json, out.f);
-      rc = cli_out_commit(&out);
-      if (rc == CLI_OK) printf("wrote %s\n", o.out);
-    }
-  }
+  if (rank == 0) rc = write_profile(ctx, &prof, &json, &out, o.out);
   MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
 done:
   if (rank == 0) cli_out_abort(&out);

@@ -30,19 +30,15 @@ moe_status moe_layer_samples_to_json(moe_ctx *ctx, const moe_layer_sample *s, in
       o = NULL;
     }
     MOE_FAIL_IF(ctx, !o, MOE_STATUS_OUT_OF_MEMORY, "layer samples: out of memory");
-    cJSON *c = cJSON_Parse(cfg);
-    if (c && !cJSON_AddItemToObject(o, "config", c)) {
-      cJSON_Delete(c);
-      c = NULL;
-    }
-    MOE_FAIL_IF(ctx, !c, MOE_STATUS_OUT_OF_MEMORY, "layer samples: out of memory");
+    // the config's own text (%.17g for the capacity factor) and %.17g for the
+    // times, as raw JSON: cJSON prints 15 digits when they read back within
+    // an epsilon, which may change the last bit
     MOE_FAIL_IF(ctx,
-                !cJSON_AddStringToObject(o, "a2a", s[i].a2a) ||
+                !cJSON_AddRawToObject(o, "config", cfg) ||
+                    !cJSON_AddStringToObject(o, "a2a", s[i].a2a) ||
                     !cJSON_AddStringToObject(o, "schedule", s[i].schedule) ||
                     !cJSON_AddNumberToObject(o, "chunks", s[i].chunks),
                 MOE_STATUS_OUT_OF_MEMORY, "layer samples: out of memory");
-    // %.17g: cJSON prints 15 digits when they read back within an epsilon,
-    // which may change the last bit
     const char *names[] = {"comp_ms", "comm_ms", "passes_ms", "total_ms"};
     const double vals[] = {s[i].comp_ms, s[i].comm_ms, s[i].passes_ms, s[i].total_ms};
     for (int k = 0; k < 4; k++) {
