@@ -1043,7 +1043,7 @@ static void test_layer_fit(void) {
     }
     TU_CHECK(nh == 3 && moe_profile_fit_layer(g_ctx, &rob, noisy, n, &rr) == MOE_STATUS_OK &&
                  moe_profile_fit_layer(g_ctx, &clean, kept, nk, &rc) == MOE_STATUS_OK &&
-                 rr.outliers == 3 && rc.outliers == 0 &&
+                 rr.outliers == 3 && rc.outliers == 0 && rob.lf_samples == n &&
                  rob.lf_compute_scale == clean.lf_compute_scale &&
                  rob.lf_a2a_scale[1] == clean.lf_a2a_scale[1] &&
                  rob.lf_a2a_slow[0][0] == clean.lf_a2a_slow[0][0] &&

@@ -229,7 +229,7 @@ typedef struct {
   // layer's tasks cost less than that measurement), and takes the time
   // outside the passes from lf_outside (alpha-beta over T M (E + K), measured
   // in the distributed layer) instead of the bottom-up sum. lf_samples: the
-  // layer runs behind the fit.
+  // layer runs given to the fit, including any it left out as outliers.
   int have_layer_fit;
   double lf_compute_scale, lf_compute_task_s;
   moe_linear_fit lf_outside;

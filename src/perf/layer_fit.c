@@ -382,6 +382,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     r.outliers = prev_out = n - nk;
     r.outlier_threshold = thr;
   }
+  first.lf_samples = n;  // the runs given, outliers included (rep->outliers)
   *pf = first;
   *rep = r;
 done:
