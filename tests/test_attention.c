@@ -33,14 +33,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "kernels/kernels_internal.h"
 #include "moe/core.h"
 #include "moe/kernels.h"
 #include "testutil.h"
 
 // Test hooks defined in src/kernels/attention.c: the public forward / backward
 // on the row-loop copy for one instruction set (MOE_GELU_ISA_x); -1 when the
-// CPU or build lacks it. Declared here because src/kernels/internal.h, where
+// CPU or build lacks it. Declared here because src/kernels/kernels_internal.h, where
 // such hooks belong, is outside this kernel's files.
 int moe_attention_forward_isa(int isa, float *out, float *att, const float *qkv, int b, int s,
                               int nh, int hd);

@@ -12,14 +12,14 @@
 // a factor of 2, or even scaling the x phi(x) term of gelu' or the xhat term of
 // the layernorm dx by 0.95-0.999 makes these tests fail. GELU's tests run on the
 // public functions and on every instruction-set copy the CPU supports (through
-// the private hook in src/kernels/internal.h), and the copies are compared.
+// the private hook in src/kernels/kernels_internal.h), and the copies are compared.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/internal.h"
+#include "kernels/kernels_internal.h"
 #include "moe/kernels.h"
 #include "testutil.h"
 
@@ -273,7 +273,7 @@ static double gelu_grad_d(double x) {
 
 // The GELU under test: the public functions (g_gelu_isa < 0, the copy this CPU
 // picks), or one instruction-set copy through the private hook in
-// kernels/internal.h, so every copy the CPU supports gets the same tests.
+// kernels/kernels_internal.h, so every copy the CPU supports gets the same tests.
 static int g_gelu_isa = -1;
 
 static void gelu_fwd(float *y, const float *x, size_t n) {

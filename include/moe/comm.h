@@ -158,6 +158,11 @@ moe_alltoallv_fn moe_alltoallv_mpi_fn(void);
 
 // Translates an MPI error code into MOE_STATUS_COMM with MPI's text in ctx.
 moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const char *file, int line);
+// Every rank of comm contributes its local status; returns OK only if all are
+// OK. On failure every rank returns an error: its own status and message, or
+// INVALID_ARG naming `what` and the first failing rank. Collective over comm.
+moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what);
+
 #define MOE_MPI_TRY(ctx, call)                                       \
   do {                                                               \
     const int mpi_rc_ = (call);                                      \

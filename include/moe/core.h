@@ -18,6 +18,15 @@
 extern "C" {
 #endif
 
+// ---- version and build ----------------------------------------------------
+
+// Version string, e.g. "0.1.0".
+const char *moe_version(void);
+// Features compiled into this build (1 or 0).
+int moe_has_mpi(void);
+int moe_has_zfp(void);
+int moe_has_cuda(void);
+
 // ---- status ---------------------------------------------------------------
 
 typedef enum {
@@ -116,6 +125,8 @@ void *moe_calloc(size_t count, size_t size);  // zeroed; NULL on failure/overflo
 void moe_free(void *p);                       // NULL is a no-op
 // Number of successful moe_malloc/moe_calloc calls since the process started.
 uint64_t moe_alloc_count(void);
+// bytes rounded up to a multiple of 64 (the alignment of moe_malloc).
+static inline size_t moe_align64(size_t bytes) { return (bytes + 63u) & ~(size_t)63u; }
 
 // A bump allocator over one block: carve many buffers, free them together.
 typedef struct {

@@ -20,7 +20,6 @@
 #include <stdint.h>
 
 #include "moe/core.h"
-#include "moe/progress.h"  // the training outputs (progress line, metrics, loss plot)
 
 #ifdef __cplusplus
 extern "C" {

@@ -10,8 +10,8 @@
 // double accumulation: slow, the reference a new kind is tested against).
 // Not: experts with other parameter sets (gated FFNs, ...): the layers'
 // parameter tables, initialisation and replicas assume the FFN set.
-// A new kind is one file src/moe/expert_<name>.c plus one line in
-// src/moe/expert_registry.c (docs/extending.md).
+// A new kind is one file src/layer/expert_<name>.c plus one line in
+// src/layer/expert_registry.c (docs/extending.md).
 #ifndef MOE_EXPERT_H
 #define MOE_EXPERT_H
 

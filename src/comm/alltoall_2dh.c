@@ -36,8 +36,7 @@
 #include <limits.h>
 #include <string.h>
 
-#include "comm/alltoall.h"
-#include "core/internal.h"
+#include "comm/comm_internal.h"
 
 // The workspace's count tables, carved from its start (they survive growth).
 typedef struct {

@@ -21,7 +21,7 @@
 // Cost: ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra, n =
 //   bytes a rank sends, with groups = nodes; each step costs one latency since
 //   its gs messages per rank are concurrent.
-#include "comm/alltoall.h"
+#include "comm/comm_internal.h"
 
 moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;

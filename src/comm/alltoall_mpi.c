@@ -8,7 +8,7 @@
 // MPI_Test of the pending request.
 #include <stdint.h>
 
-#include "comm/alltoall.h"
+#include "comm/comm_internal.h"
 
 // int counts for MPI: 4 arrays of P ints carved from the workspace.
 static moe_status int_counts(MOE_A2A_ARGS, int **out) {

@@ -6,7 +6,7 @@
 //   0. copy the block to myself
 //   k = 1..P-1: sendrecv(to (r+k)%P, from (r-k+P)%P)
 // Cost: (P-1)*alpha + (P-1)/P*n*beta, n = bytes a rank sends in total.
-#include "comm/alltoall.h"
+#include "comm/comm_internal.h"
 
 moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;

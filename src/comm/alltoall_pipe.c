@@ -24,7 +24,7 @@
 //      one in shift order; until all are done
 // Cost: max((G-1)*(alpha_intra + n/P*beta_intra), (P-G)*(alpha_inter +
 //   n/P*beta_inter)), n = bytes a rank sends (eq 16 with t1, t2 per message).
-#include "comm/alltoall.h"
+#include "comm/comm_internal.h"
 
 // Inter-node sends in flight per rank.
 #define PIPE_INTER_WINDOW 4

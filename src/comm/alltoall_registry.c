@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm/alltoall.h"
+#include "comm/comm_internal.h"
 
 static const moe_a2a_algo k_algos[] = {
     {"mpi", "MPI_Alltoallv (the NCCL-A2A analogue)", "library-defined", 0, moe_alltoallv_mpi,

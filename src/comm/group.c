@@ -213,3 +213,22 @@ void moe_workspace_free(moe_workspace *ws) {
   ws->buf = NULL;
   ws->capacity = 0;
 }
+
+// Every rank contributes its local status; returns OK only if all are OK. On
+// failure every rank returns INVALID_ARG (or its own code) with a message: its
+// own, or the first failing rank's number.
+moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what) {
+  moe_status st = MOE_STATUS_OK;
+  int mine = local == MOE_STATUS_OK ? INT32_MAX : 0, rank = 0, first = INT32_MAX;
+  MPI_Comm_rank(comm, &rank);
+  if (local != MOE_STATUS_OK) mine = rank;
+  MOE_MPI_TRY(ctx, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (local != MOE_STATUS_OK) {
+    st = local;  // the message is already in ctx
+  } else if (first != INT32_MAX) {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "%s failed on rank %d (see that rank's error)", what,
+             first);
+  }
+done:
+  return st;
+}

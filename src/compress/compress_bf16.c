@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "compress/codec16.h"
+#include "compress/compress_internal.h"
 #include "moe/compress.h"
 
 static uint16_t f32_to_bf16(float f) {

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "compress/codec16.h"
+#include "compress/compress_internal.h"
 #include "moe/compress.h"
 
 static uint32_t f32_bits(float f) {

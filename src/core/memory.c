@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
 #include "moe/core.h"
 
 static atomic_uint_fast64_t g_alloc_count = 0;

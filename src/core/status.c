@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
 #include "moe/core.h"
 
 struct moe_ctx {

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "kernels/fastmath.h"
-#include "kernels/internal.h"
+#include "kernels/kernels_internal.h"
 #include "moe/kernels.h"
 
 // Beyond this |x| the tail Q(|x|) < 2e-33 is flushed to zero; up to it

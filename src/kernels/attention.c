@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "kernels/fastmath.h"
-#include "kernels/internal.h"
+#include "kernels/kernels_internal.h"
 #include "moe/kernels.h"
 
 // Row/column tile of the blocked causal GEMMs (see the header comment). 32 and
@@ -161,7 +161,7 @@ static ATT_ALWAYS_INLINE void att_softmax_back_rows(float *restrict ds, const fl
 // The library is built for baseline x86-64 (SSE2); the exp-heavy softmax rows
 // are ~40% of the forward there, so on x86-64 with GCC or clang AVX2+FMA and
 // AVX-512 copies of the two row loops are compiled too and picked at run time,
-// with the same CPU test as GELU (moe_gelu_isa_mask, kernels/internal.h).
+// with the same CPU test as GELU (moe_gelu_isa_mask, kernels/kernels_internal.h).
 // Copies may differ in the last bit where a*b+c is contracted into an FMA.
 typedef struct {
   void (*softmax)(float *a, int i0, int i1, int s);

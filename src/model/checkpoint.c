@@ -29,8 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/internal.h"
-
 // ---- format constants ----------------------------------------------------------
 
 #define CK_MAGIC "MOECKPT\0"

@@ -18,14 +18,14 @@
 // (N, M) that every branch accumulates into.
 //
 // Not here: the optimizer (optim.c), configuration (gpt_config.c), the MoE
-// layer itself (src/moe/), communication (the trainer's backend).
+// layer itself (src/layer/), communication (the trainer's backend).
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "moe/kernels.h"
+#include "moe/layer_ops.h"
 #include "moe/model.h"
-#include "moe/moe_ops.h"
 
 // Dense parameters of one block (data or gradients).
 typedef struct {
@@ -225,7 +225,7 @@ static void bind_moe_params(moe_gpt *m) {
 // ---- create / destroy ------------------------------------------------------------------
 
 // Bytes of the MoE layer's own working buffers for cfg (the formula of
-// src/moe/layer.c: gate buffers, routing plan, expert rows and their grads).
+// src/layer/layer.c: gate buffers, routing plan, expert rows and their grads).
 static size_t moe_layer_work_bytes(const moe_layer_config *cfg) {
   const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
                E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;

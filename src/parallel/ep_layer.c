@@ -1,5 +1,5 @@
 // The expert-parallel MoE layer (include/moe/parallel.h): the single-process
-// layer's math (src/moe/moe_ops.c) on every rank's own tokens, with the rows
+// layer's math (src/layer/layer_ops.c) on every rank's own tokens, with the rows
 // of each expert sent to the rank that computes it and back.
 //
 // Forward, on rank r of an EP group of P ranks (E_l = E / P home experts each):
@@ -25,9 +25,9 @@
 #include <string.h>
 
 #include "moe/kernels.h"
-#include "moe/moe_ops.h"
+#include "moe/layer_ops.h"
 #include "moe/parallel.h"
-#include "parallel/ep_internal.h"
+#include "parallel/parallel_internal.h"
 
 void moe_parallel_config_default(moe_parallel_config *pc) {
   memset(pc, 0, sizeof *pc);
@@ -56,25 +56,6 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
   h = fnv1a(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
   return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
-}
-
-// Every rank contributes its local status; returns OK only if all are OK. On
-// failure every rank returns INVALID_ARG (or its own code) with a message: its
-// own, or the first failing rank's number.
-moe_status moe_ep_agree_(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what) {
-  moe_status st = MOE_STATUS_OK;
-  int mine = local == MOE_STATUS_OK ? INT32_MAX : 0, rank = 0, first = INT32_MAX;
-  MPI_Comm_rank(comm, &rank);
-  if (local != MOE_STATUS_OK) mine = rank;
-  MOE_MPI_TRY(ctx, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (local != MOE_STATUS_OK) {
-    st = local;  // the message is already in ctx
-  } else if (first != INT32_MAX) {
-    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "%s failed on rank %d (see that rank's error)", what,
-             first);
-  }
-done:
-  return st;
 }
 
 // MPI counts are int: move large float arrays in chunks of at most 2^30.
@@ -249,7 +230,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   } else {
     local = local_checks(ctx, W, cfg, pc, &algo, &sched, &comp);
   }
-  MOE_TRY(moe_ep_agree_(ctx, world, local, "layer setup"));
+  MOE_TRY(moe_comm_agree(ctx, world, local, "layer setup"));
   // step 2: identical configuration everywhere
   hashes = moe_malloc((size_t)W * sizeof(uint64_t));
   MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
@@ -298,7 +279,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   // Restrictions of the algorithm can differ between EP groups: agree on the world.
   {
     const moe_status ok = moe_a2a_check_topology(ctx, algo, &L->ep);
-    MOE_TRY(moe_ep_agree_(ctx, L->world, ok, "all-to-all selection"));
+    MOE_TRY(moe_comm_agree(ctx, L->world, ok, "all-to-all selection"));
   }
   {
     // Allocations can fail on one rank only: agree before handing out a layer
@@ -310,7 +291,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
       alloc = moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows);
     }
     if (alloc == MOE_STATUS_OK) alloc = moe_ep_pass_init_(L);
-    MOE_TRY(moe_ep_agree_(ctx, L->world, alloc, "layer allocation"));
+    MOE_TRY(moe_comm_agree(ctx, L->world, alloc, "layer allocation"));
   }
   *out = L;
   L = NULL;
@@ -441,7 +422,7 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
                            "every rank");
     }
   }
-  MOE_TRY(moe_ep_agree_(ctx, L->world, local, "set_replica"));
+  MOE_TRY(moe_comm_agree(ctx, L->world, local, "set_replica"));
   // step 2: apply. The plan of the last forward no longer holds: backward must
   // follow a new forward.
   L->have_forward = 0;

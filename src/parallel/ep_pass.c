@@ -43,8 +43,8 @@
 
 #include "moe/expert.h"
 #include "moe/kernels.h"
-#include "moe/moe_ops.h"
-#include "parallel/ep_internal.h"
+#include "moe/layer_ops.h"
+#include "parallel/parallel_internal.h"
 
 #define IDX3(L, c, p, e) \
   ((((size_t)(c) * (size_t)(L)->P) + (size_t)(p)) * (size_t)(L)->E + (size_t)(e))
@@ -561,7 +561,7 @@ static moe_status run_pass(moe_ep_layer *L, int dir) {
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "%s", L->soft_msg);
     }
     MOE_TRY(
-        moe_ep_agree_(ctx, L->world, local, dir ? "backward compression" : "forward compression"));
+        moe_comm_agree(ctx, L->world, local, dir ? "backward compression" : "forward compression"));
   }
 done:
   return st;
@@ -611,7 +611,7 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   // buffer growth can fail on one rank), pack
   t0 = moe_time_ns();
   moe_dispatch_forward(&L->route, x, M, L->xe);
-  MOE_TRY(moe_ep_agree_(ctx, L->world, plan_exchange(L), "forward (chunk plan)"));
+  MOE_TRY(moe_comm_agree(ctx, L->world, plan_exchange(L), "forward (chunk plan)"));
   pack(L, L->xe, L->sendbuf, 1);
   tm->dispatch_ms = moe_time_ms_since(t0);
 
@@ -696,7 +696,7 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
       local = moe_workspace_reserve(ctx, &L->rep_tmp, moe_ep_expert_floats_(L) * sizeof(float));
     }
   }
-  MOE_TRY(moe_ep_agree_(ctx, L->world, local, "backward"));
+  MOE_TRY(moe_comm_agree(ctx, L->world, local, "backward"));
 
   // step 1: combine backward, pack the row gradients
   uint64_t t0 = moe_time_ns();

@@ -24,7 +24,7 @@ static moe_status ep_create(void *user, moe_ctx *ctx, const moe_layer_config *cf
   moe_status mine = f ? MOE_STATUS_OK
                       : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                                      "MoE block %d: out of memory", block);
-  MOE_TRY(moe_ep_agree_(ctx, u->world, mine, "MoE block allocation"));
+  MOE_TRY(moe_comm_agree(ctx, u->world, mine, "MoE block allocation"));
   MOE_TRY(moe_ep_layer_create(ctx, u->world, cfg, &u->par, &f->layer));
   u->impl[block] = f;
   *impl = f;

@@ -5,7 +5,6 @@
 #include "moe/model.h"
 #include "moe/parallel.h"
 #include "moe/train.h"
-#include "parallel/ep_internal.h"
 
 // The `user` of moe_train_ep_ops: the world, the parallel config, and each
 // block's backend instance (NULL for dense blocks), filled by create.

@@ -75,7 +75,7 @@ typedef struct {
 
 // Every rank contributes its status; all fail together (no hang).
 static moe_status agree(run_state *r, moe_status local, const char *what) {
-  return moe_ep_agree_(r->ctx, r->world, local, what);
+  return moe_comm_agree(r->ctx, r->world, local, what);
 }
 
 // ---- checks ----------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
-// Private building blocks of the MoE layer, shared by the single-process layer
-// (src/moe/layer.c) and the expert-parallel layer (src/parallel/): gate and
+// Building blocks of the MoE layer, shared by the single-process layer
+// (src/layer/layer.c), the expert-parallel layer (src/parallel/) and the model's
+// local MoE FFN (src/model/), and usable by anyone writing a layer of their own
+// (a new parallel scheme uses these and keeps the math): gate and
 // routing, loss statistics, dispatch/combine, one expert's FFN, each with its
 // backward. Buffers are the caller's; nothing here allocates.
 //
@@ -7,10 +9,14 @@
 // added over the ranks of the global batch, make moe_gate_losses and
 // moe_gate_backward produce exactly the single-process aux and z losses and
 // their gradients (docs/moe-layer.md step 7).
-#ifndef MOE_MOE_OPS_H
-#define MOE_MOE_OPS_H
+#ifndef MOE_LAYER_OPS_H
+#define MOE_LAYER_OPS_H
 
 #include "moe/layer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 // Gate buffers for T tokens.
 typedef struct {
@@ -78,4 +84,8 @@ void moe_combine_forward(const moe_route *route, const float *ye, int M, int tok
 void moe_combine_backward(const moe_route *route, const float *dy, const float *ye, int M,
                           int tokens, float *dye, float *dweight);
 
+#ifdef __cplusplus
+}
 #endif
+
+#endif  // MOE_LAYER_OPS_H

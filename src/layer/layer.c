@@ -17,7 +17,7 @@
 
 #include "moe/expert.h"
 #include "moe/kernels.h"
-#include "moe/moe_ops.h"
+#include "moe/layer_ops.h"
 
 struct moe_layer {
   moe_ctx *ctx;

@@ -3,8 +3,8 @@
 // element, and back. The per-element conversions are the compressor's own;
 // these are static inline and called with a known function, so the compiler
 // inlines the conversion into the loop.
-#ifndef MOE_COMPRESS_CODEC16_H
-#define MOE_COMPRESS_CODEC16_H
+#ifndef MOE_COMPRESS_INTERNAL_H
+#define MOE_COMPRESS_INTERNAL_H
 
 #include <stdint.h>
 #include <string.h>

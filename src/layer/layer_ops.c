@@ -1,8 +1,8 @@
-// Building blocks of the MoE layer (see moe_ops.h): the math of
+// Building blocks of the MoE layer (see layer_ops.h): the math of
 // docs/moe-layer.md, step by step, on caller-provided buffers. The single-
 // process layer and the expert-parallel layer both run exactly this code, so
 // they cannot drift apart.
-#include "moe/moe_ops.h"
+#include "moe/layer_ops.h"
 
 #include <stdint.h>
 #include <string.h>

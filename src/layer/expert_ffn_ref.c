@@ -6,8 +6,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "layer/layer_internal.h"
 #include "moe/expert.h"
-#include "moe/expert_kinds.h"
 
 static double act(moe_activation a, double x) {
   return a == MOE_ACT_GELU ? 0.5 * x * (1.0 + erf(x / sqrt(2.0))) : (x > 0.0 ? x : 0.0);

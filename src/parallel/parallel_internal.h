@@ -1,8 +1,8 @@
 // Private state of the expert-parallel layer, shared by src/parallel/ep_layer.c
 // (setup, parameters, replicas, gradient reductions) and src/parallel/ep_pass.c
 // (the chunked forward and backward passes on the executor). Not installed.
-#ifndef MOE_EP_INTERNAL_H
-#define MOE_EP_INTERNAL_H
+#ifndef MOE_PARALLEL_INTERNAL_H
+#define MOE_PARALLEL_INTERNAL_H
 
 #include "moe/compress.h"
 #include "moe/expert.h"
@@ -91,8 +91,6 @@ struct moe_ep_layer {
   moe_workspace rep_tmp;  // one expert's gradients received from a replica
 };
 
-// Every rank contributes its local status; OK only if all are OK (ep_layer.c).
-moe_status moe_ep_agree_(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what);
 // Floats of one expert's parameters (w1 b1 w2 b2).
 size_t moe_ep_expert_floats_(const moe_ep_layer *L);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
@@ -102,4 +100,4 @@ void moe_ep_pass_free_(moe_ep_layer *L);
 // gate over the world, then added to the parameter gradients (ep_layer.c).
 moe_status moe_ep_reduce_grads_(moe_ep_layer *L);
 
-#endif  // MOE_EP_INTERNAL_H
+#endif  // MOE_PARALLEL_INTERNAL_H

@@ -1,12 +1,12 @@
-// The registry of expert kinds. A new kind is one file src/moe/expert_<name>.c
-// defining a moe_expert_kind, its declaration in expert_kinds.h, and one line
+// The registry of expert kinds. A new kind is one file src/layer/expert_<name>.c
+// defining a moe_expert_kind, its declaration in layer_internal.h, and one line
 // here.
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "layer/layer_internal.h"
 #include "moe/expert.h"
-#include "moe/expert_kinds.h"
 
 static const moe_expert_kind *const k_kinds[] = {
     &moe_expert_ffn,

@@ -5,10 +5,10 @@
 // Two GEMMs of 2nMH FLOPs forward, four backward.
 #include <string.h>
 
+#include "layer/layer_internal.h"
 #include "moe/expert.h"
-#include "moe/expert_kinds.h"
 #include "moe/kernels.h"
-#include "moe/moe_ops.h"
+#include "moe/layer_ops.h"
 
 static void ffn_forward(const moe_layer_config *cfg, const moe_expert_params *p, const float *xe,
                         int n, float *pre, float *h, float *ye, moe_layer_timing *tm) {
