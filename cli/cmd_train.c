@@ -98,7 +98,6 @@ typedef struct {
   const char *model_config;
   int model_flags;           // a model flag was given
   const char *profile_path;  // --profile: predictions, and the planner for auto
-  int allow_lossy;
 } train_opts;
 
 static int any_auto(const moe_train_config *tc) {
@@ -204,7 +203,7 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     } else if (cli_opt(&a, "--profile")) {
       o->profile_path = a.value;
     } else if (cli_flag(&a, "--allow-lossy")) {
-      o->allow_lossy = 1;
+      tc->allow_lossy = 1;
     } else if (cli_opt(&a, "--compress")) {
       snprintf(tc->par.compress, sizeof tc->par.compress, "%s", a.value);
     } else if (cli_flag(&a, "--compress-backward")) {
@@ -303,60 +302,40 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     cli_error("'auto' needs a calibrated profile: --profile FILE (from 'moe calibrate')");
     return CLI_USAGE;
   }
-  if (o->allow_lossy && strcmp(tc->par.compress, "auto") != 0) {
+  if (tc->allow_lossy && strcmp(tc->par.compress, "auto") != 0) {
     cli_error("--allow-lossy only applies to --compress auto");
     return CLI_USAGE;
   }
   return CLI_OK;
 }
 
-// Loads the profile on every rank and checks that it describes these ranks;
-// plans the auto choices of tc->par (printing the plan on rank 0) and
-// predicts the MoE layer's forward + backward passes (*pred_ms). CLI_OK, or
-// CLI_USAGE with the message printed on rank 0 (every rank agrees: the
-// inputs are the same everywhere).
-static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, double *pred_ms) {
+// Loads the profile (every rank) into *prof and hands it to the library; with
+// 'auto' left, plans now (moe_train_plan) and prints the plan on rank 0 before
+// training starts. CLI_OK, or CLI_USAGE with the message printed on rank 0
+// (every rank agrees: the inputs are the same everywhere).
+static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, moe_profile *prof) {
   moe_train_config *tc = &o->tc;
-  moe_profile prof;
   const int ep = tc->par.ep_size > 0 ? tc->par.ep_size : world;
-  const int rc = cli_profile_load_for(ctx, o->profile_path, world, ep, rank, &prof);
+  const int rc = cli_profile_load_for(ctx, o->profile_path, world, ep, rank, prof);
   if (rc != CLI_OK) return rc;
-  if (tc->batch % world != 0) {
-    if (rank == 0) cli_error("--batch (%d) must be divisible by the %d ranks", tc->batch, world);
-    return CLI_USAGE;
-  }
-  moe_plan_request q;
-  memset(&q, 0, sizeof q);
-  q.cfg = tc->model.moe;
-  q.cfg.model_dim = tc->model.d_model;
-  q.cfg.tokens = tc->batch / world * tc->model.seq_len;
-  snprintf(q.a2a, sizeof q.a2a, "%s", tc->par.a2a);
-  snprintf(q.schedule, sizeof q.schedule, "%s", tc->par.schedule);
-  snprintf(q.compress, sizeof q.compress, "%s", tc->par.compress);
-  q.chunks = tc->par.chunks;
-  q.allow_lossy = o->allow_lossy;
-  q.compress_backward = tc->par.compress_backward;
-  q.profile = &prof;
+  tc->profile = prof;
+  if (!any_auto(tc)) return CLI_OK;  // moe_train_run predicts the fixed choice
   moe_plan plan;
-  if (moe_plan_layer(ctx, &prof.cluster, &q, &plan) != MOE_STATUS_OK) {
+  if (moe_train_plan(ctx, MPI_COMM_WORLD, tc, &plan) != MOE_STATUS_OK) {
     if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }
-  if (rank == 0 && any_auto(tc)) {
+  if (rank == 0) {
     printf(
         "plan: a2a %s, compress %s, schedule %s, r=%d for T=%d tokens per rank, M=%d, H=%d, "
-        "E=%d, K=%d: predicted %.2f ms per MoE layer (forward + backward), best of %d "
-        "candidates\n",
-        plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks, q.cfg.tokens,
-        q.cfg.model_dim, q.cfg.hidden_dim, q.cfg.num_experts, q.cfg.top_k, plan.predicted.total_ms,
-        plan.candidates);
+        "E=%d, K=%d (best of %d candidates): predicted MoE layer passes (forward + backward "
+        "makespans) %.2f ms; whole MoE layer with the gate %.2f ms\n",
+        plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks,
+        plan.best.cfg.tokens, plan.best.cfg.model_dim, plan.best.cfg.hidden_dim,
+        plan.best.cfg.num_experts, plan.best.cfg.top_k, plan.candidates,
+        plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1], plan.predicted.total_ms);
     fflush(stdout);
   }
-  snprintf(tc->par.a2a, sizeof tc->par.a2a, "%s", plan.best.a2a);
-  snprintf(tc->par.schedule, sizeof tc->par.schedule, "%s", plan.best.schedule);
-  snprintf(tc->par.compress, sizeof tc->par.compress, "%s", plan.best.compress);
-  tc->par.chunks = plan.best.chunks;
-  *pred_ms = plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1];
   return CLI_OK;
 }
 
@@ -420,9 +399,9 @@ int cmd_train(int argc, char **argv) {
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);
-  double pred_ms = NAN;
+  moe_profile prof;  // --profile: lives until moe_train_run returns
   if (o.profile_path) {
-    rc = plan_train(ctx, &o, rank, world, &pred_ms);
+    rc = plan_train(ctx, &o, rank, world, &prof);
     if (rc != CLI_OK) {
       moe_ctx_destroy(ctx);
       MPI_Finalize();
@@ -440,12 +419,12 @@ int cmd_train(int argc, char **argv) {
     rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;
   } else if (rank == 0) {
     print_summary(&o.tc, &res, world, rss);
-    if (!isnan(pred_ms) && !isnan(res.moe_pass_ms)) {
+    if (!isnan(res.predicted_pass_ms) && !isnan(res.moe_pass_ms)) {
       printf(
-          "  MoE layer passes (forward + backward, per layer): measured %.2f ms (median, rank 0), "
-          "predicted %.2f ms (%s), error %+.1f%%\n",
-          res.moe_pass_ms, pred_ms, o.profile_path,
-          100.0 * (pred_ms - res.moe_pass_ms) / res.moe_pass_ms);
+          "  MoE layer passes (forward + backward makespans, per layer): measured %.2f ms "
+          "(median, rank 0), predicted %.2f ms (%s), error %+.1f%%\n",
+          res.moe_pass_ms, res.predicted_pass_ms, o.profile_path,
+          100.0 * (res.predicted_pass_ms - res.moe_pass_ms) / res.moe_pass_ms);
     }
     if (o.tc.checkpoint) printf("  checkpoint: %s\n", o.tc.checkpoint);
   }

@@ -298,6 +298,73 @@ int main(int argc, char **argv) {
     }
   }
 
+  // 5. 'auto' planned in the library: moe_train_run with a profile makes the
+  // planner's choice for the layer's per-rank shape (B/P x S tokens) and
+  // trains exactly as the same choice given by hand; without a profile,
+  // 'auto' is refused on every rank.
+  {
+    moe_profile prof;
+    memset(&prof, 0, sizeof prof);
+    snprintf(prof.name, sizeof prof.name, "unit");
+    prof.cluster.nodes = 1;
+    prof.cluster.devices_per_node = g_world;
+    prof.cluster.gemm_tflops = 0.05;
+    prof.cluster.intra.gbit_per_s = 8.0;
+    prof.cluster.intra.latency_us = 20.0;
+    prof.cluster.inter = prof.cluster.intra;
+    prof.cluster.nics_per_node = 1;
+    snprintf(prof.cluster.name, sizeof prof.cluster.name, "unit");
+    prof.gemm = (moe_linear_fit){2e-6, 2e-11, 0.999, 0.0, 12, 0.0};
+    prof.n_a2a = 2;
+    snprintf(prof.a2a[0].name, sizeof prof.a2a[0].name, "mpi");
+    prof.a2a[0].fit = (moe_linear_fit){4e-5, 1e-9, 0.999, 0.0, 12, 0.0};
+    snprintf(prof.a2a[1].name, sizeof prof.a2a[1].name, "pairwise");
+    prof.a2a[1].fit = (moe_linear_fit){1e-5, 2e-9, 0.999, 0.0, 12, 0.0};
+    moe_train_config t = tc;
+    snprintf(t.par.a2a, sizeof t.par.a2a, "auto");
+    snprintf(t.par.schedule, sizeof t.par.schedule, "auto");
+    t.par.chunks = 0;
+    expect_fail("auto without a profile", g_world, &t, "needs a calibrated profile", ctx);
+    t.profile = &prof;
+    moe_train_config planned = t;
+    moe_plan plan;
+    TU_CHECK(moe_train_plan(ctx, MPI_COMM_WORLD, &planned, &plan) == MOE_STATUS_OK,
+             "moe_train_plan: %s", moe_ctx_error(ctx));
+    // the same request made by hand through the perf planner
+    moe_plan_request q;
+    memset(&q, 0, sizeof q);
+    q.cfg = tc.model.moe;
+    q.cfg.model_dim = tc.model.d_model;
+    q.cfg.tokens = tc.batch / g_world * tc.model.seq_len;
+    snprintf(q.a2a, sizeof q.a2a, "auto");
+    snprintf(q.schedule, sizeof q.schedule, "auto");
+    snprintf(q.compress, sizeof q.compress, "%s", tc.par.compress);
+    q.profile = &prof;
+    moe_plan direct;
+    TU_CHECK(moe_plan_layer(ctx, &prof.cluster, &q, &direct) == MOE_STATUS_OK, "plan_layer: %s",
+             moe_ctx_error(ctx));
+    TU_CHECK(strcmp(planned.par.a2a, direct.best.a2a) == 0 &&
+                 strcmp(planned.par.schedule, direct.best.schedule) == 0 &&
+                 planned.par.chunks == direct.best.chunks && planned.par.chunks > 0 &&
+                 plan.predicted.pass_ms[0] == direct.predicted.pass_ms[0],
+             "train plan %s/%s/r=%d vs the planner's %s/%s/r=%d", planned.par.a2a,
+             planned.par.schedule, planned.par.chunks, direct.best.a2a, direct.best.schedule,
+             direct.best.chunks);
+    if (g_rank == 0)
+      printf("  the plan for %d tokens per rank: a2a %s, schedule %s, r=%d\n", q.cfg.tokens,
+             planned.par.a2a, planned.par.schedule, planned.par.chunks);
+    planned.profile = NULL;
+    losses by_hand;
+    TU_CHECK(run_on(g_world, &planned, &by_hand, ctx) == MOE_STATUS_OK, "planned by hand: %s",
+             moe_ctx_error(ctx));
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "auto with a profile: %s",
+             moe_ctx_error(ctx));
+    compare("auto with a profile = its plan given by hand (bitwise)", &got, &by_hand, 1, 1);
+    // a profile of another number of ranks
+    prof.cluster.devices_per_node = g_world + 1;
+    expect_fail("profile of other ranks", g_world, &t, "calibrated on", ctx);
+  }
+
   if (g_rank == 0) {
     remove(g_ckpt);
     remove(g_text);

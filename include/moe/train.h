@@ -20,6 +20,7 @@
 
 #include "moe/model.h"
 #include "moe/parallel.h"
+#include "moe/perf.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,25 +45,31 @@ typedef struct {
   moe_gpt_config model;
   moe_optim_config optim;   // optim.total_steps is forced to `steps`
   moe_parallel_config par;  // par.ep_size 0 = the world size
-  int batch;                // B, global sequences per step; divisible by the world size
-  int steps;                // the schedule's length: lr decays to min_lr at this step
-  int stop_step;            // stop (validate, save) after this step; 0 = steps. A run
-                            // resumed from it continues exactly as if never stopped
-  uint64_t seed;            // parameters and batches
-  double val_fraction;      // share of the text held out for validation, (0, 0.5]
-  int eval_every;           // validate every N steps and at the last (0: only at the last)
-  int eval_batches;         // global batches of B validation windows per validation
-  int save_every;           // save every N steps (0: only at the end); needs checkpoint
-  const char *data;         // text file, NULL: the default corpus (moe_text_load)
-  const char *checkpoint;   // where to save (NULL: never)
-  const char *resume;       // checkpoint to start from (NULL: fresh)
-  const char *metrics;      // JSON lines (rank 0), NULL: none
-  int metrics_append;       // 1: append to metrics (a resumed run)
-  const char *trace;        // merged Chrome trace of one step's MoE passes, NULL: none
-  int trace_step;           // the step traced (0: the last)
-  int progress;             // 1: progress line on rank 0 (stderr)
-  int progress_tty;         // -1 detect, 0 plain lines, 1 redraw in place
-  int log_every;            // progress line every N steps (>= 1)
+  // 'auto' in par.a2a, par.schedule or par.compress, or par.chunks 0, is chosen
+  // by the planner for the MoE layer's shape (moe_train_plan) from this
+  // profile ('moe calibrate' on these ranks, EP over all of them). NULL:
+  // 'auto' is an error. The caller keeps it alive during moe_train_run.
+  const moe_profile *profile;
+  int allow_lossy;         // 1: compress 'auto' may pick lossy compressors
+  int batch;               // B, global sequences per step; divisible by the world size
+  int steps;               // the schedule's length: lr decays to min_lr at this step
+  int stop_step;           // stop (validate, save) after this step; 0 = steps. A run
+                           // resumed from it continues exactly as if never stopped
+  uint64_t seed;           // parameters and batches
+  double val_fraction;     // share of the text held out for validation, (0, 0.5]
+  int eval_every;          // validate every N steps and at the last (0: only at the last)
+  int eval_batches;        // global batches of B validation windows per validation
+  int save_every;          // save every N steps (0: only at the end); needs checkpoint
+  const char *data;        // text file, NULL: the default corpus (moe_text_load)
+  const char *checkpoint;  // where to save (NULL: never)
+  const char *resume;      // checkpoint to start from (NULL: fresh)
+  const char *metrics;     // JSON lines (rank 0), NULL: none
+  int metrics_append;      // 1: append to metrics (a resumed run)
+  const char *trace;       // merged Chrome trace of one step's MoE passes, NULL: none
+  int trace_step;          // the step traced (0: the last)
+  int progress;            // 1: progress line on rank 0 (stderr)
+  int progress_tty;        // -1 detect, 0 plain lines, 1 redraw in place
+  int log_every;           // progress line every N steps (>= 1)
   // Called on every rank after every step (may be NULL).
   void (*on_step)(void *user, const moe_train_step_info *info);
   void *on_step_user;
@@ -73,22 +80,23 @@ typedef struct {
 void moe_train_config_default(moe_train_config *tc);
 
 typedef struct {
-  int first_step;           // 1, or the resumed step + 1
-  int last_step;            // steps
-  double first_loss;        // loss of the first step run
-  double final_loss;        // loss of the last step
-  double first_val_loss;    // first validation (NAN if none)
-  double final_val_loss;    // last validation (NAN if none)
-  double tokens_per_s;      // median over the steps after the first
-  double a2a_share;         // median
-  double exposed_share;     // median
-  double moe_pass_ms;       // median of the steps' moe_pass_ms (NAN without MoE layers)
-  double train_s;           // wall time of the training loop (validation included)
-  size_t params_total;      // elements of the model (experts once)
-  size_t params_active;     // elements one token uses
-  size_t state_bytes;       // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
-  size_t activation_bytes;  // rank 0: moe_gpt_activation_bytes (activations and scratch)
-  char source[256];         // the text's description
+  int first_step;            // 1, or the resumed step + 1
+  int last_step;             // steps
+  double first_loss;         // loss of the first step run
+  double final_loss;         // loss of the last step
+  double first_val_loss;     // first validation (NAN if none)
+  double final_val_loss;     // last validation (NAN if none)
+  double tokens_per_s;       // median over the steps after the first
+  double a2a_share;          // median
+  double exposed_share;      // median
+  double moe_pass_ms;        // median of the steps' moe_pass_ms (NAN without MoE layers)
+  double predicted_pass_ms;  // the profile's prediction of the same quantity (NAN: no profile)
+  double train_s;            // wall time of the training loop (validation included)
+  size_t params_total;       // elements of the model (experts once)
+  size_t params_active;      // elements one token uses
+  size_t state_bytes;        // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
+  size_t activation_bytes;   // rank 0: moe_gpt_activation_bytes (activations and scratch)
+  char source[256];          // the text's description
 } moe_train_result;
 
 // Collective over world. Errors (on every rank, no hang): invalid configs,
@@ -97,6 +105,18 @@ typedef struct {
 // previous checkpoint is kept).
 moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
                          moe_train_result *out);
+
+// Plans the MoE layers' 'auto' choices of tc->par (see tc->profile) and
+// writes them into tc->par; plan (may be NULL) receives the planner's result:
+// plan->best is the variant, plan->predicted its simulated times, whose
+// pass_ms[0] + pass_ms[1] is the forward + backward makespan of one MoE layer
+// (what moe_train_result.moe_pass_ms measures). Without 'auto' it predicts the
+// fixed choice. Collective over world only in that every rank must call it
+// with the same tc (no communication). Errors: no profile, a profile
+// calibrated on another number of ranks or EP not over all of them, B not
+// divisible by P, no candidate that runs. moe_train_run calls it itself when
+// tc has 'auto' left.
+moe_status moe_train_plan(moe_ctx *ctx, MPI_Comm world, moe_train_config *tc, moe_plan *plan);
 
 // Reads the model config stored in a checkpoint written by moe_train_run (no
 // MPI needed) and the step it was saved at (step may be NULL).

@@ -19,4 +19,10 @@ extern const moe_gpt_moe_ops moe_train_ep_ops;
 // The layer of a backend instance and when its last forward / backward began.
 moe_ep_layer *moe_train_ep_layer(void *impl, uint64_t *fwd_start_ns, uint64_t *bwd_start_ns);
 
+// A copy of *tc with its 'auto' choices planned from tc->profile (train_plan.c);
+// *pred_ms the planner's forward + backward time of one MoE layer (NAN without
+// a profile). INVALID_ARG for 'auto' without a profile.
+moe_status moe_train_plan_for_run_(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
+                                   moe_train_config *planned, double *pred_ms);
+
 #endif

@@ -488,6 +488,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   int n_timed = 0, start = 1;
   memset(out, 0, sizeof *out);
   out->first_val_loss = out->final_val_loss = NAN;
+  moe_train_config planned;  // tc with its 'auto' choices made
+  MOE_TRY(moe_train_plan_for_run_(ctx, world, tc, &planned, &out->predicted_pass_ms));
+  tc = &planned;
+  r.tc = tc;
 
   MOE_TRY(setup(&r, &start));
   out->first_step = start;
