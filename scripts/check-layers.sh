@@ -30,8 +30,8 @@ layers=(
   "perf:perf.h"
   "parallel:parallel.h"
   "model:model.h data.h checkpoint.h gpt_io.h"
-  "train:train.h"
   "measure:measure.h"
+  "train:train.h"
   "top:moe.h"
 )
 
