@@ -32,6 +32,16 @@ typedef struct {
 
 #define CAL_DEFAULT_LAYERS "256:256:512:1.1,512:256:1024:1.1,256:512:1024:1.1,384:384:768:1.1"
 
+// What a negative fitted intercept means, printed next to it: an ordinary
+// least-squares line over the measured sizes may cross zero below them; it is
+// not a latency, and the simulator never uses a negative time (it interpolates
+// the measured points, or clamps a task's time at 0).
+static const char *intercept_note(double alpha) {
+  return alpha < 0 ? " (alpha < 0: the intercept of the line fitted over the measured sizes, not "
+                     "a latency; predictions interpolate the measured points or clamp at 0)"
+                   : "";
+}
+
 static void calibrate_usage(FILE *f) {
   fprintf(f,
           "usage: mpirun -n P moe calibrate --out FILE [options]\n"
@@ -226,8 +236,8 @@ static int fit_gemm(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit *f
     return CLI_FAILED;
   }
   if (rank == 0) {
-    printf("gemm: %d shapes, alpha %.2f us, %.1f GFLOP/s per rank, R² %.4f\n", n, fit->alpha * 1e6,
-           1e-9 / fit->beta, fit->r2);
+    printf("gemm: %d shapes, alpha %.2f us, %.1f GFLOP/s per rank, R² %.4f%s\n", n,
+           fit->alpha * 1e6, 1e-9 / fit->beta, fit->r2, intercept_note(fit->alpha));
   }
   return CLI_OK;
 }
@@ -311,10 +321,12 @@ static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit 
     goto done;
   }
   if (rank == 0) {
-    printf("expert forward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f\n",
-           ffit->alpha * 1e6, 1e-9 / ffit->beta, ffit->gamma * 1e9, ffit->r2);
-    printf("expert backward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f\n",
-           bfit->alpha * 1e6, 1e-9 / bfit->beta, bfit->gamma * 1e9, bfit->r2);
+    printf("expert forward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f%s\n",
+           ffit->alpha * 1e6, 1e-9 / ffit->beta, ffit->gamma * 1e9, ffit->r2,
+           intercept_note(ffit->alpha));
+    printf("expert backward: alpha %.1f us, %.1f GFLOP/s, %.3f ns per weight, R² %.4f%s\n",
+           bfit->alpha * 1e6, 1e-9 / bfit->beta, bfit->gamma * 1e9, bfit->r2,
+           intercept_note(bfit->alpha));
   }
 done:;
   float *all[] = {w1, w2, b1, b2, xin, pre, h, y, dh, dpre, g1, g2, gb1, gb2};
@@ -383,8 +395,8 @@ static int fit_outside(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit
   if (rank == 0) {
     printf(
         "outside the experts (gate, dispatch, combine; fwd+bwd): alpha %.1f us, %.3f ns per "
-        "T*M*(E+K), R² %.4f\n",
-        fit->alpha * 1e6, fit->beta * 1e9, fit->r2);
+        "T*M*(E+K), R² %.4f%s\n",
+        fit->alpha * 1e6, fit->beta * 1e9, fit->r2, intercept_note(fit->alpha));
   }
 done:
   moe_free(in);
@@ -761,8 +773,8 @@ static int fit_a2a(moe_ctx *ctx, const cal_opts *o, int rank, const moe_group *g
                   n, rank, fit) != CLI_OK)
     return CLI_FAILED;
   if (rank == 0) {
-    printf("a2a %-9s %2d sizes, alpha %8.1f us, %8.3f GB/s sent per rank, R² %.4f\n", algo->name, n,
-           fit->alpha * 1e6, 1e-9 / fit->beta, fit->r2);
+    printf("a2a %-9s %2d sizes, alpha %8.1f us, %8.3f GB/s sent per rank, R² %.4f%s\n", algo->name,
+           n, fit->alpha * 1e6, 1e-9 / fit->beta, fit->r2, intercept_note(fit->alpha));
   }
   return CLI_OK;
 }

@@ -4,6 +4,7 @@
 // schedules the real layer runs, with modelled task durations
 // (moe_simulate_layer, include/moe/perf.h). No MPI, no measurement.
 #define _POSIX_C_SOURCE 200809L  // strtok_r
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -303,16 +304,45 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
     cli_error("--plot: cannot write '%s'", dat);
     return CLI_FAILED;
   }
-  fprintf(f, "# R_CC achieved/peak label\n");
+  // Variants often land on nearly the same point: each point is labelled with
+  // its number, points closer than a label's size share one label ("1,4"), and
+  // the numbers are listed with their variants beside the plot.
+  double *px = calloc((size_t)(n > 0 ? n : 1), sizeof *px);
+  double *py = calloc((size_t)(n > 0 ? n : 1), sizeof *py);
+  int *owner = calloc((size_t)(n > 0 ? n : 1), sizeof *owner);
+  if (!px || !py || !owner) {
+    free(px), free(py), free(owner), fclose(f);
+    cli_error("out of memory");
+    return CLI_FAILED;
+  }
   for (int i = 0; i < n; i++) {
     moe_roofline p;
     roofline_of(c, cfg, &rows[i], &p);
-    fprintf(f, "%.6g %.6g \"%s/%s r=%d\"\n", p.r_cc, p.achieved_flops / p.peak_flops,
-            rows[i].schedule, rows[i].a2a, rows[i].r.chunks);
+    px[i] = p.r_cc;
+    py[i] = p.achieved_flops / p.peak_flops;
+    owner[i] = i;
+    for (int j = 0; j < i; j++) {
+      if (owner[j] == j && px[j] > 0 && px[i] > 0 && fabs(log10(px[i] / px[j])) < 0.06 &&
+          fabs(py[i] - py[j]) < 0.03) {
+        owner[i] = j;
+        break;
+      }
+    }
+  }
+  fprintf(f, "# R_CC achieved/peak label\n");
+  for (int i = 0; i < n; i++) {
+    char label[256] = "";
+    size_t len = 0;
+    if (owner[i] == i)
+      for (int j = i; j < n && len + 8 < sizeof label; j++)
+        if (owner[j] == i)
+          len += (size_t)snprintf(label + len, sizeof label - len, "%s%d", len ? "," : "", j + 1);
+    fprintf(f, "%.6g %.6g \"%s\"\n", px[i], py[i], label);
   }
   fclose(f);
   f = fopen(gp, "w");
   if (!f) {
+    free(px), free(py), free(owner);
     cli_error("--plot: cannot write '%s'", gp);
     return CLI_FAILED;
   }
@@ -320,12 +350,20 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
   fprintf(f,
           "set logscale x\nset xlabel 'R_{CC} = comp / comm'\n"
           "set ylabel 'FLOP/s per device / peak'\nset yrange [0:1.05]\nset key top left\n"
-          "set title 'DDL-roofline, %s'\n"
+          "set title 'DDL-roofline, %s'\nset rmargin at screen 0.70\n",
+          c->name);
+  const double step = n > 0 && 0.80 / n < 0.035 ? 0.80 / n : 0.035;
+  for (int i = 0; i < n; i++)
+    fprintf(f, "set label %d '%d: %s/%s r=%d' at screen 0.72, screen %.4f font ',%d'\n", i + 1,
+            i + 1, rows[i].schedule, rows[i].a2a, rows[i].r.chunks, 0.90 - i * step,
+            step < 0.025 ? 6 : 8);
+  fprintf(f,
           "plot [0.01:100] (x < 1 ? x : 1) title 'ideal', x / (x + 1) title 'semi-ideal', "
           "'%s' using 1:2 with points pt 7 title 'variants', '%s' using 1:2:3 with labels "
-          "offset 1,0.5 font ',7' notitle\n",
-          c->name, dat, dat);
+          "offset 0.8,0.6 font ',8' notitle\n",
+          dat, dat);
   fclose(f);
+  free(px), free(py), free(owner);
   if (!moe_gnuplot_available()) {
     printf("gnuplot is not installed: wrote %s and %s (run 'gnuplot %s')\n", dat, gp, gp);
     return CLI_OK;
@@ -353,13 +391,14 @@ static int simulate_main(int argc, char **argv, int roofline) {
   if (o.list_clusters) {
     moe_ctx *ctx = NULL;
     moe_ctx_create(&ctx);
-    printf("%-26s %6s %5s %-18s %9s %10s %10s\n", "cluster", "nodes", "dev", "device", "TFLOP/s",
-           "intra Gb/s", "inter Gb/s");
+    // the device description last and whole (it is free text of any length)
+    printf("%-26s %6s %5s %9s %10s %10s  %s\n", "cluster", "nodes", "dev", "TFLOP/s", "intra Gb/s",
+           "inter Gb/s", "device");
     for (int i = 0; i < moe_cluster_builtin_count(); i++) {
       moe_cluster c;
       if (moe_cluster_builtin(ctx, moe_cluster_builtin_name(i), &c) != MOE_STATUS_OK) continue;
-      printf("%-26s %6d %5d %-18.18s %9.2f %10.0f %10.0f\n", c.name, c.nodes, c.devices_per_node,
-             c.device, c.gemm_tflops, c.intra.gbit_per_s, c.inter.gbit_per_s * c.nics_per_node);
+      printf("%-26s %6d %5d %9.2f %10.0f %10.0f  %s\n", c.name, c.nodes, c.devices_per_node,
+             c.gemm_tflops, c.intra.gbit_per_s, c.inter.gbit_per_s * c.nics_per_node, c.device);
     }
     moe_ctx_destroy(ctx);
     return CLI_OK;

@@ -164,6 +164,7 @@ fi
 # moe simulate (no MPI): shipped clusters, a JSON file, JSON output, errors
 here=$(cd "$(dirname "$0")" && pwd)
 expect 0 "schemoe-8x4-rtx2080ti +8 +4" -- simulate --list-clusters
+expect 0 "emulated-2x1-1g .*  1 CPU core \(OpenBLAS SGEMM, 1 thread\)" -- simulate --list-clusters
 expect 0 "--cluster NAME\|FILE" -- simulate --help
 expect 0 "optsche +2 .* 1\.[0-9]{3}" -- simulate --chunks 2 --json "$tmp/sim.json"
 if /usr/bin/env python3 -c '
@@ -197,6 +198,15 @@ expect 0 "sequential +1 +[0-9.]+ +(0\.[0-9]+) +[0-9.]+ +\1 " -- roofline --a2a m
 expect 0 "plotted|gnuplot is not installed" -- roofline --a2a mpi --schedule optsche \
   --plot "$tmp/roof.txt"
 expect 2 "unknown option '--plot'" -- simulate --plot "$tmp/x.txt"
+# labels do not overprint: numbered points, near ones share a label ("1,2"),
+# and the numbers are listed with their variants beside the plot
+expect 0 "plotted|gnuplot is not installed" -- roofline --a2a mpi --plot "$tmp/roof2.txt"
+if grep -q "^set label 1 '1: sequential/mpi r=1' at screen" "$tmp/roof2.txt.gp" &&
+  grep -qE '^[0-9.e+-]+ [0-9.e+-]+ "1,2' "$tmp/roof2.txt.dat"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: roofline labels: $(head -5 "$tmp/roof2.txt.dat")" >&2
+fi
 
 # moe calibrate (an MPI singleton) -> profile -> simulate --profile and bench layer auto
 if "$MOE" version | grep -q "mpi=yes"; then
