@@ -69,6 +69,16 @@ assert "val_loss" in rows[4] and "val_loss" not in rows[5]
 assert rows[-1]["loss"] < rows[0]["loss"]
 t = json.load(open(sys.argv[2]))
 assert len(t["traceEvents"]) > 0
+# the tasks of the two MoE blocks are told apart: "h0.E^1", "h1.A1'^1", ...
+x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+blocks = {e["name"].split(".", 1)[0] for e in x}
+assert blocks == {"h0", "h1"}, blocks
+for e in x:
+    assert e["args"]["pass"] == e["name"].split(".", 1)[0], e
+for pid in (0, 1):
+    names = [e["name"] for e in x if e["pid"] == pid]
+    assert len(names) == len(set(names)) > 0, (pid, names)  # one pass per block and direction
+    assert "h0.E^1" in names and "h1.E^1" in names and "h1.E'^1" in names, names
 PY
 then ok; else bad "metrics or trace content"; fi
 if [[ -s "$tmp/c.ckpt" ]]; then ok; else bad "no checkpoint written"; fi
@@ -80,6 +90,21 @@ out=$("$MOE" sample --checkpoint "$tmp/c.ckpt" --prompt "the cat" --length 40 2>
 if [[ $? -eq 0 && "$out" == "the cat"* && ${#out} -ge 47 ]]; then ok; else bad "sample: $out $(cat "$tmp/sample.err")"; fi
 out2=$("$MOE" sample --checkpoint "$tmp/c.ckpt" --prompt "the cat" --length 40 2>/dev/null)
 if [[ "$out" == "$out2" ]]; then ok; else bad "sample is not deterministic"; fi
+
+# --profile: two predictions, each under its own label. The plan line gives the
+# whole layer time and its pass makespans; the summary compares the measured
+# pass makespans with the same predicted pass makespans.
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mpi 2 "$MOE" train "${TINY[@]}" --steps 3 --quiet --schedule auto --chunks auto \
+  --profile "$SRC/docs/results/profile_2x1_1g_adaptive.json" 2>&1)
+plan_pass=$(grep -oE "^plan: .*predicted per MoE layer, forward \+ backward: layer time [0-9.]+ ms = pass makespans [0-9.]+ ms \+ outside the passes \(gate, routing\) [0-9.]+ ms$" <<<"$out" |
+  sed -E 's/.*pass makespans ([0-9.]+) ms.*/\1/')
+sum_pass=$(grep -oE "^  pass makespans per MoE layer \(forward \+ backward\): measured [0-9.]+ ms \(median, rank 0\), predicted [0-9.]+ ms" <<<"$out" |
+  sed -E 's/.*predicted ([0-9.]+) ms/\1/')
+if [[ -n $plan_pass && $plan_pass == "$sum_pass" ]] && ! grep -q "MoE layer passes" <<<"$out"; then ok; else
+  bad "--profile: plan's pass makespans '$plan_pass' vs summary's predicted '$sum_pass':"
+  echo "$out" | tail -4 >&2
+fi
 
 # Resume: 12 steps stopped at 6 then resumed equal the uninterrupted run's metrics.
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/full.jsonl" --quiet >/dev/null 2>&1

@@ -331,11 +331,17 @@ typedef struct {
   const moe_task_graph *graph;
   const moe_task_record *records;  // (graph->n_tasks)
   uint64_t offset_ns;              // added to every time (to place passes one after another)
+  // Optional name of the pass's owner (e.g. "h1", the model's block 1): the
+  // events are then named "<label>.<task>" ("h1.E^2") and carry it as
+  // args.pass, so passes of different layers can be told apart. NULL or "":
+  // the task names alone. At most MOE_TASK_NAME_MAX - 1 bytes are used.
+  const char *label;
 } moe_trace_pass;
 
 // Writes a Chrome trace (JSON "traceEvents"; loads in Perfetto and
 // chrome://tracing): one process per rank, one thread per stream ("compute",
-// "comm"), one complete event per task that ran, with its chunk and polls as
+// "comm"), one complete event per task that ran (named "<label>.<task>" when
+// the pass has a label), with its chunk and polls (and the label) as
 // arguments. Times in microseconds. Written to a temporary file and renamed, so
 // a failure leaves no half-written file at path.
 moe_status moe_trace_write(moe_ctx *ctx, const char *path, const moe_trace_pass *passes,

@@ -300,11 +300,13 @@ done:
 static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
   moe_status st = MOE_STATUS_OK;
   moe_trace_pass passes[2 * MOE_GPT_MAX_LAYERS];
+  char labels[MOE_GPT_MAX_LAYERS][16];
   int np = 0;
   for (int b = 0; b < r->tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
     uint64_t f0 = 0, b0 = 0;
     moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], &f0, &b0);
+    snprintf(labels[b], sizeof labels[b], "h%d", b);  // the block, as in its parameters' names
     for (int dir = 0; dir < 2; dir++) {
       const moe_task_graph *g = NULL;
       const moe_task_record *rec = NULL;
@@ -315,6 +317,7 @@ static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
       passes[np].graph = g;
       passes[np].records = rec;
       passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
+      passes[np].label = labels[b];
       np++;
     }
   }
