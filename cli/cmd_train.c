@@ -375,8 +375,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   printf("  train loss: %.4f -> %.4f nats (%.3f -> %.3f bits/byte)\n", r->first_loss, r->final_loss,
          r->first_loss / ln2, r->final_loss / ln2);
   if (!isnan(r->final_val_loss))
-    printf("  val loss:   %.4f -> %.4f nats (%.3f -> %.3f bits/byte)\n", r->first_val_loss,
-           r->final_val_loss, r->first_val_loss / ln2, r->final_val_loss / ln2);
+    printf("  val loss:   %.4f -> %.4f nats (%.3f -> %.3f bits/byte) at steps %d -> %d%s\n",
+           r->first_val_loss, r->final_val_loss, r->first_val_loss / ln2, r->final_val_loss / ln2,
+           r->first_val_step, r->final_val_step,
+           r->first_val_step == r->first_step - 1 && r->first_step > 1
+               ? " (the first: the resumed checkpoint)"
+               : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
   const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);

@@ -27,6 +27,7 @@
 #define REL_TOL 1e-5
 
 static int g_rank, g_world;
+static moe_train_result g_res;  // the last run_on's result (on the ranks that ran it)
 static char g_text[256], g_ckpt[256], g_ckpt2[256];
 
 typedef struct {
@@ -79,8 +80,7 @@ static moe_status run_on(int size, const moe_train_config *tc0, losses *l, moe_c
   if (comm != MPI_COMM_NULL) {
     moe_train_config tc = *tc0;
     tc.on_step_user = l;
-    moe_train_result res;
-    st = moe_train_run(ctx, comm, &tc, &res);
+    st = moe_train_run(ctx, comm, &tc, &g_res);
     MPI_Comm_free(&comm);
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -238,6 +238,15 @@ int main(int argc, char **argv) {
     t.resume = g_ckpt;
     TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s", moe_ctx_error(ctx));
     compare("resume at step 10, same layout (bitwise)", &got, &ref, 11, 1);
+    // The resumed run's first validation is the checkpoint's (step 10, the
+    // uninterrupted run's value there), not its own first one (step 15).
+    if (g_rank == 0)
+      TU_CHECK(g_res.first_val_step == 10 && g_res.first_val_loss == ref.val[10] &&
+                   g_res.final_val_step == STEPS && g_res.final_val_loss == ref.val[STEPS],
+               "resumed run's val loss: first %.9g at step %d (want %.9g at 10), final %.9g at "
+               "step %d (want %.9g at %d)",
+               g_res.first_val_loss, g_res.first_val_step, ref.val[10], g_res.final_val_loss,
+               g_res.final_val_step, ref.val[STEPS], STEPS);
     if (g_world >= 2) {
       TU_CHECK(run_on(g_world / 2, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s",
                moe_ctx_error(ctx));

@@ -111,7 +111,15 @@ mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/full.jsonl" --quiet >
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --stop-at 6 --checkpoint "$tmp/r.ckpt" \
   --metrics "$tmp/part.jsonl" --quiet >/dev/null 2>&1
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
-  --quiet >/dev/null 2>&1
+  --quiet >"$tmp/resume.out" 2>&1
+# The resumed run's summary starts its validation at the checkpoint (step 6,
+# the stopped run's last value), not at its own first validation (step 10).
+v6=$(python3 -c 'import json,sys; print("%.4f" % [r for r in map(json.loads, open(sys.argv[1])) if r["step"] == 6][0]["val_loss"])' "$tmp/part.jsonl")
+if grep -qE "^  val loss: +$v6 -> [0-9.]+ nats .* at steps 6 -> 12 \(the first: the resumed checkpoint\)" \
+  "$tmp/resume.out"; then ok; else
+  bad "resumed summary's val loss does not start at step 6 ($v6):"
+  grep "val loss" "$tmp/resume.out" >&2
+fi
 if python3 - "$tmp/full.jsonl" "$tmp/part.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]

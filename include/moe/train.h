@@ -77,8 +77,11 @@ typedef struct {
   int last_step;            // steps
   double first_loss;        // loss of the first step run
   double final_loss;        // loss of the last step
-  double first_val_loss;    // first validation (NAN if none)
+  double first_val_loss;    // first validation (NAN if none): a resumed run validates
+                            // the checkpoint's parameters before its first step
   double final_val_loss;    // last validation (NAN if none)
+  int first_val_step;       // step of first_val_loss (first_step - 1 when resumed; 0 if none)
+  int final_val_step;       // step of final_val_loss (0 if none)
   double tokens_per_s;      // median over the steps after the first
   double a2a_share;         // median
   double exposed_share;     // median

@@ -517,6 +517,15 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
                 : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory"),
             "allocation"));
 
+  // A resumed run starts from the checkpoint's parameters: validate them, so
+  // that the run's first validation is its true starting point (not a repeat
+  // of its own last one). Not a step: no metrics line, no on_step call.
+  if (start > 1 && r.val_batches > 0) {
+    double v = NAN;
+    MOE_TRY(validate(&r, &v));
+    out->first_val_loss = v;
+    out->first_val_step = start - 1;
+  }
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
   for (int step = start; step <= end; step++) {
@@ -562,8 +571,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     if (step == start) out->first_loss = info.loss;
     out->final_loss = info.loss;
     if (!isnan(info.val_loss)) {
-      if (isnan(out->first_val_loss)) out->first_val_loss = info.val_loss;
+      if (isnan(out->first_val_loss)) {
+        out->first_val_loss = info.val_loss;
+        out->first_val_step = step;
+      }
       out->final_val_loss = info.val_loss;
+      out->final_val_step = step;
     }
     if (step > start || nsteps == 1) {
       tps[n_timed] = info.tokens_per_s;
