@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `moe train` and `moe sample` end to end: help and exit codes, a tiny run on 2
-# ranks with metrics, plot, trace and checkpoint, sampling from it, resuming
-# (bitwise equal metrics), a corrupted checkpoint (clear error, file unchanged),
-# and a killed rank (the job ends with an error within a bounded time).
+# ranks with metrics, plot, trace (tasks named per block) and checkpoint,
+# sampling from it, the --profile predictions' labels, resuming (bitwise equal
+# metrics, the summary's first validation at the resumed step, the
+# checkpoint's lr schedule kept with more --steps, another one refused), a
+# corrupted checkpoint (clear error, file unchanged), and a killed rank (the
+# job ends with an error within a bounded time).
 # Usage: train_cli_test.sh path/to/moe path/to/mpiexec
 set -u
 MOE=${1:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
@@ -110,7 +113,8 @@ fi
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/full.jsonl" --quiet >/dev/null 2>&1
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --stop-at 6 --checkpoint "$tmp/r.ckpt" \
   --metrics "$tmp/part.jsonl" --quiet >/dev/null 2>&1
-mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
+# (no --steps: the checkpoint's schedule, 12 steps, is kept and run to its end)
+mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
   --quiet >"$tmp/resume.out" 2>&1
 # The resumed run's summary starts its validation at the checkpoint (step 6,
 # the stopped run's last value), not at its own first validation (step 10).
@@ -131,6 +135,29 @@ for x, y in zip(a, b):
         assert x["val_loss"] == y.get("val_loss"), (x, y)
 PY
 then ok; else bad "resumed metrics differ from the uninterrupted run"; fi
+
+# Resuming with more --steps keeps the checkpoint's lr schedule (warm-up and
+# cosine to step 12): steps 7..12 have the uninterrupted run's lr and losses,
+# steps 13..20 run at min_lr; rank 0 says where it resumed and which schedule
+# it kept. Another --lr, or fewer --steps, is refused.
+out=$(mpi 2 "$MOE" train "${TINY[@]}" --steps 20 --resume "$tmp/r.ckpt" --metrics "$tmp/ext.jsonl" \
+  --quiet 2>&1)
+if grep -qE "^resume: $tmp/r.ckpt at step 6 \(continuing at step 7\); lr schedule kept from the checkpoint: warm-up 2 steps to lr 0.003, cosine decay to min_lr 0.0003 at step 12; steps 13..20 \(past its end\) at min_lr 0.0003$" <<<"$out" &&
+  python3 - "$tmp/full.jsonl" "$tmp/ext.jsonl" <<'PY'
+import json, sys
+a = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
+b = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+assert sorted(b) == list(range(7, 21)), sorted(b)
+for s in range(7, 13):
+    assert a[s]["lr"] == b[s]["lr"] and a[s]["loss"] == b[s]["loss"], (a[s], b[s])
+for s in range(13, 21):
+    assert abs(b[s]["lr"] - 3e-4) < 1e-10, b[s]
+PY
+then ok; else bad "resume with more --steps: schedule not kept, output:"; echo "$out" | head -3 >&2; fi
+expect 2 "schedule is kept on resume .*asks for lr 0.01" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --resume "$tmp/r.ckpt" --lr 0.01 --quiet
+expect 2 "--steps 10 would end it early: use --stop-at 10" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --resume "$tmp/r.ckpt" --steps 10 --quiet
 
 # A corrupted checkpoint: clear error from sample and train; the file is not touched.
 cp "$tmp/c.ckpt" "$tmp/bad.ckpt"

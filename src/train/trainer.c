@@ -46,6 +46,52 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->log_every = 1;
 }
 
+// ---- the learning-rate schedule ----------------------------------------------------------------
+
+moe_status moe_train_schedule_resolve(moe_ctx *ctx, const moe_train_config *tc,
+                                      const moe_gpt_ckpt_info *info, moe_train_schedule *out) {
+  moe_status st = MOE_STATUS_OK;
+  memset(out, 0, sizeof *out);
+  out->resumed_step = info ? info->step : 0;
+  if (!info || !info->has_schedule) {
+    out->lr = tc->optim.lr;
+    out->min_lr = tc->optim.min_lr;
+    out->warmup_steps = tc->optim.warmup_steps;
+    out->total_steps = tc->steps;
+    return st;
+  }
+  const moe_gpt_ckpt_schedule *k = &info->schedule;
+  const char *path = tc->resume ? tc->resume : "the checkpoint";
+  char stored[200];
+  snprintf(stored, sizeof stored, "warm-up %d steps to lr %g, cosine decay to min_lr %g at step %d",
+           k->warmup_steps, (double)k->lr, (double)k->min_lr, k->total_steps);
+  MOE_FAIL_IF(ctx, tc->optim.lr != k->lr, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for lr %g: "
+              "leave --lr out or give the stored value",
+              path, stored, (double)tc->optim.lr);
+  MOE_FAIL_IF(ctx, tc->optim.min_lr != k->min_lr, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for min_lr "
+              "%g: leave --min-lr out or give the stored value",
+              path, stored, (double)tc->optim.min_lr);
+  MOE_FAIL_IF(ctx, tc->optim.warmup_steps != k->warmup_steps, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for warmup "
+              "%d: leave --warmup out or give the stored value",
+              path, stored, tc->optim.warmup_steps);
+  MOE_FAIL_IF(ctx, tc->steps < k->total_steps, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); --steps %d would end it "
+              "early: use --stop-at %d to stop at step %d, or steps >= %d (steps past %d run at "
+              "min_lr)",
+              path, stored, tc->steps, tc->steps, tc->steps, k->total_steps, k->total_steps);
+  out->lr = k->lr;
+  out->min_lr = k->min_lr;
+  out->warmup_steps = k->warmup_steps;
+  out->total_steps = k->total_steps;
+  out->from_checkpoint = 1;
+  out->extended = tc->steps > k->total_steps;
+done:
+  return st;
+}
+
 // ---- state of one run ------------------------------------------------------------------------
 
 typedef struct {
@@ -68,6 +114,8 @@ typedef struct {
   int in_group0;     // 1 when world rank 0 is in this rank's EP group
   moe_progress *progress;
   moe_metrics *metrics;
+  moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
+  moe_train_schedule schedule;    // the learning-rate schedule used
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -386,6 +434,13 @@ static moe_status setup(run_state *r, int *start_step) {
     MOE_WARN("validation: %d windows of %d bytes give %d batches of %d (asked for %d)", windows,
              r->s, r->val_batches, tc->batch, tc->eval_batches);
 
+  // The learning-rate schedule: a resumed run keeps its checkpoint's.
+  local = MOE_STATUS_OK;
+  if (tc->resume) local = moe_gpt_ckpt_read_info(ctx, tc->resume, &r->resume_info);
+  if (local == MOE_STATUS_OK)
+    local = moe_train_schedule_resolve(ctx, tc, tc->resume ? &r->resume_info : NULL, &r->schedule);
+  MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
+
   // Model on the expert-parallel backend.
   r->user = moe_calloc(1, sizeof *r->user);
   local = r->user
@@ -398,7 +453,10 @@ static moe_status setup(run_state *r, int *start_step) {
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
   moe_optim_config oc = tc->optim;
-  oc.total_steps = tc->steps;
+  oc.lr = r->schedule.lr;
+  oc.min_lr = r->schedule.min_lr;
+  oc.warmup_steps = r->schedule.warmup_steps;
+  oc.total_steps = r->schedule.total_steps;
   local = moe_optim_create(ctx, r->model, &oc, &r->opt);
   if (local == MOE_STATUS_OK) {
     r->tokens = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
@@ -435,9 +493,8 @@ static moe_status setup(run_state *r, int *start_step) {
   // Parameters: fresh or from a checkpoint (every rank reads its slice).
   *start_step = 1;
   if (tc->resume) {
-    moe_gpt_ckpt_info info;
-    local = moe_gpt_ckpt_read_info(ctx, tc->resume, &info);
-    if (local == MOE_STATUS_OK) local = moe_gpt_ckpt_load(ctx, tc->resume, r->model, r->opt);
+    const moe_gpt_ckpt_info info = r->resume_info;
+    local = moe_gpt_ckpt_load(ctx, tc->resume, r->model, r->opt);
     MOE_TRY(agree(r, local, "loading the checkpoint"));
     *start_step = info.step + 1;
     if (r->rank == 0) {
@@ -494,6 +551,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
 
   MOE_TRY(setup(&r, &start));
   out->first_step = start;
+  out->schedule = r.schedule;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
   out->last_step = end;
   MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
