@@ -76,6 +76,10 @@ typedef struct {
   moe_stream stream;
   char name[MOE_TASK_NAME_MAX];
   int chunk;
+  // What the task does: its moe_chunk_task (MOE_CT_A1, MOE_CT_E, ...) in a
+  // graph of moe_chunk_pass_build, -1 for any other task. Code that needs a
+  // task's kind reads it here; names are for people (and may change).
+  int kind;
   moe_task_fn run;
   moe_task_test_fn test;
   moe_task_fn wait;
@@ -216,12 +220,11 @@ typedef struct {
 // each the chain C1 -> A1 -> D1 -> E -> C2 -> A2 -> D2 (the C and D kinds only
 // when compressed), A1 and A2 on the communication stream, the rest on the
 // compute stream, named "A1^2" ("A1'^2" in a backward pass), with chunk index
-// c; then algo's orders, validated. fns (MOE_CT_KINDS entries, or NULL for all
-// no-ops) and args[c] (or NULL) give the tasks' functions and arguments.
-// graph needs room for 7 r tasks and 7 r dependencies and sched for 7 r tasks
-// per stream; both are cleared first. tidx (r rows, may be NULL) receives the
-// task indices (-1 for absent kinds). Used by the expert-parallel layer and by
-// the simulator, so both run the same graphs.
+// c and their kind (moe_task.kind); then algo's orders, validated. fns (MOE_CT_KINDS entries, or
+// NULL for all no-ops) and args[c] (or NULL) give the tasks' functions and arguments. graph needs
+// room for 7 r tasks and 7 r dependencies and sched for 7 r tasks per stream; both are cleared
+// first. tidx (r rows, may be NULL) receives the task indices (-1 for absent kinds). Used by the
+// expert-parallel layer and by the simulator, so both run the same graphs.
 moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int r, int compressed,
                                 int backward, const moe_chunk_task_fns *fns, void *const *args,
                                 moe_task_graph *graph, moe_schedule *sched,

@@ -166,6 +166,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
         p = get(p, &rec->start_ns, 8);
         p = get(p, &rec->end_ns, 8);
         t->chunk = chunk;
+        t->kind = -1;  // not carried: the trace needs names and chunks only
         t->stream = rec->stream = stream == MOE_STREAM_COMM ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE;
         rec->ran = ran;
       }
