@@ -494,21 +494,6 @@ static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
   if (total_ns) *total_ns = b.total_ns;
 }
 
-// The kind of a layer task from its name ("A1'^2" -> MOE_CT_A1); -1 if none.
-static int task_kind(const char *name) {
-  char k[8];
-  size_t n = 0;
-  while (name[n] && name[n] != '^' && name[n] != '\'' && n + 1 < sizeof k) {
-    k[n] = name[n];
-    n++;
-  }
-  k[n] = '\0';
-  for (int i = 0; i < MOE_CT_KINDS; i++) {
-    if (strcmp(k, moe_chunk_task_name((moe_chunk_task)i)) == 0) return i;
-  }
-  return -1;
-}
-
 // out (MOE_CT_KINDS) = busy ms of each task kind in the last pass of one direction.
 static void kind_ms(const moe_ep_layer *layer, int backward, double *out) {
   const moe_task_graph *g = NULL;
@@ -516,7 +501,7 @@ static void kind_ms(const moe_ep_layer *layer, int backward, double *out) {
   moe_ep_layer_last_pass(layer, backward, &g, &rec);
   for (int k = 0; k < MOE_CT_KINDS; k++) out[k] = 0.0;
   for (int i = 0; g && rec && i < g->n_tasks; i++) {
-    const int k = task_kind(g->tasks[i].name);
+    const int k = g->tasks[i].kind;  // a moe_chunk_task, -1 for none
     if (k >= 0 && rec[i].ran) out[k] += (double)(rec[i].end_ns - rec[i].start_ns) / 1e6;
   }
 }
@@ -533,7 +518,7 @@ static double model_pass_ms(moe_ctx *ctx, const moe_ep_layer *layer, int backwar
   double *dur = moe_malloc((size_t)g->n_tasks * sizeof *dur), m = NAN;
   if (!dur) return NAN;
   for (int i = 0; i < g->n_tasks; i++) {
-    const int k = task_kind(g->tasks[i].name);
+    const int k = g->tasks[i].kind;
     dur[i] = k >= 0 ? base_kind_ms[k] / chunks : 0.0;
   }
   if (moe_schedule_simulate(ctx, g, s, dur, NULL, &m) != MOE_STATUS_OK) m = NAN;

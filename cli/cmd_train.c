@@ -18,36 +18,41 @@
 #endif
 
 static void usage(FILE *f) {
+  fprintf(f,
+          "usage: mpirun -n P moe train [options]\n"
+          "\n"
+          "Trains MoE-GPT, a byte-level GPT whose feed-forward layers are MoE layers, with\n"
+          "data parallelism x expert parallelism over the P ranks (P = 1 without mpirun).\n"
+          "Every rank takes B/P sequences of each global batch, so the losses do not depend\n"
+          "on P. Validation loss is printed in nats and bits/byte.\n"
+          "\n"
+          "model (ignored with --resume, which uses the checkpoint's):\n"
+          "  --layers L            transformer blocks [4]\n"
+          "  --d-model M           model width [128]\n"
+          "  --heads NH            attention heads, divides M [4]\n"
+          "  --seq-len S           context length [128]\n"
+          "  --experts E           experts per MoE layer [8]\n"
+          "  --topk K              experts per token [2]\n"
+          "  --expert-hidden H     expert FFN width [256]\n"
+          "  --moe-every N         MoE FFN in every N-th block, dense in the others;\n"
+          "                        0 = dense model [1]\n"
+          "  --dense-hidden N      dense FFN width [512]\n"
+          "  --capacity-factor F   expert capacity factor; <= 0 dropless [dropless]\n"
+          "  --aux-coef C          load-balancing loss weight [0.01]\n"
+          "  --model-config FILE   model JSON (docs/model.md), applied before the flags\n");
   fprintf(
       f,
-      "usage: mpirun -n P moe train [options]\n"
-      "\n"
-      "Trains MoE-GPT, a byte-level GPT whose feed-forward layers are MoE layers, with\n"
-      "data parallelism x expert parallelism over the P ranks (P = 1 without mpirun).\n"
-      "Every rank takes B/P sequences of each global batch, so the losses do not depend\n"
-      "on P. Validation loss is printed in nats and bits/byte.\n"
-      "\n"
-      "model (ignored with --resume, which uses the checkpoint's):\n"
-      "  --layers L            transformer blocks [4]\n"
-      "  --d-model M           model width [128]\n"
-      "  --heads NH            attention heads, divides M [4]\n"
-      "  --seq-len S           context length [128]\n"
-      "  --experts E           experts per MoE layer [8]\n"
-      "  --topk K              experts per token [2]\n"
-      "  --expert-hidden H     expert FFN width [256]\n"
-      "  --moe-every N         MoE FFN in every N-th block, dense in the others;\n"
-      "                        0 = dense model [1]\n"
-      "  --dense-hidden N      dense FFN width [512]\n"
-      "  --capacity-factor F   expert capacity factor; <= 0 dropless [dropless]\n"
-      "  --aux-coef C          load-balancing loss weight [0.01]\n"
-      "  --model-config FILE   model JSON (docs/model.md), applied before the flags\n"
       "training:\n"
-      "  --steps N             length of the run: the lr schedule ends at step N [200]\n"
+      "  --steps N             length of the run: the lr schedule ends at step N [200;\n"
+      "                        with --resume, the checkpoint's: its schedule is kept, and\n"
+      "                        steps past its end run at min-lr]\n"
       "  --stop-at N           stop (validate, save) after step N < steps; --resume then\n"
       "                        continues exactly as an uninterrupted run [steps]\n"
       "  --batch B             global sequences per step, divisible by P [16]\n"
       "  --lr X, --min-lr X    peak and final learning rate [3e-3, 3e-4]\n"
       "  --warmup N            linear warm-up steps [100; at most steps/5 by default]\n"
+      "                        (--lr, --min-lr, --warmup with --resume: the checkpoint's;\n"
+      "                        other values are refused)\n"
       "  --weight-decay X      AdamW weight decay [0.1]\n"
       "  --clip X              gradient-norm clip, <= 0 off [1.0]\n"
       "  --seed S              parameters and batches [1]\n"
@@ -75,7 +80,8 @@ static void usage(FILE *f) {
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
       "  --save-every N        steps between saves [0: only at the end]\n"
-      "  --resume FILE         continue from a checkpoint (any P and EP)\n"
+      "  --resume FILE         continue from a checkpoint (any P and EP) with its model\n"
+      "                        and lr schedule\n"
       "  --metrics FILE        one JSON object per step (rank 0)\n"
       "  --plot FILE           loss plot via gnuplot (.png, .svg, else text); needs --metrics\n"
       "  --trace FILE          Chrome trace of one step's MoE passes, every rank\n"
@@ -93,7 +99,7 @@ static void usage(FILE *f) {
 typedef struct {
   moe_train_config tc;
   int threads;
-  int warmup_set;
+  int warmup_set, lr_set, min_lr_set, steps_set;  // given on the command line
   const char *plot;
   const char *model_config;
   int model_flags;           // a model flag was given
@@ -155,6 +161,7 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
       o->model_config = a.value;
     } else if (cli_opt(&a, "--steps")) {
       cli_parse_int(&a, "--steps", 1, 1 << 30, &tc->steps);
+      o->steps_set = 1;
     } else if (cli_opt(&a, "--stop-at")) {
       cli_parse_int(&a, "--stop-at", 1, 1 << 30, &tc->stop_step);
     } else if (cli_opt(&a, "--batch")) {
@@ -162,9 +169,11 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     } else if (cli_opt(&a, "--lr")) {
       cli_parse_double(&a, "--lr", 1e-12, 10, &dv);
       tc->optim.lr = (float)dv;
+      o->lr_set = 1;
     } else if (cli_opt(&a, "--min-lr")) {
       cli_parse_double(&a, "--min-lr", 0, 10, &dv);
       tc->optim.min_lr = (float)dv;
+      o->min_lr_set = 1;
     } else if (cli_opt(&a, "--warmup")) {
       cli_parse_int(&a, "--warmup", 0, 1 << 30, &tc->optim.warmup_steps);
       o->warmup_set = 1;
@@ -254,14 +263,24 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     }
     fclose(f);
   }
+  moe_gpt_ckpt_info info;
+  memset(&info, 0, sizeof info);
   if (tc->resume) {
     // The model is the checkpoint's.
-    moe_gpt_ckpt_info info;
     if (moe_gpt_ckpt_read_info(ctx, tc->resume, &info) != MOE_STATUS_OK) {
       cli_error("--resume: %s", moe_ctx_error(ctx));
       return CLI_USAGE;
     }
     *m = info.model;
+    // So is the learning-rate schedule: what is not given is the checkpoint's
+    // (moe_train_schedule_resolve refuses a different one below).
+    if (info.has_schedule) {
+      if (!o->lr_set) tc->optim.lr = info.schedule.lr;
+      if (!o->min_lr_set) tc->optim.min_lr = info.schedule.min_lr;
+      if (!o->warmup_set) tc->optim.warmup_steps = info.schedule.warmup_steps;
+      if (!o->steps_set) tc->steps = info.schedule.total_steps;
+      o->warmup_set = 1;  // not the fresh run's default below
+    }
     if (o->model_flags)
       fprintf(stderr,
               "moe: warning: --resume: model options are ignored (the checkpoint's "
@@ -289,6 +308,31 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   }
   if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
     tc->optim.warmup_steps = tc->steps / 5;
+  if (tc->resume) {
+    moe_train_schedule sch;
+    if (moe_train_schedule_resolve(ctx, tc, &info, &sch) != MOE_STATUS_OK) {
+      cli_error("--resume %s", moe_ctx_error(ctx));
+      return CLI_USAGE;
+    }
+    // Where the run resumes and with which schedule (rank 0: the others are silenced).
+    printf(
+        "resume: %s at step %d (continuing at step %d); lr schedule %s: warm-up %d steps to lr "
+        "%.4g, cosine decay to min_lr %.4g at step %d",
+        tc->resume, info.step, info.step + 1,
+        sch.from_checkpoint ? "kept from the checkpoint" : "of this run", sch.warmup_steps,
+        (double)sch.lr, (double)sch.min_lr, sch.total_steps);
+    if (sch.extended)
+      printf("; steps %d..%d (past its end) at min_lr %.4g", sch.total_steps + 1, tc->steps,
+             (double)sch.min_lr);
+    if (!sch.from_checkpoint)
+      printf(
+          " (the checkpoint stores no schedule: written before libmoe stored it, content "
+          "version %d; the schedule follows this run's --steps, --lr, --min-lr, --warmup, "
+          "which must be the original run's for the same learning rates)",
+          info.version);
+    printf("\n");
+    fflush(stdout);
+  }
   if (o->plot && !tc->metrics) {
     cli_error("--plot needs --metrics FILE (the plot is drawn from it)");
     return CLI_USAGE;
@@ -325,15 +369,20 @@ static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, moe_prof
     if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }
+  // Two predictions, each with its own label: the whole layer (what the
+  // planner minimises: passes + the layer's work outside them), and its
+  // passes alone (what the summary compares with the measured pass makespans).
+  const double passes_ms = plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1];
   if (rank == 0) {
     printf(
         "plan: a2a %s, compress %s, schedule %s, r=%d for T=%d tokens per rank, M=%d, H=%d, "
-        "E=%d, K=%d (best of %d candidates): predicted MoE layer passes (forward + backward "
-        "makespans) %.2f ms; whole MoE layer with the gate %.2f ms\n",
+        "E=%d, K=%d, best of %d candidates: predicted per MoE layer, forward + backward: "
+        "layer time %.2f ms = pass makespans %.2f ms + outside the passes (gate, routing) "
+        "%.2f ms\n",
         plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks,
         plan.best.cfg.tokens, plan.best.cfg.model_dim, plan.best.cfg.hidden_dim,
-        plan.best.cfg.num_experts, plan.best.cfg.top_k, plan.candidates,
-        plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1], plan.predicted.total_ms);
+        plan.best.cfg.num_experts, plan.best.cfg.top_k, plan.candidates, plan.predicted.total_ms,
+        passes_ms, plan.predicted.total_ms - passes_ms);
     fflush(stdout);
   }
   return CLI_OK;
@@ -349,8 +398,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   printf("  train loss: %.4f -> %.4f nats (%.3f -> %.3f bits/byte)\n", r->first_loss, r->final_loss,
          r->first_loss / ln2, r->final_loss / ln2);
   if (!isnan(r->final_val_loss))
-    printf("  val loss:   %.4f -> %.4f nats (%.3f -> %.3f bits/byte)\n", r->first_val_loss,
-           r->final_val_loss, r->first_val_loss / ln2, r->final_val_loss / ln2);
+    printf("  val loss:   %.4f -> %.4f nats (%.3f -> %.3f bits/byte) at steps %d -> %d%s\n",
+           r->first_val_loss, r->final_val_loss, r->first_val_loss / ln2, r->final_val_loss / ln2,
+           r->first_val_step, r->final_val_step,
+           r->first_val_step == r->first_step - 1 && r->first_step > 1
+               ? " (the first: the resumed checkpoint)"
+               : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
   const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);
@@ -421,8 +474,8 @@ int cmd_train(int argc, char **argv) {
     print_summary(&o.tc, &res, world, rss);
     if (!isnan(res.predicted_pass_ms) && !isnan(res.moe_pass_ms)) {
       printf(
-          "  MoE layer passes (forward + backward makespans, per layer): measured %.2f ms "
-          "(median, rank 0), predicted %.2f ms (%s), error %+.1f%%\n",
+          "  pass makespans per MoE layer (forward + backward): measured %.2f ms (median, "
+          "rank 0), predicted %.2f ms (%s), error %+.1f%%\n",
           res.moe_pass_ms, res.predicted_pass_ms, o.profile_path,
           100.0 * (res.predicted_pass_ms - res.moe_pass_ms) / res.moe_pass_ms);
     }

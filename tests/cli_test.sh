@@ -280,7 +280,7 @@ if "$MOE" version | grep -q "mpi=yes"; then
   bench_plan=$(grep -oE "^plan \(config 1\): a2a [a-z0-9]+, compress [a-z0-9:]+, schedule [a-z]+, r=[0-9]+" \
     <<<"$bench_out" | sed 's/^plan (config 1): //')
   if [[ -n $train_plan && $train_plan == "$bench_plan" ]] &&
-    grep -qE "MoE layer passes .* measured [0-9.]+ ms .* predicted [0-9.]+ ms .* error [-+][0-9.]+%" \
+    grep -qE "pass makespans per MoE layer \(forward \+ backward\): measured [0-9.]+ ms .* predicted [0-9.]+ ms .* error [-+][0-9.]+%" \
       <<<"$train_out"; then
     pass=$((pass + 1))
   else

@@ -134,16 +134,6 @@ static float *dup_floats(const float *p, size_t n) {
 
 // ---- task graph checks -------------------------------------------------------------------------
 
-// Kind of a task from its name ("C1^2", "A2'^1", "E^3"), or -1.
-static int kind_of(const char *name) {
-  for (int k = 0; k < MOE_CT_KINDS; k++) {
-    const char *kn = moe_chunk_task_name((moe_chunk_task)k);
-    const size_t n = strlen(kn);
-    if (strncmp(name, kn, n) == 0 && (name[n] == '^' || name[n] == '\'')) return k;
-  }
-  return -1;
-}
-
 static int find_task(const moe_task_graph *g, const char *name) {
   for (int i = 0; i < g->n_tasks; i++) {
     if (strcmp(g->tasks[i].name, name) == 0) return i;
@@ -178,12 +168,13 @@ static void check_pass(moe_ep_layer *L, moe_ctx *ctx, const moe_schedule_algo *a
   int on_stream[MOE_STREAM_COUNT_] = {0, 0};
   for (int i = 0; i < g->n_tasks; i++) {
     const moe_task *t = &g->tasks[i];
-    const int k = kind_of(t->name), c = t->chunk;
+    // the task's kind field, which must agree with its name ("C1^2", "A2'^1", "E^3")
+    const int k = t->kind, c = t->chunk;
     char want[MOE_TASK_NAME_MAX];
     snprintf(want, sizeof want, "%s%s^%d", moe_chunk_task_name((moe_chunk_task)k), dir ? "'" : "",
              c + 1);
-    if (k < 0 || c < 0 || c >= r || strcmp(want, t->name) != 0) {
-      PROBLEM("task %d '%s' (chunk %d) has an unexpected name", i, t->name, c);
+    if (k < 0 || k >= MOE_CT_KINDS || c < 0 || c >= r || strcmp(want, t->name) != 0) {
+      PROBLEM("task %d '%s' (chunk %d, kind %d) has an unexpected name or kind", i, t->name, c, k);
       continue;
     }
     const int is_comp = k == MOE_CT_C1 || k == MOE_CT_D1 || k == MOE_CT_C2 || k == MOE_CT_D2;

@@ -169,6 +169,8 @@ static void test_graph_errors(void) {
   const int b = add(&g, &log, MOE_STREAM_COMM, "B", dep_a, 2);
   add(&g, &log, MOE_STREAM_COMPUTE, NULL, NULL, 0);
   TU_CHECK(strcmp(g.tasks[2].name, "#2") == 0, "unnamed task gets #index: %s", g.tasks[2].name);
+  TU_CHECK(g.tasks[2].kind == -1, "a task outside a chunked pass has kind -1 (%d)",
+           g.tasks[2].kind);
   d.deps = NULL;
   d.n_deps = 0;
   d.name = "D";

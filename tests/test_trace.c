@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
 
   char path[256];
   snprintf(path, sizeof path, "/tmp/moe_trace_test_%d.json", (int)getpid());
-  const moe_trace_pass passes[2] = {{0, &g, rec, 0}, {1, &g, rec, 1000}};
+  const moe_trace_pass passes[2] = {{0, &g, rec, 0, NULL}, {1, &g, rec, 1000, NULL}};
   TU_CHECK(moe_trace_write(ctx, path, passes, 2) == MOE_STATUS_OK, "write: %s", moe_ctx_error(ctx));
   cJSON *root = cJSON_Parse(slurp(path) ? slurp(path) : "");
   TU_CHECK(root != NULL, "the trace is valid JSON");

@@ -8,7 +8,11 @@
 //    and chunks too, and with a dense block between MoE blocks.
 // 2. Determinism: the same run twice gives bitwise-identical losses.
 // 3. Resume: 20 steps stopped at 10 and resumed equals the uninterrupted run
-//    bitwise (same layout); resumed on another world size within 1e-5.
+//    bitwise (same layout); resumed on another world size within 1e-5; the
+//    resumed run's first validation is the checkpoint's. The learning-rate
+//    schedule is the checkpoint's: more steps run past it at min_lr (steps
+//    11..20 unchanged), another lr / warmup or fewer steps are refused, and a
+//    version 1 checkpoint (no stored schedule) loads with the run's schedule.
 // 4. Errors reach every rank (no hang): batch not divisible by P, experts
 //    not divisible by EP, a corrupted checkpoint (the file is left as it was),
 //    a checkpoint of another model, an unwritable checkpoint path.
@@ -27,16 +31,19 @@
 #define REL_TOL 1e-5
 
 static int g_rank, g_world;
+static moe_train_result g_res;  // the last run_on's result (on the ranks that ran it)
 static char g_text[256], g_ckpt[256], g_ckpt2[256];
 
 typedef struct {
   double loss[STEPS + 1];
   double val[STEPS + 1];
-  int n;
+  double lr[2 * STEPS + 1];  // also past STEPS (a resumed run extended beyond the schedule)
+  int n;                     // steps 1..STEPS that ran
 } losses;
 
 static void on_step(void *user, const moe_train_step_info *info) {
   losses *l = user;
+  if (info->step >= 1 && info->step <= 2 * STEPS) l->lr[info->step] = info->lr;
   if (info->step >= 1 && info->step <= STEPS) {
     l->loss[info->step] = info->loss;
     l->val[info->step] = info->val_loss;
@@ -79,8 +86,7 @@ static moe_status run_on(int size, const moe_train_config *tc0, losses *l, moe_c
   if (comm != MPI_COMM_NULL) {
     moe_train_config tc = *tc0;
     tc.on_step_user = l;
-    moe_train_result res;
-    st = moe_train_run(ctx, comm, &tc, &res);
+    st = moe_train_run(ctx, comm, &tc, &g_res);
     MPI_Comm_free(&comm);
   }
   MPI_Barrier(MPI_COMM_WORLD);
@@ -149,6 +155,51 @@ static void copy_file(const char *from, const char *to) {
   while (a && b && (c = fgetc(a)) != EOF) fputc(c, b);
   if (a) fclose(a);
   if (b) fclose(b);
+}
+
+// Rewrites checkpoint `from` as a content version 1 file `to` (what libmoe
+// wrote before it stored the learning-rate schedule): the same tensors, the
+// config without "schedule" and with "version":1. Rank 0 only.
+static int write_v1_checkpoint(moe_ctx *ctx, const char *from, const char *to) {
+  moe_ckpt_reader *r = NULL;
+  moe_ckpt_writer *w = NULL;
+  moe_ckpt_tensor_desc *d = NULL;
+  float *buf = NULL;
+  char config[8192];
+  int ok = 0;
+  if (moe_ckpt_reader_open(ctx, from, &r) != MOE_STATUS_OK) goto done;
+  snprintf(config, sizeof config, "%s", moe_ckpt_reader_config(r));
+  char *v = strstr(config, "\"version\":2"), *sc = strstr(config, ",\"schedule\":{");
+  if (!v || !sc || !strchr(sc, '}')) goto done;
+  v[10] = '1';
+  memmove(sc, strchr(sc, '}') + 1, strlen(strchr(sc, '}') + 1) + 1);
+  const int n = moe_ckpt_reader_num_tensors(r);
+  d = calloc((size_t)n, sizeof *d);
+  size_t most = 1;
+  for (int i = 0; d && i < n; i++) {
+    d[i] = *moe_ckpt_reader_desc(r, i);
+    size_t e = 1;
+    for (int k = 0; k < d[i].ndim; k++) e *= (size_t)d[i].dims[k];
+    if (e > most) most = e;
+  }
+  buf = malloc(most * sizeof(float));
+  if (!d || !buf || moe_ckpt_writer_open(ctx, to, config, d, n, &w) != MOE_STATUS_OK) goto done;
+  for (int i = 0; i < n; i++) {
+    size_t e = 1;
+    for (int k = 0; k < d[i].ndim; k++) e *= (size_t)d[i].dims[k];
+    if (moe_ckpt_reader_read(r, i, 0, e, buf) != MOE_STATUS_OK ||
+        moe_ckpt_writer_write(w, i, buf, e * sizeof(float)) != MOE_STATUS_OK)
+      goto done;
+  }
+  ok = moe_ckpt_writer_commit(w) == MOE_STATUS_OK;
+  w = NULL;
+done:
+  if (!ok) printf("write_v1_checkpoint: %s\n", moe_ctx_error(ctx));
+  moe_ckpt_writer_abort(w);
+  moe_ckpt_reader_close(r);
+  free(d);
+  free(buf);
+  return ok;
 }
 
 // Every rank of the run must fail with the same kind of error, the message
@@ -238,6 +289,15 @@ int main(int argc, char **argv) {
     t.resume = g_ckpt;
     TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s", moe_ctx_error(ctx));
     compare("resume at step 10, same layout (bitwise)", &got, &ref, 11, 1);
+    // The resumed run's first validation is the checkpoint's (step 10, the
+    // uninterrupted run's value there), not its own first one (step 15).
+    if (g_rank == 0)
+      TU_CHECK(g_res.first_val_step == 10 && g_res.first_val_loss == ref.val[10] &&
+                   g_res.final_val_step == STEPS && g_res.final_val_loss == ref.val[STEPS],
+               "resumed run's val loss: first %.9g at step %d (want %.9g at 10), final %.9g at "
+               "step %d (want %.9g at %d)",
+               g_res.first_val_loss, g_res.first_val_step, ref.val[10], g_res.final_val_loss,
+               g_res.final_val_step, ref.val[STEPS], STEPS);
     if (g_world >= 2) {
       TU_CHECK(run_on(g_world / 2, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s",
                moe_ctx_error(ctx));
@@ -245,6 +305,77 @@ int main(int argc, char **argv) {
     }
     TU_CHECK(run_on(1, &t, &got, ctx) == MOE_STATUS_OK, "resume: %s", moe_ctx_error(ctx));
     compare("resume on 1 rank", &got, &ref, 11, 0);
+  }
+
+  // 3b. the learning-rate schedule is the checkpoint's on resume (g_ckpt: step
+  // 10 of a 20-step schedule).
+  {
+    moe_train_config t = tc;
+    t.resume = g_ckpt;
+    // More steps: steps 11..20 exactly as the uninterrupted run (the schedule
+    // did not stretch to 30 steps), 21..30 at min_lr.
+    t.steps = 2 * STEPS;
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume, more steps: %s",
+             moe_ctx_error(ctx));
+    compare("resume with steps 40 > the schedule's 20", &got, &ref, 11, 1);
+    if (g_rank == 0) {
+      int same_lr = 1, at_min = 1;
+      for (int k = 11; k <= STEPS; k++) same_lr &= got.lr[k] == ref.lr[k];
+      for (int k = STEPS + 1; k <= 2 * STEPS; k++) at_min &= got.lr[k] == (double)tc.optim.min_lr;
+      TU_CHECK(same_lr,
+               "resume, more steps: lr of steps 11..20 differs from the uninterrupted "
+               "run's (step 11: %.9g vs %.9g)",
+               got.lr[11], ref.lr[11]);
+      TU_CHECK(at_min, "resume, more steps: steps 21..40 not at min_lr (step 21: %.9g)",
+               got.lr[21]);
+      TU_CHECK(g_res.schedule.from_checkpoint && g_res.schedule.extended &&
+                   g_res.schedule.total_steps == STEPS && g_res.schedule.resumed_step == 10 &&
+                   g_res.schedule.warmup_steps == tc.optim.warmup_steps &&
+                   g_res.schedule.lr == tc.optim.lr && g_res.schedule.min_lr == tc.optim.min_lr,
+               "resume, more steps: schedule reported: from checkpoint %d, extended %d, total %d, "
+               "resumed at %d",
+               g_res.schedule.from_checkpoint, g_res.schedule.extended, g_res.schedule.total_steps,
+               g_res.schedule.resumed_step);
+    }
+    // Another schedule asked for explicitly: refused on every rank.
+    t = tc;
+    t.resume = g_ckpt;
+    t.optim.lr = 2e-2f;
+    expect_fail("resume with another lr", g_world, &t, "schedule is kept on resume", ctx);
+    t = tc;
+    t.resume = g_ckpt;
+    t.optim.warmup_steps = 5;
+    expect_fail("resume with another warmup", g_world, &t, "asks for warmup 5", ctx);
+    t = tc;
+    t.resume = g_ckpt;
+    t.steps = 15;
+    expect_fail("resume with fewer steps", g_world, &t, "--stop-at 15", ctx);
+    // A checkpoint without a schedule (content version 1) still loads, with
+    // this run's schedule (the behaviour before schedules were stored).
+    int v1 = 1;
+    if (g_rank == 0) v1 = write_v1_checkpoint(ctx, g_ckpt, g_ckpt2);
+    MPI_Bcast(&v1, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    TU_CHECK(v1, "writing a version 1 checkpoint");
+    if (v1) {
+      t = tc;
+      t.resume = g_ckpt2;
+      TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume a version 1 file: %s",
+               moe_ctx_error(ctx));
+      compare("resume a version 1 checkpoint (bitwise)", &got, &ref, 11, 1);
+      if (g_rank == 0)
+        TU_CHECK(!g_res.schedule.from_checkpoint && g_res.schedule.total_steps == STEPS,
+                 "version 1: the schedule is this run's (from checkpoint %d, total %d)",
+                 g_res.schedule.from_checkpoint, g_res.schedule.total_steps);
+      t.steps = 30;  // no stored schedule: this run's 30-step one, as before
+      TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "resume a version 1 file: %s",
+               moe_ctx_error(ctx));
+      if (g_rank == 0)
+        TU_CHECK(g_res.schedule.total_steps == 30 && got.lr[11] != ref.lr[11],
+                 "version 1, steps 30: the schedule follows steps (total %d)",
+                 g_res.schedule.total_steps);
+    }
+    if (g_rank == 0) remove(g_ckpt2);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 
   // 4. errors on every rank

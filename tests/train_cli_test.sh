@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `moe train` and `moe sample` end to end: help and exit codes, a tiny run on 2
-# ranks with metrics, plot, trace and checkpoint, sampling from it, resuming
-# (bitwise equal metrics), a corrupted checkpoint (clear error, file unchanged),
-# and a killed rank (the job ends with an error within a bounded time).
+# ranks with metrics, plot, trace (tasks named per block) and checkpoint,
+# sampling from it, the --profile predictions' labels, resuming (bitwise equal
+# metrics, the summary's first validation at the resumed step, the
+# checkpoint's lr schedule kept with more --steps, another one refused), a
+# corrupted checkpoint (clear error, file unchanged), and a killed rank (the
+# job ends with an error within a bounded time).
 # Usage: train_cli_test.sh path/to/moe path/to/mpiexec
 set -u
 MOE=${1:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
@@ -69,6 +72,16 @@ assert "val_loss" in rows[4] and "val_loss" not in rows[5]
 assert rows[-1]["loss"] < rows[0]["loss"]
 t = json.load(open(sys.argv[2]))
 assert len(t["traceEvents"]) > 0
+# the tasks of the two MoE blocks are told apart: "h0.E^1", "h1.A1'^1", ...
+x = [e for e in t["traceEvents"] if e["ph"] == "X"]
+blocks = {e["name"].split(".", 1)[0] for e in x}
+assert blocks == {"h0", "h1"}, blocks
+for e in x:
+    assert e["args"]["pass"] == e["name"].split(".", 1)[0], e
+for pid in (0, 1):
+    names = [e["name"] for e in x if e["pid"] == pid]
+    assert len(names) == len(set(names)) > 0, (pid, names)  # one pass per block and direction
+    assert "h0.E^1" in names and "h1.E^1" in names and "h1.E'^1" in names, names
 PY
 then ok; else bad "metrics or trace content"; fi
 if [[ -s "$tmp/c.ckpt" ]]; then ok; else bad "no checkpoint written"; fi
@@ -81,12 +94,36 @@ if [[ $? -eq 0 && "$out" == "the cat"* && ${#out} -ge 47 ]]; then ok; else bad "
 out2=$("$MOE" sample --checkpoint "$tmp/c.ckpt" --prompt "the cat" --length 40 2>/dev/null)
 if [[ "$out" == "$out2" ]]; then ok; else bad "sample is not deterministic"; fi
 
+# --profile: two predictions, each under its own label. The plan line gives the
+# whole layer time and its pass makespans; the summary compares the measured
+# pass makespans with the same predicted pass makespans.
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mpi 2 "$MOE" train "${TINY[@]}" --steps 3 --quiet --schedule auto --chunks auto \
+  --profile "$SRC/docs/results/profile_2x1_1g_adaptive.json" 2>&1)
+plan_pass=$(grep -oE "^plan: .*predicted per MoE layer, forward \+ backward: layer time [0-9.]+ ms = pass makespans [0-9.]+ ms \+ outside the passes \(gate, routing\) [0-9.]+ ms$" <<<"$out" |
+  sed -E 's/.*pass makespans ([0-9.]+) ms.*/\1/')
+sum_pass=$(grep -oE "^  pass makespans per MoE layer \(forward \+ backward\): measured [0-9.]+ ms \(median, rank 0\), predicted [0-9.]+ ms" <<<"$out" |
+  sed -E 's/.*predicted ([0-9.]+) ms/\1/')
+if [[ -n $plan_pass && $plan_pass == "$sum_pass" ]] && ! grep -q "MoE layer passes" <<<"$out"; then ok; else
+  bad "--profile: plan's pass makespans '$plan_pass' vs summary's predicted '$sum_pass':"
+  echo "$out" | tail -4 >&2
+fi
+
 # Resume: 12 steps stopped at 6 then resumed equal the uninterrupted run's metrics.
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/full.jsonl" --quiet >/dev/null 2>&1
 mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --stop-at 6 --checkpoint "$tmp/r.ckpt" \
   --metrics "$tmp/part.jsonl" --quiet >/dev/null 2>&1
-mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
-  --quiet >/dev/null 2>&1
+# (no --steps: the checkpoint's schedule, 12 steps, is kept and run to its end)
+mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --metrics "$tmp/part.jsonl" \
+  --quiet >"$tmp/resume.out" 2>&1
+# The resumed run's summary starts its validation at the checkpoint (step 6,
+# the stopped run's last value), not at its own first validation (step 10).
+v6=$(python3 -c 'import json,sys; print("%.4f" % [r for r in map(json.loads, open(sys.argv[1])) if r["step"] == 6][0]["val_loss"])' "$tmp/part.jsonl")
+if grep -qE "^  val loss: +$v6 -> [0-9.]+ nats .* at steps 6 -> 12 \(the first: the resumed checkpoint\)" \
+  "$tmp/resume.out"; then ok; else
+  bad "resumed summary's val loss does not start at step 6 ($v6):"
+  grep "val loss" "$tmp/resume.out" >&2
+fi
 if python3 - "$tmp/full.jsonl" "$tmp/part.jsonl" <<'PY'
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
@@ -98,6 +135,29 @@ for x, y in zip(a, b):
         assert x["val_loss"] == y.get("val_loss"), (x, y)
 PY
 then ok; else bad "resumed metrics differ from the uninterrupted run"; fi
+
+# Resuming with more --steps keeps the checkpoint's lr schedule (warm-up and
+# cosine to step 12): steps 7..12 have the uninterrupted run's lr and losses,
+# steps 13..20 run at min_lr; rank 0 says where it resumed and which schedule
+# it kept. Another --lr, or fewer --steps, is refused.
+out=$(mpi 2 "$MOE" train "${TINY[@]}" --steps 20 --resume "$tmp/r.ckpt" --metrics "$tmp/ext.jsonl" \
+  --quiet 2>&1)
+if grep -qE "^resume: $tmp/r.ckpt at step 6 \(continuing at step 7\); lr schedule kept from the checkpoint: warm-up 2 steps to lr 0.003, cosine decay to min_lr 0.0003 at step 12; steps 13..20 \(past its end\) at min_lr 0.0003$" <<<"$out" &&
+  python3 - "$tmp/full.jsonl" "$tmp/ext.jsonl" <<'PY'
+import json, sys
+a = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
+b = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
+assert sorted(b) == list(range(7, 21)), sorted(b)
+for s in range(7, 13):
+    assert a[s]["lr"] == b[s]["lr"] and a[s]["loss"] == b[s]["loss"], (a[s], b[s])
+for s in range(13, 21):
+    assert abs(b[s]["lr"] - 3e-4) < 1e-10, b[s]
+PY
+then ok; else bad "resume with more --steps: schedule not kept, output:"; echo "$out" | head -3 >&2; fi
+expect 2 "schedule is kept on resume .*asks for lr 0.01" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --resume "$tmp/r.ckpt" --lr 0.01 --quiet
+expect 2 "--steps 10 would end it early: use --stop-at 10" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --resume "$tmp/r.ckpt" --steps 10 --quiet
 
 # A corrupted checkpoint: clear error from sample and train; the file is not touched.
 cp "$tmp/c.ckpt" "$tmp/bad.ckpt"

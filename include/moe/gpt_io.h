@@ -3,9 +3,13 @@
 // slice. Writing needs the whole model, so it lives with the trainer
 // (include/moe/train.h); the file format is include/moe/checkpoint.h's.
 //
-// Contents (docs/training.md#checkpoints): the config JSON
-//   {"format": "libmoe-gpt", "version": 1, "model": {moe_gpt_config},
-//    "step": N, "seed": S, "batch": B, "optim": {...}}
+// Contents (docs/training.md#checkpoints, docs/checkpoint.md#moe-gpt-contents):
+// the config JSON
+//   {"format": "libmoe-gpt", "version": 2, "model": {moe_gpt_config},
+//    "step": N, "seed": S, "batch": B, "optim": true|false,
+//    "schedule": {"lr": X, "min_lr": X, "warmup": W, "total": T}}
+// ("schedule", the learning-rate schedule of moe_optim_lr, is new in version
+// 2; version 1 files, without it, still load)
 // and one tensor per model parameter under its moe_gpt_param name, WHOLE
 // (every expert, in expert order), plus "adam.m.<name>" and "adam.v.<name>"
 // when the optimizer state is saved. A rank that holds experts
@@ -21,14 +25,25 @@ extern "C" {
 #endif
 
 #define MOE_GPT_CKPT_FORMAT "libmoe-gpt"
-#define MOE_GPT_CKPT_VERSION 1
+#define MOE_GPT_CKPT_VERSION 2      // written; versions 1..2 are read
+#define MOE_GPT_CKPT_VERSION_MIN 1  // the oldest content version read
+
+// The learning-rate schedule of moe_optim_lr (its lr, min_lr, warmup_steps
+// and total_steps: everything the learning rate of a step depends on).
+typedef struct {
+  float lr, min_lr;
+  int warmup_steps, total_steps;
+} moe_gpt_ckpt_schedule;
 
 typedef struct {
   moe_gpt_config model;
-  int step;       // optimizer steps taken when saved
-  uint64_t seed;  // training seed
-  int batch;      // global batch B
-  int has_optim;  // 1 when adam.m.* / adam.v.* are present
+  int version;                     // content version of the file (1 or 2)
+  int step;                        // optimizer steps taken when saved
+  uint64_t seed;                   // training seed
+  int batch;                       // global batch B
+  int has_optim;                   // 1 when adam.m.* / adam.v.* are present
+  int has_schedule;                // 1 when the file stores its schedule (version >= 2)
+  moe_gpt_ckpt_schedule schedule;  // the stored schedule (zeros when has_schedule is 0)
 } moe_gpt_ckpt_info;
 
 // Reads a model config JSON file (moe_gpt_config_from_json) over the fields of cfg.
@@ -47,7 +62,8 @@ moe_status moe_gpt_ckpt_read_info(moe_ctx *ctx, const char *path, moe_gpt_ckpt_i
 // overwritten: treat the model (and opt) as unusable.
 moe_status moe_gpt_ckpt_load(moe_ctx *ctx, const char *path, moe_gpt *model, moe_optim *opt);
 
-// The config JSON of a checkpoint (caller frees with moe_free).
+// The config JSON of a checkpoint (caller frees with moe_free), at the current
+// version; the schedule is opt's (moe_optim_get_config), or none without opt.
 moe_status moe_gpt_ckpt_config_json(moe_ctx *ctx, const moe_gpt *model, const moe_optim *opt,
                                     int step, uint64_t seed, int batch, char **out);
 

@@ -209,8 +209,9 @@ void moe_optim_destroy(moe_optim *opt);  // NULL is a no-op
 // m and v of tensor i (numel floats each, as the tensor held here).
 float *moe_optim_m(moe_optim *opt, int i);
 float *moe_optim_v(moe_optim *opt, int i);
-int moe_optim_step_count(const moe_optim *opt);            // steps taken
-void moe_optim_set_step_count(moe_optim *opt, int steps);  // for resuming
+const moe_optim_config *moe_optim_get_config(const moe_optim *opt);  // as created
+int moe_optim_step_count(const moe_optim *opt);                      // steps taken
+void moe_optim_set_step_count(moe_optim *opt, int steps);            // for resuming
 // Sum of squares of every gradient held here, split by kind (so that a
 // distributed trainer can sum each over the right ranks).
 void moe_optim_grad_sq(moe_gpt *model, double sq[3]);

@@ -76,6 +76,10 @@ typedef struct {
   moe_stream stream;
   char name[MOE_TASK_NAME_MAX];
   int chunk;
+  // What the task does: its moe_chunk_task (MOE_CT_A1, MOE_CT_E, ...) in a
+  // graph of moe_chunk_pass_build, -1 for any other task. Code that needs a
+  // task's kind reads it here; names are for people (and may change).
+  int kind;
   moe_task_fn run;
   moe_task_test_fn test;
   moe_task_fn wait;
@@ -216,12 +220,11 @@ typedef struct {
 // each the chain C1 -> A1 -> D1 -> E -> C2 -> A2 -> D2 (the C and D kinds only
 // when compressed), A1 and A2 on the communication stream, the rest on the
 // compute stream, named "A1^2" ("A1'^2" in a backward pass), with chunk index
-// c; then algo's orders, validated. fns (MOE_CT_KINDS entries, or NULL for all
-// no-ops) and args[c] (or NULL) give the tasks' functions and arguments.
-// graph needs room for 7 r tasks and 7 r dependencies and sched for 7 r tasks
-// per stream; both are cleared first. tidx (r rows, may be NULL) receives the
-// task indices (-1 for absent kinds). Used by the expert-parallel layer and by
-// the simulator, so both run the same graphs.
+// c and their kind (moe_task.kind); then algo's orders, validated. fns (MOE_CT_KINDS entries, or
+// NULL for all no-ops) and args[c] (or NULL) give the tasks' functions and arguments. graph needs
+// room for 7 r tasks and 7 r dependencies and sched for 7 r tasks per stream; both are cleared
+// first. tidx (r rows, may be NULL) receives the task indices (-1 for absent kinds). Used by the
+// expert-parallel layer and by the simulator, so both run the same graphs.
 moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int r, int compressed,
                                 int backward, const moe_chunk_task_fns *fns, void *const *args,
                                 moe_task_graph *graph, moe_schedule *sched,
@@ -331,11 +334,17 @@ typedef struct {
   const moe_task_graph *graph;
   const moe_task_record *records;  // (graph->n_tasks)
   uint64_t offset_ns;              // added to every time (to place passes one after another)
+  // Optional name of the pass's owner (e.g. "h1", the model's block 1): the
+  // events are then named "<label>.<task>" ("h1.E^2") and carry it as
+  // args.pass, so passes of different layers can be told apart. NULL or "":
+  // the task names alone. At most MOE_TASK_NAME_MAX - 1 bytes are used.
+  const char *label;
 } moe_trace_pass;
 
 // Writes a Chrome trace (JSON "traceEvents"; loads in Perfetto and
 // chrome://tracing): one process per rank, one thread per stream ("compute",
-// "comm"), one complete event per task that ran, with its chunk and polls as
+// "comm"), one complete event per task that ran (named "<label>.<task>" when
+// the pass has a label), with its chunk and polls (and the label) as
 // arguments. Times in microseconds. Written to a temporary file and renamed, so
 // a failure leaves no half-written file at path.
 moe_status moe_trace_write(moe_ctx *ctx, const char *path, const moe_trace_pass *passes,

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "moe/gpt_io.h"
 #include "moe/model.h"
 #include "moe/parallel.h"
 #include "moe/perf.h"
@@ -43,7 +44,8 @@ typedef struct {
 
 typedef struct {
   moe_gpt_config model;
-  moe_optim_config optim;   // optim.total_steps is forced to `steps`
+  moe_optim_config optim;   // optim.total_steps is forced to `steps` (fresh runs;
+                            // resumed: see moe_train_schedule_resolve)
   moe_parallel_config par;  // par.ep_size 0 = the world size
   // 'auto' in par.a2a, par.schedule or par.compress, or par.chunks 0, is chosen
   // by the planner for the MoE layer's shape (moe_train_plan) from this
@@ -51,25 +53,26 @@ typedef struct {
   // 'auto' is an error. The caller keeps it alive during moe_train_run.
   const moe_profile *profile;
   int allow_lossy;         // 1: compress 'auto' may pick lossy compressors
-  int batch;               // B, global sequences per step; divisible by the world size
-  int steps;               // the schedule's length: lr decays to min_lr at this step
-  int stop_step;           // stop (validate, save) after this step; 0 = steps. A run
-                           // resumed from it continues exactly as if never stopped
-  uint64_t seed;           // parameters and batches
-  double val_fraction;     // share of the text held out for validation, (0, 0.5]
-  int eval_every;          // validate every N steps and at the last (0: only at the last)
-  int eval_batches;        // global batches of B validation windows per validation
-  int save_every;          // save every N steps (0: only at the end); needs checkpoint
-  const char *data;        // text file, NULL: the default corpus (moe_text_load)
-  const char *checkpoint;  // where to save (NULL: never)
-  const char *resume;      // checkpoint to start from (NULL: fresh)
-  const char *metrics;     // JSON lines (rank 0), NULL: none
-  int metrics_append;      // 1: append to metrics (a resumed run)
-  const char *trace;       // merged Chrome trace of one step's MoE passes, NULL: none
-  int trace_step;          // the step traced (0: the last)
-  int progress;            // 1: progress line on rank 0 (stderr)
-  int progress_tty;        // -1 detect, 0 plain lines, 1 redraw in place
-  int log_every;           // progress line every N steps (>= 1)
+  int batch;                // B, global sequences per step; divisible by the world size
+  int steps;                // the schedule's length: lr decays to min_lr at this step
+  int stop_step;            // stop (validate, save) after this step; 0 = steps. A run
+                            // resumed from it continues exactly as if never stopped
+  uint64_t seed;            // parameters and batches
+  double val_fraction;      // share of the text held out for validation, (0, 0.5]
+  int eval_every;           // validate every N steps and at the last (0: only at the last)
+  int eval_batches;         // global batches of B validation windows per validation
+  int save_every;           // save every N steps (0: only at the end); needs checkpoint
+  const char *data;         // text file, NULL: the default corpus (moe_text_load)
+  const char *checkpoint;   // where to save (NULL: never)
+  const char *resume;       // checkpoint to start from (NULL: fresh); its learning-rate
+                            // schedule is kept (moe_train_schedule_resolve)
+  const char *metrics;      // JSON lines (rank 0), NULL: none
+  int metrics_append;       // 1: append to metrics (a resumed run)
+  const char *trace;        // merged Chrome trace of one step's MoE passes, NULL: none
+  int trace_step;           // the step traced (0: the last)
+  int progress;             // 1: progress line on rank 0 (stderr)
+  int progress_tty;         // -1 detect, 0 plain lines, 1 redraw in place
+  int log_every;            // progress line every N steps (>= 1)
   // Called on every rank after every step (may be NULL).
   void (*on_step)(void *user, const moe_train_step_info *info);
   void *on_step_user;
@@ -79,24 +82,53 @@ typedef struct {
 // 1, val 0.1, eval every 50, 4 eval batches, no files, progress on, log every 1.
 void moe_train_config_default(moe_train_config *tc);
 
+// The learning-rate schedule a run uses (moe_optim_lr: linear warm-up to lr,
+// cosine decay to min_lr at total_steps, min_lr after it).
 typedef struct {
-  int first_step;            // 1, or the resumed step + 1
-  int last_step;             // steps
-  double first_loss;         // loss of the first step run
-  double final_loss;         // loss of the last step
-  double first_val_loss;     // first validation (NAN if none)
-  double final_val_loss;     // last validation (NAN if none)
-  double tokens_per_s;       // median over the steps after the first
-  double a2a_share;          // median
-  double exposed_share;      // median
-  double moe_pass_ms;        // median of the steps' moe_pass_ms (NAN without MoE layers)
+  float lr, min_lr;
+  int warmup_steps, total_steps;
+  int from_checkpoint;  // 1: the resumed checkpoint's, kept; 0: this run's config
+                        // (a fresh run, or a checkpoint that stores none: version 1)
+  int resumed_step;     // the checkpoint's step (0 for a fresh run)
+  int extended;         // steps total_steps + 1 .. tc->steps run at min_lr (resumed with
+                        // steps beyond the stored schedule's end), 0 otherwise
+} moe_train_schedule;
+
+// The schedule of a run of tc (no MPI; every rank computes the same). Fresh
+// (info NULL) or a checkpoint without a stored schedule (info->has_schedule
+// 0: the behaviour of libmoe before it stored one): tc->optim's lr, min_lr,
+// warmup_steps, with total_steps = tc->steps. Resumed from a checkpoint that
+// stores its schedule: that schedule, unchanged, so the learning rate of
+// every step is the one the original run would have used. INVALID_ARG when
+// tc asks for another one: tc->optim.lr, min_lr or warmup_steps differ from
+// the stored values, or tc->steps ends before the stored total_steps (stop
+// earlier with stop_step instead). tc->steps beyond total_steps is allowed:
+// the extra steps run at min_lr (out->extended).
+moe_status moe_train_schedule_resolve(moe_ctx *ctx, const moe_train_config *tc,
+                                      const moe_gpt_ckpt_info *info, moe_train_schedule *out);
+
+typedef struct {
+  int first_step;           // 1, or the resumed step + 1
+  int last_step;            // steps
+  double first_loss;        // loss of the first step run
+  double final_loss;        // loss of the last step
+  double first_val_loss;    // first validation (NAN if none): a resumed run validates
+                            // the checkpoint's parameters before its first step
+  double final_val_loss;    // last validation (NAN if none)
+  int first_val_step;       // step of first_val_loss (first_step - 1 when resumed; 0 if none)
+  int final_val_step;       // step of final_val_loss (0 if none)
+  double tokens_per_s;      // median over the steps after the first
+  double a2a_share;         // median
+  double exposed_share;     // median
+  double moe_pass_ms;       // median of the steps' moe_pass_ms (NAN without MoE layers)
   double predicted_pass_ms;  // the profile's prediction of the same quantity (NAN: no profile)
-  double train_s;            // wall time of the training loop (validation included)
-  size_t params_total;       // elements of the model (experts once)
-  size_t params_active;      // elements one token uses
-  size_t state_bytes;        // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
-  size_t activation_bytes;   // rank 0: moe_gpt_activation_bytes (activations and scratch)
-  char source[256];          // the text's description
+  double train_s;           // wall time of the training loop (validation included)
+  size_t params_total;      // elements of the model (experts once)
+  size_t params_active;     // elements one token uses
+  size_t state_bytes;       // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
+  size_t activation_bytes;  // rank 0: moe_gpt_activation_bytes (activations and scratch)
+  moe_train_schedule schedule;  // the learning-rate schedule used
+  char source[256];             // the text's description
 } moe_train_result;
 
 // Collective over world. Errors (on every rank, no hang): invalid configs,

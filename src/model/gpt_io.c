@@ -42,11 +42,19 @@ moe_status moe_gpt_ckpt_config_json(moe_ctx *ctx, const moe_gpt *model, const mo
   MOE_TRY(model_json(ctx, moe_gpt_get_config(model), mj, sizeof mj));
   buf = moe_malloc(cap);
   MOE_FAIL_IF(ctx, !buf, MOE_STATUS_OUT_OF_MEMORY, "checkpoint config: out of memory");
+  char sched[256] = "";
+  if (opt) {
+    // %.9g: every float prints to the text that reads back as the same float
+    const moe_optim_config *oc = moe_optim_get_config(opt);
+    snprintf(sched, sizeof sched,
+             ",\"schedule\":{\"lr\":%.9g,\"min_lr\":%.9g,\"warmup\":%d,\"total\":%d}",
+             (double)oc->lr, (double)oc->min_lr, oc->warmup_steps, oc->total_steps);
+  }
   const int n = snprintf(buf, cap,
                          "{\"format\":\"%s\",\"version\":%d,\"model\":%s,\"step\":%d,"
-                         "\"seed\":%llu,\"batch\":%d,\"optim\":%s}",
+                         "\"seed\":%llu,\"batch\":%d,\"optim\":%s%s}",
                          MOE_GPT_CKPT_FORMAT, MOE_GPT_CKPT_VERSION, mj, step,
-                         (unsigned long long)seed, batch, opt ? "true" : "false");
+                         (unsigned long long)seed, batch, opt ? "true" : "false", sched);
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= cap, MOE_STATUS_INTERNAL,
               "checkpoint config does not fit in %zu bytes", cap);
   *out = buf;
@@ -70,9 +78,11 @@ static moe_status parse_info(moe_ctx *ctx, const char *path, const char *json,
   int version = 0;
   MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "version"),
                            "checkpoint version", &version));
-  MOE_FAIL_IF(ctx, version != MOE_GPT_CKPT_VERSION, MOE_STATUS_BAD_FORMAT,
-              "%s: MoE-GPT checkpoint content version %d, this build reads version %d", path,
-              version, MOE_GPT_CKPT_VERSION);
+  MOE_FAIL_IF(ctx, version < MOE_GPT_CKPT_VERSION_MIN || version > MOE_GPT_CKPT_VERSION,
+              MOE_STATUS_BAD_FORMAT,
+              "%s: MoE-GPT checkpoint content version %d, this build reads versions %d..%d", path,
+              version, MOE_GPT_CKPT_VERSION_MIN, MOE_GPT_CKPT_VERSION);
+  info->version = version;
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
   MOE_FAIL_IF(ctx, !cJSON_IsObject(model), MOE_STATUS_BAD_FORMAT,
               "%s: config has no \"model\" object", path);
@@ -95,6 +105,34 @@ static moe_status parse_info(moe_ctx *ctx, const char *path, const char *json,
                             "checkpoint optim", &info->has_optim));
   MOE_FAIL_IF(ctx, info->step < 0, MOE_STATUS_BAD_FORMAT, "%s: step %d is negative", path,
               info->step);
+  // The learning-rate schedule: from version 2, whenever the optimizer state is stored.
+  info->has_schedule = 0;
+  memset(&info->schedule, 0, sizeof info->schedule);
+  const cJSON *sch = cJSON_GetObjectItemCaseSensitive(root, "schedule");
+  MOE_FAIL_IF(ctx, version >= 2 && info->has_optim && !cJSON_IsObject(sch), MOE_STATUS_BAD_FORMAT,
+              "%s: version %d config has no \"schedule\" object", path, version);
+  if (version >= 2 && cJSON_IsObject(sch)) {
+    double lr = 0, min_lr = 0;
+    moe_gpt_ckpt_schedule *s = &info->schedule;
+    MOE_TRY(moe_json_get_double(ctx, cJSON_GetObjectItemCaseSensitive(sch, "lr"),
+                                "checkpoint schedule lr", &lr));
+    MOE_TRY(moe_json_get_double(ctx, cJSON_GetObjectItemCaseSensitive(sch, "min_lr"),
+                                "checkpoint schedule min_lr", &min_lr));
+    MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(sch, "warmup"),
+                             "checkpoint schedule warmup", &s->warmup_steps));
+    MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(sch, "total"),
+                             "checkpoint schedule total", &s->total_steps));
+    MOE_FAIL_IF(ctx,
+                !(lr >= 0 && lr <= 1e6) || !(min_lr >= 0 && min_lr <= lr) || s->warmup_steps < 0 ||
+                    s->total_steps < 1,
+                MOE_STATUS_BAD_FORMAT,
+                "%s: schedule out of range (lr %g >= 0, min_lr %g in [0, lr], warmup %d >= 0, "
+                "total %d >= 1)",
+                path, lr, min_lr, s->warmup_steps, s->total_steps);
+    s->lr = (float)lr;
+    s->min_lr = (float)min_lr;
+    info->has_schedule = 1;
+  }
 done:
   free(model_json);  // cJSON's allocator
   cJSON_Delete(root);

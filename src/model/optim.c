@@ -71,6 +71,8 @@ float moe_optim_lr(const moe_optim_config *oc, int step) {
   return (float)(min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(pi * frac)));
 }
 
+const moe_optim_config *moe_optim_get_config(const moe_optim *opt) { return &opt->cfg; }
+
 float moe_optim_clip_scale(const moe_optim_config *oc, double grad_norm) {
   if (!(oc->grad_clip > 0.0f) || !(grad_norm > oc->grad_clip)) return 1.0f;
   return (float)(oc->grad_clip / grad_norm);

@@ -6,7 +6,8 @@
 // Wire format (native byte order and sizes: the ranks of one job run the same
 // binary on the same architecture):
 //   u64 n_passes
-//   per pass: u64 n_tasks, u64 offset_ns, then per task WIRE_TASK bytes:
+//   per pass: u64 n_tasks, u64 offset_ns, char label[MOE_TASK_NAME_MAX] (NUL
+//   padded, empty for none), then per task WIRE_TASK bytes:
 //     char name[MOE_TASK_NAME_MAX], i32 chunk, i32 stream, i32 ran, u32 polls,
 //     u64 start_ns, u64 end_ns
 //
@@ -22,7 +23,7 @@
 #include "moe/parallel.h"
 
 #define WIRE_HEADER 8                       // n_passes
-#define WIRE_PASS 16                        // n_tasks, offset_ns
+#define WIRE_PASS (16 + MOE_TASK_NAME_MAX)  // n_tasks, offset_ns, label
 #define WIRE_TASK (MOE_TASK_NAME_MAX + 32)  // name, chunk, stream, ran, polls, start, end
 
 static unsigned char *put(unsigned char *p, const void *v, size_t n) {
@@ -60,6 +61,11 @@ static moe_status serialize(moe_ctx *ctx, const moe_trace_pass *passes, int n_pa
     const uint64_t nt = (uint64_t)g->n_tasks, off = passes[p].offset_ns;
     w = put(w, &nt, 8);
     w = put(w, &off, 8);
+    char label[MOE_TASK_NAME_MAX];
+    memset(label, 0, sizeof label);
+    if (passes[p].label)
+      memcpy(label, passes[p].label, strnlen(passes[p].label, MOE_TASK_NAME_MAX - 1));
+    w = put(w, label, MOE_TASK_NAME_MAX);
     for (int i = 0; i < g->n_tasks; i++) {
       const moe_task *t = &g->tasks[i];
       const moe_task_record *r = &passes[p].records[i];
@@ -92,6 +98,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
   moe_task_graph *graphs = NULL;
   moe_task *tasks = NULL;
   moe_task_record *recs = NULL;
+  char(*labels)[MOE_TASK_NAME_MAX] = NULL;
   // step 1: count passes and tasks, checking every length against the buffer
   size_t n_passes = 0, n_tasks = 0;
   for (int r = 0; r < size; r++) {
@@ -105,7 +112,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
       MOE_FAIL_IF(ctx, (size_t)(end - p) < WIRE_PASS, MOE_STATUS_BAD_FORMAT,
                   "trace: rank %d sent a truncated buffer", r);
       p = get(p, &nt, 8);
-      p += 8;
+      p += 8 + MOE_TASK_NAME_MAX;
       MOE_FAIL_IF(ctx, nt > (uint64_t)INT_MAX || (size_t)(end - p) / WIRE_TASK < nt,
                   MOE_STATUS_BAD_FORMAT, "trace: rank %d sent a truncated buffer", r);
       p += nt * WIRE_TASK;
@@ -116,8 +123,9 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
   if (n_passes > 0) {
     tp = moe_calloc(n_passes, sizeof *tp);
     graphs = moe_calloc(n_passes, sizeof *graphs);
-    MOE_FAIL_IF(ctx, !tp || !graphs, MOE_STATUS_OUT_OF_MEMORY, "trace: cannot allocate %zu passes",
-                n_passes);
+    labels = moe_calloc(n_passes, sizeof *labels);
+    MOE_FAIL_IF(ctx, !tp || !graphs || !labels, MOE_STATUS_OUT_OF_MEMORY,
+                "trace: cannot allocate %zu passes", n_passes);
   }
   if (n_tasks > 0) {
     tasks = moe_calloc(n_tasks, sizeof *tasks);
@@ -135,6 +143,8 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
       uint64_t nt = 0, off = 0;
       p = get(p, &nt, 8);
       p = get(p, &off, 8);
+      p = get(p, labels[pi], MOE_TASK_NAME_MAX);
+      labels[pi][MOE_TASK_NAME_MAX - 1] = '\0';
       moe_task_graph *g = &graphs[pi];
       g->tasks = nt > 0 ? tasks + ti : NULL;
       g->n_tasks = g->max_tasks = (int)nt;
@@ -142,6 +152,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
       tp[pi].graph = g;
       tp[pi].records = nt > 0 ? recs + ti : NULL;
       tp[pi].offset_ns = off;
+      tp[pi].label = labels[pi];
       for (uint64_t i = 0; i < nt; i++, ti++) {
         moe_task *t = &tasks[ti];
         moe_task_record *rec = &recs[ti];
@@ -155,6 +166,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
         p = get(p, &rec->start_ns, 8);
         p = get(p, &rec->end_ns, 8);
         t->chunk = chunk;
+        t->kind = -1;  // not carried: the trace needs names and chunks only
         t->stream = rec->stream = stream == MOE_STREAM_COMM ? MOE_STREAM_COMM : MOE_STREAM_COMPUTE;
         rec->ran = ran;
       }
@@ -164,6 +176,7 @@ static moe_status write_gathered(moe_ctx *ctx, const char *path, const unsigned 
 done:
   moe_free(tp);
   moe_free(graphs);
+  moe_free(labels);
   moe_free(tasks);
   moe_free(recs);
   return st;

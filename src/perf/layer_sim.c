@@ -241,15 +241,15 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
   }
   for (int i = 0; i < g->n_tasks; i++) {
     const int c = g->tasks[i].chunk;
-    const char *nm = g->tasks[i].name;
+    const int kind = g->tasks[i].kind;  // a moe_chunk_task: the graph is moe_chunk_pass_build's
     const double max_send = chunk[3 * c], max_recv = chunk[3 * c + 1];
-    if (nm[0] == 'A') {
+    if (kind == MOE_CT_A1 || kind == MOE_CT_A2) {
       if (chunk[3 * c + 2] < 0) {
         fill_bytes(s, c, compressed);
         MOE_TRY(bytes_a2a_seconds(ctx, s, &chunk[3 * c + 2]));
       }
       dur[i] = s->a2a_scale * chunk[3 * c + 2] + s->a2a_exch;
-    } else if (nm[0] == 'E') {
+    } else if (kind == MOE_CT_E) {
       const double flops = max_recv * (backward ? 8.0 : 4.0) * M * H;
       if (pf && pf->n_expert_points > 0) {
         const double rows_e = max_recv / experts_here;
@@ -272,7 +272,8 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
       dur[i] = s->comp_scale * dur[i] + s->comp_task;
     } else {
       // C1 and D2 on the token side, C2 and D1 on the expert side
-      const int token_side = (nm[0] == 'C') == (nm[1] == '1');
+      const int compress = kind == MOE_CT_C1 || kind == MOE_CT_C2;
+      const int token_side = kind == MOE_CT_C1 || kind == MOE_CT_D2;
       const double bytes = (token_side ? max_send : max_recv) * M * 4.0;
       const moe_linear_fit *fc = NULL, *fd = NULL;
       MOE_FAIL_IF(ctx, pf && !moe_profile_codec(pf, s->comp.name, &fc, &fd), MOE_STATUS_INVALID_ARG,
@@ -280,9 +281,9 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
                   "with moe calibrate --compress %s)",
                   pf->name, s->comp.name, s->comp.name);
       if (pf) {
-        dur[i] = bytes > 0 ? fmax(0.0, moe_fit_eval(nm[0] == 'C' ? fc : fd, bytes)) : 0.0;
+        dur[i] = bytes > 0 ? fmax(0.0, moe_fit_eval(compress ? fc : fd, bytes)) : 0.0;
       } else {
-        dur[i] = bytes / ((nm[0] == 'C' ? cgbs : dgbs) * 1e9);
+        dur[i] = bytes / ((compress ? cgbs : dgbs) * 1e9);
       }
     }
   }

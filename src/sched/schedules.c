@@ -202,6 +202,7 @@ moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int
       d.n_deps = prev >= 0 ? 1 : 0;
       int t = -1;
       MOE_TRY(moe_task_graph_add(ctx, graph, &d, &t));
+      graph->tasks[t].kind = k;
       idx[c][k] = prev = t;
     }
   }

@@ -102,6 +102,7 @@ moe_status moe_task_graph_add(moe_ctx *ctx, moe_task_graph *graph, const moe_tas
   }
   t->stream = desc->stream;
   t->chunk = desc->chunk;
+  t->kind = -1;  // moe_chunk_pass_build sets the kinds of its tasks
   t->run = desc->run;
   t->test = desc->test;
   t->wait = desc->wait;

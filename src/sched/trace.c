@@ -72,14 +72,25 @@ moe_status moe_trace_write(moe_ctx *ctx, const char *path, const moe_trace_pass 
       const moe_task *t = &ps->graph->tasks[i];
       const double ts = (double)(ps->offset_ns + r->start_ns) / 1e3;
       const double dur = (double)(r->end_ns - r->start_ns) / 1e3;
+      const int labelled = ps->label && ps->label[0];
+      char name[2 * MOE_TASK_NAME_MAX + 1];
+      snprintf(name, sizeof name, "%.*s%s%s", MOE_TASK_NAME_MAX - 1, labelled ? ps->label : "",
+               labelled ? "." : "", t->name);
       fprintf(f, "%s{\"name\": ", first ? "" : ",\n");
       first = 0;
-      json_string(f, t->name);
+      json_string(f, name);
       fprintf(f,
               ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
-              "\"dur\": %.3f, \"args\": {\"chunk\": %d, \"polls\": %u}}",
+              "\"dur\": %.3f, \"args\": {\"chunk\": %d, \"polls\": %u",
               stream_name(r->stream), ps->rank, (int)r->stream, ts, dur, t->chunk,
               (unsigned)r->polls);
+      if (labelled) {
+        char label[MOE_TASK_NAME_MAX];
+        snprintf(label, sizeof label, "%s", ps->label);
+        fputs(", \"pass\": ", f);
+        json_string(f, label);
+      }
+      fputs("}}", f);
     }
   }
   fputs("\n]}\n", f);

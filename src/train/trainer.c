@@ -46,6 +46,52 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->log_every = 1;
 }
 
+// ---- the learning-rate schedule ----------------------------------------------------------------
+
+moe_status moe_train_schedule_resolve(moe_ctx *ctx, const moe_train_config *tc,
+                                      const moe_gpt_ckpt_info *info, moe_train_schedule *out) {
+  moe_status st = MOE_STATUS_OK;
+  memset(out, 0, sizeof *out);
+  out->resumed_step = info ? info->step : 0;
+  if (!info || !info->has_schedule) {
+    out->lr = tc->optim.lr;
+    out->min_lr = tc->optim.min_lr;
+    out->warmup_steps = tc->optim.warmup_steps;
+    out->total_steps = tc->steps;
+    return st;
+  }
+  const moe_gpt_ckpt_schedule *k = &info->schedule;
+  const char *path = tc->resume ? tc->resume : "the checkpoint";
+  char stored[200];
+  snprintf(stored, sizeof stored, "warm-up %d steps to lr %g, cosine decay to min_lr %g at step %d",
+           k->warmup_steps, (double)k->lr, (double)k->min_lr, k->total_steps);
+  MOE_FAIL_IF(ctx, tc->optim.lr != k->lr, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for lr %g: "
+              "leave --lr out or give the stored value",
+              path, stored, (double)tc->optim.lr);
+  MOE_FAIL_IF(ctx, tc->optim.min_lr != k->min_lr, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for min_lr "
+              "%g: leave --min-lr out or give the stored value",
+              path, stored, (double)tc->optim.min_lr);
+  MOE_FAIL_IF(ctx, tc->optim.warmup_steps != k->warmup_steps, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); this run asks for warmup "
+              "%d: leave --warmup out or give the stored value",
+              path, stored, tc->optim.warmup_steps);
+  MOE_FAIL_IF(ctx, tc->steps < k->total_steps, MOE_STATUS_INVALID_ARG,
+              "%s: the learning-rate schedule is kept on resume (%s); --steps %d would end it "
+              "early: use --stop-at %d to stop at step %d, or steps >= %d (steps past %d run at "
+              "min_lr)",
+              path, stored, tc->steps, tc->steps, tc->steps, k->total_steps, k->total_steps);
+  out->lr = k->lr;
+  out->min_lr = k->min_lr;
+  out->warmup_steps = k->warmup_steps;
+  out->total_steps = k->total_steps;
+  out->from_checkpoint = 1;
+  out->extended = tc->steps > k->total_steps;
+done:
+  return st;
+}
+
 // ---- state of one run ------------------------------------------------------------------------
 
 typedef struct {
@@ -68,6 +114,8 @@ typedef struct {
   int in_group0;     // 1 when world rank 0 is in this rank's EP group
   moe_progress *progress;
   moe_metrics *metrics;
+  moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
+  moe_train_schedule schedule;    // the learning-rate schedule used
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -300,11 +348,13 @@ done:
 static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
   moe_status st = MOE_STATUS_OK;
   moe_trace_pass passes[2 * MOE_GPT_MAX_LAYERS];
+  char labels[MOE_GPT_MAX_LAYERS][16];
   int np = 0;
   for (int b = 0; b < r->tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
     uint64_t f0 = 0, b0 = 0;
     moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], &f0, &b0);
+    snprintf(labels[b], sizeof labels[b], "h%d", b);  // the block, as in its parameters' names
     for (int dir = 0; dir < 2; dir++) {
       const moe_task_graph *g = NULL;
       const moe_task_record *rec = NULL;
@@ -315,6 +365,7 @@ static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
       passes[np].graph = g;
       passes[np].records = rec;
       passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
+      passes[np].label = labels[b];
       np++;
     }
   }
@@ -383,6 +434,13 @@ static moe_status setup(run_state *r, int *start_step) {
     MOE_WARN("validation: %d windows of %d bytes give %d batches of %d (asked for %d)", windows,
              r->s, r->val_batches, tc->batch, tc->eval_batches);
 
+  // The learning-rate schedule: a resumed run keeps its checkpoint's.
+  local = MOE_STATUS_OK;
+  if (tc->resume) local = moe_gpt_ckpt_read_info(ctx, tc->resume, &r->resume_info);
+  if (local == MOE_STATUS_OK)
+    local = moe_train_schedule_resolve(ctx, tc, tc->resume ? &r->resume_info : NULL, &r->schedule);
+  MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
+
   // Model on the expert-parallel backend.
   r->user = moe_calloc(1, sizeof *r->user);
   local = r->user
@@ -395,7 +453,10 @@ static moe_status setup(run_state *r, int *start_step) {
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
   moe_optim_config oc = tc->optim;
-  oc.total_steps = tc->steps;
+  oc.lr = r->schedule.lr;
+  oc.min_lr = r->schedule.min_lr;
+  oc.warmup_steps = r->schedule.warmup_steps;
+  oc.total_steps = r->schedule.total_steps;
   local = moe_optim_create(ctx, r->model, &oc, &r->opt);
   if (local == MOE_STATUS_OK) {
     r->tokens = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
@@ -432,9 +493,8 @@ static moe_status setup(run_state *r, int *start_step) {
   // Parameters: fresh or from a checkpoint (every rank reads its slice).
   *start_step = 1;
   if (tc->resume) {
-    moe_gpt_ckpt_info info;
-    local = moe_gpt_ckpt_read_info(ctx, tc->resume, &info);
-    if (local == MOE_STATUS_OK) local = moe_gpt_ckpt_load(ctx, tc->resume, r->model, r->opt);
+    const moe_gpt_ckpt_info info = r->resume_info;
+    local = moe_gpt_ckpt_load(ctx, tc->resume, r->model, r->opt);
     MOE_TRY(agree(r, local, "loading the checkpoint"));
     *start_step = info.step + 1;
     if (r->rank == 0) {
@@ -495,6 +555,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
 
   MOE_TRY(setup(&r, &start));
   out->first_step = start;
+  out->schedule = r.schedule;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
   out->last_step = end;
   MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
@@ -518,6 +579,15 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
                 : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory"),
             "allocation"));
 
+  // A resumed run starts from the checkpoint's parameters: validate them, so
+  // that the run's first validation is its true starting point (not a repeat
+  // of its own last one). Not a step: no metrics line, no on_step call.
+  if (start > 1 && r.val_batches > 0) {
+    double v = NAN;
+    MOE_TRY(validate(&r, &v));
+    out->first_val_loss = v;
+    out->first_val_step = start - 1;
+  }
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
   for (int step = start; step <= end; step++) {
@@ -563,8 +633,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     if (step == start) out->first_loss = info.loss;
     out->final_loss = info.loss;
     if (!isnan(info.val_loss)) {
-      if (isnan(out->first_val_loss)) out->first_val_loss = info.val_loss;
+      if (isnan(out->first_val_loss)) {
+        out->first_val_loss = info.val_loss;
+        out->first_val_step = step;
+      }
       out->final_val_loss = info.val_loss;
+      out->final_val_step = step;
     }
     if (step > start || nsteps == 1) {
       tps[n_timed] = info.tokens_per_s;
