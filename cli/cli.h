@@ -100,7 +100,7 @@ void cli_silence_end(int saved[2]);
 
 int cmd_bench(int argc, char **argv);
 int cmd_bench_layer(int argc, char **argv);
-// The distributed `bench layer` (bench_ep.c; needs MPI): cmd_bench_layer hands
+// The distributed `bench layer` (cmd_bench_layer_ep.c; needs MPI): cmd_bench_layer hands
 // over to it when cli_bench_layer_is_ep says so (an option of it is given, or
 // the launcher started more than one rank).
 int cmd_bench_layer_ep(int argc, char **argv);
@@ -110,26 +110,10 @@ void cli_bench_layer_ep_usage(FILE *f);    // the distributed benchmark's part
 int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
 int cmd_bench_compress(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
-int cmd_roofline(int argc, char **argv);   // simulate.c
+int cmd_roofline(int argc, char **argv);   // cmd_simulate.c
 int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error without it
-// calibrate's layer step (calibrate_layers.c, MPI): runs the expert-parallel
-// layer on the shapes "T:M:H:f,..." and fits prof's layer corrections
-// (moe_profile_fit_layer). Collective; CLI_OK, CLI_USAGE or CLI_FAILED on every rank.
-// prof NULL: only checks the list (not collective).
-// The busy-time breakdown of a distributed layer's last forward (backward = 0)
-// or backward pass; zeros before one ran (calibrate_layers.c, MPI builds).
-typedef struct moe_ep_layer moe_ep_layer;
-moe_pass_breakdown cli_ep_pass_breakdown(const moe_ep_layer *layer, int backward);
-// samples_path: rank 0 also writes the runs there (moe_layer_samples_to_json).
-int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, int iters, int rank,
-                         int P, const char *samples_path, moe_profile *prof);
-// Fits prof's layer corrections to the runs and prints them on rank 0
-// (the layer step, and calibrate --refit with refit 1); CLI_OK or CLI_FAILED.
-int cli_fit_layer_samples(moe_ctx *ctx, moe_profile *prof, const moe_layer_sample *samples, int n,
-                          int refit, int rank);
-// Writes the runs to path, complete or not at all (one process).
-int cli_write_layer_samples(moe_ctx *ctx, const char *path, const moe_layer_sample *samples, int n);
-int cmd_train(int argc, char **argv);   // train.c: MPI (MOE_CLI_MPI)
-int cmd_sample(int argc, char **argv);  // sample.c: one process
+
+int cmd_train(int argc, char **argv);   // MPI (MOE_CLI_MPI)
+int cmd_sample(int argc, char **argv);  // one process
 
 #endif

@@ -187,6 +187,14 @@ double moe_time_ms_since(uint64_t start_ns);
 // Index of the first NaN or Inf in x, or -1 if all finite. x is (n).
 ptrdiff_t moe_find_nonfinite(const float *x, size_t n);
 
+// ---- statistics of repeated measurements --------------------------------------
+
+// The median of v (n >= 1); sorts v in place.
+double moe_median(double *v, int n);
+// The q-quantile (0 <= q <= 1) of n >= 1 values sorted ascending, linearly
+// interpolated between the nearest ranks.
+double moe_quantile_sorted(const double *sorted, int n, double q);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,26 +53,26 @@ typedef struct {
   // 'auto' is an error. The caller keeps it alive during moe_train_run.
   const moe_profile *profile;
   int allow_lossy;         // 1: compress 'auto' may pick lossy compressors
-  int batch;                // B, global sequences per step; divisible by the world size
-  int steps;                // the schedule's length: lr decays to min_lr at this step
-  int stop_step;            // stop (validate, save) after this step; 0 = steps. A run
-                            // resumed from it continues exactly as if never stopped
-  uint64_t seed;            // parameters and batches
-  double val_fraction;      // share of the text held out for validation, (0, 0.5]
-  int eval_every;           // validate every N steps and at the last (0: only at the last)
-  int eval_batches;         // global batches of B validation windows per validation
-  int save_every;           // save every N steps (0: only at the end); needs checkpoint
-  const char *data;         // text file, NULL: the default corpus (moe_text_load)
-  const char *checkpoint;   // where to save (NULL: never)
-  const char *resume;       // checkpoint to start from (NULL: fresh); its learning-rate
-                            // schedule is kept (moe_train_schedule_resolve)
-  const char *metrics;      // JSON lines (rank 0), NULL: none
-  int metrics_append;       // 1: append to metrics (a resumed run)
-  const char *trace;        // merged Chrome trace of one step's MoE passes, NULL: none
-  int trace_step;           // the step traced (0: the last)
-  int progress;             // 1: progress line on rank 0 (stderr)
-  int progress_tty;         // -1 detect, 0 plain lines, 1 redraw in place
-  int log_every;            // progress line every N steps (>= 1)
+  int batch;               // B, global sequences per step; divisible by the world size
+  int steps;               // the schedule's length: lr decays to min_lr at this step
+  int stop_step;           // stop (validate, save) after this step; 0 = steps. A run
+                           // resumed from it continues exactly as if never stopped
+  uint64_t seed;           // parameters and batches
+  double val_fraction;     // share of the text held out for validation, (0, 0.5]
+  int eval_every;          // validate every N steps and at the last (0: only at the last)
+  int eval_batches;        // global batches of B validation windows per validation
+  int save_every;          // save every N steps (0: only at the end); needs checkpoint
+  const char *data;        // text file, NULL: the default corpus (moe_text_load)
+  const char *checkpoint;  // where to save (NULL: never)
+  const char *resume;      // checkpoint to start from (NULL: fresh); its learning-rate
+                           // schedule is kept (moe_train_schedule_resolve)
+  const char *metrics;     // JSON lines (rank 0), NULL: none
+  int metrics_append;      // 1: append to metrics (a resumed run)
+  const char *trace;       // merged Chrome trace of one step's MoE passes, NULL: none
+  int trace_step;          // the step traced (0: the last)
+  int progress;            // 1: progress line on rank 0 (stderr)
+  int progress_tty;        // -1 detect, 0 plain lines, 1 redraw in place
+  int log_every;           // progress line every N steps (>= 1)
   // Called on every rank after every step (may be NULL).
   void (*on_step)(void *user, const moe_train_step_info *info);
   void *on_step_user;
@@ -108,25 +108,25 @@ moe_status moe_train_schedule_resolve(moe_ctx *ctx, const moe_train_config *tc,
                                       const moe_gpt_ckpt_info *info, moe_train_schedule *out);
 
 typedef struct {
-  int first_step;           // 1, or the resumed step + 1
-  int last_step;            // steps
-  double first_loss;        // loss of the first step run
-  double final_loss;        // loss of the last step
-  double first_val_loss;    // first validation (NAN if none): a resumed run validates
-                            // the checkpoint's parameters before its first step
-  double final_val_loss;    // last validation (NAN if none)
-  int first_val_step;       // step of first_val_loss (first_step - 1 when resumed; 0 if none)
-  int final_val_step;       // step of final_val_loss (0 if none)
-  double tokens_per_s;      // median over the steps after the first
-  double a2a_share;         // median
-  double exposed_share;     // median
-  double moe_pass_ms;       // median of the steps' moe_pass_ms (NAN without MoE layers)
+  int first_step;            // 1, or the resumed step + 1
+  int last_step;             // steps
+  double first_loss;         // loss of the first step run
+  double final_loss;         // loss of the last step
+  double first_val_loss;     // first validation (NAN if none): a resumed run validates
+                             // the checkpoint's parameters before its first step
+  double final_val_loss;     // last validation (NAN if none)
+  int first_val_step;        // step of first_val_loss (first_step - 1 when resumed; 0 if none)
+  int final_val_step;        // step of final_val_loss (0 if none)
+  double tokens_per_s;       // median over the steps after the first
+  double a2a_share;          // median
+  double exposed_share;      // median
+  double moe_pass_ms;        // median of the steps' moe_pass_ms (NAN without MoE layers)
   double predicted_pass_ms;  // the profile's prediction of the same quantity (NAN: no profile)
-  double train_s;           // wall time of the training loop (validation included)
-  size_t params_total;      // elements of the model (experts once)
-  size_t params_active;     // elements one token uses
-  size_t state_bytes;       // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
-  size_t activation_bytes;  // rank 0: moe_gpt_activation_bytes (activations and scratch)
+  double train_s;            // wall time of the training loop (validation included)
+  size_t params_total;       // elements of the model (experts once)
+  size_t params_active;      // elements one token uses
+  size_t state_bytes;        // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
+  size_t activation_bytes;   // rank 0: moe_gpt_activation_bytes (activations and scratch)
   moe_train_schedule schedule;  // the learning-rate schedule used
   char source[256];             // the text's description
 } moe_train_result;

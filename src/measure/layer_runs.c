@@ -1,0 +1,248 @@
+// The layer-variant harness (moe_measure_layer_variants): creates the
+// expert-parallel layer of every variant, runs them interleaved, and reduces
+// what each iteration measured (wall times, the passes' busy-time breakdown,
+// busy time per task kind) to the slowest rank's medians; ScheMoE's task
+// model of every variant from its baseline's per-kind times. `moe bench
+// layer` prints these numbers and calibration's layer step fits on them.
+//
+// Not here: choosing variants, printing, derived ratios (the callers').
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/measure.h"
+
+// Per iteration: fwd, bwd, total ms; fwd pass (5); bwd pass (5); the sums of
+// both passes' compute, comm and makespans; busy ms per kind, fwd and bwd.
+#define N_BASE 13
+#define N_SUMS 3
+#define N_COLS (N_BASE + N_SUMS + 2 * MOE_CT_KINDS)
+#define COL_SUMS N_BASE
+#define COL_KINDS (N_BASE + N_SUMS)
+
+moe_measure_config moe_measure_config_default(void) {
+  moe_measure_config c;
+  memset(&c, 0, sizeof c);
+  c.iters = 5;
+  c.warmup = 1;
+  c.seed = 1;
+  return c;
+}
+
+// out5 = compute, comm, overlap, exposed comm, makespan (ms) of the last pass.
+static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
+                         uint64_t *total_ns) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  moe_pass_breakdown b;
+  memset(&b, 0, sizeof b);
+  if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &b);
+  out5[0] = (double)b.compute_ns / 1e6;
+  out5[1] = (double)b.comm_ns / 1e6;
+  out5[2] = (double)b.overlap_ns / 1e6;
+  out5[3] = (double)b.exposed_comm_ns / 1e6;
+  out5[4] = (double)b.total_ns / 1e6;
+  if (total_ns) *total_ns = b.total_ns;
+}
+
+// out (MOE_CT_KINDS) = busy ms of each task kind in the last pass of one direction.
+static void kind_ms(const moe_ep_layer *layer, int backward, double *out) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  for (int k = 0; k < MOE_CT_KINDS; k++) out[k] = 0.0;
+  for (int i = 0; g && rec && i < g->n_tasks; i++) {
+    const int k = g->tasks[i].kind;  // a moe_chunk_task, or -1
+    if (k >= 0 && rec[i].ran) out[k] += (double)(rec[i].end_ns - rec[i].start_ns) / 1e6;
+  }
+}
+
+// The model makespan (ms) of one pass of this layer: its graph and schedule
+// simulated with the baseline's per-kind times divided by the chunks.
+static double model_pass_ms(moe_ctx *ctx, const moe_ep_layer *layer, int backward,
+                            const double *base_kind_ms, int chunks) {
+  const moe_task_graph *g = NULL;
+  const moe_task_record *rec = NULL;
+  moe_ep_layer_last_pass(layer, backward, &g, &rec);
+  const moe_schedule *s = moe_ep_layer_schedule(layer, backward);
+  if (!g || !s || chunks < 1) return NAN;
+  double *dur = moe_malloc((size_t)g->n_tasks * sizeof *dur), m = NAN;
+  if (!dur) return NAN;
+  for (int i = 0; i < g->n_tasks; i++) {
+    const int k = g->tasks[i].kind;  // a moe_chunk_task, or -1
+    dur[i] = k >= 0 ? base_kind_ms[k] / chunks : 0.0;
+  }
+  if (moe_schedule_simulate(ctx, g, s, dur, NULL, &m) != MOE_STATUS_OK) m = NAN;
+  moe_free(dur);
+  return m;
+}
+
+typedef struct {
+  float *x, *y, *dy, *dx;
+} buffers;
+
+// One timed forward + backward of layer; v (N_COLS) = this rank's values,
+// *fwd_ns the forward pass's makespan (for the trace).
+static moe_status time_iteration(const moe_layer_config *cfg, MPI_Comm comm, buffers *b,
+                                 moe_ep_layer *layer, moe_layer_stats *stats, double *v,
+                                 uint64_t *fwd_ns) {
+  moe_status st = MOE_STATUS_OK;
+  memset(b->dx, 0, (size_t)cfg->tokens * (size_t)cfg->model_dim * sizeof(float));
+  moe_ep_layer_zero_grad(layer);
+  MPI_Barrier(comm);
+  const double t0 = MPI_Wtime();
+  st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, stats);
+  const double t1 = MPI_Wtime();
+  if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(layer, b->dy, b->dx);
+  const double t2 = MPI_Wtime();
+  if (st != MOE_STATUS_OK) return st;  // the layer agrees on failures: every rank is here
+  v[0] = (t1 - t0) * 1e3;
+  v[1] = (t2 - t1) * 1e3;
+  v[2] = (t2 - t0) * 1e3;
+  breakdown_ms(layer, 0, v + 3, fwd_ns);
+  breakdown_ms(layer, 1, v + 8, NULL);
+  v[COL_SUMS + 0] = v[3] + v[8];   // compute
+  v[COL_SUMS + 1] = v[4] + v[9];   // comm
+  v[COL_SUMS + 2] = v[7] + v[12];  // makespans
+  kind_ms(layer, 0, v + COL_KINDS);
+  kind_ms(layer, 1, v + COL_KINDS + MOE_CT_KINDS);
+  return st;
+}
+
+moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
+                                      const moe_measure_variant *variants, int n,
+                                      const moe_measure_config *mc, moe_measure_result *out) {
+  moe_status st = MOE_STATUS_OK;
+  int rank = 0;
+  moe_ep_layer **layers = NULL;
+  double *local = NULL, *slow = NULL, *col = NULL;
+  moe_layer_stats *stats = NULL;
+  buffers b;
+  memset(&b, 0, sizeof b);
+  uint64_t fwd_pass_ns = 0;
+  MOE_FAIL_IF(ctx, !cfg || !variants || !mc || !out || n < 1, MOE_STATUS_INVALID_ARG,
+              "measure: cfg, variants, mc and out must be given, n >= 1 (n = %d)", n);
+  MOE_FAIL_IF(ctx, mc->iters < 1 || mc->warmup < 0, MOE_STATUS_INVALID_ARG,
+              "measure: iters (%d) must be >= 1 and warmup (%d) >= 0", mc->iters, mc->warmup);
+  for (int k = 0; k < n; k++) {
+    MOE_FAIL_IF(ctx, variants[k].baseline > k, MOE_STATUS_INVALID_ARG,
+                "measure: variant %d's baseline (%d) must come before it or be itself", k,
+                variants[k].baseline);
+  }
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(comm, &rank));
+  const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim, it = (size_t)mc->iters;
+  layers = moe_calloc((size_t)n, sizeof *layers);
+  // every iteration's values: this rank's (the model's per-kind times) and
+  // the slowest rank's (every reported number)
+  local = moe_calloc((size_t)n * it * N_COLS, sizeof *local);
+  slow = moe_calloc((size_t)n * it * N_COLS, sizeof *slow);
+  col = moe_calloc(it, sizeof *col);
+  stats = moe_calloc((size_t)n, sizeof *stats);
+  b.x = moe_malloc((tm ? tm : 1) * sizeof(float));
+  b.y = moe_malloc((tm ? tm : 1) * sizeof(float));
+  b.dy = moe_malloc((tm ? tm : 1) * sizeof(float));
+  b.dx = moe_malloc((tm ? tm : 1) * sizeof(float));
+  {
+    const int ok = layers && local && slow && col && stats && b.x && b.y && b.dy && b.dx;
+    MOE_TRY(moe_comm_agree(
+        ctx, comm,
+        ok ? MOE_STATUS_OK
+           : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                          "measure: cannot allocate the buffers of %d variants (T=%d, M=%d)", n,
+                          cfg->tokens, cfg->model_dim),
+        "measure: allocation"));
+  }
+  moe_rng rng;
+  moe_rng_init(&rng, mc->seed, 100 + 2 * (uint64_t)rank);
+  moe_rng_fill_uniform(&rng, b.x, tm, -1.0f, 1.0f);
+  moe_rng_init(&rng, mc->seed, 101 + 2 * (uint64_t)rank);
+  moe_rng_fill_uniform(&rng, b.dy, tm, -1.0f, 1.0f);
+  for (int k = 0; k < n; k++) {
+    // collective: every rank fails alike (the layer agrees on its setup)
+    MOE_TRY(moe_ep_layer_create(ctx, comm, cfg, &variants[k].pc, &layers[k]));
+    moe_ep_layer_init_params(layers[k], mc->seed);
+  }
+  for (int i = 0; i < mc->warmup + mc->iters; i++) {
+    for (int k = 0; k < n; k++) {
+      double v[N_COLS];
+      uint64_t fns = 0;
+      MOE_TRY(time_iteration(cfg, comm, &b, layers[k], &stats[k], v, &fns));
+      if (k == n - 1) fwd_pass_ns = fns;
+      if (i < mc->warmup) continue;
+      const size_t at = ((size_t)k * it + (size_t)(i - mc->warmup)) * N_COLS;
+      memcpy(local + at, v, sizeof v);
+      MOE_MPI_TRY(ctx, MPI_Allreduce(v, slow + at, N_COLS, MPI_DOUBLE, MPI_MAX, comm));
+    }
+  }
+  for (int k = 0; k < n; k++) {
+    moe_measure_result *r = &out[k];
+    memset(r, 0, sizeof *r);
+    r->chunks = moe_ep_layer_chunks(layers[k]);
+    double med[N_COLS];
+    for (int c = 0; c < N_COLS; c++) {
+      for (size_t i = 0; i < it; i++) col[i] = slow[((size_t)k * it + i) * N_COLS + (size_t)c];
+      med[c] = moe_median(col, mc->iters);  // sorts col
+      if (c == 2) {
+        r->total_q1 = moe_quantile_sorted(col, mc->iters, 0.25);
+        r->total_q3 = moe_quantile_sorted(col, mc->iters, 0.75);
+      }
+    }
+    r->fwd_ms = med[0];
+    r->bwd_ms = med[1];
+    r->total_ms = med[2];
+    memcpy(r->fwd_pass, med + 3, sizeof r->fwd_pass);
+    memcpy(r->bwd_pass, med + 8, sizeof r->bwd_pass);
+    r->comp_sum_ms = med[COL_SUMS];
+    r->comm_sum_ms = med[COL_SUMS + 1];
+    r->passes_sum_ms = med[COL_SUMS + 2];
+    memcpy(r->kind_ms, med + COL_KINDS, sizeof r->kind_ms);
+    // The model: the time outside the passes as the baseline measured it, the
+    // passes simulated with this rank's median busy times per kind of the
+    // baseline (a maximum over ranks per kind would count a collective's skew
+    // twice: the slow rank's compute and the fast rank's wait inside the
+    // all-to-all); the slowest rank's model counts.
+    r->model_ms = NAN;
+    const int bi = variants[k].baseline;
+    if (bi >= 0) {
+      const moe_measure_result *m = &out[bi];
+      double mine[2 * MOE_CT_KINDS];
+      for (int c = 0; c < 2 * MOE_CT_KINDS; c++) {
+        for (size_t i = 0; i < it; i++)
+          col[i] = local[((size_t)bi * it + i) * N_COLS + COL_KINDS + (size_t)c];
+        mine[c] = moe_median(col, mc->iters);
+      }
+      const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
+      double passes = model_pass_ms(ctx, layers[k], 0, mine, r->chunks) +
+                      model_pass_ms(ctx, layers[k], 1, mine + MOE_CT_KINDS, r->chunks);
+      MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_DOUBLE, MPI_MAX, comm));
+      r->model_ms = outside + passes;
+    }
+    long long counts[2] = {stats[k].rows, stats[k].dropped};
+    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, comm));
+    r->rows = counts[0];
+    r->dropped = counts[1];
+  }
+  if (mc->trace_path) {
+    moe_trace_pass passes[2];
+    memset(passes, 0, sizeof passes);
+    for (int d = 0; d < 2; d++) {
+      moe_ep_layer_last_pass(layers[n - 1], d, &passes[d].graph, &passes[d].records);
+      passes[d].offset_ns = d ? fwd_pass_ns : 0;
+    }
+    const int np = passes[0].graph && passes[1].graph ? 2 : 0;
+    MOE_TRY(moe_trace_write_ranks(ctx, comm, mc->trace_path, passes, np));
+  }
+done:
+  for (int k = 0; layers && k < n; k++) moe_ep_layer_destroy(layers[k]);
+  moe_free(layers);
+  moe_free(local);
+  moe_free(slow);
+  moe_free(col);
+  moe_free(stats);
+  moe_free(b.x);
+  moe_free(b.y);
+  moe_free(b.dy);
+  moe_free(b.dx);
+  return st;
+}
