@@ -21,20 +21,15 @@ ranks=${RANKS:-4}
 steps=${STEPS:-3000}
 out=${OUT:-demo-out}
 mkdir -p "$out"
-mpiexec=$(command -v mpiexec || command -v mpirun || true)
-if [[ -z "$mpiexec" ]]; then
-  echo "demo: mpiexec not found (bash scripts/setup-debian.sh installs Open MPI)" >&2
+if ! command -v mpirun >/dev/null && ! command -v mpiexec >/dev/null; then
+  echo "demo: mpirun not found (bash scripts/setup-debian.sh installs Open MPI)" >&2
   exit 2
 fi
-launch=("$mpiexec" -n "$ranks")
-if "$mpiexec" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then
-  launch+=(--oversubscribe)
-  if [[ $(id -u) -eq 0 ]]; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  fi
-  # Ranks may outnumber cores here: let idle ranks yield the CPU.
-  export OMPI_MCA_mpi_yield_when_idle=1
-fi
+# scripts/moe-mpirun: mpirun, allowed to run as root, with --oversubscribe when
+# the ranks outnumber the cores (Open MPI); see scripts/moe-mpirun --help.
+launch=(scripts/moe-mpirun -n "$ranks")
+# Ranks may share cores with each other here: let idle ranks yield the CPU (Open MPI).
+export OMPI_MCA_mpi_yield_when_idle=1
 export OPENBLAS_NUM_THREADS=1
 plot="$out/loss.png"
 if ! command -v gnuplot >/dev/null; then plot=""; fi
