@@ -116,25 +116,29 @@ moe_status moe_ep_pass_init_(moe_ep_layer *L) {
   memset(&L->pending, 0, sizeof L->pending);
   const size_t r = (size_t)L->r, n3 = r * (size_t)P * (size_t)L->E, n2 = r * (size_t)P;
   const int max_tasks = MOE_CT_KINDS * L->r;
-  L->scnt = moe_calloc(n3, sizeof(int));
-  L->sfirst = moe_calloc(n3, sizeof(int));
-  L->rcnt = moe_calloc(n3, sizeof(int));
-  size_t **big[] = {&L->spos, &L->rpos, &L->xpos};
+  L->plan.send_rows = moe_calloc(n3, sizeof(int));
+  L->plan.send_first = moe_calloc(n3, sizeof(int));
+  L->plan.recv_rows = moe_calloc(n3, sizeof(int));
+  size_t **big[] = {&L->plan.send_at, &L->plan.recv_at, &L->plan.expert_at};
   for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) *big[i] = moe_calloc(n3, sizeof(size_t));
-  size_t **mid[] = {&L->sb,  &L->sd,  &L->rb,  &L->rd,    &L->csb,
-                    &L->csd, &L->crb, &L->crd, &L->srows, &L->rrows};
+  size_t **mid[] = {&L->plan.raw_send.bytes,  &L->plan.raw_send.displ,  &L->plan.raw_recv.bytes,
+                    &L->plan.raw_recv.displ,  &L->plan.comp_send.bytes, &L->plan.comp_send.displ,
+                    &L->plan.comp_recv.bytes, &L->plan.comp_recv.displ, &L->plan.send_block_rows,
+                    &L->plan.recv_block_rows};
   for (size_t i = 0; i < sizeof mid / sizeof mid[0]; i++) *mid[i] = moe_calloc(n2, sizeof(size_t));
-  L->xstart = moe_calloc(r * (size_t)L->E, sizeof(size_t));
-  L->xcount = moe_calloc(r * (size_t)L->E, sizeof(size_t));
-  L->sbase = moe_calloc(r, sizeof(size_t));
-  L->rbase = moe_calloc(r, sizeof(size_t));
-  L->csbase = moe_calloc(r + 1, sizeof(size_t));
-  L->crbase = moe_calloc(r + 1, sizeof(size_t));
+  L->plan.expert_start = moe_calloc(r * (size_t)L->E, sizeof(size_t));
+  L->plan.expert_rows = moe_calloc(r * (size_t)L->E, sizeof(size_t));
+  L->plan.send_chunk_row = moe_calloc(r, sizeof(size_t));
+  L->plan.recv_chunk_row = moe_calloc(r, sizeof(size_t));
+  L->plan.comp_send_chunk_byte = moe_calloc(r + 1, sizeof(size_t));
+  L->plan.comp_recv_chunk_byte = moe_calloc(r + 1, sizeof(size_t));
   L->targ = moe_calloc(2 * r, sizeof(moe_ep_task_arg));
   L->rec[0] = moe_calloc((size_t)max_tasks, sizeof(moe_task_record));
   L->rec[1] = moe_calloc((size_t)max_tasks, sizeof(moe_task_record));
-  int ok = L->scnt && L->sfirst && L->rcnt && L->xstart && L->xcount && L->sbase && L->rbase &&
-           L->csbase && L->crbase && L->targ && L->rec[0] && L->rec[1];
+  int ok = L->plan.send_rows && L->plan.send_first && L->plan.recv_rows && L->plan.expert_start &&
+           L->plan.expert_rows && L->plan.send_chunk_row && L->plan.recv_chunk_row &&
+           L->plan.comp_send_chunk_byte && L->plan.comp_recv_chunk_byte && L->targ && L->rec[0] &&
+           L->rec[1];
   for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) ok = ok && *big[i];
   for (size_t i = 0; i < sizeof mid / sizeof mid[0]; i++) ok = ok && *mid[i];
   MOE_FAIL_IF(ctx, !ok, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the chunk plan (%d chunks)",
@@ -158,9 +162,29 @@ void moe_ep_pass_free_(moe_ep_layer *L) {
     moe_free(L->rec[dir]);
     L->rec[dir] = NULL;
   }
-  void *p[] = {L->scnt,   L->sfirst, L->rcnt,  L->spos,  L->rpos,   L->xpos,   L->sb,    L->sd,
-               L->rb,     L->rd,     L->csb,   L->csd,   L->crb,    L->crd,    L->srows, L->rrows,
-               L->xstart, L->xcount, L->sbase, L->rbase, L->csbase, L->crbase, L->targ};
+  void *p[] = {L->plan.send_rows,
+               L->plan.send_first,
+               L->plan.recv_rows,
+               L->plan.send_at,
+               L->plan.recv_at,
+               L->plan.expert_at,
+               L->plan.raw_send.bytes,
+               L->plan.raw_send.displ,
+               L->plan.raw_recv.bytes,
+               L->plan.raw_recv.displ,
+               L->plan.comp_send.bytes,
+               L->plan.comp_send.displ,
+               L->plan.comp_recv.bytes,
+               L->plan.comp_recv.displ,
+               L->plan.send_block_rows,
+               L->plan.recv_block_rows,
+               L->plan.expert_start,
+               L->plan.expert_rows,
+               L->plan.send_chunk_row,
+               L->plan.recv_chunk_row,
+               L->plan.comp_send_chunk_byte,
+               L->plan.comp_recv_chunk_byte,
+               L->targ};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) moe_free(p[i]);
 }
 
@@ -199,66 +223,74 @@ static moe_status plan_chunks(moe_ep_layer *L) {
         if (peer_groups) {
           // step c: send to group (mine + c), receive from group (mine - c)
           const int gp = p / L->group_size, n = L->groups;
-          L->sfirst[i] = 0;
-          L->scnt[i] = gp == (L->my_group + c) % n ? ns : 0;
-          L->rcnt[i] = gp == (L->my_group - c + n) % n ? nr : 0;
+          L->plan.send_first[i] = 0;
+          L->plan.send_rows[i] = gp == (L->my_group + c) % n ? ns : 0;
+          L->plan.recv_rows[i] = gp == (L->my_group - c + n) % n ? nr : 0;
         } else {
           int lo = 0, n = 0;
           row_range(c, r, ns, L->route.capacity, &lo, &n);
-          L->sfirst[i] = lo;
-          L->scnt[i] = n;
+          L->plan.send_first[i] = lo;
+          L->plan.send_rows[i] = n;
           row_range(c, r, nr, L->cnt_recv[(size_t)p * (E + 1) + E], &lo, &n);
-          L->rcnt[i] = n;
+          L->plan.recv_rows[i] = n;
         }
       }
     }
   }
   size_t srow = 0, rrow = 0, xrow = 0, cs = 0, cr = 0;
   for (int c = 0; c < r; c++) {
-    L->sbase[c] = srow;
-    L->rbase[c] = rrow;
-    L->csbase[c] = cs;
-    L->crbase[c] = cr;
+    L->plan.send_chunk_row[c] = srow;
+    L->plan.recv_chunk_row[c] = rrow;
+    L->plan.comp_send_chunk_byte[c] = cs;
+    L->plan.comp_recv_chunk_byte[c] = cr;
     for (int p = 0; p < P; p++) {
       const size_t j = IDX2(L, c, p), s0 = srow, r0 = rrow;
       for (int e = 0; e < E; e++) {
         const size_t i = IDX3(L, c, p, e);
-        L->spos[i] = srow;
-        srow += (size_t)L->scnt[i];
-        L->rpos[i] = rrow;
-        rrow += (size_t)L->rcnt[i];
+        L->plan.send_at[i] = srow;
+        srow += (size_t)L->plan.send_rows[i];
+        L->plan.recv_at[i] = rrow;
+        rrow += (size_t)L->plan.recv_rows[i];
       }
-      L->srows[j] = srow - s0;
-      L->rrows[j] = rrow - r0;
-      L->sd[j] = (s0 - L->sbase[c]) * row_bytes;
-      L->sb[j] = L->srows[j] * row_bytes;
-      L->rd[j] = (r0 - L->rbase[c]) * row_bytes;
-      L->rb[j] = L->rrows[j] * row_bytes;
+      L->plan.send_block_rows[j] = srow - s0;
+      L->plan.recv_block_rows[j] = rrow - r0;
+      L->plan.raw_send.displ[j] = (s0 - L->plan.send_chunk_row[c]) * row_bytes;
+      L->plan.raw_send.bytes[j] = L->plan.send_block_rows[j] * row_bytes;
+      L->plan.raw_recv.displ[j] = (r0 - L->plan.recv_chunk_row[c]) * row_bytes;
+      L->plan.raw_recv.bytes[j] = L->plan.recv_block_rows[j] * row_bytes;
       if (L->compress_on) {
-        L->csb[j] = L->srows[j] ? moe_compress_max_bytes(&L->comp, L->srows[j], (size_t)M) : 0;
-        L->crb[j] = L->rrows[j] ? moe_compress_max_bytes(&L->comp, L->rrows[j], (size_t)M) : 0;
-        MOE_FAIL_IF(ctx, L->csb[j] == SIZE_MAX || L->crb[j] == SIZE_MAX, MOE_STATUS_INVALID_ARG,
-                    "chunk %d: a block is too large to compress", c + 1);
-        L->csd[j] = cs - L->csbase[c];
-        L->crd[j] = cr - L->crbase[c];
-        cs += round_up(L->csb[j], CBLOCK_ALIGN);
-        cr += round_up(L->crb[j], CBLOCK_ALIGN);
+        L->plan.comp_send.bytes[j] =
+            L->plan.send_block_rows[j]
+                ? moe_compress_max_bytes(&L->comp, L->plan.send_block_rows[j], (size_t)M)
+                : 0;
+        L->plan.comp_recv.bytes[j] =
+            L->plan.recv_block_rows[j]
+                ? moe_compress_max_bytes(&L->comp, L->plan.recv_block_rows[j], (size_t)M)
+                : 0;
+        MOE_FAIL_IF(
+            ctx, L->plan.comp_send.bytes[j] == SIZE_MAX || L->plan.comp_recv.bytes[j] == SIZE_MAX,
+            MOE_STATUS_INVALID_ARG, "chunk %d: a block is too large to compress", c + 1);
+        L->plan.comp_send.displ[j] = cs - L->plan.comp_send_chunk_byte[c];
+        L->plan.comp_recv.displ[j] = cr - L->plan.comp_recv_chunk_byte[c];
+        cs += round_up(L->plan.comp_send.bytes[j], CBLOCK_ALIGN);
+        cr += round_up(L->plan.comp_recv.bytes[j], CBLOCK_ALIGN);
       }
     }
     for (int e = 0; e < E; e++) {
-      L->xstart[(size_t)c * E + e] = xrow;
+      L->plan.expert_start[(size_t)c * E + e] = xrow;
       for (int s = 0; s < P; s++) {
         const size_t i = IDX3(L, c, s, e);
-        L->xpos[i] = xrow;
-        xrow += (size_t)L->rcnt[i];
+        L->plan.expert_at[i] = xrow;
+        xrow += (size_t)L->plan.recv_rows[i];
       }
-      L->xcount[(size_t)c * E + e] = xrow - L->xstart[(size_t)c * E + e];
-      MOE_FAIL_IF(ctx, L->xcount[(size_t)c * E + e] > 0 && !L->w1_of[e], MOE_STATUS_INTERNAL,
+      L->plan.expert_rows[(size_t)c * E + e] = xrow - L->plan.expert_start[(size_t)c * E + e];
+      MOE_FAIL_IF(ctx, L->plan.expert_rows[(size_t)c * E + e] > 0 && !L->w1_of[e],
+                  MOE_STATUS_INTERNAL,
                   "rank %d received rows for expert %d, which it does not hold", L->me, e);
     }
   }
-  L->csbase[r] = cs;
-  L->crbase[r] = cr;
+  L->plan.comp_send_chunk_byte[r] = cs;
+  L->plan.comp_recv_chunk_byte[r] = cr;
   MOE_FAIL_IF(ctx, srow != (size_t)L->route.rows, MOE_STATUS_INTERNAL,
               "chunk plan covers %zu of %d rows", srow, L->route.rows);
   MOE_FAIL_IF(ctx, rrow > INT_MAX, MOE_STATUS_INVALID_ARG,
@@ -270,9 +302,12 @@ static moe_status plan_chunks(moe_ep_layer *L) {
     const size_t big = INT_MAX;
     // (displacements of empty blocks are never used)
     const int bad =
-        L->sb[j] > big || L->rb[j] > big || L->csb[j] > big || L->crb[j] > big ||
-        (mpi_algo && ((L->sb[j] && L->sd[j] > big) || (L->rb[j] && L->rd[j] > big) ||
-                      (L->csb[j] && L->csd[j] > big) || (L->crb[j] && L->crd[j] > big)));
+        L->plan.raw_send.bytes[j] > big || L->plan.raw_recv.bytes[j] > big ||
+        L->plan.comp_send.bytes[j] > big || L->plan.comp_recv.bytes[j] > big ||
+        (mpi_algo && ((L->plan.raw_send.bytes[j] && L->plan.raw_send.displ[j] > big) ||
+                      (L->plan.raw_recv.bytes[j] && L->plan.raw_recv.displ[j] > big) ||
+                      (L->plan.comp_send.bytes[j] && L->plan.comp_send.displ[j] > big) ||
+                      (L->plan.comp_recv.bytes[j] && L->plan.comp_recv.displ[j] > big)));
     MOE_FAIL_IF(ctx, bad, MOE_STATUS_INVALID_ARG,
                 "chunk %zu: the all-to-all between EP ranks %d and %zu exceeds MPI's int byte "
                 "counts (more chunks, fewer tokens per rank, a larger EP size, or a "
@@ -321,10 +356,11 @@ static void pack(const moe_ep_layer *L, const float *route_rows, float *send, in
     for (int p = 0; p < L->P; p++) {
       for (int e = 0; e < L->E; e++) {
         const size_t i = IDX3(L, c, p, e);
-        const size_t n = (size_t)L->scnt[i];
+        const size_t n = (size_t)L->plan.send_rows[i];
         if (n == 0) continue;
-        float *s = send + L->spos[i] * M;
-        float *q = (float *)route_rows + ((size_t)L->route.offset[e] + (size_t)L->sfirst[i]) * M;
+        float *s = send + L->plan.send_at[i] * M;
+        float *q =
+            (float *)route_rows + ((size_t)L->route.offset[e] + (size_t)L->plan.send_first[i]) * M;
         if (to_send) {
           memcpy(s, q, n * M * sizeof(float));
         } else {
@@ -342,9 +378,9 @@ static void regroup(const moe_ep_layer *L, int c, const float *from, float *to,
   for (int s = 0; s < L->P; s++) {
     for (int e = 0; e < L->E; e++) {
       const size_t i = IDX3(L, c, s, e);
-      const size_t n = (size_t)L->rcnt[i];
+      const size_t n = (size_t)L->plan.recv_rows[i];
       if (n == 0) continue;
-      const size_t a = L->rpos[i], b = L->xpos[i];
+      const size_t a = L->plan.recv_at[i], b = L->plan.expert_at[i];
       if (to_expert_major) {
         memcpy(to + b * M, from + a * M, n * M * sizeof(float));
       } else {
@@ -414,32 +450,40 @@ static moe_status task_c1(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   moe_ep_layer *L = a->L;
   const int c = a->chunk;
-  return compress_blocks(L, ctx, c, L->sendbuf, L->sbase[c], L->srows, L->sd,
-                         (char *)L->csend.buf + L->csbase[c], L->csb, L->csd, "compression C1");
+  return compress_blocks(L, ctx, c, L->sendbuf, L->plan.send_chunk_row[c], L->plan.send_block_rows,
+                         L->plan.raw_send.displ,
+                         (char *)L->csend.buf + L->plan.comp_send_chunk_byte[c],
+                         L->plan.comp_send.bytes, L->plan.comp_send.displ, "compression C1");
 }
 
 static moe_status task_d1(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   moe_ep_layer *L = a->L;
   const int c = a->chunk;
-  return decompress_blocks(L, ctx, c, (const char *)L->crecv.buf + L->crbase[c], L->crb, L->crd,
-                           L->bufa.buf, L->rbase[c], L->rrows, L->rd, "decompression D1");
+  return decompress_blocks(L, ctx, c, (const char *)L->crecv.buf + L->plan.comp_recv_chunk_byte[c],
+                           L->plan.comp_recv.bytes, L->plan.comp_recv.displ, L->bufa.buf,
+                           L->plan.recv_chunk_row[c], L->plan.recv_block_rows,
+                           L->plan.raw_recv.displ, "decompression D1");
 }
 
 static moe_status task_c2(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   moe_ep_layer *L = a->L;
   const int c = a->chunk;
-  return compress_blocks(L, ctx, c, L->bufa.buf, L->rbase[c], L->rrows, L->rd,
-                         (char *)L->crecv.buf + L->crbase[c], L->crb, L->crd, "compression C2");
+  return compress_blocks(L, ctx, c, L->bufa.buf, L->plan.recv_chunk_row[c], L->plan.recv_block_rows,
+                         L->plan.raw_recv.displ,
+                         (char *)L->crecv.buf + L->plan.comp_recv_chunk_byte[c],
+                         L->plan.comp_recv.bytes, L->plan.comp_recv.displ, "compression C2");
 }
 
 static moe_status task_d2(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   moe_ep_layer *L = a->L;
   const int c = a->chunk;
-  return decompress_blocks(L, ctx, c, (const char *)L->csend.buf + L->csbase[c], L->csb, L->csd,
-                           L->sendbuf, L->sbase[c], L->srows, L->sd, "decompression D2");
+  return decompress_blocks(L, ctx, c, (const char *)L->csend.buf + L->plan.comp_send_chunk_byte[c],
+                           L->plan.comp_send.bytes, L->plan.comp_send.displ, L->sendbuf,
+                           L->plan.send_chunk_row[c], L->plan.send_block_rows,
+                           L->plan.raw_send.displ, "decompression D2");
 }
 
 // The all-to-all of chunk c, towards the experts (A1) or back (A2).
@@ -449,22 +493,23 @@ static moe_status chunk_a2a(moe_ep_layer *L, moe_ctx *ctx, int c, int back, int 
   char *dst;
   const size_t *sc, *sdp, *rc, *rdp;
   if (compressed) {
-    char *tok = (char *)L->csend.buf + L->csbase[c], *exp = (char *)L->crecv.buf + L->crbase[c];
+    char *tok = (char *)L->csend.buf + L->plan.comp_send_chunk_byte[c],
+         *exp = (char *)L->crecv.buf + L->plan.comp_recv_chunk_byte[c];
     src = back ? exp : tok;
     dst = back ? tok : exp;
-    sc = back ? L->crb + j : L->csb + j;
-    sdp = back ? L->crd + j : L->csd + j;
-    rc = back ? L->csb + j : L->crb + j;
-    rdp = back ? L->csd + j : L->crd + j;
+    sc = back ? L->plan.comp_recv.bytes + j : L->plan.comp_send.bytes + j;
+    sdp = back ? L->plan.comp_recv.displ + j : L->plan.comp_send.displ + j;
+    rc = back ? L->plan.comp_send.bytes + j : L->plan.comp_recv.bytes + j;
+    rdp = back ? L->plan.comp_send.displ + j : L->plan.comp_recv.displ + j;
   } else {
-    char *tok = (char *)(L->sendbuf + L->sbase[c] * M);
-    char *exp = (char *)((float *)L->bufa.buf + L->rbase[c] * M);
+    char *tok = (char *)(L->sendbuf + L->plan.send_chunk_row[c] * M);
+    char *exp = (char *)((float *)L->bufa.buf + L->plan.recv_chunk_row[c] * M);
     src = back ? exp : tok;
     dst = back ? tok : exp;
-    sc = back ? L->rb + j : L->sb + j;
-    sdp = back ? L->rd + j : L->sd + j;
-    rc = back ? L->sb + j : L->rb + j;
-    rdp = back ? L->sd + j : L->rd + j;
+    sc = back ? L->plan.raw_recv.bytes + j : L->plan.raw_send.bytes + j;
+    sdp = back ? L->plan.raw_recv.displ + j : L->plan.raw_send.displ + j;
+    rc = back ? L->plan.raw_send.bytes + j : L->plan.raw_recv.bytes + j;
+    rdp = back ? L->plan.raw_send.displ + j : L->plan.raw_recv.displ + j;
   }
   return moe_a2a_start(ctx, L->a2a, &L->ep, src, sc, sdp, dst, rc, rdp, &L->a2a_ws, &L->pending);
 }
@@ -507,7 +552,8 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
   if (!a->backward) {
     regroup(L, c, bufa, ex_x, 1);
     for (int e = 0; e < L->E; e++) {
-      const size_t s = L->xstart[(size_t)c * L->E + e], n = L->xcount[(size_t)c * L->E + e];
+      const size_t s = L->plan.expert_start[(size_t)c * L->E + e],
+                   n = L->plan.expert_rows[(size_t)c * L->E + e];
       if (n == 0) continue;
       const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
       L->expert->forward(cfg, &p, ex_x + s * M, (int)n, pre + s * H, h + s * H, bufb + s * M,
@@ -517,7 +563,8 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
     float *dh = L->dh.buf, *dpre = L->dpre.buf;
     regroup(L, c, bufa, bufb, 1);
     for (int e = 0; e < L->E; e++) {
-      const size_t s = L->xstart[(size_t)c * L->E + e], n = L->xcount[(size_t)c * L->E + e];
+      const size_t s = L->plan.expert_start[(size_t)c * L->E + e],
+                   n = L->plan.expert_rows[(size_t)c * L->E + e];
       if (n == 0) continue;
       const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
       const moe_expert_grads g = {L->dw1_of[e], L->db1_of[e], L->dw2_of[e], L->db2_of[e]};

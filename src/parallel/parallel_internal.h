@@ -17,6 +17,35 @@ typedef struct {
   int compressed;  // this pass compresses its payloads
 } moe_ep_task_arg;
 
+// Byte counts and displacements of one side's blocks of a chunked exchange,
+// per (chunk c, peer), index c * P + peer; displacements relative to the
+// chunk's base.
+typedef struct {
+  size_t *bytes, *displ;
+} moe_ep_blocks;
+
+// The chunk plan: which rows of which (peer, expert) block travel in which of
+// the r chunks, and where they sit on both sides. Made by the forward from
+// the exchanged counts (ep_pass.c, plan_chunks), identical on both sides of
+// every exchange.
+typedef struct {
+  // Per (c, peer, e), index (c * P + peer) * E + e:
+  int *send_rows;     // rows of my block for (peer, e) in chunk c
+  int *send_first;    // its first row within the block (slot)
+  int *recv_rows;     // rows of peer's block for e that I receive in chunk c
+  size_t *send_at;    // row of that send block in sendbuf
+  size_t *recv_at;    // row of that receive block in bufa
+  size_t *expert_at;  // row of that receive block in the expert-major buffers
+  // Per (c, e), index c * E + e: rows of expert e in chunk c, expert-major
+  size_t *expert_start, *expert_rows;
+  // Per (c, peer): the payloads' bytes, raw and compressed, and their rows
+  moe_ep_blocks raw_send, raw_recv, comp_send, comp_recv;
+  size_t *send_block_rows, *recv_block_rows;
+  size_t *send_chunk_row, *recv_chunk_row;  // (r): first row of chunk c in sendbuf / bufa
+  size_t *comp_send_chunk_byte, *comp_recv_chunk_byte;  // (r + 1): byte offset of chunk c
+                                                        // in csend / crecv
+} moe_ep_chunk_plan;
+
 struct moe_ep_layer {
   moe_ctx *ctx;
   moe_layer_config cfg;
@@ -49,21 +78,8 @@ struct moe_ep_layer {
   int recv_rows;
   // counts exchange: (P, E + 1) ints, rows per expert then the sender's capacity
   int *cnt_send, *cnt_recv;
-  // chunk plan (r chunks). Per (c, peer, e), index (c * P + peer) * E + e:
-  int *scnt;                // rows of my block for (peer, e) in chunk c
-  int *sfirst;              // its first row within the block (slot)
-  int *rcnt;                // rows of peer's block for e that I receive in chunk c
-  size_t *spos;             // row of that send block in sendbuf
-  size_t *rpos;             // row of that receive block in bufa
-  size_t *xpos;             // row of that receive block in the expert-major buffers
-  size_t *xstart, *xcount;  // (r, E): rows of expert e in chunk c, expert-major
-  // Per (c, peer), index c * P + peer: raw and compressed byte counts and
-  // displacements relative to chunk c's base
-  size_t *sb, *sd, *rb, *rd, *csb, *csd, *crb, *crd;
-  size_t *srows, *rrows;    // (r * P): rows of block (c, peer) on each side
-  size_t *sbase, *rbase;    // (r): first row of chunk c in sendbuf / bufa
-  size_t *csbase, *crbase;  // (r + 1): byte offset of chunk c in csend / crecv
-  double *stats;            // MOE_LOSS_STATS(E) + 1 (error flag)
+  moe_ep_chunk_plan plan;  // of the last forward (the backward reuses it)
+  double *stats;           // MOE_LOSS_STATS(E) + 1 (error flag)
   // scheduling
   const moe_schedule_algo *sched;
   moe_compressor comp;
