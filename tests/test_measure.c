@@ -149,9 +149,9 @@ static void test_calibrate(void) {
     TU_CHECK(moe_cluster_devices(&prof.cluster) == g_world, "devices %d",
              moe_cluster_devices(&prof.cluster));
     TU_CHECK(prof.gemm.beta > 0 && prof.task_overhead > 0 && prof.slow_compute >= 1.0 &&
-                 prof.have_layer_fit,
+                 prof.layer_fit.have,
              "fits: gemm beta %g, overhead %g, slowdown %g, layer fit %d", prof.gemm.beta,
-             prof.task_overhead, prof.slow_compute, prof.have_layer_fit);
+             prof.task_overhead, prof.slow_compute, prof.layer_fit.have);
     TU_CHECK(n == 2 * 6 && samples && samples[0].total_ms >= samples[0].passes_ms, "%d layer runs",
              n);
     char *json = NULL;

@@ -536,7 +536,7 @@ static void test_profile(void) {
   const double noisy[3][2] = {{2048, 2.9e-6}, {4096, 6.3e-6}, {8192, 4.7e-6}};
   memcpy(pn.a2a_points[0], noisy, sizeof noisy);
   pn.gemm.alpha = -2e-4;
-  pn.have_layer_fits = 1;
+  pn.have_step_fits = 1;
   pn.expert_fwd = (moe_linear_fit){1e-6, 1e-11, 0.99, 0.0, 12, 2e-9};
   pn.expert_bwd = (moe_linear_fit){1e-6, 1e-11, 0.99, 0.0, 12, 0.0};
   pn.outside = (moe_linear_fit){0.0, 1e-9, 0.99, 0.0, 8, 0.0};
@@ -674,13 +674,13 @@ static moe_profile fit_profile(void) {
 static moe_profile with_corrections(const moe_profile *p, double cs, double ct, double as,
                                     double ae, double oa, double ob) {
   moe_profile c = *p;
-  c.have_layer_fit = 1;
-  c.lf_samples = 9;
-  c.lf_compute_scale = cs;
-  c.lf_compute_task_s = ct;
-  c.lf_a2a_scale[0] = as;
-  c.lf_a2a_exchange_s[0] = ae;
-  c.lf_outside = (moe_linear_fit){oa, ob, 0.9, 0.0, 9, 0.0};
+  c.layer_fit.have = 1;
+  c.layer_fit.samples = 9;
+  c.layer_fit.compute_scale = cs;
+  c.layer_fit.compute_task_s = ct;
+  c.layer_fit.a2a_scale[0] = as;
+  c.layer_fit.a2a_exchange_s[0] = ae;
+  c.layer_fit.outside = (moe_linear_fit){oa, ob, 0.9, 0.0, 9, 0.0};
   return c;
 }
 
@@ -743,10 +743,11 @@ static void test_layer_fit(void) {
            "pipe without its correction: %g ms", r.pass_ms[0]);
   // round trip and strictness
   moe_profile back;
-  TU_CHECK(round_trip(&c, &back) && back.have_layer_fit == 1 && back.lf_compute_scale == 1.5 &&
-               back.lf_compute_task_s == 1e-4 && back.lf_a2a_scale[0] == 2.0 &&
-               back.lf_a2a_exchange_s[0] == 3e-4 && back.lf_a2a_scale[1] == 0.0 &&
-               back.lf_outside.alpha == 1e-3 && back.lf_samples == 9,
+  TU_CHECK(round_trip(&c, &back) && back.layer_fit.have == 1 &&
+               back.layer_fit.compute_scale == 1.5 && back.layer_fit.compute_task_s == 1e-4 &&
+               back.layer_fit.a2a_scale[0] == 2.0 && back.layer_fit.a2a_exchange_s[0] == 3e-4 &&
+               back.layer_fit.a2a_scale[1] == 0.0 && back.layer_fit.outside.alpha == 1e-3 &&
+               back.layer_fit.samples == 9,
            "layer_fit round trip: %s", moe_ctx_error(g_ctx));
   static const char fits[] =
       "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, "
@@ -793,9 +794,9 @@ static void test_layer_fit(void) {
     // less than the executor measurement (a noisy one)
     moe_profile neg = with_corrections(&p, 1.0, -1e-6, 1.0, -2e-6, 1e-3, 1e-10);
     moe_profile nb;
-    TU_CHECK(
-        round_trip(&neg, &nb) && nb.lf_compute_task_s == -1e-6 && nb.lf_a2a_exchange_s[0] == -2e-6,
-        "negative per-task terms round trip: %s", moe_ctx_error(g_ctx));
+    TU_CHECK(round_trip(&neg, &nb) && nb.layer_fit.compute_task_s == -1e-6 &&
+                 nb.layer_fit.a2a_exchange_s[0] == -2e-6,
+             "negative per-task terms round trip: %s", moe_ctx_error(g_ctx));
     v.profile = &neg;
     snprintf(v.a2a, sizeof v.a2a, "mpi");
     const double wn = 2 * (a - 2e-6) + (e - 1e-6) + 3 * 2e-6;
@@ -810,17 +811,17 @@ static void test_layer_fit(void) {
   expect_bad_profile(tail, "unknown key 'layer_fit.extra'");
   // recovery: runs simulated with known corrections and contention
   moe_profile truth = with_corrections(&p, 1.7, 3e-4, 1.3, 5e-4, 2e-3, 4e-10);
-  truth.lf_a2a_scale[1] = 1.1;
-  truth.lf_a2a_exchange_s[1] = 2e-4;
+  truth.layer_fit.a2a_scale[1] = 1.1;
+  truth.layer_fit.a2a_exchange_s[1] = 2e-4;
   truth.slow_compute = 1.4;
   truth.slow_comm = 1.2;
   // pipe spins: compute slows more (its samples cannot tell comm x1.1 from
   // x1.05 with compute x2.1: the makespans agree, so only the range is checked)
-  truth.lf_a2a_slow[1][0] = 2.0;
-  truth.lf_a2a_slow[1][1] = 1.1;
+  truth.layer_fit.a2a_slow[1][0] = 2.0;
+  truth.layer_fit.a2a_slow[1][1] = 1.1;
   // mpi's smart schedule contends apart: compute x3, the exchange not at all
-  truth.lf_a2a_smart_slow[0][0] = 3.0;
-  truth.lf_a2a_smart_slow[0][1] = 1.0;
+  truth.layer_fit.a2a_smart_slow[0][0] = 3.0;
+  truth.layer_fit.a2a_smart_slow[0][1] = 1.0;
   moe_layer_sample ss[48];
   int n = 0;
   static const int shapes[][2] = {{1000, 64}, {4000, 64}, {2000, 128}};
@@ -839,37 +840,40 @@ static void test_layer_fit(void) {
   moe_layer_fit_report rep;
   TU_CHECK(moe_profile_fit_layer(g_ctx, &fitted, ss, n, &rep) == MOE_STATUS_OK, "fit: %s",
            moe_ctx_error(g_ctx));
-  TU_CHECK(fitted.have_layer_fit && close_rel(fitted.lf_compute_scale, 1.7, 1e-5) &&
-               close_rel(fitted.lf_compute_task_s, 3e-4, 1e-3) &&
-               close_rel(fitted.lf_a2a_scale[0], 1.3, 1e-5) &&
-               close_rel(fitted.lf_a2a_exchange_s[0], 5e-4, 1e-3) &&
-               close_rel(fitted.lf_a2a_scale[1], 1.1, 1e-5) &&
-               close_rel(fitted.lf_a2a_exchange_s[1], 2e-4, 1e-3),
-           "recovered compute x%g + %g s, mpi x%g + %g s, pipe x%g + %g s", fitted.lf_compute_scale,
-           fitted.lf_compute_task_s, fitted.lf_a2a_scale[0], fitted.lf_a2a_exchange_s[0],
-           fitted.lf_a2a_scale[1], fitted.lf_a2a_exchange_s[1]);
-  TU_CHECK(close_rel(fitted.lf_outside.alpha, 2e-3, 1e-4) &&
-               close_rel(fitted.lf_outside.beta, 4e-10, 1e-4) &&
-               close_rel(fitted.lf_a2a_slow[0][0], 1.4, 1e-9) &&
-               close_rel(fitted.lf_a2a_slow[0][1], 1.2, 1e-9) && fitted.lf_a2a_slow[1][0] >= 1.9 &&
-               fitted.lf_a2a_slow[1][0] <= 2.2 && fitted.slow_compute >= 1.3 &&
-               fitted.slow_compute <= 2.0,
+  TU_CHECK(fitted.layer_fit.have && close_rel(fitted.layer_fit.compute_scale, 1.7, 1e-5) &&
+               close_rel(fitted.layer_fit.compute_task_s, 3e-4, 1e-3) &&
+               close_rel(fitted.layer_fit.a2a_scale[0], 1.3, 1e-5) &&
+               close_rel(fitted.layer_fit.a2a_exchange_s[0], 5e-4, 1e-3) &&
+               close_rel(fitted.layer_fit.a2a_scale[1], 1.1, 1e-5) &&
+               close_rel(fitted.layer_fit.a2a_exchange_s[1], 2e-4, 1e-3),
+           "recovered compute x%g + %g s, mpi x%g + %g s, pipe x%g + %g s",
+           fitted.layer_fit.compute_scale, fitted.layer_fit.compute_task_s,
+           fitted.layer_fit.a2a_scale[0], fitted.layer_fit.a2a_exchange_s[0],
+           fitted.layer_fit.a2a_scale[1], fitted.layer_fit.a2a_exchange_s[1]);
+  TU_CHECK(close_rel(fitted.layer_fit.outside.alpha, 2e-3, 1e-4) &&
+               close_rel(fitted.layer_fit.outside.beta, 4e-10, 1e-4) &&
+               close_rel(fitted.layer_fit.a2a_slow[0][0], 1.4, 1e-9) &&
+               close_rel(fitted.layer_fit.a2a_slow[0][1], 1.2, 1e-9) &&
+               fitted.layer_fit.a2a_slow[1][0] >= 1.9 && fitted.layer_fit.a2a_slow[1][0] <= 2.2 &&
+               fitted.slow_compute >= 1.3 && fitted.slow_compute <= 2.0,
            "recovered outside %g + %g x, contention mpi x%g x%g, pipe x%g x%g, all x%g x%g",
-           fitted.lf_outside.alpha, fitted.lf_outside.beta, fitted.lf_a2a_slow[0][0],
-           fitted.lf_a2a_slow[0][1], fitted.lf_a2a_slow[1][0], fitted.lf_a2a_slow[1][1],
-           fitted.slow_compute, fitted.slow_comm);
+           fitted.layer_fit.outside.alpha, fitted.layer_fit.outside.beta,
+           fitted.layer_fit.a2a_slow[0][0], fitted.layer_fit.a2a_slow[0][1],
+           fitted.layer_fit.a2a_slow[1][0], fitted.layer_fit.a2a_slow[1][1], fitted.slow_compute,
+           fitted.slow_comm);
   // smart apart from the pipelined schedules (mpi has 3 smart samples, pipe
   // none). Its makespans do not tell the pair apart (in this graph a slower
   // compute and a faster exchange end at the same time), so the check is
   // that the smart samples are reproduced with the smart pair and are not
   // with mpi's pipelined pair in its place.
-  TU_CHECK(fitted.lf_a2a_smart_slow[0][0] >= 1.0 && fitted.lf_a2a_smart_slow[1][0] == 0.0,
-           "smart contention fitted for mpi (x%g x%g), not for pipe (x%g)",
-           fitted.lf_a2a_smart_slow[0][0], fitted.lf_a2a_smart_slow[0][1],
-           fitted.lf_a2a_smart_slow[1][0]);
+  TU_CHECK(
+      fitted.layer_fit.a2a_smart_slow[0][0] >= 1.0 && fitted.layer_fit.a2a_smart_slow[1][0] == 0.0,
+      "smart contention fitted for mpi (x%g x%g), not for pipe (x%g)",
+      fitted.layer_fit.a2a_smart_slow[0][0], fitted.layer_fit.a2a_smart_slow[0][1],
+      fitted.layer_fit.a2a_smart_slow[1][0]);
   {
     moe_profile pooled = fitted;
-    pooled.lf_a2a_smart_slow[0][0] = pooled.lf_a2a_smart_slow[0][1] = 0.0;
+    pooled.layer_fit.a2a_smart_slow[0][0] = pooled.layer_fit.a2a_smart_slow[0][1] = 0.0;
     double worst_fit = 0, worst_pooled = 0;
     for (int i = 0; i < n; i++) {
       if (strcmp(ss[i].schedule, "smart") != 0) continue;
@@ -891,17 +895,18 @@ static void test_layer_fit(void) {
   }
   {
     moe_profile fb;
-    TU_CHECK(round_trip(&fitted, &fb) && fb.lf_a2a_slow[1][0] == fitted.lf_a2a_slow[1][0] &&
-                 fb.lf_a2a_slow[0][1] == fitted.lf_a2a_slow[0][1] &&
-                 fb.lf_a2a_smart_slow[0][0] == fitted.lf_a2a_smart_slow[0][0] &&
-                 fb.lf_a2a_smart_slow[0][1] == fitted.lf_a2a_smart_slow[0][1] &&
-                 fb.lf_a2a_smart_slow[1][0] == 0.0,
+    TU_CHECK(round_trip(&fitted, &fb) &&
+                 fb.layer_fit.a2a_slow[1][0] == fitted.layer_fit.a2a_slow[1][0] &&
+                 fb.layer_fit.a2a_slow[0][1] == fitted.layer_fit.a2a_slow[0][1] &&
+                 fb.layer_fit.a2a_smart_slow[0][0] == fitted.layer_fit.a2a_smart_slow[0][0] &&
+                 fb.layer_fit.a2a_smart_slow[0][1] == fitted.layer_fit.a2a_smart_slow[0][1] &&
+                 fb.layer_fit.a2a_smart_slow[1][0] == 0.0,
              "per-algorithm contention round trip: %s", moe_ctx_error(g_ctx));
     // a smart pair alone, without the pipelined one, is read back as such
     moe_profile only = fitted, ob;
-    only.lf_a2a_slow[0][0] = only.lf_a2a_slow[0][1] = 0.0;
-    TU_CHECK(round_trip(&only, &ob) && ob.lf_a2a_slow[0][0] == 0.0 &&
-                 ob.lf_a2a_smart_slow[0][0] == fitted.lf_a2a_smart_slow[0][0],
+    only.layer_fit.a2a_slow[0][0] = only.layer_fit.a2a_slow[0][1] = 0.0;
+    TU_CHECK(round_trip(&only, &ob) && ob.layer_fit.a2a_slow[0][0] == 0.0 &&
+                 ob.layer_fit.a2a_smart_slow[0][0] == fitted.layer_fit.a2a_smart_slow[0][0],
              "smart contention alone round trip: %s", moe_ctx_error(g_ctx));
   }
   TU_CHECK(rep.seq_samples == 18 && rep.overlap_samples == 15 && rep.mape_after < 0.01 &&
@@ -920,13 +925,13 @@ static void test_layer_fit(void) {
     }
     moe_profile lf = p;
     TU_CHECK(moe_profile_fit_layer(g_ctx, &lf, ls, m, &rep) == MOE_STATUS_OK &&
-                 close_rel(lf.lf_compute_scale, 1.2, 1e-4) &&
-                 fabs(lf.lf_compute_task_s + 1.5e-6) < 2e-8 &&
-                 close_rel(lf.lf_a2a_scale[0], 0.9, 1e-4) &&
-                 fabs(lf.lf_a2a_exchange_s[0] + 1.5e-6) < 2e-8 && rep.at_bound == 0,
-             "below the overhead: compute x%g + %g s, mpi x%g + %g s (%s)", lf.lf_compute_scale,
-             lf.lf_compute_task_s, lf.lf_a2a_scale[0], lf.lf_a2a_exchange_s[0],
-             moe_ctx_error(g_ctx));
+                 close_rel(lf.layer_fit.compute_scale, 1.2, 1e-4) &&
+                 fabs(lf.layer_fit.compute_task_s + 1.5e-6) < 2e-8 &&
+                 close_rel(lf.layer_fit.a2a_scale[0], 0.9, 1e-4) &&
+                 fabs(lf.layer_fit.a2a_exchange_s[0] + 1.5e-6) < 2e-8 && rep.at_bound == 0,
+             "below the overhead: compute x%g + %g s, mpi x%g + %g s (%s)",
+             lf.layer_fit.compute_scale, lf.layer_fit.compute_task_s, lf.layer_fit.a2a_scale[0],
+             lf.layer_fit.a2a_exchange_s[0], moe_ctx_error(g_ctx));
     // compute 30x the model: the scale stops at its bound and the report says so
     moe_profile slow = with_corrections(&p, 30.0, 0.0, 1.0, 0.0, 1e-3, 1e-10);
     m = 0;
@@ -936,9 +941,10 @@ static void test_layer_fit(void) {
     }
     lf = p;
     TU_CHECK(moe_profile_fit_layer(g_ctx, &lf, ls, m, &rep) == MOE_STATUS_OK &&
-                 lf.lf_compute_scale == 10.0 && lf.lf_compute_task_s > 0 && rep.at_bound == 1,
-             "scale bound: compute x%g + %g s, %d at the bound", lf.lf_compute_scale,
-             lf.lf_compute_task_s, rep.at_bound);
+                 lf.layer_fit.compute_scale == 10.0 && lf.layer_fit.compute_task_s > 0 &&
+                 rep.at_bound == 1,
+             "scale bound: compute x%g + %g s, %d at the bound", lf.layer_fit.compute_scale,
+             lf.layer_fit.compute_task_s, rep.at_bound);
   }
   // the runs as JSON (calibrate --samples / --refit): exact round trip, and
   // the same fit from the runs read back
@@ -967,9 +973,9 @@ static void test_layer_fit(void) {
     moe_profile refit = p;
     moe_layer_fit_report rr;
     TU_CHECK(same && moe_profile_fit_layer(g_ctx, &refit, rt, nb, &rr) == MOE_STATUS_OK &&
-                 refit.lf_compute_scale == fitted.lf_compute_scale &&
-                 refit.lf_a2a_exchange_s[1] == fitted.lf_a2a_exchange_s[1] &&
-                 refit.lf_a2a_smart_slow[0][0] == fitted.lf_a2a_smart_slow[0][0] &&
+                 refit.layer_fit.compute_scale == fitted.layer_fit.compute_scale &&
+                 refit.layer_fit.a2a_exchange_s[1] == fitted.layer_fit.a2a_exchange_s[1] &&
+                 refit.layer_fit.a2a_smart_slow[0][0] == fitted.layer_fit.a2a_smart_slow[0][0] &&
                  refit.slow_comm == fitted.slow_comm,
              "the runs read back fit the same corrections: %s", moe_ctx_error(g_ctx));
     moe_free(rt);
@@ -1043,14 +1049,14 @@ static void test_layer_fit(void) {
     }
     TU_CHECK(nh == 3 && moe_profile_fit_layer(g_ctx, &rob, noisy, n, &rr) == MOE_STATUS_OK &&
                  moe_profile_fit_layer(g_ctx, &clean, kept, nk, &rc) == MOE_STATUS_OK &&
-                 rr.outliers == 3 && rc.outliers == 0 && rob.lf_samples == n &&
-                 rob.lf_compute_scale == clean.lf_compute_scale &&
-                 rob.lf_a2a_scale[1] == clean.lf_a2a_scale[1] &&
-                 rob.lf_a2a_slow[0][0] == clean.lf_a2a_slow[0][0] &&
-                 rob.lf_outside.alpha == clean.lf_outside.alpha,
+                 rr.outliers == 3 && rc.outliers == 0 && rob.layer_fit.samples == n &&
+                 rob.layer_fit.compute_scale == clean.layer_fit.compute_scale &&
+                 rob.layer_fit.a2a_scale[1] == clean.layer_fit.a2a_scale[1] &&
+                 rob.layer_fit.a2a_slow[0][0] == clean.layer_fit.a2a_slow[0][0] &&
+                 rob.layer_fit.outside.alpha == clean.layer_fit.outside.alpha,
              "noise bursts: %d runs hit, %d left out (threshold %g), compute x%g vs x%g: %s", nh,
-             rr.outliers, rr.outlier_threshold, rob.lf_compute_scale, clean.lf_compute_scale,
-             moe_ctx_error(g_ctx));
+             rr.outliers, rr.outlier_threshold, rob.layer_fit.compute_scale,
+             clean.layer_fit.compute_scale, moe_ctx_error(g_ctx));
     // more than a quarter of the runs off: nothing is left out
     for (int i = 0; i < n; i += 3) noisy[i].total_ms *= 3.0, noisy[i].passes_ms *= 3.0;
     rob = p;
@@ -1061,11 +1067,11 @@ static void test_layer_fit(void) {
   moe_profile keep = p;
   moe_layer_sample one_r[2] = {ss[0], ss[1]};  // mpi and pipe, both r = 1
   TU_CHECK(moe_profile_fit_layer(g_ctx, &keep, one_r, 2, &rep) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "two or more chunk counts") && !keep.have_layer_fit,
+               strstr(moe_ctx_error(g_ctx), "two or more chunk counts") && !keep.layer_fit.have,
            "one chunk count: %s", moe_ctx_error(g_ctx));
   ss[3].comm_ms = -1.0;
   TU_CHECK(moe_profile_fit_layer(g_ctx, &keep, ss, n, &rep) == MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(g_ctx), "sample 3") && !keep.have_layer_fit,
+               strstr(moe_ctx_error(g_ctx), "sample 3") && !keep.layer_fit.have,
            "bad sample: %s", moe_ctx_error(g_ctx));
 }
 

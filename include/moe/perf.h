@@ -179,15 +179,48 @@ typedef struct {
 //   gemm          seconds of one GEMM = alpha + beta * FLOPs
 //   a2a[name]     seconds of one all-to-all = alpha + beta * bytes one rank sends
 //   codec_c/d     seconds to compress / decompress = alpha + beta * input float bytes
+// Corrections fitted on whole layer runs (moe_profile_fit_layer, the layer
+// step of moe calibrate): the bottom-up models of a profile come from
+// micro-benchmarks, which miss what only the layer does (the executor's
+// polling between the steps of a nonblocking all-to-all, skew between ranks,
+// caches shared with the other buffers). With `have`, the simulator makes a
+// compute task (E) last compute_scale x its modelled time + compute_task_s,
+// an all-to-all task of the profile's algorithm a2a[i] a2a_scale[i] x
+// modelled + a2a_exchange_s[i] (scale 0: no correction for that algorithm),
+// both before the executor's task_overhead (the per-task terms may be
+// negative down to -task_overhead, when the layer's tasks cost less than that
+// measurement), and takes the time outside the passes from `outside`
+// (alpha-beta over T M (E + K), measured in the distributed layer) instead of
+// the bottom-up sum.
+typedef struct {
+  int have;
+  double compute_scale, compute_task_s;
+  moe_linear_fit outside;
+  double a2a_scale[MOE_PROFILE_MAX], a2a_exchange_s[MOE_PROFILE_MAX];
+  // Contention while algorithm i overlaps compute (compute, comm slowdown),
+  // when fitted for it; 0: the profile's slow_compute / slow_comm. A blocking
+  // algorithm's communication thread spins and slows compute far more than a
+  // polled nonblocking one.
+  double a2a_slow[MOE_PROFILE_MAX][2];
+  // The same for the smart schedule when fitted apart (0: a2a_slow). Its
+  // compute stream waits for every peer step's exchange, so the executor
+  // blocks in the exchange for most of it (MOE_WAIT_ADAPTIVE), while a
+  // pipelined schedule's exchanges run beside compute and are polled: the
+  // two contend differently (on the emulated cluster: smart slows compute,
+  // pipelined slows the exchanges).
+  double a2a_smart_slow[MOE_PROFILE_MAX][2];
+  int samples;  // the layer runs given to the fit, including any it left out as outliers
+} moe_layer_corrections;
+
 typedef struct {
   char name[64];
   moe_cluster cluster;
   moe_linear_fit gemm;
-  // Optional (have_layer_fits): one expert's whole forward / backward step
-  // (GEMMs, bias, activation) vs its FLOPs (4 n M H / 8 n M H), and the layer
-  // work outside the expert passes (gate, softmax, top-k, dispatch, combine and
-  // their backward) vs T M (E + K).
-  int have_layer_fits;
+  // Optional (have_step_fits, the micro-benchmarks of the layer's steps): one expert's whole
+  // forward / backward step (GEMMs, bias, activation) vs its FLOPs (4 n M H / 8 n M H), and the
+  // layer work outside the expert passes (gate, softmax, top-k, dispatch, combine and their
+  // backward) vs T M (E + K).
+  int have_step_fits;
   moe_linear_fit expert_fwd, expert_bwd, outside;
   // Optional measured expert steps: rows, M, H and seconds of forward and
   // backward, used instead of expert_fwd/bwd when present (a GEMM's rate
@@ -216,37 +249,8 @@ typedef struct {
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
   moe_named_fit codec_c[MOE_PROFILE_MAX], codec_d[MOE_PROFILE_MAX];
-  // Optional corrections fitted on whole layer runs (moe_profile_fit_layer,
-  // the layer step of moe calibrate): the bottom-up models above come from
-  // micro-benchmarks, which miss what only the layer does (the executor's
-  // polling between the steps of a nonblocking all-to-all, skew between ranks,
-  // caches shared with the other buffers). With have_layer_fit, the simulator
-  // makes a compute task (E) last lf_compute_scale x its modelled time +
-  // lf_compute_task_s, an all-to-all task of algorithm a2a[i]
-  // lf_a2a_scale[i] x modelled + lf_a2a_exchange_s[i] (scale 0: no
-  // correction for that algorithm), both before the executor's task_overhead
-  // (the per-task terms may be negative down to -task_overhead, when the
-  // layer's tasks cost less than that measurement), and takes the time
-  // outside the passes from lf_outside (alpha-beta over T M (E + K), measured
-  // in the distributed layer) instead of the bottom-up sum. lf_samples: the
-  // layer runs given to the fit, including any it left out as outliers.
-  int have_layer_fit;
-  double lf_compute_scale, lf_compute_task_s;
-  moe_linear_fit lf_outside;
-  double lf_a2a_scale[MOE_PROFILE_MAX], lf_a2a_exchange_s[MOE_PROFILE_MAX];
-  // Contention while algorithm i overlaps compute (compute, comm slowdown),
-  // when fitted for it; 0: the profile's slow_compute / slow_comm. A blocking
-  // algorithm's communication thread spins and slows compute far more than a
-  // polled nonblocking one.
-  double lf_a2a_slow[MOE_PROFILE_MAX][2];
-  // The same for the smart schedule when fitted apart (0: lf_a2a_slow). Its
-  // compute stream waits for every peer step's exchange, so the executor
-  // blocks in the exchange for most of it (MOE_WAIT_ADAPTIVE), while a
-  // pipelined schedule's exchanges run beside compute and are polled: the
-  // two contend differently (on the emulated cluster: smart slows compute,
-  // pipelined slows the exchanges).
-  double lf_a2a_smart_slow[MOE_PROFILE_MAX][2];
-  int lf_samples;
+  // Optional corrections fitted on whole layer runs (calibrate's layer step).
+  moe_layer_corrections layer_fit;
 } moe_profile;
 
 // Profile JSON (written by `moe calibrate`, read by --profile):

@@ -837,31 +837,32 @@ moe_status moe_calibrate_fit_layer(moe_ctx *ctx, moe_profile *prof, const moe_la
   if (!log) goto done;
   char line[4096];
   int len = snprintf(line, sizeof line, "layer fit over %d runs: compute x%.3f %+.1f us per task",
-                     n, prof->lf_compute_scale, prof->lf_compute_task_s * 1e6);
+                     n, prof->layer_fit.compute_scale, prof->layer_fit.compute_task_s * 1e6);
   log(user, line);
   for (int a = 0; a < prof->n_a2a; a++) {
     len = 0;
-    if (prof->lf_a2a_scale[a] > 0) {
+    if (prof->layer_fit.a2a_scale[a] > 0) {
       len += snprintf(line + len, sizeof line - (size_t)len, "  %-9s x%.3f %+.1f us per exchange",
-                      prof->a2a[a].name, prof->lf_a2a_scale[a], prof->lf_a2a_exchange_s[a] * 1e6);
+                      prof->a2a[a].name, prof->layer_fit.a2a_scale[a],
+                      prof->layer_fit.a2a_exchange_s[a] * 1e6);
     }
-    if (prof->lf_a2a_slow[a][0] >= 1.0) {
+    if (prof->layer_fit.a2a_slow[a][0] >= 1.0) {
       len +=
           snprintf(line + len, sizeof line - (size_t)len, ", overlapped: compute x%.2f, comm x%.2f",
-                   prof->lf_a2a_slow[a][0], prof->lf_a2a_slow[a][1]);
+                   prof->layer_fit.a2a_slow[a][0], prof->layer_fit.a2a_slow[a][1]);
     }
-    if (prof->lf_a2a_smart_slow[a][0] >= 1.0) {
+    if (prof->layer_fit.a2a_smart_slow[a][0] >= 1.0) {
       len += snprintf(line + len, sizeof line - (size_t)len, "; smart: compute x%.2f, comm x%.2f",
-                      prof->lf_a2a_smart_slow[a][0], prof->lf_a2a_smart_slow[a][1]);
+                      prof->layer_fit.a2a_smart_slow[a][0], prof->layer_fit.a2a_smart_slow[a][1]);
     }
     if (len > 0) log(user, line);
   }
   snprintf(line, sizeof line,
            "  outside the passes: %.1f us + %.3f ns per T*M*(E+K), R² %.3f; contention, all "
            "algorithms: x%.2f compute, x%.2f comm (%s: x%.2f, x%.2f)",
-           prof->lf_outside.alpha * 1e6, prof->lf_outside.beta * 1e9, prof->lf_outside.r2,
-           prof->slow_compute, prof->slow_comm, refit ? "before the refit" : "executor measurement",
-           sc0, sm0);
+           prof->layer_fit.outside.alpha * 1e6, prof->layer_fit.outside.beta * 1e9,
+           prof->layer_fit.outside.r2, prof->slow_compute, prof->slow_comm,
+           refit ? "before the refit" : "executor measurement", sc0, sm0);
   log(user, line);
   snprintf(line, sizeof line,
            "  the layer runs' totals: MAPE %.1f%% with the micro-benchmark models alone, "
@@ -1001,7 +1002,7 @@ moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config
   MOE_TRY(fit_expert(&c, &prof->expert_fwd, &prof->expert_bwd, prof->expert_points,
                      &prof->n_expert_points));
   MOE_TRY(fit_outside(&c, &prof->outside));
-  prof->have_layer_fits = 1;
+  prof->have_step_fits = 1;
   sbuf = moe_malloc((size_t)cfg->max_bytes + 1);
   rbuf = moe_malloc((size_t)cfg->max_bytes + 1);
   MOE_TRY(agree_alloc(&c, sbuf && rbuf, "the all-to-all buffers"));

@@ -154,10 +154,10 @@ static moe_status fit_contention(moe_ctx *ctx, moe_profile *pf, const moe_layer_
   moe_status st = MOE_STATUS_OK;
   const double keep_c = pf->slow_compute, keep_m = pf->slow_comm;
   double saved[2][MOE_PROFILE_MAX][2];
-  memcpy(saved[0], pf->lf_a2a_slow, sizeof saved[0]);
-  memcpy(saved[1], pf->lf_a2a_smart_slow, sizeof saved[1]);
-  memset(pf->lf_a2a_slow, 0, sizeof pf->lf_a2a_slow);
-  memset(pf->lf_a2a_smart_slow, 0, sizeof pf->lf_a2a_smart_slow);
+  memcpy(saved[0], pf->layer_fit.a2a_slow, sizeof saved[0]);
+  memcpy(saved[1], pf->layer_fit.a2a_smart_slow, sizeof saved[1]);
+  memset(pf->layer_fit.a2a_slow, 0, sizeof pf->layer_fit.a2a_slow);
+  memset(pf->layer_fit.a2a_smart_slow, 0, sizeof pf->layer_fit.a2a_smart_slow);
   double best = INFINITY;
   *best_c = keep_c;
   *best_m = keep_m;
@@ -173,8 +173,8 @@ static moe_status fit_contention(moe_ctx *ctx, moe_profile *pf, const moe_layer_
 done:
   pf->slow_compute = keep_c;
   pf->slow_comm = keep_m;
-  memcpy(pf->lf_a2a_slow, saved[0], sizeof saved[0]);
-  memcpy(pf->lf_a2a_smart_slow, saved[1], sizeof saved[1]);
+  memcpy(pf->layer_fit.a2a_slow, saved[0], sizeof saved[0]);
+  memcpy(pf->layer_fit.a2a_smart_slow, saved[1], sizeof saved[1]);
   return st;
 }
 
@@ -199,7 +199,7 @@ static moe_status fit_layer_once(moe_ctx *ctx, moe_profile *pf, const moe_layer_
                 i, s[i].comp_ms, s[i].comm_ms, s[i].passes_ms, s[i].total_ms);
   }
   moe_profile base = *pf;  // the bottom-up models only
-  base.have_layer_fit = 0;
+  base.layer_fit.have = 0;
   moe_profile fitted = base;
   // x (modelled s), count, y (measured s) for up to n points; outside x, y;
   // predicted totals; and every sample simulated on the bottom-up models
@@ -239,15 +239,15 @@ static moe_status fit_layer_once(moe_ctx *ctx, moe_profile *pf, const moe_layer_
   // tasks cost less than the (noisy) overhead measurement, never below
   // -overhead: the offset is not negative.
   int bound = 0;
-  MOE_FAIL_IF(
-      ctx,
-      !fit_scale_offset(x, cnt, y, k, &fitted.lf_compute_scale, &fitted.lf_compute_task_s, &bound),
-      MOE_STATUS_INVALID_ARG, "layer fit: no compute correction fits the samples");
+  MOE_FAIL_IF(ctx,
+              !fit_scale_offset(x, cnt, y, k, &fitted.layer_fit.compute_scale,
+                                &fitted.layer_fit.compute_task_s, &bound),
+              MOE_STATUS_INVALID_ARG, "layer fit: no compute correction fits the samples");
   r.at_bound += bound;
-  fitted.lf_compute_task_s -= ovh;
+  fitted.layer_fit.compute_task_s -= ovh;
   // all-to-all: per algorithm, its sequential samples
   for (int a = 0; a < base.n_a2a; a++) {
-    fitted.lf_a2a_scale[a] = fitted.lf_a2a_exchange_s[a] = 0.0;
+    fitted.layer_fit.a2a_scale[a] = fitted.layer_fit.a2a_exchange_s[a] = 0.0;
     k = 0;
     for (int i = 0; i < n; i++) {
       if (!is_sequential(&s[i]) || strcmp(s[i].a2a, base.a2a[a].name) != 0) continue;
@@ -264,27 +264,27 @@ static moe_status fit_layer_once(moe_ctx *ctx, moe_profile *pf, const moe_layer_
       double sc = 0, ex = 0;
       if (fit_scale_offset(x, cnt, y, k, &sc, &ex, &bound)) {
         r.at_bound += bound;
-        fitted.lf_a2a_scale[a] = sc;
-        fitted.lf_a2a_exchange_s[a] = ex - ovh;
+        fitted.layer_fit.a2a_scale[a] = sc;
+        fitted.layer_fit.a2a_exchange_s[a] = ex - ovh;
       }
     }
   }
   // outside the passes: every sample
-  MOE_TRY(moe_fit_linear(ctx, ox, oy, n, &fitted.lf_outside));
-  if (!(fitted.lf_outside.beta > 0)) {
+  MOE_TRY(moe_fit_linear(ctx, ox, oy, n, &fitted.layer_fit.outside));
+  if (!(fitted.layer_fit.outside.beta > 0)) {
     // no growth with the size in these samples: their mean, flat
     double m = 0;
     for (int i = 0; i < n; i++) m += oy[i] / n;
-    fitted.lf_outside.alpha = m;
-    fitted.lf_outside.beta = 1e-30;
+    fitted.layer_fit.outside.alpha = m;
+    fitted.layer_fit.outside.beta = 1e-30;
   }
-  fitted.lf_samples = n;
-  fitted.have_layer_fit = 1;
+  fitted.layer_fit.samples = n;
+  fitted.layer_fit.have = 1;
   // contention: the overlapping samples' pass makespans, all of them (the
   // profile's factors), then per algorithm
   for (int i = 0; i < n; i++) r.overlap_samples += !is_sequential(&s[i]);
-  memset(fitted.lf_a2a_slow, 0, sizeof fitted.lf_a2a_slow);
-  memset(fitted.lf_a2a_smart_slow, 0, sizeof fitted.lf_a2a_smart_slow);
+  memset(fitted.layer_fit.a2a_slow, 0, sizeof fitted.layer_fit.a2a_slow);
+  memset(fitted.layer_fit.a2a_smart_slow, 0, sizeof fitted.layer_fit.a2a_smart_slow);
   if (r.overlap_samples >= 2) {
     double sl[2];
     MOE_TRY(fit_contention(ctx, &fitted, s, n, NULL, CONT_ALL, &sl[0], &sl[1]));
@@ -298,13 +298,13 @@ static moe_status fit_layer_once(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     double sl[2];
     if (count_family(s, n, name, pip) >= 2) {
       MOE_TRY(fit_contention(ctx, &fitted, s, n, name, pip, &sl[0], &sl[1]));
-      fitted.lf_a2a_slow[a][0] = sl[0];
-      fitted.lf_a2a_slow[a][1] = sl[1];
+      fitted.layer_fit.a2a_slow[a][0] = sl[0];
+      fitted.layer_fit.a2a_slow[a][1] = sl[1];
     }
     if (count_family(s, n, name, CONT_SMART) >= 2) {
       MOE_TRY(fit_contention(ctx, &fitted, s, n, name, CONT_SMART, &sl[0], &sl[1]));
-      fitted.lf_a2a_smart_slow[a][0] = sl[0];
-      fitted.lf_a2a_smart_slow[a][1] = sl[1];
+      fitted.layer_fit.a2a_smart_slow[a][0] = sl[0];
+      fitted.layer_fit.a2a_smart_slow[a][1] = sl[1];
     }
   }
   {
@@ -382,7 +382,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
     r.outliers = prev_out = n - nk;
     r.outlier_threshold = thr;
   }
-  first.lf_samples = n;  // the runs given, outliers included (rep->outliers)
+  first.layer_fit.samples = n;  // the runs given, outliers included (rep->outliers)
   *pf = first;
   *rep = r;
 done:

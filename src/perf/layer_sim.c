@@ -256,7 +256,7 @@ static moe_status pass_durations(moe_ctx *ctx, sim_ctx *s, const moe_task_graph 
         dur[i] = max_recv > 0 ? experts_here * expert_point_time(pf, backward, rows_e, M, H) : 0.0;
         // the layer regroups the chunk's rows to expert-major order and back
         if (pf->copy_gbs > 0) dur[i] += 2.0 * max_recv * M * 4.0 / (pf->copy_gbs * 1e9);
-      } else if (pf && pf->have_layer_fits) {
+      } else if (pf && pf->have_step_fits) {
         // measured expert steps: alpha per expert, beta per FLOP
         const moe_linear_fit *f = backward ? &pf->expert_bwd : &pf->expert_fwd;
         dur[i] = max_recv > 0
@@ -315,19 +315,20 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
   s.a2a_scale = s.comp_scale = 1.0;
   s.slow_comp = v->profile && v->profile->slow_compute > 1.0 ? v->profile->slow_compute : 1.0;
   s.slow_comm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
-  if (v->profile && v->profile->have_layer_fit) {
+  if (v->profile && v->profile->layer_fit.have) {
     const moe_profile *pf = v->profile;
-    s.comp_scale = pf->lf_compute_scale;
-    s.comp_task = pf->lf_compute_task_s;
+    s.comp_scale = pf->layer_fit.compute_scale;
+    s.comp_task = pf->layer_fit.compute_task_s;
     for (int i = 0; i < pf->n_a2a; i++) {
-      if (strcmp(pf->a2a[i].name, v->a2a) == 0 && pf->lf_a2a_scale[i] > 0) {
-        s.a2a_scale = pf->lf_a2a_scale[i];
-        s.a2a_exch = pf->lf_a2a_exchange_s[i];
+      if (strcmp(pf->a2a[i].name, v->a2a) == 0 && pf->layer_fit.a2a_scale[i] > 0) {
+        s.a2a_scale = pf->layer_fit.a2a_scale[i];
+        s.a2a_exch = pf->layer_fit.a2a_exchange_s[i];
       }
       if (strcmp(pf->a2a[i].name, v->a2a) != 0) continue;
-      const double *sl = strcmp(v->schedule, "smart") == 0 && pf->lf_a2a_smart_slow[i][0] >= 1.0
-                             ? pf->lf_a2a_smart_slow[i]
-                             : pf->lf_a2a_slow[i];
+      const double *sl =
+          strcmp(v->schedule, "smart") == 0 && pf->layer_fit.a2a_smart_slow[i][0] >= 1.0
+              ? pf->layer_fit.a2a_smart_slow[i]
+              : pf->layer_fit.a2a_slow[i];
       if (sl[0] >= 1.0) {
         s.slow_comp = sl[0];
         s.slow_comm = sl[1];
@@ -430,15 +431,15 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
                                          : gate_flops / (c->gemm_tflops * 1e12)) *
                              1e3;
   out->outside_ms = 3.0 * gate_fwd_ms;
-  if (v->profile && v->profile->have_layer_fits) {
+  if (v->profile && v->profile->have_step_fits) {
     // measured: gate, softmax, top-k, dispatch, combine, forward and backward
     out->outside_ms =
         fmax(0.0, moe_fit_eval(&v->profile->outside, T * cfg->model_dim * (E + K))) * 1e3;
   }
-  if (v->profile && v->profile->have_layer_fit) {
+  if (v->profile && v->profile->layer_fit.have) {
     // measured in the distributed layer itself: replaces the sum below
     out->outside_ms =
-        fmax(0.0, moe_fit_eval(&v->profile->lf_outside, T * cfg->model_dim * (E + K))) * 1e3;
+        fmax(0.0, moe_fit_eval(&v->profile->layer_fit.outside, T * cfg->model_dim * (E + K))) * 1e3;
   } else if (v->profile) {
     // the distributed layer's own work outside the passes: five small
     // collectives (loss statistics, counts exchange, two agreements, the gate

@@ -120,25 +120,26 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
                   "profile: key '%s' appears twice", key);
     }
     if (strcmp(k, "samples") == 0) {
-      MOE_TRY(moe_json_get_int(ctx, it, key, &p->lf_samples));
-      MOE_FAIL_IF(ctx, p->lf_samples < 2, MOE_STATUS_INVALID_ARG, "profile: '%s' (%d) must be >= 2",
-                  key, p->lf_samples);
+      MOE_TRY(moe_json_get_int(ctx, it, key, &p->layer_fit.samples));
+      MOE_FAIL_IF(ctx, p->layer_fit.samples < 2, MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' (%d) must be >= 2", key, p->layer_fit.samples);
       have |= 1;
     } else if (strcmp(k, "compute_scale") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, key, &p->lf_compute_scale));
-      MOE_FAIL_IF(ctx, !(p->lf_compute_scale > 0.0) || p->lf_compute_scale > 100.0,
+      MOE_TRY(moe_json_get_double(ctx, it, key, &p->layer_fit.compute_scale));
+      MOE_FAIL_IF(ctx, !(p->layer_fit.compute_scale > 0.0) || p->layer_fit.compute_scale > 100.0,
                   MOE_STATUS_INVALID_ARG, "profile: '%s' (%g) must be in (0, 100]", key,
-                  p->lf_compute_scale);
+                  p->layer_fit.compute_scale);
       have |= 2;
     } else if (strcmp(k, "compute_task_s") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, key, &p->lf_compute_task_s));
-      MOE_FAIL_IF(ctx, !(p->lf_compute_task_s >= -p->task_overhead) || p->lf_compute_task_s > 1.0,
-                  MOE_STATUS_INVALID_ARG,
-                  "profile: '%s' (%g) must be in [-task_overhead_s, 1] = [%g, 1]", key,
-                  p->lf_compute_task_s, -p->task_overhead);
+      MOE_TRY(moe_json_get_double(ctx, it, key, &p->layer_fit.compute_task_s));
+      MOE_FAIL_IF(
+          ctx,
+          !(p->layer_fit.compute_task_s >= -p->task_overhead) || p->layer_fit.compute_task_s > 1.0,
+          MOE_STATUS_INVALID_ARG, "profile: '%s' (%g) must be in [-task_overhead_s, 1] = [%g, 1]",
+          key, p->layer_fit.compute_task_s, -p->task_overhead);
       have |= 4;
     } else if (strcmp(k, "outside") == 0) {
-      MOE_TRY(parse_fit(ctx, it, key, &p->lf_outside));
+      MOE_TRY(parse_fit(ctx, it, key, &p->layer_fit.outside));
       have |= 8;
     } else if (strcmp(k, "a2a") == 0) {
       MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
@@ -150,7 +151,7 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
         }
         MOE_FAIL_IF(ctx, idx < 0, MOE_STATUS_INVALID_ARG,
                     "profile: layer_fit.a2a.%s has no model in 'a2a'", al->string);
-        MOE_FAIL_IF(ctx, p->lf_a2a_scale[idx] > 0, MOE_STATUS_INVALID_ARG,
+        MOE_FAIL_IF(ctx, p->layer_fit.a2a_scale[idx] > 0, MOE_STATUS_INVALID_ARG,
                     "profile: key 'layer_fit.a2a.%s' appears twice", al->string);
         const cJSON *sc = cJSON_GetObjectItemCaseSensitive(al, "scale");
         const cJSON *ex = cJSON_GetObjectItemCaseSensitive(al, "exchange_s");
@@ -169,20 +170,21 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
                     al->string);
         char ks[200];
         snprintf(ks, sizeof ks, "layer_fit.a2a.%s", al->string);
-        MOE_TRY(moe_json_get_double(ctx, sc, ks, &p->lf_a2a_scale[idx]));
-        MOE_TRY(moe_json_get_double(ctx, ex, ks, &p->lf_a2a_exchange_s[idx]));
+        MOE_TRY(moe_json_get_double(ctx, sc, ks, &p->layer_fit.a2a_scale[idx]));
+        MOE_TRY(moe_json_get_double(ctx, ex, ks, &p->layer_fit.a2a_exchange_s[idx]));
         MOE_FAIL_IF(ctx,
-                    !(p->lf_a2a_scale[idx] > 0.0) || p->lf_a2a_scale[idx] > 100.0 ||
-                        !(p->lf_a2a_exchange_s[idx] >= -p->task_overhead) ||
-                        p->lf_a2a_exchange_s[idx] > 1.0,
+                    !(p->layer_fit.a2a_scale[idx] > 0.0) || p->layer_fit.a2a_scale[idx] > 100.0 ||
+                        !(p->layer_fit.a2a_exchange_s[idx] >= -p->task_overhead) ||
+                        p->layer_fit.a2a_exchange_s[idx] > 1.0,
                     MOE_STATUS_INVALID_ARG,
                     "profile: %s needs scale in (0, 100] and exchange_s in [-task_overhead_s, 1] "
                     "= [%g, 1] (got %g, %g)",
-                    ks, -p->task_overhead, p->lf_a2a_scale[idx], p->lf_a2a_exchange_s[idx]);
+                    ks, -p->task_overhead, p->layer_fit.a2a_scale[idx],
+                    p->layer_fit.a2a_exchange_s[idx]);
         for (int f = 0; f < 2; f++) {
           const cJSON *a = f ? s1 : c1, *b = f ? s2 : c2;
           if (!a) continue;
-          double *sl = f ? p->lf_a2a_smart_slow[idx] : p->lf_a2a_slow[idx];
+          double *sl = f ? p->layer_fit.a2a_smart_slow[idx] : p->layer_fit.a2a_slow[idx];
           MOE_TRY(moe_json_get_double(ctx, a, ks, &sl[0]));
           MOE_TRY(moe_json_get_double(ctx, b, ks, &sl[1]));
           MOE_FAIL_IF(ctx, !(sl[0] >= 1.0) || !(sl[1] >= 1.0) || sl[0] > 100.0 || sl[1] > 100.0,
@@ -203,7 +205,7 @@ static moe_status parse_layer_fit(moe_ctx *ctx, const cJSON *obj, moe_profile *p
               : !(have & 2) ? "compute_scale"
               : !(have & 4) ? "compute_task_s"
                             : "outside");
-  p->have_layer_fit = 1;
+  p->layer_fit.have = 1;
 done:
   return st;
 }
@@ -256,10 +258,10 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_TRY(parse_named(ctx, it, "codecs", 1, &p));
     } else if (strcmp(k, "expert_fwd") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.expert_fwd));
-      p.have_layer_fits |= 1;
+      p.have_step_fits |= 1;
     } else if (strcmp(k, "expert_bwd") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.expert_bwd));
-      p.have_layer_fits |= 2;
+      p.have_step_fits |= 2;
     } else if (strcmp(k, "expert_points") == 0) {
       MOE_FAIL_IF(ctx, !cJSON_IsArray(it), MOE_STATUS_INVALID_ARG,
                   "profile: 'expert_points' must be an array of [rows, M, H, fwd_s, bwd_s]");
@@ -313,7 +315,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       layer_fit = it;  // resolved after 'a2a' is known
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
-      p.have_layer_fits |= 4;
+      p.have_step_fits |= 4;
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
@@ -330,9 +332,9 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
                               : "a2a");
   MOE_FAIL_IF(ctx, p.n_a2a == 0, MOE_STATUS_INVALID_ARG,
               "profile: 'a2a' holds no all-to-all model");
-  MOE_FAIL_IF(ctx, p.have_layer_fits != 0 && p.have_layer_fits != 7, MOE_STATUS_INVALID_ARG,
+  MOE_FAIL_IF(ctx, p.have_step_fits != 0 && p.have_step_fits != 7, MOE_STATUS_INVALID_ARG,
               "profile: expert_fwd, expert_bwd and outside come together (found only some)");
-  p.have_layer_fits = p.have_layer_fits == 7;
+  p.have_step_fits = p.have_step_fits == 7;
   for (const cJSON *al = a2a_points ? a2a_points->child : NULL; al; al = al->next) {
     int idx = -1;
     for (int i = 0; i < p.n_a2a; i++) {
@@ -464,7 +466,7 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
   sb_printf(&b, "},\n    \"nics_per_node\": %d, \"inter_uses_intra\": %s},\n  \"gemm\": ",
             c->nics_per_node, c->inter_uses_intra ? "true" : "false");
   sb_fit(&b, &p->gemm);
-  if (p->have_layer_fits) {
+  if (p->have_step_fits) {
     sb_printf(&b, ",\n  \"expert_fwd\": ");
     sb_fit(&b, &p->expert_fwd);
     sb_printf(&b, ",\n  \"expert_bwd\": ");
@@ -511,27 +513,27 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     }
     sb_printf(&b, "\n  ]");
   }
-  if (p->have_layer_fit) {
+  if (p->layer_fit.have) {
     sb_printf(&b,
               ",\n  \"layer_fit\": {\"samples\": %d, \"compute_scale\": %.6g, "
               "\"compute_task_s\": %.6g,\n    \"outside\": ",
-              p->lf_samples, p->lf_compute_scale, p->lf_compute_task_s);
-    sb_fit(&b, &p->lf_outside);
+              p->layer_fit.samples, p->layer_fit.compute_scale, p->layer_fit.compute_task_s);
+    sb_fit(&b, &p->layer_fit.outside);
     sb_printf(&b, ",\n    \"a2a\": {");
     int first = 1;
     for (int i = 0; i < p->n_a2a; i++) {
-      if (!(p->lf_a2a_scale[i] > 0)) continue;
+      if (!(p->layer_fit.a2a_scale[i] > 0)) continue;
       sb_printf(&b, "%s", first ? "" : ", ");
       sb_string(&b, p->a2a[i].name);
-      sb_printf(&b, ": {\"scale\": %.6g, \"exchange_s\": %.6g", p->lf_a2a_scale[i],
-                p->lf_a2a_exchange_s[i]);
-      if (p->lf_a2a_slow[i][0] >= 1.0) {
-        sb_printf(&b, ", \"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g", p->lf_a2a_slow[i][0],
-                  p->lf_a2a_slow[i][1]);
+      sb_printf(&b, ": {\"scale\": %.6g, \"exchange_s\": %.6g", p->layer_fit.a2a_scale[i],
+                p->layer_fit.a2a_exchange_s[i]);
+      if (p->layer_fit.a2a_slow[i][0] >= 1.0) {
+        sb_printf(&b, ", \"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g",
+                  p->layer_fit.a2a_slow[i][0], p->layer_fit.a2a_slow[i][1]);
       }
-      if (p->lf_a2a_smart_slow[i][0] >= 1.0) {
+      if (p->layer_fit.a2a_smart_slow[i][0] >= 1.0) {
         sb_printf(&b, ", \"smart_compute_slowdown\": %.6g, \"smart_comm_slowdown\": %.6g",
-                  p->lf_a2a_smart_slow[i][0], p->lf_a2a_smart_slow[i][1]);
+                  p->layer_fit.a2a_smart_slow[i][0], p->layer_fit.a2a_smart_slow[i][1]);
       }
       sb_printf(&b, "}");
       first = 0;
