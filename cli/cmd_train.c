@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,175 +112,177 @@ static int any_auto(const moe_train_config *tc) {
          strcmp(tc->par.compress, "auto") == 0 || tc->par.chunks == 0;
 }
 
-static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
-  cli_args a;
-  moe_train_config *tc = &o->tc;
-  cli_args_init(&a, argc, argv, 2);
-  moe_gpt_config *m = &tc->model;
-  // Model flags are applied after --model-config: remember them and apply at the end.
-  long v_layers = -1, v_d = -1, v_heads = -1, v_s = -1, v_e = -1, v_k = -1, v_h = -1, v_me = -1,
-       v_dh = -1;
-  double v_f = NAN, v_aux = NAN;
-  while (!cli_args_done(&a) && !a.bad) {
+// Model options, applied after --model-config (negative / NAN: not given).
+typedef struct {
+  long layers, d_model, heads, seq_len, experts, topk, expert_hidden, moe_every, dense_hidden;
+  double capacity_factor, aux_coef;
+} model_flags;
+
+// Consumes the current argument when it is a model option: 1, else 0.
+static int parse_model_opt(cli_args *a, model_flags *mf, train_opts *o) {
+  static const struct {
+    const char *name;
+    long lo, hi;
+    size_t off;
+  } ints[] = {{"--layers", 1, MOE_GPT_MAX_LAYERS, offsetof(model_flags, layers)},
+              {"--d-model", 1, 65536, offsetof(model_flags, d_model)},
+              {"--heads", 1, 65536, offsetof(model_flags, heads)},
+              {"--seq-len", 1, 65536, offsetof(model_flags, seq_len)},
+              {"--experts", 1, MOE_MAX_EXPERTS, offsetof(model_flags, experts)},
+              {"--topk", 1, MOE_MAX_EXPERTS, offsetof(model_flags, topk)},
+              {"--expert-hidden", 1, MOE_MAX_DIM, offsetof(model_flags, expert_hidden)},
+              {"--moe-every", 0, MOE_GPT_MAX_LAYERS, offsetof(model_flags, moe_every)},
+              {"--dense-hidden", 1, MOE_MAX_DIM, offsetof(model_flags, dense_hidden)}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    if (!cli_opt(a, ints[i].name)) continue;
     int iv = 0;
-    double dv = 0;
-    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
-      usage(stdout);
-      return -1;
-    } else if (cli_opt(&a, "--layers")) {
-      cli_parse_int(&a, "--layers", 1, MOE_GPT_MAX_LAYERS, &iv);
-      v_layers = iv;
-    } else if (cli_opt(&a, "--d-model")) {
-      cli_parse_int(&a, "--d-model", 1, 65536, &iv);
-      v_d = iv;
-    } else if (cli_opt(&a, "--heads")) {
-      cli_parse_int(&a, "--heads", 1, 65536, &iv);
-      v_heads = iv;
-    } else if (cli_opt(&a, "--seq-len")) {
-      cli_parse_int(&a, "--seq-len", 1, 65536, &iv);
-      v_s = iv;
-    } else if (cli_opt(&a, "--experts")) {
-      cli_parse_int(&a, "--experts", 1, MOE_MAX_EXPERTS, &iv);
-      v_e = iv;
-    } else if (cli_opt(&a, "--topk")) {
-      cli_parse_int(&a, "--topk", 1, MOE_MAX_EXPERTS, &iv);
-      v_k = iv;
-    } else if (cli_opt(&a, "--expert-hidden")) {
-      cli_parse_int(&a, "--expert-hidden", 1, MOE_MAX_DIM, &iv);
-      v_h = iv;
-    } else if (cli_opt(&a, "--moe-every")) {
-      cli_parse_int(&a, "--moe-every", 0, MOE_GPT_MAX_LAYERS, &iv);
-      v_me = iv;
-    } else if (cli_opt(&a, "--dense-hidden")) {
-      cli_parse_int(&a, "--dense-hidden", 1, MOE_MAX_DIM, &iv);
-      v_dh = iv;
-    } else if (cli_opt(&a, "--capacity-factor")) {
-      cli_parse_double(&a, "--capacity-factor", -1e6, 1e6, &v_f);
-    } else if (cli_opt(&a, "--aux-coef")) {
-      cli_parse_double(&a, "--aux-coef", 0, 1e6, &v_aux);
-    } else if (cli_opt(&a, "--model-config")) {
-      o->model_config = a.value;
-    } else if (cli_opt(&a, "--steps")) {
-      cli_parse_int(&a, "--steps", 1, 1 << 30, &tc->steps);
-      o->steps_set = 1;
-    } else if (cli_opt(&a, "--stop-at")) {
-      cli_parse_int(&a, "--stop-at", 1, 1 << 30, &tc->stop_step);
-    } else if (cli_opt(&a, "--batch")) {
-      cli_parse_int(&a, "--batch", 1, 1 << 20, &tc->batch);
-    } else if (cli_opt(&a, "--lr")) {
-      cli_parse_double(&a, "--lr", 1e-12, 10, &dv);
-      tc->optim.lr = (float)dv;
-      o->lr_set = 1;
-    } else if (cli_opt(&a, "--min-lr")) {
-      cli_parse_double(&a, "--min-lr", 0, 10, &dv);
-      tc->optim.min_lr = (float)dv;
-      o->min_lr_set = 1;
-    } else if (cli_opt(&a, "--warmup")) {
-      cli_parse_int(&a, "--warmup", 0, 1 << 30, &tc->optim.warmup_steps);
-      o->warmup_set = 1;
-    } else if (cli_opt(&a, "--weight-decay")) {
-      cli_parse_double(&a, "--weight-decay", 0, 10, &dv);
-      tc->optim.weight_decay = (float)dv;
-    } else if (cli_opt(&a, "--clip")) {
-      cli_parse_double(&a, "--clip", -1, 1e9, &dv);
-      tc->optim.grad_clip = (float)dv;
-    } else if (cli_opt(&a, "--seed")) {
-      unsigned long long s = 0;
-      cli_parse_u64(&a, "--seed", &s);
-      tc->seed = s;
-    } else if (cli_opt(&a, "--threads")) {
-      cli_parse_int(&a, "--threads", 1, 256, &o->threads);
-    } else if (cli_opt(&a, "--data")) {
-      tc->data = a.value;
-    } else if (cli_opt(&a, "--val-fraction")) {
-      cli_parse_double(&a, "--val-fraction", 1e-9, 0.5, &tc->val_fraction);
-    } else if (cli_opt(&a, "--eval-every")) {
-      cli_parse_int(&a, "--eval-every", 0, 1 << 30, &tc->eval_every);
-    } else if (cli_opt(&a, "--eval-batches")) {
-      cli_parse_int(&a, "--eval-batches", 0, 1 << 20, &tc->eval_batches);
-    } else if (cli_opt(&a, "--ep")) {
-      cli_parse_int(&a, "--ep", 1, 1 << 20, &tc->par.ep_size);
-    } else if (cli_opt(&a, "--a2a")) {
-      snprintf(tc->par.a2a, sizeof tc->par.a2a, "%s", a.value);
-    } else if (cli_opt(&a, "--schedule")) {
-      snprintf(tc->par.schedule, sizeof tc->par.schedule, "%s", a.value);
-    } else if (cli_opt(&a, "--chunks")) {
-      if (a.value && strcmp(a.value, "auto") == 0) {
-        tc->par.chunks = 0;  // the planner's
-      } else {
-        cli_parse_int(&a, "--chunks", 1, MOE_MAX_CHUNKS, &tc->par.chunks);
-      }
-    } else if (cli_opt(&a, "--profile")) {
-      o->profile_path = a.value;
-    } else if (cli_flag(&a, "--allow-lossy")) {
-      tc->allow_lossy = 1;
-    } else if (cli_opt(&a, "--compress")) {
-      snprintf(tc->par.compress, sizeof tc->par.compress, "%s", a.value);
-    } else if (cli_flag(&a, "--compress-backward")) {
-      tc->par.compress_backward = 1;
-    } else if (cli_opt(&a, "--checkpoint")) {
-      tc->checkpoint = a.value;
-    } else if (cli_opt(&a, "--save-every")) {
-      cli_parse_int(&a, "--save-every", 0, 1 << 30, &tc->save_every);
-    } else if (cli_opt(&a, "--resume")) {
-      tc->resume = a.value;
-    } else if (cli_opt(&a, "--metrics")) {
-      tc->metrics = a.value;
-    } else if (cli_opt(&a, "--plot")) {
-      o->plot = a.value;
-    } else if (cli_opt(&a, "--trace")) {
-      tc->trace = a.value;
-    } else if (cli_opt(&a, "--trace-step")) {
-      cli_parse_int(&a, "--trace-step", 0, 1 << 30, &tc->trace_step);
-    } else if (cli_opt(&a, "--log-every")) {
-      cli_parse_int(&a, "--log-every", 1, 1 << 30, &tc->log_every);
-    } else if (cli_opt(&a, "--progress")) {
-      if (strcmp(a.value, "auto") == 0) {
-        tc->progress_tty = -1;
-      } else if (strcmp(a.value, "line") == 0) {
-        tc->progress_tty = 0;
-      } else if (strcmp(a.value, "redraw") == 0) {
-        tc->progress_tty = 1;
-      } else {
-        cli_error("--progress: '%s' is not one of auto, line, redraw", a.value);
-        return CLI_USAGE;
-      }
-    } else if (cli_flag(&a, "--quiet")) {
-      tc->progress = 0;
+    cli_parse_int(a, ints[i].name, ints[i].lo, ints[i].hi, &iv);
+    *(long *)((char *)mf + ints[i].off) = iv;
+    return 1;
+  }
+  if (cli_opt(a, "--capacity-factor")) {
+    cli_parse_double(a, "--capacity-factor", -1e6, 1e6, &mf->capacity_factor);
+  } else if (cli_opt(a, "--aux-coef")) {
+    cli_parse_double(a, "--aux-coef", 0, 1e6, &mf->aux_coef);
+  } else if (cli_opt(a, "--model-config")) {
+    o->model_config = a->value;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+// Consumes the current argument when it is a training, data or parallelism
+// option: 1, else 0.
+static int parse_run_opt(cli_args *a, train_opts *o) {
+  moe_train_config *tc = &o->tc;
+  double dv = 0;
+  if (cli_opt(a, "--steps")) {
+    cli_parse_int(a, "--steps", 1, 1 << 30, &tc->steps);
+    o->steps_set = 1;
+  } else if (cli_opt(a, "--stop-at")) {
+    cli_parse_int(a, "--stop-at", 1, 1 << 30, &tc->stop_step);
+  } else if (cli_opt(a, "--batch")) {
+    cli_parse_int(a, "--batch", 1, 1 << 20, &tc->batch);
+  } else if (cli_opt(a, "--lr")) {
+    cli_parse_double(a, "--lr", 1e-12, 10, &dv);
+    tc->optim.lr = (float)dv;
+    o->lr_set = 1;
+  } else if (cli_opt(a, "--min-lr")) {
+    cli_parse_double(a, "--min-lr", 0, 10, &dv);
+    tc->optim.min_lr = (float)dv;
+    o->min_lr_set = 1;
+  } else if (cli_opt(a, "--warmup")) {
+    cli_parse_int(a, "--warmup", 0, 1 << 30, &tc->optim.warmup_steps);
+    o->warmup_set = 1;
+  } else if (cli_opt(a, "--weight-decay")) {
+    cli_parse_double(a, "--weight-decay", 0, 10, &dv);
+    tc->optim.weight_decay = (float)dv;
+  } else if (cli_opt(a, "--clip")) {
+    cli_parse_double(a, "--clip", -1, 1e9, &dv);
+    tc->optim.grad_clip = (float)dv;
+  } else if (cli_opt(a, "--seed")) {
+    unsigned long long s = 0;
+    cli_parse_u64(a, "--seed", &s);
+    tc->seed = s;
+  } else if (cli_opt(a, "--threads")) {
+    cli_parse_int(a, "--threads", 1, 256, &o->threads);
+  } else if (cli_opt(a, "--data")) {
+    tc->data = a->value;
+  } else if (cli_opt(a, "--val-fraction")) {
+    cli_parse_double(a, "--val-fraction", 1e-9, 0.5, &tc->val_fraction);
+  } else if (cli_opt(a, "--eval-every")) {
+    cli_parse_int(a, "--eval-every", 0, 1 << 30, &tc->eval_every);
+  } else if (cli_opt(a, "--eval-batches")) {
+    cli_parse_int(a, "--eval-batches", 0, 1 << 20, &tc->eval_batches);
+  } else if (cli_opt(a, "--ep")) {
+    cli_parse_int(a, "--ep", 1, 1 << 20, &tc->par.ep_size);
+  } else if (cli_opt(a, "--a2a")) {
+    snprintf(tc->par.a2a, sizeof tc->par.a2a, "%s", a->value);
+  } else if (cli_opt(a, "--schedule")) {
+    snprintf(tc->par.schedule, sizeof tc->par.schedule, "%s", a->value);
+  } else if (cli_opt(a, "--chunks")) {
+    if (a->value && strcmp(a->value, "auto") == 0) {
+      tc->par.chunks = 0;  // the planner's
     } else {
-      cli_error("train: unknown option '%s' (see moe train --help)", cli_args_peek(&a));
-      return CLI_USAGE;
+      cli_parse_int(a, "--chunks", 1, MOE_MAX_CHUNKS, &tc->par.chunks);
     }
+  } else if (cli_opt(a, "--profile")) {
+    o->profile_path = a->value;
+  } else if (cli_flag(a, "--allow-lossy")) {
+    tc->allow_lossy = 1;
+  } else if (cli_opt(a, "--compress")) {
+    snprintf(tc->par.compress, sizeof tc->par.compress, "%s", a->value);
+  } else if (cli_flag(a, "--compress-backward")) {
+    tc->par.compress_backward = 1;
+  } else {
+    return 0;
   }
-  if (a.bad) return CLI_USAGE;
-  o->model_flags = v_layers >= 0 || v_d >= 0 || v_heads >= 0 || v_s >= 0 || v_e >= 0 || v_k >= 0 ||
-                   v_h >= 0 || v_me >= 0 || v_dh >= 0 || !isnan(v_f) || !isnan(v_aux) ||
-                   o->model_config;
-  if (tc->data) {
-    FILE *f = fopen(tc->data, "rb");
-    if (!f) {
-      cli_error("--data: cannot open '%s': %s", tc->data, strerror(errno));
-      return CLI_USAGE;
+  return 1;
+}
+
+// Consumes the current argument when it is an output option: 1, else 0
+// (a bad --progress value sets a->bad).
+static int parse_output_opt(cli_args *a, train_opts *o) {
+  moe_train_config *tc = &o->tc;
+  if (cli_opt(a, "--checkpoint")) {
+    tc->checkpoint = a->value;
+  } else if (cli_opt(a, "--save-every")) {
+    cli_parse_int(a, "--save-every", 0, 1 << 30, &tc->save_every);
+  } else if (cli_opt(a, "--resume")) {
+    tc->resume = a->value;
+  } else if (cli_opt(a, "--metrics")) {
+    tc->metrics = a->value;
+  } else if (cli_opt(a, "--plot")) {
+    o->plot = a->value;
+  } else if (cli_opt(a, "--trace")) {
+    tc->trace = a->value;
+  } else if (cli_opt(a, "--trace-step")) {
+    cli_parse_int(a, "--trace-step", 0, 1 << 30, &tc->trace_step);
+  } else if (cli_opt(a, "--log-every")) {
+    cli_parse_int(a, "--log-every", 1, 1 << 30, &tc->log_every);
+  } else if (cli_opt(a, "--progress")) {
+    if (strcmp(a->value, "auto") == 0) {
+      tc->progress_tty = -1;
+    } else if (strcmp(a->value, "line") == 0) {
+      tc->progress_tty = 0;
+    } else if (strcmp(a->value, "redraw") == 0) {
+      tc->progress_tty = 1;
+    } else {
+      cli_error("--progress: '%s' is not one of auto, line, redraw", a->value);
+      a->bad = 1;
     }
-    fclose(f);
+  } else if (cli_flag(a, "--quiet")) {
+    tc->progress = 0;
+  } else {
+    return 0;
   }
-  moe_gpt_ckpt_info info;
-  memset(&info, 0, sizeof info);
+  return 1;
+}
+
+// The model: the checkpoint's when resuming (and what of its learning-rate
+// schedule the command line leaves out), else --model-config and the model
+// flags over the defaults. CLI_OK or CLI_USAGE (printed).
+static int resolve_model(train_opts *o, const model_flags *mf, moe_ctx *ctx,
+                         moe_gpt_ckpt_info *info) {
+  moe_train_config *tc = &o->tc;
+  moe_gpt_config *m = &tc->model;
+  memset(info, 0, sizeof *info);
   if (tc->resume) {
     // The model is the checkpoint's.
-    if (moe_gpt_ckpt_read_info(ctx, tc->resume, &info) != MOE_STATUS_OK) {
+    if (moe_gpt_ckpt_read_info(ctx, tc->resume, info) != MOE_STATUS_OK) {
       cli_error("--resume: %s", moe_ctx_error(ctx));
       return CLI_USAGE;
     }
-    *m = info.model;
+    *m = info->model;
     // So is the learning-rate schedule: what is not given is the checkpoint's
-    // (moe_train_schedule_resolve refuses a different one below).
-    if (info.has_schedule) {
-      if (!o->lr_set) tc->optim.lr = info.schedule.lr;
-      if (!o->min_lr_set) tc->optim.min_lr = info.schedule.min_lr;
-      if (!o->warmup_set) tc->optim.warmup_steps = info.schedule.warmup_steps;
-      if (!o->steps_set) tc->steps = info.schedule.total_steps;
-      o->warmup_set = 1;  // not the fresh run's default below
+    // (moe_train_schedule_resolve refuses a different one later).
+    if (info->has_schedule) {
+      if (!o->lr_set) tc->optim.lr = info->schedule.lr;
+      if (!o->min_lr_set) tc->optim.min_lr = info->schedule.min_lr;
+      if (!o->warmup_set) tc->optim.warmup_steps = info->schedule.warmup_steps;
+      if (!o->steps_set) tc->steps = info->schedule.total_steps;
+      o->warmup_set = 1;  // not the fresh run's default
     }
     if (o->model_flags)
       fprintf(stderr,
@@ -290,49 +293,57 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
       cli_error("--model-config: %s", moe_ctx_error(ctx));
       return CLI_USAGE;
     }
-    if (v_layers >= 0) m->n_layer = (int)v_layers;
-    if (v_d >= 0) m->d_model = (int)v_d;
-    if (v_heads >= 0) m->n_head = (int)v_heads;
-    if (v_s >= 0) m->seq_len = (int)v_s;
-    if (v_e >= 0) m->moe.num_experts = (int)v_e;
-    if (v_k >= 0) m->moe.top_k = (int)v_k;
-    if (v_h >= 0) m->moe.hidden_dim = (int)v_h;
-    if (v_me >= 0) m->moe_every = (int)v_me;
-    if (v_dh >= 0) m->dense_hidden = (int)v_dh;
-    if (!isnan(v_f)) m->moe.capacity_factor = v_f;
-    if (!isnan(v_aux)) m->moe.aux_loss_coef = (float)v_aux;
+    if (mf->layers >= 0) m->n_layer = (int)mf->layers;
+    if (mf->d_model >= 0) m->d_model = (int)mf->d_model;
+    if (mf->heads >= 0) m->n_head = (int)mf->heads;
+    if (mf->seq_len >= 0) m->seq_len = (int)mf->seq_len;
+    if (mf->experts >= 0) m->moe.num_experts = (int)mf->experts;
+    if (mf->topk >= 0) m->moe.top_k = (int)mf->topk;
+    if (mf->expert_hidden >= 0) m->moe.hidden_dim = (int)mf->expert_hidden;
+    if (mf->moe_every >= 0) m->moe_every = (int)mf->moe_every;
+    if (mf->dense_hidden >= 0) m->dense_hidden = (int)mf->dense_hidden;
+    if (!isnan(mf->capacity_factor)) m->moe.capacity_factor = mf->capacity_factor;
+    if (!isnan(mf->aux_coef)) m->moe.aux_loss_coef = (float)mf->aux_coef;
   }
   if (moe_gpt_config_validate(ctx, m) != MOE_STATUS_OK) {
     cli_error("model: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }
-  if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
-    tc->optim.warmup_steps = tc->steps / 5;
-  if (tc->resume) {
-    moe_train_schedule sch;
-    if (moe_train_schedule_resolve(ctx, tc, &info, &sch) != MOE_STATUS_OK) {
-      cli_error("--resume %s", moe_ctx_error(ctx));
-      return CLI_USAGE;
-    }
-    // Where the run resumes and with which schedule (rank 0: the others are silenced).
-    printf(
-        "resume: %s at step %d (continuing at step %d); lr schedule %s: warm-up %d steps to lr "
-        "%.4g, cosine decay to min_lr %.4g at step %d",
-        tc->resume, info.step, info.step + 1,
-        sch.from_checkpoint ? "kept from the checkpoint" : "of this run", sch.warmup_steps,
-        (double)sch.lr, (double)sch.min_lr, sch.total_steps);
-    if (sch.extended)
-      printf("; steps %d..%d (past its end) at min_lr %.4g", sch.total_steps + 1, tc->steps,
-             (double)sch.min_lr);
-    if (!sch.from_checkpoint)
-      printf(
-          " (the checkpoint stores no schedule: written before libmoe stored it, content "
-          "version %d; the schedule follows this run's --steps, --lr, --min-lr, --warmup, "
-          "which must be the original run's for the same learning rates)",
-          info.version);
-    printf("\n");
-    fflush(stdout);
+  return CLI_OK;
+}
+
+// Prints where the run resumes and with which learning-rate schedule (rank 0:
+// the others are silenced). CLI_OK, or CLI_USAGE when the schedule is refused.
+static int print_resume(const train_opts *o, moe_ctx *ctx, const moe_gpt_ckpt_info *info) {
+  const moe_train_config *tc = &o->tc;
+  moe_train_schedule sch;
+  if (moe_train_schedule_resolve(ctx, tc, info, &sch) != MOE_STATUS_OK) {
+    cli_error("--resume %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
   }
+  printf(
+      "resume: %s at step %d (continuing at step %d); lr schedule %s: warm-up %d steps to lr "
+      "%.4g, cosine decay to min_lr %.4g at step %d",
+      tc->resume, info->step, info->step + 1,
+      sch.from_checkpoint ? "kept from the checkpoint" : "of this run", sch.warmup_steps,
+      (double)sch.lr, (double)sch.min_lr, sch.total_steps);
+  if (sch.extended)
+    printf("; steps %d..%d (past its end) at min_lr %.4g", sch.total_steps + 1, tc->steps,
+           (double)sch.min_lr);
+  if (!sch.from_checkpoint)
+    printf(
+        " (the checkpoint stores no schedule: written before libmoe stored it, content "
+        "version %d; the schedule follows this run's --steps, --lr, --min-lr, --warmup, "
+        "which must be the original run's for the same learning rates)",
+        info->version);
+  printf("\n");
+  fflush(stdout);
+  return CLI_OK;
+}
+
+// Options that only make sense together. CLI_OK or CLI_USAGE (printed).
+static int check_combinations(train_opts *o) {
+  moe_train_config *tc = &o->tc;
   if (o->plot && !tc->metrics) {
     cli_error("--plot needs --metrics FILE (the plot is drawn from it)");
     return CLI_USAGE;
@@ -351,6 +362,41 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
     return CLI_USAGE;
   }
   return CLI_OK;
+}
+
+static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
+  cli_args a;
+  moe_train_config *tc = &o->tc;
+  cli_args_init(&a, argc, argv, 2);
+  model_flags mf = {-1, -1, -1, -1, -1, -1, -1, -1, -1, NAN, NAN};
+  while (!cli_args_done(&a) && !a.bad) {
+    if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      usage(stdout);
+      return -1;
+    }
+    if (parse_model_opt(&a, &mf, o) || parse_run_opt(&a, o) || parse_output_opt(&a, o)) continue;
+    cli_error("train: unknown option '%s' (see moe train --help)", cli_args_peek(&a));
+    return CLI_USAGE;
+  }
+  if (a.bad) return CLI_USAGE;
+  o->model_flags = mf.layers >= 0 || mf.d_model >= 0 || mf.heads >= 0 || mf.seq_len >= 0 ||
+                   mf.experts >= 0 || mf.topk >= 0 || mf.expert_hidden >= 0 || mf.moe_every >= 0 ||
+                   mf.dense_hidden >= 0 || !isnan(mf.capacity_factor) || !isnan(mf.aux_coef) ||
+                   o->model_config;
+  if (tc->data) {
+    FILE *f = fopen(tc->data, "rb");
+    if (!f) {
+      cli_error("--data: cannot open '%s': %s", tc->data, strerror(errno));
+      return CLI_USAGE;
+    }
+    fclose(f);
+  }
+  moe_gpt_ckpt_info info;
+  if (resolve_model(o, &mf, ctx, &info) != CLI_OK) return CLI_USAGE;
+  if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
+    tc->optim.warmup_steps = tc->steps / 5;
+  if (tc->resume && print_resume(o, ctx, &info) != CLI_OK) return CLI_USAGE;
+  return check_combinations(o);
 }
 
 // Loads the profile (every rank) into *prof and hands it to the library; with
