@@ -33,6 +33,8 @@ typedef struct {
 #define CAL_DEFAULT_LAYERS "256:256:512:1.1,512:256:1024:1.1,256:512:1024:1.1,384:384:768:1.1"
 
 static void calibrate_usage(FILE *f) {
+  // (unformatted: the catalogue marker makes one line long)
+  // clang-format off
   fprintf(f,
           "usage: mpirun -n P moe calibrate --out FILE [options]\n"
           "\n"
@@ -70,11 +72,12 @@ static void calibrate_usage(FILE *f) {
           "                         applies)\n"
           "\n"
           "The layer step runs every calibrated all-to-all with the sequential schedule\n"
-          "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"
+          "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"  // catalogue: cmd_calibrate_layers.c's sample set
           "scale and a per-task cost of the expert steps and of each all-to-all, the\n"
           "time outside the passes and each all-to-all's contention factors to those\n"
           "runs (layer_fit in the profile), so the simulator predicts what the layer\n"
           "does rather than what the micro-benchmarks do alone.\n");
+  // clang-format on
 }
 
 static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
@@ -247,8 +250,9 @@ static int fit_expert(moe_ctx *ctx, const cal_opts *o, int rank, moe_linear_fit 
         *dpre = moe_malloc(big * 4), *g1 = moe_malloc(big * 4), *g2 = moe_malloc(big * 4),
         *gb1 = moe_malloc(2048 * 4), *gb2 = moe_malloc(2048 * 4);
   const moe_expert_kind *kind = NULL;
+  const moe_status found = moe_expert_kind_find(ctx, "ffn", &kind);  // catalogue: the default kind
   int ok = w1 && w2 && b1 && b2 && xin && pre && h && y && dh && dpre && g1 && g2 && gb1 && gb2 &&
-           moe_expert_kind_find(ctx, "ffn", &kind) == MOE_STATUS_OK;
+           found == MOE_STATUS_OK;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
     if (rank == 0) cli_error("cannot allocate the expert buffers");
@@ -586,7 +590,8 @@ static int measure_overlap(moe_ctx *ctx, const cal_opts *o, int rank, const moe_
   arg.b = moe_malloc((size_t)1024 * 1024 * 4);
   arg.c = moe_malloc((size_t)512 * 1024 * 4);
   const moe_a2a_algo *algo = NULL;
-  int ok = cnt && arg.a && arg.b && arg.c && moe_a2a_find(ctx, "mpi", &algo) == MOE_STATUS_OK &&
+  const moe_status found = moe_a2a_find(ctx, "mpi", &algo);  // catalogue: the default algorithm
+  int ok = cnt && arg.a && arg.b && arg.c && found == MOE_STATUS_OK &&
            moe_executor_create(ctx, NULL, 300, &ex) == MOE_STATUS_OK;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
@@ -928,7 +933,7 @@ int cmd_calibrate(int argc, char **argv) {
   }
   {
     int na = 0;
-    const moe_a2a_algo *algos = moe_a2a_list(&na);
+    const moe_a2a_algo *const *algos = moe_a2a_list(&na);
     char list[256];
     snprintf(list, sizeof list, "%s", o.a2a);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
@@ -941,19 +946,19 @@ int cmd_calibrate(int argc, char **argv) {
       }
       for (int i = 0; i < na; i++) {
         const int all = strcmp(tok, "all") == 0;
-        if (!all && strcmp(tok, algos[i].name) != 0) continue;
-        if (algos[i].needs_uniform_nodes && !g.uniform) {
+        if (!all && strcmp(tok, algos[i]->name) != 0) continue;
+        if (algos[i]->needs_uniform_nodes && !g.uniform) {
           if (!all) {
-            if (rank == 0) cli_error("--a2a: '%s' needs uniform nodes", algos[i].name);
+            if (rank == 0) cli_error("--a2a: '%s' needs uniform nodes", algos[i]->name);
             rc = CLI_USAGE;
             goto done;
           }
           continue;
         }
-        if (moe_profile_a2a(&prof, algos[i].name) || prof.n_a2a >= MOE_PROFILE_MAX) continue;
+        if (moe_profile_a2a(&prof, algos[i]->name) || prof.n_a2a >= MOE_PROFILE_MAX) continue;
         moe_named_fit *nf = &prof.a2a[prof.n_a2a];
-        snprintf(nf->name, sizeof nf->name, "%s", algos[i].name);
-        rc = fit_a2a(ctx, &o, rank, &g, &algos[i], sbuf, rbuf, &ws, &nf->fit,
+        snprintf(nf->name, sizeof nf->name, "%s", algos[i]->name);
+        rc = fit_a2a(ctx, &o, rank, &g, algos[i], sbuf, rbuf, &ws, &nf->fit,
                      prof.a2a_points[prof.n_a2a], &prof.n_a2a_points[prof.n_a2a]);
         if (rc != CLI_OK) goto done;
         prof.n_a2a++;
@@ -971,15 +976,25 @@ int cmd_calibrate(int argc, char **argv) {
   if (rc != CLI_OK) goto done;
   // compressors
   {
-    static const char *const all_codecs[] = {"none", "fp16", "bf16", "int8", "zfp"};
-    char list[256];
-    snprintf(list, sizeof list, "%s",
-             strcmp(o.compress, "all") == 0 ? "none,fp16,bf16,int8,zfp" : o.compress);
+    // "all": every compressor of the catalogue compiled into this build
+    char list[256] = "";
+    if (strcmp(o.compress, "all") == 0) {
+      int nc = 0;
+      const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
+      size_t used = 0;
+      for (int i = 0; i < nc && used < sizeof list; i++) {
+        if (!codecs[i]->available) continue;
+        const int w = snprintf(list + used, sizeof list - used, "%s%s", used ? "," : "",
+                               codecs[i]->codec.name);
+        if (w > 0) used += (size_t)w;
+      }
+    } else {
+      snprintf(list, sizeof list, "%s", o.compress);
+    }
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
       moe_compressor comp;
       if (moe_compressor_get(ctx, tok, &comp) != MOE_STATUS_OK) {
-        if (strcmp(o.compress, "all") == 0 && strcmp(tok, all_codecs[4]) == 0) continue;
         if (rank == 0) cli_error("--compress: %s", moe_ctx_error(ctx));
         rc = CLI_USAGE;
         goto done;
@@ -1007,7 +1022,7 @@ int cmd_calibrate(int argc, char **argv) {
     c->devices_per_node = g.uniform ? g.local_size : 1;
     if (!g.uniform) c->nodes = P;
     c->gemm_tflops = 1e-12 / prof.gemm.beta;
-    const moe_linear_fit *f = moe_profile_a2a(&prof, "mpi");
+    const moe_linear_fit *f = moe_profile_a2a(&prof, "mpi");  // catalogue: the default
     if (!f) f = &prof.a2a[0].fit;
     const double gbit = 8e-9 / f->beta, lat = f->alpha > 0 ? f->alpha * 1e6 : 0.0;
     c->intra.gbit_per_s = c->inter.gbit_per_s = gbit;

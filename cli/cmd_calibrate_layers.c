@@ -116,7 +116,7 @@ static int run_shape(moe_ctx *ctx, const moe_layer_config *cfg, const layer_vari
     snprintf(pc.a2a, sizeof pc.a2a, "%s", vs[k].a2a);
     snprintf(pc.schedule, sizeof pc.schedule, "%s", vs[k].schedule);
     pc.chunks = vs[k].chunks;
-    snprintf(pc.compress, sizeof pc.compress, "none");
+    snprintf(pc.compress, sizeof pc.compress, "none");  // catalogue: default (uncompressed)
     if (moe_ep_layer_create(ctx, MPI_COMM_WORLD, cfg, &pc, &layers[k]) != MOE_STATUS_OK) {
       if (rank == 0) cli_error("layer step: %s", moe_ctx_error(ctx));
       rc = CLI_FAILED;
@@ -264,12 +264,14 @@ int cli_calibrate_layers(moe_ctx *ctx, const char *shapes, int ranks_per_node, i
   static const int seq_chunks[] = {1, 2, 4};
   for (int a = 0; a < prof->n_a2a; a++) {
     for (int c = 0; c < 3; c++) {
+      // catalogue: the fit's baseline (layer_fit.c)
       vs[nv++] = (layer_variant){prof->a2a[a].name, "sequential", seq_chunks[c]};
     }
-    // the contention factors: pipelined schedules
-    vs[nv++] = (layer_variant){prof->a2a[a].name, "optsche", 2};
-    vs[nv++] = (layer_variant){prof->a2a[a].name, "pipeline", 4};
-    vs[nv++] = (layer_variant){prof->a2a[a].name, "smart", 1};
+    // the contention factors: pipelined schedules (the fit's sample set,
+    // docs/performance-model.md; layer_fit.c fits smart's factors apart)
+    vs[nv++] = (layer_variant){prof->a2a[a].name, "optsche", 2};   // catalogue: sample set
+    vs[nv++] = (layer_variant){prof->a2a[a].name, "pipeline", 4};  // catalogue: sample set
+    vs[nv++] = (layer_variant){prof->a2a[a].name, "smart", 1};     // catalogue: sample set
   }
   moe_layer_sample *samples = moe_calloc((size_t)n_shapes * (size_t)nv, sizeof *samples);
   int ok = samples != NULL;
