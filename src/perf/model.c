@@ -158,6 +158,10 @@ moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *
     MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "all-to-all model: algorithm '%s' is unknown (valid: %s)",
              algo, names);
   }
+  MOE_FAIL_IF(ctx, !entry->model, MOE_STATUS_UNSUPPORTED,
+              "all-to-all model: algorithm '%s' declares no cost model (its catalogue entry's "
+              "model is NULL)",
+              algo);
   const int D = moe_cluster_devices(c), G = c->devices_per_node;
   const size_t n = (size_t)D * (size_t)D;
   part = moe_malloc(n * sizeof *part);
