@@ -29,7 +29,14 @@ typedef struct {
   const char *json_path;
 } a2a_opts;
 
+// --bound (ScheMoE eq. 16-18) compares Pipe-A2A with the sequential pairwise
+// exchange: the two algorithms the paper's bound is about, by name.
+static const char *const k_bound_pipe = "pipe";     // catalogue: ScheMoE eq. 18's Pipe-A2A
+static const char *const k_bound_seq = "pairwise";  // catalogue: eq. 18's sequential pairs
+
 static void usage(FILE *f) {
+  char names[256];
+  moe_a2a_names(names, sizeof names, 0);
   fprintf(f,
           "usage: mpirun -n P moe bench a2a [options]\n"
           "\n"
@@ -37,8 +44,7 @@ static void usage(FILE *f) {
           "sends in total (its whole send buffer, split over the P destinations).\n"
           "\n"
           "options (default in brackets):\n"
-          "  --algo LIST            (or --a2a) comma-separated: mpi, pairwise, 1dh, 2dh, pipe, "
-          "grouped,\n"
+          "  --algo LIST            (or --a2a) comma-separated: %s,\n"
           "                         bare (a plain MPI_Alltoallv loop), all (every algorithm\n"
           "                         and bare) [all]\n"
           "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
@@ -47,18 +53,19 @@ static void usage(FILE *f) {
           "                         share proportional to 2^-(d mod 4) (hot ranks) [uniform]\n"
           "  --check                verify every received byte (payload encodes source,\n"
           "                         destination and index)\n"
-          "  --bound                also time pairwise, pipe, `intra` and `inter` (pipe moving "
+          "  --bound                also time %s, %s, `intra` and `inter` (%s moving "
           "only the\n"
           "                         same-node / only the other-node blocks) and print\n"
           "                         ScheMoE's eq. 18 bound (intra+inter)/max(intra,inter)\n"
-          "                         next to pipe's speedup over pairwise\n"
+          "                         next to %s's speedup over %s\n"
           "  --iters N              timed iterations per size, 1..10000 [20]\n"
           "  --warmup N             untimed iterations first, 0..1000 [3]\n"
           "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
           "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
           "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
           "                         are uniform, else 1) [0]\n"
-          "  --json FILE            write every row as JSON (rank 0)\n");
+          "  --json FILE            write every row as JSON (rank 0)\n",
+          names, k_bound_seq, k_bound_pipe, k_bound_pipe, k_bound_pipe, k_bound_seq);
 }
 
 static int parse_size(cli_args *a, const char *opt, size_t *out) {
@@ -190,7 +197,7 @@ int cmd_bench_a2a(int argc, char **argv) {
 
   // Which algorithms: validated identically on every rank (same argv).
   int nalgos = 0;
-  const moe_a2a_algo *algos = moe_a2a_list(&nalgos);
+  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
   const char *names[16];
   int nnames = 0;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
@@ -206,7 +213,7 @@ int cmd_bench_a2a(int argc, char **argv) {
       const char *add[16];
       int nadd = 0;
       if (strcmp(tok, "all") == 0) {
-        for (int i = 0; i < nalgos; i++) add[nadd++] = algos[i].name;
+        for (int i = 0; i < nalgos; i++) add[nadd++] = algos[i]->name;
         add[nadd++] = "bare";
       } else if (strcmp(tok, "bare") == 0) {
         add[nadd++] = "bare";
@@ -232,7 +239,7 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
   }
   if (o.bound) {  // the variants the eq. 18 summary needs
-    const char *need[4] = {"pairwise", "pipe", "intra", "inter"};
+    const char *need[4] = {k_bound_seq, k_bound_pipe, "intra", "inter"};
     for (int i = 0; i < 4; i++) {
       int have = 0;
       for (int j = 0; j < nnames; j++) have |= strcmp(names[j], need[i]) == 0;
@@ -313,7 +320,7 @@ int cmd_bench_a2a(int argc, char **argv) {
       // "intra" / "inter": pipe with only the same-node / other-node blocks
       const int mask = strcmp(names[a], "intra") == 0 ? 1 : strcmp(names[a], "inter") == 0 ? 2 : 0;
       const moe_a2a_algo *algo = NULL;
-      if (!bare) moe_a2a_find(ctx, mask ? "pipe" : names[a], &algo);
+      if (!bare) moe_a2a_find(ctx, mask ? k_bound_pipe : names[a], &algo);
       if (algo && algo->needs_uniform_nodes && !g.uniform) {
         if (rank == 0) printf("%-9s %12zu %12s %12s %12s %7s\n", names[a], S, "-", "-", "-", "n/a");
         continue;
@@ -372,8 +379,8 @@ int cmd_bench_a2a(int argc, char **argv) {
       const double busbw = algbw * (P - 1) / P;
       const char *check = o.check ? (bad ? "FAIL" : "ok") : "-";
       if (bad) rc = CLI_FAILED;
-      if (strcmp(names[a], "pairwise") == 0) t_of[0] = t;
-      if (strcmp(names[a], "pipe") == 0) t_of[1] = t;
+      if (strcmp(names[a], k_bound_seq) == 0) t_of[0] = t;
+      if (strcmp(names[a], k_bound_pipe) == 0) t_of[1] = t;
       if (mask) t_of[1 + mask] = t;
       if (rank == 0) {
         printf("%-9s %12zu %12.2f %12.3f %12.3f %7s\n", names[a], S, t * 1e6, algbw, busbw, check);
@@ -393,10 +400,10 @@ int cmd_bench_a2a(int argc, char **argv) {
       const double bound = t_seq / t_ideal;
       const double speedup = t_of[0] > 0 ? t_of[0] / t_of[1] : 0.0;
       printf(
-          "%-9s %12zu   eq.18 bound %.3f; pipe reaches %.1f%% of it (t_seq/t_pipe %.3f); "
-          "measured pipe over pairwise %.3f (%.1f%%)\n",
-          "bound", S, bound, 100.0 * t_ideal / t_of[1], t_seq / t_of[1], speedup,
-          100.0 * speedup / bound);
+          "%-9s %12zu   eq.18 bound %.3f; %s reaches %.1f%% of it (t_seq/t_pipe %.3f); "
+          "measured %s over %s %.3f (%.1f%%)\n",
+          "bound", S, bound, k_bound_pipe, 100.0 * t_ideal / t_of[1], t_seq / t_of[1], k_bound_pipe,
+          k_bound_seq, speedup, 100.0 * speedup / bound);
       if (nbounds < 64) bounds[nbounds++] = (a2a_bound){S, bound, t_seq / t_of[1], speedup};
     }
     if (S >= o.max_bytes || S > o.max_bytes / 2) break;

@@ -63,7 +63,7 @@ int cli_bench_layer_is_ep(int argc, char **argv) {
 }
 
 void cli_bench_layer_ep_usage(FILE *f) {
-  char a2a[256] = "mpi";
+  char a2a[256] = "mpi";  // catalogue: shown when this build has no MPI
 #if MOE_CLI_MPI
   moe_a2a_names(a2a, sizeof a2a, 0);
 #endif
@@ -129,8 +129,9 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         tokens per rank {256, 512} x M {256, 512} x\n"
           "                         H {512, 1024} x f {1.0, 1.2, dropless}; it sets tokens,\n"
           "                         model, hidden and capacity factor (not allowed with\n"
-          "                         them); variants unless given: sequential r=1,\n"
-          "                         pipeline r=2, optsche r=2, smart\n",
+          "                         them); variants unless given: the first schedule\n"
+          "                         (the baseline) at r=1, every other one at r=2\n"
+          "                         (peer-group ones at their groups)\n",
 #if MOE_CLI_MPI
           "",
 #else
@@ -240,13 +241,14 @@ static int parse_lists(ep_opts *o, moe_ctx *ctx) {
     cli_error("'auto' needs a calibrated profile: --profile FILE (from 'moe calibrate')");
     return CLI_USAGE;
   }
-  if (o->auto_a2a) o->a2a = "mpi";  // placeholders; the plan replaces them per config
-  if (o->auto_comp) o->compress = "none";
-  if (o->auto_sched) o->schedule = "sequential";
+  // placeholders (the defaults); the plan replaces them per config
+  if (o->auto_a2a) o->a2a = "mpi";                // catalogue: default
+  if (o->auto_comp) o->compress = "none";         // catalogue: default
+  if (o->auto_sched) o->schedule = "sequential";  // catalogue: default
   if (o->auto_chunks) o->chunks = "1";
   // --a2a
   moe_a2a_names(valid, sizeof valid, 0);
-  n = split_list(o->a2a ? o->a2a : "mpi", buf, sizeof buf, items, MAX_LIST);
+  n = split_list(o->a2a ? o->a2a : "mpi", buf, sizeof buf, items, MAX_LIST);  // catalogue: default
   if (n <= 0) {
     cli_error("--a2a needs 1 to %d names from: %s, all", MAX_LIST, valid);
     return CLI_USAGE;
@@ -254,8 +256,8 @@ static int parse_lists(ep_opts *o, moe_ctx *ctx) {
   for (int i = 0; i < n; i++) {
     if (strcmp(items[i], "all") == 0) {
       int count = 0;
-      const moe_a2a_algo *list = moe_a2a_list(&count);
-      for (int k = 0; k < count; k++) add_unique(&o->a2as[0][0], &o->n_a2a, 32, list[k].name);
+      const moe_a2a_algo *const *list = moe_a2a_list(&count);
+      for (int k = 0; k < count; k++) add_unique(&o->a2as[0][0], &o->n_a2a, 32, list[k]->name);
       continue;
     }
     const moe_a2a_algo *algo = NULL;
@@ -266,7 +268,8 @@ static int parse_lists(ep_opts *o, moe_ctx *ctx) {
     add_unique(&o->a2as[0][0], &o->n_a2a, 32, algo->name);
   }
   // --compress
-  n = split_list(o->compress ? o->compress : "none", buf, sizeof buf, items, MAX_LIST);
+  n = split_list(o->compress ? o->compress : "none", buf, sizeof buf, items,
+                 MAX_LIST);  // catalogue: default
   if (n <= 0) {
     cli_error("--compress needs 1 to %d specs from: %s", MAX_LIST, moe_compressor_names());
     return CLI_USAGE;
@@ -432,21 +435,33 @@ done:
   return rc;
 }
 
-// The (schedule, chunks) variants: sequential r=1 first, then the lists.
+// Whether a schedule chunks by peer groups (smart): it ignores --chunks.
+static int peer_grouped(const char *schedule) {
+  int count = 0;
+  const moe_schedule_algo *list = moe_schedule_algo_list(&count);
+  for (int i = 0; i < count; i++) {
+    if (strcmp(list[i].name, schedule) == 0) return list[i].chunking == MOE_CHUNK_PEER_GROUPS;
+  }
+  return 0;
+}
+
+// The (schedule, chunks) variants: the baseline (the first schedule,
+// sequential) at r=1 first, then the lists.
 static int make_sched_variants(const ep_opts *o, sched_variant *out, int max) {
   int n = 0;
-  snprintf(out[n].schedule, sizeof out[n].schedule, "sequential");
+  int count = 0;
+  const moe_schedule_algo *list = moe_schedule_algo_list(&count);
+  snprintf(out[n].schedule, sizeof out[n].schedule, "%s", list[0].name);
   out[n++].chunks = 1;
-  if (o->grid && !o->schedule && !o->chunks) {
-    const char *names[3] = {"pipeline", "optsche", "smart"};
-    for (int i = 0; i < 3 && n < max; i++) {
-      snprintf(out[n].schedule, sizeof out[n].schedule, "%s", names[i]);
-      out[n++].chunks = strcmp(names[i], "smart") == 0 ? 1 : 2;
+  if (o->grid && !o->schedule && !o->chunks) {  // every other schedule at r=2
+    for (int i = 1; i < count && n < max; i++) {
+      snprintf(out[n].schedule, sizeof out[n].schedule, "%s", list[i].name);
+      out[n++].chunks = list[i].chunking == MOE_CHUNK_PEER_GROUPS ? 1 : 2;
     }
     return n;
   }
   for (int s = 0; s < o->n_sched; s++) {
-    const int smart = strcmp(o->scheds[s], "smart") == 0;  // ignores chunks
+    const int smart = peer_grouped(o->scheds[s]);  // ignores chunks
     for (int c = 0; c < (smart ? 1 : o->n_chunks); c++) {
       const int r = smart ? 1 : o->chunk_list[c];
       int have = 0;

@@ -24,6 +24,8 @@ typedef struct {
 } cal_opts;
 
 static void calibrate_usage(FILE *f) {
+  // (unformatted: the catalogue marker makes one line long)
+  // clang-format off
   fprintf(f,
           "usage: mpirun -n P moe calibrate --out FILE [options]\n"
           "\n"
@@ -61,11 +63,12 @@ static void calibrate_usage(FILE *f) {
           "                         applies)\n"
           "\n"
           "The layer step runs every calibrated all-to-all with the sequential schedule\n"
-          "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"
+          "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"  // catalogue: the layer step's sample set (src/measure/calibrate.c)
           "scale and a per-task cost of the expert steps and of each all-to-all, the\n"
           "time outside the passes and each all-to-all's contention factors to those\n"
           "runs (layer_fit in the profile), so the simulator predicts what the layer\n"
           "does rather than what the micro-benchmarks do alone.\n");
+  // clang-format on
 }
 
 static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {

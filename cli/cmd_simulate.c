@@ -42,7 +42,11 @@ typedef struct {
   double speedup;
 } sim_row;
 
+static const char k_default_a2a[] = "mpi,pipe";  // catalogue: the default --a2a
+
 static void simulate_usage(FILE *f) {
+  char a2a[256];
+  moe_a2a_names(a2a, sizeof a2a, 0);
   fprintf(f,
           "usage: moe simulate [options]\n"
           "\n"
@@ -68,8 +72,8 @@ static void simulate_usage(FILE *f) {
           "  --experts E            experts, divisible by the devices [devices]\n"
           "  --topk K               experts per token [2]\n"
           "  --capacity-factor F    capacity C = ceil(F*K*T/E) per device; <= 0 dropless [1.2]\n"
-          "  --a2a LIST|all         all-to-all models: mpi, pairwise, grouped, pipe, 1dh, 2dh\n"
-          "                         [mpi,pipe; with --profile, the profile's algorithms]\n"
+          "  --a2a LIST|all         all-to-all models: %s\n"
+          "                         [%s; with --profile, the profile's algorithms]\n"
           "  --schedule LIST|all    %s [all]\n"
           "  --chunks LIST          chunks r, 1..64 [2]; sequential also runs at r=1 as the\n"
           "                         baseline; smart uses its peer groups\n"
@@ -83,7 +87,26 @@ static void simulate_usage(FILE *f) {
           "columns: fwd/bwd/total ms predicted; speedup over sequential r=1 with the same\n"
           "all-to-all and compressor; comm, comp = summed task times of both passes;\n"
           "exposed = comm not overlapped by compute in the simulated schedule.\n",
-          moe_schedule_algo_names(), moe_compressor_names());
+          a2a, k_default_a2a, moe_schedule_algo_names(), moe_compressor_names());
+}
+
+// "all" of --a2a: every algorithm of the catalogue.
+static void all_a2a(char *buf, size_t len) { moe_a2a_names(buf, len, 0); }
+
+// "all" of --compress: every compressor of the catalogue compiled into this
+// build, with its default parameter ("zfp:8").
+static void all_compressors(char *buf, size_t len) {
+  int n = 0;
+  const moe_compressor_entry *const *list = moe_compressor_list(&n);
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used < len; i++) {
+    if (!list[i]->available) continue;
+    char spec[64];
+    moe_compressor_default_spec(list[i], spec, sizeof spec);
+    const int w = snprintf(buf + used, len - used, "%s%s", used ? "," : "", spec);
+    if (w > 0) used += (size_t)w;
+  }
 }
 
 // Splits a comma-separated list into items of width w; "all" expands to `all`.
@@ -138,14 +161,14 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   o->cfg.top_k = 2;
   o->cfg.capacity_factor = 1.2;
   o->cluster = "schemoe-8x4-rtx2080ti";
-  snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");
-  snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");
+  snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");   // catalogue: default
+  snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");  // catalogue: default
   o->n_a2a = 2;
   const moe_schedule_algo *list = moe_schedule_algo_list(&o->n_sched);
   for (int i = 0; i < o->n_sched; i++) snprintf(o->scheds[i], 16, "%s", list[i].name);
   o->chunks[0] = 2;
   o->n_chunks = 1;
-  snprintf(o->comps[0], sizeof o->comps[0], "none");
+  snprintf(o->comps[0], sizeof o->comps[0], "none");  // catalogue: default
   o->n_comp = 1;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
@@ -171,8 +194,9 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       o->a2a_set = 1;
       o->a2a_all = a.value && strcmp(a.value, "all") == 0;
       if (a.value) {
-        parse_names(&a, "--a2a", a.value, "mpi,pairwise,grouped,pipe,1dh,2dh", &o->a2as[0][0], 32,
-                    &o->n_a2a);
+        char all[256];
+        all_a2a(all, sizeof all);
+        parse_names(&a, "--a2a", a.value, all, &o->a2as[0][0], 32, &o->n_a2a);
       }
     } else if (cli_opt(&a, "--schedule")) {
       if (a.value) {
@@ -181,9 +205,11 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
                     &o->n_sched);
       }
     } else if (cli_opt(&a, "--compress")) {
-      if (a.value)
-        parse_names(&a, "--compress", a.value, "none,fp16,bf16,int8,zfp:8", &o->comps[0][0], 32,
-                    &o->n_comp);
+      if (a.value) {
+        char all[256];
+        all_compressors(all, sizeof all);
+        parse_names(&a, "--compress", a.value, all, &o->comps[0][0], 32, &o->n_comp);
+      }
     } else if (cli_opt(&a, "--chunks")) {
       char items[SIM_MAX_LIST][16];
       if (a.value && parse_names(&a, "--chunks", a.value, "", &items[0][0], 16, &o->n_chunks)) {
@@ -458,14 +484,17 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   const uint64_t t0 = moe_time_ns();
   int n = 0;
+  // each row's baseline: the first schedule of the catalogue (sequential) at r=1
+  int n_sched_all = 0;
+  const char *baseline = moe_schedule_algo_list(&n_sched_all)[0].name;
   for (int a = 0; a < o.n_a2a; a++) {
     for (int z = 0; z < o.n_comp; z++) {
       const int base = n;
       for (int s = -1; s < o.n_sched; s++) {
         for (int k = 0; k < (s < 0 ? 1 : o.n_chunks); k++) {
-          const char *sched = s < 0 ? "sequential" : o.scheds[s];
+          const char *sched = s < 0 ? baseline : o.scheds[s];
           const int r = s < 0 ? 1 : o.chunks[k];
-          if (s >= 0 && strcmp(sched, "sequential") == 0 && r == 1) continue;
+          if (s >= 0 && strcmp(sched, baseline) == 0 && r == 1) continue;
           const moe_schedule_algo *al = NULL;
           if (moe_schedule_algo_find(ctx, sched, &al) != MOE_STATUS_OK) {
             cli_error("--schedule: %s", moe_ctx_error(ctx));

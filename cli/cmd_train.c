@@ -67,9 +67,9 @@ static void usage(FILE *f) {
       "expert parallelism and the task engine:\n"
       "  --ep N                ranks the experts are spread over; DP = P / N [P]\n"
       "  --a2a NAME            all-to-all algorithm, or auto [mpi]\n"
-      "  --schedule NAME       sequential|pipeline|optsche|smart|auto [sequential]\n"
+      "  --schedule NAME       %s, or auto [sequential]\n"
       "  --chunks R            chunks per all-to-all, or auto [1]\n"
-      "  --compress SPEC       none|fp16|bf16|int8|zfp[:RATE] (lossy ones change results),\n"
+      "  --compress SPEC       %s (lossy ones change results),\n"
       "                        or auto (lossless only, unless --allow-lossy) [none]\n"
       "  --compress-backward   also compress the backward's gradients\n"
       "  --profile FILE        a profile from 'moe calibrate' on these P ranks (EP = P):\n"
@@ -91,7 +91,8 @@ static void usage(FILE *f) {
       "  --progress MODE       auto|line|redraw [auto: redraw on a terminal]\n"
       "  --quiet               no progress line\n"
       "\n"
-      "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
+      "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n",
+      moe_schedule_algo_names(), moe_compressor_names());
 }
 
 #if MOE_CLI_MPI

@@ -14,7 +14,8 @@ static void usage(FILE *f) {
           "libmoe %s: a distributed Mixture-of-Experts runtime.\n"
           "\n"
           "commands:\n"
-          "  version          print the version and the compiled-in features (also --version)\n"
+          "  version          print the version and the compiled-in features (also --version;\n"
+          "                   --catalogue: the registered names of every plug-in kind)\n"
           "  train            train MoE-GPT (under mpirun: data x expert parallelism)\n"
           "  sample           generate text from a training checkpoint\n"
           "  bench layer      time one MoE layer (forward + backward), in one process or\n"
@@ -32,9 +33,35 @@ static void usage(FILE *f) {
           moe_version());
 }
 
+// `moe version --catalogue`: every plug-in kind's registered names, one kind a
+// line ("KIND: name name ..."), straight from the catalogues (all of them, also
+// those not compiled into this build). tests/catalogue_test.sh reads it.
+static void print_catalogue(void) {
+  int n = 0;
+  const moe_a2a_algo *const *a2a = moe_a2a_list(&n);
+  printf("a2a:");
+  for (int i = 0; i < n; i++) printf(" %s", a2a[i]->name);
+  const moe_compressor_entry *const *comp = moe_compressor_list(&n);
+  printf("\ncompress:");
+  for (int i = 0; i < n; i++) printf(" %s", comp[i]->codec.name);
+  const moe_schedule_algo *sched = moe_schedule_algo_list(&n);
+  printf("\nschedule:");
+  for (int i = 0; i < n; i++) printf(" %s", sched[i].name);
+  printf("\nexpert:");
+  for (int i = 0; i < moe_expert_kind_count(); i++) printf(" %s", moe_expert_kind_get(i)->name);
+  printf("\n");
+}
+
 static int cmd_version(int argc, char **argv) {
   if (argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)) {
-    printf("usage: moe version\n\nPrints the libmoe version and compiled-in features.\n");
+    printf(
+        "usage: moe version [--catalogue]\n\nPrints the libmoe version and compiled-in "
+        "features;\nwith --catalogue, the registered names of every plug-in kind (all-to-all\n"
+        "algorithms, compressors, schedules, expert kinds), one kind a line.\n");
+    return CLI_OK;
+  }
+  if (argc == 3 && strcmp(argv[2], "--catalogue") == 0) {
+    print_catalogue();
     return CLI_OK;
   }
   if (argc > 2) {

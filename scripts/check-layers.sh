@@ -24,7 +24,7 @@ layers=(
   "core:core.h progress.h"
   "kernels:kernels.h"
   "compress:compress.h"
-  "comm:comm.h"
+  "comm:comm.h a2a_catalog.h"
   "layer:layer.h expert.h layer_ops.h"
   "sched:sched.h"
   "perf:perf.h"

@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   g_comm = MPI_COMM_WORLD;
   int nalgos = 0;
-  const moe_a2a_algo *algos = moe_a2a_list(&nalgos);
+  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
   // Layouts: DP x EP for every divisor EP of the world, contiguous and strided.
   for (int ep = 1; ep <= g_world; ep++) {
     if (g_world % ep) continue;
@@ -375,7 +375,7 @@ int main(int argc, char **argv) {
       const scenario sc = {g_world,
                            0,
                            rpn,
-                           algos[a].name,
+                           algos[a]->name,
                            rpn == 1 ? 0.0 : 6.0,
                            -1,
                            0,
@@ -398,7 +398,7 @@ int main(int argc, char **argv) {
   if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)
     for (int a = 0; a < nalgos; a++) {
       for (int strided = 0; strided <= 1; strided++) {
-        const scenario sc = {2, strided, 2, algos[a].name, 0.0, -1, 0, 0, MOE_ACT_GELU};
+        const scenario sc = {2, strided, 2, algos[a]->name, 0.0, -1, 0, 0, MOE_ACT_GELU};
         run_scenario(&sc);
       }
     }
@@ -411,7 +411,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(sub, &g_rank);
     MPI_Comm_size(sub, &g_world);
     for (int a = 0; a < nalgos; a++) {
-      const scenario sc = {g_world, 0, 1, algos[a].name, 0.0, -1, 0, 1, MOE_ACT_GELU};
+      const scenario sc = {g_world, 0, 1, algos[a]->name, 0.0, -1, 0, 1, MOE_ACT_GELU};
       run_scenario(&sc);
     }
     g_comm = MPI_COMM_WORLD;

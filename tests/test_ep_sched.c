@@ -502,7 +502,7 @@ static void test_equivalence(void) {
   const double t0 = now_s();
   const int runs0 = g_runs;
   int nalgos = 0;
-  const moe_a2a_algo *a2as = moe_a2a_list(&nalgos);
+  const moe_a2a_algo *const *a2as = moe_a2a_list(&nalgos);
   static const int rs[] = {1, 2, 3, 4};
   // ranks per node: automatic (one node), 1 (every rank a node: smart has P
   // groups), and on 4 ranks 2 nodes of 2 (smart: 2 groups; 1dh/2dh hierarchical)
@@ -513,9 +513,9 @@ static void test_equivalence(void) {
     // need uniform nodes run too; skip them otherwise.
     const int uniform = rpns[ri] == 0 || g_world % rpns[ri] == 0;
     for (int a = 0; a < nalgos; a++) {
-      if (a2as[a].needs_uniform_nodes && !uniform) continue;
+      if (a2as[a]->needs_uniform_nodes && !uniform) continue;
       for (int m = 0; m < 2; m++) {
-        const base b = {a2as[a].name, rpns[ri], m ? 1.0 : 0.0, -1, 0, "none", 0};
+        const base b = {a2as[a]->name, rpns[ri], m ? 1.0 : 0.0, -1, 0, "none", 0};
         sweep(&b, rs, 4, m == 1);
       }
     }

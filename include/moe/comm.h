@@ -1,8 +1,9 @@
 // libmoe communication over MPI: process groups with their node topology,
 // grow-on-demand workspaces, and the all-to-all algorithms (one file each in src/comm/,
-// selected by name through a registry).
+// selected by name through a registry; their catalogue, include/moe/a2a_catalog.h,
+// is readable without MPI).
 //
-// Only built when MPI is found (moe_has_mpi()). Works with Open MPI and MPICH.
+// Only usable when MPI is found (moe_has_mpi()). Works with Open MPI and MPICH.
 //
 // Threading: a moe_group is used by one thread at a time (the
 // communication thread during a pass). MPI must be initialised by the caller,
@@ -14,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe/a2a_catalog.h"
 #include "moe/core.h"
 
 #ifdef __cplusplus
@@ -25,7 +27,7 @@ extern "C" {
 // A communicator plus where its members live. Nodes are numbered densely
 // 0..num_nodes-1 in the order of their lowest member rank, so node ids are the
 // same on every member.
-typedef struct {
+struct moe_group {
   MPI_Comm comm;       // the group (owned: freed by moe_group_free)
   int rank;            // my rank in comm
   int size;            // P: members
@@ -46,7 +48,7 @@ typedef struct {
   int grouped_size;
   MPI_Comm intra;  // members on my node, ordered by group rank (owned)
   MPI_Comm inter;  // members with my local_rank, one per node, ordered by node (owned)
-} moe_group;
+};
 
 // Builds a group over comm (duplicated, with MPI_ERRORS_RETURN, so the caller
 // keeps its own communicator and MPI errors come back as statuses). my_node is
@@ -71,10 +73,10 @@ moe_status moe_group_init_topology(moe_ctx *ctx, moe_group *g, MPI_Comm comm, in
 
 // Scratch memory that grows on demand and is reused: after the first call of a
 // given size, collectives using it allocate nothing.
-typedef struct {
+struct moe_workspace {
   void *buf;
   size_t capacity;
-} moe_workspace;
+};
 
 // Ensures ws->buf holds at least `bytes` (contents are not kept on growth).
 moe_status moe_workspace_reserve(moe_ctx *ctx, moe_workspace *ws, size_t bytes);
@@ -84,49 +86,16 @@ void moe_workspace_free(moe_workspace *ws);  // NULL or zeroed is a no-op
 
 // ---- all-to-all ----------------------------------------------------------------------------
 
-// The shared signature of every all-to-all algorithm: MPI_Alltoallv over g->comm
-// with byte counts and byte displacements. Member r's send block for member d is
-// send_counts[d] bytes at send + send_displs[d]; the block from member s lands
-// at recv + recv_displs[s] (recv_counts[s] bytes). recv_counts must match what
-// the peers send (as after a counts exchange). Collective over g->comm; every
-// member must use the same algorithm. ws is scratch (may grow).
-typedef moe_status (*moe_alltoallv_fn)(moe_ctx *ctx, const moe_group *g, const void *send,
-                                       const size_t *send_counts, const size_t *send_displs,
-                                       void *recv, const size_t *recv_counts,
-                                       const size_t *recv_displs, moe_workspace *ws);
+// The algorithm type (moe_a2a_algo), its function types and the catalogue
+// (moe_a2a_list, moe_a2a_find, moe_a2a_names) are in include/moe/a2a_catalog.h.
 
 // A started nonblocking all-to-all (moe_a2a_start), completed by moe_a2a_test
 // or moe_a2a_wait. active == 0 (a zeroed struct): nothing pending.
-typedef struct {
+struct moe_a2a_pending {
   MPI_Request req;  // valid only while active
   int active;       // 1 while an exchange is in flight
-} moe_a2a_pending;
+};
 
-// The optional nonblocking form of an algorithm: posts the exchange and returns
-// with *out pending. Buffers, counts, displacements and ws must stay untouched
-// until it completes.
-typedef moe_status (*moe_alltoallv_start_fn)(moe_ctx *ctx, const moe_group *g, const void *send,
-                                             const size_t *send_counts, const size_t *send_displs,
-                                             void *recv, const size_t *recv_counts,
-                                             const size_t *recv_displs, moe_workspace *ws,
-                                             moe_a2a_pending *out);
-
-typedef struct {
-  const char *name;         // "mpi", "pairwise", "1dh", "2dh", "pipe", "grouped"
-  const char *source;       // where it comes from ("ScheMoE Pipe-A2A", ...)
-  const char *cost;         // alpha-beta cost, as in the file header
-  int needs_uniform_nodes;  // 1: requires g->uniform (else INVALID_ARG)
-  moe_alltoallv_fn run;
-  moe_alltoallv_start_fn start;  // nonblocking form, or NULL (blocking only)
-} moe_a2a_algo;
-
-// Registered algorithms, in a fixed order; *count receives their number.
-const moe_a2a_algo *moe_a2a_list(int *count);
-// Looks an algorithm up by name; INVALID_ARG naming the valid names otherwise.
-moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out);
-// Writes the registered names, comma-separated ("mpi, pairwise, ..."), into buf;
-// with any_layout, only those that run on every node layout.
-void moe_a2a_names(char *buf, size_t len, int any_layout);
 // INVALID_ARG naming the alternatives when algo cannot run on g's node layout.
 moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g);
 // Runs algo after checking its restrictions (uniform nodes) and that the

@@ -86,13 +86,55 @@ struct moe_compressor {
                            size_t rows, size_t cols, float *y);
 };
 
-// Builds the compressor named by spec: "none", "fp16", "bf16", "int8", "zfp" or
-// "zfp:RATE" (RATE a number in [1, 32], bits per value; default 8). Unknown
-// names give INVALID_ARG listing the valid ones; a bad rate INVALID_ARG; zfp in
-// a build without libzfp UNSUPPORTED. spec and out must not be NULL.
+// ---- the catalogue ----------------------------------------------------------------------
+// Each compressor's file (src/compress/compress_<name>.c) defines ONE entry,
+// `const moe_compressor_entry moe_compressor_<name>`, and the registry
+// (src/compress/compress_registry.c) lists them in one array: a new compressor
+// is one file plus one registry line. Names, parameters, default modelled rates
+// and the planner's candidates are read from here and nowhere else.
+
+// A compressor's numeric parameter, parsed from "name:VALUE" (zfp's rate).
+typedef struct {
+  const char *name;     // as shown in the name list, "RATE" -> "zfp[:RATE]"
+  const char *meaning;  // "bits per value"
+  double def;           // the value without ":VALUE" (also the codec's param)
+  double min, max;      // valid range, inclusive
+} moe_compressor_param;
+
+typedef struct {
+  moe_compressor codec;  // name, lossless, param = the default parameter, functions
+  const char *description;
+  int available;            // 0: not compiled into this build
+  const char *unavailable;  // then: what to install ("libzfp-dev")
+  int identity;             // 1: the compressed form is the input (the layer skips C/D tasks)
+  int plannable;            // 1: the planner (`auto`) considers it (lossy ones only when allowed)
+  const moe_compressor_param *param;  // NULL: takes no parameter
+  // Default modelled throughput, GB/s of float input per device (compress,
+  // decompress), used by the layer simulator when no profile or --codec-gbs is
+  // given (one core of the development machine, docs/compression.md).
+  double compress_gbs, decompress_gbs;
+} moe_compressor_entry;
+
+// Registered compressors in a fixed order (those not compiled in included,
+// available = 0): an array of *count pointers.
+const moe_compressor_entry *const *moe_compressor_list(int *count);
+// The entry of a compressor name (without ":PARAM"); INVALID_ARG naming the
+// valid names otherwise. Unavailable ones are found (check ->available).
+moe_status moe_compressor_find(moe_ctx *ctx, const char *name, const moe_compressor_entry **out);
+// The spec selecting an entry with its default parameter: "none", "zfp:8".
+void moe_compressor_default_spec(const moe_compressor_entry *e, char *buf, size_t len);
+// 1 when c's compressed form is its input (no compression: "none").
+int moe_compressor_is_identity(const moe_compressor *c);
+
+// Builds the compressor named by spec: a registered name, or "name:VALUE" for
+// one with a parameter (zfp:RATE, RATE a number in [1, 32], bits per value;
+// default 8). Unknown names give INVALID_ARG listing the valid ones; a bad or
+// unexpected parameter INVALID_ARG naming its range; a compressor not compiled
+// in (zfp without libzfp) UNSUPPORTED. spec and out must not be NULL.
 moe_status moe_compressor_get(moe_ctx *ctx, const char *spec, moe_compressor *out);
 
-// "none, fp16, bf16, int8, zfp[:RATE]" (zfp listed only when compiled in).
+// "none, fp16, bf16, int8, zfp[:RATE]": the available compressors, each with its
+// parameter in brackets.
 const char *moe_compressor_names(void);
 
 // Largest compressed size of a (rows, cols) matrix; SIZE_MAX if rows*cols is too

@@ -4,6 +4,7 @@
 #ifndef MOE_MOE_H
 #define MOE_MOE_H
 
+#include "moe/a2a_catalog.h"
 #include "moe/checkpoint.h"
 #include "moe/compress.h"
 #include "moe/core.h"

@@ -142,16 +142,16 @@ moe_status moe_roofline_point(moe_ctx *ctx, double peak_flops, double flops_tota
 
 // Time of one all-to-all by algorithm, from the link model (eq. 2) applied
 // separately to the intra-node pairs (t_intra) and the inter-node pairs
-// (t_inter) of bytes (D x D):
-//   mpi, pairwise, grouped  t_intra + t_inter             (ScheMoE eq. 17: the
-//                           send/receive pairs one after another)
-//   pipe                    max(t_intra, t_inter)         (eq. 16)
-//   2dh                     t_all_intra + t_inter: phase 1 moves every byte
-//                           that leaves a device over the intra links, phase 2
-//                           the inter-node share (Tutel/DeepSpeed)
-//   1dh                     2 t_leader + t_inter: gather to and scatter from
-//                           the node leader, whose intra link carries the
-//                           node's whole traffic (HetuMoE)
+// (t_inter) of bytes (D x D), and the largest per-device and per-node volumes:
+// these fill a moe_a2a_cost_params (include/moe/a2a_catalog.h) and the
+// algorithm's own cost model (its catalogue entry's `model`, in
+// src/comm/alltoall_<name>.c) gives the time. The shipped ones: sequential
+// exchanges t_intra + t_inter (ScheMoE eq. 17: the send/receive pairs one after
+// another); Pipe-A2A max(t_intra, t_inter) (eq. 16); 2D hierarchical
+// t_all_intra + t_inter (phase 1 moves every byte that leaves a device over the
+// intra links, phase 2 the inter-node share; Tutel/DeepSpeed); 1D hierarchical
+// 2 t_leader + t_inter (gather to and scatter from the node leader, whose intra
+// link carries the node's whole traffic; HetuMoE).
 // INVALID_ARG naming the valid algorithms for an unknown name.
 moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *algo,
                                 const double *bytes, double *seconds);
@@ -159,9 +159,9 @@ moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *
 // ---- compressor throughput ---------------------------------------------------------
 
 // GB/s of float input per device (compress, decompress) of a compressor by
-// name; the defaults are one core of the development machine
-// (docs/compression.md): none 12.7/13.3, fp16 1.95/4.09, bf16 5.14/12.9,
-// int8 1.12/19.7, zfp (rate 8) 0.18/0.21. INVALID_ARG for an unknown name.
+// name ("zfp:12" reads zfp's): the rates its catalogue entry declares
+// (moe_compressor_entry.compress_gbs, decompress_gbs: one core of the
+// development machine, docs/compression.md). INVALID_ARG for an unknown name.
 moe_status moe_codec_rate_default(moe_ctx *ctx, const char *name, double *compress_gbs,
                                   double *decompress_gbs);
 
@@ -361,8 +361,8 @@ typedef struct {
 //   0.05) with the least squared relative error of
 //   their pass makespans; per algorithm, the same on its pipelined samples
 //   (every overlapping schedule but smart; all overlapping ones when fewer
-//   than two) when it has two (lf_a2a_slow), and on its smart samples when
-//   it has two (lf_a2a_smart_slow).
+//   than two) when it has two (layer_fit.a2a_slow), and on its smart samples
+//   when it has two (layer_fit.a2a_smart_slow).
 // Then, robustly: a run whose total the fit misses by more than 25% and by
 // more than 4 x the median error (a burst of noise on a shared machine) is
 // left out and everything is fitted again without it, when such runs are at
@@ -395,10 +395,12 @@ moe_status moe_layer_samples_load(moe_ctx *ctx, const char *path, moe_layer_samp
 
 // What to choose: each of a2a, schedule, chunks and compress is either fixed
 // or "auto" ("auto" strings; chunks 0). Candidates for auto: the algorithms the
-// profile has (every modelled one without a profile); every registered
-// schedule; r in {1, 2, 4, 8} (smart: its peer groups); "none", plus fp16,
-// bf16, int8 and zfp:8 only when allow_lossy is 1 (an explicit lossy
-// compress is the caller's choice and always allowed).
+// profile has (without a profile, the catalogue's plannable ones, in its
+// order: include/moe/a2a_catalog.h); every registered schedule; r in {1, 2, 4,
+// 8} (peer-group schedules: their groups); the catalogue's plannable
+// compressors with their default parameter (include/moe/compress.h; "zfp:8"),
+// the lossy ones only when allow_lossy is 1 (an explicit lossy compress is the
+// caller's choice and always allowed).
 typedef struct {
   moe_layer_config cfg;  // tokens per device
   char a2a[32];

@@ -38,6 +38,16 @@
 
 #include "comm/comm_internal.h"
 
+// Cost model: 2 t_leader + t_inter: the gather to and the scatter from the node
+// leader, whose intra link carries the node's whole traffic (the largest node
+// volume), then the leaders' inter-node exchange.
+static double h1d_cost(const moe_a2a_cost_params *p) {
+  const double v = p->max_node_bytes;
+  return (v > 0 ? 2.0 * (v / p->intra_bytes_per_s + p->intra_latency_s) : 0.0) + p->t_inter_s;
+}
+
+#if MOE_HAVE_MPI
+
 // The workspace's count tables, carved from its start (they survive growth).
 typedef struct {
   uint64_t *mine;  // (2P): my send_counts, then my recv_counts
@@ -73,7 +83,7 @@ static tables carve_tables(void *buf, int P, int N, int G) {
   return t;
 }
 
-moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
+static moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, N = g->num_nodes, G = g->local_size, node = g->node;
   const int leader = g->local_rank == 0;
@@ -227,3 +237,15 @@ moe_status moe_alltoallv_1dh(MOE_A2A_ARGS) {
 done:
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_1dh = {
+    .name = "1dh",
+    .source = "HetuMoE hierarchical (leader gather/exchange/scatter)",
+    .cost =
+        "3(G-1)*alpha_intra + 2(G-1)*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*G*n*beta_inter + "
+        "log2(P)*alpha",
+    .needs_uniform_nodes = 1,
+    .plannable = 1,
+    .model = h1d_cost,
+    MOE_A2A_FNS(moe_alltoallv_1dh, NULL)};

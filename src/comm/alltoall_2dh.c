@@ -38,6 +38,15 @@
 
 #include "comm/comm_internal.h"
 
+// Cost model: t_phase1 + t_inter: phase 1 moves everything that leaves a device
+// over its intra link (the largest device volume), phase 2 the inter-node share.
+static double h2d_cost(const moe_a2a_cost_params *p) {
+  const double v = p->max_device_bytes;
+  return (v > 0 ? v / p->intra_bytes_per_s + p->intra_latency_s : 0.0) + p->t_inter_s;
+}
+
+#if MOE_HAVE_MPI
+
 // The workspace's count tables, carved from its start (they survive growth).
 typedef struct {
   uint64_t *mine;            // (G, N): mine[j*N + n] = C[me][(n, j)]
@@ -70,7 +79,7 @@ static tables carve_tables(void *buf, int P, int N, int G) {
   return t;
 }
 
-moe_status moe_alltoallv_2dh(MOE_A2A_ARGS) {
+static moe_status moe_alltoallv_2dh(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, N = g->num_nodes, G = g->local_size;
   if (G == 1 || N == 1) {  // one level: the hierarchy adds nothing
@@ -188,3 +197,15 @@ moe_status moe_alltoallv_2dh(MOE_A2A_ARGS) {
 done:
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_2dh = {
+    .name = "2dh",
+    .source = "Tutel/DeepSpeed 2D hierarchical",
+    .cost =
+        "2(G-1)*alpha_intra + (G-1)/G*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*n*beta_inter + "
+        "log2(P)*alpha",
+    .needs_uniform_nodes = 1,
+    .plannable = 1,
+    .model = h2d_cost,
+    MOE_A2A_FNS(moe_alltoallv_2dh, NULL)};

@@ -23,7 +23,13 @@
 //   its gs messages per rank are concurrent.
 #include "comm/comm_internal.h"
 
-moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
+// Cost model: its steps run one after the other, the node's own first (ScheMoE
+// eq. 17): t_intra + t_inter.
+static double grouped_cost(const moe_a2a_cost_params *p) { return p->t_intra_s + p->t_inter_s; }
+
+#if MOE_HAVE_MPI
+
+static moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, r = g->rank;
   MOE_FAIL_IF(ctx, g->grouped_size < 0, MOE_STATUS_INVALID_ARG,
@@ -59,3 +65,13 @@ moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
 done:
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_grouped = {
+    .name = "grouped",
+    .source = "FasterMoE grouped pairwise exchange",
+    .cost = "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra",
+    .needs_uniform_nodes = 0,
+    .plannable = 1,
+    .model = grouped_cost,
+    MOE_A2A_FNS(moe_alltoallv_grouped, NULL)};

@@ -10,6 +10,12 @@
 
 #include "comm/comm_internal.h"
 
+// Cost model: a sequential exchange, intra-node and inter-node pairs one after
+// the other (ScheMoE eq. 17): t_intra + t_inter.
+static double mpi_cost(const moe_a2a_cost_params *p) { return p->t_intra_s + p->t_inter_s; }
+
+#if MOE_HAVE_MPI
+
 // int counts for MPI: 4 arrays of P ints carved from the workspace.
 static moe_status int_counts(MOE_A2A_ARGS, int **out) {
   moe_status st = MOE_STATUS_OK;
@@ -54,3 +60,12 @@ moe_status moe_alltoallv_mpi_start(MOE_A2A_ARGS, moe_a2a_pending *out) {
 done:
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_mpi = {.name = "mpi",
+                                  .source = "MPI_Alltoallv (the NCCL-A2A analogue)",
+                                  .cost = "library-defined",
+                                  .needs_uniform_nodes = 0,
+                                  .plannable = 1,
+                                  .model = mpi_cost,
+                                  MOE_A2A_FNS(moe_alltoallv_mpi, moe_alltoallv_mpi_start)};

@@ -8,7 +8,12 @@
 // Cost: (P-1)*alpha + (P-1)/P*n*beta, n = bytes a rank sends in total.
 #include "comm/comm_internal.h"
 
-moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS) {
+// Cost model: a sequential exchange (ScheMoE eq. 17): t_intra + t_inter.
+static double pairwise_cost(const moe_a2a_cost_params *p) { return p->t_intra_s + p->t_inter_s; }
+
+#if MOE_HAVE_MPI
+
+static moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, r = g->rank;
   (void)ws;
@@ -24,3 +29,12 @@ moe_status moe_alltoallv_pairwise(MOE_A2A_ARGS) {
 done:
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_pairwise = {.name = "pairwise",
+                                       .source = "classic shifted exchange",
+                                       .cost = "(P-1)*alpha + (P-1)/P*n*beta",
+                                       .needs_uniform_nodes = 0,
+                                       .plannable = 1,
+                                       .model = pairwise_cost,
+                                       MOE_A2A_FNS(moe_alltoallv_pairwise, NULL)};

@@ -26,10 +26,18 @@
 //   n/P*beta_inter)), n = bytes a rank sends (eq 16 with t1, t2 per message).
 #include "comm/comm_internal.h"
 
+// Cost model: intra-node and inter-node pairs at the same time (ScheMoE eq. 16):
+// max(t_intra, t_inter).
+static double pipe_cost(const moe_a2a_cost_params *p) {
+  return p->t_intra_s > p->t_inter_s ? p->t_intra_s : p->t_inter_s;
+}
+
+#if MOE_HAVE_MPI
+
 // Inter-node sends in flight per rank.
 #define PIPE_INTER_WINDOW 4
 
-moe_status moe_alltoallv_pipe(MOE_A2A_ARGS) {
+static moe_status moe_alltoallv_pipe(MOE_A2A_ARGS) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, r = g->rank, G = g->local_size, node = g->node;
   // Requests: intra receives and sends (2(G-1)), inter receives (P-G), send window.
@@ -92,3 +100,13 @@ done:
   // unusable after a failed collective anyway.
   return st;
 }
+#endif  // MOE_HAVE_MPI
+
+const moe_a2a_algo moe_a2a_pipe = {
+    .name = "pipe",
+    .source = "ScheMoE Pipe-A2A (intra and inter concurrently)",
+    .cost = "max((G-1)*(alpha_intra + n/P*beta_intra), (P-G)*(alpha_inter + n/P*beta_inter))",
+    .needs_uniform_nodes = 0,
+    .plannable = 1,
+    .model = pipe_cost,
+    MOE_A2A_FNS(moe_alltoallv_pipe, NULL)};

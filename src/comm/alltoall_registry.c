@@ -1,47 +1,65 @@
-// The registry of all-to-all algorithms: names, sources, cost formulas and
-// restrictions, lookup by name, and the checked entry point every caller uses.
-// A new algorithm is one file (src/comm/alltoall_<name>.c) plus one line here.
+// The registry of all-to-all algorithms: the catalogue (one line per algorithm,
+// below), lookup by name, and the checked entry points every caller uses. A new
+// algorithm is one file (src/comm/alltoall_<name>.c defining
+// `const moe_a2a_algo moe_a2a_<name>`) plus one X(<name>) line in
+// MOE_A2A_CATALOG. The catalogue part compiles in every build; the entry
+// points that run an exchange only with MPI.
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "comm/comm_internal.h"
 
-static const moe_a2a_algo k_algos[] = {
-    {"mpi", "MPI_Alltoallv (the NCCL-A2A analogue)", "library-defined", 0, moe_alltoallv_mpi,
-     moe_alltoallv_mpi_start},
-    {"pairwise", "classic shifted exchange", "(P-1)*alpha + (P-1)/P*n*beta", 0,
-     moe_alltoallv_pairwise, NULL},
-    {"1dh", "HetuMoE hierarchical (leader gather/exchange/scatter)",
-     "3(G-1)*alpha_intra + 2(G-1)*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*G*n*beta_inter + "
-     "log2(P)*alpha",
-     1, moe_alltoallv_1dh, NULL},
-    {"2dh", "Tutel/DeepSpeed 2D hierarchical",
-     "2(G-1)*alpha_intra + (G-1)/G*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*n*beta_inter + "
-     "log2(P)*alpha",
-     1, moe_alltoallv_2dh, NULL},
-    {"pipe", "ScheMoE Pipe-A2A (intra and inter concurrently)",
-     "max((G-1)*(alpha_intra + n/P*beta_intra), (P-G)*(alpha_inter + n/P*beta_inter))", 0,
-     moe_alltoallv_pipe, NULL},
-    {"grouped", "FasterMoE grouped pairwise exchange",
-     "ceil(P/gs)*alpha + (P-gs)/P*n*beta_inter + (gs-1)/P*n*beta_intra", 0, moe_alltoallv_grouped,
-     NULL},
-};
+// The catalogue, in this order (moe_a2a_list, `--a2a all`, error messages).
+#define MOE_A2A_CATALOG(X) \
+  X(mpi)                   \
+  X(pairwise)              \
+  X(1dh)                   \
+  X(2dh)                   \
+  X(pipe)                  \
+  X(grouped)
 
-moe_alltoallv_fn moe_alltoallv_mpi_fn(void) { return moe_alltoallv_mpi; }
+#define MOE_A2A_DECLARE(name) extern const moe_a2a_algo moe_a2a_##name;
+#define MOE_A2A_REF(name) &moe_a2a_##name,
+MOE_A2A_CATALOG(MOE_A2A_DECLARE)
+static const moe_a2a_algo *const k_algos[] = {MOE_A2A_CATALOG(MOE_A2A_REF)};
+#define N_ALGOS ((int)(sizeof k_algos / sizeof k_algos[0]))
 
 void moe_a2a_names(char *buf, size_t len, int any_layout) {
-  const int n = (int)(sizeof k_algos / sizeof k_algos[0]);
   size_t used = 0;
   if (len == 0) return;
   buf[0] = '\0';
-  for (int i = 0; i < n; i++) {
-    if (any_layout && k_algos[i].needs_uniform_nodes) continue;
-    const int w = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", k_algos[i].name);
+  for (int i = 0; i < N_ALGOS; i++) {
+    if (any_layout && k_algos[i]->needs_uniform_nodes) continue;
+    const int w = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", k_algos[i]->name);
     if (w < 0 || (size_t)w >= len - used) break;
     used += (size_t)w;
   }
 }
+
+const moe_a2a_algo *const *moe_a2a_list(int *count) {
+  if (count) *count = N_ALGOS;
+  return k_algos;
+}
+
+moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out) {
+  moe_status st = MOE_STATUS_OK;
+  for (int i = 0; i < N_ALGOS; i++) {
+    if (name && strcmp(name, k_algos[i]->name) == 0) {
+      *out = k_algos[i];
+      goto done;
+    }
+  }
+  char names[256];
+  moe_a2a_names(names, sizeof names, 0);
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "all-to-all algorithm '%s' is unknown (valid: %s)",
+           name ? name : "(null)", names);
+done:
+  return st;
+}
+
+#if MOE_HAVE_MPI
+moe_alltoallv_fn moe_alltoallv_mpi_fn(void) { return moe_alltoallv_mpi; }
 
 moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g) {
   moe_status st = MOE_STATUS_OK;
@@ -53,28 +71,6 @@ moe_status moe_a2a_check_topology(moe_ctx *ctx, const moe_a2a_algo *algo, const 
              "(this group of %d ranks spans %d nodes unevenly); use %s",
              algo->name, g->size, g->num_nodes, names);
   }
-done:
-  return st;
-}
-
-const moe_a2a_algo *moe_a2a_list(int *count) {
-  if (count) *count = (int)(sizeof k_algos / sizeof k_algos[0]);
-  return k_algos;
-}
-
-moe_status moe_a2a_find(moe_ctx *ctx, const char *name, const moe_a2a_algo **out) {
-  moe_status st = MOE_STATUS_OK;
-  const int n = (int)(sizeof k_algos / sizeof k_algos[0]);
-  for (int i = 0; i < n; i++) {
-    if (name && strcmp(name, k_algos[i].name) == 0) {
-      *out = &k_algos[i];
-      goto done;
-    }
-  }
-  char names[256];
-  moe_a2a_names(names, sizeof names, 0);
-  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "all-to-all algorithm '%s' is unknown (valid: %s)",
-           name ? name : "(null)", names);
 done:
   return st;
 }
@@ -192,3 +188,4 @@ int moe_a2a_packed_in_order(const size_t *counts, const size_t *displs, int P, s
   }
   return 1;
 }
+#endif  // MOE_HAVE_MPI

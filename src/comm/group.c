@@ -5,6 +5,9 @@
 // override (one host pretending to be several nodes, as the emulated cluster's
 // per-rank namespaces need). Every member computes the same dense numbering:
 // nodes are ordered by their lowest world rank.
+#include "moe_build_config.h"
+
+#if MOE_HAVE_MPI
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,3 +235,7 @@ moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const c
 done:
   return st;
 }
+#else
+// Without MPI this file has nothing to compile (ISO C wants a declaration).
+typedef int moe_comm_group_needs_mpi;
+#endif  // MOE_HAVE_MPI

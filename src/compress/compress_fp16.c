@@ -82,5 +82,12 @@ static moe_status fp16_decompress(const moe_compressor *c, moe_ctx *ctx, const v
   return moe_codec16_decode(f16_to_f32, "fp16", ctx, in, in_bytes, rows, cols, y);
 }
 
-const moe_compressor moe_compressor_fp16_impl = {
-    "fp16", 0, 0.0, fp16_max_bytes, fp16_compress, fp16_decompress};
+const moe_compressor_entry moe_compressor_fp16 = {
+    .codec = {"fp16", 0, 0.0, fp16_max_bytes, fp16_compress, fp16_decompress},
+    .description = "IEEE binary16, round-to-nearest-even",
+    .available = 1,
+    .identity = 0,
+    .plannable = 1,
+    .param = NULL,
+    .compress_gbs = 1.95,
+    .decompress_gbs = 4.09};

@@ -1,8 +1,11 @@
-// The registry of compressors: spec parsing ("zfp:RATE"), the list of names, and
-// the checked entry points (moe_compress, moe_decompress) that validate what the
-// implementations assume. A new compressor is one file
-// (src/compress/compress_<name>.c defining moe_compressor_<name>_impl) plus one
-// line in k_compressors.
+// The registry of compressors: the catalogue (one line per compressor, below),
+// spec parsing ("name:PARAM" for a compressor that declares a parameter), the
+// list of names, and the checked entry points (moe_compress, moe_decompress)
+// that validate what the implementations assume. A new compressor is one file
+// (src/compress/compress_<name>.c defining
+// `const moe_compressor_entry moe_compressor_<name>`) plus one X(<name>) line in
+// MOE_COMPRESSOR_CATALOG.
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -11,35 +14,43 @@
 #include <string.h>
 
 #include "moe/compress.h"
-#include "moe_build_config.h"
 
-extern const moe_compressor moe_compressor_none_impl;
-extern const moe_compressor moe_compressor_fp16_impl;
-extern const moe_compressor moe_compressor_bf16_impl;
-extern const moe_compressor moe_compressor_int8_impl;
-extern const moe_compressor moe_compressor_zfp_impl;
+// The catalogue, in this order (moe_compressor_list, name lists, the planner).
+#define MOE_COMPRESSOR_CATALOG(X) \
+  X(none)                         \
+  X(fp16)                         \
+  X(bf16)                         \
+  X(int8)                         \
+  X(zfp)
 
-static const moe_compressor *const k_compressors[] = {
-    &moe_compressor_none_impl, &moe_compressor_fp16_impl, &moe_compressor_bf16_impl,
-    &moe_compressor_int8_impl, &moe_compressor_zfp_impl,
-};
+#define MOE_COMPRESSOR_DECLARE(name) extern const moe_compressor_entry moe_compressor_##name;
+#define MOE_COMPRESSOR_REF(name) &moe_compressor_##name,
+MOE_COMPRESSOR_CATALOG(MOE_COMPRESSOR_DECLARE)
+static const moe_compressor_entry *const k_compressors[] = {
+    MOE_COMPRESSOR_CATALOG(MOE_COMPRESSOR_REF)};
+#define N_COMPRESSORS ((int)(sizeof k_compressors / sizeof k_compressors[0]))
 
 // The largest rows*cols accepted: every format fits in 8*n + 64 bytes.
 #define MOE_COMPRESS_MAX_N ((SIZE_MAX - 64) / 8)
 
-// The names, built once from k_compressors ("zfp[:RATE]" for the one with a
+const moe_compressor_entry *const *moe_compressor_list(int *count) {
+  if (count) *count = N_COMPRESSORS;
+  return k_compressors;
+}
+
+// The names, built once from k_compressors ("zfp[:RATE]" for one with a
 // parameter; compressors missing from this build are left out).
 static char g_names[256];
 static pthread_once_t g_names_once = PTHREAD_ONCE_INIT;
 
 static void build_names(void) {
   size_t used = 0;
-  for (size_t i = 0; i < sizeof k_compressors / sizeof k_compressors[0]; i++) {
-    const char *nm = k_compressors[i]->name;
-    const int is_zfp = strcmp(nm, "zfp") == 0;
-    if (is_zfp && !MOE_HAVE_ZFP) continue;
-    const int w = snprintf(g_names + used, sizeof g_names - used, "%s%s%s", used ? ", " : "", nm,
-                           is_zfp ? "[:RATE]" : "");
+  for (int i = 0; i < N_COMPRESSORS; i++) {
+    const moe_compressor_entry *e = k_compressors[i];
+    if (!e->available) continue;
+    const int w = snprintf(g_names + used, sizeof g_names - used, "%s%s%s%s%s", used ? ", " : "",
+                           e->codec.name, e->param ? "[:" : "", e->param ? e->param->name : "",
+                           e->param ? "]" : "");
     if (w < 0 || (size_t)w >= sizeof g_names - used) break;
     used += (size_t)w;
   }
@@ -50,36 +61,68 @@ const char *moe_compressor_names(void) {
   return g_names;
 }
 
+// The entry whose name is the first len characters of name, or NULL.
+static const moe_compressor_entry *lookup(const char *name, size_t len) {
+  for (int i = 0; i < N_COMPRESSORS; i++) {
+    const char *nm = k_compressors[i]->codec.name;
+    if (strlen(nm) == len && strncmp(nm, name, len) == 0) return k_compressors[i];
+  }
+  return NULL;
+}
+
+moe_status moe_compressor_find(moe_ctx *ctx, const char *name, const moe_compressor_entry **out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !name || !out, MOE_STATUS_INVALID_ARG, "compressor: name and out must be set");
+  *out = lookup(name, strlen(name));
+  MOE_FAIL_IF(ctx, !*out, MOE_STATUS_INVALID_ARG, "unknown compressor '%s' (valid: %s)", name,
+              moe_compressor_names());
+done:
+  return st;
+}
+
+void moe_compressor_default_spec(const moe_compressor_entry *e, char *buf, size_t len) {
+  if (e->param) {
+    snprintf(buf, len, "%s:%g", e->codec.name, e->param->def);
+  } else {
+    snprintf(buf, len, "%s", e->codec.name);
+  }
+}
+
+int moe_compressor_is_identity(const moe_compressor *c) {
+  const moe_compressor_entry *e = c && c->name ? lookup(c->name, strlen(c->name)) : NULL;
+  return e && e->identity;
+}
+
 moe_status moe_compressor_get(moe_ctx *ctx, const char *spec, moe_compressor *out) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !spec || !out, MOE_STATUS_INVALID_ARG, "compressor: spec and out must be set");
   const char *colon = strchr(spec, ':');
-  const size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
-  const moe_compressor *found = NULL;
-  for (size_t i = 0; i < sizeof k_compressors / sizeof k_compressors[0]; i++) {
-    const char *nm = k_compressors[i]->name;
-    if (strlen(nm) == name_len && strncmp(nm, spec, name_len) == 0) found = k_compressors[i];
-  }
+  const moe_compressor_entry *found = lookup(spec, colon ? (size_t)(colon - spec) : strlen(spec));
   MOE_FAIL_IF(ctx, !found, MOE_STATUS_INVALID_ARG, "unknown compressor '%s' (valid: %s)", spec,
               moe_compressor_names());
-  const int is_zfp = strcmp(found->name, "zfp") == 0;
-  MOE_FAIL_IF(ctx, is_zfp && !MOE_HAVE_ZFP, MOE_STATUS_UNSUPPORTED,
-              "compressor 'zfp' is not available: libmoe was built without libzfp (install "
-              "libzfp-dev and rebuild; valid here: %s)",
-              moe_compressor_names());
-  MOE_FAIL_IF(ctx, colon && !is_zfp, MOE_STATUS_INVALID_ARG,
-              "compressor '%s' takes no parameter (only zfp:RATE does)", spec);
-  *out = *found;
+  MOE_FAIL_IF(ctx, !found->available, MOE_STATUS_UNSUPPORTED,
+              "compressor '%s' is not available: %s; valid here: %s", found->codec.name,
+              found->unavailable ? found->unavailable : "not compiled in", moe_compressor_names());
+  MOE_FAIL_IF(ctx, colon && !found->param, MOE_STATUS_INVALID_ARG,
+              "compressor '%s' takes no parameter (valid: %s)", spec, moe_compressor_names());
+  *out = found->codec;
+  if (found->param) out->param = found->param->def;
   if (colon) {
+    const moe_compressor_param *p = found->param;
     char *end = NULL;
     errno = 0;
-    const double rate = strtod(colon + 1, &end);
+    const double v = strtod(colon + 1, &end);
+    char what[32];  // "rate" from "RATE"
+    size_t k = 0;
+    for (; p->name[k] && k + 1 < sizeof what; k++)
+      what[k] = (char)tolower((unsigned char)p->name[k]);
+    what[k] = '\0';
     MOE_FAIL_IF(
         ctx,
-        end == colon + 1 || *end != '\0' || errno == ERANGE || !(rate >= 1.0) || !(rate <= 32.0),
-        MOE_STATUS_INVALID_ARG,
-        "zfp rate '%s' must be a number of bits per value in [1, 32] (e.g. zfp:8)", colon + 1);
-    out->param = rate;
+        end == colon + 1 || *end != '\0' || errno == ERANGE || !(v >= p->min) || !(v <= p->max),
+        MOE_STATUS_INVALID_ARG, "%s %s '%s' must be a number of %s in [%g, %g] (e.g. %s:%g)",
+        found->codec.name, what, colon + 1, p->meaning, p->min, p->max, found->codec.name, p->def);
+    out->param = v;
   }
 done:
   return st;

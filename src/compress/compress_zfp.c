@@ -177,5 +177,17 @@ static moe_status zfp_c_decompress(const moe_compressor *c, moe_ctx *ctx, const 
 }
 #endif
 
-const moe_compressor moe_compressor_zfp_impl = {
-    "zfp", 0, 8.0, zfp_c_max_bytes, zfp_c_compress, zfp_c_decompress};
+#define ZFP_DEFAULT_RATE 8.0  // ScheMoE's choice
+static const moe_compressor_param k_rate = {
+    .name = "RATE", .meaning = "bits per value", .def = ZFP_DEFAULT_RATE, .min = 1.0, .max = 32.0};
+
+const moe_compressor_entry moe_compressor_zfp = {
+    .codec = {"zfp", 0, ZFP_DEFAULT_RATE, zfp_c_max_bytes, zfp_c_compress, zfp_c_decompress},
+    .description = "libzfp fixed-rate (ScheMoE)",
+    .available = MOE_HAVE_ZFP,
+    .unavailable = "libmoe was built without libzfp (install libzfp-dev and rebuild)",
+    .identity = 0,
+    .plannable = 1,
+    .param = &k_rate,
+    .compress_gbs = 0.18,  // at rate 8
+    .decompress_gbs = 0.21};

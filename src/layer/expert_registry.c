@@ -1,6 +1,6 @@
 // The registry of expert kinds. A new kind is one file src/layer/expert_<name>.c
-// defining a moe_expert_kind, its declaration in layer_internal.h, and one line
-// here.
+// defining `const moe_expert_kind moe_expert_<id>` plus one X(<id>) line in
+// MOE_EXPERT_CATALOG (id: the name as a C identifier, "ffn-ref" -> ffn_ref).
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,10 +8,15 @@
 #include "layer/layer_internal.h"
 #include "moe/expert.h"
 
-static const moe_expert_kind *const k_kinds[] = {
-    &moe_expert_ffn,
-    &moe_expert_ffn_ref,
-};
+// The catalogue, in this order (moe_expert_kind_get, name lists).
+#define MOE_EXPERT_CATALOG(X) \
+  X(ffn)                      \
+  X(ffn_ref)
+
+#define MOE_EXPERT_DECLARE(id) extern const moe_expert_kind moe_expert_##id;
+#define MOE_EXPERT_REF(id) &moe_expert_##id,
+MOE_EXPERT_CATALOG(MOE_EXPERT_DECLARE)
+static const moe_expert_kind *const k_kinds[] = {MOE_EXPERT_CATALOG(MOE_EXPERT_REF)};
 
 #define N_KINDS ((int)(sizeof k_kinds / sizeof k_kinds[0]))
 

@@ -1,11 +1,9 @@
-// The registered expert kinds, one per file src/layer/expert_<name>.c, listed by
-// src/layer/expert_registry.c. Private to libmoe.
+// Private declarations of src/layer/. The expert kinds, one per file
+// src/layer/expert_<name>.c, are declared and listed by the catalogue in
+// src/layer/expert_registry.c (MOE_EXPERT_CATALOG).
 #ifndef MOE_LAYER_INTERNAL_H
 #define MOE_LAYER_INTERNAL_H
 
 #include "moe/expert.h"
-
-extern const moe_expert_kind moe_expert_ffn;      // expert_ffn.c
-extern const moe_expert_kind moe_expert_ffn_ref;  // expert_ffn_ref.c
 
 #endif

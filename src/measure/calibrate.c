@@ -747,7 +747,7 @@ static moe_status fit_all_a2a(const cal *c, const moe_group *g, unsigned char *s
                               unsigned char *rbuf, moe_workspace *ws, moe_profile *prof) {
   moe_status st = MOE_STATUS_OK;
   int na = 0;
-  const moe_a2a_algo *algos = moe_a2a_list(&na);
+  const moe_a2a_algo *const *algos = moe_a2a_list(&na);
   char list[256];
   snprintf(list, sizeof list, "%s", c->cfg->a2a);
   for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
@@ -756,16 +756,17 @@ static moe_status fit_all_a2a(const cal *c, const moe_group *g, unsigned char *s
     const moe_a2a_algo *known = NULL;
     if (!all) MOE_TRY(moe_a2a_find(c->ctx, tok, &known));
     for (int i = 0; i < na; i++) {
-      if (!all && known != &algos[i]) continue;
-      if (algos[i].needs_uniform_nodes && !g->uniform) {
+      const moe_a2a_algo *algo = algos[i];
+      if (!all && known != algo) continue;
+      if (algo->needs_uniform_nodes && !g->uniform) {
         MOE_FAIL_IF(c->ctx, !all, MOE_STATUS_INVALID_ARG, "a2a: '%s' needs uniform nodes",
-                    algos[i].name);
+                    algo->name);
         continue;
       }
-      if (moe_profile_a2a(prof, algos[i].name) || prof->n_a2a >= MOE_PROFILE_MAX) continue;
+      if (moe_profile_a2a(prof, algo->name) || prof->n_a2a >= MOE_PROFILE_MAX) continue;
       moe_named_fit *nf = &prof->a2a[prof->n_a2a];
-      snprintf(nf->name, sizeof nf->name, "%s", algos[i].name);
-      MOE_TRY(fit_a2a(c, g, &algos[i], sbuf, rbuf, ws, &nf->fit, prof->a2a_points[prof->n_a2a],
+      snprintf(nf->name, sizeof nf->name, "%s", algo->name);
+      MOE_TRY(fit_a2a(c, g, algo, sbuf, rbuf, ws, &nf->fit, prof->a2a_points[prof->n_a2a],
                       &prof->n_a2a_points[prof->n_a2a]));
       prof->n_a2a++;
     }
@@ -779,16 +780,23 @@ done:
 // Every compressor of cfg->compress ("all": every one this build has) fitted into prof.
 static moe_status fit_all_codecs(const cal *c, moe_profile *prof) {
   moe_status st = MOE_STATUS_OK;
-  char list[512];
+  char list[512] = "";
   if (strcmp(c->cfg->compress, "all") == 0) {
-    snprintf(list, sizeof list, "%s", moe_compressor_names());  // every one this build has
+    // every compressor of the catalogue compiled into this build
+    int nc = 0;
+    const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
+    size_t used = 0;
+    for (int i = 0; i < nc && used < sizeof list; i++) {
+      if (!codecs[i]->available) continue;
+      const int w =
+          snprintf(list + used, sizeof list - used, "%s%s", used ? "," : "", codecs[i]->codec.name);
+      if (w > 0) used += (size_t)w;
+    }
   } else {
     snprintf(list, sizeof list, "%s", c->cfg->compress);
   }
-  for (char *save = NULL, *tok = strtok_r(list, ", ", &save); tok;
-       tok = strtok_r(NULL, ", ", &save)) {
-    char *param = strchr(tok, '[');  // "zfp[:RATE]": the default parameter
-    if (param) *param = '\0';
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
     moe_compressor comp;
     MOE_TRY(moe_compressor_get(c->ctx, tok, &comp));
     if (moe_profile_codec(prof, comp.name, NULL, NULL) || prof->n_codec >= MOE_PROFILE_MAX) {
@@ -908,11 +916,18 @@ static moe_status layer_step(const cal *c, moe_profile *prof, moe_layer_sample *
   moe_layer_sample *samples = NULL;
   MOE_TRY(parse_shapes(c->ctx, c->cfg->layers, c->P, cfgs, &n_shapes));
   moe_measure_variant vs[MAX_VARIANTS];
+  // The layer step's fixed sample set: what the fit needs (the sequential
+  // chunkings for the scales, pipelined schedules and smart for the
+  // contention factors).
   static const struct {
-    const char *schedule;  // catalogue: the layer step's fixed variant set
+    const char *schedule;
     int chunks;
-  } sv[] = {{"sequential", 1}, {"sequential", 2}, {"sequential", 4},
-            {"optsche", 2},    {"pipeline", 4},   {"smart", 1}};
+  } sv[] = {
+      // clang-format off
+      {"sequential", 1}, {"sequential", 2}, {"sequential", 4},
+      {"optsche", 2}, {"pipeline", 4}, {"smart", 1},  // catalogue: the layer step's sample set
+      // clang-format on
+  };
   const int per_a2a = (int)(sizeof sv / sizeof sv[0]);
   for (int a = 0; a < prof->n_a2a; a++) {
     for (int k = 0; k < per_a2a; k++, nv++) {

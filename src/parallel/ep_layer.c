@@ -32,10 +32,10 @@
 void moe_parallel_config_default(moe_parallel_config *pc) {
   memset(pc, 0, sizeof *pc);
   pc->ep_size = 1;
-  snprintf(pc->a2a, sizeof pc->a2a, "mpi");
-  snprintf(pc->schedule, sizeof pc->schedule, "sequential");
+  snprintf(pc->a2a, sizeof pc->a2a, "mpi");                   // catalogue: default
+  snprintf(pc->schedule, sizeof pc->schedule, "sequential");  // catalogue: default
   pc->chunks = 1;
-  snprintf(pc->compress, sizeof pc->compress, "none");
+  snprintf(pc->compress, sizeof pc->compress, "none");  // catalogue: default
   pc->exec = moe_executor_config_default();
 }
 
@@ -254,7 +254,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   moe_expert_kind_find(ctx, cfg->expert, &L->expert);  // validated by local_checks
   L->sched = sched;
   L->comp = comp;
-  L->compress_on = strcmp(comp.name, "none") != 0;
+  L->compress_on = !moe_compressor_is_identity(&comp);
   L->E = cfg->num_experts;
   L->P = pc->ep_size;
   L->El = L->E / L->P;

@@ -311,8 +311,7 @@ static moe_status plan_chunks(moe_ep_layer *L) {
     MOE_FAIL_IF(ctx, bad, MOE_STATUS_INVALID_ARG,
                 "chunk %zu: the all-to-all between EP ranks %d and %zu exceeds MPI's int byte "
                 "counts (more chunks, fewer tokens per rank, a larger EP size, or a "
-                "point-to-point algorithm such as pairwise or pipe, which need no int "
-                "displacements)",
+                "point-to-point all-to-all algorithm, which needs no int displacements)",
                 j / P + 1, L->me, j % P);
   }
   L->recv_rows = (int)rrow;

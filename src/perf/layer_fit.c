@@ -83,13 +83,25 @@ static moe_status simulate_sample(moe_ctx *ctx, const moe_profile *pf, const moe
   snprintf(v.a2a, sizeof v.a2a, "%s", s->a2a);
   snprintf(v.schedule, sizeof v.schedule, "%s", s->schedule);
   v.chunks = s->chunks;
-  snprintf(v.compress, sizeof v.compress, "none");
+  snprintf(v.compress, sizeof v.compress, "none");  // catalogue: default (uncompressed)
   v.profile = pf;
   return moe_simulate_layer(ctx, &pf->cluster, &v, out);
 }
 
+// The fit's baseline runs (cmd_calibrate_layers.c samples them at r = 1, 2, 4).
 static int is_sequential(const moe_layer_sample *s) {
-  return strcmp(s->schedule, "sequential") == 0;
+  return strcmp(s->schedule, "sequential") == 0;  // catalogue: the baseline schedule
+}
+
+// Whether the sample's schedule chunks by peer groups (smart): its contention
+// factors are fitted apart.
+static int is_peer_grouped(const char *schedule) {
+  int count = 0;
+  const moe_schedule_algo *list = moe_schedule_algo_list(&count);
+  for (int i = 0; i < count; i++) {
+    if (strcmp(list[i].name, schedule) == 0) return list[i].chunking == MOE_CHUNK_PEER_GROUPS;
+  }
+  return 0;
 }
 
 // MAPE (%) and R² of the predicted totals pred[] against the measured ones.
@@ -111,7 +123,7 @@ typedef enum { CONT_ALL, CONT_PIPELINED, CONT_SMART } cont_family;
 
 static int in_family(const moe_layer_sample *s, const char *a2a, cont_family fam) {
   if (is_sequential(s) || (a2a && strcmp(s->a2a, a2a) != 0)) return 0;
-  const int smart = strcmp(s->schedule, "smart") == 0;
+  const int smart = is_peer_grouped(s->schedule);
   return fam == CONT_ALL || (fam == CONT_SMART) == smart;
 }
 

@@ -34,28 +34,22 @@
 moe_status moe_codec_rate_default(moe_ctx *ctx, const char *name, double *compress_gbs,
                                   double *decompress_gbs) {
   moe_status st = MOE_STATUS_OK;
-  static const struct {
-    const char *name;
-    double c, d;
-  } k_rates[] = {{"none", 12.7, 13.3},
-                 {"fp16", 1.95, 4.09},
-                 {"bf16", 5.14, 12.9},
-                 {"int8", 1.12, 19.7},
-                 {"zfp", 0.18, 0.21}};
   MOE_FAIL_IF(ctx, !name || !compress_gbs || !decompress_gbs, MOE_STATUS_INVALID_ARG,
               "codec rate: arguments must not be NULL");
+  // the compressor's own declaration (its file in src/compress/), by name
   const size_t len = strcspn(name, ":");
-  for (size_t i = 0; i < sizeof k_rates / sizeof k_rates[0]; i++) {
-    if (strlen(k_rates[i].name) == len && strncmp(k_rates[i].name, name, len) == 0) {
-      *compress_gbs = k_rates[i].c;
-      *decompress_gbs = k_rates[i].d;
+  int n = 0;
+  const moe_compressor_entry *const *list = moe_compressor_list(&n);
+  for (int i = 0; i < n; i++) {
+    if (strlen(list[i]->codec.name) == len && strncmp(list[i]->codec.name, name, len) == 0) {
+      *compress_gbs = list[i]->compress_gbs;
+      *decompress_gbs = list[i]->decompress_gbs;
       goto done;
     }
   }
   MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
-           "codec rate: compressor '%s' has no default throughput (known: none, fp16, bf16, "
-           "int8, zfp)",
-           name);
+           "codec rate: compressor '%s' has no default throughput (known: %s)", name,
+           moe_compressor_names());
 done:
   return st;
 }
@@ -317,6 +311,8 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
   s.slow_comm = v->profile && v->profile->slow_comm > 1.0 ? v->profile->slow_comm : 1.0;
   if (v->profile && v->profile->layer_fit.have) {
     const moe_profile *pf = v->profile;
+    // smart's contention factors are fitted apart: they serve peer-group schedules
+    const int peer_grouped = algo->chunking == MOE_CHUNK_PEER_GROUPS;
     s.comp_scale = pf->layer_fit.compute_scale;
     s.comp_task = pf->layer_fit.compute_task_s;
     for (int i = 0; i < pf->n_a2a; i++) {
@@ -325,10 +321,9 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
         s.a2a_exch = pf->layer_fit.a2a_exchange_s[i];
       }
       if (strcmp(pf->a2a[i].name, v->a2a) != 0) continue;
-      const double *sl =
-          strcmp(v->schedule, "smart") == 0 && pf->layer_fit.a2a_smart_slow[i][0] >= 1.0
-              ? pf->layer_fit.a2a_smart_slow[i]
-              : pf->layer_fit.a2a_slow[i];
+      const double *sl = peer_grouped && pf->layer_fit.a2a_smart_slow[i][0] >= 1.0
+                             ? pf->layer_fit.a2a_smart_slow[i]
+                             : pf->layer_fit.a2a_slow[i];
       if (sl[0] >= 1.0) {
         s.slow_comp = sl[0];
         s.slow_comm = sl[1];
@@ -342,7 +337,7 @@ moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_
               s.D);
   MOE_FAIL_IF(ctx, v->compress_backward != 0 && v->compress_backward != 1, MOE_STATUS_INVALID_ARG,
               "simulate: compress_backward (%d) must be 0 or 1", v->compress_backward);
-  const int lossy_or_any = strcmp(s.comp.name, "none") != 0;
+  const int lossy_or_any = !moe_compressor_is_identity(&s.comp);
   s.compressed_fwd = lossy_or_any;
   s.compressed_bwd = lossy_or_any && v->compress_backward;
   if (algo->chunking == MOE_CHUNK_PEER_GROUPS) {

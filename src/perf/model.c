@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "moe/a2a_catalog.h"
 #include "moe/perf.h"
 
 double moe_model_compute_s(const moe_cluster *c, const double *flops) {
@@ -114,25 +115,33 @@ done:
   return st;
 }
 
-// Largest per-device (leader = 0) or per-node (leader = 1) volume sent or
-// received, in bytes, over all pairs of distinct devices.
-static double largest_volume(const moe_cluster *c, const double *bytes, int per_node) {
+// Largest volume, in bytes, one device (*device) and one node's devices together
+// (*node) send or receive, over all pairs of distinct devices: one pass over the
+// matrix, each sum accumulated in the order of a device-by-device scan.
+static void largest_volumes(const moe_cluster *c, const double *bytes, double *device,
+                            double *node) {
   const int D = moe_cluster_devices(c), G = c->devices_per_node;
-  const int groups = per_node ? c->nodes : D, size = per_node ? G : 1;
-  double worst = 0.0;
-  for (int g = 0; g < groups; g++) {
-    double up = 0.0, down = 0.0;
-    for (int v = g * size; v < (g + 1) * size; v++) {
+  double worst_dev = 0.0, worst_node = 0.0;
+  for (int n = 0; n < c->nodes; n++) {
+    double node_up = 0.0, node_down = 0.0;
+    for (int v = n * G; v < (n + 1) * G; v++) {
+      double up = 0.0, down = 0.0;
       for (int u = 0; u < D; u++) {
         if (u == v) continue;
-        up += bytes[(size_t)v * D + u];
-        down += bytes[(size_t)u * D + v];
+        const double out = bytes[(size_t)v * D + u], in = bytes[(size_t)u * D + v];
+        up += out;
+        down += in;
+        node_up += out;
+        node_down += in;
       }
+      worst_dev = up > worst_dev ? up : worst_dev;
+      worst_dev = down > worst_dev ? down : worst_dev;
     }
-    worst = up > worst ? up : worst;
-    worst = down > worst ? down : worst;
+    worst_node = node_up > worst_node ? node_up : worst_node;
+    worst_node = node_down > worst_node ? node_down : worst_node;
   }
-  return worst;
+  *device = worst_dev;
+  *node = worst_node;
 }
 
 moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *algo,
@@ -141,13 +150,17 @@ moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *
   double *part = NULL;
   MOE_FAIL_IF(ctx, !c || !algo || !bytes || !seconds, MOE_STATUS_INVALID_ARG,
               "all-to-all model: cluster, algorithm, bytes and seconds must not be NULL");
-  const int seq =
-      strcmp(algo, "mpi") == 0 || strcmp(algo, "pairwise") == 0 || strcmp(algo, "grouped") == 0;
-  const int pipe = strcmp(algo, "pipe") == 0, d2 = strcmp(algo, "2dh") == 0,
-            d1 = strcmp(algo, "1dh") == 0;
-  MOE_FAIL_IF(ctx, !seq && !pipe && !d2 && !d1, MOE_STATUS_INVALID_ARG,
-              "all-to-all model: algorithm '%s' is unknown (valid: mpi, pairwise, grouped, pipe, "
-              "1dh, 2dh)",
+  // The algorithm's own cost model, from the catalogue (its file in src/comm/).
+  const moe_a2a_algo *entry = NULL;
+  if (moe_a2a_find(ctx, algo, &entry) != MOE_STATUS_OK) {
+    char names[256];
+    moe_a2a_names(names, sizeof names, 0);
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "all-to-all model: algorithm '%s' is unknown (valid: %s)",
+             algo, names);
+  }
+  MOE_FAIL_IF(ctx, !entry->model, MOE_STATUS_UNSUPPORTED,
+              "all-to-all model: algorithm '%s' declares no cost model (its catalogue entry's "
+              "model is NULL)",
               algo);
   const int D = moe_cluster_devices(c), G = c->devices_per_node;
   const size_t n = (size_t)D * (size_t)D;
@@ -165,18 +178,19 @@ moe_status moe_model_a2a_algo_s(moe_ctx *ctx, const moe_cluster *c, const char *
     MOE_TRY(moe_model_alltoall_s(ctx, c, part, &r));
     t[inter] = r.seconds;
   }
-  const double intra_bw = c->intra.gbit_per_s * 1e9 / 8.0, lat = c->intra.latency_us * 1e-6;
-  if (seq) {
-    *seconds = t[0] + t[1];
-  } else if (pipe) {
-    *seconds = t[0] > t[1] ? t[0] : t[1];
-  } else if (d2) {
-    const double v = largest_volume(c, bytes, 0);
-    *seconds = (v > 0 ? v / intra_bw + lat : 0.0) + t[1];
-  } else {
-    const double v = largest_volume(c, bytes, 1);
-    *seconds = (v > 0 ? 2.0 * (v / intra_bw + lat) : 0.0) + t[1];
-  }
+  moe_a2a_cost_params p;
+  memset(&p, 0, sizeof p);
+  p.P = D;
+  p.nodes = c->nodes;
+  p.ranks_per_node = G;
+  p.intra_bytes_per_s = c->intra.gbit_per_s * 1e9 / 8.0;
+  p.intra_latency_s = c->intra.latency_us * 1e-6;
+  p.inter_bytes_per_s = c->inter.gbit_per_s * 1e9 / 8.0 * c->nics_per_node;
+  p.inter_latency_s = c->inter.latency_us * 1e-6;
+  p.t_intra_s = t[0];
+  p.t_inter_s = t[1];
+  largest_volumes(c, bytes, &p.max_device_bytes, &p.max_node_bytes);
+  *seconds = entry->model(&p);
 done:
   moe_free(part);
   return st;

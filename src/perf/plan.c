@@ -4,10 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "moe/a2a_catalog.h"
+#include "moe/compress.h"
 #include "moe/perf.h"
 
-static const char *const k_a2a_models[] = {"mpi", "pairwise", "grouped", "pipe", "1dh", "2dh"};
-static const char *const k_codecs[] = {"none", "fp16", "bf16", "int8", "zfp:8"};
 static const int k_chunks[] = {1, 2, 4, 8};
 
 moe_status moe_plan_layer(moe_ctx *ctx, const moe_cluster *c, const moe_plan_request *req,
@@ -24,18 +24,28 @@ moe_status moe_plan_layer(moe_ctx *ctx, const moe_cluster *c, const moe_plan_req
     a2as[na++] = req->a2a;
   } else if (req->profile) {
     for (int i = 0; i < req->profile->n_a2a; i++) a2as[na++] = req->profile->a2a[i].name;
-  } else {
-    for (size_t i = 0; i < sizeof k_a2a_models / sizeof k_a2a_models[0]; i++) {
-      a2as[na++] = k_a2a_models[i];
+  } else {  // the catalogue's plannable algorithms
+    int count = 0;
+    const moe_a2a_algo *const *algos = moe_a2a_list(&count);
+    for (int i = 0; i < count && na < MOE_PROFILE_MAX + 8; i++) {
+      if (algos[i]->plannable) a2as[na++] = algos[i]->name;
     }
   }
-  const char *codecs[8];
+  // the catalogue's plannable compressors, each with its default parameter
+  // ("zfp:8"); lossy ones only when allowed
+  char specs[16][32];
+  const char *codecs[16];
   int nz = 0;
   if (strcmp(req->compress, "auto") != 0) {
     codecs[nz++] = req->compress;
   } else {
-    for (size_t i = 0; i < sizeof k_codecs / sizeof k_codecs[0]; i++) {
-      if (i == 0 || req->allow_lossy) codecs[nz++] = k_codecs[i];
+    int count = 0;
+    const moe_compressor_entry *const *list = moe_compressor_list(&count);
+    for (int i = 0; i < count && nz < 16; i++) {
+      if (!list[i]->plannable || (!list[i]->codec.lossless && !req->allow_lossy)) continue;
+      moe_compressor_default_spec(list[i], specs[nz], sizeof specs[nz]);
+      codecs[nz] = specs[nz];
+      nz++;
     }
   }
   int ns = 0;
