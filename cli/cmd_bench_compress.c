@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "moe/compress.h"
+#include "moe/measure.h"
 
 int cmd_bench_compress(int argc, char **argv);
 
@@ -111,46 +112,27 @@ static int collect_specs(moe_ctx *ctx, const char *list, char specs[][64], int m
   return CLI_OK;
 }
 
-// Times one compressor: median over iters of each direction, plus the errors.
-static int run_one(moe_ctx *ctx, const char *spec, const float *x, float *y, void *buf, size_t cap,
-                   const cbench_opts *o, double *t, cbench_row *row) {
-  const size_t rows = (size_t)o->rows, cols = (size_t)o->cols, n = rows * cols;
+// Times one compressor (the library's moe_measure_codec) into row.
+static int run_one(moe_ctx *ctx, const char *spec, const float *x, const cbench_opts *o,
+                   cbench_row *row) {
   moe_compressor c;
-  if (moe_compressor_get(ctx, spec, &c) != MOE_STATUS_OK) goto fail;
-  size_t bytes = 0;
-  if (moe_compress(&c, ctx, x, rows, cols, buf, cap, &bytes) != MOE_STATUS_OK) goto fail;
-  for (int i = 0; i < o->iters; i++) {
-    const uint64_t t0 = moe_time_ns();
-    if (moe_compress(&c, ctx, x, rows, cols, buf, cap, &bytes) != MOE_STATUS_OK) goto fail;
-    t[i] = moe_time_ms_since(t0);
+  moe_measure_codec_result m;
+  if (moe_compressor_get(ctx, spec, &c) != MOE_STATUS_OK ||
+      moe_measure_codec(ctx, &c, x, (size_t)o->rows, (size_t)o->cols, o->iters, &m) !=
+          MOE_STATUS_OK) {
+    cli_error("%s: %s", spec, moe_ctx_error(ctx));
+    return CLI_FAILED;
   }
-  const double comp_ms = cli_median(t, o->iters);
-  if (moe_decompress(&c, ctx, buf, bytes, rows, cols, y) != MOE_STATUS_OK) goto fail;
-  for (int i = 0; i < o->iters; i++) {
-    const uint64_t t0 = moe_time_ns();
-    if (moe_decompress(&c, ctx, buf, bytes, rows, cols, y) != MOE_STATUS_OK) goto fail;
-    t[i] = moe_time_ms_since(t0);
-  }
-  const double decomp_ms = cli_median(t, o->iters);
-  double amax = 0.0, emax = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    amax = fmax(amax, fabs((double)x[i]));
-    emax = fmax(emax, fabs((double)y[i] - (double)x[i]));
-  }
-  const double in_bytes = (double)n * sizeof(float);
   const size_t len = strlen(spec) < sizeof row->spec - 1 ? strlen(spec) : sizeof row->spec - 1;
   memcpy(row->spec, spec, len);
   row->spec[len] = '\0';
-  row->bytes = bytes;
-  row->comp_gbs = in_bytes / (comp_ms * 1e6);
-  row->decomp_gbs = in_bytes / (decomp_ms * 1e6);
-  row->ratio = in_bytes / (double)bytes;
-  row->max_abs_err = emax;
-  row->max_rel_err = amax > 0.0 ? emax / amax : emax;
+  row->bytes = m.bytes;
+  row->comp_gbs = m.comp_gbs;
+  row->decomp_gbs = m.decomp_gbs;
+  row->ratio = m.ratio;
+  row->max_abs_err = m.max_abs_err;
+  row->max_rel_err = m.max_rel_err;
   return CLI_OK;
-fail:
-  cli_error("%s: %s", spec, moe_ctx_error(ctx));
-  return CLI_FAILED;
 }
 
 static int write_cbench_json(const char *path, const cbench_opts *o, const cbench_row *r, int n) {
@@ -181,9 +163,7 @@ int cmd_bench_compress(int argc, char **argv) {
   if (rc < 0) return CLI_OK;  // --help
   if (rc != CLI_OK) return rc;
   moe_ctx *ctx = NULL;
-  float *x = NULL, *y = NULL;
-  void *buf = NULL;
-  double *t = NULL;
+  float *x = NULL;
   char specs[MAX_SPECS][64];
   cbench_row rows[MAX_SPECS];
   int nspecs = 0;
@@ -191,20 +171,9 @@ int cmd_bench_compress(int argc, char **argv) {
   rc = collect_specs(ctx, o.list, specs, MAX_SPECS, &nspecs);
   if (rc != CLI_OK) goto done;
   const size_t n = (size_t)o.rows * (size_t)o.cols;
-  size_t cap = 0;
-  for (int i = 0; i < nspecs; i++) {
-    moe_compressor c;
-    if (moe_compressor_get(ctx, specs[i], &c) == MOE_STATUS_OK) {
-      const size_t m = moe_compress_max_bytes(&c, (size_t)o.rows, (size_t)o.cols);
-      cap = m > cap ? m : cap;
-    }
-  }
   x = moe_malloc(n * sizeof(float));
-  y = moe_malloc(n * sizeof(float));
-  buf = moe_malloc(cap ? cap : 1);
-  t = moe_malloc((size_t)o.iters * sizeof(double));
-  if (!x || !y || !buf || !t) {
-    cli_error("cannot allocate the benchmark's buffers (%zu floats each)", n);
+  if (!x) {
+    cli_error("cannot allocate the benchmark's input (%zu floats)", n);
     rc = CLI_FAILED;
     goto done;
   }
@@ -217,7 +186,7 @@ int cmd_bench_compress(int argc, char **argv) {
   printf("%-12s %14s %16s %8s %12s %14s\n", "compressor", "compress GB/s", "decompress GB/s",
          "ratio", "max |err|", "err/max|x|");
   for (int i = 0; i < nspecs; i++) {
-    rc = run_one(ctx, specs[i], x, y, buf, cap, &o, t, &rows[i]);
+    rc = run_one(ctx, specs[i], x, &o, &rows[i]);
     if (rc != CLI_OK) goto done;
     printf("%-12s %14.3f %16.3f %8.2f %12.3g %14.3g\n", rows[i].spec, rows[i].comp_gbs,
            rows[i].decomp_gbs, rows[i].ratio, rows[i].max_abs_err, rows[i].max_rel_err);
@@ -228,9 +197,6 @@ int cmd_bench_compress(int argc, char **argv) {
   }
 done:
   moe_free(x);
-  moe_free(y);
-  moe_free(buf);
-  moe_free(t);
   moe_ctx_destroy(ctx);
   return rc;
 }

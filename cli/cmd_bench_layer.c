@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "moe/measure.h"
 
 typedef struct {
   moe_layer_config cfg;
@@ -45,34 +46,6 @@ void cli_bench_layer_usage(FILE *f) {
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write config and results as JSON\n");
   cli_bench_layer_ep_usage(f);
-}
-
-// Median GFLOP/s of a square n x n x n SGEMM over 5 runs (after one warm-up).
-static double sgemm_peak_gflops(int n, double *ms_out) {
-  const size_t nn = (size_t)n * (size_t)n;
-  float *a = moe_malloc(nn * sizeof(float)), *b = moe_malloc(nn * sizeof(float));
-  float *c = moe_malloc(nn * sizeof(float));
-  double gf[5], ms[5];
-  double result = 0.0;
-  if (!a || !b || !c) goto done;
-  moe_rng rng;
-  moe_rng_init(&rng, 7, 0);
-  moe_rng_fill_uniform(&rng, a, nn, -1.0f, 1.0f);
-  moe_rng_fill_uniform(&rng, b, nn, -1.0f, 1.0f);
-  moe_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-  for (int i = 0; i < 5; i++) {
-    const uint64_t t0 = moe_time_ns();
-    moe_gemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-    ms[i] = moe_time_ms_since(t0);
-    gf[i] = 2.0 * n * (double)n * n / (ms[i] * 1e6);
-  }
-  result = cli_median(gf, 5);
-  *ms_out = cli_median(ms, 5);
-done:
-  moe_free(a);
-  moe_free(b);
-  moe_free(c);
-  return result;
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
@@ -122,11 +95,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   return a.bad ? CLI_USAGE : CLI_OK;
 }
 
-typedef struct {
-  double fwd_ms, bwd_ms, total_ms, expert_gemm_ms, all_gemm_ms, expert_gflops, tokens_per_s;
-  double fwd_gate_ms, fwd_dispatch_ms, fwd_expert_other_ms, fwd_combine_ms;
-  double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
-} bench_result;
+typedef moe_measure_single_result bench_result;  // the library measures, this prints
 
 // "key": value, with null for NaN/Inf so the file stays valid JSON.
 static void json_num(FILE *f, const char *key, double v, const char *sep) {
@@ -188,9 +157,7 @@ int cmd_bench_layer(int argc, char **argv) {
   if (rc != CLI_OK) return rc;
 
   moe_ctx *ctx = NULL;
-  moe_layer *layer = NULL;
-  float *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
-  double *samples = NULL;
+  bench_result r;
   cli_out json = {0};
   // Open the output first: an unwritable path fails before the long run.
   if (o.json_path && cli_out_open(&json, o.json_path) != CLI_OK) return CLI_FAILED;
@@ -198,83 +165,21 @@ int cmd_bench_layer(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
-  if (moe_layer_create(ctx, &o.cfg, &layer) != MOE_STATUS_OK) {
+  moe_blas_set_threads(o.threads);
+  moe_measure_config mc = moe_measure_config_default();
+  mc.iters = o.iters;
+  mc.warmup = o.warmup;
+  mc.seed = o.seed;
+  if (moe_measure_layer_single(ctx, &o.cfg, &mc, &r) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
     goto done;
   }
-  moe_blas_set_threads(o.threads);
-  moe_layer_init_params(layer, o.seed);
-  const size_t tm = (size_t)o.cfg.tokens * (size_t)o.cfg.model_dim;
-  x = moe_malloc(tm * sizeof(float));
-  y = moe_malloc(tm * sizeof(float));
-  dy = moe_malloc(tm * sizeof(float));
-  dx = moe_malloc(tm * sizeof(float));
-  samples = moe_calloc((size_t)o.iters * 16, sizeof(double));
-  if (!x || !y || !dy || !dx || !samples) {
-    cli_error("cannot allocate the benchmark's inputs (%zu floats each)", tm);
-    rc = CLI_FAILED;
-    goto done;
-  }
-  moe_rng rng;
-  moe_rng_init(&rng, o.seed, 100);
-  moe_rng_fill_uniform(&rng, x, tm, -1.0f, 1.0f);
-  moe_rng_fill_uniform(&rng, dy, tm, -1.0f, 1.0f);
-
-  moe_layer_stats stats = {0};
-  unsigned long long allocs = 0;
-  for (int it = 0; it < o.warmup + o.iters; it++) {
-    const unsigned long long a0 = moe_alloc_count();
-    memset(dx, 0, tm * sizeof(float));
-    moe_layer_zero_grad(layer);
-    if (moe_layer_forward(layer, x, o.cfg.tokens, y, &stats) != MOE_STATUS_OK ||
-        moe_layer_backward(layer, dy, dx) != MOE_STATUS_OK) {
-      cli_error("%s", moe_ctx_error(ctx));
-      rc = CLI_FAILED;
-      goto done;
-    }
-    if (it < o.warmup) continue;
-    allocs += moe_alloc_count() - a0;
-    const moe_layer_timing f = moe_layer_get_forward_timing(layer);
-    const moe_layer_timing b = moe_layer_get_backward_timing(layer);
-    double *s = samples + (size_t)(it - o.warmup) * 16;
-    s[0] = f.total_ms;
-    s[1] = b.total_ms;
-    s[2] = f.total_ms + b.total_ms;
-    s[3] = f.expert_gemm_ms + b.expert_gemm_ms;
-    s[4] = s[3] + f.gate_gemm_ms + b.gate_gemm_ms;
-    s[5] = (f.expert_flops + b.expert_flops) / (s[3] * 1e6);
-    s[6] = o.cfg.tokens / (s[2] * 1e-3);
-    s[7] = f.gate_ms;
-    s[8] = f.dispatch_ms;
-    s[9] = f.expert_other_ms;
-    s[10] = f.combine_ms;
-    s[11] = b.gate_ms;
-    s[12] = b.dispatch_ms;
-    s[13] = b.expert_other_ms;
-    s[14] = b.combine_ms;
-  }
-  double med[15];
-  {
-    double *col = moe_malloc((size_t)o.iters * sizeof(double));
-    if (!col) {
-      cli_error("cannot allocate %d doubles for the medians", o.iters);
-      rc = CLI_FAILED;
-      goto done;
-    }
-    for (int c = 0; c < 15; c++) {
-      for (int i = 0; i < o.iters; i++) col[i] = samples[(size_t)i * 16 + (size_t)c];
-      med[c] = cli_median(col, o.iters);
-    }
-    moe_free(col);
-  }
-  const bench_result r = {med[0], med[1], med[2],  med[3],  med[4],  med[5],  med[6], med[7],
-                          med[8], med[9], med[10], med[11], med[12], med[13], med[14]};
-  double peak_ms = 0.0;
-  const double peak = sgemm_peak_gflops(o.peak_n, &peak_ms);
-  if (!(peak > 0.0)) {
-    cli_error("cannot allocate the %dx%d matrices of the SGEMM peak measurement", o.peak_n,
-              o.peak_n);
+  const moe_layer_stats stats = r.stats;
+  const unsigned long long allocs = r.allocs;
+  double peak = 0.0, peak_ms = 0.0;
+  if (moe_measure_sgemm_peak(ctx, o.peak_n, &peak, &peak_ms) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_FAILED;
     goto done;
   }
@@ -314,12 +219,6 @@ int cmd_bench_layer(int argc, char **argv) {
     if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
   }
 done:
-  moe_free(x);
-  moe_free(y);
-  moe_free(dy);
-  moe_free(dx);
-  moe_free(samples);
-  moe_layer_destroy(layer);
   moe_ctx_destroy(ctx);
   cli_out_abort(&json);  // still open only when the run failed
   return rc;

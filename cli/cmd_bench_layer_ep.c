@@ -25,7 +25,7 @@
 #include "moe/perf.h"
 #if MOE_CLI_MPI
 #include "moe/comm.h"
-#include "moe/measure.h"
+#include "moe/measure_mpi.h"
 #include "moe/parallel.h"
 #define EP_MAX_CHUNKS MOE_MAX_CHUNKS
 #else

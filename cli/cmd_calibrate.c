@@ -11,7 +11,7 @@
 #include "moe/perf.h"
 
 #if MOE_CLI_MPI
-#include "moe/measure.h"
+#include "moe/measure_mpi.h"
 
 typedef struct {
   const char *out, *name, *a2a, *compress;

@@ -30,7 +30,7 @@ layers=(
   "perf:perf.h"
   "parallel:parallel.h"
   "model:model.h data.h checkpoint.h gpt_io.h"
-  "measure:measure.h"
+  "measure:measure.h measure_mpi.h"
   "train:train.h"
   "top:moe.h"
 )

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "moe/kernels.h"
-#include "moe/measure.h"
+#include "moe/measure_mpi.h"
 #include "testutil.h"
 
 static int g_rank, g_world;

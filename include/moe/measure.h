@@ -1,129 +1,80 @@
-// Measurement under MPI: the one harness that runs and times variants of the
-// expert-parallel layer (used by `moe bench layer` and by calibration's layer
-// step, so the corrections are fitted on runs measured exactly as the
-// benchmark reports them), and the calibration of a cluster profile
-// (moe_calibrate: the micro-benchmarks, the contention and overhead
-// measurements, and the layer step with its fit).
+// Measurement in one process (no MPI): the timing loops behind `moe bench
+// layer` (one process), `moe bench compress` and the SGEMM peak, so the
+// benchmarks print what the library measured and a library user can measure
+// the same way. The collective measurements (layer variants over ranks, the
+// all-to-alls, calibration) are in moe/measure_mpi.h.
 //
-// Every function here is collective over the given communicator: every rank
-// calls it with the same arguments and every rank returns the same status
-// (an error on one rank is agreed, with its message, on all). Numbers are the
-// slowest rank's: each measurement is reduced with a maximum over the ranks,
-// then the median over repetitions is taken.
-//
-// Threading: one thread per rank; MPI initialised with MPI_THREAD_MULTIPLE.
+// Every time is a median over the timed iterations (moe_median).
 #ifndef MOE_MEASURE_H
 #define MOE_MEASURE_H
 
-#include <mpi.h>
-
-#include "moe/parallel.h"
-#include "moe/perf.h"
+#include "moe/compress.h"
+#include "moe/core.h"
+#include "moe/layer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// ---- the layer-variant harness ----------------------------------------------------
-
-// One variant: a parallel config (a2a, schedule, chunks, compress, executor,
-// EP size, ranks per node) and, for ScheMoE's task model, the index of its
-// baseline variant in the same array (the sequential r = 1 run it is compared
-// with; at most its own index, so a baseline runs first), or -1.
+// How to repeat a measurement (shared by every timing function here and in
+// moe/measure_mpi.h).
 typedef struct {
-  moe_parallel_config pc;
-  int baseline;
-} moe_measure_variant;
-
-typedef struct {
-  int iters;               // timed iterations per variant, >= 1
+  int iters;               // timed iterations, >= 1
   int warmup;              // untimed iterations first, >= 0
-  uint64_t seed;           // parameters (moe_ep_layer_init_params) and inputs
-  const char *trace_path;  // Chrome trace of the last variant's last iteration
-                           // (every rank merged), or NULL
+  uint64_t seed;           // parameters and inputs
+  const char *trace_path;  // (layer variants over ranks only) Chrome trace of the last
+                           // variant's last iteration (every rank merged), or NULL
 } moe_measure_config;
 
 // Defaults: 5 iterations after 1 warm-up, seed 1, no trace.
 moe_measure_config moe_measure_config_default(void);
 
-// What one variant measured. Every time is the median over the iterations
-// of the slowest rank's value, in ms.
+// ---- the single-process layer ----------------------------------------------------------
+
+// Medians (ms) of one forward + backward of moe_layer over the iterations.
 typedef struct {
-  int chunks;                       // r as run (smart: its peer groups)
-  double fwd_ms, bwd_ms, total_ms;  // wall time of forward, backward, both
-  double total_q1, total_q3;        // quartiles of total_ms (noise)
-  double fwd_pass[5], bwd_pass[5];  // breakdown: compute, comm, overlap, exposed comm,
-                                    // pass makespan (moe_pass_breakdown)
-  double kind_ms[2][MOE_CT_KINDS];  // busy time per task kind, forward and backward
-  double comp_sum_ms, comm_sum_ms;  // compute and comm busy time of both passes,
-  double passes_sum_ms;             // and their makespans, summed per iteration
-  double model_ms;                  // ScheMoE's task model: the time outside the passes as the
-                                    // baseline measured it plus this variant's graphs and schedules
-                                    // simulated with the baseline's per-kind busy times split over
-                                    // the chunks; NAN without a baseline
-  long long rows, dropped;          // expert rows and dropped choices, all ranks, last iteration
-} moe_measure_result;
+  double fwd_ms, bwd_ms, total_ms;
+  double expert_gemm_ms;  // the experts' GEMMs, forward + backward
+  double all_gemm_ms;     // ... and the gate's
+  double expert_gflops;   // the experts' GEMM rate
+  double tokens_per_s;    // tokens / total
+  // forward and backward phases: gate, dispatch, the experts' work besides
+  // GEMMs (bias, activation), combine
+  double fwd_gate_ms, fwd_dispatch_ms, fwd_expert_other_ms, fwd_combine_ms;
+  double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
+  moe_layer_stats stats;      // routing of the last iteration
+  unsigned long long allocs;  // libmoe allocations (moe_malloc) in the timed iterations
+} moe_measure_single_result;
 
-// Creates the n variants' layers for cfg (tokens per rank) over comm, then
-// runs them interleaved: every iteration runs each variant once, so a slow
-// phase of a shared machine hits every variant alike and their ratios stay
-// fair. Inputs: x and dy uniform in [-1, 1) from mc->seed, streams 100 + 2 r
-// and 101 + 2 r on rank r. out (n) receives the results. Errors (every rank):
-// an invalid config or variant (the layer's message), out of memory, a
-// failing pass, an unwritable trace.
-moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
-                                      const moe_measure_variant *variants, int n,
-                                      const moe_measure_config *mc, moe_measure_result *out);
+// Creates the layer of cfg, initialises it from mc->seed (inputs x and dy
+// uniform in [-1, 1), stream 100 of the seed) and times mc->warmup + mc->iters
+// forward + backward passes. INVALID_ARG for an invalid cfg or mc (the
+// layer's message); OUT_OF_MEMORY.
+moe_status moe_measure_layer_single(moe_ctx *ctx, const moe_layer_config *cfg,
+                                    const moe_measure_config *mc, moe_measure_single_result *out);
 
-// ---- calibration ----------------------------------------------------------------------
-
-// Receives calibration's report, one line at a time (no newline), on rank 0
-// only: what each step measured and fitted, and warnings.
-typedef void (*moe_calibrate_log_fn)(void *user, const char *line);
+// ---- compressors -------------------------------------------------------------------------
 
 typedef struct {
-  const char *name;                // profile and cluster name; NULL: "calibrated-<ranks>"
-  int ranks_per_node;              // pretend every N consecutive ranks share a node (0: real nodes)
-  const char *a2a;                 // comma-separated algorithms or "all" (those that run here)
-  const char *compress;            // comma-separated compressors or "all"
-  long long min_bytes, max_bytes;  // all-to-all sizes per rank, doubling; max >= 4 x min
-  int iters;                       // timed repetitions per point, 1..1000
-  // The layer step: shapes "T:M:H:f,..." of the expert-parallel layer (E = 2 x
-  // ranks, K = 2; f 0 = dropless) run with every calibrated all-to-all, or NULL
-  // to skip it (no layer corrections).
-  const char *layers;
-  moe_calibrate_log_fn log;  // may be NULL
-  void *log_user;
-} moe_calibrate_config;
+  size_t bytes;        // compressed size
+  double comp_gbs;     // input bytes / median compress time, GB/s
+  double decomp_gbs;   // input bytes / median decompress time
+  double ratio;        // input bytes / compressed bytes
+  double max_abs_err;  // max |decompressed - x|
+  double max_rel_err;  // max_abs_err / max |x| (max_abs_err when x is all zero)
+} moe_measure_codec_result;
 
-// Defaults: a2a and compress "all", 4 KiB .. 8 MiB, 5 iterations, the layer
-// step on MOE_CALIBRATE_DEFAULT_LAYERS, no log.
-#define MOE_CALIBRATE_DEFAULT_LAYERS \
-  "256:256:512:1.1,512:256:1024:1.1,256:512:1024:1.1,384:384:768:1.1"
-moe_calibrate_config moe_calibrate_config_default(void);
+// Times c on x (rows, cols): one untimed round trip, then iters compressions
+// and iters decompressions; the errors of the last round trip. Buffers are
+// allocated here. Errors: the compressor's (a NaN for int8, say), sizes.
+moe_status moe_measure_codec(moe_ctx *ctx, const moe_compressor *c, const float *x, size_t rows,
+                             size_t cols, int iters, moe_measure_codec_result *out);
 
-// Checks cfg without measuring (not collective): ranges, the shape list for
-// `ranks` ranks. INVALID_ARG naming the option and its valid range.
-moe_status moe_calibrate_config_check(moe_ctx *ctx, const moe_calibrate_config *cfg, int ranks);
+// ---- the machine ---------------------------------------------------------------------------
 
-// Measures this cluster and fills *prof: the GEMM, expert and outside fits,
-// every selected all-to-all and compressor, contention, the executor's
-// per-task cost, a small collective and the copy bandwidth, the cluster
-// description, and (cfg->layers) the layer corrections fitted to runs of the
-// layer made with moe_measure_layer_variants (moe_profile_fit_layer). With
-// samples non-NULL, *samples (moe_malloc'd, the caller frees) and *n_samples
-// receive the layer runs (NULL, 0 without a layer step). A failure inside an
-// all-to-all leaves peers inside the exchange: the status is then
-// MOE_STATUS_COMM and the caller should MPI_Abort.
-moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config *cfg,
-                         moe_profile *prof, moe_layer_sample **samples, int *n_samples);
-
-// Fits prof's layer corrections to n layer runs (moe_profile_fit_layer) and
-// reports the fit through log (rank-0 callers pass it; NULL: silent). refit
-// says the contention factors before the fit are an earlier fit's, not the
-// executor measurement's. No MPI needed.
-moe_status moe_calibrate_fit_layer(moe_ctx *ctx, moe_profile *prof, const moe_layer_sample *s,
-                                   int n, int refit, moe_calibrate_log_fn log, void *log_user);
+// Median GFLOP/s (and ms) of an n x n x n SGEMM (moe_gemm) over 5 runs after
+// one warm-up, on the BLAS threads set (moe_blas_set_threads).
+moe_status moe_measure_sgemm_peak(moe_ctx *ctx, int n, double *gflops, double *ms);
 
 #ifdef __cplusplus
 }

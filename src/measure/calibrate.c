@@ -13,6 +13,9 @@
 // is the slowest rank's median. Rank 0 reports through the config's log
 // callback; nothing here prints.
 #define _POSIX_C_SOURCE 200809L  // strtok_r
+#include "moe_build_config.h"
+#if MOE_HAVE_MPI  // the whole file: collective measurements
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,7 +25,7 @@
 #include "moe/compress.h"
 #include "moe/expert.h"
 #include "moe/kernels.h"
-#include "moe/measure.h"
+#include "moe/measure_mpi.h"
 
 enum { MAX_SHAPES = 16, MAX_VARIANTS = 6 * MOE_PROFILE_MAX };
 
@@ -1036,3 +1039,8 @@ done:
   if (have_group) moe_group_free(&g);
   return st;
 }
+
+#else
+// Without MPI this file has nothing to compile (ISO C wants a declaration).
+typedef int moe_measure_calibrate_needs_mpi;
+#endif  // MOE_HAVE_MPI

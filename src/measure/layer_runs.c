@@ -6,11 +6,14 @@
 // layer` prints these numbers and calibration's layer step fits on them.
 //
 // Not here: choosing variants, printing, derived ratios (the callers').
+#include "moe_build_config.h"
+#if MOE_HAVE_MPI  // the whole file: collective measurements
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "moe/measure.h"
+#include "moe/measure_mpi.h"
 
 // Per iteration: fwd, bwd, total ms; fwd pass (5); bwd pass (5); the sums of
 // both passes' compute, comm and makespans; busy ms per kind, fwd and bwd.
@@ -19,15 +22,6 @@
 #define N_COLS (N_BASE + N_SUMS + 2 * MOE_CT_KINDS)
 #define COL_SUMS N_BASE
 #define COL_KINDS (N_BASE + N_SUMS)
-
-moe_measure_config moe_measure_config_default(void) {
-  moe_measure_config c;
-  memset(&c, 0, sizeof c);
-  c.iters = 5;
-  c.warmup = 1;
-  c.seed = 1;
-  return c;
-}
 
 // out5 = compute, comm, overlap, exposed comm, makespan (ms) of the last pass.
 static void breakdown_ms(const moe_ep_layer *layer, int backward, double *out5,
@@ -246,3 +240,8 @@ done:
   moe_free(b.dx);
   return st;
 }
+
+#else
+// Without MPI this file has nothing to compile (ISO C wants a declaration).
+typedef int moe_measure_layer_runs_need_mpi;
+#endif  // MOE_HAVE_MPI

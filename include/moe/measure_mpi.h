@@ -1,0 +1,123 @@
+// Measurement under MPI (the single-process measurements are in
+// moe/measure.h): the one harness that runs and times variants of the
+// expert-parallel layer (used by `moe bench layer` and by calibration's layer
+// step, so the corrections are fitted on runs measured exactly as the
+// benchmark reports them), and the calibration of a cluster profile
+// (moe_calibrate: the micro-benchmarks, the contention and overhead
+// measurements, and the layer step with its fit).
+//
+// Every function here is collective over the given communicator: every rank
+// calls it with the same arguments and every rank returns the same status
+// (an error on one rank is agreed, with its message, on all). Numbers are the
+// slowest rank's: each measurement is reduced with a maximum over the ranks,
+// then the median over repetitions is taken.
+//
+// Threading: one thread per rank; MPI initialised with MPI_THREAD_MULTIPLE.
+#ifndef MOE_MEASURE_MPI_H
+#define MOE_MEASURE_MPI_H
+
+#include <mpi.h>
+
+#include "moe/measure.h"
+#include "moe/parallel.h"
+#include "moe/perf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- the layer-variant harness ----------------------------------------------------
+
+// One variant: a parallel config (a2a, schedule, chunks, compress, executor,
+// EP size, ranks per node) and, for ScheMoE's task model, the index of its
+// baseline variant in the same array (the sequential r = 1 run it is compared
+// with; at most its own index, so a baseline runs first), or -1.
+typedef struct {
+  moe_parallel_config pc;
+  int baseline;
+} moe_measure_variant;
+
+// What one variant measured. Every time is the median over the iterations
+// of the slowest rank's value, in ms.
+typedef struct {
+  int chunks;                       // r as run (smart: its peer groups)
+  double fwd_ms, bwd_ms, total_ms;  // wall time of forward, backward, both
+  double total_q1, total_q3;        // quartiles of total_ms (noise)
+  double fwd_pass[5], bwd_pass[5];  // breakdown: compute, comm, overlap, exposed comm,
+                                    // pass makespan (moe_pass_breakdown)
+  double kind_ms[2][MOE_CT_KINDS];  // busy time per task kind, forward and backward
+  double comp_sum_ms, comm_sum_ms;  // compute and comm busy time of both passes,
+  double passes_sum_ms;             // and their makespans, summed per iteration
+  double model_ms;                  // ScheMoE's task model: the time outside the passes as the
+                                    // baseline measured it plus this variant's graphs and schedules
+                                    // simulated with the baseline's per-kind busy times split over
+                                    // the chunks; NAN without a baseline
+  long long rows, dropped;          // expert rows and dropped choices, all ranks, last iteration
+} moe_measure_result;
+
+// Creates the n variants' layers for cfg (tokens per rank) over comm, then
+// runs them interleaved: every iteration runs each variant once, so a slow
+// phase of a shared machine hits every variant alike and their ratios stay
+// fair. Inputs: x and dy uniform in [-1, 1) from mc->seed, streams 100 + 2 r
+// and 101 + 2 r on rank r. out (n) receives the results. Errors (every rank):
+// an invalid config or variant (the layer's message), out of memory, a
+// failing pass, an unwritable trace.
+moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
+                                      const moe_measure_variant *variants, int n,
+                                      const moe_measure_config *mc, moe_measure_result *out);
+
+// ---- calibration ----------------------------------------------------------------------
+
+// Receives calibration's report, one line at a time (no newline), on rank 0
+// only: what each step measured and fitted, and warnings.
+typedef void (*moe_calibrate_log_fn)(void *user, const char *line);
+
+typedef struct {
+  const char *name;                // profile and cluster name; NULL: "calibrated-<ranks>"
+  int ranks_per_node;              // pretend every N consecutive ranks share a node (0: real nodes)
+  const char *a2a;                 // comma-separated algorithms or "all" (those that run here)
+  const char *compress;            // comma-separated compressors or "all"
+  long long min_bytes, max_bytes;  // all-to-all sizes per rank, doubling; max >= 4 x min
+  int iters;                       // timed repetitions per point, 1..1000
+  // The layer step: shapes "T:M:H:f,..." of the expert-parallel layer (E = 2 x
+  // ranks, K = 2; f 0 = dropless) run with every calibrated all-to-all, or NULL
+  // to skip it (no layer corrections).
+  const char *layers;
+  moe_calibrate_log_fn log;  // may be NULL
+  void *log_user;
+} moe_calibrate_config;
+
+// Defaults: a2a and compress "all", 4 KiB .. 8 MiB, 5 iterations, the layer
+// step on MOE_CALIBRATE_DEFAULT_LAYERS, no log.
+#define MOE_CALIBRATE_DEFAULT_LAYERS \
+  "256:256:512:1.1,512:256:1024:1.1,256:512:1024:1.1,384:384:768:1.1"
+moe_calibrate_config moe_calibrate_config_default(void);
+
+// Checks cfg without measuring (not collective): ranges, the shape list for
+// `ranks` ranks. INVALID_ARG naming the option and its valid range.
+moe_status moe_calibrate_config_check(moe_ctx *ctx, const moe_calibrate_config *cfg, int ranks);
+
+// Measures this cluster and fills *prof: the GEMM, expert and outside fits,
+// every selected all-to-all and compressor, contention, the executor's
+// per-task cost, a small collective and the copy bandwidth, the cluster
+// description, and (cfg->layers) the layer corrections fitted to runs of the
+// layer made with moe_measure_layer_variants (moe_profile_fit_layer). With
+// samples non-NULL, *samples (moe_malloc'd, the caller frees) and *n_samples
+// receive the layer runs (NULL, 0 without a layer step). A failure inside an
+// all-to-all leaves peers inside the exchange: the status is then
+// MOE_STATUS_COMM and the caller should MPI_Abort.
+moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config *cfg,
+                         moe_profile *prof, moe_layer_sample **samples, int *n_samples);
+
+// Fits prof's layer corrections to n layer runs (moe_profile_fit_layer) and
+// reports the fit through log (rank-0 callers pass it; NULL: silent). refit
+// says the contention factors before the fit are an earlier fit's, not the
+// executor measurement's. No MPI needed.
+moe_status moe_calibrate_fit_layer(moe_ctx *ctx, moe_profile *prof, const moe_layer_sample *s,
+                                   int n, int refit, moe_calibrate_log_fn log, void *log_user);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // MOE_MEASURE_MPI_H
