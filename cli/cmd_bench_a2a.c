@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "moe/comm.h"
+#include "moe/measure_mpi.h"
 
 typedef struct {
   const char *algo;  // name, "all" or "bare"
@@ -151,12 +152,6 @@ static void make_counts(size_t *counts, int P, size_t S, int skewed) {
   }
 }
 
-// Payload byte i of the block from s to d.
-static unsigned char payload(int s, int d, size_t i) {
-  return (unsigned char)((uint32_t)s * 131u + (uint32_t)d * 31u + (uint32_t)(i * 7u) +
-                         (uint32_t)(i >> 8));
-}
-
 typedef struct {
   const char *algo;
   size_t bytes;
@@ -184,9 +179,7 @@ int cmd_bench_a2a(int argc, char **argv) {
   memset(&g, 0, sizeof g);
   moe_workspace ws = {0};
   size_t *counts = NULL, *sc = NULL, *sd = NULL, *rcnt = NULL, *rd = NULL;
-  int *isc = NULL, *isd = NULL, *irc = NULL, *ird = NULL;
   unsigned char *sbuf = NULL, *rbuf = NULL;
-  double *times = NULL;
   a2a_row *rows = NULL;
   int nrows = 0;
   a2a_bound bounds[64];
@@ -268,8 +261,6 @@ int cmd_bench_a2a(int argc, char **argv) {
   sd = moe_malloc(PP * sizeof(size_t));
   rcnt = moe_malloc(PP * sizeof(size_t));
   rd = moe_malloc(PP * sizeof(size_t));
-  isc = moe_malloc(4 * PP * sizeof(int));
-  times = moe_malloc((size_t)o.iters * sizeof(double));
   const int max_rows = nnames * 64;
   rows = moe_calloc((size_t)max_rows, sizeof(a2a_row));
   // The most any rank receives (counts grow with S, so at the largest size);
@@ -295,13 +286,10 @@ int cmd_bench_a2a(int argc, char **argv) {
   }
   sbuf = moe_malloc(o.max_bytes + 1);
   rbuf = moe_malloc(recv_max + 1);
-  if (!counts || !sc || !sd || !rcnt || !rd || !isc || !times || !rows || !sbuf || !rbuf) {
+  if (!counts || !sc || !sd || !rcnt || !rd || !rows || !sbuf || !rbuf) {
     cli_error("rank %d: cannot allocate buffers for %zu bytes per rank", rank, o.max_bytes);
     MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
-  isd = isc + P;
-  irc = isd + P;
-  ird = irc + P;
 
   if (rank == 0) {
     printf(
@@ -335,45 +323,23 @@ int cmd_bench_a2a(int argc, char **argv) {
         rcnt[d] = keep ? counts[(size_t)d * PP + rank] : 0;
         rd[d] = ro;
         ro += rcnt[d];
-        isc[d] = (int)sc[d];
-        isd[d] = (int)sd[d];
-        irc[d] = (int)rcnt[d];
-        ird[d] = (int)rd[d];
         moved += sc[d];
       }
-      for (int d = 0; d < P; d++) {
-        for (size_t i = 0; i < sc[d]; i++) sbuf[sd[d] + i] = payload(rank, d, i);
+      moe_measure_a2a_result m;
+      const moe_status st = moe_measure_a2a(ctx, &g, bare ? NULL : algo, sc, sd, rcnt, rd, sbuf,
+                                            rbuf, &ws, o.iters, o.warmup, o.check, &m);
+      if (st == MOE_STATUS_COMM) {
+        // a failure inside an exchange leaves the others waiting: abort the job
+        cli_error("%s: %s", names[a], moe_ctx_error(ctx));
+        MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
       }
-      int bad = 0;
-      for (int it = 0; it < o.warmup + o.iters; it++) {
-        if (o.check) memset(rbuf, 0xA5, ro + 1);
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double t0 = MPI_Wtime();
-        if (bare) {
-          MPI_Alltoallv(sbuf, isc, isd, MPI_BYTE, rbuf, irc, ird, MPI_BYTE, MPI_COMM_WORLD);
-        } else if (moe_a2a_run(ctx, algo, &g, sbuf, sc, sd, rbuf, rcnt, rd, &ws) != MOE_STATUS_OK) {
-          // A failure on one rank would leave the others waiting: abort the job.
-          cli_error("rank %d: %s: %s", rank, names[a], moe_ctx_error(ctx));
-          MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
-        }
-        double dt = MPI_Wtime() - t0;
-        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (it >= o.warmup) times[it - o.warmup] = dt;
-        if (o.check) {
-          for (int src = 0; src < P && !bad; src++) {
-            for (size_t i = 0; i < rcnt[src]; i++) {
-              if (rbuf[rd[src] + i] != payload(src, rank, i)) {
-                bad = 1;
-                break;
-              }
-            }
-          }
-        }
+      if (st != MOE_STATUS_OK) {  // agreed on every rank
+        if (rank == 0) cli_error("%s: %s", names[a], moe_ctx_error(ctx));
+        rc = CLI_FAILED;
+        goto done;
       }
-      MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      cli_sort_doubles(times, o.iters);
-      const double t =
-          o.iters % 2 ? times[o.iters / 2] : 0.5 * (times[o.iters / 2 - 1] + times[o.iters / 2]);
+      const double t = m.median_s;
+      const int bad = m.bad;
       // algbw counts the bytes this variant moves (all of S unless masked)
       const double algbw = t > 0 ? (double)(mask ? moved : S) / t / 1e9 : 0.0;
       const double busbw = algbw * (P - 1) / P;
@@ -445,8 +411,6 @@ done:
   moe_free(sd);
   moe_free(rcnt);
   moe_free(rd);
-  moe_free(isc);
-  moe_free(times);
   moe_free(rows);
   moe_free(sbuf);
   moe_free(rbuf);

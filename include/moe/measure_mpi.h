@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "moe/comm.h"
 #include "moe/measure.h"
 #include "moe/parallel.h"
 #include "moe/perf.h"
@@ -65,6 +66,28 @@ typedef struct {
 moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
                                       const moe_measure_variant *variants, int n,
                                       const moe_measure_config *mc, moe_measure_result *out);
+
+// ---- one all-to-all -------------------------------------------------------------------
+
+typedef struct {
+  double median_s;          // median over the iterations of the slowest rank's time: the
+                            // exchange as the job sees it (moe bench a2a)
+  double slowest_median_s;  // the largest of the ranks' own medians (calibration's points)
+  int bad;                  // with check: a received byte was wrong on some rank
+} moe_measure_a2a_result;
+
+// Times an all-to-all over g: algo, or NULL for MPI_Alltoallv on g->comm
+// itself (the bare MPI baseline), with this rank's byte counts and
+// displacements sc, sd (send) and rc, rd (receive), warmup + iters times,
+// each after a barrier. With check, sbuf's blocks are filled with a payload
+// encoding (source, destination, index) and every received byte is verified
+// after every iteration. Collective over g. INVALID_ARG (every rank) for
+// iters < 1 or, bare, counts beyond MPI's int; MOE_STATUS_COMM when an
+// exchange fails (peers may wait inside it: the caller should MPI_Abort).
+moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo *algo,
+                           const size_t *sc, const size_t *sd, const size_t *rc, const size_t *rd,
+                           unsigned char *sbuf, unsigned char *rbuf, moe_workspace *ws, int iters,
+                           int warmup, int check, moe_measure_a2a_result *out);
 
 // ---- calibration ----------------------------------------------------------------------
 

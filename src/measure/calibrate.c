@@ -646,33 +646,25 @@ static moe_status fit_a2a(const cal *c, const moe_group *g, const moe_a2a_algo *
                           moe_linear_fit *fit, double (*points)[2], int *n_points) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size;
-  double x[32], y[32], t[1000];
+  double x[32], y[32];
   int n = 0;
   size_t *sc = moe_malloc(4 * (size_t)P * sizeof(size_t));
   MOE_TRY(agree_alloc(c, sc != NULL, "the all-to-all counts"));
   size_t *sd = sc + P, *rc = sd + P, *rd = rc + P;
-  moe_status run = MOE_STATUS_OK;
   for (long long S = c->cfg->min_bytes; S <= c->cfg->max_bytes && n < 32; S *= 2) {
     const size_t block = (size_t)S / (size_t)P;
     for (int p = 0; p < P; p++) {
       sc[p] = rc[p] = block;
       sd[p] = rd[p] = (size_t)p * block;
     }
-    run = moe_a2a_run(c->ctx, algo, g, sbuf, sc, sd, rbuf, rc, rd, ws);  // warm-up
-    for (int i = 0; i < c->cfg->iters && run == MOE_STATUS_OK; i++) {
-      MPI_Barrier(c->comm);
-      const uint64_t t0 = moe_time_ns();
-      run = moe_a2a_run(c->ctx, algo, g, sbuf, sc, sd, rbuf, rc, rd, ws);
-      t[i] = (double)(moe_time_ns() - t0) * 1e-9;
-    }
-    if (run != MOE_STATUS_OK) break;
+    // a failed exchange is MOE_STATUS_COMM: peers cannot recover
+    moe_measure_a2a_result m;
+    MOE_TRY(
+        moe_measure_a2a(c->ctx, g, algo, sc, sd, rc, rd, sbuf, rbuf, ws, c->cfg->iters, 1, 0, &m));
     x[n] = (double)block * (P - 1);  // bytes one rank sends to the others
-    y[n] = slowest_median(c, t, c->cfg->iters);
+    y[n] = m.slowest_median_s;
     n++;
   }
-  // a collective failed midway: peers cannot recover
-  MOE_FAIL_IF(c->ctx, run != MOE_STATUS_OK, MOE_STATUS_COMM, "rank %d: all-to-all '%s': %s",
-              c->rank, algo->name, moe_ctx_error(c->ctx));
   if (P == 1) {  // nothing leaves the rank: the time is a copy; fit it against the block size
     for (int i = 0; i < n; i++) x[i] = (double)(c->cfg->min_bytes << i);
   }
