@@ -1,6 +1,6 @@
 // libmoe: a distributed Mixture-of-Experts runtime. Umbrella header: every
 // public header that needs no MPI. With MPI, also include moe/comm.h,
-// moe/parallel.h and moe/train.h (they include <mpi.h>).
+// moe/parallel.h, moe/measure_mpi.h and moe/train.h (they include <mpi.h>).
 #ifndef MOE_MOE_H
 #define MOE_MOE_H
 
@@ -14,6 +14,7 @@
 #include "moe/kernels.h"
 #include "moe/layer.h"
 #include "moe/layer_ops.h"
+#include "moe/measure.h"
 #include "moe/model.h"
 #include "moe/perf.h"
 #include "moe/progress.h"
