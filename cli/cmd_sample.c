@@ -30,37 +30,9 @@ static void usage(FILE *f) {
       "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
 }
 
-// Samples an index from logits (V) with temperature and top-k; u in [0, 1).
-static int sample_logits(const float *logits, int v, double temperature, int top_k, double u,
-                         double *probs) {
-  double mx = -INFINITY;
-  for (int i = 0; i < v; i++) mx = logits[i] > mx ? logits[i] : mx;
-  // The k-th largest logit is the threshold (ties at it are kept).
-  double thresh = -INFINITY;
-  if (top_k > 0 && top_k < v) {
-    for (int i = 0; i < v; i++) probs[i] = logits[i];
-    for (int k = 0; k < top_k; k++) {  // partial selection: k passes of a max search
-      int best = -1;
-      for (int i = 0; i < v; i++)
-        if (probs[i] > -INFINITY && (best < 0 || probs[i] > probs[best])) best = i;
-      thresh = probs[best];
-      probs[best] = -INFINITY;
-    }
-  }
-  double sum = 0;
-  for (int i = 0; i < v; i++) {
-    probs[i] = logits[i] >= thresh ? exp((logits[i] - mx) / temperature) : 0.0;
-    sum += probs[i];
-  }
-  double acc = 0, target = u * sum;
-  int last = 0;
-  for (int i = 0; i < v; i++) {
-    if (probs[i] <= 0) continue;
-    last = i;
-    acc += probs[i];
-    if (acc > target) return i;
-  }
-  return last;
+static void print_token(void *user, int token) {
+  (void)user;
+  putchar(token);
 }
 
 int cmd_sample(int argc, char **argv) {
@@ -103,7 +75,6 @@ int cmd_sample(int argc, char **argv) {
   moe_ctx *ctx = NULL;
   moe_gpt *model = NULL;
   int32_t *ctx_tokens = NULL;
-  double *probs = NULL;
   moe_gpt_ckpt_info info;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("out of memory");
@@ -117,7 +88,7 @@ int cmd_sample(int argc, char **argv) {
     rc = st == MOE_STATUS_OUT_OF_MEMORY || st == MOE_STATUS_INTERNAL ? CLI_FAILED : CLI_USAGE;
     goto done;
   }
-  const int s_max = info.model.seq_len, v = info.model.vocab_size;
+  const int v = info.model.vocab_size;
   if (v > 256) {
     cli_error("sample: the model's vocabulary has %d tokens; sample prints bytes (at most 256)", v);
     rc = CLI_USAGE;
@@ -126,8 +97,7 @@ int cmd_sample(int argc, char **argv) {
   const size_t plen = strlen(prompt);
   const size_t total = plen + (size_t)length + 1;
   ctx_tokens = malloc(total * sizeof *ctx_tokens);
-  probs = malloc((size_t)v * sizeof *probs);
-  if (!ctx_tokens || !probs) {
+  if (!ctx_tokens) {
     cli_error("out of memory");
     rc = CLI_FAILED;
     goto done;
@@ -139,26 +109,20 @@ int cmd_sample(int argc, char **argv) {
     for (size_t i = 0; i < plen; i++) ctx_tokens[n++] = (unsigned char)prompt[i];
     fwrite(prompt, 1, plen, stdout);
   }
-  moe_rng rng;
-  moe_rng_init(&rng, seed, 0);
-  for (int g = 0; g < length; g++) {
-    const int s = (int)(n < (size_t)s_max ? n : (size_t)s_max);
-    moe_gpt_loss l;
-    st = moe_gpt_forward(model, ctx_tokens + (n - (size_t)s), NULL, 1, s, 0, &l);
-    if (st != MOE_STATUS_OK) {
-      cli_error("sample: %s", moe_ctx_error(ctx));
-      rc = CLI_FAILED;
-      goto done;
-    }
-    const float *logits = moe_gpt_logits(model) + (size_t)(s - 1) * v;
-    const int next = sample_logits(logits, v, temperature, top_k, moe_rng_uniform(&rng), probs);
-    ctx_tokens[n++] = next;
-    putchar(next);
+  moe_sample_config sc;
+  moe_sample_config_default(&sc);
+  sc.temperature = temperature;
+  sc.top_k = top_k;
+  sc.seed = seed;
+  st = moe_gpt_generate(ctx, model, ctx_tokens, &n, length, &sc, print_token, NULL);
+  if (st != MOE_STATUS_OK) {
+    cli_error("sample: %s", moe_ctx_error(ctx));
+    rc = CLI_FAILED;
+    goto done;
   }
   putchar('\n');
   fflush(stdout);
 done:
-  free(probs);
   free(ctx_tokens);
   moe_gpt_destroy(model);
   moe_ctx_destroy(ctx);

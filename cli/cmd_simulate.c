@@ -296,25 +296,6 @@ static int write_json(const char *path, const sim_opts *o, const moe_cluster *c,
   return cli_out_commit(&out);
 }
 
-// The roofline point of one simulated variant (per device).
-static void roofline_of(const moe_cluster *c, const moe_layer_config *cfg, const sim_row *r,
-                        moe_roofline *out) {
-  const int D = moe_cluster_devices(c);
-  const double T = cfg->tokens, K = cfg->top_k, E = cfg->num_experts;
-  const int cap = moe_layer_capacity(cfg, cfg->tokens);
-  double n_block = K * T / E;
-  if (cap >= 0 && n_block > cap) n_block = cap;
-  // every device computes E n_block rows (its E / D experts, n_block rows
-  // from each of D devices), 12 M H FLOPs each over forward and backward
-  const double flops = (double)D * 12.0 * E * n_block * cfg->model_dim * cfg->hidden_dim;
-  const moe_pass_breakdown *b = r->r.breakdown;
-  const double comp = (double)(b[0].compute_ns + b[1].compute_ns) * 1e-9;
-  const double comm = (double)(b[0].comm_ns + b[1].comm_ns) * 1e-9;
-  memset(out, 0, sizeof *out);
-  moe_roofline_point(NULL, c->gemm_tflops * 1e12, flops, D, comp > 0 ? comp : 1e-12,
-                     comm > 0 ? comm : 1e-12, r->r.total_ms * 1e-3, out);
-}
-
 // Writes FILE.dat and FILE.gp and runs gnuplot when it is installed.
 static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer_config *cfg,
                          const sim_row *rows, int n) {
@@ -343,7 +324,7 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
   }
   for (int i = 0; i < n; i++) {
     moe_roofline p;
-    roofline_of(c, cfg, &rows[i], &p);
+    moe_roofline_of_layer(c, cfg, &rows[i].r, &p);
     px[i] = p.r_cc;
     py[i] = p.achieved_flops / p.peak_flops;
     owner[i] = i;
@@ -577,7 +558,7 @@ static int simulate_main(int argc, char **argv, int roofline) {
            "achieved", "ideal", "semi", "achieved/ideal");
     for (int i = 0; i < n; i++) {
       moe_roofline p;
-      roofline_of(&c, &o.cfg, &rows[i], &p);
+      moe_roofline_of_layer(&c, &o.cfg, &rows[i].r, &p);
       printf("%-8s %-8s %-10s %3d %8.3f %9.3f %9.3f %9.3f %14.3f\n", rows[i].a2a, rows[i].compress,
              rows[i].schedule, rows[i].r.chunks, p.r_cc, p.achieved_flops / p.peak_flops,
              p.ideal_flops / p.peak_flops, p.semi_flops / p.peak_flops,

@@ -222,6 +222,32 @@ void moe_optim_grad_sq(moe_gpt *model, double sq[3]);
 // Returns the lr used.
 float moe_optim_step(moe_optim *opt, moe_gpt *model, float clip_scale);
 
+// ---- sampling ----------------------------------------------------------------
+
+// An index drawn from logits (V) with temperature (> 0) and top-k (0 or >= V:
+// every token; ties at the k-th largest logit are kept): the softmax of
+// logits / temperature over the kept tokens, inverted at u in [0, 1).
+// probs (V) is scratch. Deterministic in u.
+int moe_sample_logits(const float *logits, int v, double temperature, int top_k, double u,
+                      double *probs);
+
+typedef struct {
+  double temperature;  // > 0 [0.8]
+  int top_k;           // 0: all tokens [40]
+  uint64_t seed;       // the draws' RNG stream [1]
+} moe_sample_config;
+void moe_sample_config_default(moe_sample_config *sc);
+
+// Appends max_new tokens to tokens[0 .. *n) (room for *n + max_new), each
+// sampled from the model's logits at the last position with the context cut
+// to its last S tokens (the whole forward recomputed per token: no KV cache
+// yet); on_token(user, token) after each (may be NULL). *n grows with every
+// token. ctx: the context the model was created with (its errors land there).
+// Errors: arguments, the model's forward.
+moe_status moe_gpt_generate(moe_ctx *ctx, moe_gpt *model, int32_t *tokens, size_t *n, int max_new,
+                            const moe_sample_config *sc, void (*on_token)(void *user, int token),
+                            void *user);
+
 #ifdef __cplusplus
 }
 #endif

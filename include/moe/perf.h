@@ -322,6 +322,14 @@ typedef struct {
 moe_status moe_simulate_layer(moe_ctx *ctx, const moe_cluster *c, const moe_sim_variant *v,
                               moe_sim_result *out);
 
+// The DDL-roofline point (moe_roofline_point) of a simulated layer variant
+// on c: the experts' FLOPs of forward + backward over the whole cluster (every
+// device computes its E / D experts' rows from every device, min(K T / E, C)
+// per source, 12 M H FLOPs each), the passes' compute and communication busy
+// times and the variant's total time from r (moe_simulate_layer on cfg).
+void moe_roofline_of_layer(const moe_cluster *c, const moe_layer_config *cfg,
+                           const moe_sim_result *r, moe_roofline *out);
+
 // ---- fitting the simulator to whole layer runs ---------------------------------------
 
 // One measured layer variant (moe calibrate's layer step): medians over

@@ -458,3 +458,21 @@ done:
   moe_free(rec);
   return st;
 }
+
+void moe_roofline_of_layer(const moe_cluster *c, const moe_layer_config *cfg,
+                           const moe_sim_result *r, moe_roofline *out) {
+  const int D = moe_cluster_devices(c);
+  const double T = cfg->tokens, K = cfg->top_k, E = cfg->num_experts;
+  const int cap = moe_layer_capacity(cfg, cfg->tokens);
+  double n_block = K * T / E;
+  if (cap >= 0 && n_block > cap) n_block = cap;
+  // every device computes E n_block rows (its E / D experts, n_block rows
+  // from each of D devices), 12 M H FLOPs each over forward and backward
+  const double flops = (double)D * 12.0 * E * n_block * cfg->model_dim * cfg->hidden_dim;
+  const moe_pass_breakdown *b = r->breakdown;
+  const double comp = (double)(b[0].compute_ns + b[1].compute_ns) * 1e-9;
+  const double comm = (double)(b[0].comm_ns + b[1].comm_ns) * 1e-9;
+  memset(out, 0, sizeof *out);
+  moe_roofline_point(NULL, c->gemm_tflops * 1e12, flops, D, comp > 0 ? comp : 1e-12,
+                     comm > 0 ? comm : 1e-12, r->total_ms * 1e-3, out);
+}
