@@ -164,6 +164,71 @@ typedef struct {
   double bound, model_speedup, speedup;
 } a2a_bound;
 
+// --algo: a comma-separated list of names, "bare" and "all", validated
+// identically on every rank (same argv); at most 12. CLI_OK or CLI_USAGE.
+static int collect_names(moe_ctx *ctx, const a2a_opts *o, int rank, const char **names,
+                         int *nnames) {
+  int nalgos = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
+  char list[256];
+  *nnames = 0;
+  snprintf(list, sizeof list, "%s", o->algo);
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    const char *add[16];
+    int nadd = 0;
+    if (strcmp(tok, "all") == 0) {
+      for (int i = 0; i < nalgos && nadd < 15; i++) add[nadd++] = algos[i]->name;
+      add[nadd++] = "bare";
+    } else if (strcmp(tok, "bare") == 0) {
+      add[nadd++] = "bare";
+    } else {
+      const moe_a2a_algo *found = NULL;
+      if (moe_a2a_find(ctx, tok, &found) != MOE_STATUS_OK) {
+        if (rank == 0) cli_error("--algo: %s (or all, bare)", moe_ctx_error(ctx));
+        return CLI_USAGE;
+      }
+      add[nadd++] = found->name;
+    }
+    for (int i = 0; i < nadd; i++) {
+      int have = 0;
+      for (int j = 0; j < *nnames; j++) have |= strcmp(names[j], add[i]) == 0;
+      if (!have && *nnames < 12) names[(*nnames)++] = add[i];
+    }
+  }
+  if (*nnames == 0) {
+    if (rank == 0) cli_error("--algo needs at least one name (see --help)");
+    return CLI_USAGE;
+  }
+  return CLI_OK;
+}
+
+// The rows and eq. 18 summaries as JSON (rank 0), committed atomically.
+static int write_a2a_json(cli_out *out, const a2a_opts *o, int P, int nodes, const a2a_row *rows,
+                          int nrows, const a2a_bound *bounds, int nbounds) {
+  FILE *json = out->f;
+  fprintf(json, "{\n  \"benchmark\": \"a2a\",\n  \"ranks\": %d,\n  \"nodes\": %d,\n", P, nodes);
+  fprintf(json, "  \"counts\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"rows\": [\n",
+          o->skewed ? "skewed" : "uniform", o->iters, o->warmup);
+  for (int i = 0; i < nrows; i++) {
+    fprintf(json,
+            "    {\"algo\": \"%s\", \"bytes\": %zu, \"time_ms\": %.6f, \"algbw_gbs\": %.6f, "
+            "\"busbw_gbs\": %.6f, \"check\": \"%s\"}%s\n",
+            rows[i].algo, rows[i].bytes, rows[i].ms, rows[i].algbw, rows[i].busbw, rows[i].check,
+            i + 1 < nrows ? "," : "");
+  }
+  fprintf(json, "  ],\n  \"eq18\": [");
+  for (int i = 0; i < nbounds; i++) {
+    fprintf(json,
+            "%s\n    {\"bytes\": %zu, \"bound\": %.6f, \"pipe_over_sequential_model\": %.6f, "
+            "\"pipe_over_pairwise\": %.6f}",
+            i ? "," : "", bounds[i].bytes, bounds[i].bound, bounds[i].model_speedup,
+            bounds[i].speedup);
+  }
+  fprintf(json, "\n  ]\n}\n");
+  return cli_out_commit(out);
+}
+
 int cmd_bench_a2a(int argc, char **argv) {
   a2a_opts o;
   int rc = parse_opts(argc, argv, &o);
@@ -188,49 +253,14 @@ int cmd_bench_a2a(int argc, char **argv) {
   FILE *json = NULL;
   int have_group = 0;
 
-  // Which algorithms: validated identically on every rank (same argv).
-  int nalgos = 0;
-  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
   const char *names[16];
   int nnames = 0;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     rc = CLI_FAILED;
     goto done;
   }
-  // --algo is a comma-separated list of names, "bare" and "all".
-  {
-    char list[256];
-    snprintf(list, sizeof list, "%s", o.algo);
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-         tok = strtok_r(NULL, ",", &save)) {
-      const char *add[16];
-      int nadd = 0;
-      if (strcmp(tok, "all") == 0) {
-        for (int i = 0; i < nalgos; i++) add[nadd++] = algos[i]->name;
-        add[nadd++] = "bare";
-      } else if (strcmp(tok, "bare") == 0) {
-        add[nadd++] = "bare";
-      } else {
-        const moe_a2a_algo *found = NULL;
-        if (moe_a2a_find(ctx, tok, &found) != MOE_STATUS_OK) {
-          if (rank == 0) cli_error("--algo: %s (or all, bare)", moe_ctx_error(ctx));
-          rc = CLI_USAGE;
-          goto done;
-        }
-        add[nadd++] = found->name;
-      }
-      for (int i = 0; i < nadd; i++) {
-        int have = 0;
-        for (int j = 0; j < nnames; j++) have |= strcmp(names[j], add[i]) == 0;
-        if (!have && nnames < 12) names[nnames++] = add[i];
-      }
-    }
-    if (nnames == 0) {
-      if (rank == 0) cli_error("--algo needs at least one name (see --help)");
-      rc = CLI_USAGE;
-      goto done;
-    }
-  }
+  rc = collect_names(ctx, &o, rank, names, &nnames);
+  if (rc != CLI_OK) goto done;
   if (o.bound) {  // the variants the eq. 18 summary needs
     const char *need[4] = {k_bound_seq, k_bound_pipe, "intra", "inter"};
     for (int i = 0; i < 4; i++) {
@@ -375,32 +405,12 @@ int cmd_bench_a2a(int argc, char **argv) {
     if (S >= o.max_bytes || S > o.max_bytes / 2) break;
   }
   if (rank == 0 && json) {
-    fprintf(json, "{\n  \"benchmark\": \"a2a\",\n  \"ranks\": %d,\n  \"nodes\": %d,\n", P,
-            g.num_nodes);
-    fprintf(json, "  \"counts\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"rows\": [\n",
-            o.skewed ? "skewed" : "uniform", o.iters, o.warmup);
-    for (int i = 0; i < nrows; i++) {
-      fprintf(json,
-              "    {\"algo\": \"%s\", \"bytes\": %zu, \"time_ms\": %.6f, \"algbw_gbs\": %.6f, "
-              "\"busbw_gbs\": %.6f, \"check\": \"%s\"}%s\n",
-              rows[i].algo, rows[i].bytes, rows[i].ms, rows[i].algbw, rows[i].busbw, rows[i].check,
-              i + 1 < nrows ? "," : "");
-    }
-    fprintf(json, "  ],\n  \"eq18\": [");
-    for (int i = 0; i < nbounds; i++) {
-      fprintf(json,
-              "%s\n    {\"bytes\": %zu, \"bound\": %.6f, \"pipe_over_sequential_model\": %.6f, "
-              "\"pipe_over_pairwise\": %.6f}",
-              i ? "," : "", bounds[i].bytes, bounds[i].bound, bounds[i].model_speedup,
-              bounds[i].speedup);
-    }
-    fprintf(json, "\n  ]\n}\n");
-    if (cli_out_commit(&out) != CLI_OK) {
+    json = NULL;
+    if (write_a2a_json(&out, &o, P, g.num_nodes, rows, nrows, bounds, nbounds) != CLI_OK) {
       rc = CLI_FAILED;
     } else {
       printf("wrote %s\n", o.json_path);
     }
-    json = NULL;
   }
 done:
   cli_out_abort(&out);

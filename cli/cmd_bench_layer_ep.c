@@ -723,6 +723,203 @@ static void print_grid_summary(const moe_layer_config *cfgs, int n_configs, cons
   printf("\n");
 }
 
+// Checks that need the world size, the profile and the node count: the same
+// on every rank, printed by rank 0. CLI_OK or CLI_USAGE.
+static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes) {
+  if (o->ep == 0) o->ep = world;
+  if (o->cfg.num_experts == 0) o->cfg.num_experts = 2 * world;  // neither --experts nor --config
+  int rc = CLI_OK;
+  if (o->ep > world || world % o->ep != 0) {
+    if (rank == 0) cli_error("--ep (%d) must divide the number of ranks (%d)", o->ep, world);
+    rc = CLI_USAGE;
+  } else if (o->cfg.num_experts % o->ep != 0) {
+    if (rank == 0) {
+      cli_error("--experts (%d) must be divisible by the EP size (%d)", o->cfg.num_experts, o->ep);
+    }
+    rc = CLI_USAGE;
+  } else if (o->cfg.top_k > o->cfg.num_experts) {
+    if (rank == 0) {
+      cli_error("--topk (%d) must be in [1, %d] (the number of experts)", o->cfg.top_k,
+                o->cfg.num_experts);
+    }
+    rc = CLI_USAGE;
+  } else if (o->ranks_per_node > 0 && world % o->ranks_per_node != 0) {
+    if (rank == 0) {
+      cli_error("--ranks-per-node (%d) must divide the number of ranks (%d)", o->ranks_per_node,
+                world);
+    }
+    rc = CLI_USAGE;
+  } else if (!o->grid && moe_layer_config_validate(ctx, &o->cfg) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+  }
+  if (rc == CLI_OK && o->profile_path) {
+    rc = cli_profile_load_for(ctx, o->profile_path, world, o->ep, rank, &o->profile);
+  }
+  const int any_auto = o->auto_a2a || o->auto_comp || o->auto_sched || o->auto_chunks;
+  if (rc == CLI_OK && any_auto &&
+      (o->n_a2a != 1 || o->n_comp != 1 || o->n_sched != 1 || o->n_chunks != 1)) {
+    if (rank == 0) {
+      cli_error(
+          "with 'auto', give one value (or auto) for each of --a2a, --compress, "
+          "--schedule and --chunks");
+    }
+    rc = CLI_USAGE;
+  }
+  if (rc != CLI_OK) return rc;
+  *nodes = 1;
+  int *node_of = moe_malloc((size_t)world * sizeof(int));
+  if (node_of &&
+      moe_topology_nodes(ctx, MPI_COMM_WORLD, o->ranks_per_node, node_of) == MOE_STATUS_OK) {
+    for (int r = 0; r < world; r++) *nodes = node_of[r] + 1 > *nodes ? node_of[r] + 1 : *nodes;
+  }
+  moe_free(node_of);
+  if (o->profile_path && o->profile.cluster.nodes != *nodes) {
+    if (rank == 0) {
+      cli_error(
+          "--profile '%s' was calibrated on %d node(s); this run has %d (--ranks-per-node "
+          "must match the calibration's)",
+          o->profile.name, o->profile.cluster.nodes, *nodes);
+    }
+    return CLI_USAGE;
+  }
+  return CLI_OK;
+}
+
+// The configs: --grid's 24, or the one given.
+static void make_configs(const ep_opts *o, moe_layer_config *cfgs) {
+  if (!o->grid) {
+    cfgs[0] = o->cfg;
+    return;
+  }
+  static const int tokens[2] = {256, 512}, model[2] = {256, 512}, hidden[2] = {512, 1024};
+  static const double f[3] = {1.0, 1.2, 0.0};
+  int c = 0;
+  for (int ti = 0; ti < 2; ti++) {
+    for (int mi = 0; mi < 2; mi++) {
+      for (int hi = 0; hi < 2; hi++) {
+        for (int fi = 0; fi < 3; fi++, c++) {
+          cfgs[c] = o->cfg;
+          cfgs[c].tokens = tokens[ti];
+          cfgs[c].model_dim = model[mi];
+          cfgs[c].hidden_dim = hidden[hi];
+          cfgs[c].capacity_factor = f[fi];
+        }
+      }
+    }
+  }
+}
+
+// Rank 0 opens --json and probes --trace, so an unwritable path fails before
+// the long run; every rank learns the outcome. CLI_OK or CLI_FAILED.
+static int open_outputs(const ep_opts *o, int rank, cli_out *json) {
+  int ok = 1;
+  if (rank == 0 && o->json_path) ok = cli_out_open(json, o->json_path) == CLI_OK;
+  if (rank == 0 && ok && o->trace_path) {
+    cli_out probe = {0};
+    ok = cli_out_open(&probe, o->trace_path) == CLI_OK;
+    cli_out_abort(&probe);
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return ok ? CLI_OK : CLI_FAILED;
+}
+
+// 'auto': the planner's choice for config c (number index) replaces the
+// single a2a and compressor of o and the second (schedule, r) variant.
+static int plan_config(moe_ctx *ctx, ep_opts *o, const moe_layer_config *cfg, int index, int rank,
+                       sched_variant *sv) {
+  moe_plan_request q;
+  memset(&q, 0, sizeof q);
+  q.cfg = *cfg;
+  snprintf(q.a2a, sizeof q.a2a, "%s", o->auto_a2a ? "auto" : o->a2as[0]);
+  snprintf(q.compress, sizeof q.compress, "%s", o->auto_comp ? "auto" : o->comps[0]);
+  snprintf(q.schedule, sizeof q.schedule, "%s", o->auto_sched ? "auto" : o->scheds[0]);
+  q.chunks = o->auto_chunks ? 0 : o->chunk_list[0];
+  q.allow_lossy = o->allow_lossy;
+  q.compress_backward = o->compress_backward;
+  q.profile = &o->profile;
+  moe_plan plan;
+  if (moe_plan_layer(ctx, &o->profile.cluster, &q, &plan) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("planner: %s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  snprintf(o->a2as[0], sizeof o->a2as[0], "%s", plan.best.a2a);
+  snprintf(o->comps[0], sizeof o->comps[0], "%s", plan.best.compress);
+  snprintf(sv[1].schedule, sizeof sv[1].schedule, "%s", plan.best.schedule);
+  sv[1].chunks = plan.best.chunks;
+  if (rank == 0) {
+    printf(
+        "plan (config %d): a2a %s, compress %s, schedule %s, r=%d: predicted %.2f ms, "
+        "best of %d candidates\n",
+        index + 1, plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks,
+        plan.predicted.total_ms, plan.candidates);
+  }
+  return CLI_OK;
+}
+
+// With --profile, every variant's predicted total (moe_simulate_layer).
+static void predict(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg, ep_result *crs,
+                    int n) {
+  for (int i = 0; i < n; i++) {
+    crs[i].predicted_ms = NAN;
+    if (!o->profile_path) continue;
+    moe_sim_variant v;
+    memset(&v, 0, sizeof v);
+    v.cfg = *cfg;
+    snprintf(v.a2a, sizeof v.a2a, "%s", crs[i].a2a);
+    snprintf(v.schedule, sizeof v.schedule, "%s", crs[i].schedule);
+    v.chunks = crs[i].chunks_req;
+    snprintf(v.compress, sizeof v.compress, "%s", crs[i].compress);
+    v.compress_backward = o->compress_backward;
+    v.profile = &o->profile;
+    moe_sim_result sr;
+    if (moe_simulate_layer(ctx, &o->profile.cluster, &v, &sr) == MOE_STATUS_OK) {
+      crs[i].predicted_ms = sr.total_ms;
+    }
+  }
+}
+
+// One config: its variants (a2a x compressor x (schedule, r), each group's
+// baseline first), run, predicted, derived and printed. trace: write the last
+// variant's last iteration. CLI_OK or CLI_FAILED on every rank.
+static int run_config(moe_ctx *ctx, ep_opts *o, const moe_layer_config *cfg, int index, int rank,
+                      int world, sched_variant *sv, int n_sv, ep_result *crs, int per_config,
+                      const char *trace) {
+  const int any_auto = o->auto_a2a || o->auto_comp || o->auto_sched || o->auto_chunks;
+  if (any_auto && plan_config(ctx, o, cfg, index, rank, sv) != CLI_OK) return CLI_FAILED;
+  int k = 0;
+  for (int a = 0; a < o->n_a2a; a++) {
+    for (int z = 0; z < o->n_comp; z++) {
+      const int base = k;
+      for (int s = 0; s < n_sv; s++, k++) {
+        ep_result *r = &crs[k];
+        r->a2a = o->a2as[a];
+        r->compress = o->comps[z];
+        r->schedule = sv[s].schedule;
+        r->chunks_req = sv[s].chunks;
+        r->baseline = base;
+        r->planned = any_auto && s == 1;
+      }
+    }
+  }
+  // Run the config's variants interleaved: all of them when they are few
+  // (every ratio then compares measurements taken side by side), else one
+  // (a2a, compress) group at a time (bounded memory).
+  const int unit = per_config <= 32 ? per_config : n_sv;
+  for (int g0 = 0; g0 < per_config; g0 += unit) {
+    const char *t = g0 + unit == per_config ? trace : NULL;
+    if (run_group(ctx, o, cfg, rank, &crs[g0], unit, g0, t) != CLI_OK) return CLI_FAILED;
+  }
+  predict(ctx, o, cfg, crs, per_config);
+  derive(crs, per_config);
+  if (rank == 0) {
+    config_line(stdout, index, o->grid ? GRID_CONFIGS : 1, cfg, world, o->ep);
+    print_table(crs, per_config, o->profile_path != NULL);
+    fflush(stdout);
+  }
+  return CLI_OK;
+}
+
 int cmd_bench_layer_ep(int argc, char **argv) {
   ep_opts o;
   int provided = 0, rank = 0, world = 1;
@@ -751,120 +948,29 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     if (rc < 0) rc = CLI_OK;  // --help
     goto done;
   }
-
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("cannot create a context");
     rc = CLI_FAILED;
     goto done;
   }
-  // Checks that need the world size: the same on every rank, printed by rank 0.
-  if (o.ep == 0) o.ep = world;
-  if (o.cfg.num_experts == 0) o.cfg.num_experts = 2 * world;  // neither --experts nor --config
-  if (o.ep > world || world % o.ep != 0) {
-    if (rank == 0) cli_error("--ep (%d) must divide the number of ranks (%d)", o.ep, world);
-    rc = CLI_USAGE;
-  } else if (o.cfg.num_experts % o.ep != 0) {
-    if (rank == 0) {
-      cli_error("--experts (%d) must be divisible by the EP size (%d)", o.cfg.num_experts, o.ep);
-    }
-    rc = CLI_USAGE;
-  } else if (o.cfg.top_k > o.cfg.num_experts) {
-    if (rank == 0) {
-      cli_error("--topk (%d) must be in [1, %d] (the number of experts)", o.cfg.top_k,
-                o.cfg.num_experts);
-    }
-    rc = CLI_USAGE;
-  } else if (o.ranks_per_node > 0 && world % o.ranks_per_node != 0) {
-    if (rank == 0) {
-      cli_error("--ranks-per-node (%d) must divide the number of ranks (%d)", o.ranks_per_node,
-                world);
-    }
-    rc = CLI_USAGE;
-  } else if (!o.grid && moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
-    if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
-    rc = CLI_USAGE;
-  }
-  if (rc == CLI_OK && o.profile_path) {
-    rc = cli_profile_load_for(ctx, o.profile_path, world, o.ep, rank, &o.profile);
-  }
-  const int any_auto = o.auto_a2a || o.auto_comp || o.auto_sched || o.auto_chunks;
-  if (rc == CLI_OK && any_auto &&
-      (o.n_a2a != 1 || o.n_comp != 1 || o.n_sched != 1 || o.n_chunks != 1)) {
-    if (rank == 0) {
-      cli_error(
-          "with 'auto', give one value (or auto) for each of --a2a, --compress, "
-          "--schedule and --chunks");
-    }
-    rc = CLI_USAGE;
-  }
+  rc = check_world(ctx, &o, rank, world, &nodes);
   if (rc != CLI_OK) goto done;
-  {
-    int *node_of = moe_malloc((size_t)world * sizeof(int));
-    if (node_of &&
-        moe_topology_nodes(ctx, MPI_COMM_WORLD, o.ranks_per_node, node_of) == MOE_STATUS_OK) {
-      for (int r = 0; r < world; r++) nodes = node_of[r] + 1 > nodes ? node_of[r] + 1 : nodes;
-    }
-    moe_free(node_of);
-  }
-  if (o.profile_path && o.profile.cluster.nodes != nodes) {
-    if (rank == 0) {
-      cli_error(
-          "--profile '%s' was calibrated on %d node(s); this run has %d (--ranks-per-node "
-          "must match the calibration's)",
-          o.profile.name, o.profile.cluster.nodes, nodes);
-    }
-    rc = CLI_USAGE;
-    goto done;
-  }
   moe_blas_set_threads(o.threads);
 
-  // The configs.
   n_configs = o.grid ? GRID_CONFIGS : 1;
   cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);
   int n_sv = make_sched_variants(&o, sv, (int)(sizeof sv / sizeof sv[0]));
-  if (any_auto) n_sv = 2;  // sequential r=1, then the plan (filled per config)
+  if (o.auto_a2a || o.auto_comp || o.auto_sched || o.auto_chunks)
+    n_sv = 2;  // sequential r=1, then the plan (filled per config)
   per_config = o.n_a2a * o.n_comp * n_sv;
   rs = moe_calloc((size_t)n_configs * (size_t)per_config, sizeof *rs);
   if (!cfgs || !rs) {
     cli_error("rank %d: cannot allocate the result tables", rank);
     MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
-  if (o.grid) {
-    static const int tokens[2] = {256, 512}, model[2] = {256, 512}, hidden[2] = {512, 1024};
-    static const double f[3] = {1.0, 1.2, 0.0};
-    int c = 0;
-    for (int ti = 0; ti < 2; ti++) {
-      for (int mi = 0; mi < 2; mi++) {
-        for (int hi = 0; hi < 2; hi++) {
-          for (int fi = 0; fi < 3; fi++, c++) {
-            cfgs[c] = o.cfg;
-            cfgs[c].tokens = tokens[ti];
-            cfgs[c].model_dim = model[mi];
-            cfgs[c].hidden_dim = hidden[hi];
-            cfgs[c].capacity_factor = f[fi];
-          }
-        }
-      }
-    }
-  } else {
-    cfgs[0] = o.cfg;
-  }
-  // Outputs are opened first, so an unwritable path fails before the long run.
-  {
-    int ok = 1;
-    if (rank == 0 && o.json_path) ok = cli_out_open(&json, o.json_path) == CLI_OK;
-    if (rank == 0 && ok && o.trace_path) {
-      cli_out probe = {0};
-      ok = cli_out_open(&probe, o.trace_path) == CLI_OK;
-      cli_out_abort(&probe);
-    }
-    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!ok) {
-      rc = CLI_FAILED;
-      goto done;
-    }
-  }
-
+  make_configs(&o, cfgs);
+  rc = open_outputs(&o, rank, &json);
+  if (rc != CLI_OK) goto done;
   if (rank == 0) {
     printf(
         "moe bench layer (distributed): %d rank%s on %d node%s, EP=%d x DP=%d, wait %s, "
@@ -879,96 +985,10 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     fflush(stdout);
   }
   for (int c = 0; c < n_configs; c++) {
-    const moe_layer_config *cfg = &cfgs[c];
-    ep_result *crs = rs + (size_t)c * (size_t)per_config;
-    if (any_auto) {
-      moe_plan_request q;
-      memset(&q, 0, sizeof q);
-      q.cfg = *cfg;
-      snprintf(q.a2a, sizeof q.a2a, "%s", o.auto_a2a ? "auto" : o.a2as[0]);
-      snprintf(q.compress, sizeof q.compress, "%s", o.auto_comp ? "auto" : o.comps[0]);
-      snprintf(q.schedule, sizeof q.schedule, "%s", o.auto_sched ? "auto" : o.scheds[0]);
-      q.chunks = o.auto_chunks ? 0 : o.chunk_list[0];
-      q.allow_lossy = o.allow_lossy;
-      q.compress_backward = o.compress_backward;
-      q.profile = &o.profile;
-      moe_plan plan;
-      if (moe_plan_layer(ctx, &o.profile.cluster, &q, &plan) != MOE_STATUS_OK) {
-        if (rank == 0) cli_error("planner: %s", moe_ctx_error(ctx));
-        rc = CLI_FAILED;
-        goto done;
-      }
-      snprintf(o.a2as[0], sizeof o.a2as[0], "%s", plan.best.a2a);
-      snprintf(o.comps[0], sizeof o.comps[0], "%s", plan.best.compress);
-      snprintf(sv[1].schedule, sizeof sv[1].schedule, "%s", plan.best.schedule);
-      sv[1].chunks = plan.best.chunks;
-      if (rank == 0) {
-        printf(
-            "plan (config %d): a2a %s, compress %s, schedule %s, r=%d: predicted %.2f ms, "
-            "best of %d candidates\n",
-            c + 1, plan.best.a2a, plan.best.compress, plan.best.schedule, plan.predicted.chunks,
-            plan.predicted.total_ms, plan.candidates);
-      }
-    }
-    int k = 0;
-    for (int a = 0; a < o.n_a2a; a++) {
-      for (int z = 0; z < o.n_comp; z++) {
-        const int base = k;
-        for (int s = 0; s < n_sv; s++, k++) {
-          ep_result *r = &crs[k];
-          r->a2a = o.a2as[a];
-          r->compress = o.comps[z];
-          r->schedule = sv[s].schedule;
-          r->chunks_req = sv[s].chunks;
-          r->baseline = base;
-        }
-      }
-    }
-    // Run the config's variants interleaved: all of them when they are few
-    // (every ratio then compares measurements taken side by side), else one
-    // (a2a, compress) group at a time (bounded memory).
-    {
-      const int unit = per_config <= 32 ? per_config : n_sv;
-      for (int g0 = 0; g0 < per_config; g0 += unit) {
-        const int last = c == n_configs - 1 && g0 + unit == per_config;
-        if (run_group(ctx, &o, cfg, rank, &crs[g0], unit, g0, last ? o.trace_path : NULL) !=
-            CLI_OK) {
-          rc = CLI_FAILED;
-          goto done;
-        }
-      }
-    }
-    k = 0;
-    for (int a = 0; a < o.n_a2a; a++) {
-      for (int z = 0; z < o.n_comp; z++) {
-        const int base = k;
-        k += n_sv;
-        for (int i = base; i < k; i++) {
-          crs[i].planned = any_auto && i == base + 1;
-          crs[i].predicted_ms = NAN;
-          if (!o.profile_path) continue;
-          moe_sim_variant v;
-          memset(&v, 0, sizeof v);
-          v.cfg = *cfg;
-          snprintf(v.a2a, sizeof v.a2a, "%s", crs[i].a2a);
-          snprintf(v.schedule, sizeof v.schedule, "%s", crs[i].schedule);
-          v.chunks = crs[i].chunks_req;
-          snprintf(v.compress, sizeof v.compress, "%s", crs[i].compress);
-          v.compress_backward = o.compress_backward;
-          v.profile = &o.profile;
-          moe_sim_result sr;
-          if (moe_simulate_layer(ctx, &o.profile.cluster, &v, &sr) == MOE_STATUS_OK) {
-            crs[i].predicted_ms = sr.total_ms;
-          }
-        }
-      }
-    }
-    derive(crs, per_config);
-    if (rank == 0) {
-      config_line(stdout, c, n_configs, cfg, world, o.ep);
-      print_table(crs, per_config, o.profile_path != NULL);
-      fflush(stdout);
-    }
+    const char *trace = c == n_configs - 1 ? o.trace_path : NULL;
+    rc = run_config(ctx, &o, &cfgs[c], c, rank, world, sv, n_sv,
+                    rs + (size_t)c * (size_t)per_config, per_config, trace);
+    if (rc != CLI_OK) goto done;
   }
   if (rank == 0 && o.grid) print_grid_summary(cfgs, n_configs, rs, per_config, n_sv);
   if (rank == 0) {
