@@ -17,13 +17,8 @@ int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int 
     if (rank == 0) cli_error("--profile: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }
-  if (moe_cluster_devices(&out->cluster) != world || ep != world) {
-    if (rank == 0) {
-      cli_error(
-          "--profile '%s' was calibrated on %d ranks; predictions need the same ranks "
-          "(%d here) and EP over all of them (--ep %d)",
-          out->name, moe_cluster_devices(&out->cluster), world, ep);
-    }
+  if (moe_profile_check_ranks(ctx, out, world, ep) != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("--%s", moe_ctx_error(ctx));  // "profile ..."
     return CLI_USAGE;
   }
   return CLI_OK;

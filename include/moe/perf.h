@@ -272,6 +272,9 @@ typedef struct {
 // beta > 0, r2 <= 1 and points >= 2.
 moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *out);
 moe_status moe_profile_load(moe_ctx *ctx, const char *path, moe_profile *out);
+// INVALID_ARG unless prof describes `ranks` devices and the layer runs EP over
+// all of them (ep == ranks): predictions need the ranks the profile measured.
+moe_status moe_profile_check_ranks(moe_ctx *ctx, const moe_profile *prof, int ranks, int ep);
 // The profile as JSON text (moe_malloc'd, the caller moe_free()s it).
 moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out);
 // The fitted all-to-all model of algo, or NULL when the profile has none.

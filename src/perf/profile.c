@@ -585,3 +585,14 @@ int moe_profile_codec(const moe_profile *p, const char *name, const moe_linear_f
   }
   return 0;
 }
+
+moe_status moe_profile_check_ranks(moe_ctx *ctx, const moe_profile *prof, int ranks, int ep) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, moe_cluster_devices(&prof->cluster) != ranks || ep != ranks,
+              MOE_STATUS_INVALID_ARG,
+              "profile '%s' was calibrated on %d ranks; predictions need the same ranks (%d "
+              "here) and EP over all of them (EP %d)",
+              prof->name, moe_cluster_devices(&prof->cluster), ranks, ep);
+done:
+  return st;
+}

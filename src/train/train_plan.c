@@ -27,10 +27,7 @@ moe_status moe_train_plan(moe_ctx *ctx, MPI_Comm world, moe_train_config *tc, mo
   MOE_MPI_TRY(ctx, MPI_Comm_size(world, &P));
   const moe_profile *prof = tc->profile;
   const int ep = tc->par.ep_size > 0 ? tc->par.ep_size : P;
-  MOE_FAIL_IF(ctx, moe_cluster_devices(&prof->cluster) != P || ep != P, MOE_STATUS_INVALID_ARG,
-              "profile '%s' was calibrated on %d ranks; predictions need the same ranks (%d "
-              "here) and EP over all of them (EP %d)",
-              prof->name, moe_cluster_devices(&prof->cluster), P, ep);
+  MOE_TRY(moe_profile_check_ranks(ctx, prof, P, ep));
   MOE_FAIL_IF(ctx, tc->batch <= 0 || tc->batch % P != 0, MOE_STATUS_INVALID_ARG,
               "batch (%d) must be a positive multiple of the %d ranks", tc->batch, P);
   MOE_FAIL_IF(ctx, tc->model.moe_every == 0, MOE_STATUS_INVALID_ARG,
