@@ -118,6 +118,73 @@ static void test_gemm_vs_ref(void) {
   }
 }
 
+// The batch-invariant row GEMMs: close to the reference, beta as BLAS, and a
+// row's bits independent of the call it is in: the same row computed alone
+// and inside calls of 1..2048 rows at every kind of offset is bitwise equal.
+static void test_gemm_rows(void) {
+  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7}, {64, 33}, {130, 5}};  // n, k
+  char name[96];
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    const int n = shapes[s][0], k = shapes[s][1], m = 2048;
+    const float *a = tu_filled((size_t)m * k, 400 + (int)s, -1.0f, 1.0f);
+    const float *b = tu_filled((size_t)k * n, 500 + (int)s, -1.0f, 1.0f);   // (k, n)
+    const float *bt = tu_filled((size_t)n * k, 600 + (int)s, -1.0f, 1.0f);  // (n, k)
+    float *c0 = tu_filled((size_t)m * n, 700 + (int)s, -1.0f, 1.0f);
+    for (int nt = 0; nt < 2; nt++) {
+      const float *bb = nt ? bt : b;
+      const int ldb = nt ? k : n;
+      float *c = tu_copy_of(c0, (size_t)m * n), *cr = tu_copy_of(c0, (size_t)m * n);
+      if (nt) {
+        moe_gemm_rows_nt(m, n, k, a, k, bb, ldb, 1.0f, c, n);
+      } else {
+        moe_gemm_rows_nn(m, n, k, a, k, bb, ldb, 1.0f, c, n);
+      }
+      moe_gemm_ref(0, nt, m, n, k, 1.0f, a, k, bb, ldb, 1.0f, cr, n);
+      snprintf(name, sizeof name, "gemm_rows_%s n%d k%d", nt ? "nt" : "nn", n, k);
+      tu_allclose(name, c, cr, (size_t)m * n, 2e-6 * (k + 1), 1e-5);
+      // beta 0 ignores C (NaN included)
+      float *z = tu_copy_of(c0, (size_t)n);
+      for (int j = 0; j < n; j++) z[j] = NAN;
+      if (nt) {
+        moe_gemm_rows_nt(1, n, k, a, k, bb, ldb, 0.0f, z, n);
+      } else {
+        moe_gemm_rows_nn(1, n, k, a, k, bb, ldb, 0.0f, z, n);
+      }
+      int finite = 1;
+      for (int j = 0; j < n; j++) finite &= isfinite(z[j]) != 0;
+      TU_CHECK(finite, "%s: beta 0 kept a NaN", name);
+      // every row alone vs the 2048-row call, and calls of many sizes and offsets
+      float *one = tu_copy_of(c0, (size_t)m * n), *part = tu_copy_of(c0, (size_t)m * n);
+      for (int i = 0; i < m; i++) {
+        float *ci = one + (size_t)i * n;
+        if (nt) {
+          moe_gemm_rows_nt(1, n, k, a + (size_t)i * k, k, bb, ldb, 1.0f, ci, n);
+        } else {
+          moe_gemm_rows_nn(1, n, k, a + (size_t)i * k, k, bb, ldb, 1.0f, ci, n);
+        }
+      }
+      static const int sizes[] = {1, 2, 3, 7, 16, 33, 100, 511, 1024, 2047};
+      for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
+        for (int r0 = (int)q % 5; r0 < m; r0 += sizes[q]) {
+          const int rows = m - r0 < sizes[q] ? m - r0 : sizes[q];
+          float *cp = part + (size_t)r0 * n;
+          memcpy(cp, c0 + (size_t)r0 * n, (size_t)rows * n * sizeof(float));
+          if (nt) {
+            moe_gemm_rows_nt(rows, n, k, a + (size_t)r0 * k, k, bb, ldb, 1.0f, cp, n);
+          } else {
+            moe_gemm_rows_nn(rows, n, k, a + (size_t)r0 * k, k, bb, ldb, 1.0f, cp, n);
+          }
+        }
+        TU_CHECK(memcmp(part + (size_t)n * ((size_t)q % 5), c + (size_t)n * ((size_t)q % 5),
+                        (size_t)(m - (int)q % 5) * n * sizeof(float)) == 0,
+                 "%s: calls of %d rows give other bits than one call", name, sizes[q]);
+      }
+      TU_CHECK(memcmp(one, c, (size_t)m * n * sizeof(float)) == 0,
+               "%s: a row alone gives other bits than in the 2048-row call", name);
+    }
+  }
+}
+
 static void test_gemm_empty(void) {
   // k == 0: C = beta * C, and A, B are never read (NULL is fine).
   float c[6] = {1, 2, 3, 4, 5, 6}, want[6] = {0.5f, 1, 1.5f, 2, 2.5f, 3};
@@ -974,9 +1041,9 @@ int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
   void (*const tests[])(void) = {
-      test_blas_info, test_gemm_hand,     test_gemm_vs_ref, test_gemm_empty, test_linear,
-      test_bias,      test_gelu,          test_relu,        test_softmax,    test_topk,
-      test_layernorm, test_cross_entropy, test_adamw};
+      test_blas_info, test_gemm_hand, test_gemm_vs_ref,   test_gemm_rows, test_gemm_empty,
+      test_linear,    test_bias,      test_gelu,          test_relu,      test_softmax,
+      test_topk,      test_layernorm, test_cross_entropy, test_adamw};
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     tests[i]();
     tu_free_all();

@@ -50,6 +50,19 @@ void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
+// Batch-invariant GEMMs for thin products (n or k small, like the gate's E
+// columns): every row of C is computed on its own, each element's sum over k
+// in the fixed order 0, 1, ..., k-1, so a row's result is bitwise the same
+// whatever the number of rows in the call, the row's position and the other
+// rows. (BLAS gives no such guarantee: OpenBLAS picks kernels by shape, and a
+// row's bits change with m and with its place in the call.) c (m, n), ldc.
+// nn: C = beta C + A B with A (m, k), B (k, n).
+void moe_gemm_rows_nn(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc);
+// nt: C = beta C + A B^T with A (m, k), B (n, k).
+void moe_gemm_rows_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc);
+
 // ---- linear: y = x W + b ------------------------------------------------------------
 
 // y is (N, Dout), x is (N, Din), w is (Din, Dout), b is (Dout) or NULL. Overwrites y.

@@ -63,6 +63,45 @@ void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// ---- batch-invariant row GEMMs -----------------------------------------------------
+
+// One row at a time: the j loop (a block of up to 64 columns) vectorizes and
+// every element's k order is fixed. Nothing here depends on m or on the other
+// rows, so a row computed alone gives the same bits.
+void moe_gemm_rows_nn(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc) {
+  enum { NB = 64 };  // columns per block (a few vector registers per row)
+  for (int j0 = 0; j0 < n; j0 += NB) {
+    const int nb = n - j0 < NB ? n - j0 : NB;
+    for (int i = 0; i < m; i++) {
+      const float *restrict ai = a + (size_t)i * (size_t)lda;
+      float acc[NB];
+      for (int j = 0; j < nb; j++) acc[j] = 0.0f;
+      for (int p = 0; p < k; p++) {
+        const float av = ai[p];
+        const float *restrict bp = b + (size_t)p * (size_t)ldb + j0;
+        for (int j = 0; j < nb; j++) acc[j] += av * bp[j];
+      }
+      float *restrict ci = c + (size_t)i * (size_t)ldc + j0;
+      for (int j = 0; j < nb; j++) ci[j] = beta == 0.0f ? acc[j] : beta * ci[j] + acc[j];
+    }
+  }
+}
+
+void moe_gemm_rows_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                      float beta, float *c, int ldc) {
+  for (int i = 0; i < m; i++) {
+    const float *restrict ai = a + (size_t)i * (size_t)lda;
+    float *restrict ci = c + (size_t)i * (size_t)ldc;
+    for (int j = 0; j < n; j++) {
+      const float *restrict bj = b + (size_t)j * (size_t)ldb;
+      float acc = 0.0f;
+      for (int p = 0; p < k; p++) acc += ai[p] * bj[p];
+      ci[j] = beta == 0.0f ? acc : beta * ci[j] + acc;
+    }
+  }
+}
+
 // Triple loop accumulating in double: the reference has a much smaller rounding
 // error than sgemm, so test tolerances measure sgemm alone.
 void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
