@@ -384,13 +384,9 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
                    mf.experts >= 0 || mf.topk >= 0 || mf.expert_hidden >= 0 || mf.moe_every >= 0 ||
                    mf.dense_hidden >= 0 || !isnan(mf.capacity_factor) || !isnan(mf.aux_coef) ||
                    o->model_config;
-  if (tc->data) {
-    FILE *f = fopen(tc->data, "rb");
-    if (!f) {
-      cli_error("--data: cannot open '%s': %s", tc->data, strerror(errno));
-      return CLI_USAGE;
-    }
-    fclose(f);
+  if (moe_text_check_source(ctx, tc->data) != MOE_STATUS_OK) {
+    cli_error("--data: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
   }
   moe_gpt_ckpt_info info;
   if (resolve_model(o, &mf, ctx, &info) != CLI_OK) return CLI_USAGE;

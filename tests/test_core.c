@@ -229,6 +229,22 @@ static void test_config_json(void) {
       "JSON round trip: %s", buf);
   TU_CHECK(moe_layer_config_to_json(ctx, &cfg, buf, 10) == MOE_STATUS_INVALID_ARG,
            "small buffer rejected");
+  // A NUL inside a string would silently cut it ("ffn\u0000x" read as "ffn");
+  // an escaped backslash before "u0000" is ordinary text.
+  TU_CHECK(moe_layer_config_from_json(ctx, "{\"expert\": \"ffn\\u0000x\"}", &back) ==
+                   MOE_STATUS_BAD_FORMAT &&
+               strstr(moe_ctx_error(ctx), "NUL"),
+           "a NUL in a string: %s", moe_ctx_error(ctx));
+  TU_CHECK(
+      moe_layer_config_from_json(ctx, "{\"expert\": \"ffn\\\\u0000x\"}", &back) == MOE_STATUS_OK &&
+          strcmp(back.expert, "ffn\\u0000x") == 0,
+      "an escaped backslash is not a NUL: '%s'", back.expert);
+  // An integer beyond int: the range in the message, the value as written.
+  TU_CHECK(moe_layer_config_from_json(ctx, "{\"tokens\": 4294967296}", &back) ==
+                   MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "(4294967296) is out of range") &&
+               strstr(moe_ctx_error(ctx), "2147483647"),
+           "a too-large integer: %s", moe_ctx_error(ctx));
   TU_CHECK(moe_layer_config_load(ctx, "/nonexistent/cfg.json", &cfg) == MOE_STATUS_IO &&
                strstr(moe_ctx_error(ctx), "/nonexistent/cfg.json") != NULL,
            "missing file names the path");

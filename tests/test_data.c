@@ -250,6 +250,20 @@ static void test_user_file(moe_ctx *ctx) {
   TU_CHECK(moe_text_load(ctx, g_tmp, 0, &t) == MOE_STATUS_IO && !t &&
                strstr(moe_ctx_error(ctx), "not a regular file"),
            "directory: '%s'", moe_ctx_error(ctx));
+  // The early check of a source (what moe train does before anything else).
+  TU_CHECK(moe_text_check_source(ctx, NULL) == MOE_STATUS_OK &&
+               moe_text_check_source(ctx, "generated:") == MOE_STATUS_OK &&
+               moe_text_check_source(ctx, empty) == MOE_STATUS_OK,
+           "valid sources: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_text_check_source(ctx, g_tmp) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "not a regular file"),
+           "a directory: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_text_check_source(ctx, "/nonexistent/corpus.txt") == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "No such file"),
+           "a missing file: %s", moe_ctx_error(ctx));
+  TU_CHECK(moe_text_check_source(ctx, "fortunes:/nonexistent/dir") == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "not a readable directory"),
+           "a missing fortunes directory: %s", moe_ctx_error(ctx));
   TU_CHECK(moe_text_load(ctx, "", 0, &t) == MOE_STATUS_INVALID_ARG && !t, "empty path");
   TU_CHECK(moe_text_load(ctx, "generated:", MOE_TEXT_GENERATED_BYTES + 1, &t) ==
                    MOE_STATUS_INVALID_ARG &&

@@ -56,7 +56,14 @@ expect 2 "divide|divisible" -- "$MOE" train --d-model 30 --heads 4
 expect 2 "--plot needs --metrics" -- "$MOE" train --plot x.png
 expect 2 "checkpoint FILE is required" -- "$MOE" sample
 expect 2 "divisible by the number of ranks" -- mpi 2 "$MOE" train "${TINY[@]}" --batch 3 --steps 2
-expect 2 "nothing|No such|cannot|open" -- "$MOE" train --data "$tmp/missing.txt" --steps 2
+expect 2 "--data: cannot open .*missing.txt.*No such file" -- "$MOE" train --data "$tmp/missing.txt" --steps 2
+# a directory is bad input like a missing file (exit 2, as for --model-config)
+expect 2 "--data: .* is not a regular file" -- "$MOE" train --data "$tmp" --steps 2
+expect 2 "--model-config: .* is not a regular file" -- "$MOE" train --model-config "$tmp" --steps 2
+# the generated text, as docs/data.md lists it
+tiny_gen=("${TINY[@]:2}")
+expect 0 "data: generated: [0-9]+ bytes" -- "$MOE" train "${tiny_gen[@]}" --data generated: --steps 2 \
+  --eval-every 0 --eval-batches 1 --quiet
 
 # A run with every output, then sampling from its checkpoint.
 expect 0 "val loss" -- mpi 2 "$MOE" train "${TINY[@]}" --steps 12 --metrics "$tmp/m.jsonl" \

@@ -52,6 +52,11 @@ typedef struct moe_text moe_text;
 // gives the size and the size needed). min_bytes 0 means no minimum beyond
 // non-empty. On failure *out is NULL. Free with moe_text_free.
 moe_status moe_text_load(moe_ctx *ctx, const char *path, size_t min_bytes, moe_text **out);
+// Checks a text source without reading it (for an early, clear refusal):
+// NULL and "generated:" are fine; "fortunes:DIR" needs a readable directory;
+// a path needs an existing, readable regular file. INVALID_ARG naming the
+// problem otherwise (a missing file, a directory, no permission).
+moe_status moe_text_check_source(moe_ctx *ctx, const char *path);
 void moe_text_free(moe_text *t);  // NULL is a no-op
 // The bytes (size moe_text_size), owned by t.
 const uint8_t *moe_text_data(const moe_text *t);

@@ -8,10 +8,28 @@
 #include <string.h>
 #include <sys/stat.h>
 
+// Byte offset of the first \u0000 escape in text (a NUL inside a JSON
+// string, which C strings would silently cut: "ffn\u0000x" would read as
+// "ffn"), or -1. An escape is a backslash preceded by an even number of
+// backslashes.
+static long find_nul_escape(const char *text) {
+  for (const char *p = text; *p; p++) {
+    if (p[0] != '\\' || p[1] != 'u' || p[2] != '0' || p[3] != '0' || p[4] != '0' || p[5] != '0')
+      continue;
+    size_t run = 0;
+    for (const char *q = p; q > text && q[-1] == '\\'; q--) run++;
+    if (run % 2 == 0) return (long)(p - text);
+  }
+  return -1;
+}
+
 moe_status moe_json_parse_object(moe_ctx *ctx, const char *text, const char *what, cJSON **out) {
   moe_status st = MOE_STATUS_OK;
   *out = NULL;
   MOE_FAIL_IF(ctx, !text, MOE_STATUS_INVALID_ARG, "%s: no JSON text", what);
+  const long nul = find_nul_escape(text);
+  MOE_FAIL_IF(ctx, nul >= 0, MOE_STATUS_BAD_FORMAT,
+              "%s: a string holds a NUL character (\\u0000 at byte %ld): not allowed", what, nul);
   // ParseWithOpts reports where parsing stopped through `end` (no global state)
   // and, with require_null_terminated, rejects trailing text.
   const char *end = NULL;
@@ -82,8 +100,11 @@ moe_status moe_json_get_int(moe_ctx *ctx, const cJSON *item, const char *what, i
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !cJSON_IsNumber(item), MOE_STATUS_INVALID_ARG, "'%s' must be an integer", what);
   const double v = item->valuedouble;
-  MOE_FAIL_IF(ctx, !(v == floor(v)) || v < -2147483648.0 || v > 2147483647.0,
-              MOE_STATUS_INVALID_ARG, "'%s' must be an integer (got %g)", what, v);
+  MOE_FAIL_IF(ctx, !(v == floor(v)), MOE_STATUS_INVALID_ARG, "'%s' must be an integer (got %.17g)",
+              what, v);
+  MOE_FAIL_IF(ctx, v < -2147483648.0 || v > 2147483647.0, MOE_STATUS_INVALID_ARG,
+              "'%s' (%.0f) is out of range: integers here are in [-2147483648, 2147483647]", what,
+              v);
   *out = (int)v;
 done:
   return st;

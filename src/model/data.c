@@ -396,6 +396,29 @@ done:
   return st;
 }
 
+moe_status moe_text_check_source(moe_ctx *ctx, const char *path) {
+  moe_status st = MOE_STATUS_OK;
+  struct stat sb;
+  if (!path || strcmp(path, "generated:") == 0) goto done;
+  if (strncmp(path, "fortunes:", 9) == 0) {
+    const char *dir = path[9] ? path + 9 : MOE_FORTUNES_DIR;
+    MOE_FAIL_IF(ctx, stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode), MOE_STATUS_INVALID_ARG,
+                "'%s': '%s' is not a readable directory of fortune files", path, dir);
+    goto done;
+  }
+  MOE_FAIL_IF(ctx, path[0] == '\0', MOE_STATUS_INVALID_ARG, "text file: the path is empty");
+  MOE_FAIL_IF(ctx, stat(path, &sb) != 0, MOE_STATUS_INVALID_ARG, "cannot open '%s': %s", path,
+              strerror(errno));
+  MOE_FAIL_IF(ctx, !S_ISREG(sb.st_mode), MOE_STATUS_INVALID_ARG,
+              "'%s' is not a regular file (give a text file, 'generated:' or 'fortunes:DIR')",
+              path);
+  FILE *f = fopen(path, "rb");
+  MOE_FAIL_IF(ctx, !f, MOE_STATUS_INVALID_ARG, "cannot open '%s': %s", path, strerror(errno));
+  fclose(f);
+done:
+  return st;
+}
+
 void moe_text_free(moe_text *t) {
   if (!t) return;
   moe_free(t->data);
