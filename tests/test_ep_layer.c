@@ -25,6 +25,7 @@ typedef struct {
   int one_expert;  // route every first choice to expert 5
   int replicas;    // add replicas
   moe_activation act;
+  int deepspeed;  // gate_convention deepspeed (first-choice aux, renormalised after dropping)
 } scenario;
 
 static int g_rank, g_world;
@@ -42,9 +43,9 @@ static void tokens_of(int r, const scenario *sc, int *T, int *off) {
 
 static void run_scenario(const scenario *sc) {
   char name[160];
-  snprintf(name, sizeof name, "ep=%d%s rpn=%d a2a=%s f=%g zero=%d one=%d rep=%d %s", sc->ep,
+  snprintf(name, sizeof name, "ep=%d%s rpn=%d a2a=%s f=%g zero=%d one=%d rep=%d %s%s", sc->ep,
            sc->strided ? "s" : "c", sc->rpn, sc->a2a, sc->f, sc->zero_rank, sc->one_expert,
-           sc->replicas, moe_activation_name(sc->act));
+           sc->replicas, moe_activation_name(sc->act), sc->deepspeed ? " deepspeed" : "");
   int Tg = 0, T = 0, off = 0, dummy = 0;
   for (int q = 0; q < g_world; q++) {
     int t = 0;
@@ -63,6 +64,10 @@ static void run_scenario(const scenario *sc) {
   cfg.act = sc->act;
   cfg.aux_loss_coef = 0.01f;
   cfg.z_loss_coef = 0.001f;
+  if (sc->deepspeed) {
+    cfg.gate_convention = MOE_GATE_DEEPSPEED;
+    cfg.renormalize = 1;
+  }
   const int M = cfg.model_dim, H = cfg.hidden_dim, E = cfg.num_experts;
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
@@ -363,7 +368,7 @@ int main(int argc, char **argv) {
   for (int ep = 1; ep <= g_world; ep++) {
     if (g_world % ep) continue;
     for (int strided = 0; strided <= (ep > 1 && ep < g_world); strided++) {
-      const scenario sc = {ep, strided, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_GELU};
+      const scenario sc = {ep, strided, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_GELU, 0};
       run_scenario(&sc);
     }
   }
@@ -380,16 +385,19 @@ int main(int argc, char **argv) {
                            -1,
                            0,
                            0,
-                           rpn == 1 ? MOE_ACT_GELU : MOE_ACT_RELU};
+                           rpn == 1 ? MOE_ACT_GELU : MOE_ACT_RELU,
+                           0};
       run_scenario(&sc);
     }
   }
   // A rank with zero tokens, all tokens to one expert, replicas, and all at once.
   const scenario special[] = {
-      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU},
-      {g_world, 0, 0, "pipe", 0.0, -1, 1, 0, MOE_ACT_GELU},
-      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU},
-      {g_world, 0, 0, "grouped", 6.0, 0, 1, 1, MOE_ACT_RELU},
+      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU, 0},
+      {g_world, 0, 0, "pipe", 0.0, -1, 1, 0, MOE_ACT_GELU, 0},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 0},
+      {g_world, 0, 0, "grouped", 6.0, 0, 1, 1, MOE_ACT_RELU, 0},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 1},
+      {g_world, 0, 0, "pipe", 6.0, -1, 1, 0, MOE_ACT_GELU, 1},
   };
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
     if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
@@ -398,7 +406,7 @@ int main(int argc, char **argv) {
   if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)
     for (int a = 0; a < nalgos; a++) {
       for (int strided = 0; strided <= 1; strided++) {
-        const scenario sc = {2, strided, 2, algos[a]->name, 0.0, -1, 0, 0, MOE_ACT_GELU};
+        const scenario sc = {2, strided, 2, algos[a]->name, 0.0, -1, 0, 0, MOE_ACT_GELU, 0};
         run_scenario(&sc);
       }
     }
@@ -411,7 +419,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(sub, &g_rank);
     MPI_Comm_size(sub, &g_world);
     for (int a = 0; a < nalgos; a++) {
-      const scenario sc = {g_world, 0, 1, algos[a]->name, 0.0, -1, 0, 1, MOE_ACT_GELU};
+      const scenario sc = {g_world, 0, 1, algos[a]->name, 0.0, -1, 0, 1, MOE_ACT_GELU, 0};
       run_scenario(&sc);
     }
     g_comm = MPI_COMM_WORLD;
@@ -421,7 +429,7 @@ int main(int argc, char **argv) {
   }
   test_replica_is_used();
   if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank
-    const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU};
+    const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0};
     run_scenario(&sc);
   }
   test_bad_input();

@@ -25,6 +25,22 @@ extern "C" {
 typedef enum { MOE_ACT_GELU = 0, MOE_ACT_RELU = 1 } moe_activation;
 
 const char *moe_activation_name(moe_activation act);  // "gelu", "relu"
+
+// How the gate counts the load-balancing loss and renormalises the weights,
+// after the systems users migrate from (docs/moe-layer.md, "Gate conventions"):
+//   MOE_GATE_LIBMOE     aux over all K choices (f_e = choices of e / (T K),
+//                       as Megatron-Core's switch loss); renormalize divides
+//                       the top-k probabilities by their sum before dropping
+//   MOE_GATE_DEEPSPEED  aux over the first choice only (f_e = tokens whose
+//                       first choice is e / T, GShard / DeepSpeed-MoE);
+//                       renormalize divides the kept choices' probabilities
+//                       by their sum after capacity dropping (a dropped
+//                       choice weighs 0)
+typedef enum { MOE_GATE_LIBMOE = 0, MOE_GATE_DEEPSPEED = 1 } moe_gate_convention;
+// "libmoe", "deepspeed"
+const char *moe_gate_convention_name(moe_gate_convention c);
+// "libmoe" (or its alias "megatron"), "deepspeed"; INVALID_ARG naming them.
+moe_status moe_gate_convention_parse(moe_ctx *ctx, const char *text, moe_gate_convention *out);
 // Parses "gelu" or "relu"; otherwise INVALID_ARG naming the valid values.
 moe_status moe_activation_parse(moe_ctx *ctx, const char *text, moe_activation *out);
 
@@ -47,6 +63,7 @@ typedef struct {
   float z_loss_coef;       // >= 0, weight of the z-loss in backward
   int check_finite;        // 1: forward/backward reject NaN/Inf in x and dy
   char expert[16];         // expert kind (include/moe/expert.h): "ffn" (default) or "ffn-ref"
+  int gate_convention;     // moe_gate_convention [MOE_GATE_LIBMOE]
 } moe_layer_config;
 
 // Defaults: T 1024, M 256, H 1024, E 8, K 2, f 1.25, gelu, no renormalisation,
@@ -57,7 +74,8 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg);
 // Overrides fields of cfg with the keys of a JSON object: tokens, model_dim,
 // hidden_dim, num_experts, top_k, capacity_factor, activation ("gelu"|"relu"),
 // renormalize, aux_loss_coef, z_loss_coef, check_finite (renormalize and
-// check_finite are JSON true/false), expert (a string). Unknown or repeated keys, wrong types,
+// check_finite are JSON true/false), expert (a string), gate_convention
+// ("libmoe", "megatron" or "deepspeed"). Unknown or repeated keys, wrong types,
 // malformed JSON and trailing text are errors (BAD_FORMAT / INVALID_ARG); cfg
 // is left unchanged on error. Does not validate ranges (call moe_layer_config_validate).
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg);

@@ -78,6 +78,10 @@ moe_status moe_layer_config_validate(moe_ctx *ctx, const moe_layer_config *cfg) 
               (double)cfg->z_loss_coef);
   MOE_FAIL_IF(ctx, cfg->renormalize != 0 && cfg->renormalize != 1, MOE_STATUS_INVALID_ARG,
               "renormalize (%d) must be 0 or 1", cfg->renormalize);
+  MOE_FAIL_IF(ctx,
+              cfg->gate_convention != MOE_GATE_LIBMOE && cfg->gate_convention != MOE_GATE_DEEPSPEED,
+              MOE_STATUS_INVALID_ARG, "gate_convention (%d) must be %d (libmoe) or %d (deepspeed)",
+              cfg->gate_convention, MOE_GATE_LIBMOE, MOE_GATE_DEEPSPEED);
   MOE_FAIL_IF(ctx, cfg->check_finite != 0 && cfg->check_finite != 1, MOE_STATUS_INVALID_ARG,
               "check_finite (%d) must be 0 or 1", cfg->check_finite);
   MOE_FAIL_IF(ctx, !memchr(cfg->expert, 0, sizeof cfg->expert), MOE_STATUS_INVALID_ARG,
@@ -101,7 +105,7 @@ int moe_layer_capacity(const moe_layer_config *cfg, int tokens) {
 
 static const char *const k_keys =
     "tokens, model_dim, hidden_dim, num_experts, top_k, capacity_factor, activation, "
-    "renormalize, aux_loss_coef, z_loss_coef, check_finite, expert";
+    "renormalize, aux_loss_coef, z_loss_coef, check_finite, expert, gate_convention";
 
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg) {
   moe_status st = MOE_STATUS_OK;
@@ -145,6 +149,12 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
       next.z_loss_coef = (float)d;
     } else if (strcmp(k, "check_finite") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.check_finite));
+    } else if (strcmp(k, "gate_convention") == 0) {
+      MOE_FAIL_IF(ctx, !cJSON_IsString(it), MOE_STATUS_INVALID_ARG,
+                  "'gate_convention' must be a string (libmoe, megatron, deepspeed)");
+      moe_gate_convention gc = MOE_GATE_LIBMOE;
+      MOE_TRY(moe_gate_convention_parse(ctx, it->valuestring, &gc));
+      next.gate_convention = (int)gc;
     } else if (strcmp(k, "expert") == 0) {
       MOE_FAIL_IF(ctx, !cJSON_IsString(it), MOE_STATUS_INVALID_ARG,
                   "'expert' must be a string (%s)", moe_expert_kind_names());
@@ -176,18 +186,43 @@ done:
 moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, char *buf,
                                     size_t len) {
   moe_status st = MOE_STATUS_OK;
+  // gate_convention only when it is not the default, so a config (and a
+  // checkpoint or profile holding one) reads exactly as before it existed
+  char gate[64] = "";
+  if (cfg->gate_convention != MOE_GATE_LIBMOE)
+    snprintf(gate, sizeof gate, ", \"gate_convention\": \"%s\"",
+             moe_gate_convention_name((moe_gate_convention)cfg->gate_convention));
   const int n = snprintf(
       buf, len,
       "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
       "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
       "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
-      "\"check_finite\": %s, \"expert\": \"%s\"}",
+      "\"check_finite\": %s, \"expert\": \"%s\"%s}",
       cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
       cfg->capacity_factor, moe_activation_name(cfg->act), cfg->renormalize ? "true" : "false",
       (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false",
-      memchr(cfg->expert, 0, sizeof cfg->expert) ? cfg->expert : "?");
+      memchr(cfg->expert, 0, sizeof cfg->expert) ? cfg->expert : "?", gate);
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= len, MOE_STATUS_INVALID_ARG,
               "layer config JSON needs %d bytes, buffer has %zu", n + 1, len);
+done:
+  return st;
+}
+
+const char *moe_gate_convention_name(moe_gate_convention c) {
+  return c == MOE_GATE_DEEPSPEED ? "deepspeed" : "libmoe";
+}
+
+moe_status moe_gate_convention_parse(moe_ctx *ctx, const char *text, moe_gate_convention *out) {
+  moe_status st = MOE_STATUS_OK;
+  if (text && (strcmp(text, "libmoe") == 0 || strcmp(text, "megatron") == 0)) {
+    *out = MOE_GATE_LIBMOE;
+  } else if (text && strcmp(text, "deepspeed") == 0) {
+    *out = MOE_GATE_DEEPSPEED;
+  } else {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+             "gate convention '%s' is unknown (valid: libmoe, megatron (= libmoe), deepspeed)",
+             text ? text : "(null)");
+  }
 done:
   return st;
 }

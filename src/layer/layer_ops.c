@@ -83,8 +83,27 @@ moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float
     for (int k = 0; k < K; k++) w[k] = cfg->renormalize ? p[k] / sum : p[k];
   }
   MOE_TRY(moe_route_assign(ctx, r, T, moe_layer_capacity(cfg, T)));
+  if (cfg->renormalize && cfg->gate_convention == MOE_GATE_DEEPSPEED) {
+    // DeepSpeed: the kept choices' probabilities over their sum, after
+    // dropping; a dropped choice weighs 0 (all dropped: every weight 0)
+    for (int t = 0; t < T; t++) {
+      const float *p = gb->topk_p + (size_t)t * K;
+      const int32_t *slot = r->slot + (size_t)t * K;
+      float *w = r->weight + (size_t)t * K;
+      float sum = 0.0f;
+      for (int k = 0; k < K; k++)
+        if (slot[k] >= 0) sum += p[k];
+      for (int k = 0; k < K; k++) w[k] = slot[k] >= 0 ? p[k] / sum : 0.0f;
+    }
+  }
 done:
   return st;
+}
+
+// Choices that count in the load-balancing loss per token: all K (libmoe,
+// Megatron-Core) or the first (GShard, DeepSpeed).
+static int aux_choices(const moe_layer_config *cfg) {
+  return cfg->gate_convention == MOE_GATE_DEEPSPEED ? 1 : cfg->top_k;
 }
 
 void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb,
@@ -96,6 +115,10 @@ void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb
     stats[e] = r->count_all[e];
     stats[E + e] = pe;
   }
+  if (aux_choices(cfg) == 1) {  // first choices only, before dropping
+    for (int e = 0; e < E; e++) stats[e] = 0.0;
+    for (int t = 0; t < T; t++) stats[r->expert[(size_t)t * cfg->top_k]] += 1.0;
+  }
   double z = 0.0;
   for (int t = 0; t < T; t++) z += (double)gb->lse[t] * gb->lse[t];
   stats[2 * E] = z;
@@ -103,7 +126,7 @@ void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb
 }
 
 void moe_gate_losses(const moe_layer_config *cfg, const double *stats, float *aux, float *z) {
-  const int E = cfg->num_experts, K = cfg->top_k;
+  const int E = cfg->num_experts, K = aux_choices(cfg);
   const double T = stats[2 * E + 1];
   double a = 0.0;
   if (T > 0) {
@@ -128,20 +151,29 @@ void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb, 
     const float *p = gb->topk_p + (size_t)t * K;
     float *dp = dprobs + (size_t)t * E;
     if (cfg->renormalize) {
+      // w_k = p_k / sum over the renormalised set (every choice, or with the
+      // DeepSpeed convention the kept ones; a dropped one is constant 0)
+      const int after_drop = cfg->gate_convention == MOE_GATE_DEEPSPEED;
+      const int32_t *slot = r->slot + (size_t)t * K;
       float sum = 0.0f, dot = 0.0f;
       for (int k = 0; k < K; k++) {
+        if (after_drop && slot[k] < 0) continue;
         sum += p[k];
         dot += dw[k] * w[k];
       }
-      for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += (dw[k] - dot) / sum;
+      for (int k = 0; k < K; k++) {
+        if (after_drop && slot[k] < 0) continue;
+        dp[r->expert[t * K + k]] += (dw[k] - dot) / sum;
+      }
     } else {
       for (int k = 0; k < K; k++) dp[r->expert[t * K + k]] += dw[k];
     }
   }
   // aux: d/dprobs[t,e] of coef * E * sum_e f_e * mean_t probs[t,e] over the global batch
   if (cfg->aux_loss_coef > 0.0f && T > 0) {
+    const int Ka = aux_choices(cfg);
     for (int e = 0; e < E; e++) {
-      const float g = (float)((double)cfg->aux_loss_coef * E * (stats[e] / (Tg * K)) / Tg);
+      const float g = (float)((double)cfg->aux_loss_coef * E * (stats[e] / (Tg * Ka)) / Tg);
       for (int t = 0; t < T; t++) dprobs[(size_t)t * E + e] += g;
     }
   }
