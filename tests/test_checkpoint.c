@@ -15,10 +15,13 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "moe/checkpoint.h"
@@ -840,6 +843,61 @@ static void test_writer_misuse(moe_ctx *ctx) {
 
 // ---- driver for checkpoint_kill_test.sh -------------------------------------------------
 
+// A disk that fills up while saving (emulated with RLIMIT_FSIZE in a child
+// process: writes past the limit fail with EFBIG, as past a full file system
+// with ENOSPC): the save fails with an IO error naming the problem, the
+// previous checkpoint stays intact and no temporary file is left. Then stale
+// temporaries of a killed save ("<path>.tmp.<pid>" of a dead process) are
+// removed by the next successful save, while one of a live process is kept.
+static void test_full_disk(moe_ctx *ctx) {
+  char path[600];
+  scratch(path, sizeof path, "full.ckpt");
+  model good, big;
+  make_model(&good, 41, 1);
+  make_model(&big, 42, 2);  // > 8 MiB
+  TU_CHECK(save_model(ctx, path, &good, 0) == MOE_STATUS_OK, "full disk: first save: %s",
+           moe_ctx_error(ctx));
+  fflush(NULL);
+  const pid_t child = fork();
+  if (child == 0) {
+    struct rlimit lim = {1 << 20, 1 << 20};  // 1 MiB per file
+    signal(SIGXFSZ, SIG_IGN);
+    int code = 0;
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) code = 3;
+    const moe_status st = code ? MOE_STATUS_OK : save_model(ctx, path, &big, 0);
+    if (!code && st != MOE_STATUS_IO) code = 4;
+    if (!code && !strstr(moe_ctx_error(ctx), "unchanged") && !strstr(moe_ctx_error(ctx), "large"))
+      code = 5;
+    if (code)
+      fprintf(stderr, "full disk child: status %s, '%s'\n", moe_status_str(st), moe_ctx_error(ctx));
+    _exit(code);
+  }
+  int wst = 0;
+  TU_CHECK(child > 0 && waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
+           "full disk: the save past the limit did not fail cleanly (child status %d)", wst);
+  TU_CHECK(check_model(ctx, path, &good) == 0, "full disk: the previous checkpoint is damaged");
+  char tmp[700];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)child);
+  TU_CHECK(!exists(tmp), "full disk: the failed save left %s", tmp);
+  // stale temporaries: a dead process's is removed, a live one's kept
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, &wst, 0);
+  char dead[700], live[700];
+  snprintf(dead, sizeof dead, "%s.tmp.%ld", path, (long)gone);
+  snprintf(live, sizeof live, "%s.tmp.%ld", path, (long)getppid());
+  spit(dead, (const unsigned char *)"partial", 7);
+  spit(live, (const unsigned char *)"in progress", 11);
+  TU_CHECK(save_model(ctx, path, &good, 0) == MOE_STATUS_OK, "stale temporaries: save: %s",
+           moe_ctx_error(ctx));
+  TU_CHECK(!exists(dead), "the stale temporary %s of a dead save was not removed", dead);
+  TU_CHECK(exists(live), "the temporary %s of a live process was removed", live);
+  remove(live);
+  remove(path);
+  model_free(&good);
+  model_free(&big);
+}
+
 static int driver(const char *mode, const char *path, const char *seed_text) {
   char *end = NULL;
   const unsigned long long seed = strtoull(seed_text, &end, 10);
@@ -907,6 +965,7 @@ int main(int argc, char **argv) {
   test_foreign_files(ctx);
   test_bad_descs(ctx);
   test_writer_misuse(ctx);
+  test_full_disk(ctx);
   moe_ctx_destroy(ctx);
   remove_scratch();
   return tu_finish("test_checkpoint");

@@ -17,10 +17,12 @@
 
 #include "moe/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -517,6 +519,40 @@ done:
   return st;
 }
 
+// After a successful save: removes "<path>.tmp.<pid>" files that a killed
+// save of the same path left, when <pid> is no live process on this host
+// (kill(pid, 0) fails with ESRCH); a save in progress elsewhere is left
+// alone. Best effort: a failure here loses nothing.
+static void remove_stale_tmps(const moe_ckpt_writer *w) {
+  const char *slash = strrchr(w->path, '/');
+  const char *base = slash ? slash + 1 : w->path;
+  char dir[4096];
+  if (!slash) {
+    snprintf(dir, sizeof dir, ".");
+  } else if (slash == w->path) {
+    snprintf(dir, sizeof dir, "/");
+  } else {
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - w->path), w->path);
+  }
+  char prefix[1200];
+  const int plen = snprintf(prefix, sizeof prefix, "%s.tmp.", base);
+  if (plen <= 0 || (size_t)plen >= sizeof prefix) return;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+    char *end = NULL;
+    errno = 0;
+    const long pid = strtol(e->d_name + plen, &end, 10);
+    if (errno || !end || *end != '\0' || end == e->d_name + plen || pid <= 0) continue;
+    if (pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to know)
+    char stale[5400];
+    if (snprintf(stale, sizeof stale, "%s/%s", dir, e->d_name) < (int)sizeof stale) unlink(stale);
+  }
+  closedir(d);
+}
+
 moe_status moe_ckpt_writer_commit(moe_ckpt_writer *w) {
   moe_status st = MOE_STATUS_OK;
   int renamed = 0;
@@ -564,6 +600,7 @@ moe_status moe_ckpt_writer_commit(moe_ckpt_writer *w) {
               "checkpoint %s: renaming %s over it failed: %s; %s unchanged", w->path, w->tmp_path,
               strerror(errno), w->path);
   renamed = 1;
+  remove_stale_tmps(w);  // a killed earlier save's leftovers
   // step 3: the rename on disk.
   MOE_TRY(fsync_dir(w));
 done:
