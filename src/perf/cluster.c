@@ -7,6 +7,7 @@
 
 #include "core/json.h"
 #include "moe/perf.h"
+#include "perf/perf_internal.h"
 
 #define MAX_NODES 65536
 #define MAX_DPN 1024
@@ -99,9 +100,8 @@ done:
   return st;
 }
 
-moe_status moe_cluster_from_json(moe_ctx *ctx, const char *json, moe_cluster *out) {
+moe_status moe_cluster_from_object_(moe_ctx *ctx, const cJSON *root, moe_cluster *out) {
   moe_status st = MOE_STATUS_OK;
-  cJSON *root = NULL;
   moe_cluster c;
   memset(&c, 0, sizeof c);
   c.nics_per_node = 1;
@@ -109,8 +109,8 @@ moe_status moe_cluster_from_json(moe_ctx *ctx, const char *json, moe_cluster *ou
   static const char *const required[K_REQUIRED] = {
       "name", "device", "nodes", "devices_per_node", "gemm_tflops", "intra", "inter"};
   int have[K_REQUIRED] = {0};
-  MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "cluster: json and out must be set");
-  MOE_TRY(moe_json_parse_object(ctx, json, "cluster description", &root));
+  MOE_FAIL_IF(ctx, !root || !out || !cJSON_IsObject(root), MOE_STATUS_INVALID_ARG,
+              "cluster: a JSON object and out must be given");
   for (const cJSON *it = root->child; it; it = it->next) {
     MOE_TRY(duplicate_check(ctx, root, it, "the cluster description"));
     const char *k = it->string;
@@ -154,6 +154,16 @@ moe_status moe_cluster_from_json(moe_ctx *ctx, const char *json, moe_cluster *ou
   }
   MOE_TRY(moe_cluster_validate(ctx, &c));
   *out = c;
+done:
+  return st;
+}
+
+moe_status moe_cluster_from_json(moe_ctx *ctx, const char *json, moe_cluster *out) {
+  moe_status st = MOE_STATUS_OK;
+  cJSON *root = NULL;
+  MOE_FAIL_IF(ctx, !json || !out, MOE_STATUS_INVALID_ARG, "cluster: json and out must be set");
+  MOE_TRY(moe_json_parse_object(ctx, json, "cluster description", &root));
+  MOE_TRY(moe_cluster_from_object_(ctx, root, out));
 done:
   cJSON_Delete(root);
   return st;

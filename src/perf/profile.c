@@ -7,6 +7,7 @@
 
 #include "core/json.h"
 #include "moe/perf.h"
+#include "perf/perf_internal.h"
 
 static moe_status parse_fit(moe_ctx *ctx, const cJSON *obj, const char *where, moe_linear_fit *f) {
   moe_status st = MOE_STATUS_OK;
@@ -213,7 +214,6 @@ done:
 moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *out) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
-  char *cluster_text = NULL;
   moe_profile p;
   memset(&p, 0, sizeof p);
   p.slow_compute = p.slow_comm = 1.0;
@@ -244,9 +244,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
     } else if (strcmp(k, "cluster") == 0) {
       MOE_FAIL_IF(ctx, !cJSON_IsObject(it), MOE_STATUS_INVALID_ARG,
                   "profile: 'cluster' must be a cluster description object");
-      cluster_text = cJSON_PrintUnformatted(it);
-      MOE_FAIL_IF(ctx, !cluster_text, MOE_STATUS_OUT_OF_MEMORY, "profile: cannot print cluster");
-      MOE_TRY(moe_cluster_from_json(ctx, cluster_text, &p.cluster));
+      MOE_TRY(moe_cluster_from_object_(ctx, it, &p.cluster));
       have_cluster = 1;
     } else if (strcmp(k, "gemm") == 0) {
       MOE_TRY(parse_fit(ctx, it, "gemm", &p.gemm));
@@ -367,7 +365,6 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
   if (layer_fit) MOE_TRY(parse_layer_fit(ctx, layer_fit, &p));
   *out = p;
 done:
-  if (cluster_text) cJSON_free(cluster_text);
   cJSON_Delete(root);
   return st;
 }
@@ -420,9 +417,9 @@ sb_printf(strbuf *b, const char *fmt, ...) {
 }
 
 static void sb_fit(strbuf *b, const moe_linear_fit *f) {
-  sb_printf(b, "{\"alpha_s\": %.9g, \"beta_s\": %.9g, ", f->alpha, f->beta);
-  if (f->gamma != 0.0) sb_printf(b, "\"gamma_s\": %.9g, ", f->gamma);
-  sb_printf(b, "\"r2\": %.6f, \"points\": %d, \"rmse_s\": %.6g}", f->r2, f->n, f->rmse);
+  sb_printf(b, "{\"alpha_s\": %.17g, \"beta_s\": %.17g, ", f->alpha, f->beta);
+  if (f->gamma != 0.0) sb_printf(b, "\"gamma_s\": %.17g, ", f->gamma);
+  sb_printf(b, "\"r2\": %.6f, \"points\": %d, \"rmse_s\": %.17g}", f->r2, f->n, f->rmse);
 }
 
 // A JSON string literal of s (the descriptions hold plain text; quotes and
@@ -455,12 +452,12 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
   sb_printf(&b, ", \"source\": ");
   sb_string(&b, c->source);
   sb_printf(&b,
-            ",\n    \"nodes\": %d, \"devices_per_node\": %d, \"gemm_tflops\": %.9g,\n"
-            "    \"intra\": {\"gbit_per_s\": %.9g, \"latency_us\": %.9g, \"kind\": ",
+            ",\n    \"nodes\": %d, \"devices_per_node\": %d, \"gemm_tflops\": %.17g,\n"
+            "    \"intra\": {\"gbit_per_s\": %.17g, \"latency_us\": %.17g, \"kind\": ",
             c->nodes, c->devices_per_node, c->gemm_tflops, c->intra.gbit_per_s,
             c->intra.latency_us);
   sb_string(&b, c->intra.kind);
-  sb_printf(&b, "},\n    \"inter\": {\"gbit_per_s\": %.9g, \"latency_us\": %.9g, \"kind\": ",
+  sb_printf(&b, "},\n    \"inter\": {\"gbit_per_s\": %.17g, \"latency_us\": %.17g, \"kind\": ",
             c->inter.gbit_per_s, c->inter.latency_us);
   sb_string(&b, c->inter.kind);
   sb_printf(&b, "},\n    \"nics_per_node\": %d, \"inter_uses_intra\": %s},\n  \"gemm\": ",
@@ -474,11 +471,11 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_printf(&b, ",\n  \"outside\": ");
     sb_fit(&b, &p->outside);
   }
-  if (p->task_overhead > 0) sb_printf(&b, ",\n  \"task_overhead_s\": %.6g", p->task_overhead);
+  if (p->task_overhead > 0) sb_printf(&b, ",\n  \"task_overhead_s\": %.17g", p->task_overhead);
   if (p->small_collective > 0) {
-    sb_printf(&b, ",\n  \"small_collective_s\": %.6g", p->small_collective);
+    sb_printf(&b, ",\n  \"small_collective_s\": %.17g", p->small_collective);
   }
-  if (p->copy_gbs > 0) sb_printf(&b, ",\n  \"copy_gbs\": %.6g", p->copy_gbs);
+  if (p->copy_gbs > 0) sb_printf(&b, ",\n  \"copy_gbs\": %.17g", p->copy_gbs);
   {
     int any = 0;
     for (int i = 0; i < p->n_a2a; i++) any |= p->n_a2a_points[i] > 0;
@@ -491,7 +488,7 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
         sb_string(&b, p->a2a[i].name);
         sb_printf(&b, ": [");
         for (int j = 0; j < p->n_a2a_points[i]; j++) {
-          sb_printf(&b, "%s[%.0f, %.6g]", j ? ", " : "", p->a2a_points[i][j][0],
+          sb_printf(&b, "%s[%.0f, %.17g]", j ? ", " : "", p->a2a_points[i][j][0],
                     p->a2a_points[i][j][1]);
         }
         sb_printf(&b, "]");
@@ -501,22 +498,22 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     }
   }
   if (p->slow_compute > 1.0 || p->slow_comm > 1.0) {
-    sb_printf(&b, ",\n  \"overlap\": {\"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g}",
+    sb_printf(&b, ",\n  \"overlap\": {\"compute_slowdown\": %.17g, \"comm_slowdown\": %.17g}",
               p->slow_compute, p->slow_comm);
   }
   if (p->n_expert_points > 0) {
     sb_printf(&b, ",\n  \"expert_points\": [");
     for (int i = 0; i < p->n_expert_points; i++) {
       const double *e = p->expert_points[i];
-      sb_printf(&b, "%s\n    [%.0f, %.0f, %.0f, %.9g, %.9g]", i ? "," : "", e[0], e[1], e[2], e[3],
-                e[4]);
+      sb_printf(&b, "%s\n    [%.0f, %.0f, %.0f, %.17g, %.17g]", i ? "," : "", e[0], e[1], e[2],
+                e[3], e[4]);
     }
     sb_printf(&b, "\n  ]");
   }
   if (p->layer_fit.have) {
     sb_printf(&b,
-              ",\n  \"layer_fit\": {\"samples\": %d, \"compute_scale\": %.6g, "
-              "\"compute_task_s\": %.6g,\n    \"outside\": ",
+              ",\n  \"layer_fit\": {\"samples\": %d, \"compute_scale\": %.17g, "
+              "\"compute_task_s\": %.17g,\n    \"outside\": ",
               p->layer_fit.samples, p->layer_fit.compute_scale, p->layer_fit.compute_task_s);
     sb_fit(&b, &p->layer_fit.outside);
     sb_printf(&b, ",\n    \"a2a\": {");
@@ -525,14 +522,14 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
       if (!(p->layer_fit.a2a_scale[i] > 0)) continue;
       sb_printf(&b, "%s", first ? "" : ", ");
       sb_string(&b, p->a2a[i].name);
-      sb_printf(&b, ": {\"scale\": %.6g, \"exchange_s\": %.6g", p->layer_fit.a2a_scale[i],
+      sb_printf(&b, ": {\"scale\": %.17g, \"exchange_s\": %.17g", p->layer_fit.a2a_scale[i],
                 p->layer_fit.a2a_exchange_s[i]);
       if (p->layer_fit.a2a_slow[i][0] >= 1.0) {
-        sb_printf(&b, ", \"compute_slowdown\": %.6g, \"comm_slowdown\": %.6g",
+        sb_printf(&b, ", \"compute_slowdown\": %.17g, \"comm_slowdown\": %.17g",
                   p->layer_fit.a2a_slow[i][0], p->layer_fit.a2a_slow[i][1]);
       }
       if (p->layer_fit.a2a_smart_slow[i][0] >= 1.0) {
-        sb_printf(&b, ", \"smart_compute_slowdown\": %.6g, \"smart_comm_slowdown\": %.6g",
+        sb_printf(&b, ", \"smart_compute_slowdown\": %.17g, \"smart_comm_slowdown\": %.17g",
                   p->layer_fit.a2a_smart_slow[i][0], p->layer_fit.a2a_smart_slow[i][1]);
       }
       sb_printf(&b, "}");
