@@ -62,11 +62,6 @@ int cli_layer_shape_opt(cli_args *a, moe_layer_config *cfg, unsigned *set);
 // --act gelu|relu, --renormalize, --config FILE (layer config JSON).
 int cli_layer_config_opt(cli_args *a, moe_layer_config *cfg, unsigned *set);
 
-// Sorts v (n doubles) ascending, in place.
-void cli_sort_doubles(double *v, int n);
-// The median of v (n >= 1); sorts v in place.
-double cli_median(double *v, int n);
-
 // An output file written atomically: to PATH.tmp, renamed onto PATH by
 // cli_out_commit, so a failed run never leaves a half-written PATH.
 typedef struct {

@@ -108,18 +108,6 @@ void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out) {
   }
 }
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-void cli_sort_doubles(double *v, int n) { qsort(v, (size_t)n, sizeof *v, cmp_double); }
-
-double cli_median(double *v, int n) {
-  cli_sort_doubles(v, n);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // ---- atomic output files ---------------------------------------------------------
 
 int cli_out_open(cli_out *o, const char *path) {

@@ -347,11 +347,6 @@ done:
 #define LF_OUTLIER_K 4.0
 #define LF_OUTLIER_ROUNDS 4
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_sample *s, int n,
                                  moe_layer_fit_report *rep) {
   moe_status st = MOE_STATUS_OK;
@@ -374,8 +369,7 @@ moe_status moe_profile_fit_layer(moe_ctx *ctx, moe_profile *pf, const moe_layer_
       MOE_TRY(simulate_sample(ctx, &first, &s[i], &res));
       err[i] = err[n + i] = fabs(res.total_ms / s[i].total_ms - 1.0);
     }
-    qsort(err + n, (size_t)n, sizeof(double), cmp_double);
-    const double med = n % 2 ? err[n + n / 2] : 0.5 * (err[n + n / 2 - 1] + err[n + n / 2]);
+    const double med = moe_median(err + n, n);
     const double thr = fmax(LF_OUTLIER_MIN, LF_OUTLIER_K * med);
     int nk = 0;
     for (int i = 0; i < n; i++) {

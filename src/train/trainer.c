@@ -399,16 +399,8 @@ static void comm_times(run_state *r, double *comm_s, double *exposed_s, double *
   *pass_ms = blocks ? passes_s * 1e3 / blocks : NAN;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  if (n <= 0) return NAN;
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+// The median of v (sorts it), NAN when empty.
+static double median(double *v, int n) { return n > 0 ? moe_median(v, n) : NAN; }
 
 // ---- setup and teardown -----------------------------------------------------------------------
 
