@@ -45,6 +45,7 @@ echo "campaign: $cases cases over P = $ranks, base seed $seed, on $(nproc) cores
 tot_cases=0 tot_eq=0 tot_rej=0 tot_drop=0 tot_mis=0 tot_hang=0 left=$cases
 rows=()
 worst=""
+coverage=""
 start_all=$(date +%s.%N)
 for p in $ranks; do
   n=$((cases * ${weight[$p]:-1} / wsum))
@@ -68,6 +69,7 @@ for p in $ranks; do
       c_cases=$((c_cases + cc)) c_eq=$((c_eq + ce)) c_rej=$((c_rej + cr))
       c_drop=$((c_drop + cd)) c_mis=$((c_mis + cm))
       worst+=$(echo "$out" | grep '^worst relative error' | sed 's/.*tensor)://')$'\n'
+      coverage+=$(echo "$out" | grep '^coverage' | sed 's/.*(cases)://')$'\n'
       first=$((first + k))
     else
       hang=$(echo "$out" | grep -m1 '^HANG')
@@ -111,6 +113,11 @@ if [[ -n "$worst" ]]; then
       }
     }
     END { for (j = 1; j <= n; j++) printf " %s %.2e", k[j], w[k[j]]; printf "\n" }'
+fi
+if [[ -n "$coverage" ]]; then
+  echo "coverage (cases drawing each catalogue entry or condition):"
+  echo "$coverage" | awk 'NF { for (i = 1; i < NF; i += 2) { if (!($i in c)) k[++n] = $i; c[$i] += $(i + 1) } }
+    END { for (j = 1; j <= n; j++) printf " %s %d", k[j], c[k[j]]; printf "\n" }'
 fi
 if ((tot_mis > 0 || tot_hang > 0)); then
   echo "campaign: FAILED ($tot_mis mismatches, $tot_hang hangs); reproduce lines above and in $log"

@@ -195,10 +195,10 @@ static void draw_case(uint64_t seed, camp_case *c) {
   cfg->model_dim = chance(&r, 0.1) ? 1 : draw(&r, 1, 24);
   cfg->hidden_dim = chance(&r, 0.1) ? 1 : draw(&r, 1, 24);
   const int cap = draw(&r, 0, 9);
-  cfg->capacity_factor = cap < 3    ? (chance(&r, 0.5) ? 0.0 : -1.0)                   // dropless
-                         : cap < 6  ? 0.05 + 0.45 * moe_rng_uniform(&r)                // tiny: drops
-                         : cap < 9  ? 0.5 + 1.5 * moe_rng_uniform(&r)                  // some drops
-                                    : 2.0 + 6.0 * moe_rng_uniform(&r);                 // few or none
+  cfg->capacity_factor = cap < 3   ? (chance(&r, 0.5) ? 0.0 : -1.0)     // dropless
+                         : cap < 6 ? 0.05 + 0.45 * moe_rng_uniform(&r)  // tiny: drops
+                         : cap < 9 ? 0.5 + 1.5 * moe_rng_uniform(&r)    // some drops
+                                   : 2.0 + 6.0 * moe_rng_uniform(&r);   // few or none
   cfg->act = (moe_activation)draw(&r, 0, 1);
   cfg->gate_convention = draw(&r, 0, 1);
   cfg->renormalize = draw(&r, 0, 1);
@@ -265,11 +265,11 @@ static void describe(const camp_case *c, char *buf, size_t len) {
 
 // The worst error seen per quantity, as a fraction of the tolerance's relative part.
 enum { Q_Y, Q_DX, Q_AUX, Q_Z, Q_DWG, Q_DW1, Q_DB1, Q_DW2, Q_DB2, Q_W, Q_COUNT };
-static const char *q_names[Q_COUNT] = {"y",   "dx",  "aux", "z",  "dwg",
+static const char *q_names[Q_COUNT] = {"y",   "dx",  "aux", "z",   "dwg",
                                        "dw1", "db1", "dw2", "db2", "weight"};
 static double g_worst[Q_COUNT], g_worst_abs[Q_COUNT];
-static int g_plant = -1;       // --plant NAME: report an error in that quantity (self-check)
-static int g_plant_hang;       // --plant hang: the last rank stalls in the first case
+static int g_plant = -1;  // --plant NAME: report an error in that quantity (self-check)
+static int g_plant_hang;  // --plant hang: the last rank stalls in the first case
 
 typedef struct {
   int failed;
@@ -600,6 +600,66 @@ verdict:;
   return !any;
 }
 
+// ---- coverage -------------------------------------------------------------------------------
+
+// How often each catalogue entry and each special condition was drawn (printed
+// at the end, so a campaign shows what it covered).
+enum { COV_NAMES = 64 };
+static const char *g_cov_name[COV_NAMES];
+static long g_cov[COV_NAMES];
+static int g_ncov;
+
+static void cov(const char *name) {
+  for (int i = 0; i < g_ncov; i++) {
+    if (strcmp(g_cov_name[i], name) == 0) {
+      g_cov[i]++;
+      return;
+    }
+  }
+  if (g_ncov < COV_NAMES) {
+    g_cov_name[g_ncov] = name;  // names are string literals or catalogue entries
+    g_cov[g_ncov++] = 1;
+  }
+}
+
+static void count_case(const camp_case *c) {
+  int n = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&n);
+  for (int i = 0; i < n; i++)
+    if (strcmp(algos[i]->name, c->pc.a2a) == 0) cov(algos[i]->name);
+  const moe_schedule_algo *sc = moe_schedule_algo_list(&n);
+  for (int i = 0; i < n; i++)
+    if (strcmp(sc[i].name, c->pc.schedule) == 0) cov(sc[i].name);
+  const moe_compressor_entry *const *cp = moe_compressor_list(&n);
+  for (int i = 0; i < n; i++)
+    if (strncmp(cp[i]->codec.name, c->pc.compress, strlen(cp[i]->codec.name)) == 0)
+      cov(cp[i]->codec.name);
+  for (int i = 0; i < moe_expert_kind_count(); i++)
+    if (strcmp(moe_expert_kind_get(i)->name, c->cfg.expert) == 0) cov(moe_expert_kind_get(i)->name);
+  cov(moe_gate_convention_name((moe_gate_convention)c->cfg.gate_convention));
+  cov(moe_wait_policy_name(c->pc.exec.wait));
+  cov(c->cfg.capacity_factor > 0 ? "capacity" : "dropless");
+  if (c->pc.ep_size > 1 && c->pc.ep_size < g_world)
+    cov(c->pc.ep_strided ? "dp-ep-strided" : "dp-ep");
+  if (c->pc.ranks_per_node > 0) cov("ranks-per-node");
+  if (c->pc.chunks > 1) cov("chunks>1");
+  if (c->nrep > 0) cov("replicas");
+  if (c->hot >= 0) cov("hot-expert");
+  if (c->passes > 1) cov("2-passes");
+  if (c->expect_reject) cov("expect-reject");
+  int zero = 0, all_zero = 0;
+  for (int p = 0; p < c->passes; p++) {
+    int sum = 0;
+    for (int q = 0; q < g_world; q++) {
+      zero |= c->T[p][q] == 0;
+      sum += c->T[p][q];
+    }
+    all_zero |= sum == 0;
+  }
+  if (zero) cov("zero-token-rank");
+  if (all_zero) cov("no-tokens-at-all");
+}
+
 // ---- main ----------------------------------------------------------------------------------
 
 static void usage(void) {
@@ -697,6 +757,7 @@ int main(int argc, char **argv) {
     const uint64_t cs = have_case ? case_seed : case_seed_of(seed, first + i);
     camp_case c;
     draw_case(cs, &c);
+    count_case(&c);
     char desc[1024];
     describe(&c, desc, sizeof desc);
     snprintf(g_repro, sizeof g_repro,
@@ -720,9 +781,10 @@ int main(int argc, char **argv) {
     } else {
       mismatches++;
       if (g_rank == 0) {
-        printf("MISMATCH case %llu (%s)\n  reproduce: mpirun -n %d --oversubscribe %s --case-seed "
-               "%llu --verbose\n",
-               (unsigned long long)(first + i), desc, g_world, g_prog, (unsigned long long)cs);
+        printf(
+            "MISMATCH case %llu (%s)\n  reproduce: mpirun -n %d --oversubscribe %s --case-seed "
+            "%llu --verbose\n",
+            (unsigned long long)(first + i), desc, g_world, g_prog, (unsigned long long)cs);
         fflush(stdout);
       }
     }
@@ -731,12 +793,15 @@ int main(int argc, char **argv) {
   MPI_Allreduce(MPI_IN_PLACE, g_worst, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, g_worst_abs, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (g_rank == 0) {
-    printf("campaign P=%d seed=%llu first=%llu: cases %llu, equal %ld (of which rejected as "
-           "documented %ld, with drops %ld), mismatches %ld, hangs 0, %.2f s\n",
-           g_world, (unsigned long long)seed, (unsigned long long)first, (unsigned long long)n, ok,
-           rejected, with_drops, mismatches, wall);
+    printf(
+        "campaign P=%d seed=%llu first=%llu: cases %llu, equal %ld (of which rejected as "
+        "documented %ld, with drops %ld), mismatches %ld, hangs 0, %.2f s\n",
+        g_world, (unsigned long long)seed, (unsigned long long)first, (unsigned long long)n, ok,
+        rejected, with_drops, mismatches, wall);
     printf("worst relative error (max|diff| / max|ref| per tensor):");
     for (int q = 0; q < Q_COUNT; q++) printf(" %s %.2e", q_names[q], g_worst[q]);
+    printf("\ncoverage (cases):");
+    for (int i = 0; i < g_ncov; i++) printf(" %s %ld", g_cov_name[i], g_cov[i]);
     printf("\nworst absolute error (max|diff| per tensor):");
     for (int q = 0; q < Q_COUNT; q++) printf(" %s %.2e", q_names[q], g_worst_abs[q]);
     printf("\n");
