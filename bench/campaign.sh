@@ -33,6 +33,9 @@ prog="$build/tests/campaign"
   exit 2
 }
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+# The rest is one function, read whole before it runs (editing this file during a
+# long run cannot change the running campaign).
+main() {
 : >"$log"
 
 # weights of the rank counts in the split (more cases where there are more layouts)
@@ -45,6 +48,7 @@ echo "campaign: $cases cases over P = $ranks, base seed $seed, on $(nproc) cores
 tot_cases=0 tot_eq=0 tot_rej=0 tot_drop=0 tot_mis=0 tot_hang=0 left=$cases
 rows=()
 worst=""
+share=""
 coverage=""
 start_all=$(date +%s.%N)
 for p in $ranks; do
@@ -69,6 +73,7 @@ for p in $ranks; do
       c_cases=$((c_cases + cc)) c_eq=$((c_eq + ce)) c_rej=$((c_rej + cr))
       c_drop=$((c_drop + cd)) c_mis=$((c_mis + cm))
       worst+=$(echo "$out" | grep '^worst relative error' | sed 's/.*tensor)://')$'\n'
+      share+=$(echo "$out" | grep '^worst share' | sed 's/.*)://')$'\n'
       coverage+=$(echo "$out" | grep '^coverage' | sed 's/.*(cases)://')$'\n'
       first=$((first + k))
     else
@@ -106,13 +111,9 @@ echo "*  configurations the docs say the layer rejects; every rank got INVALID_A
 echo "** cases in which the capacity dropped at least one choice"
 if [[ -n "$worst" ]]; then
   echo "worst relative error per quantity over all runs (max|diff| / max|ref| of a tensor):"
-  echo "$worst" | awk 'NF {
-      for (i = 1; i < NF; i += 2) {
-        if (!($i in w)) { w[$i] = $(i + 1) + 0; k[++n] = $i }
-        if ($(i + 1) + 0 > w[$i]) w[$i] = $(i + 1) + 0
-      }
-    }
-    END { for (j = 1; j <= n; j++) printf " %s %.2e", k[j], w[k[j]]; printf "\n" }'
+  echo "$worst" | max_per_name
+  echo "worst share of the tolerance (max|diff| / (2e-5 max|ref| + 1e-6); a mismatch is > 1):"
+  echo "$share" | max_per_name
 fi
 if [[ -n "$coverage" ]]; then
   echo "coverage (cases drawing each catalogue entry or condition):"
@@ -121,6 +122,21 @@ if [[ -n "$coverage" ]]; then
 fi
 if ((tot_mis > 0 || tot_hang > 0)); then
   echo "campaign: FAILED ($tot_mis mismatches, $tot_hang hangs); reproduce lines above and in $log"
-  exit 1
+  return 1
 fi
 echo "campaign: passed ($tot_cases cases, 0 mismatches, 0 hangs)"
+}
+
+# "name value name value ..." lines -> the largest value per name, in first-seen order
+max_per_name() {
+  awk 'NF {
+      for (i = 1; i < NF; i += 2) {
+        if (!($i in w)) { w[$i] = $(i + 1) + 0; k[++n] = $i }
+        if ($(i + 1) + 0 > w[$i]) w[$i] = $(i + 1) + 0
+      }
+    }
+    END { for (j = 1; j <= n; j++) printf " %s %.3g", k[j], w[k[j]]; printf "\n" }'
+}
+
+main "$@"
+exit

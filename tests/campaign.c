@@ -267,7 +267,7 @@ static void describe(const camp_case *c, char *buf, size_t len) {
 enum { Q_Y, Q_DX, Q_AUX, Q_Z, Q_DWG, Q_DW1, Q_DB1, Q_DW2, Q_DB2, Q_W, Q_COUNT };
 static const char *q_names[Q_COUNT] = {"y",   "dx",  "aux", "z",   "dwg",
                                        "dw1", "db1", "dw2", "db2", "weight"};
-static double g_worst[Q_COUNT], g_worst_abs[Q_COUNT];
+static double g_worst[Q_COUNT], g_worst_abs[Q_COUNT], g_worst_tol[Q_COUNT];
 static int g_plant = -1;  // --plant NAME: report an error in that quantity (self-check)
 static int g_plant_hang;  // --plant hang: the last rank stalls in the first case
 
@@ -304,6 +304,8 @@ static void close_to(verdict *v, int q, const char *what, const float *got, cons
   if (mag > 0 && rel > g_worst[q]) g_worst[q] = rel;
   if (q == g_plant && n > 0) diff = 2 * (REL_TOL * mag + ABS_TOL);  // --plant: must be reported
   if (mag > 0 && diff > g_worst_abs[q]) g_worst_abs[q] = diff;
+  const double used = diff / (REL_TOL * mag + ABS_TOL);  // share of the tolerance
+  if (used > g_worst_tol[q]) g_worst_tol[q] = used;
   if (!(diff <= REL_TOL * mag + ABS_TOL)) {
     fail(v, "%s: max |diff| %.3g at %zu (got %.9g, ref %.9g), max |ref| %.3g, rel %.3g > %.1g",
          what, diff, worst, n ? got[worst] : 0.0, n ? ref[worst] : 0.0, mag, rel, REL_TOL);
@@ -792,6 +794,7 @@ int main(int argc, char **argv) {
   const double wall = MPI_Wtime() - t0;
   MPI_Allreduce(MPI_IN_PLACE, g_worst, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, g_worst_abs, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, g_worst_tol, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (g_rank == 0) {
     printf(
         "campaign P=%d seed=%llu first=%llu: cases %llu, equal %ld (of which rejected as "
@@ -804,6 +807,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < g_ncov; i++) printf(" %s %ld", g_cov_name[i], g_cov[i]);
     printf("\nworst absolute error (max|diff| per tensor):");
     for (int q = 0; q < Q_COUNT; q++) printf(" %s %.2e", q_names[q], g_worst_abs[q]);
+    printf("\nworst share of the tolerance (max|diff| / (%.0e max|ref| + %.0e)):", REL_TOL,
+           ABS_TOL);
+    for (int q = 0; q < Q_COUNT; q++) printf(" %s %.3f", q_names[q], g_worst_tol[q]);
     printf("\n");
   }
   free(g_auto_nodes);
