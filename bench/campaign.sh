@@ -15,7 +15,7 @@
 # reproduces the case. Exit: 0 when every case matched, 1 on any mismatch or
 # hang, 2 on bad arguments.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 cases=${1:-2000}
 build=${2:-build}
 seed=${CAMPAIGN_SEED:-1}
