@@ -101,7 +101,7 @@ int cli_hang_timeout_opt(cli_args *a, double *seconds);
   "                        and the operation; a slow rank only gets a warning;\n"     \
   "                        0 = off [300]\n"
 // Under mpirun (cli_mpi.c): starts the hang watchdog over MPI_COMM_WORLD
-// (moe_watchdog_start; collective: every rank passes the same seconds). *wd
+// (moe_watchdog_start; every rank passes the same seconds). *wd
 // stays NULL when seconds is 0. CLI_OK, or CLI_FAILED with the reason printed.
 // Stop it with moe_watchdog_stop before MPI_Finalize.
 struct moe_watchdog;

@@ -499,10 +499,16 @@ int cmd_train(int argc, char **argv) {
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);
+  moe_watchdog *wd = NULL;
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) {
+    moe_ctx_destroy(ctx);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
   moe_profile prof;  // --profile: lives until moe_train_run returns
   if (o.profile_path) {
     rc = plan_train(ctx, &o, rank, world, &prof);
     if (rc != CLI_OK) {
+      moe_watchdog_stop(wd);
       moe_ctx_destroy(ctx);
       MPI_Finalize();
       return rc;
@@ -510,11 +516,6 @@ int cmd_train(int argc, char **argv) {
   }
   moe_blas_set_threads(o.threads);
   if (rank != 0) o.tc.progress = 0;
-  moe_watchdog *wd = NULL;
-  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) {
-    moe_ctx_destroy(ctx);
-    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
-  }
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);
   double rss[2] = {peak_rss_mib(), 0};  // rank 0's, max over ranks

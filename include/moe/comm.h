@@ -140,9 +140,10 @@ moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const c
 // with moe_watchdog_op_begin / moe_watchdog_op_end: an atomic store of a pointer and a
 // timestamp into a slot (a relaxed load and nothing else while no watchdog runs). A running
 // watchdog has one thread per rank that wakes every 100 ms; when an operation of its rank has
-// waited timeout_s, it probes every other rank over a private duplicate of the communicator:
-// each rank's watchdog thread answers with what its rank is doing (the operation it waits in
-// and for how long, and how many operations it has begun). Then:
+// waited timeout_s, it probes every other rank (point-to-point messages on the communicator,
+// tag MOE_WATCHDOG_TAG; no collective call, so that starting it cannot hang on a rank that is
+// stopped already): each rank's watchdog thread answers with what its rank is doing (the operation
+// it waits in and for how long, and how many operations it has begun). Then:
 //   - ranks that do not answer within grace_s are stopped or hung as a whole (SIGSTOP, a
 //     frozen node): MOE_HANG_NO_ANSWER, the job is aborted naming them;
 //   - every rank answers and waits (each for timeout_s or more), and a second probe grace_s
@@ -164,6 +165,7 @@ typedef enum {
 } moe_hang_kind;
 
 #define MOE_WATCHDOG_OP_LEN 64
+#define MOE_WATCHDOG_TAG 7391  // reserved on the watchdog's communicator while it runs
 #define MOE_WATCHDOG_MAX_SUSPECTS 8
 
 typedef struct {
@@ -190,13 +192,15 @@ typedef struct {
   void *user;
 } moe_watchdog_config;
 
-// Starts the watchdog over comm (duplicated; collective over comm). One watchdog per process
-// at a time (INVALID_ARG otherwise). With one rank, or MPI not initialised with
-// MPI_THREAD_MULTIPLE, see moe_watchdog_probing. The config's strings must outlive it.
+// Starts the watchdog over comm (every rank of comm should start one; local: no collective
+// call). While it runs, tag MOE_WATCHDOG_TAG on comm is its own: do not receive on comm with
+// that tag or MPI_ANY_TAG. One watchdog per process at a time (INVALID_ARG otherwise). With
+// one rank, or MPI not initialised with MPI_THREAD_MULTIPLE, see moe_watchdog_probing. The
+// config's strings must outlive it; comm too.
 moe_status moe_watchdog_start(moe_ctx *ctx, MPI_Comm comm, const moe_watchdog_config *cfg,
                               moe_watchdog **out);
-// Stops the thread, joins it and frees everything (local, not collective). NULL: no-op.
-// Call it before MPI_Finalize.
+// Stops the thread, joins it and frees everything (local). NULL: no-op. Call it before
+// MPI_Finalize (and before freeing comm).
 void moe_watchdog_stop(moe_watchdog *wd);
 // 1: peers are probed (MPI_THREAD_MULTIPLE); 0: the timeout alone (MOE_HANG_UNPROBED);
 // -1: nothing to watch (one rank: no thread runs).

@@ -8,7 +8,9 @@
 //     in an operation (the caller's, the executor's communication thread);
 //   - the thread: wakes every WD_TICK_NS, answers the pings of other ranks,
 //     and when this rank's oldest operation has waited timeout_s, probes the
-//     others on a private duplicate of the communicator and decides:
+//     others (point-to-point on the caller's communicator with a tag of its
+//     own, WD_TAG: no collective call, so starting it cannot hang on a rank
+//     that is stopped already) and decides:
 //       1. ranks silent for grace_s: stopped or hung as a whole -> abort;
 //       2. every rank waits >= timeout_s, twice grace_s apart, and no rank
 //          began an operation in between -> deadlock -> abort;
@@ -40,7 +42,7 @@
 
 #define WD_SLOTS 32
 #define WD_TICK_NS 100000000ull  // 100 ms between looks
-#define WD_TAG 7391
+#define WD_TAG MOE_WATCHDOG_TAG
 #define NS 1e9
 
 // ---- the marks -------------------------------------------------------------------------------
@@ -58,6 +60,8 @@ static atomic_int g_on;               // marks are taken (a watchdog thread runs
 static atomic_int g_running;          // a watchdog exists (one per process)
 static atomic_uint_fast64_t g_begun;  // operations begun (the progress counter)
 static atomic_long g_step;
+static atomic_int g_round;  // probe rounds of every watchdog of this process: an answer
+                            // meant for an earlier watchdog never matches a later one
 
 int moe_watchdog_op_begin(const char *op, const char *detail) {
   if (!atomic_load_explicit(&g_on, memory_order_relaxed)) return 0;
@@ -141,7 +145,7 @@ typedef struct {
 struct moe_watchdog {
   moe_watchdog_config cfg;
   double grace_s;
-  MPI_Comm comm;  // private duplicate
+  MPI_Comm comm;  // the caller's (messages tagged WD_TAG)
   int rank, size;
   int probe;  // MPI_THREAD_MULTIPLE: peers can be probed
   pthread_t thread;
@@ -155,7 +159,7 @@ struct moe_watchdog {
   MPI_Request in_req;
   wd_msg *out;           // (size) one outgoing message per peer
   MPI_Request *out_req;  // (size)
-  int round;             // of this rank's probes
+  int round;             // of this rank's probe in progress (from g_round)
   int probing;
   uint64_t probe_t0, trigger_id, next_probe;
   int *answered;      // (size) in this round
@@ -340,12 +344,13 @@ static void evaluate(moe_watchdog *wd) {
     deliver(wd, &r);
     return;
   }
-  // 2. everyone waits: confirm that nobody progresses
+  // 2. everyone waits (some perhaps only just: they reached the wait a moment
+  // after this rank): confirm grace_s later that nobody has begun an operation
   const double T = wd->cfg.timeout_s;
   int all_wait = 1;
   for (int q = 0; q < wd->size; q++) {
     if (q == wd->rank) continue;
-    all_wait &= wd->answers[q].waiting && wd->answers[q].wait_s >= T;
+    all_wait &= wd->answers[q].waiting;
   }
   wd->answers[wd->rank].waiting = 1;
   wd->answers[wd->rank].wait_s = (double)(now - me.since) / NS;
@@ -434,7 +439,7 @@ static void check(moe_watchdog *wd) {
     return;
   }
   if (me.id != wd->trigger_id) wd->confirm = 0;
-  wd->round++;
+  wd->round = atomic_fetch_add(&g_round, 1) + 1;
   wd->probing = 1;
   wd->probe_t0 = now;
   wd->trigger_id = me.id;
@@ -491,8 +496,7 @@ moe_status moe_watchdog_start(moe_ctx *ctx, MPI_Comm comm, const moe_watchdog_co
   wd->grace_s = g;
   MOE_MPI_TRY(ctx, MPI_Query_thread(&level));
   wd->probe = level == MPI_THREAD_MULTIPLE;
-  MOE_MPI_TRY(ctx, MPI_Comm_dup(comm, &wd->comm));
-  MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(wd->comm, MPI_ERRORS_RETURN));
+  wd->comm = comm;
   MOE_MPI_TRY(ctx, MPI_Comm_rank(wd->comm, &wd->rank));
   MOE_MPI_TRY(ctx, MPI_Comm_size(wd->comm, &wd->size));
   if (wd->size == 1) goto done;  // nobody to wait for: no thread
@@ -528,7 +532,6 @@ done:
         MPI_Cancel(&wd->in_req);
         MPI_Wait(&wd->in_req, MPI_STATUS_IGNORE);
       }
-      if (wd->comm != MPI_COMM_NULL) MPI_Comm_free(&wd->comm);
       moe_free(wd->out);
       moe_free(wd->out_req);
       moe_free(wd->answered);
@@ -574,7 +577,6 @@ void moe_watchdog_stop(moe_watchdog *wd) {
       leak = 1;
     }
   }
-  if (wd->comm != MPI_COMM_NULL) MPI_Comm_free(&wd->comm);
   if (!leak) moe_free(wd->out);
   moe_free(wd->out_req);
   moe_free(wd->answered);
