@@ -87,6 +87,26 @@ int cli_out_open_root(cli_out *o, const char *path, int rank);
 int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int rank,
                          moe_profile *out);
 
+// --hang-timeout SECONDS of the MPI commands (cli_args.c): when it is the
+// current argument, consumes it, sets *seconds (in [0, CLI_HANG_TIMEOUT_MAX];
+// 0 = off) or prints the error and sets a->bad, and returns 1; else 0.
+#define CLI_HANG_TIMEOUT_DEFAULT 300.0
+#define CLI_HANG_TIMEOUT_MAX 86400.0
+int cli_hang_timeout_opt(cli_args *a, double *seconds);
+// Its --help lines (the same in every command).
+#define CLI_HANG_TIMEOUT_HELP                                                         \
+  "  --hang-timeout S      when a rank has waited S seconds for the others, probe\n"  \
+  "                        every rank: one that does not answer (stopped, hung) or\n" \
+  "                        a deadlock aborts the job with a line naming the rank\n"   \
+  "                        and the operation; a slow rank only gets a warning;\n"     \
+  "                        0 = off [300]\n"
+// Under mpirun (cli_mpi.c): starts the hang watchdog over MPI_COMM_WORLD
+// (moe_watchdog_start; every rank passes the same seconds). *wd
+// stays NULL when seconds is 0. CLI_OK, or CLI_FAILED with the reason printed.
+// Stop it with moe_watchdog_stop before MPI_Finalize.
+struct moe_watchdog;
+int cli_watchdog_start(moe_ctx *ctx, double seconds, int rank, struct moe_watchdog **wd);
+
 // Under mpirun every rank parses the same argv; only rank 0 should print.
 // cli_silence_begin(on, saved) sends stdout and stderr to /dev/null when on;
 // cli_silence_end(saved) restores them (a no-op when nothing was silenced).

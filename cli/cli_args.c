@@ -219,3 +219,9 @@ int cli_layer_config_opt(cli_args *a, moe_layer_config *cfg, unsigned *set) {
   moe_ctx_destroy(ctx);
   return 1;
 }
+
+int cli_hang_timeout_opt(cli_args *a, double *seconds) {
+  if (!cli_opt(a, "--hang-timeout")) return 0;
+  cli_parse_double(a, "--hang-timeout", 0, CLI_HANG_TIMEOUT_MAX, seconds);
+  return 1;
+}

@@ -78,6 +78,7 @@ static void usage(FILE *f) {
       "                        (the planner picks the least predicted time for the\n"
       "                        MoE layer's shape: B/P x S tokens per rank)\n"
       "  --allow-lossy         let --compress auto pick lossy compressors\n"
+      "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
       "  --save-every N        steps between saves [0: only at the end]\n"
@@ -101,6 +102,7 @@ static void usage(FILE *f) {
 typedef struct {
   moe_train_config tc;
   int threads;
+  double hang_timeout;                            // --hang-timeout, seconds (0: off)
   int warmup_set, lr_set, min_lr_set, steps_set;  // given on the command line
   const char *plot;
   const char *model_config;
@@ -188,6 +190,7 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     tc->seed = s;
   } else if (cli_opt(a, "--threads")) {
     cli_parse_int(a, "--threads", 1, 256, &o->threads);
+  } else if (cli_hang_timeout_opt(a, &o->hang_timeout)) {
   } else if (cli_opt(a, "--data")) {
     tc->data = a->value;
   } else if (cli_opt(a, "--val-fraction")) {
@@ -479,6 +482,7 @@ int cmd_train(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   moe_train_config_default(&o.tc);
   o.threads = 1;
+  o.hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("out of memory");
     MPI_Finalize();
@@ -495,10 +499,16 @@ int cmd_train(int argc, char **argv) {
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);
+  moe_watchdog *wd = NULL;
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) {
+    moe_ctx_destroy(ctx);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
   moe_profile prof;  // --profile: lives until moe_train_run returns
   if (o.profile_path) {
     rc = plan_train(ctx, &o, rank, world, &prof);
     if (rc != CLI_OK) {
+      moe_watchdog_stop(wd);
       moe_ctx_destroy(ctx);
       MPI_Finalize();
       return rc;
@@ -509,7 +519,9 @@ int cmd_train(int argc, char **argv) {
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);
   double rss[2] = {peak_rss_mib(), 0};  // rank 0's, max over ranks
-  MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MOE_MPI_WATCHED("all-reduce of the peak memory",
+                  MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  moe_watchdog_stop(wd);
   if (st != MOE_STATUS_OK) {
     if (rank == 0) cli_error("train: %s", moe_ctx_error(ctx));
     rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;

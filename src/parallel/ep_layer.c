@@ -65,7 +65,8 @@ static moe_status allreduce_sum(moe_ctx *ctx, float *buf, size_t n, MPI_Comm com
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the MoE layer's gradients",
+                   MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm));
   }
 done:
   return st;
@@ -76,7 +77,7 @@ static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, 
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
+    MOE_MPI_TRY_OP(ctx, "send of expert weights", MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
   }
 done:
   return st;
@@ -87,7 +88,8 @@ static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int 
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
+    MOE_MPI_TRY_OP(ctx, "receive of expert weights",
+                   MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
   }
 done:
   return st;
@@ -236,7 +238,8 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
   {
     const uint64_t h = config_hash(cfg, pc);
-    MOE_MPI_TRY(ctx, MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
+    MOE_MPI_TRY_OP(ctx, "MoE layer setup",
+                   MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
     for (int r = 1; r < W; r++) {
       MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
                   "the layer or parallel configuration differs between ranks (rank %d differs "
@@ -261,16 +264,16 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   const int DP = W / L->P;
   const int group = pc->ep_strided ? rank % DP : rank / L->P;
   L->me = pc->ep_strided ? rank / DP : rank % L->P;
-  MOE_MPI_TRY(ctx, MPI_Comm_dup(world, &L->world));
+  MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_dup(world, &L->world));
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(L->world, MPI_ERRORS_RETURN));
-  MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, L->me, group, &L->dp));
+  MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_split(L->world, L->me, group, &L->dp));
   // step 3: topology and the EP group
   nodes = moe_malloc((size_t)W * sizeof(int));
   MOE_FAIL_IF(ctx, !nodes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node ids", W);
   MOE_TRY(moe_topology_nodes(ctx, L->world, pc->ranks_per_node, nodes));
   {
     MPI_Comm ep_comm = MPI_COMM_NULL;
-    MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, group, L->me, &ep_comm));
+    MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_split(L->world, group, L->me, &ep_comm));
     const moe_status gst = moe_group_init(ctx, &L->ep, ep_comm, nodes[rank]);
     MPI_Comm_free(&ep_comm);
     MOE_TRY(gst);
@@ -414,8 +417,10 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
   {
     const int args[3] = {e, p, on ? 1 : 0};
     int hi[3], lo[3] = {-args[0], -args[1], -args[2]};
-    MOE_MPI_TRY(ctx, MPI_Allreduce(args, hi, 3, MPI_INT, MPI_MAX, L->world));
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, lo, 3, MPI_INT, MPI_MAX, L->world));
+    MOE_MPI_TRY_OP(ctx, "replica agreement",
+                   MPI_Allreduce(args, hi, 3, MPI_INT, MPI_MAX, L->world));
+    MOE_MPI_TRY_OP(ctx, "replica agreement",
+                   MPI_Allreduce(MPI_IN_PLACE, lo, 3, MPI_INT, MPI_MAX, L->world));
     if (local == MOE_STATUS_OK && (hi[0] != -lo[0] || hi[1] != -lo[1] || hi[2] != -lo[2])) {
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "moe_ep_layer_set_replica needs the same (expert, EP rank, on) on "

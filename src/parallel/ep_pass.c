@@ -340,8 +340,9 @@ static moe_status plan_exchange(moe_ep_layer *L) {
     L->cnt_send[(size_t)p * (E + 1) + e] = L->route.count[e];
   }
   for (int p = 0; p < P; p++) L->cnt_send[(size_t)p * (E + 1) + E] = L->route.capacity;
-  MOE_MPI_TRY(ctx,
-              MPI_Alltoall(L->cnt_send, E + 1, MPI_INT, L->cnt_recv, E + 1, MPI_INT, L->ep.comm));
+  MOE_MPI_TRY_OP(
+      ctx, "exchange of routing counts",
+      MPI_Alltoall(L->cnt_send, E + 1, MPI_INT, L->cnt_recv, E + 1, MPI_INT, L->ep.comm));
   MOE_TRY(plan_chunks(L));
 done:
   return st;
@@ -642,8 +643,8 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
     memset(L->stats, 0, ns * sizeof(double));
   }
   L->stats[ns] = local == MOE_STATUS_OK ? 0.0 : 1.0;
-  MOE_MPI_TRY(ctx,
-              MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the routing statistics",
+                 MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
   if (local != MOE_STATUS_OK) {
     st = local;
     goto done;

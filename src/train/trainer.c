@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe/checkpoint.h"
 #include "moe/data.h"
@@ -180,8 +181,9 @@ static moe_status allreduce_dense(run_state *r) {
   }
   for (size_t i = 0; i < r->dense_n; i += MPI_PIECE) {
     const size_t c = r->dense_n - i < MPI_PIECE ? r->dense_n - i : MPI_PIECE;
-    MOE_MPI_TRY(
-        ctx, MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
+    MOE_MPI_TRY_OP(
+        ctx, "all-reduce of the dense gradients",
+        MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
   }
   off = 0;
   for (int i = 0; i < n; i++) {
@@ -202,7 +204,8 @@ static moe_status grad_norm(run_state *r, double *norm) {
   double sq[3];
   moe_optim_grad_sq(r->model, sq);
   if (r->ep_comm != MPI_COMM_NULL)
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
+                   MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
   *norm = sqrt(sq[0] + sq[1] + sq[2]);
 done:
   return st;
@@ -224,7 +227,8 @@ static moe_status validate(run_state *r, double *val_loss) {
     acc[0] += l.ce_sum;
     acc[1] += l.tokens;
   }
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
+                 MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
   *val_loss = acc[1] > 0 ? acc[0] / acc[1] : NAN;
 done:
   return st;
@@ -302,15 +306,17 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       for (int q = 1; q < ep_size; q++)
         for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
           const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-          MOE_MPI_TRY(ctx, MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
-                                    r->ep_comm, MPI_STATUS_IGNORE));
+          MOE_MPI_TRY_OP(ctx, "checkpoint: receive of experts",
+                         MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
+                                  r->ep_comm, MPI_STATUS_IGNORE));
         }
       if (wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, full, p.numel * (size_t)ep_size * sizeof(float));
     } else {
       for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
         const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-        MOE_MPI_TRY(ctx, MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
+        MOE_MPI_TRY_OP(ctx, "checkpoint: send of experts",
+                       MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
       }
     }
   }
@@ -326,9 +332,10 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
     }
   }
-  MOE_MPI_TRY(ctx, MPI_Bcast(&ok, 1, MPI_INT, 0, r->world));
+  MOE_MPI_TRY_OP(ctx, "checkpoint: rank 0's verdict", MPI_Bcast(&ok, 1, MPI_INT, 0, r->world));
   if (!ok) {
-    MOE_MPI_TRY(ctx, MPI_Bcast(msg, sizeof msg, MPI_CHAR, 0, r->world));
+    MOE_MPI_TRY_OP(ctx, "checkpoint: rank 0's verdict",
+                   MPI_Bcast(msg, sizeof msg, MPI_CHAR, 0, r->world));
     if (r->rank == 0) {
       st = wst;
     } else {
@@ -524,6 +531,25 @@ static void teardown(run_state *r) {
   moe_text_free(r->text);
 }
 
+// Test hook (tests/hang_test.sh): MOE_TEST_SLOW_RANK="R:SECONDS" makes rank R
+// sleep SECONDS before step 2's gradient all-reduce, where the other ranks wait
+// for it: a rank that is slow, not hung. Unset: nothing; malformed: a warning.
+static void test_slow_rank(const run_state *r, int step) {
+  const char *env = getenv("MOE_TEST_SLOW_RANK");
+  if (!env || !*env || step != 2) return;
+  int rank = -1;
+  double seconds = 0;
+  char tail = 0;
+  if (sscanf(env, "%d:%lf%c", &rank, &seconds, &tail) != 2 || !(seconds >= 0 && seconds < 3600)) {
+    if (r->rank == 0) MOE_WARN("MOE_TEST_SLOW_RANK='%s' is not RANK:SECONDS (ignored)", env);
+    return;
+  }
+  if (rank != r->rank) return;
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
 // ---- the loop --------------------------------------------------------------------------------
 
 moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
@@ -583,7 +609,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
   for (int step = start; step <= end; step++) {
-    MOE_MPI_TRY(ctx, MPI_Barrier(world));  // steps start together: clean per-step times
+    moe_watchdog_note_step(step);
+    // steps start together: clean per-step times
+    MOE_MPI_TRY_OP(ctx, "barrier at the start of a step", MPI_Barrier(world));
     const uint64_t t0 = moe_time_ns();
     moe_batch_train(&r.train, tc->seed, (uint64_t)step, r.rank * r.bl, r.bl, r.s, r.tokens,
                     r.targets);
@@ -591,12 +619,14 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     moe_gpt_loss l;
     MOE_TRY(moe_gpt_forward(r.model, r.tokens, r.targets, r.bl, r.s, (double)gtokens, &l));
     MOE_TRY(moe_gpt_backward(r.model));
+    test_slow_rank(&r, step);
     MOE_TRY(allreduce_dense(&r));
     double norm = 0;
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     double sums[2] = {l.ce_sum, (double)l.dropped};
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
+                   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
 
     moe_train_step_info info;
