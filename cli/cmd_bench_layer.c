@@ -125,12 +125,13 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
   }
   fprintf(f,
           "{\n  \"benchmark\": \"layer\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
-          "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n  \"gemm\": \"%s\",\n"
+          "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n  "
+          "\"gemm\": \"%s\",\n"
           "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n  \"peak_size\": %d,\n"
           "  \"allocations_in_timed_iterations\": %llu,\n  ",
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads,
-          o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", capacity,
-          s->rows, s->dropped, o->peak_n, allocs);
+          o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", capacity, s->rows, s->dropped, o->peak_n,
+          allocs);
   const char *sep = ",\n  ";
   json_num(f, "fwd_ms", r->fwd_ms, sep);
   json_num(f, "bwd_ms", r->bwd_ms, sep);

@@ -650,8 +650,9 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "  \"blas_threads\": %d,\n  \"gemm\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
-          o->iters, o->warmup, o->threads, o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
+          o->iters, o->warmup, o->threads, o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", o->seed,
+          moe_wait_policy_name(o->wait), o->compress_backward ? "true" : "false",
+          o->grid ? "true" : "false");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
