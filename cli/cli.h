@@ -38,6 +38,8 @@ int cli_opt(cli_args *a, const char *name);
 // Parse a->value into *out checking [lo, hi]; prints the error naming opt and
 // sets a->bad on failure.
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
+// --gemm fixed|blas: which code moe_gemm runs (moe_gemm_set_path).
+void cli_parse_gemm(cli_args *a, const char *opt, int *out);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
 // Parse a->value as a non-negative integer (no sign) into *out, or print the
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.

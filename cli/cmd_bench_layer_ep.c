@@ -148,6 +148,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
 #endif
           a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names(),
           moe_wait_policy_name(moe_executor_config_default().wait));
+  fprintf(f, "  --gemm fixed|blas      GEMM code (as for one process) [fixed]\n");
   fprintf(f,
           "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
@@ -171,6 +172,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
 typedef struct {
   moe_layer_config cfg;
   int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
+  int gemm;  // moe_gemm_path
   int iters_set;
   unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   unsigned long long seed;
@@ -407,6 +409,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
     } else if (cli_opt(&a, "--threads")) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
+    } else if (cli_opt(&a, "--gemm")) {
+      cli_parse_gemm(&a, "--gemm", &o->gemm);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--profile")) {
@@ -657,11 +661,12 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
-          "  \"blas_threads\": %d,\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
+          "  \"blas_threads\": %d,\n  \"gemm\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
-          o->iters, o->warmup, o->threads, o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
+          o->iters, o->warmup, o->threads, o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", o->seed,
+          moe_wait_policy_name(o->wait), o->compress_backward ? "true" : "false",
+          o->grid ? "true" : "false");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -972,6 +977,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   if (rc != CLI_OK) goto done;
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   moe_blas_set_threads(o.threads);
+  moe_gemm_set_path((moe_gemm_path)o.gemm);
 
   n_configs = o.grid ? GRID_CONFIGS : 1;
   cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);

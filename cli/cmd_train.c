@@ -57,7 +57,13 @@ static void usage(FILE *f) {
       "  --weight-decay X      AdamW weight decay [0.1]\n"
       "  --clip X              gradient-norm clip, <= 0 off [1.0]\n"
       "  --seed S              parameters and batches [1]\n"
-      "  --threads N           BLAS threads per rank [1]\n"
+      "  --threads N           BLAS threads per rank [1] (only --deterministic off uses\n"
+      "                        BLAS; the fixed-order GEMM runs on one thread)\n"
+      "  --deterministic on|off\n"
+      "                        on: fixed-order GEMMs and sums, so losses and parameters\n"
+      "                        are bitwise the same on any number of ranks when B/P is\n"
+      "                        a power of two, EP = P, chunks 1, no lossy compression\n"
+      "                        (docs/reliability.md); off: OpenBLAS and MPI's sums [on]\n"
       "data:\n"
       "  --data FILE           your own text (bytes); default: the fortunes corpus\n"
       "                        (Debian package fortunes), else a generated text\n"
@@ -256,6 +262,15 @@ static int parse_output_opt(cli_args *a, train_opts *o) {
       cli_error("--progress: '%s' is not one of auto, line, redraw", a->value);
       a->bad = 1;
     }
+  } else if (cli_opt(a, "--deterministic")) {
+    if (strcmp(a->value, "on") == 0) {
+      tc->deterministic = 1;
+    } else if (strcmp(a->value, "off") == 0) {
+      tc->deterministic = 0;
+    } else {
+      cli_error("--deterministic: '%s' is not one of on, off", a->value);
+      a->bad = 1;
+    }
   } else if (cli_flag(a, "--quiet")) {
     tc->progress = 0;
   } else {
@@ -452,6 +467,15 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  char why[160];
+  if (moe_train_bitwise_across_p(tc, world, why, sizeof why)) {
+    printf(
+        "  deterministic: on; bitwise the same losses and parameters on any rank count with "
+        "B/P a power of two\n");
+  } else {
+    printf("  deterministic: %s; bits vary with the rank count (%s)\n",
+           tc->deterministic ? "on" : "off", why);
+  }
   const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);
   printf(
       "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: "

@@ -214,6 +214,23 @@ void moe_watchdog_op_end(int token);  // 0: no-op
 // The training step this rank is in, for the message (0: none). Any thread.
 void moe_watchdog_note_step(long step);
 
+// ---- fixed-order sums (the deterministic mode, docs/reliability.md) ----------------
+
+// buf (n floats) = the sum of every rank's buf, on every rank, added in one
+// fixed order: the pairwise tree over rank index (rank 2i's value + rank
+// 2i+1's, then pairs of pairs, ...; a rank without a partner passes its value
+// up). When each rank holds the pairwise sum of an equal power-of-two number of
+// consecutive slices (moe_pairwise_*), the result is the pairwise sum over all
+// slices: the same bits at any rank count. Collective; a failure (out of
+// memory, MPI) is returned on every rank.
+moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm);
+// out (n) = the sum over every slice of every rank, slices in rank order then
+// local order, added left to right in double: rank r holds `slices` slices
+// (any count, 0 included) of n doubles each in `mine`. Small vectors only
+// (every rank receives every slice). Collective.
+moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
+                                  MPI_Comm comm);
+
 #define MOE_MPI_TRY(ctx, call)                                       \
   do {                                                               \
     const int mpi_rc_ = (call);                                      \

@@ -121,6 +121,9 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
   MOE_TRY(moe_schedule_algo_find(ctx, pc->schedule, sched));
   MOE_FAIL_IF(ctx, pc->chunks < 1 || pc->chunks > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
               "chunks (%d) must be in [1, %d]", pc->chunks, MOE_MAX_CHUNKS);
+  MOE_FAIL_IF(ctx, pc->slice_tokens < 0 || pc->slice_tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
+              "slice_tokens (%d) must be in [0, %d] (the layer's tokens; 0 = off)",
+              pc->slice_tokens, cfg->tokens);
   MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1, MOE_STATUS_INVALID_ARG,
               "compress_backward (%d) must be 0 or 1", pc->compress_backward);
   MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
@@ -152,6 +155,14 @@ static moe_status alloc_tables(moe_ctx *ctx, moe_ep_layer *L) {
   L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1, sizeof(double));
   MOE_FAIL_IF(ctx, !L->cnt_send || !L->cnt_recv || !L->stats, MOE_STATUS_OUT_OF_MEMORY,
               "cannot allocate count tables for %zu ranks", P);
+  if (L->pc.slice_tokens > 0) {
+    const int slices = (L->cfg.tokens + L->pc.slice_tokens - 1) / L->pc.slice_tokens;
+    L->max_slices = slices;
+    L->slice_sums = moe_calloc((size_t)(slices + 1) * (E + 1), sizeof(double));  // + the total
+    MOE_FAIL_IF(ctx, !L->slice_sums, MOE_STATUS_OUT_OF_MEMORY,
+                "cannot allocate the per-slice gate sums (%d slices)", slices);
+    MOE_TRY(moe_pairwise_init(ctx, &L->gate_pw, (size_t)L->cfg.model_dim * E, slices));
+  }
 done:
   return st;
 }
@@ -318,8 +329,10 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
     for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
   }
   moe_ep_pass_free_(L);
-  void *tables[] = {L->w1_of,  L->b1_of,  L->w2_of,       L->b2_of,    L->dw1_of,   L->db1_of,
-                    L->dw2_of, L->db2_of, L->replica_mem, L->cnt_send, L->cnt_recv, L->stats};
+  void *tables[] = {L->w1_of,    L->b1_of,  L->w2_of,     L->b2_of,       L->dw1_of,
+                    L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
+                    L->cnt_recv, L->stats,  L->slice_sums};
+  moe_pairwise_free(&L->gate_pw);
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
   moe_workspace *ws[] = {&L->bufa, &L->bufb,   &L->ex_x,    &L->pre,   &L->h,    &L->dh,
                          &L->dpre, &L->a2a_ws, &L->rep_tmp, &L->csend, &L->crecv};
@@ -501,8 +514,13 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   const size_t Ms = (size_t)L->cfg.model_dim, Hs = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   MOE_TRY(gather_replica_grads(L, home));
-  MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
-  MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
+  if (L->pc.slice_tokens > 0) {
+    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp));
+    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world));
+  } else {
+    MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
+    MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
+  }
   add_into(L->t.dwg, gs, L->grad_gate_n);
   add_into(L->t.dw1, home, El * Ms * Hs);
   add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
