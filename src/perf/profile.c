@@ -422,14 +422,17 @@ static void sb_fit(strbuf *b, const moe_linear_fit *f) {
   sb_printf(b, "\"r2\": %.6f, \"points\": %d, \"rmse_s\": %.17g}", f->r2, f->n, f->rmse);
 }
 
-// A JSON string literal of s (the descriptions hold plain text; quotes and
-// backslashes are escaped, control characters dropped).
+// A JSON string literal of s: quotes and backslashes escaped, control
+// characters as \u00XX (the reader accepts them, so the text reads back as
+// s; dropping them lost characters of a name: found by fuzz/fuzz_profile.c).
 static void sb_string(strbuf *b, const char *s) {
   sb_printf(b, "\"");
   for (; *s; s++) {
     if (*s == '"' || *s == '\\') {
       sb_printf(b, "\\%c", *s);
-    } else if ((unsigned char)*s >= 0x20) {
+    } else if ((unsigned char)*s < 0x20) {
+      sb_printf(b, "\\u%04x", (unsigned)(unsigned char)*s);
+    } else {
       sb_printf(b, "%c", *s);
     }
   }
