@@ -596,6 +596,28 @@ static void test_profile(void) {
            "uncalibrated algorithm: %s", moe_ctx_error(g_ctx));
 }
 
+// Regressions found by fuzzing (fuzz/fuzz_profile.c, fuzz/fuzz_cluster.c;
+// docs/reliability.md#fuzzing): a profile written and read back is the same
+// profile, names with control characters included (the writer dropped them).
+static void test_profile_fuzz_regressions(void) {
+  moe_profile p = base_profile(
+      "a\x01"
+      "b\tc",
+      1, 2, 1e-7, 1e-12);
+  snprintf(p.cluster.source, sizeof p.cluster.source, "line one\nline two \"quoted\" \\ \x1f");
+  snprintf(p.cluster.intra.kind, sizeof p.cluster.intra.kind, "PCIe\x02");
+  p.n_a2a = 1;
+  snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "m\x1b[0m");
+  p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8, 0.0};
+  moe_profile q;
+  TU_CHECK(round_trip(&p, &q), "control characters: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(strcmp(q.name, p.name) == 0 && strcmp(q.cluster.source, p.cluster.source) == 0 &&
+               strcmp(q.cluster.intra.kind, p.cluster.intra.kind) == 0 &&
+               strcmp(q.a2a[0].name, p.a2a[0].name) == 0,
+           "strings after a round trip: name '%s', source '%s', kind '%s', a2a '%s'", q.name,
+           q.cluster.source, q.cluster.intra.kind, q.a2a[0].name);
+}
+
 // The planner: the minimum over its candidates, never a lossy compressor
 // without the flag, even where compression would win.
 static void test_planner(void) {
@@ -1086,6 +1108,7 @@ int main(int argc, char **argv) {
   test_a2a_algos();
   test_simulate_layer();
   test_profile();
+  test_profile_fuzz_regressions();
   test_planner();
   test_layer_fit();
   moe_ctx_destroy(g_ctx);
