@@ -122,6 +122,24 @@ static void test_config(void) {
       "JSON round trip differs: %s", buf);
   TU_CHECK(moe_gpt_config_to_json(g_ctx, &c, buf, 20) == MOE_STATUS_INVALID_ARG,
            "to_json into a short buffer");
+  // found by fuzzing (fuzz/fuzz_gpt_config.c): a dense model does not check its
+  // MoE fields, so its expert kind may be any name; the text written (which
+  // every checkpoint stores) must still read back, quotes and control
+  // characters included
+  {
+    moe_gpt_config dense = d;
+    dense.moe_every = 0;
+    snprintf(dense.moe.expert, sizeof dense.moe.expert,
+             "a\"b\\c\x01"
+             "d");
+    TU_CHECK(moe_gpt_config_validate(g_ctx, &dense) == MOE_STATUS_OK, "dense config: %s",
+             moe_ctx_error(g_ctx));
+    moe_gpt_config dback = d;
+    TU_CHECK(moe_gpt_config_to_json(g_ctx, &dense, buf, sizeof buf) == MOE_STATUS_OK &&
+                 moe_gpt_config_from_json(g_ctx, buf, &dback) == MOE_STATUS_OK &&
+                 strcmp(dback.moe.expert, dense.moe.expert) == 0 && dback.moe_every == 0,
+             "dense config with expert name a\"b\\c\\x01d: %s -> %s", buf, moe_ctx_error(g_ctx));
+  }
 
   // JSON errors name the key; cfg unchanged
   static const struct {

@@ -183,25 +183,48 @@ done:
   return st;
 }
 
+// The expert kind as the text of a JSON string: quotes, backslashes and
+// control characters escaped. A config that does not validate may hold any
+// name (a dense model's MoE fields are not checked), and what the writer
+// writes must read back: the model's checkpoint stores this text (found by
+// fuzz/fuzz_gpt_config.c: "a\"b" made the checkpoint config unreadable).
+static void escape_name(const char *s, size_t cap, char *out) {
+  size_t o = 0;
+  for (size_t i = 0; i < cap && s[i]; i++) {
+    const unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') {
+      out[o++] = '\\';
+      out[o++] = (char)c;
+    } else if (c < 0x20) {
+      o += (size_t)snprintf(out + o, 7, "\\u%04x", (unsigned)c);
+    } else {
+      out[o++] = (char)c;
+    }
+  }
+  out[o] = '\0';
+}
+
 moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, char *buf,
                                     size_t len) {
   moe_status st = MOE_STATUS_OK;
+  char expert[6 * sizeof cfg->expert + 1];  // each byte at most \u00XX
+  escape_name(cfg->expert, sizeof cfg->expert, expert);
   // gate_convention only when it is not the default, so a config (and a
   // checkpoint or profile holding one) reads exactly as before it existed
   char gate[64] = "";
   if (cfg->gate_convention != MOE_GATE_LIBMOE)
     snprintf(gate, sizeof gate, ", \"gate_convention\": \"%s\"",
              moe_gate_convention_name((moe_gate_convention)cfg->gate_convention));
-  const int n = snprintf(
-      buf, len,
-      "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
-      "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
-      "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
-      "\"check_finite\": %s, \"expert\": \"%s\"%s}",
-      cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
-      cfg->capacity_factor, moe_activation_name(cfg->act), cfg->renormalize ? "true" : "false",
-      (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false",
-      memchr(cfg->expert, 0, sizeof cfg->expert) ? cfg->expert : "?", gate);
+  const int n =
+      snprintf(buf, len,
+               "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
+               "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
+               "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
+               "\"check_finite\": %s, \"expert\": \"%s\"%s}",
+               cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
+               cfg->capacity_factor, moe_activation_name(cfg->act),
+               cfg->renormalize ? "true" : "false", (double)cfg->aux_loss_coef,
+               (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false", expert, gate);
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= len, MOE_STATUS_INVALID_ARG,
               "layer config JSON needs %d bytes, buffer has %zu", n + 1, len);
 done:
