@@ -7,7 +7,7 @@
 //   byte 1   val_fraction = byte / 400 (0 .. 0.6375: invalid values included)
 //   byte 2-3 seq_len = 1 + (little-endian 16 bits) % 512
 //   byte 4   the content is repeated 1 + byte times (texts beyond one split
-//            group of 32 KiB, up to ~1 MB)
+//            group of 32 KiB, up to 256 KiB)
 //   byte 5   min_bytes = byte * 16
 // A file text is the repeated content. A directory gets the content cut at
 // NUL bytes into at most 8 pieces, piece i written to a file named by its
@@ -37,7 +37,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define MAX_TEXT ((size_t)1 << 20)
+#define MAX_TEXT ((size_t)256 << 10)
 
 static char g_path[512];
 
