@@ -8,7 +8,8 @@
 # FUZZ_JOBS=N runs N harnesses at a time (default 1; each uses one core);
 # FUZZ_TIMEOUT=S is libFuzzer's per-input limit (default 10 s: an input
 # slower than that is a finding); FUZZ_RUN_DIR keeps the run's corpora, logs
-# and findings there (default BUILD_DIR/fuzz-run, emptied first).
+# and findings there (default BUILD_DIR/fuzz-run; emptied first, and only if
+# an earlier run of this script made it).
 #
 # Fails (exit 1) if any harness finds a crash, a failed invariant, a leak, a
 # timeout or an out-of-memory input; prints, for each, the input libFuzzer
@@ -30,15 +31,22 @@ timeout_s="${FUZZ_TIMEOUT:-10}"
   exit 2
 }
 
+run="${FUZZ_RUN_DIR:-$build/fuzz-run}"
+# emptied first, but only a folder an earlier run made (it holds .fuzz-run)
+if [[ -e "$run" && ! -f "$run/.fuzz-run" && -n "$(ls -A "$run" 2>/dev/null)" ]]; then
+  echo "fuzz.sh: $run exists and is not a fuzz.sh run folder; choose another FUZZ_RUN_DIR" >&2
+  exit 2
+fi
+
 # ---- build: the library and the harnesses only, no MPI -------------------------
 CC=clang cmake -S . -B "$build" -DMOE_FUZZ=ON -DMOE_WERROR=ON -DMOE_WITH_MPI=OFF \
   -DMOE_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"${FUZZ_BUILD_JOBS:-2}" --target moe_fuzz >/dev/null
 
 harnesses=(${FUZZ_HARNESSES:-$(cd fuzz/corpus && ls -d */ | tr -d /)})
-run="${FUZZ_RUN_DIR:-$build/fuzz-run}"
 rm -rf "$run"
 mkdir -p "$run"
+touch "$run/.fuzz-run"
 run="$(cd "$run" && pwd)"
 json_dict="$PWD/fuzz/json.dict"
 
