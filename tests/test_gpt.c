@@ -140,6 +140,28 @@ static void test_config(void) {
                  strcmp(dback.moe.expert, dense.moe.expert) == 0 && dback.moe_every == 0,
              "dense config with expert name a\"b\\c\\x01d: %s -> %s", buf, moe_ctx_error(g_ctx));
   }
+  // found by fuzzing: the largest accepted values (aux/z coefficients 1e30,
+  // float fields 3e38) are written as the float they are stored in, which is
+  // above the bound as a double; they must still read back
+  {
+    moe_gpt_config big = d;
+    big.moe.aux_loss_coef = big.moe.z_loss_coef = 1e30f;
+    big.ln_eps = big.init_std = 3e38f;
+    TU_CHECK(moe_gpt_config_validate(g_ctx, &big) == MOE_STATUS_OK, "large values: %s",
+             moe_ctx_error(g_ctx));
+    moe_gpt_config bback = d;
+    TU_CHECK(moe_gpt_config_to_json(g_ctx, &big, buf, sizeof buf) == MOE_STATUS_OK &&
+                 moe_gpt_config_from_json(g_ctx, buf, &bback) == MOE_STATUS_OK &&
+                 bback.moe.aux_loss_coef == 1e30f && bback.moe.z_loss_coef == 1e30f &&
+                 bback.ln_eps == 3e38f && bback.init_std == 3e38f,
+             "largest values round trip: %s -> %s", buf, moe_ctx_error(g_ctx));
+    moe_gpt_config over = d;
+    TU_CHECK(
+        moe_gpt_config_from_json(g_ctx, "{\"moe\": {\"aux_loss_coef\": 1.1e30}}", &over) ==
+                MOE_STATUS_INVALID_ARG &&
+            moe_gpt_config_from_json(g_ctx, "{\"ln_eps\": 1e39}", &over) == MOE_STATUS_INVALID_ARG,
+        "values above the bounds are still refused");
+  }
 
   // JSON errors name the key; cfg unchanged
   static const struct {

@@ -1,5 +1,6 @@
 // MoE layer configuration: defaults, validation with messages that name the
 // field and its valid range, JSON in and out, and the capacity formula.
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +108,20 @@ static const char *const k_keys =
     "tokens, model_dim, hidden_dim, num_experts, top_k, capacity_factor, activation, "
     "renormalize, aux_loss_coef, z_loss_coef, check_finite, expert, gate_convention";
 
+// A loss coefficient: bounded by 1e30 as the float it is stored in, so that
+// the float the writer prints (%.9g: 1e30f prints as 1.00000002e+30, above
+// 1e30 as a double) reads back (found by fuzz/fuzz_gpt_config.c).
+static moe_status get_coef(moe_ctx *ctx, const cJSON *it, const char *k, float *out) {
+  moe_status st = MOE_STATUS_OK;
+  double d = 0.0;
+  MOE_TRY(moe_json_get_double(ctx, it, k, &d));
+  MOE_FAIL_IF(ctx, !(fabs(d) <= FLT_MAX) || !(fabsf((float)d) <= 1e30f), MOE_STATUS_INVALID_ARG,
+              "%s (%g) must be finite and >= 0", k, d);
+  *out = (float)d;
+done:
+  return st;
+}
+
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
@@ -118,7 +133,6 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
       MOE_FAIL_IF(ctx, strcmp(prev->string, k) == 0, MOE_STATUS_INVALID_ARG,
                   "key '%s' appears twice in layer config", k);
     }
-    double d = 0.0;
     if (strcmp(k, "tokens") == 0) {
       MOE_TRY(moe_json_get_int(ctx, it, k, &next.tokens));
     } else if (strcmp(k, "model_dim") == 0) {
@@ -138,15 +152,9 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
     } else if (strcmp(k, "renormalize") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.renormalize));
     } else if (strcmp(k, "aux_loss_coef") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, k, &d));
-      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
-                  "aux_loss_coef (%g) must be finite and >= 0", d);
-      next.aux_loss_coef = (float)d;
+      MOE_TRY(get_coef(ctx, it, k, &next.aux_loss_coef));
     } else if (strcmp(k, "z_loss_coef") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, k, &d));
-      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
-                  "z_loss_coef (%g) must be finite and >= 0", d);
-      next.z_loss_coef = (float)d;
+      MOE_TRY(get_coef(ctx, it, k, &next.z_loss_coef));
     } else if (strcmp(k, "check_finite") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.check_finite));
     } else if (strcmp(k, "gate_convention") == 0) {
