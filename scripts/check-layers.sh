@@ -11,7 +11,8 @@
 #   - a public header (include/moe/) that includes a header above its own module,
 #     or any private header;
 #   - a public header this table does not name (every public header has one owner);
-#   - cli/ or examples/ including anything but public headers (and cli's own cli*.h).
+#   - cli/, examples/ or fuzz/ including anything but public headers (and cli's
+#     own cli*.h, the fuzz harnesses' own fuzz_*.h).
 # tests/ may include private headers: they test modules from inside.
 # docs/architecture.md draws the same table.
 set -euo pipefail
@@ -41,7 +42,7 @@ mapfile -t lib_dirs < <(find src -mindepth 1 -maxdepth 1 -type d | sort)
 mapfile -t files < <(
   for d in "${lib_dirs[@]}"; do ls "$d"/*.c "$d"/*.h 2>/dev/null || true; done
   ls include/moe/*.h 2>/dev/null || true
-  ls cli/*.c cli/*.h examples/*.c 2>/dev/null || true
+  ls cli/*.c cli/*.h examples/*.c fuzz/*.c fuzz/*.h 2>/dev/null || true
 )
 {
   # every module folder, so one without a row or without files is seen
@@ -105,6 +106,7 @@ mapfile -t files < <(
     } else if (k == "program") {
       if (hdr ~ /^moe\//) { if (owner[substr(hdr, 5)] == "") fail(file ":" line ": includes " hdr ", a public header no layer owns") }
       else if (hdr ~ /^cli.*\.h$/) { if (file !~ /^cli\//) fail(file ":" line ": includes the CLI'"'"'s " hdr) }
+      else if (hdr ~ /^fuzz_.*\.h$/) { if (file !~ /^fuzz\//) fail(file ":" line ": includes the fuzz harnesses'"'"' " hdr) }
       else fail(file ":" line ": includes \"" hdr "\": only public headers (moe/*.h) are allowed here")
     }
   }

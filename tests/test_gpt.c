@@ -122,6 +122,46 @@ static void test_config(void) {
       "JSON round trip differs: %s", buf);
   TU_CHECK(moe_gpt_config_to_json(g_ctx, &c, buf, 20) == MOE_STATUS_INVALID_ARG,
            "to_json into a short buffer");
+  // found by fuzzing (fuzz/fuzz_gpt_config.c): a dense model does not check its
+  // MoE fields, so its expert kind may be any name; the text written (which
+  // every checkpoint stores) must still read back, quotes and control
+  // characters included
+  {
+    moe_gpt_config dense = d;
+    dense.moe_every = 0;
+    snprintf(dense.moe.expert, sizeof dense.moe.expert,
+             "a\"b\\c\x01"
+             "d");
+    TU_CHECK(moe_gpt_config_validate(g_ctx, &dense) == MOE_STATUS_OK, "dense config: %s",
+             moe_ctx_error(g_ctx));
+    moe_gpt_config dback = d;
+    TU_CHECK(moe_gpt_config_to_json(g_ctx, &dense, buf, sizeof buf) == MOE_STATUS_OK &&
+                 moe_gpt_config_from_json(g_ctx, buf, &dback) == MOE_STATUS_OK &&
+                 strcmp(dback.moe.expert, dense.moe.expert) == 0 && dback.moe_every == 0,
+             "dense config with expert name a\"b\\c\\x01d: %s -> %s", buf, moe_ctx_error(g_ctx));
+  }
+  // found by fuzzing: the largest accepted values (aux/z coefficients 1e30,
+  // float fields 3e38) are written as the float they are stored in, which is
+  // above the bound as a double; they must still read back
+  {
+    moe_gpt_config big = d;
+    big.moe.aux_loss_coef = big.moe.z_loss_coef = 1e30f;
+    big.ln_eps = big.init_std = 3e38f;
+    TU_CHECK(moe_gpt_config_validate(g_ctx, &big) == MOE_STATUS_OK, "large values: %s",
+             moe_ctx_error(g_ctx));
+    moe_gpt_config bback = d;
+    TU_CHECK(moe_gpt_config_to_json(g_ctx, &big, buf, sizeof buf) == MOE_STATUS_OK &&
+                 moe_gpt_config_from_json(g_ctx, buf, &bback) == MOE_STATUS_OK &&
+                 bback.moe.aux_loss_coef == 1e30f && bback.moe.z_loss_coef == 1e30f &&
+                 bback.ln_eps == 3e38f && bback.init_std == 3e38f,
+             "largest values round trip: %s -> %s", buf, moe_ctx_error(g_ctx));
+    moe_gpt_config over = d;
+    TU_CHECK(
+        moe_gpt_config_from_json(g_ctx, "{\"moe\": {\"aux_loss_coef\": 1.1e30}}", &over) ==
+                MOE_STATUS_INVALID_ARG &&
+            moe_gpt_config_from_json(g_ctx, "{\"ln_eps\": 1e39}", &over) == MOE_STATUS_INVALID_ARG,
+        "values above the bounds are still refused");
+  }
 
   // JSON errors name the key; cfg unchanged
   static const struct {

@@ -596,6 +596,46 @@ static void test_profile(void) {
            "uncalibrated algorithm: %s", moe_ctx_error(g_ctx));
 }
 
+// Regressions found by fuzzing (fuzz/fuzz_profile.c, fuzz/fuzz_cluster.c;
+// docs/reliability.md#fuzzing): a profile written and read back is the same
+// profile, names with control characters included (the writer dropped them),
+// every number bitwise.
+static void test_profile_fuzz_regressions(void) {
+  moe_profile p = base_profile(
+      "a\x01"
+      "b\tc",
+      1, 2, 1e-7, 1e-12);
+  snprintf(p.cluster.source, sizeof p.cluster.source, "line one\nline two \"quoted\" \\ \x1f");
+  snprintf(p.cluster.intra.kind, sizeof p.cluster.intra.kind, "PCIe\x02");
+  p.n_a2a = 1;
+  snprintf(p.a2a[0].name, sizeof p.a2a[0].name, "m\x1b[0m");
+  p.a2a[0].fit = (moe_linear_fit){1e-6, 1e-9, 0.998, 0.0, 8, 0.0};
+  moe_profile q;
+  TU_CHECK(round_trip(&p, &q), "control characters: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(strcmp(q.name, p.name) == 0 && strcmp(q.cluster.source, p.cluster.source) == 0 &&
+               strcmp(q.cluster.intra.kind, p.cluster.intra.kind) == 0 &&
+               strcmp(q.a2a[0].name, p.a2a[0].name) == 0,
+           "strings after a round trip: name '%s', source '%s', kind '%s', a2a '%s'", q.name,
+           q.cluster.source, q.cluster.intra.kind, q.a2a[0].name);
+  // every number bitwise: r2 was printed with 6 decimals, expert rows and
+  // all-to-all bytes rounded to integers (a fractional byte count then read
+  // back as 0 and the profile was refused)
+  p.gemm.r2 = 0.123456789012345;
+  p.n_expert_points = 1;
+  const double ep[5] = {256.5, 128, 256, 1e-4, 2e-4};
+  memcpy(p.expert_points[0], ep, sizeof ep);
+  p.n_a2a_points[0] = 2;
+  p.a2a_points[0][0][0] = 0.25;
+  p.a2a_points[0][0][1] = 1e-4;
+  p.a2a_points[0][1][0] = 4096.5;
+  p.a2a_points[0][1][1] = 1e-3;
+  TU_CHECK(round_trip(&p, &q), "fractional points: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(q.gemm.r2 == p.gemm.r2 && q.expert_points[0][0] == 256.5 &&
+               q.a2a_points[0][0][0] == 0.25 && q.a2a_points[0][1][0] == 4096.5,
+           "numbers after a round trip: r2 %.17g, rows %.17g, bytes %.17g and %.17g", q.gemm.r2,
+           q.expert_points[0][0], q.a2a_points[0][0][0], q.a2a_points[0][1][0]);
+}
+
 // The planner: the minimum over its candidates, never a lossy compressor
 // without the flag, even where compression would win.
 static void test_planner(void) {
@@ -1086,6 +1126,7 @@ int main(int argc, char **argv) {
   test_a2a_algos();
   test_simulate_layer();
   test_profile();
+  test_profile_fuzz_regressions();
   test_planner();
   test_layer_fit();
   moe_ctx_destroy(g_ctx);

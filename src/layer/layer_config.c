@@ -1,5 +1,6 @@
 // MoE layer configuration: defaults, validation with messages that name the
 // field and its valid range, JSON in and out, and the capacity formula.
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,6 +108,20 @@ static const char *const k_keys =
     "tokens, model_dim, hidden_dim, num_experts, top_k, capacity_factor, activation, "
     "renormalize, aux_loss_coef, z_loss_coef, check_finite, expert, gate_convention";
 
+// A loss coefficient: bounded by 1e30 as the float it is stored in, so that
+// the float the writer prints (%.9g: 1e30f prints as 1.00000002e+30, above
+// 1e30 as a double) reads back (found by fuzz/fuzz_gpt_config.c).
+static moe_status get_coef(moe_ctx *ctx, const cJSON *it, const char *k, float *out) {
+  moe_status st = MOE_STATUS_OK;
+  double d = 0.0;
+  MOE_TRY(moe_json_get_double(ctx, it, k, &d));
+  MOE_FAIL_IF(ctx, !(fabs(d) <= FLT_MAX) || !(fabsf((float)d) <= 1e30f), MOE_STATUS_INVALID_ARG,
+              "%s (%g) must be finite and >= 0", k, d);
+  *out = (float)d;
+done:
+  return st;
+}
+
 moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_config *cfg) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
@@ -118,7 +133,6 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
       MOE_FAIL_IF(ctx, strcmp(prev->string, k) == 0, MOE_STATUS_INVALID_ARG,
                   "key '%s' appears twice in layer config", k);
     }
-    double d = 0.0;
     if (strcmp(k, "tokens") == 0) {
       MOE_TRY(moe_json_get_int(ctx, it, k, &next.tokens));
     } else if (strcmp(k, "model_dim") == 0) {
@@ -138,15 +152,9 @@ moe_status moe_layer_config_from_json(moe_ctx *ctx, const char *json, moe_layer_
     } else if (strcmp(k, "renormalize") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.renormalize));
     } else if (strcmp(k, "aux_loss_coef") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, k, &d));
-      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
-                  "aux_loss_coef (%g) must be finite and >= 0", d);
-      next.aux_loss_coef = (float)d;
+      MOE_TRY(get_coef(ctx, it, k, &next.aux_loss_coef));
     } else if (strcmp(k, "z_loss_coef") == 0) {
-      MOE_TRY(moe_json_get_double(ctx, it, k, &d));
-      MOE_FAIL_IF(ctx, !(fabs(d) <= 1e30), MOE_STATUS_INVALID_ARG,
-                  "z_loss_coef (%g) must be finite and >= 0", d);
-      next.z_loss_coef = (float)d;
+      MOE_TRY(get_coef(ctx, it, k, &next.z_loss_coef));
     } else if (strcmp(k, "check_finite") == 0) {
       MOE_TRY(moe_json_get_bool(ctx, it, k, &next.check_finite));
     } else if (strcmp(k, "gate_convention") == 0) {
@@ -183,25 +191,48 @@ done:
   return st;
 }
 
+// The expert kind as the text of a JSON string: quotes, backslashes and
+// control characters escaped. A config that does not validate may hold any
+// name (a dense model's MoE fields are not checked), and what the writer
+// writes must read back: the model's checkpoint stores this text (found by
+// fuzz/fuzz_gpt_config.c: "a\"b" made the checkpoint config unreadable).
+static void escape_name(const char *s, size_t cap, char *out) {
+  size_t o = 0;
+  for (size_t i = 0; i < cap && s[i]; i++) {
+    const unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') {
+      out[o++] = '\\';
+      out[o++] = (char)c;
+    } else if (c < 0x20) {
+      o += (size_t)snprintf(out + o, 7, "\\u%04x", (unsigned)c);
+    } else {
+      out[o++] = (char)c;
+    }
+  }
+  out[o] = '\0';
+}
+
 moe_status moe_layer_config_to_json(moe_ctx *ctx, const moe_layer_config *cfg, char *buf,
                                     size_t len) {
   moe_status st = MOE_STATUS_OK;
+  char expert[6 * sizeof cfg->expert + 1];  // each byte at most \u00XX
+  escape_name(cfg->expert, sizeof cfg->expert, expert);
   // gate_convention only when it is not the default, so a config (and a
   // checkpoint or profile holding one) reads exactly as before it existed
   char gate[64] = "";
   if (cfg->gate_convention != MOE_GATE_LIBMOE)
     snprintf(gate, sizeof gate, ", \"gate_convention\": \"%s\"",
              moe_gate_convention_name((moe_gate_convention)cfg->gate_convention));
-  const int n = snprintf(
-      buf, len,
-      "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
-      "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
-      "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
-      "\"check_finite\": %s, \"expert\": \"%s\"%s}",
-      cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
-      cfg->capacity_factor, moe_activation_name(cfg->act), cfg->renormalize ? "true" : "false",
-      (double)cfg->aux_loss_coef, (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false",
-      memchr(cfg->expert, 0, sizeof cfg->expert) ? cfg->expert : "?", gate);
+  const int n =
+      snprintf(buf, len,
+               "{\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"num_experts\": %d, "
+               "\"top_k\": %d, \"capacity_factor\": %.17g, \"activation\": \"%s\", "
+               "\"renormalize\": %s, \"aux_loss_coef\": %.9g, \"z_loss_coef\": %.9g, "
+               "\"check_finite\": %s, \"expert\": \"%s\"%s}",
+               cfg->tokens, cfg->model_dim, cfg->hidden_dim, cfg->num_experts, cfg->top_k,
+               cfg->capacity_factor, moe_activation_name(cfg->act),
+               cfg->renormalize ? "true" : "false", (double)cfg->aux_loss_coef,
+               (double)cfg->z_loss_coef, cfg->check_finite ? "true" : "false", expert, gate);
   MOE_FAIL_IF(ctx, n < 0 || (size_t)n >= len, MOE_STATUS_INVALID_ARG,
               "layer config JSON needs %d bytes, buffer has %zu", n + 1, len);
 done:

@@ -3,6 +3,7 @@
 // through the MoE layer's own parser), and which blocks carry an MoE FFN.
 //
 // Not here: the model itself (gpt.c) and the MoE backends (gpt_moe_local.c).
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,7 +85,10 @@ static moe_status get_float(moe_ctx *ctx, const cJSON *it, const char *k, float 
   moe_status st = MOE_STATUS_OK;
   double d = 0.0;
   MOE_TRY(moe_json_get_double(ctx, it, k, &d));
-  MOE_FAIL_IF(ctx, !(fabs(d) <= 3e38), MOE_STATUS_INVALID_ARG,
+  // bounded as the float it is stored in: the writer prints the float (%.9g:
+  // 3e38f prints as 3.00000006e+38, above 3e38 as a double), which must read
+  // back (found by fuzz/fuzz_gpt_config.c for the MoE loss coefficients)
+  MOE_FAIL_IF(ctx, !(fabs(d) <= FLT_MAX) || !(fabsf((float)d) <= 3e38f), MOE_STATUS_INVALID_ARG,
               "'%s' (%g) must be a finite float32 value", k, d);
   *out = (float)d;
 done:

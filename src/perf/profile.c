@@ -419,17 +419,22 @@ sb_printf(strbuf *b, const char *fmt, ...) {
 static void sb_fit(strbuf *b, const moe_linear_fit *f) {
   sb_printf(b, "{\"alpha_s\": %.17g, \"beta_s\": %.17g, ", f->alpha, f->beta);
   if (f->gamma != 0.0) sb_printf(b, "\"gamma_s\": %.17g, ", f->gamma);
-  sb_printf(b, "\"r2\": %.6f, \"points\": %d, \"rmse_s\": %.17g}", f->r2, f->n, f->rmse);
+  // every number %.17g, r2 included: a profile reads back bitwise (fuzz/fuzz_profile.c
+  // found r2 printed with 6 decimals, expert rows and a2a bytes rounded to integers)
+  sb_printf(b, "\"r2\": %.17g, \"points\": %d, \"rmse_s\": %.17g}", f->r2, f->n, f->rmse);
 }
 
-// A JSON string literal of s (the descriptions hold plain text; quotes and
-// backslashes are escaped, control characters dropped).
+// A JSON string literal of s: quotes and backslashes escaped, control
+// characters as \u00XX (the reader accepts them, so the text reads back as
+// s; dropping them lost characters of a name: found by fuzz/fuzz_profile.c).
 static void sb_string(strbuf *b, const char *s) {
   sb_printf(b, "\"");
   for (; *s; s++) {
     if (*s == '"' || *s == '\\') {
       sb_printf(b, "\\%c", *s);
-    } else if ((unsigned char)*s >= 0x20) {
+    } else if ((unsigned char)*s < 0x20) {
+      sb_printf(b, "\\u%04x", (unsigned)(unsigned char)*s);
+    } else {
       sb_printf(b, "%c", *s);
     }
   }
@@ -488,7 +493,7 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
         sb_string(&b, p->a2a[i].name);
         sb_printf(&b, ": [");
         for (int j = 0; j < p->n_a2a_points[i]; j++) {
-          sb_printf(&b, "%s[%.0f, %.17g]", j ? ", " : "", p->a2a_points[i][j][0],
+          sb_printf(&b, "%s[%.17g, %.17g]", j ? ", " : "", p->a2a_points[i][j][0],
                     p->a2a_points[i][j][1]);
         }
         sb_printf(&b, "]");
@@ -505,7 +510,7 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_printf(&b, ",\n  \"expert_points\": [");
     for (int i = 0; i < p->n_expert_points; i++) {
       const double *e = p->expert_points[i];
-      sb_printf(&b, "%s\n    [%.0f, %.0f, %.0f, %.17g, %.17g]", i ? "," : "", e[0], e[1], e[2],
+      sb_printf(&b, "%s\n    [%.17g, %.17g, %.17g, %.17g, %.17g]", i ? "," : "", e[0], e[1], e[2],
                 e[3], e[4]);
     }
     sb_printf(&b, "\n  ]");
