@@ -66,6 +66,15 @@ typedef struct {
 moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
                                       const moe_measure_variant *variants, int n,
                                       const moe_measure_config *mc, moe_measure_result *out);
+// The bytes moe_measure_layer_variants(cfg, variants, n, mc) allocates on one
+// rank of world_size, by category, without allocating: every variant's layer
+// (moe_ep_layer_memory, all of them live at once), the inputs x, dy and
+// outputs y, dx (activations) and the result tables (workspace). Local (no
+// MPI call); INVALID_ARG for an invalid cfg or variant.
+moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
+                                             const moe_layer_config *cfg,
+                                             const moe_measure_variant *variants, int n,
+                                             const moe_measure_config *mc, moe_memory_need *out);
 
 // ---- one all-to-all -------------------------------------------------------------------
 

@@ -11,11 +11,15 @@
 #include "moe/core.h"
 
 static atomic_uint_fast64_t g_alloc_count = 0;
+static atomic_uint_fast64_t g_alloc_bytes = 0;
 
 void *moe_malloc(size_t bytes) {
   if (bytes == 0 || bytes > SIZE_MAX - 64) return NULL;
   void *p = aligned_alloc(64, moe_align64(bytes));
-  if (p) atomic_fetch_add(&g_alloc_count, 1);
+  if (p) {
+    atomic_fetch_add(&g_alloc_count, 1);
+    atomic_fetch_add(&g_alloc_bytes, (uint_fast64_t)moe_align64(bytes));
+  }
   return p;
 }
 
@@ -29,6 +33,7 @@ void *moe_calloc(size_t count, size_t size) {
 void moe_free(void *p) { free(p); }
 
 uint64_t moe_alloc_count(void) { return (uint64_t)atomic_load(&g_alloc_count); }
+uint64_t moe_alloc_bytes(void) { return (uint64_t)atomic_load(&g_alloc_bytes); }
 
 // ---- arenas -------------------------------------------------------------------
 
