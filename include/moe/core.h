@@ -129,6 +129,14 @@ uint64_t moe_alloc_count(void);
 // started; never decreases (frees are not subtracted). A test takes the
 // difference around a create call to count what it allocated.
 uint64_t moe_alloc_bytes(void);
+// Bytes of moe_malloc blocks not yet given to moe_free (as the C library
+// sizes them: malloc_usable_size, a few bytes above the request; 0 where the
+// C library is not glibc), and the most they have been since the last
+// moe_alloc_peak_reset (or the start). For the peak of a phase whose buffers
+// grow and are replaced (workspaces): reset, run, peak - live before.
+uint64_t moe_alloc_live_bytes(void);
+uint64_t moe_alloc_peak_bytes(void);
+void moe_alloc_peak_reset(void);
 // bytes rounded up to a multiple of 64 (the alignment of moe_malloc).
 static inline size_t moe_align64(size_t bytes) { return (bytes + 63u) & ~(size_t)63u; }
 

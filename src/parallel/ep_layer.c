@@ -208,6 +208,11 @@ done:
   return st;
 }
 
+// The task graphs, schedules, executor and group tables, not sized one by one:
+// measured 5.6 KiB at r = 1 plus 1.2-1.6 KiB per further chunk (P = 1..4;
+// tests/test_membound_mpi.c checks the total).
+#define MOE_EP_FIXED_BYTES(r) ((double)(6144 + 2048 * (r)))
+
 // The receive rows of the estimate: balanced (what the rank sends) and the
 // most it can be (every source sends all it can to this rank's experts).
 static void recv_rows_bound(const moe_layer_config *c, int P, size_t *balanced, size_t *worst) {
@@ -274,8 +279,14 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
                        (double)moe_compress_max_bytes(&comp, recv_rows[i], M) + pad;
       }
       if (algo->workspace_copies > 0) {
-        const double n = (double)(R > recv_rows[i] ? R : recv_rows[i]) * M * 4;
-        recv_a2a[i] += (double)algo->workspace_copies * G * n;
+        // A node's payload in one call (one chunk): its G ranks' sends, or
+        // what they receive, which no more than all P ranks' sends.
+        const double gr = (double)G * R, all = (double)P * R;
+        const double in = (double)G * recv_rows[i] < all ? (double)G * recv_rows[i] : all;
+        const double node_rows = (gr > in ? gr : in) / (double)r + (double)E;
+        // x 2: a growing workspace keeps its old block until the new one holds
+        // its tables (moe_workspace_reserve_keep), so both live for a moment
+        recv_a2a[i] += 2.0 * (double)algo->workspace_copies * node_rows * M * 4;
       }
     }
     out->bytes[MOE_MEM_ACTIVATIONS] = act + recv_act[0];
@@ -290,7 +301,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         (double)moe_route_bytes(cfg->tokens, cfg->top_k, (int)E, (int)R) + 3 * A(n3 * sizeof(int)) +
         3 * A(n3 * sizeof(size_t)) + 10 * A(n2 * sizeof(size_t)) + 2 * A(r * E * sizeof(size_t)) +
         2 * A(r * sizeof(size_t)) + 2 * A((r + 1) * sizeof(size_t)) +
-        A(2 * r * sizeof(moe_ep_task_arg)) + 2 * A(max_tasks * sizeof(moe_task_record));
+        A(2 * r * sizeof(moe_ep_task_arg)) + 2 * A(max_tasks * sizeof(moe_task_record)) +
+        MOE_EP_FIXED_BYTES(r);
 #undef A
 #undef F
   }
