@@ -52,6 +52,9 @@ check "bench layer, --max-memory -1G" 2 "--max-memory: size '-1G' is not" 0 -- \
   "$MOE" bench layer --max-memory -1G
 check "bench layer, fits" 0 "forward ms" 0 -- \
   "$MOE" bench layer --tokens 64 --model 32 --hidden 32 --iters 1 --peak-size 64 --max-memory 1G
+check "bench compress, --max-memory 256M" 2 \
+  "this process needs .*activations 3.00 GiB .*limit is 256.0 MiB \(--max-memory\); use fewer --rows" 1 -- \
+  "$MOE" bench compress --rows 16384 --cols 16384 --max-memory 256M
 [[ ! -e "$tmp/out.json" && ! -e "$tmp/out.json.tmp" ]] && pass=$((pass + 1)) || {
   fail=$((fail + 1))
   echo "FAIL: a refused bench layer left $tmp/out.json(.tmp)" >&2
@@ -78,7 +81,12 @@ ls "$tmp"/ck.bin* >/dev/null 2>&1 && {
 check "train -n 2, fits" 0 \
   "from the config: [0-9.]+ MiB \(max over ranks [0-9.]+ MiB\) = params .*baseline .*RSS/config [0-9.]+" 0 -- \
   "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --layers 1 --d-model 32 --heads 2 --seq-len 16 \
-  --experts 4 --expert-hidden 32 --eval-every 0 --eval-batches 1 --quiet --max-memory 1G
+  --experts 4 --expert-hidden 32 --eval-every 0 --eval-batches 1 --quiet --max-memory 1G \
+  --checkpoint "$tmp/small.ckpt"
+check "sample, --max-memory 1M" 2 "this process needs .*params .*limit is 1024.0 KiB \(--max-memory\)" 1 -- \
+  "$MOE" sample --checkpoint "$tmp/small.ckpt" --max-memory 1M
+check "sample, fits" 0 "^the" 0 -- "$MOE" sample --checkpoint "$tmp/small.ckpt" --prompt the \
+  --length 4 --max-memory 1G
 
 echo "memory_cli_test: $pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -77,6 +77,12 @@ typedef struct {
 // allocated here. Errors: the compressor's (a NaN for int8, say), sizes.
 moe_status moe_measure_codec(moe_ctx *ctx, const moe_compressor *c, const float *x, size_t rows,
                              size_t cols, int iters, moe_measure_codec_result *out);
+// The bytes a compressor benchmark of a (rows, cols) matrix needs, by
+// category: the caller's input x and moe_measure_codec's output and
+// compressed buffer (activations), its timings (workspace). INVALID_ARG when
+// the matrix is too large for the compressor.
+moe_status moe_measure_codec_memory(moe_ctx *ctx, const moe_compressor *c, size_t rows, size_t cols,
+                                    int iters, moe_memory_need *out);
 
 // ---- the machine ---------------------------------------------------------------------------
 

@@ -126,6 +126,25 @@ done:
   return st;
 }
 
+moe_status moe_measure_codec_memory(moe_ctx *ctx, const moe_compressor *c, size_t rows, size_t cols,
+                                    int iters, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !c || !out || iters < 1, MOE_STATUS_INVALID_ARG,
+              "measure: a compressor, out and iters >= 1 (%d) are needed", iters);
+  memset(out, 0, sizeof *out);
+  {
+    const size_t cap = moe_compress_max_bytes(c, rows, cols);
+    MOE_FAIL_IF(ctx, cap == SIZE_MAX, MOE_STATUS_INVALID_ARG,
+                "measure: %zu x %zu is too large for compressor '%s'", rows, cols, c->name);
+    // x (the caller's), y and the compressed buffer of moe_measure_codec, below
+    const double n = (double)rows * (double)cols * sizeof(float);
+    out->bytes[MOE_MEM_ACTIVATIONS] = 2 * n + (double)moe_align64(cap);
+    out->bytes[MOE_MEM_WORKSPACE] = (double)moe_align64((size_t)iters * sizeof(double));
+  }
+done:
+  return st;
+}
+
 moe_status moe_measure_codec(moe_ctx *ctx, const moe_compressor *c, const float *x, size_t rows,
                              size_t cols, int iters, moe_measure_codec_result *out) {
   moe_status st = MOE_STATUS_OK;
