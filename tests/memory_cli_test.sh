@@ -83,7 +83,7 @@ check "train -n 2, fits" 0 \
   "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --layers 1 --d-model 32 --heads 2 --seq-len 16 \
   --experts 4 --expert-hidden 32 --eval-every 0 --eval-batches 1 --quiet --max-memory 1G \
   --checkpoint "$tmp/small.ckpt"
-check "sample, --max-memory 1M" 2 "this process needs .*params .*limit is 1024.0 KiB \(--max-memory\)" 1 -- \
+check "sample, --max-memory 1M" 2 "this process needs .*params .*limit is 1.00 MiB \(--max-memory\)" 1 -- \
   "$MOE" sample --checkpoint "$tmp/small.ckpt" --max-memory 1M
 check "sample, fits" 0 "^the" 0 -- "$MOE" sample --checkpoint "$tmp/small.ckpt" --prompt the \
   --length 4 --max-memory 1G
