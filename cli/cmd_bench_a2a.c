@@ -28,6 +28,7 @@ typedef struct {
   int grouped_size;
   int bound;
   const char *json_path;
+  size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
 } a2a_opts;
 
 // --bound (ScheMoE eq. 16-18) compares Pipe-A2A with the sequential pairwise
@@ -65,7 +66,10 @@ static void usage(FILE *f) {
           "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
           "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
           "                         are uniform, else 1) [0]\n"
-          "  --json FILE            write every row as JSON (rank 0)\n",
+          "  --json FILE            write every row as JSON (rank 0)\n"
+          "  --max-memory SIZE      refuse to start when a rank would need more than SIZE\n"
+          "                         (e.g. 512M, 2G; per rank) [the node's MemAvailable, or\n"
+          "                         its cgroup's memory.max room, / its ranks]\n",
           names, k_bound_seq, k_bound_pipe, k_bound_pipe, k_bound_pipe, k_bound_seq);
 }
 
@@ -125,6 +129,8 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
       cli_parse_int(&a, "--group-size", 0, 1 << 20, &o->grouped_size);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else {
       cli_error("unknown option '%s' for 'moe bench a2a' (see --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -313,6 +319,23 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
     rc = CLI_USAGE;
     goto done;
+  }
+  {
+    // The memory bound: every rank's buffers for the largest size, agreed
+    // before they are allocated.
+    moe_memory_need need;
+    moe_status mst = moe_measure_a2a_memory(ctx, P, o.ranks_per_node, o.max_bytes, recv_max, names,
+                                            nnames, o.iters, &need);
+    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
+    if (mst == MOE_STATUS_OK)
+      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o.max_memory,
+                                  "lower --max-bytes, use uniform counts, or raise --max-memory");
+    if (mst != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
   }
   sbuf = moe_malloc(o.max_bytes + 1);
   rbuf = moe_malloc(recv_max + 1);

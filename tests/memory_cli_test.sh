@@ -67,6 +67,9 @@ check "bench layer -n 2, huge shape" 2 \
 check "bench layer -n 2, --max-memory 32M" 2 \
   "rank 0 of 2 needs .*all-to-all .*limit is 32.0 MiB \(--max-memory, per rank\)" 1 -- \
   "$MPIEXEC" -n 2 $over "$MOE" bench layer --tokens 2048 --model 256 --hidden 512 --max-memory 32M
+check "bench a2a -n 2, --max-memory 512M" 2 \
+  "rank 0 of 2 needs .*all-to-all [0-9.]+ GiB .*limit is 512.0 MiB \(--max-memory, per rank\); lower --max-bytes" 1 -- \
+  "$MPIEXEC" -n 2 $over "$MOE" bench a2a --max-bytes 536870912 --max-memory 512M
 check "train -n 2, --max-memory 8M" 2 \
   "train: rank 0 of 2 needs .*optimizer .*limit is 8.00 MiB \(--max-memory, per rank\); use a smaller model" 1 -- \
   "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --max-memory 8M --checkpoint "$tmp/ck.bin" --quiet
