@@ -44,6 +44,20 @@ void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double
 // Parse a->value as a non-negative integer (no sign) into *out, or print the
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.
 void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out);
+// Parse a->value as a size ("512M", "2G", moe_size_parse) into *out, or print
+// the error naming opt and the accepted form and set a->bad.
+void cli_parse_size(cli_args *a, const char *opt, size_t *out);
+
+// The help line of --max-memory, shared by every command that allocates a shape.
+#define CLI_MAX_MEMORY_HELP                                                          \
+  "  --max-memory SIZE     refuse to start when a rank would need more than SIZE\n"  \
+  "                        (e.g. 512M, 2G; per rank) [the node's MemAvailable, or\n" \
+  "                        its cgroup's memory.max room, / its ranks]\n"
+
+// Memory bound of a one-process command: need + the process baseline against
+// max_memory (> 0) or the available memory. CLI_OK, or CLI_USAGE after
+// printing the refusal (what to change: hint).
+int cli_memory_check(moe_ctx *ctx, moe_memory_need *need, size_t max_memory, const char *hint);
 
 // Layer-config options shared by the commands that take a layer shape. Each
 // helper consumes the current argument when it is one of its options, sets

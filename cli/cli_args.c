@@ -121,6 +121,21 @@ void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out) {
   }
 }
 
+void cli_parse_size(cli_args *a, const char *opt, size_t *out) {
+  if (!a->value) return;
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("out of memory");
+    a->bad = 1;
+    return;
+  }
+  if (moe_size_parse(ctx, a->value, out) != MOE_STATUS_OK) {
+    cli_error("%s: %s", opt, moe_ctx_error(ctx));
+    a->bad = 1;
+  }
+  moe_ctx_destroy(ctx);
+}
+
 // ---- atomic output files ---------------------------------------------------------
 
 int cli_out_open(cli_out *o, const char *path) {
@@ -237,4 +252,21 @@ int cli_hang_timeout_opt(cli_args *a, double *seconds) {
   if (!cli_opt(a, "--hang-timeout")) return 0;
   cli_parse_double(a, "--hang-timeout", 0, CLI_HANG_TIMEOUT_MAX, seconds);
   return 1;
+}
+
+// ---- the memory bound of one-process commands ----------------------------------
+
+int cli_memory_check(moe_ctx *ctx, moe_memory_need *need, size_t max_memory, const char *hint) {
+  size_t limit = max_memory;
+  char source[64] = "--max-memory";
+  need->bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+  if (limit == 0 && moe_memory_available(ctx, &limit, source, sizeof source) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  if (moe_memory_check(ctx, need, limit, source, "this process", hint) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  return CLI_OK;
 }

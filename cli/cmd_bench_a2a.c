@@ -29,6 +29,7 @@ typedef struct {
   int bound;
   const char *json_path;
   double hang_timeout;  // --hang-timeout, seconds (0: off)
+  size_t max_memory;    // --max-memory per rank, 0: the node's available memory / its ranks
 } a2a_opts;
 
 // --bound (ScheMoE eq. 16-18) compares Pipe-A2A with the sequential pairwise
@@ -39,35 +40,39 @@ static const char *const k_bound_seq = "pairwise";  // catalogue: eq. 18's seque
 static void usage(FILE *f) {
   char names[256];
   moe_a2a_names(names, sizeof names, 0);
-  fprintf(f,
-          "usage: mpirun -n P moe bench a2a [options]\n"
-          "\n"
-          "Times the all-to-all algorithms over a size sweep. S is the bytes one rank\n"
-          "sends in total (its whole send buffer, split over the P destinations).\n"
-          "\n"
-          "options (default in brackets):\n"
-          "  --algo LIST            (or --a2a) comma-separated: %s,\n"
-          "                         bare (a plain MPI_Alltoallv loop), all (every algorithm\n"
-          "                         and bare) [all]\n"
-          "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
-          "  --max-bytes S          largest per-rank buffer, <= 1 GiB [16777216]\n"
-          "  --counts uniform|skewed  uniform: S/P to every rank; skewed: rank d gets a\n"
-          "                         share proportional to 2^-(d mod 4) (hot ranks) [uniform]\n"
-          "  --check                verify every received byte (payload encodes source,\n"
-          "                         destination and index)\n"
-          "  --bound                also time %s, %s, `intra` and `inter` (%s moving "
-          "only the\n"
-          "                         same-node / only the other-node blocks) and print\n"
-          "                         ScheMoE's eq. 18 bound (intra+inter)/max(intra,inter)\n"
-          "                         next to %s's speedup over %s\n"
-          "  --iters N              timed iterations per size, 1..10000 [20]\n"
-          "  --warmup N             untimed iterations first, 0..1000 [3]\n"
-          "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
-          "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
-          "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
-          "                         are uniform, else 1) [0]\n"
-          "  --json FILE            write every row as JSON (rank 0)\n" CLI_HANG_TIMEOUT_HELP,
-          names, k_bound_seq, k_bound_pipe, k_bound_pipe, k_bound_pipe, k_bound_seq);
+  fprintf(
+      f,
+      "usage: mpirun -n P moe bench a2a [options]\n"
+      "\n"
+      "Times the all-to-all algorithms over a size sweep. S is the bytes one rank\n"
+      "sends in total (its whole send buffer, split over the P destinations).\n"
+      "\n"
+      "options (default in brackets):\n"
+      "  --algo LIST            (or --a2a) comma-separated: %s,\n"
+      "                         bare (a plain MPI_Alltoallv loop), all (every algorithm\n"
+      "                         and bare) [all]\n"
+      "  --min-bytes S          smallest per-rank buffer, >= 0 [1024]\n"
+      "  --max-bytes S          largest per-rank buffer, <= 1 GiB [16777216]\n"
+      "  --counts uniform|skewed  uniform: S/P to every rank; skewed: rank d gets a\n"
+      "                         share proportional to 2^-(d mod 4) (hot ranks) [uniform]\n"
+      "  --check                verify every received byte (payload encodes source,\n"
+      "                         destination and index)\n"
+      "  --bound                also time %s, %s, `intra` and `inter` (%s moving "
+      "only the\n"
+      "                         same-node / only the other-node blocks) and print\n"
+      "                         ScheMoE's eq. 18 bound (intra+inter)/max(intra,inter)\n"
+      "                         next to %s's speedup over %s\n"
+      "  --iters N              timed iterations per size, 1..10000 [20]\n"
+      "  --warmup N             untimed iterations first, 0..1000 [3]\n"
+      "  --ranks-per-node N     pretend every N consecutive ranks share a node\n"
+      "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
+      "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
+      "                         are uniform, else 1) [0]\n"
+      "  --json FILE            write every row as JSON (rank 0)\n"
+      "  --max-memory SIZE      refuse to start when a rank would need more than SIZE\n"
+      "                         (e.g. 512M, 2G; per rank) [the node's MemAvailable, or\n"
+      "                         its cgroup's memory.max room, / its ranks]\n" CLI_HANG_TIMEOUT_HELP,
+      names, k_bound_seq, k_bound_pipe, k_bound_pipe, k_bound_pipe, k_bound_seq);
 }
 
 static int parse_size(cli_args *a, const char *opt, size_t *out) {
@@ -129,6 +134,8 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
       o->json_path = a.value;
     } else if (cli_hang_timeout_opt(&a, &o->hang_timeout)) {
       // consumed
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else {
       cli_error("unknown option '%s' for 'moe bench a2a' (see --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -319,6 +326,23 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
     rc = CLI_USAGE;
     goto done;
+  }
+  {
+    // The memory bound: every rank's buffers for the largest size, agreed
+    // before they are allocated.
+    moe_memory_need need;
+    moe_status mst = moe_measure_a2a_memory(ctx, P, o.ranks_per_node, o.max_bytes, recv_max, names,
+                                            nnames, o.iters, &need);
+    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
+    if (mst == MOE_STATUS_OK)
+      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o.max_memory,
+                                  "lower --max-bytes, use uniform counts, or raise --max-memory");
+    if (mst != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
   }
   sbuf = moe_malloc(o.max_bytes + 1);
   rbuf = moe_malloc(recv_max + 1);

@@ -19,6 +19,7 @@ typedef struct {
   int rows, cols, iters;
   const char *list;  // comma-separated specs, NULL for all
   const char *json_path;
+  size_t max_memory;  // --max-memory, 0: the available memory
 } cbench_opts;
 
 typedef struct {
@@ -40,7 +41,9 @@ static void bench_compress_usage(FILE *f) {
           "  --cols N         matrix columns, 1..1048576 [1024]\n"
           "  --iters N        timed iterations, 1..10000 [10]\n"
           "  --compress LIST  comma-separated specs (%s) [all]\n"
-          "  --json FILE      write the results as JSON\n",
+          "  --json FILE      write the results as JSON\n"
+          "  --max-memory SIZE  refuse to start when the run would need more than SIZE\n"
+          "                   (e.g. 512M, 2G) [MemAvailable, or the cgroup's room]\n",
           moe_compressor_names());
 }
 
@@ -50,6 +53,7 @@ static int parse_cbench(int argc, char **argv, cbench_opts *o) {
   o->iters = 10;
   o->list = NULL;
   o->json_path = NULL;
+  o->max_memory = 0;
   cli_args a;
   cli_args_init(&a, argc, argv, 3);
   while (!cli_args_done(&a) && !a.bad) {
@@ -66,6 +70,8 @@ static int parse_cbench(int argc, char **argv, cbench_opts *o) {
       o->list = a.value;
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else {
       cli_error("unknown option '%s' for 'moe bench compress' (see --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -171,6 +177,25 @@ int cmd_bench_compress(int argc, char **argv) {
   rc = collect_specs(ctx, o.list, specs, MAX_SPECS, &nspecs);
   if (rc != CLI_OK) goto done;
   const size_t n = (size_t)o.rows * (size_t)o.cols;
+  {
+    // The memory bound: the largest compressor's run, before anything is allocated.
+    moe_memory_need need, one;
+    memset(&need, 0, sizeof need);
+    for (int i = 0; i < nspecs; i++) {
+      moe_compressor c;
+      if (moe_compressor_get(ctx, specs[i], &c) != MOE_STATUS_OK ||
+          moe_measure_codec_memory(ctx, &c, (size_t)o.rows, (size_t)o.cols, o.iters, &one) !=
+              MOE_STATUS_OK) {
+        cli_error("%s: %s", specs[i], moe_ctx_error(ctx));
+        rc = CLI_USAGE;
+        goto done;
+      }
+      if (moe_memory_need_total(&one) > moe_memory_need_total(&need)) need = one;
+    }
+    rc = cli_memory_check(ctx, &need, o.max_memory,
+                          "use fewer --rows or --cols, or raise --max-memory");
+    if (rc != CLI_OK) goto done;
+  }
   x = moe_malloc(n * sizeof(float));
   if (!x) {
     cli_error("cannot allocate the benchmark's input (%zu floats)", n);

@@ -17,6 +17,7 @@ typedef struct {
   int gemm;  // moe_gemm_path
   unsigned long long seed;
   const char *json_path;
+  size_t max_memory;  // --max-memory, 0: the available memory
 } bench_opts;
 
 void cli_bench_layer_usage(FILE *f) {
@@ -47,7 +48,10 @@ void cli_bench_layer_usage(FILE *f) {
           "                         OpenBLAS (docs/reliability.md) [fixed]\n"
           "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
           "  --seed S               parameter and input seed [1]\n"
-          "  --json FILE            write config and results as JSON\n");
+          "  --json FILE            write config and results as JSON\n"
+          "  --max-memory SIZE      refuse to start when the run would need more than SIZE\n"
+          "                         (e.g. 512M, 2G; per rank under mpirun) [the available\n"
+          "                         memory: MemAvailable or the cgroup's room, / local ranks]\n");
   cli_bench_layer_ep_usage(f);
 }
 
@@ -65,6 +69,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->peak_n = 2048;
   o->seed = 1;
   o->json_path = NULL;
+  o->max_memory = 0;
   cli_args a;
   unsigned set = 0;  // layer options given (unused here)
   cli_args_init(&a, argc, argv, 3);
@@ -87,6 +92,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else {
       cli_error("unknown option '%s' for 'moe bench layer' (see --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -178,6 +185,19 @@ int cmd_bench_layer(int argc, char **argv) {
   mc.iters = o.iters;
   mc.warmup = o.warmup;
   mc.seed = o.seed;
+  {
+    // The memory bound: refuse a shape that does not fit before allocating it.
+    moe_memory_need need;
+    if (moe_measure_layer_single_memory(ctx, &o.cfg, &mc, o.peak_n, &need) != MOE_STATUS_OK) {
+      cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
+    rc = cli_memory_check(ctx, &need, o.max_memory,
+                          "use fewer --tokens, a smaller --model, --hidden or --experts, or raise "
+                          "--max-memory");
+    if (rc != CLI_OK) goto done;
+  }
   if (moe_measure_layer_single(ctx, &o.cfg, &mc, &r) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = moe_ctx_status(ctx) == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;

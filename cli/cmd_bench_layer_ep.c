@@ -183,6 +183,7 @@ typedef struct {
   double hang_timeout;       // --hang-timeout, seconds (0: off)
   const char *profile_path;  // --profile: predictions, and the planner for "auto"
   int allow_lossy;
+  size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
   int auto_a2a, auto_sched, auto_chunks, auto_comp;  // "auto" given
   moe_profile profile;
   // the lists, validated
@@ -419,6 +420,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       o->allow_lossy = 1;
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else if (cli_opt(&a, "--trace")) {
       o->trace_path = a.value;
     } else if (cli_flag(&a, "--grid")) {
@@ -550,6 +553,25 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
   mc.warmup = o->warmup;
   mc.seed = o->seed;
   mc.trace_path = trace_path;
+  {
+    // The memory bound: every rank's need for these n layers against its
+    // limit, agreed before any of them is allocated.
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    moe_memory_need need;
+    moe_status mst = moe_measure_layer_variants_memory(ctx, world, cfg, vs, n, &mc, &need);
+    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
+    if (mst == MOE_STATUS_OK)
+      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o->max_memory,
+                                  "use fewer --tokens, a smaller --model, --hidden or --experts, "
+                                  "more ranks, fewer variants at once, or raise --max-memory");
+    if (mst != MOE_STATUS_OK) {
+      report_failure(ctx, rank, "memory");
+      rc = CLI_USAGE;
+      goto done;
+    }
+  }
   if (moe_measure_layer_variants(ctx, MPI_COMM_WORLD, cfg, vs, n, &mc, mr) != MOE_STATUS_OK) {
     report_failure(ctx, rank, "layer runs");
     rc = CLI_FAILED;
@@ -927,7 +949,8 @@ static int run_config(moe_ctx *ctx, ep_opts *o, const moe_layer_config *cfg, int
   const int unit = per_config <= 32 ? per_config : n_sv;
   for (int g0 = 0; g0 < per_config; g0 += unit) {
     const char *t = g0 + unit == per_config ? trace : NULL;
-    if (run_group(ctx, o, cfg, rank, &crs[g0], unit, g0, t) != CLI_OK) return CLI_FAILED;
+    const int g = run_group(ctx, o, cfg, rank, &crs[g0], unit, g0, t);
+    if (g != CLI_OK) return g;  // CLI_USAGE: refused by the memory bound
   }
   predict(ctx, o, cfg, crs, per_config);
   derive(crs, per_config);

@@ -63,7 +63,8 @@ static void usage(FILE *f) {
       "                        on: fixed-order GEMMs and sums, so losses and parameters\n"
       "                        are bitwise the same on any number of ranks when B/P is\n"
       "                        a power of two, EP = P, chunks 1, no lossy compression\n"
-      "                        (docs/reliability.md); off: OpenBLAS and MPI's sums [on]\n"
+      "                        (docs/reliability.md); off: OpenBLAS and MPI's sums "
+      "[on]\n" CLI_MAX_MEMORY_HELP
       "data:\n"
       "  --data FILE           your own text (bytes); default: the fortunes corpus\n"
       "                        (Debian package fortunes), else a generated text\n"
@@ -194,6 +195,8 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     unsigned long long s = 0;
     cli_parse_u64(a, "--seed", &s);
     tc->seed = s;
+  } else if (cli_opt(a, "--max-memory")) {
+    cli_parse_size(a, "--max-memory", &o->tc.max_memory);
   } else if (cli_opt(a, "--threads")) {
     cli_parse_int(a, "--threads", 1, 256, &o->threads);
   } else if (cli_hang_timeout_opt(a, &o->hang_timeout)) {
@@ -476,12 +479,20 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
     printf("  deterministic: %s; bits vary with the rank count (%s)\n",
            tc->deterministic ? "on" : "off", why);
   }
-  const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);
+  // The estimate the memory check used (rank 0's, baseline measured before the
+  // model was allocated) next to the measured peak RSS. The receive side is
+  // sized for the most rows that can arrive; "balanced" is the same estimate
+  // with each rank receiving what it sends.
+  const double mib = 1 << 20, est = moe_memory_need_total(&r->memory) / mib;
+  const double bal = est - r->memory.skew_bytes / mib;
+  char by[512];
+  moe_memory_need_format(&r->memory, by, sizeof by);
   printf(
-      "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: "
-      "%.1f MiB = params+grads+AdamW %.1f + activations %.1f (RSS/config %.2f)\n",
-      peak_rss_mib[0], peak_rss_mib[1], model_mib, (double)r->state_bytes / (1 << 20),
-      (double)r->activation_bytes / (1 << 20), peak_rss_mib[0] / model_mib);
+      "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: %.1f MiB "
+      "(max over ranks %.1f MiB) = %s; RSS/config %.2f (max over ranks %.2f); with balanced "
+      "routing the config gives %.1f MiB (RSS/balanced %.2f)\n",
+      peak_rss_mib[0], peak_rss_mib[1], est, r->memory_max_total / mib, by, peak_rss_mib[0] / est,
+      peak_rss_mib[1] / (r->memory_max_total / mib), bal, peak_rss_mib[0] / bal);
 }
 
 // VmHWM of this process in MiB (0 when unknown).

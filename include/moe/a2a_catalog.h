@@ -78,6 +78,12 @@ typedef struct moe_a2a_algo {
   moe_a2a_cost_fn model;         // the cost model of `moe simulate` and the planner
   moe_alltoallv_fn run;          // MPI builds: the blocking form; NULL without MPI
   moe_alltoallv_start_fn start;  // nonblocking form, or NULL (blocking only)
+  // Memory bound (moe_ep_layer_memory): the most bytes the algorithm's
+  // workspace holds, as a multiple of G x n (G ranks per node, n = the larger
+  // of the bytes one rank sends and receives in one call); its small tables
+  // of counts and requests are not counted. 0: only those tables (it sends
+  // from and receives into the caller's buffers).
+  int workspace_copies;
 } moe_a2a_algo;
 
 // Registered algorithms, in a fixed order (the registry's): an array of *count

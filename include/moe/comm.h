@@ -231,6 +231,18 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm
 moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
                                   MPI_Comm comm);
 
+// The memory bound under MPI: every rank passes its own need (its baseline
+// included); its limit is max_memory when > 0 (--max-memory, per rank), else
+// the memory available on its node (moe_memory_available) divided by the
+// ranks of comm on that node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)).
+// OK on every rank when every rank's need fits its limit; otherwise
+// INVALID_ARG on every rank with the same message (moe_memory_check's),
+// naming the first rank that does not fit, its need by category, its limit
+// and where the limit came from. what_to_change may be NULL. Collective over
+// comm; allocates nothing the shape needs.
+moe_status moe_comm_memory_check(moe_ctx *ctx, MPI_Comm comm, const moe_memory_need *need,
+                                 size_t max_memory, const char *what_to_change);
+
 #define MOE_MPI_TRY(ctx, call)                                       \
   do {                                                               \
     const int mpi_rc_ = (call);                                      \

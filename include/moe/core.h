@@ -125,6 +125,18 @@ void *moe_calloc(size_t count, size_t size);  // zeroed; NULL on failure/overflo
 void moe_free(void *p);                       // NULL is a no-op
 // Number of successful moe_malloc/moe_calloc calls since the process started.
 uint64_t moe_alloc_count(void);
+// Bytes of those calls together (each rounded up to 64), since the process
+// started; never decreases (frees are not subtracted). A test takes the
+// difference around a create call to count what it allocated.
+uint64_t moe_alloc_bytes(void);
+// Bytes of moe_malloc blocks not yet given to moe_free (as the C library
+// sizes them: malloc_usable_size, a few bytes above the request; 0 where the
+// C library is not glibc), and the most they have been since the last
+// moe_alloc_peak_reset (or the start). For the peak of a phase whose buffers
+// grow and are replaced (workspaces): reset, run, peak - live before.
+uint64_t moe_alloc_live_bytes(void);
+uint64_t moe_alloc_peak_bytes(void);
+void moe_alloc_peak_reset(void);
 // bytes rounded up to a multiple of 64 (the alignment of moe_malloc).
 static inline size_t moe_align64(size_t bytes) { return (bytes + 63u) & ~(size_t)63u; }
 
@@ -154,6 +166,91 @@ size_t moe_tensor_table_bytes(const moe_tensor_spec *specs, int n);
 // Carves every tensor; fails with OUT_OF_MEMORY naming the tensor that did not fit.
 moe_status moe_tensor_table_carve(moe_ctx *ctx, moe_arena *arena, const moe_tensor_spec *specs,
                                   int n);
+
+// ---- memory bound: what a shape needs, what the machine has -----------------------
+
+// Bytes one rank needs, by category, computed from a configuration before
+// anything is allocated (moe_layer_memory, moe_ep_layer_memory,
+// moe_gpt_memory, moe_train_memory, ...). Each function derives its numbers
+// from the allocation sites of the objects it sizes (tests compare them with
+// the bytes counted by moe_alloc_bytes), so every byte is in exactly one
+// category:
+//   PARAMS       parameters
+//   GRADS        their gradients (and gradient reduction scratch)
+//   OPTIM        optimizer state (AdamW m and v)
+//   ACTIVATIONS  activations kept for backward, backward scratch, inputs
+//   A2A          all-to-all payload buffers: send/receive rows, compressed
+//                payloads, the algorithm's own workspace
+//   WORKSPACE    everything else: routing plans, tables, task graphs, the
+//                training text, small buffers
+//   BASELINE     the process itself (code, MPI, OpenBLAS), not allocated by
+//                libmoe: filled in by the caller (moe_memory_baseline_bytes)
+typedef enum {
+  MOE_MEM_PARAMS = 0,
+  MOE_MEM_GRADS,
+  MOE_MEM_OPTIM,
+  MOE_MEM_ACTIVATIONS,
+  MOE_MEM_A2A,
+  MOE_MEM_WORKSPACE,
+  MOE_MEM_BASELINE,
+  MOE_MEM_COUNT_  // number of categories (not a category)
+} moe_mem_category;
+
+typedef struct {
+  double bytes[MOE_MEM_COUNT_];  // per category (double: a huge shape must not wrap)
+  // The part of bytes[] that only a skewed routing needs: the expert-parallel
+  // receive side is sized for the most rows that can arrive (see
+  // moe_ep_layer_memory); a balanced routing needs total - skew_bytes. 0
+  // where no size depends on the data.
+  double skew_bytes;
+} moe_memory_need;
+
+// "parameters", "gradients", "optimizer state", "activations",
+// "all-to-all buffers", "workspace", "process baseline"; "?" otherwise.
+const char *moe_mem_category_name(moe_mem_category c);
+double moe_memory_need_total(const moe_memory_need *n);
+// dst += src, category by category (skew_bytes too).
+void moe_memory_need_add(moe_memory_need *dst, const moe_memory_need *src);
+// dst += k * src (k copies of an object).
+void moe_memory_need_add_scaled(moe_memory_need *dst, const moe_memory_need *src, double k);
+// "params 1.2 GiB + grads 1.2 GiB + ... = total 5.0 GiB" (non-zero categories;
+// the total always); truncated to len.
+void moe_memory_need_format(const moe_memory_need *n, char *buf, size_t len);
+// "512.0 MiB", "2.00 GiB", "3.1 TiB" ...
+void moe_format_bytes(double bytes, char *buf, size_t len);
+
+// Parses a size: digits with an optional suffix K, M, G or T (powers of 1024,
+// optional trailing 'B' or 'iB', case-insensitive): "2G", "512M", "1.5GiB",
+// "4096". INVALID_ARG naming the text and the accepted form for anything else,
+// for 0, and for values above 2^60 bytes.
+moe_status moe_size_parse(moe_ctx *ctx, const char *text, size_t *out);
+
+// Memory this machine can give the calling process now: MemAvailable from
+// /proc/meminfo, lowered to the cgroup's room (memory.max - memory.current,
+// cgroup v2, /sys/fs/cgroup of the process) when a limit is set. source gets
+// where the number came from ("MemAvailable", "cgroup memory.max"). IO when
+// neither can be read (not Linux).
+moe_status moe_memory_available(moe_ctx *ctx, size_t *out, char *source, size_t len);
+
+// Resident set of this process now (VmRSS) and its peak (VmHWM), bytes, from
+// /proc/self/status; 0 when unknown.
+size_t moe_rss_bytes(void);
+size_t moe_peak_rss_bytes(void);
+
+// The process baseline added to an estimate (category BASELINE): the resident
+// set measured now (code, libraries, MPI's buffers, whatever the process holds
+// before the shape is allocated) plus MOE_MEM_BLAS_BYTES for OpenBLAS's GEMM
+// buffers, which are touched only by the first large GEMM.
+#define MOE_MEM_BLAS_BYTES ((size_t)6 << 20)
+size_t moe_memory_baseline_bytes(void);
+
+// Refuses a need above a limit: OK when total(need) <= limit, else
+// INVALID_ARG with a message naming the need by category, the limit and
+// where it came from (limit_source, e.g. "--max-memory" or "MemAvailable /
+// 2 ranks on this node"), and what to change. who ("rank 3", "this process")
+// and what_to_change (a hint, may be NULL) go into the message.
+moe_status moe_memory_check(moe_ctx *ctx, const moe_memory_need *need, size_t limit,
+                            const char *limit_source, const char *who, const char *what_to_change);
 
 // ---- counter-based RNG --------------------------------------------------------
 

@@ -99,6 +99,8 @@ typedef struct {
 } moe_pairwise;
 moe_status moe_pairwise_init(moe_ctx *ctx, moe_pairwise *pw, size_t n, int max_leaves);
 void moe_pairwise_free(moe_pairwise *pw);
+// Bytes moe_pairwise_init allocates (as moe_alloc_bytes counts them).
+size_t moe_pairwise_bytes(size_t n, int max_leaves);
 // Forgets the leaves pushed so far; the next leaves have n floats (at most the
 // n given to init; larger is cut to it).
 void moe_pairwise_reset(moe_pairwise *pw, size_t n);

@@ -102,6 +102,8 @@ typedef struct {
 // Block placement: expert e lives on rank e / (E / P). E must be divisible by P.
 moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts, int num_ranks);
 void moe_placement_free(moe_placement *pl);  // NULL or zeroed is a no-op
+// Bytes moe_placement_init allocates (as moe_alloc_bytes counts them).
+size_t moe_placement_bytes(int num_experts, int num_ranks);
 // Marks (on = 1) or unmarks a replica of expert e on rank p.
 moe_status moe_placement_set_replica(moe_ctx *ctx, moe_placement *pl, int expert, int rank, int on);
 // The rank that computes expert e's tokens coming from src_rank.
@@ -132,6 +134,8 @@ typedef struct {
 moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int top_k,
                           int num_experts, int max_rows);
 void moe_route_free(moe_route *route);  // NULL or zeroed is a no-op
+// Bytes moe_route_init allocates (as moe_alloc_bytes counts them).
+size_t moe_route_bytes(int max_tokens, int top_k, int num_experts, int max_rows);
 // Given route->expert and route->weight for T tokens, decides which choices
 // are kept in GShard order (all first choices before any second choice, token
 // order within a choice) with capacity C (-1: dropless), then numbers each
@@ -180,6 +184,14 @@ typedef struct {
 // nothing afterwards. Parameters start at zero: call moe_layer_init_params.
 moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer **out);
 void moe_layer_destroy(moe_layer *layer);  // NULL is a no-op
+
+// The bytes moe_layer_create allocates for cfg, by category (include/moe/core.h:
+// parameters, gradients, activations = forward activations and backward
+// scratch for cfg->tokens tokens, workspace = routing plan, placement, the
+// layer object), computed without allocating; the sizes do not depend on the
+// data (capacity or not, every buffer is sized for the most rows, T x K or
+// E x C). INVALID_ARG when cfg is invalid. Baseline not included.
+moe_status moe_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg, moe_memory_need *out);
 
 const moe_layer_config *moe_layer_get_config(const moe_layer *layer);
 moe_layer_tensors moe_layer_get_tensors(moe_layer *layer);

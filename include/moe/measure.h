@@ -52,6 +52,14 @@ typedef struct {
 // layer's message); OUT_OF_MEMORY.
 moe_status moe_measure_layer_single(moe_ctx *ctx, const moe_layer_config *cfg,
                                     const moe_measure_config *mc, moe_measure_single_result *out);
+// The bytes moe_measure_layer_single(cfg, mc) allocates at most, by category
+// (include/moe/core.h): the layer (moe_layer_memory), its inputs x, dy and
+// outputs y, dx (activations) and the sample tables (workspace); and, when
+// peak_n > 0, the larger of that and the three peak_n^2 matrices of
+// moe_measure_sgemm_peak (activations), which run after the layer is freed.
+moe_status moe_measure_layer_single_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                           const moe_measure_config *mc, int peak_n,
+                                           moe_memory_need *out);
 
 // ---- compressors -------------------------------------------------------------------------
 
@@ -69,6 +77,12 @@ typedef struct {
 // allocated here. Errors: the compressor's (a NaN for int8, say), sizes.
 moe_status moe_measure_codec(moe_ctx *ctx, const moe_compressor *c, const float *x, size_t rows,
                              size_t cols, int iters, moe_measure_codec_result *out);
+// The bytes a compressor benchmark of a (rows, cols) matrix needs, by
+// category: the caller's input x and moe_measure_codec's output and
+// compressed buffer (activations), its timings (workspace). INVALID_ARG when
+// the matrix is too large for the compressor.
+moe_status moe_measure_codec_memory(moe_ctx *ctx, const moe_compressor *c, size_t rows, size_t cols,
+                                    int iters, moe_memory_need *out);
 
 // ---- the machine ---------------------------------------------------------------------------
 

@@ -66,6 +66,15 @@ typedef struct {
 moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
                                       const moe_measure_variant *variants, int n,
                                       const moe_measure_config *mc, moe_measure_result *out);
+// The bytes moe_measure_layer_variants(cfg, variants, n, mc) allocates on one
+// rank of world_size, by category, without allocating: every variant's layer
+// (moe_ep_layer_memory, all of them live at once), the inputs x, dy and
+// outputs y, dx (activations) and the result tables (workspace). Local (no
+// MPI call); INVALID_ARG for an invalid cfg or variant.
+moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
+                                             const moe_layer_config *cfg,
+                                             const moe_measure_variant *variants, int n,
+                                             const moe_measure_config *mc, moe_memory_need *out);
 
 // ---- one all-to-all -------------------------------------------------------------------
 
@@ -75,6 +84,17 @@ typedef struct {
   double slowest_median_s;  // the largest of the ranks' own medians (calibration's points)
   int bad;                  // with check: a received byte was wrong on some rank
 } moe_measure_a2a_result;
+
+// The bytes an all-to-all benchmark needs on one rank of P (ranks_per_node G,
+// 0: all P), by category, for the largest exchange (max_send bytes sent,
+// max_recv received): the send and receive buffers and the largest workspace
+// of the named algorithms (moe_a2a_algo.workspace_copies x G x the larger
+// of the two, doubled for the growth transient; unknown names count 0) as
+// all-to-all buffers; the P x P count table, its per-rank rows and
+// moe_measure_a2a's tables as workspace. Local; no allocation.
+moe_status moe_measure_a2a_memory(moe_ctx *ctx, int P, int ranks_per_node, size_t max_send,
+                                  size_t max_recv, const char *const *algos, int n, int iters,
+                                  moe_memory_need *out);
 
 // Times an all-to-all over g: algo, or NULL for MPI_Alltoallv on g->comm
 // itself (the bare MPI baseline), with this rank's byte counts and

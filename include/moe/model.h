@@ -147,6 +147,18 @@ size_t moe_gpt_active_elements(const moe_gpt *model);
 // layer's formula; docs/model.md "Memory").
 size_t moe_gpt_activation_bytes(const moe_gpt *model);
 
+// The bytes moe_gpt_create(cfg, max_batch) allocates on one rank, by category,
+// computed without allocating the model (include/moe/core.h): the dense
+// parameters and their gradients, the activation arena (kept activations and
+// backward scratch), tables (workspace); plus each MoE block's FFN: per_moe
+// when given (what the backend's create allocates per block, e.g.
+// moe_ep_layer_memory's), else the local backend's (moe_layer_memory of the
+// block's layer config). With with_optim, AdamW's state for the tensors this
+// rank holds (moe_optim_create: expert tensors of E / ep_size experts) in the
+// optimizer category. INVALID_ARG for an invalid cfg or max_batch.
+moe_status moe_gpt_memory(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
+                          const moe_memory_need *per_moe, int with_optim, moe_memory_need *out);
+
 // GPT-2 init: weights N(0, init_std), the residual projections (attn.w_proj,
 // ffn.w_fc2) N(0, init_std / sqrt(2 L)), biases 0, LN gains 1, each tensor its
 // own RNG stream of seed (layout-independent); MoE layers through the backend's
@@ -163,6 +175,8 @@ void moe_gpt_zero_grad(moe_gpt *model);
 // With moe_gemm on its fixed path (kernels.h) a sequence's gradient does not
 // depend on the other sequences either. Invalidates a pending backward.
 moe_status moe_gpt_set_deterministic(moe_gpt *model, int on);
+// Bytes moe_gpt_set_deterministic(model, 1) allocates for a model of cfg and max_batch.
+size_t moe_gpt_deterministic_bytes(const moe_gpt_config *cfg, int max_batch);
 
 typedef struct {
   double loss;    // sum of the cross-entropy over this call's tokens / loss_denominator
@@ -216,6 +230,9 @@ float moe_optim_clip_scale(const moe_optim_config *oc, double grad_norm);
 
 // AdamW state (m, v) for every tensor of a model, in moe_gpt_get_param order.
 typedef struct moe_optim moe_optim;
+// Bytes moe_optim_create allocates for n tensors of numel[i] elements (m and v
+// padded to 16 floats each, the tables, the object), as moe_alloc_bytes counts.
+double moe_optim_memory_bytes(int n, const size_t *numel);
 moe_status moe_optim_create(moe_ctx *ctx, moe_gpt *model, const moe_optim_config *oc,
                             moe_optim **out);
 void moe_optim_destroy(moe_optim *opt);  // NULL is a no-op

@@ -66,6 +66,34 @@ typedef struct {
   float *dwg, *dw1, *db1, *dw2, *db2;
 } moe_ep_tensors;
 
+// The bytes one rank of moe_ep_layer_create(world of world_size ranks, cfg,
+// pc) allocates, by category, computed locally without allocating (no MPI
+// call): parameters (gate + E/EP home experts), gradients (theirs, the
+// reduction scratch, one expert's received replica gradients), activations
+// (gate buffers and the rank's routed rows, the rows its experts receive and
+// their hidden activations kept for backward, the backward scratch), all-to-all
+// buffers (send rows, receive buffers, compressed payloads, the algorithm's
+// workspace: its workspace_copies x G x payload, G = ranks_per_node or, when
+// 0, the whole EP group), workspace (routing plan, placement, counts, chunk
+// plan, task records). The receive side grows with the routing, so its size
+// is data dependent; it is taken at the most rows that can arrive: P sources x
+// T x min(K, E/EP) (dropless: every source's tokens choose this rank's
+// experts), or P x min(T x min(K, E/EP), E/EP x C) with a capacity C per
+// source and expert. Why not balanced routing (each rank receives what it
+// sends, R = T x K or E x C): measured on the default training model, the
+// busiest rank's receive buffers reach 2.9x R within 5 steps and 3.75x R
+// (of at most 4x) within 60 (docs/reliability.md, "Memory bound"), so a
+// balanced estimate would let a run start that then runs out of memory.
+// skew_bytes holds what a balanced routing would not need. Replicas
+// (moe_ep_layer_set_replica) are not counted: each adds 2 experts' floats.
+// Small fixed structures (the task graphs, the executor, MPI communicators)
+// are outside the count: below 64 KiB for r <= 8 chunks (tests check the
+// total against moe_alloc_bytes). INVALID_ARG for an invalid cfg, an unknown
+// all-to-all or compressor, or E not divisible by ep_size.
+moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                               const moe_parallel_config *pc, int world_size, int ranks_per_node,
+                               moe_memory_need *out);
+
 // Collective over world. Fails on EVERY rank (no hang) with INVALID_ARG when:
 // the layer config is invalid or differs between ranks; world is not divisible
 // by ep_size; E is not divisible by ep_size; the all-to-all name is unknown or

@@ -86,6 +86,10 @@ typedef struct {
   // Called on every rank after every step (may be NULL).
   void (*on_step)(void *user, const moe_train_step_info *info);
   void *on_step_user;
+  // Memory bound: per-rank limit in bytes for moe_train_run's check before it
+  // allocates the model (0: the node's available memory / its ranks; see
+  // moe_comm_memory_check). Appended last, so zeroed configs keep working.
+  size_t max_memory;
 } moe_train_config;
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,
@@ -96,6 +100,20 @@ typedef struct {
 // fails in why (may be NULL). 'auto' choices are judged as given (chunks 0
 // or compress auto: not known to hold).
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size);
+
+// The bytes one rank of a run of tc on world_size ranks allocates, by
+// category, without allocating: the model (moe_gpt_memory: dense parameters,
+// gradients, activations), its MoE blocks on the expert-parallel backend
+// (moe_ep_layer_memory per block, with B / P tokens per rank, EP = par.ep_size
+// or world_size, the receive side at the most rows that can arrive, what a
+// balanced routing would not need in skew_bytes), AdamW's state, the trainer's gradient buffer
+// (gradients) and token buffers (workspace). The ranks per node of the 1dh/2dh bound are
+// par.ranks_per_node or, when 0, the EP size (an upper bound). The process
+// baseline (code, libraries, MPI, the loaded text) is not included: moe_train_run
+// adds moe_memory_baseline_bytes() measured before it allocates. INVALID_ARG
+// when tc is invalid for world_size ranks, or 'auto' is left in par.
+moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_size,
+                            moe_memory_need *out);
 
 // Defaults: the default model and optimizer, EP = world, B 16, 200 steps, seed
 // 1, val 0.1, eval every 50, 4 eval batches, no files, progress on, log every 1.
@@ -146,11 +164,19 @@ typedef struct {
   size_t params_active;      // elements one token uses
   size_t state_bytes;        // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
   size_t activation_bytes;   // rank 0: moe_gpt_activation_bytes (activations and scratch)
+  moe_memory_need memory;    // rank 0: moe_train_memory + the measured baseline, what
+                             // the memory check compared with the limit
+  double memory_max_total;   // the largest total of memory over the ranks (bytes)
   moe_train_schedule schedule;  // the learning-rate schedule used
   char source[256];             // the text's description
 } moe_train_result;
 
-// Collective over world. Errors (on every rank, no hang): invalid configs,
+// Collective over world. Before allocating the model every rank computes its
+// need (moe_train_memory + its measured baseline) and checks it against
+// tc->max_memory or its share of the node's available memory
+// (moe_comm_memory_check): a run that does not fit fails on every rank with
+// INVALID_ARG naming the rank, its need by category and the limit.
+// Errors (on every rank, no hang): invalid configs,
 // B not divisible by P, E not divisible by EP, unreadable data, a checkpoint
 // that cannot be read or does not match the model, a failed save (the
 // previous checkpoint is kept).

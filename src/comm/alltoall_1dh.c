@@ -246,6 +246,7 @@ const moe_a2a_algo moe_a2a_1dh = {
         "3(G-1)*alpha_intra + 2(G-1)*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*G*n*beta_inter + "
         "log2(P)*alpha",
     .needs_uniform_nodes = 1,
+    .workspace_copies = 2,  // leader: buf1 and buf2, G*n each (file header)
     .plannable = 1,
     .model = h1d_cost,
     MOE_A2A_FNS(moe_alltoallv_1dh, NULL)};

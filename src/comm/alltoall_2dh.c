@@ -206,6 +206,7 @@ const moe_a2a_algo moe_a2a_2dh = {
         "2(G-1)*alpha_intra + (G-1)/G*n*beta_intra + (N-1)*alpha_inter + (N-1)/N*n*beta_inter + "
         "log2(P)*alpha",
     .needs_uniform_nodes = 1,
+    .workspace_copies = 2,  // X (send/forward) and Y (intra/inter receive), <= G*n each
     .plannable = 1,
     .model = h2d_cost,
     MOE_A2A_FNS(moe_alltoallv_2dh, NULL)};

@@ -7,15 +7,35 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_usable_size: live-byte accounting
+#define MOE_USABLE(p) malloc_usable_size(p)
+#else
+#define MOE_USABLE(p) ((size_t)0)  // live and peak bytes stay 0
+#endif
 
 #include "moe/core.h"
 
 static atomic_uint_fast64_t g_alloc_count = 0;
+static atomic_uint_fast64_t g_alloc_bytes = 0;
+static atomic_uint_fast64_t g_live_bytes = 0;  // usable bytes of blocks not yet freed
+static atomic_uint_fast64_t g_peak_bytes = 0;  // the most g_live_bytes has been
+
+static void live_add(size_t n) {
+  const uint_fast64_t now = atomic_fetch_add(&g_live_bytes, (uint_fast64_t)n) + n;
+  uint_fast64_t peak = atomic_load(&g_peak_bytes);
+  while (now > peak && !atomic_compare_exchange_weak(&g_peak_bytes, &peak, now)) {
+  }
+}
 
 void *moe_malloc(size_t bytes) {
   if (bytes == 0 || bytes > SIZE_MAX - 64) return NULL;
   void *p = aligned_alloc(64, moe_align64(bytes));
-  if (p) atomic_fetch_add(&g_alloc_count, 1);
+  if (p) {
+    atomic_fetch_add(&g_alloc_count, 1);
+    atomic_fetch_add(&g_alloc_bytes, (uint_fast64_t)moe_align64(bytes));
+    live_add(MOE_USABLE(p));
+  }
   return p;
 }
 
@@ -26,9 +46,16 @@ void *moe_calloc(size_t count, size_t size) {
   return p;
 }
 
-void moe_free(void *p) { free(p); }
+void moe_free(void *p) {
+  if (p) atomic_fetch_sub(&g_live_bytes, (uint_fast64_t)MOE_USABLE(p));
+  free(p);
+}
 
 uint64_t moe_alloc_count(void) { return (uint64_t)atomic_load(&g_alloc_count); }
+uint64_t moe_alloc_bytes(void) { return (uint64_t)atomic_load(&g_alloc_bytes); }
+uint64_t moe_alloc_live_bytes(void) { return (uint64_t)atomic_load(&g_live_bytes); }
+uint64_t moe_alloc_peak_bytes(void) { return (uint64_t)atomic_load(&g_peak_bytes); }
+void moe_alloc_peak_reset(void) { atomic_store(&g_peak_bytes, atomic_load(&g_live_bytes)); }
 
 // ---- arenas -------------------------------------------------------------------
 

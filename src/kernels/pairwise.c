@@ -7,14 +7,23 @@
 #include "moe/core.h"
 #include "moe/kernels.h"
 
+static int pairwise_cap(int max_leaves) {
+  int depth = 1;
+  while ((1 << (depth - 1)) < max_leaves) depth++;
+  return depth + 1;
+}
+
+size_t moe_pairwise_bytes(size_t n, int max_leaves) {
+  if (max_leaves < 1) return 0;
+  return moe_align64((n ? n : 1) * (size_t)pairwise_cap(max_leaves) * sizeof(float));
+}
+
 moe_status moe_pairwise_init(moe_ctx *ctx, moe_pairwise *pw, size_t n, int max_leaves) {
   moe_status st = MOE_STATUS_OK;
   memset(pw, 0, sizeof *pw);
   MOE_FAIL_IF(ctx, max_leaves < 1 || max_leaves > (1 << 24), MOE_STATUS_INVALID_ARG,
               "pairwise sum: leaves %d out of range [1, %d]", max_leaves, 1 << 24);
-  int depth = 1;
-  while ((1 << (depth - 1)) < max_leaves) depth++;
-  pw->cap = depth + 1;
+  pw->cap = pairwise_cap(max_leaves);
   pw->n = pw->n_cap = n;
   pw->max_leaves = max_leaves;
   pw->buf = moe_malloc((n ? n : 1) * (size_t)pw->cap * sizeof(float));

@@ -66,6 +66,64 @@ static void warn_slow_blas_once(void) {
   }
 }
 
+// The layer's two arenas as tables of named tensors: parameters then their
+// gradients (N_PARAM_SPECS, the first half data), and the activations with the
+// backward scratch. moe_layer_create carves them; moe_layer_memory sizes them,
+// so the estimate is the allocation.
+enum { N_PARAM_SPECS = 10, N_WORK_SPECS = 14 };
+
+static void layer_tables(const moe_layer_config *cfg, size_t R, moe_layer *L,
+                         moe_tensor_spec params[N_PARAM_SPECS],
+                         moe_tensor_spec work[N_WORK_SPECS]) {
+  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
+               E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
+  moe_layer_tensors *t = &L->t;
+  const moe_tensor_spec p[N_PARAM_SPECS] = {
+      {"wg", M * E, &t->wg},       {"w1", E * M * H, &t->w1}, {"b1", E * H, &t->b1},
+      {"w2", E * H * M, &t->w2},   {"b2", E * M, &t->b2},     {"dwg", M * E, &t->dwg},
+      {"dw1", E * M * H, &t->dw1}, {"db1", E * H, &t->db1},   {"dw2", E * H * M, &t->dw2},
+      {"db2", E * M, &t->db2},
+  };
+  const moe_tensor_spec w[N_WORK_SPECS] = {
+      {"logits", T * E, &L->logits}, {"probs", T * E, &L->probs},
+      {"lse", T, &L->lse},           {"topk_p", T * K, &L->topk_p},
+      {"xe", R * M, &L->xe},         {"pre", R * H, &L->pre},
+      {"h", R * H, &L->h},           {"ye", R * M, &L->ye},
+      {"dye", R * M, &L->dye},       {"dh", R * H, &L->dh},
+      {"dpre", R * H, &L->dpre},     {"dweight", T * K, &L->dweight},
+      {"dprobs", T * E, &L->dprobs}, {"dlogits", T * E, &L->dlogits},
+  };
+  memcpy(params, p, sizeof p);
+  memcpy(work, w, sizeof w);
+}
+
+moe_status moe_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  memset(out, 0, sizeof *out);
+  MOE_TRY(moe_layer_config_validate(ctx, cfg));
+  {
+    moe_layer dummy;  // only its addresses are used: the tables' out-pointers
+    moe_tensor_spec params[N_PARAM_SPECS], work[N_WORK_SPECS];
+    const size_t R = moe_layer_max_rows(cfg);
+    layer_tables(cfg, R, &dummy, params, work);
+    const int half = N_PARAM_SPECS / 2;
+    // moe_tensor_table_bytes saturates at SIZE_MAX; the sum in double does not wrap.
+    for (int i = 0; i < N_PARAM_SPECS; i++)
+      out->bytes[i < half ? MOE_MEM_PARAMS : MOE_MEM_GRADS] +=
+          (double)moe_align64(params[i].count * sizeof(float));
+    for (int i = 0; i < N_WORK_SPECS; i++)
+      out->bytes[MOE_MEM_ACTIVATIONS] += (double)moe_align64(work[i].count * sizeof(float));
+    out->bytes[MOE_MEM_WORKSPACE] =
+        (double)(moe_align64(sizeof(moe_layer)) +
+                 moe_route_bytes(cfg->tokens, cfg->top_k, cfg->num_experts, (int)R) +
+                 moe_placement_bytes(cfg->num_experts, 1) +
+                 moe_align64(MOE_LOSS_STATS(cfg->num_experts) * sizeof(double)));
+  }
+done:
+  return st;
+}
+
 moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer **out) {
   moe_status st = MOE_STATUS_OK;
   moe_layer *L = NULL;
@@ -78,42 +136,27 @@ moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer
   L->ctx = ctx;
   L->cfg = *cfg;
   MOE_TRY(moe_expert_kind_find(ctx, cfg->expert, &L->expert));
-  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
-               E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k;
   const size_t R = moe_layer_max_rows(cfg);
   MOE_FAIL_IF(ctx, R > (size_t)MOE_MAX_ROWS, MOE_STATUS_INVALID_ARG,
               "tokens x top_k (%zu rows) exceeds %d", R, MOE_MAX_ROWS);
   L->max_rows = (int)R;
 
-  moe_layer_tensors *t = &L->t;
-  const moe_tensor_spec params[] = {
-      {"wg", M * E, &t->wg},       {"w1", E * M * H, &t->w1}, {"b1", E * H, &t->b1},
-      {"w2", E * H * M, &t->w2},   {"b2", E * M, &t->b2},     {"dwg", M * E, &t->dwg},
-      {"dw1", E * M * H, &t->dw1}, {"db1", E * H, &t->db1},   {"dw2", E * H * M, &t->dw2},
-      {"db2", E * M, &t->db2},
-  };
-  const moe_tensor_spec work[] = {
-      {"logits", T * E, &L->logits}, {"probs", T * E, &L->probs},
-      {"lse", T, &L->lse},           {"topk_p", T * K, &L->topk_p},
-      {"xe", R * M, &L->xe},         {"pre", R * H, &L->pre},
-      {"h", R * H, &L->h},           {"ye", R * M, &L->ye},
-      {"dye", R * M, &L->dye},       {"dh", R * H, &L->dh},
-      {"dpre", R * H, &L->dpre},     {"dweight", T * K, &L->dweight},
-      {"dprobs", T * E, &L->dprobs}, {"dlogits", T * E, &L->dlogits},
-  };
-  const int np = (int)(sizeof params / sizeof params[0]);
-  const int nw = (int)(sizeof work / sizeof work[0]);
+  moe_tensor_spec params[N_PARAM_SPECS], work[N_WORK_SPECS];
+  layer_tables(cfg, R, L, params, work);
+  const int np = N_PARAM_SPECS, nw = N_WORK_SPECS;
   const size_t pbytes = moe_tensor_table_bytes(params, np);
   const size_t wbytes = moe_tensor_table_bytes(work, nw);
   MOE_FAIL_IF(ctx, pbytes == SIZE_MAX || wbytes == SIZE_MAX, MOE_STATUS_INVALID_ARG,
-              "layer sizes overflow the address space (M %zu, H %zu, E %zu, T %zu)", M, H, E, T);
+              "layer sizes overflow the address space (M %zu, H %zu, E %zu, T %zu)",
+              (size_t)cfg->model_dim, (size_t)cfg->hidden_dim, (size_t)cfg->num_experts,
+              (size_t)cfg->tokens);
   MOE_TRY(moe_arena_init(ctx, &L->param_arena, pbytes));
   MOE_TRY(moe_arena_init(ctx, &L->work_arena, wbytes));
   MOE_TRY(moe_tensor_table_carve(ctx, &L->param_arena, params, np));
   MOE_TRY(moe_tensor_table_carve(ctx, &L->work_arena, work, nw));
   MOE_TRY(moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, cfg->num_experts, L->max_rows));
   MOE_TRY(moe_placement_init(ctx, &L->placement, cfg->num_experts, 1));
-  L->loss_stats = moe_calloc(MOE_LOSS_STATS(E), sizeof(double));
+  L->loss_stats = moe_calloc(MOE_LOSS_STATS(cfg->num_experts), sizeof(double));
   MOE_FAIL_IF(ctx, !L->loss_stats, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate loss statistics");
   *out = L;
   L = NULL;

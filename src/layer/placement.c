@@ -5,6 +5,12 @@
 
 #include "moe/layer.h"
 
+size_t moe_placement_bytes(int num_experts, int num_ranks) {
+  // the allocations of moe_placement_init, below
+  return moe_align64((size_t)num_experts * sizeof(int32_t)) +
+         moe_align64((size_t)num_experts * (size_t)num_ranks);
+}
+
 moe_status moe_placement_init(moe_ctx *ctx, moe_placement *pl, int num_experts, int num_ranks) {
   moe_status st = MOE_STATUS_OK;
   memset(pl, 0, sizeof *pl);

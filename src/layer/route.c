@@ -9,6 +9,14 @@
 
 #include "moe/layer.h"
 
+size_t moe_route_bytes(int max_tokens, int top_k, int num_experts, int max_rows) {
+  // the allocations of moe_route_init, below, each rounded as moe_malloc does
+  const size_t tk = (size_t)max_tokens * (size_t)top_k + 1;
+  const size_t E = (size_t)num_experts, R1 = (size_t)max_rows + 1;
+  return 3 * moe_align64(tk * 4) + 2 * moe_align64(E * 4) + moe_align64((E + 1) * 4) +
+         2 * moe_align64(R1 * 4);
+}
+
 moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int top_k,
                           int num_experts, int max_rows) {
   moe_status st = MOE_STATUS_OK;

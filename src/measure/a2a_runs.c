@@ -17,6 +17,38 @@ static unsigned char payload(int s, int d, size_t i) {
                          (uint32_t)(i >> 8));
 }
 
+moe_status moe_measure_a2a_memory(moe_ctx *ctx, int P, int ranks_per_node, size_t max_send,
+                                  size_t max_recv, const char *const *algos, int n, int iters,
+                                  moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !out || P < 1 || n < 0 || (n > 0 && !algos) || iters < 1, MOE_STATUS_INVALID_ARG,
+              "measure: out, P >= 1 (%d), algorithms and iters >= 1 (%d)", P, iters);
+  memset(out, 0, sizeof *out);
+  {
+    int copies = 0;
+    int count = 0;
+    const moe_a2a_algo *const *list = moe_a2a_list(&count);
+    for (int i = 0; i < n; i++) {
+      for (int k = 0; k < count; k++) {
+        if (algos[i] && strcmp(algos[i], list[k]->name) == 0 && list[k]->workspace_copies > copies)
+          copies = list[k]->workspace_copies;
+      }
+    }
+    const double G = ranks_per_node > 0 && ranks_per_node < P ? ranks_per_node : P;
+    const double big = (double)(max_send > max_recv ? max_send : max_recv);
+    out->bytes[MOE_MEM_A2A] =
+        (double)(moe_align64(max_send + 1) + moe_align64(max_recv + 1)) + 2.0 * copies * G * big;
+    // the count table and its rows, the caller's; moe_measure_a2a's tables, below
+    const size_t PP = (size_t)P;
+    out->bytes[MOE_MEM_WORKSPACE] =
+        (double)(moe_align64(PP * PP * sizeof(size_t)) + 4 * moe_align64(PP * sizeof(size_t)) +
+                 moe_align64(4 * PP * sizeof(int)) +
+                 2 * moe_align64((size_t)iters * sizeof(double)));
+  }
+done:
+  return st;
+}
+
 moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo *algo,
                            const size_t *sc, const size_t *sd, const size_t *rc, const size_t *rd,
                            unsigned char *sbuf, unsigned char *rbuf, moe_workspace *ws, int iters,

@@ -104,6 +104,34 @@ static moe_status time_iteration(const moe_layer_config *cfg, MPI_Comm comm, buf
   return st;
 }
 
+moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
+                                             const moe_layer_config *cfg,
+                                             const moe_measure_variant *variants, int n,
+                                             const moe_measure_config *mc, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cfg || !variants || !mc || !out || n < 1, MOE_STATUS_INVALID_ARG,
+              "measure: cfg, variants, mc and out must be given, n >= 1 (n = %d)", n);
+  memset(out, 0, sizeof *out);
+  for (int k = 0; k < n; k++) {
+    moe_memory_need one;
+    MOE_TRY(moe_ep_layer_memory(ctx, cfg, &variants[k].pc, world_size,
+                                variants[k].pc.ranks_per_node, &one));
+    moe_memory_need_add(out, &one);
+  }
+  {
+    // moe_measure_layer_variants, below: x, y, dy, dx; the tables of every iteration
+    const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim, it = (size_t)mc->iters;
+    out->bytes[MOE_MEM_ACTIVATIONS] += 4.0 * (double)moe_align64((tm ? tm : 1) * sizeof(float));
+    out->bytes[MOE_MEM_WORKSPACE] +=
+        (double)(moe_align64((size_t)n * sizeof(moe_ep_layer *)) +
+                 2 * moe_align64((size_t)n * it * N_COLS * sizeof(double)) +
+                 moe_align64(it * sizeof(double)) +
+                 moe_align64((size_t)n * sizeof(moe_layer_stats)));
+  }
+done:
+  return st;
+}
+
 moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
                                       const moe_measure_variant *variants, int n,
                                       const moe_measure_config *mc, moe_measure_result *out) {

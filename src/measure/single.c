@@ -20,6 +20,29 @@ moe_measure_config moe_measure_config_default(void) {
 // Per iteration: the 15 quantities of moe_measure_single_result, in order.
 enum { N_SINGLE = 15 };
 
+moe_status moe_measure_layer_single_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                           const moe_measure_config *mc, int peak_n,
+                                           moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cfg || !mc || !out, MOE_STATUS_INVALID_ARG, "cfg, mc and out must be given");
+  MOE_TRY(moe_layer_memory(ctx, cfg, out));
+  {
+    // moe_measure_layer_single, below: x, y, dy, dx (T, M); the samples and a column
+    const double tm = (double)moe_align64((size_t)cfg->tokens * (size_t)cfg->model_dim * 4);
+    out->bytes[MOE_MEM_ACTIVATIONS] += 4 * tm;
+    out->bytes[MOE_MEM_WORKSPACE] +=
+        (double)(moe_align64((size_t)(mc->iters > 0 ? mc->iters : 1) * N_SINGLE * sizeof(double)) +
+                 moe_align64((size_t)(mc->iters > 0 ? mc->iters : 1) * sizeof(double)));
+    const double peak = 3.0 * (double)moe_align64((size_t)peak_n * (size_t)peak_n * 4);
+    if (peak_n > 0 && peak > moe_memory_need_total(out)) {
+      memset(out, 0, sizeof *out);
+      out->bytes[MOE_MEM_ACTIVATIONS] = peak;
+    }
+  }
+done:
+  return st;
+}
+
 moe_status moe_measure_layer_single(moe_ctx *ctx, const moe_layer_config *cfg,
                                     const moe_measure_config *mc, moe_measure_single_result *out) {
   moe_status st = MOE_STATUS_OK;
@@ -100,6 +123,25 @@ done:
   moe_free(samples);
   moe_free(col);
   moe_layer_destroy(layer);
+  return st;
+}
+
+moe_status moe_measure_codec_memory(moe_ctx *ctx, const moe_compressor *c, size_t rows, size_t cols,
+                                    int iters, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !c || !out || iters < 1, MOE_STATUS_INVALID_ARG,
+              "measure: a compressor, out and iters >= 1 (%d) are needed", iters);
+  memset(out, 0, sizeof *out);
+  {
+    const size_t cap = moe_compress_max_bytes(c, rows, cols);
+    MOE_FAIL_IF(ctx, cap == SIZE_MAX, MOE_STATUS_INVALID_ARG,
+                "measure: %zu x %zu is too large for compressor '%s'", rows, cols, c->name);
+    // x (the caller's), y and the compressed buffer of moe_measure_codec, below
+    const double n = (double)rows * (double)cols * sizeof(float);
+    out->bytes[MOE_MEM_ACTIVATIONS] = 2 * n + (double)moe_align64(cap);
+    out->bytes[MOE_MEM_WORKSPACE] = (double)moe_align64((size_t)iters * sizeof(double));
+  }
+done:
   return st;
 }
 

@@ -240,6 +240,63 @@ static size_t moe_layer_work_bytes(const moe_layer_config *cfg) {
   return 4 * (floats + ints);
 }
 
+// Most entries of the activation table for L blocks.
+#define GPT_MAX_SPECS(L) (16 * (L) + 16)
+
+// The activation arena as a table of named tensors (step 3 of moe_gpt_create,
+// sized by moe_gpt_memory from the same table). resid holds L + 1 pointers;
+// specs GPT_MAX_SPECS(L) entries. Returns the number of entries.
+static int activation_specs(moe_gpt *m, int max_batch, float **resid, moe_tensor_spec *specs,
+                            float **shared_base, float **ints, int *any_dense_out) {
+  const moe_gpt_config *c = &m->cfg;
+  const int L = c->n_layer;
+  const size_t N = (size_t)max_batch * (size_t)c->seq_len, M = (size_t)c->d_model,
+               V = (size_t)c->vocab_size, Hd = (size_t)c->dense_hidden;
+  const size_t att =
+      (size_t)max_batch * (size_t)c->n_head * (size_t)c->seq_len * (size_t)c->seq_len;
+  const size_t att_scr =
+      moe_attention_scratch_floats(max_batch, c->seq_len, c->n_head, c->d_model / c->n_head);
+  int any_dense = 0;
+  for (int l = 0; l < L; l++) any_dense |= !m->blocks[l].is_moe;
+  // Block scratch and dlogits share memory: dlogits is dead once dlnf and dwte are done.
+  const size_t block_scr =
+      pad16(3 * N * M) + pad16(N * M) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
+  const size_t shared = block_scr > N * V ? block_scr : N * V;
+  int n = 0;
+#define SPEC(name, count, ptr) \
+  specs[n++] = (moe_tensor_spec) { name, count, ptr }
+  for (int l = 0; l <= L; l++) SPEC("resid", N * M, &resid[l]);
+  for (int l = 0; l < L; l++) {
+    gpt_block *b = &m->blocks[l];
+    SPEC("ln1", N * M, &b->ln1);
+    SPEC("ln1_mean", N, &b->ln1_mean);
+    SPEC("ln1_rstd", N, &b->ln1_rstd);
+    SPEC("qkv", 3 * N * M, &b->qkv);
+    SPEC("att", att, &b->att);
+    SPEC("atty", N * M, &b->atty);
+    SPEC("resid2", N * M, &b->resid2);
+    SPEC("ln2", N * M, &b->ln2);
+    SPEC("ln2_mean", N, &b->ln2_mean);
+    SPEC("ln2_rstd", N, &b->ln2_rstd);
+    if (!b->is_moe) {
+      SPEC("fch", N * Hd, &b->fch);
+      SPEC("fch_gelu", N * Hd, &b->fch_gelu);
+    }
+  }
+  SPEC("lnf", N * M, &m->lnf);
+  SPEC("lnf_mean", N, &m->lnf_mean);
+  SPEC("lnf_rstd", N, &m->lnf_rstd);
+  SPEC("logits", N * V, &m->logits);
+  SPEC("lse", N, &m->lse);
+  SPEC("tokens_targets", 2 * N, ints);  // int32, same size as float
+  SPEC("dresid", N * M, &m->dresid);
+  SPEC("dln", N * M, &m->dln);
+  SPEC("backward_scratch", shared, shared_base);
+#undef SPEC
+  *any_dense_out = any_dense;
+  return n;
+}
+
 moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
                           const moe_gpt_moe_ops *ops, void *ops_user, moe_gpt **out) {
   moe_status st = MOE_STATUS_OK;
@@ -310,56 +367,16 @@ moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
   // step 3: activations and backward scratch, one arena
   {
     const size_t N = (size_t)max_batch * (size_t)c->seq_len, M = (size_t)c->d_model,
-                 V = (size_t)c->vocab_size, Hd = (size_t)c->dense_hidden;
-    const size_t att =
-        (size_t)max_batch * (size_t)c->n_head * (size_t)c->seq_len * (size_t)c->seq_len;
-    const size_t att_scr =
-        moe_attention_scratch_floats(max_batch, c->seq_len, c->n_head, c->d_model / c->n_head);
-    int any_dense = 0;
-    for (int l = 0; l < L; l++) any_dense |= !m->blocks[l].is_moe;
-    // Block scratch and dlogits share memory: dlogits is dead once dlnf and dwte are done.
-    const size_t block_scr =
-        pad16(3 * N * M) + pad16(N * M) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
-    const size_t shared = block_scr > N * V ? block_scr : N * V;
+                 Hd = (size_t)c->dense_hidden;
     m->resid = moe_calloc((size_t)L + 1, sizeof *m->resid);
     m->ce_seq = moe_calloc((size_t)max_batch, sizeof *m->ce_seq);
     MOE_FAIL_IF(ctx, !m->ce_seq, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the loss table");
-    const int max_specs = 16 * L + 16;
-    specs = moe_calloc((size_t)max_specs, sizeof *specs);
+    specs = moe_calloc((size_t)GPT_MAX_SPECS(L), sizeof *specs);
     MOE_FAIL_IF(ctx, !m->resid || !specs, MOE_STATUS_OUT_OF_MEMORY,
                 "cannot allocate the activation table");
     float *shared_base = NULL, *ints = NULL;
-    int n = 0;
-#define SPEC(name, count, ptr) \
-  specs[n++] = (moe_tensor_spec) { name, count, ptr }
-    for (int l = 0; l <= L; l++) SPEC("resid", N * M, &m->resid[l]);
-    for (int l = 0; l < L; l++) {
-      gpt_block *b = &m->blocks[l];
-      SPEC("ln1", N * M, &b->ln1);
-      SPEC("ln1_mean", N, &b->ln1_mean);
-      SPEC("ln1_rstd", N, &b->ln1_rstd);
-      SPEC("qkv", 3 * N * M, &b->qkv);
-      SPEC("att", att, &b->att);
-      SPEC("atty", N * M, &b->atty);
-      SPEC("resid2", N * M, &b->resid2);
-      SPEC("ln2", N * M, &b->ln2);
-      SPEC("ln2_mean", N, &b->ln2_mean);
-      SPEC("ln2_rstd", N, &b->ln2_rstd);
-      if (!b->is_moe) {
-        SPEC("fch", N * Hd, &b->fch);
-        SPEC("fch_gelu", N * Hd, &b->fch_gelu);
-      }
-    }
-    SPEC("lnf", N * M, &m->lnf);
-    SPEC("lnf_mean", N, &m->lnf_mean);
-    SPEC("lnf_rstd", N, &m->lnf_rstd);
-    SPEC("logits", N * V, &m->logits);
-    SPEC("lse", N, &m->lse);
-    SPEC("tokens_targets", 2 * N, &ints);  // int32, same size as float
-    SPEC("dresid", N * M, &m->dresid);
-    SPEC("dln", N * M, &m->dln);
-    SPEC("backward_scratch", shared, &shared_base);
-#undef SPEC
+    int any_dense = 0;
+    const int n = activation_specs(m, max_batch, m->resid, specs, &shared_base, &ints, &any_dense);
     const size_t bytes = moe_tensor_table_bytes(specs, n);
     MOE_FAIL_IF(ctx, bytes == SIZE_MAX, MOE_STATUS_INVALID_ARG,
                 "activations overflow the address space (max_batch %d, seq_len %d)", max_batch,
@@ -388,6 +405,86 @@ done:
   moe_free(slots);
   moe_free(specs);
   moe_gpt_destroy(m);
+  return st;
+}
+
+moe_status moe_gpt_memory(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
+                          const moe_memory_need *per_moe, int with_optim, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_gpt m;  // a model with its tables only: the sizes come from create's own code
+  param_slot *slots = NULL;
+  moe_tensor_spec *specs = NULL;
+  float **resid = NULL;
+  size_t *numel = NULL;
+  memset(&m, 0, sizeof m);
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  memset(out, 0, sizeof *out);
+  MOE_TRY(moe_gpt_config_validate(ctx, cfg));
+  MOE_FAIL_IF(ctx, max_batch < 1 || (int64_t)max_batch * cfg->seq_len > MOE_MAX_TOKENS,
+              MOE_STATUS_INVALID_ARG,
+              "max_batch (%d) must be in [1, %d] (max_batch x seq_len <= %d)", max_batch,
+              MOE_MAX_TOKENS / cfg->seq_len, MOE_MAX_TOKENS);
+  MOE_FAIL_IF(ctx, ep_size < 1 || cfg->moe.num_experts % ep_size != 0, MOE_STATUS_INVALID_ARG,
+              "experts (%d) must be divisible by EP ranks (%d)", cfg->moe.num_experts, ep_size);
+  m.cfg = *cfg;
+  m.cfg.moe.model_dim = cfg->d_model;
+  m.cfg.moe.tokens = max_batch * cfg->seq_len;
+  const int L = cfg->n_layer, max_params = 4 + 13 * L;
+  m.blocks = moe_calloc((size_t)L, sizeof *m.blocks);
+  m.params = moe_calloc((size_t)max_params, sizeof *m.params);
+  slots = moe_calloc((size_t)max_params, sizeof *slots);
+  specs = moe_calloc((size_t)GPT_MAX_SPECS(L), sizeof *specs);
+  resid = moe_calloc((size_t)L + 1, sizeof *resid);
+  numel = moe_calloc((size_t)max_params, sizeof *numel);
+  MOE_FAIL_IF(ctx, !m.blocks || !m.params || !slots || !specs || !resid || !numel,
+              MOE_STATUS_OUT_OF_MEMORY, "memory estimate: out of memory");
+  int n_moe = 0;
+  for (int l = 0; l < L; l++) n_moe += m.blocks[l].is_moe = moe_gpt_block_is_moe(&m.cfg, l);
+  build_param_table(&m, slots);
+  // step 1 of create: the dense arena, data then gradients
+  const double dense = (double)m.dense_floats * sizeof(float);
+  out->bytes[MOE_MEM_PARAMS] = dense;
+  out->bytes[MOE_MEM_GRADS] = (double)moe_align64(2 * m.dense_floats * sizeof(float)) - dense;
+  out->bytes[MOE_MEM_WORKSPACE] =
+      (double)(moe_align64(sizeof(moe_gpt)) + moe_align64((size_t)L * sizeof(gpt_block)) +
+               moe_align64((size_t)max_params * sizeof(moe_gpt_param)) +
+               moe_align64((size_t)max_params * sizeof(param_slot)) +
+               moe_align64(((size_t)L + 1) * sizeof(float *)) +
+               moe_align64((size_t)GPT_MAX_SPECS(L) * sizeof(moe_tensor_spec)) +
+               moe_align64((size_t)max_batch * sizeof(double)));  // ce_seq
+  // step 2: the MoE blocks' FFNs
+  if (n_moe > 0) {
+    moe_memory_need block;
+    if (per_moe) {
+      block = *per_moe;
+    } else {
+      MOE_TRY(moe_layer_memory(ctx, &m.cfg.moe, &block));
+    }
+    moe_memory_need_add_scaled(out, &block, n_moe);
+  }
+  // step 3: the activation arena
+  {
+    float *shared_base = NULL, *ints = NULL;
+    int any_dense = 0;
+    const int n = activation_specs(&m, max_batch, resid, specs, &shared_base, &ints, &any_dense);
+    for (int i = 0; i < n; i++)
+      out->bytes[MOE_MEM_ACTIVATIONS] += (double)moe_align64(specs[i].count * sizeof(float));
+  }
+  // AdamW over the tensors this rank holds (bind_moe_params: home experts only)
+  if (with_optim) {
+    for (int i = 0; i < m.n_params; i++) {
+      const moe_gpt_param *p = &m.params[i];
+      numel[i] = p->kind == MOE_GPT_PARAM_EXPERT ? p->numel / (size_t)ep_size : p->numel;
+    }
+    out->bytes[MOE_MEM_OPTIM] = moe_optim_memory_bytes(m.n_params, numel);
+  }
+done:
+  moe_free(m.blocks);
+  moe_free(m.params);
+  moe_free(slots);
+  moe_free(specs);
+  moe_free(resid);
+  moe_free(numel);
   return st;
 }
 
@@ -600,6 +697,23 @@ done:
 
 // ---- fixed-order weight gradients --------------------------------------------------------
 
+// The largest leaf of the fixed-order sums: a weight and its bias, a
+// layernorm's two vectors, or the tied embedding (V, M) with the positions (S, M).
+static size_t largest_leaf(const moe_gpt_config *c) {
+  const size_t M = (size_t)c->d_model, V = (size_t)c->vocab_size, S = (size_t)c->seq_len;
+  const size_t Hd = (size_t)c->dense_hidden;
+  size_t leaf = V * M + S * M;
+  const size_t cand[] = {M * 3 * M + 3 * M, M * M + M, M * Hd + Hd, Hd * M + M, 2 * M};
+  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) leaf = cand[i] > leaf ? cand[i] : leaf;
+  return leaf;
+}
+
+size_t moe_gpt_deterministic_bytes(const moe_gpt_config *cfg, int max_batch) {
+  const size_t V = (size_t)cfg->vocab_size, S = (size_t)cfg->seq_len;
+  return moe_pairwise_bytes(largest_leaf(cfg), max_batch) +
+         moe_align64((size_t)max_batch * S * V * sizeof(float));  // dlogits_own
+}
+
 moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = m ? m->ctx : NULL;
@@ -614,14 +728,8 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   }
   if (m->deterministic) return st;
   const moe_gpt_config *c = &m->cfg;
-  const size_t M = (size_t)c->d_model, V = (size_t)c->vocab_size, S = (size_t)c->seq_len;
-  const size_t Hd = (size_t)c->dense_hidden;
-  // the largest leaf: a weight and its bias, a layernorm's two vectors, or the
-  // tied embedding (V, M) with the positions (S, M)
-  size_t leaf = V * M + S * M;
-  const size_t cand[] = {M * 3 * M + 3 * M, M * M + M, M * Hd + Hd, Hd * M + M, 2 * M};
-  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) leaf = cand[i] > leaf ? cand[i] : leaf;
-  MOE_TRY(moe_pairwise_init(ctx, &m->pw, leaf, m->max_batch));
+  const size_t V = (size_t)c->vocab_size, S = (size_t)c->seq_len;
+  MOE_TRY(moe_pairwise_init(ctx, &m->pw, largest_leaf(c), m->max_batch));
   m->dlogits_own = moe_malloc((size_t)m->max_batch * S * V * sizeof(float));
   MOE_FAIL_IF(ctx, !m->dlogits_own, MOE_STATUS_OUT_OF_MEMORY,
               "deterministic mode: cannot allocate dlogits (%zu floats)",

@@ -78,6 +78,15 @@ float moe_optim_clip_scale(const moe_optim_config *oc, double grad_norm) {
   return (float)(oc->grad_clip / grad_norm);
 }
 
+double moe_optim_memory_bytes(int n, const size_t *numel) {
+  // the allocations of moe_optim_create, below: the object, three tables, the arena
+  double floats = 0;
+  for (int i = 0; i < n; i++) floats += 2.0 * (double)((numel[i] + 15) & ~(size_t)15);
+  const size_t table = moe_align64((size_t)n * sizeof(size_t));
+  return (double)(moe_align64(sizeof(moe_optim)) + 3 * table) +
+         (double)moe_align64((size_t)(floats * sizeof(float)));
+}
+
 moe_status moe_optim_create(moe_ctx *ctx, moe_gpt *model, const moe_optim_config *oc,
                             moe_optim **out) {
   moe_status st = MOE_STATUS_OK;

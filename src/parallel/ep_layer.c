@@ -221,6 +221,113 @@ done:
   return st;
 }
 
+// The task graphs, schedules, executor and group tables, not sized one by one:
+// measured 5.6 KiB at r = 1 plus 1.2-1.6 KiB per further chunk (P = 1..4;
+// tests/test_membound_mpi.c checks the total).
+#define MOE_EP_FIXED_BYTES(r) ((double)(6144 + 2048 * (r)))
+
+// The receive rows of the estimate: balanced (what the rank sends) and the
+// most it can be (every source sends all it can to this rank's experts).
+static void recv_rows_bound(const moe_layer_config *c, int P, size_t *balanced, size_t *worst) {
+  const size_t T = (size_t)c->tokens, K = (size_t)c->top_k, El = (size_t)(c->num_experts / P);
+  const size_t R = moe_layer_max_rows(c);
+  size_t per_src = T * (K < El ? K : El);
+  const int cap = moe_layer_capacity(c, c->tokens);
+  if (cap >= 0 && El * (size_t)cap < per_src) per_src = El * (size_t)cap;
+  *balanced = R;
+  *worst = (size_t)P * per_src;
+}
+
+moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                               const moe_parallel_config *pc, int world_size, int ranks_per_node,
+                               moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_a2a_algo *algo = NULL;
+  const moe_schedule_algo *sched = NULL;
+  moe_compressor comp;
+  MOE_FAIL_IF(ctx, !cfg || !pc || !out, MOE_STATUS_INVALID_ARG, "cfg, pc and out must be given");
+  memset(out, 0, sizeof *out);
+  MOE_TRY(moe_layer_config_validate(ctx, cfg));
+  MOE_FAIL_IF(ctx, pc->ep_size < 1 || world_size < pc->ep_size, MOE_STATUS_INVALID_ARG,
+              "EP size (%d) must be in [1, %d] (the number of ranks)", pc->ep_size, world_size);
+  MOE_FAIL_IF(ctx, cfg->num_experts % pc->ep_size != 0, MOE_STATUS_INVALID_ARG,
+              "experts (%d) must be divisible by EP ranks (%d)", cfg->num_experts, pc->ep_size);
+  MOE_FAIL_IF(ctx, pc->chunks < 1 || pc->chunks > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
+              "chunks (%d) must be in [1, %d]", pc->chunks, MOE_MAX_CHUNKS);
+  MOE_TRY(moe_a2a_find(ctx, pc->a2a, &algo));
+  MOE_TRY(moe_compressor_get(ctx, pc->compress, &comp));
+  MOE_TRY(moe_schedule_algo_find(ctx, pc->schedule, &sched));
+  {
+    const int P = pc->ep_size;
+    const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, H = (size_t)cfg->hidden_dim,
+                 E = (size_t)cfg->num_experts, K = (size_t)cfg->top_k, El = E / (size_t)P,
+                 R = moe_layer_max_rows(cfg);
+    size_t rbal = 0, rworst = 0;
+    recv_rows_bound(cfg, P, &rbal, &rworst);
+    // peer-group chunking runs one chunk per group of G ranks (ep_pass.c)
+    const int G = ranks_per_node > 0 && ranks_per_node < P ? ranks_per_node : P;
+    const int gsz = pc->grouped_size > 0 ? (pc->grouped_size < P ? pc->grouped_size : P) : G;
+    const size_t r = sched->chunking == MOE_CHUNK_PEER_GROUPS ? (size_t)((P + gsz - 1) / gsz)
+                                                              : (size_t)pc->chunks;
+#define A(n) ((double)moe_align64((size_t)(n)))
+#define F(n) A((size_t)(n) * sizeof(float))
+    // alloc_buffers: the parameter arena (params, grads, grad_scratch), the work arena
+    out->bytes[MOE_MEM_PARAMS] = F(M * E) + F(El * M * H) + F(El * H) + F(El * H * M) + F(El * M);
+    out->bytes[MOE_MEM_GRADS] = out->bytes[MOE_MEM_PARAMS] + F(M * E + El * (2 * M * H + H + M)) +
+                                A((2 * M * H + H + M) * sizeof(float));  // + rep_tmp
+    const double act = 2 * F(T * E) + F(T) + F(T * K) + 3 * F(R * M) + F(T * K) + 2 * F(T * E);
+    const double a2a = F(R * M);  // sendbuf
+    // ep_pass.c: the receive side, grown to the most rows received: sized here
+    // for the most that can arrive (rworst); skew_bytes is what a balanced
+    // routing (rbal rows) would not need.
+    double recv_act[2], recv_a2a[2];
+    const size_t recv_rows[2] = {rworst, rbal};
+    for (int i = 0; i < 2; i++) {
+      const double rows = (double)(recv_rows[i] ? recv_rows[i] : 1);
+      recv_act[i] = rows * M * 4 + 4 * rows * H * 4;  // ex_x; pre, h (fwd); dh, dpre (bwd)
+      recv_a2a[i] = 2 * rows * M * 4;                 // bufa, bufb
+      if (!moe_compressor_is_identity(&comp)) {       // csend, crecv
+        const double pad = 64.0 * (double)r * P;
+        recv_a2a[i] += (double)moe_compress_max_bytes(&comp, R, M) + pad +
+                       (double)moe_compress_max_bytes(&comp, recv_rows[i], M) + pad;
+      }
+      if (algo->workspace_copies > 0) {
+        // A node's payload in one call (one chunk): its G ranks' sends, or
+        // what they receive, which no more than all P ranks' sends.
+        const double gr = (double)G * R, all = (double)P * R;
+        const double in = (double)G * recv_rows[i] < all ? (double)G * recv_rows[i] : all;
+        const double node_rows = (gr > in ? gr : in) / (double)r + (double)E;
+        // x 2: a growing workspace keeps its old block until the new one holds
+        // its tables (moe_workspace_reserve_keep), so both live for a moment
+        recv_a2a[i] += 2.0 * (double)algo->workspace_copies * node_rows * M * 4;
+      }
+    }
+    out->bytes[MOE_MEM_ACTIVATIONS] = act + recv_act[0];
+    out->bytes[MOE_MEM_A2A] = a2a + recv_a2a[0];
+    out->skew_bytes = recv_act[0] + recv_a2a[0] - recv_act[1] - recv_a2a[1];
+    // tables, routing plan, placement, counts, the chunk plan and task records
+    const size_t n3 = r * (size_t)P * E, n2 = r * (size_t)P, max_tasks = MOE_CT_KINDS * r;
+    out->bytes[MOE_MEM_WORKSPACE] =
+        A(sizeof(moe_ep_layer)) + A((size_t)world_size * 8) + A((size_t)world_size * 4) +
+        (double)moe_placement_bytes((int)E, P) + 9 * A(E * sizeof(float *)) +
+        2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1) * sizeof(double)) +
+        (double)moe_route_bytes(cfg->tokens, cfg->top_k, (int)E, (int)R) + 3 * A(n3 * sizeof(int)) +
+        3 * A(n3 * sizeof(size_t)) + 10 * A(n2 * sizeof(size_t)) + 2 * A(r * E * sizeof(size_t)) +
+        2 * A(r * sizeof(size_t)) + 2 * A((r + 1) * sizeof(size_t)) +
+        A(2 * r * sizeof(moe_ep_task_arg)) + 2 * A(max_tasks * sizeof(moe_task_record)) +
+        MOE_EP_FIXED_BYTES(r);
+    if (pc->slice_tokens > 0) {  // alloc_tables: the fixed-order sums' tables
+      const size_t slices = (T + (size_t)pc->slice_tokens - 1) / (size_t)pc->slice_tokens;
+      out->bytes[MOE_MEM_WORKSPACE] += A((slices + 1) * (E + 1) * sizeof(double)) +
+                                       (double)moe_pairwise_bytes(M * E, (int)slices);
+    }
+#undef A
+#undef F
+  }
+done:
+  return st;
+}
+
 moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
                                const moe_parallel_config *pc, moe_ep_layer **out) {
   moe_status st = MOE_STATUS_OK;

@@ -14,6 +14,8 @@ typedef struct {
   uint64_t fwd_start_ns, bwd_start_ns;
 } ep_ffn;
 
+size_t moe_train_ep_block_bytes_(void) { return moe_align64(sizeof(ep_ffn)); }
+
 static moe_status ep_create(void *user, moe_ctx *ctx, const moe_layer_config *cfg, int block,
                             void **impl) {
   moe_status st = MOE_STATUS_OK;

@@ -16,6 +16,8 @@ typedef struct {
 
 // MoE-GPT's expert-parallel FFN backend (gpt_ep.c).
 extern const moe_gpt_moe_ops moe_train_ep_ops;
+// Bytes the backend's create allocates per block besides the moe_ep_layer.
+size_t moe_train_ep_block_bytes_(void);
 // The layer of a backend instance and when its last forward / backward began.
 moe_ep_layer *moe_train_ep_layer(void *impl, uint64_t *fwd_start_ns, uint64_t *bwd_start_ns);
 

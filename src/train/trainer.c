@@ -147,6 +147,8 @@ typedef struct {
   moe_metrics *metrics;
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
+  moe_memory_need need;           // this rank's memory estimate (baseline included)
+  double need_max;                // the largest total over the ranks
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -190,6 +192,51 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
     MOE_FAIL_IF(ctx, tc->model.moe.num_experts % *ep != 0, MOE_STATUS_INVALID_ARG,
                 "experts (%d) must be divisible by the EP size (%d)", tc->model.moe.num_experts,
                 *ep);
+done:
+  return st;
+}
+
+// ---- memory bound ----------------------------------------------------------------------------
+
+moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_size,
+                            moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  int ep = 1;
+  MOE_FAIL_IF(ctx, !tc || !out || world_size < 1, MOE_STATUS_INVALID_ARG,
+              "tc and out must be given, world_size >= 1");
+  memset(out, 0, sizeof *out);
+  MOE_TRY(check_config(ctx, tc, world_size, &ep));
+  {
+    const int bl = tc->batch / world_size, S = tc->model.seq_len;
+    moe_parallel_config pc = tc->par;
+    pc.ep_size = ep;
+    pc.slice_tokens = tc->deterministic ? S : 0;  // as setup() sets it
+    moe_layer_config lc = tc->model.moe;          // as moe_gpt_create passes it to the backend
+    lc.model_dim = tc->model.d_model;
+    lc.tokens = bl * S;
+    moe_memory_need block;
+    memset(&block, 0, sizeof block);
+    if (tc->model.moe_every > 0) {
+      MOE_TRY(moe_ep_layer_memory(ctx, &lc, &pc, world_size, pc.ranks_per_node, &block));
+      block.bytes[MOE_MEM_WORKSPACE] += (double)moe_train_ep_block_bytes_();
+    }
+    MOE_TRY(moe_gpt_memory(ctx, &tc->model, bl, ep, &block, 1, out));
+    // setup(): the run's user struct, the token buffers, the packed dense gradients
+    // (the dense gradient elements = the dense parameters' without padding: bounded by them)
+    out->bytes[MOE_MEM_WORKSPACE] += (double)(moe_align64(sizeof(moe_train_ep_user)) +
+                                              2 * moe_align64((size_t)bl * S * sizeof(int32_t)));
+    if (tc->deterministic) {  // the per-sequence sums' buffers and the gradient-norm slots
+      int n_exp = 0;
+      for (int l = 0; l < tc->model.n_layer; l++) n_exp += 4 * moe_gpt_block_is_moe(&tc->model, l);
+      out->bytes[MOE_MEM_WORKSPACE] +=
+          (double)(moe_gpt_deterministic_bytes(&tc->model, bl) +
+                   (n_exp ? moe_align64((size_t)n_exp * tc->model.moe.num_experts * sizeof(double))
+                          : 0));
+    }
+    int n_moe = 0;
+    for (int l = 0; l < tc->model.n_layer; l++) n_moe += moe_gpt_block_is_moe(&tc->model, l);
+    out->bytes[MOE_MEM_GRADS] += out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+  }
 done:
   return st;
 }
@@ -517,6 +564,17 @@ static moe_status setup(run_state *r, int *start_step) {
     local = moe_train_schedule_resolve(ctx, tc, tc->resume ? &r->resume_info : NULL, &r->schedule);
   MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
 
+  // The memory bound: every rank's need against its limit before the model is
+  // allocated; the baseline is what this process holds now (text included).
+  local = moe_train_memory(ctx, tc, r->size, &r->need);
+  MOE_TRY(agree(r, local, "the memory estimate"));
+  r->need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+  MOE_TRY(moe_comm_memory_check(ctx, r->world, &r->need, tc->max_memory,
+                                "use a smaller model (--d-model, --experts, --expert-hidden, "
+                                "--layers) or batch, more ranks, or raise --max-memory"));
+  r->need_max = moe_memory_need_total(&r->need);
+  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &r->need_max, 1, MPI_DOUBLE, MPI_MAX, r->world));
+
   // Model on the expert-parallel backend.
   r->user = moe_calloc(1, sizeof *r->user);
   local = r->user
@@ -678,6 +736,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   for (int i = 0; i < moe_gpt_num_params(r.model); i++)
     out->state_bytes += 16 * moe_gpt_get_param(r.model, i).numel;
   out->activation_bytes = moe_gpt_activation_bytes(r.model);
+  out->memory = r.need;
+  out->memory_max_total = r.need_max;
   snprintf(out->source, sizeof out->source, "%s", moe_text_source(r.text));
   const int nsteps = end - start + 1;
   tps = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *tps);
