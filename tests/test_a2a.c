@@ -480,7 +480,7 @@ static void test_fixed_sums(void) {
     float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
     if (!got || !want) MPI_Abort(MPI_COMM_WORLD, 2);
     for (size_t i = 0; i < n; i++) got[i] = fixed_input(me, i);
-    const moe_status st = moe_allreduce_fixed(g_ctx, got, n, MPI_COMM_WORLD);
+    const moe_status st = moe_allreduce_fixed(g_ctx, got, n, MPI_COMM_WORLD, "test sum");
     TU_CHECK(st == MOE_STATUS_OK, "allreduce_fixed n=%zu: %s", n, moe_ctx_error(g_ctx));
     tree_expect(want, n, 0, P);
     TU_CHECK(memcmp(got, want, n * sizeof(float)) == 0,
@@ -505,7 +505,8 @@ static void test_fixed_sums(void) {
     for (int j = 0; j < nv; j++)
       local[sl * nv + j] = (double)fixed_input(me, (size_t)(sl * nv + j)) * 1e3;
   }
-  const moe_status st = moe_sum_slices_ordered(g_ctx, local, mine, nv, out, MPI_COMM_WORLD);
+  const moe_status st =
+      moe_sum_slices_ordered(g_ctx, local, mine, nv, out, MPI_COMM_WORLD, "test sum");
   TU_CHECK(st == MOE_STATUS_OK, "sum_slices_ordered: %s", moe_ctx_error(g_ctx));
   for (int r = 0; r < P; r++) {
     for (int sl = 0; sl < r % 3; sl++) {

@@ -222,14 +222,15 @@ void moe_watchdog_note_step(long step);
 // up). When each rank holds the pairwise sum of an equal power-of-two number of
 // consecutive slices (moe_pairwise_*), the result is the pairwise sum over all
 // slices: the same bits at any rank count. Collective; a failure (out of
-// memory, MPI) is returned on every rank.
-moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm);
+// memory, MPI) is returned on every rank. `what` names the sum in errors and
+// for the hang watchdog (a string literal: it must outlive the program).
+moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm, const char *what);
 // out (n) = the sum over every slice of every rank, slices in rank order then
 // local order, added left to right in double: rank r holds `slices` slices
 // (any count, 0 included) of n doubles each in `mine`. Small vectors only
-// (every rank receives every slice). Collective.
+// (every rank receives every slice). Collective; `what` as above.
 moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
-                                  MPI_Comm comm);
+                                  MPI_Comm comm, const char *what);
 
 // The memory bound under MPI: every rank passes its own need (its baseline
 // included); its limit is max_memory when > 0 (--max-memory, per rank), else

@@ -622,8 +622,10 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   MOE_TRY(gather_replica_grads(L, home));
   if (L->pc.slice_tokens > 0) {
-    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp));
-    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world));
+    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp,
+                                "all-reduce of the MoE layer's gradients"));
+    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world,
+                                "all-reduce of the MoE layer's gradients"));
   } else {
     MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
     MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));

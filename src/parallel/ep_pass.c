@@ -634,7 +634,8 @@ static moe_status ordered_gate_sums(moe_ep_layer *L, const moe_gate_buffers *gb,
     o[E] = z;
   }
   double *out = L->slice_sums + (size_t)L->max_slices * (size_t)(E + 1);  // the spare row
-  MOE_TRY(moe_sum_slices_ordered(L->ctx, L->slice_sums, slices, E + 1, out, L->world));
+  MOE_TRY(moe_sum_slices_ordered(L->ctx, L->slice_sums, slices, E + 1, out, L->world,
+                                 "the gate's loss statistics"));
   for (int e = 0; e < E; e++) L->stats[E + e] = out[e];
   L->stats[2 * E] = out[E];
 done:

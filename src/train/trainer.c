@@ -263,7 +263,9 @@ static moe_status allreduce_dense(run_state *r) {
           ctx, "all-reduce of the dense gradients",
           MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
   }
-  if (r->tc->deterministic) MOE_TRY(moe_allreduce_fixed(ctx, r->dense_buf, r->dense_n, r->world));
+  if (r->tc->deterministic)
+    MOE_TRY(moe_allreduce_fixed(ctx, r->dense_buf, r->dense_n, r->world,
+                                "all-reduce of the dense gradients"));
   off = 0;
   for (int i = 0; i < n; i++) {
     const moe_gpt_param p = moe_gpt_get_param(r->model, i);
@@ -339,7 +341,8 @@ static moe_status validate(run_state *r, double *val_loss) {
     MOE_TRY(moe_gpt_forward(r->model, r->tokens, r->targets, r->bl, r->s, 0, &l));
     if (r->tc->deterministic) {  // this batch's sequences in global order, on every rank
       double b = 0.0;
-      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r->bl, 1, &b, r->world));
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r->bl, 1, &b, r->world,
+                                     "all-reduce of the validation loss"));
       acc[0] += b;
     } else {
       acc[0] += l.ce_sum;
@@ -782,7 +785,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
                    MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
     if (tc->deterministic)  // the sequences' sums in global order
-      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world));
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
+                                     "all-reduce of the step's loss"));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
 
     moe_train_step_info info;
