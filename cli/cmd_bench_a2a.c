@@ -259,6 +259,11 @@ int cmd_bench_a2a(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("bench a2a: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
   rc = collect_names(ctx, &o, rank, names, &nnames);
   if (rc != CLI_OK) goto done;
   if (o.bound) {  // the variants the eq. 18 summary needs

@@ -258,6 +258,11 @@ int cmd_calibrate(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("calibrate: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
   if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
     rc = CLI_FAILED;
     goto done;

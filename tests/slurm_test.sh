@@ -4,8 +4,10 @@
 #   1. `srun -n 4 --mpi=pmix moe train` (Open MPI started by srun through PMIx)
 #      is one 4-rank job, and its losses equal `moe-mpirun -n 4` of the same
 #      command bitwise (same code, same rank count);
+#      `srun -n 2 moe bench layer` is one 2-rank distributed benchmark;
 #   2. with an MPICH build (optional second argument): `srun -n 4 --mpi=pmi2`
-#      is one 4-rank job whose losses equal `mpiexec.mpich -n 4`'s;
+#      is one 4-rank job whose losses equal `mpiexec.mpich -n 4`'s, and under
+#      --mpi=pmix (which MPICH does not speak) moe refuses to run as singletons;
 #   3. `sbatch --wait examples/slurm/train.sbatch` (the docs' script) as two
 #      jobs: the first stops at step 2 (as a job cut short), the second resumes
 #      from its checkpoint; together their metrics equal one uninterrupted
@@ -90,6 +92,17 @@ if timeout $T "$root/scripts/moe-mpirun" -n 4 "$MOE" "${RUN[@]}" --metrics "$tmp
 fi
 if same_losses "$tmp/srun.jsonl" "$tmp/mpirun.jsonl" 3; then ok; else bad "srun and moe-mpirun losses differ"; fi
 
+# moe bench layer picks its distributed benchmark when the launcher announces
+# more than one rank; srun --mpi=pmix announces none of MPI's variables, only
+# SLURM_STEP_NUM_TASKS: one distributed table of 2 ranks, not 2 single-process runs.
+if timeout $T srun -n 2 --mpi=pmix "$MOE" bench layer --tokens 64 --model 32 --hidden 64 --experts 4 \
+  --iters 1 --warmup 0 >"$tmp/bench.log" 2>&1 &&
+  [[ $(grep -c "^moe bench layer" "$tmp/bench.log") == 1 ]] &&
+  grep -q "^moe bench layer (distributed): 2 ranks" "$tmp/bench.log"; then ok; else
+  bad "srun -n 2 moe bench layer: wanted one distributed run on 2 ranks, got:"
+  grep "^moe bench layer" "$tmp/bench.log" >&2
+fi
+
 TINY=(train --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4 --expert-hidden 32 --batch 8
       --eval-every 2 --eval-batches 1 --quiet)
 
@@ -109,6 +122,15 @@ if [[ -n "$MOE_MPICH" ]]; then
   fi
   if same_losses "$tmp/mpich-srun.jsonl" "$tmp/mpich-exec.jsonl" 4; then ok; else
     bad "MPICH: srun and mpiexec losses differ"
+  fi
+  # MPICH under srun --mpi=pmix (a PMI it does not speak) would be 2 singletons:
+  # refused with exit 2 and a message naming --mpi=pmi2.
+  timeout $T srun -n 2 --mpi=pmix "$MOE_MPICH" "${TINY[@]}" --steps 1 >"$tmp/mpich-pmix.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 2 ]] && grep -q "started 2 processes (SLURM_STEP_NUM_TASKS=2) but MPI_COMM_WORLD has 1 rank.*--mpi=pmi2 for MPICH" \
+    "$tmp/mpich-pmix.log" && ! grep -q "rank(s)" "$tmp/mpich-pmix.log"; then ok; else
+    bad "MPICH under srun --mpi=pmix: exit $rc (want 2) and the launch error, got:"
+    tail -5 "$tmp/mpich-pmix.log" >&2
   fi
 fi
 
