@@ -35,5 +35,30 @@ if ! grep -q "^MPIEXEC_EXECUTABLE:FILEPATH=$mpiexec$" "$build/CMakeCache.txt"; t
 fi
 echo "test-mpich: $("$mpiexec" --version | sed -n 's/^ *Version: *//p' | head -n 1 | sed 's/^/hydra /'), $(ldd "$build/moe" | grep -o 'libmpich[^ ]*' | head -n 1)"
 
-# shellcheck disable=SC2086
-ctest --test-dir "$build" --output-on-failure ${CTEST_ARGS:-}
+# Excluded: the MPI tests with more ranks than this machine has cores (their
+# names end in _npN), unless MOE_MPICH_ALL=1. Debian's MPICH (4.0.2, device
+# ch4:ucx) busy-polls in every blocking call and never yields the CPU: libmpich
+# imports no sched_yield, MPIR_CVAR_POLLS_BEFORE_YIELD belongs to the ch3
+# device Debian does not ship (measured: no effect), and no other MPIR_CVAR_*
+# (mpivars lists them) makes waiting ranks yield, unlike Open MPI's
+# mpi_yield_when_idle. With more ranks than cores every message then waits for
+# a scheduler time slice: on the 2-core development machine (loaded) a2a_np4
+# took 72 s, a2a_np8 182 s, ep_sched_np4 over its 300 s limit, where Open MPI
+# takes seconds. These tests run under Open MPI in every other CI stage, and
+# MPICH at 4 ranks is still run by tests/slurm_test.sh (moe train under srun
+# --mpi=pmi2 and mpiexec.mpich).
+cores=$(nproc)
+exclude=""
+if [[ "${MOE_MPICH_ALL:-0}" != 1 ]]; then
+  exclude=$(ctest --test-dir "$build" -N | sed -n 's/^ *Test *#[0-9]*: \(.*_np\([0-9]*\)\)$/\2 \1/p' |
+    awk -v c="$cores" '$1 > c {print $2}' | paste -sd'|' -)
+fi
+if [[ -n "$exclude" ]]; then
+  echo "test-mpich: skipping the tests with more ranks than the $cores cores (MOE_MPICH_ALL=1 runs them):" \
+    "${exclude//|/ }"
+  # shellcheck disable=SC2086
+  ctest --test-dir "$build" --output-on-failure -E "^($exclude)\$" ${CTEST_ARGS:-}
+else
+  # shellcheck disable=SC2086
+  ctest --test-dir "$build" --output-on-failure ${CTEST_ARGS:-}
+fi

@@ -12,7 +12,8 @@
 #      jobs: the first stops at step 2 (as a job cut short), the second resumes
 #      from its checkpoint; together their metrics equal one uninterrupted
 #      `moe-mpirun -n 4` run bitwise. Both jobs emulate 2 nodes x 2 ranks
-#      (MOE_RANKS_PER_NODE=2) with the topology-aware `2dh` all-to-all.
+#      (MOE_RANKS_PER_NODE=2) with the topology-aware `2dh` all-to-all;
+#   4. Open MPI's mpirun inside `sbatch --wrap` starts 4 ranks from the allocation.
 # Slurm is stopped on every exit (trap). Needs root, slurm-wlm and munge
 # (bash scripts/setup-debian.sh --slurm).
 # Usage: slurm_test.sh path/to/moe [path/to/moe-built-with-mpich]
@@ -169,6 +170,17 @@ fi
 if same_losses "$tmp/sb.jsonl" "$tmp/ref.jsonl" 4; then ok; else
   bad "sbatch (cut short + resumed) and one uninterrupted run differ"
 fi
+
+# 4. Open MPI's mpirun inside a batch job takes its ranks and slots from the
+#    allocation (no -n, no --oversubscribe: the node has 4 CPUs in slurm.conf).
+unset MOE_RANKS_PER_NODE
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if timeout $T sbatch --wait --nodes=1 --ntasks-per-node=4 --time=5 --chdir="$tmp" --output="$tmp/job3.out" \
+  --wrap "mpirun $MOE ${TINY[*]} --steps 2" >/dev/null; then ok; else
+  bad "sbatch --wrap 'mpirun moe train': exit $?"
+  tail -20 "$tmp/job3.out" >&2
+fi
+one_job_of "$tmp/job3.out" 4
 
 echo "slurm_test: $pass passed, $fail failed ($(($(date +%s) - start)) s)"
 [[ $fail -eq 0 ]]
