@@ -2,16 +2,16 @@
 # The launcher path under a real Slurm (scripts/slurm-local.sh: munged,
 # slurmctld and slurmd on this machine, one node on localhost):
 #   1. `srun -n 4 --mpi=pmix moe train` (Open MPI started by srun through PMIx)
-#      is one 4-rank job, and its losses equal `moe-mpirun -n 4` of the same
-#      command bitwise (same code, same rank count);
+#      is one 4-rank job, and its losses and final checkpoint equal those of
+#      `moe-mpirun -n 4` of the same command bitwise (same code, same rank count);
 #      `srun -n 2 moe bench layer` is one 2-rank distributed benchmark;
 #   2. with an MPICH build (optional second argument): `srun -n 4 --mpi=pmi2`
-#      is one 4-rank job whose losses equal `mpiexec.mpich -n 4`'s, and under
+#      is one 4-rank job whose losses and checkpoint equal `mpiexec.mpich -n 4`'s, and under
 #      --mpi=pmix (which MPICH does not speak) moe refuses to run as singletons;
 #   3. `sbatch --wait examples/slurm/train.sbatch` (the docs' script) as two
 #      jobs: the first stops at step 2 (as a job cut short), the second resumes
-#      from its checkpoint; together their metrics equal one uninterrupted
-#      `moe-mpirun -n 4` run bitwise. Both jobs emulate 2 nodes x 2 ranks
+#      from its checkpoint; together their metrics, and the final checkpoint,
+#      equal one uninterrupted `moe-mpirun -n 4` run bitwise. Both jobs emulate 2 nodes x 2 ranks
 #      (MOE_RANKS_PER_NODE=2) with the topology-aware `2dh` all-to-all;
 #   4. Open MPI's mpirun inside `sbatch --wrap` starts 4 ranks from the allocation.
 # Slurm is stopped on every exit (trap). Needs root, slurm-wlm and munge
@@ -44,8 +44,8 @@ echo "slurm_test: Slurm up in $(($(date +%s) - start)) s"
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 
 # same_losses A.jsonl B.jsonl STEPS: the per-step loss, aux, grad_norm and
-# val_loss fields are the same numbers (printed with 9 significant digits,
-# which identify a float), for steps 1..STEPS.
+# val_loss fields are the same numbers as printed (9 significant digits), for
+# steps 1..STEPS; same_ckpt checks the bits.
 same_losses() {
   python3 - "$@" <<'PY'
 import json, sys
@@ -64,6 +64,12 @@ print(f"same losses over {n} steps: {[r['loss'] for r in ra]}")
 PY
 }
 
+# same_ckpt A B: the two runs' final checkpoints (parameters, AdamW state,
+# step) are the same bytes: bitwise the same training.
+same_ckpt() {
+  if [[ -s "$1" ]] && cmp -s "$1" "$2"; then ok; else bad "checkpoints $1 and $2 differ (or are missing)"; fi
+}
+
 # one_job_of LOG P: the log says the run had P ranks, once (P singletons would
 # each print "1 rank(s)").
 one_job_of() {
@@ -78,7 +84,8 @@ one_job_of() {
 # 1. Open MPI: srun -n 4 --mpi=pmix vs moe-mpirun -n 4, the default model.
 RUN=(train --steps 3 --eval-every 0 --eval-batches 1 --quiet)
 t0=$(date +%s)
-if timeout $T srun -n 4 --mpi=pmix "$MOE" "${RUN[@]}" --metrics "$tmp/srun.jsonl" >"$tmp/srun.log" 2>&1; then
+if timeout $T srun -n 4 --mpi=pmix "$MOE" "${RUN[@]}" --metrics "$tmp/srun.jsonl" --checkpoint "$tmp/srun.ckpt" \
+  >"$tmp/srun.log" 2>&1; then
   ok
 else
   bad "srun -n 4 --mpi=pmix moe train: exit $?"
@@ -87,11 +94,12 @@ fi
 one_job_of "$tmp/srun.log" 4
 echo "slurm_test: srun -n 4 moe train (default model, 3 steps) in $(($(date +%s) - t0)) s"
 if timeout $T "$root/scripts/moe-mpirun" -n 4 "$MOE" "${RUN[@]}" --metrics "$tmp/mpirun.jsonl" \
-  >"$tmp/mpirun.log" 2>&1; then ok; else
+  --checkpoint "$tmp/mpirun.ckpt" >"$tmp/mpirun.log" 2>&1; then ok; else
   bad "moe-mpirun -n 4 moe train: exit $?"
   tail -20 "$tmp/mpirun.log" >&2
 fi
 if same_losses "$tmp/srun.jsonl" "$tmp/mpirun.jsonl" 3; then ok; else bad "srun and moe-mpirun losses differ"; fi
+same_ckpt "$tmp/srun.ckpt" "$tmp/mpirun.ckpt"
 
 # moe bench layer picks its distributed benchmark when the launcher announces
 # more than one rank; srun --mpi=pmix announces none of MPI's variables, only
@@ -111,19 +119,20 @@ TINY=(train --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4 --expert-
 #    busy-polls, slow with 4 ranks on 2 cores).
 if [[ -n "$MOE_MPICH" ]]; then
   if timeout $T srun -n 4 --mpi=pmi2 "$MOE_MPICH" "${TINY[@]}" --steps 4 --metrics "$tmp/mpich-srun.jsonl" \
-    >"$tmp/mpich-srun.log" 2>&1; then ok; else
+    --checkpoint "$tmp/mpich-srun.ckpt" >"$tmp/mpich-srun.log" 2>&1; then ok; else
     bad "srun -n 4 --mpi=pmi2 (MPICH) moe train: exit $?"
     tail -20 "$tmp/mpich-srun.log" >&2
   fi
   one_job_of "$tmp/mpich-srun.log" 4
   if timeout $T mpiexec.mpich -n 4 "$MOE_MPICH" "${TINY[@]}" --steps 4 --metrics "$tmp/mpich-exec.jsonl" \
-    >"$tmp/mpich-exec.log" 2>&1; then ok; else
+    --checkpoint "$tmp/mpich-exec.ckpt" >"$tmp/mpich-exec.log" 2>&1; then ok; else
     bad "mpiexec.mpich -n 4 moe train: exit $?"
     tail -20 "$tmp/mpich-exec.log" >&2
   fi
   if same_losses "$tmp/mpich-srun.jsonl" "$tmp/mpich-exec.jsonl" 4; then ok; else
     bad "MPICH: srun and mpiexec losses differ"
   fi
+  same_ckpt "$tmp/mpich-srun.ckpt" "$tmp/mpich-exec.ckpt"
   # MPICH under srun --mpi=pmix (a PMI it does not speak) would be 2 singletons:
   # refused with exit 2 and a message naming --mpi=pmi2.
   timeout $T srun -n 2 --mpi=pmix "$MOE_MPICH" "${TINY[@]}" --steps 1 >"$tmp/mpich-pmix.log" 2>&1
@@ -163,13 +172,14 @@ fi
 one_job_of "$tmp/job2.out" 4
 # shellcheck disable=SC2086
 if timeout $T "$root/scripts/moe-mpirun" -n 4 "$MOE" train ${common} --steps 4 --metrics "$tmp/ref.jsonl" \
-  >"$tmp/ref.log" 2>&1; then ok; else
+  --checkpoint "$tmp/ref.ckpt" >"$tmp/ref.log" 2>&1; then ok; else
   bad "reference moe-mpirun -n 4: exit $?"
   tail -20 "$tmp/ref.log" >&2
 fi
 if same_losses "$tmp/sb.jsonl" "$tmp/ref.jsonl" 4; then ok; else
   bad "sbatch (cut short + resumed) and one uninterrupted run differ"
 fi
+same_ckpt "$tmp/sb.ckpt" "$tmp/ref.ckpt"
 
 # 4. Open MPI's mpirun inside a batch job takes its ranks and slots from the
 #    allocation (no -n, no --oversubscribe: the node has 4 CPUs in slurm.conf).
