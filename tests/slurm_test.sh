@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The launcher path under a real Slurm (scripts/slurm-local.sh: munged,
 # slurmctld and slurmd on this machine, one node on localhost):
-#   1. `srun -n 4 --mpi=pmix moe train` (Open MPI started by srun through PMIx)
+#   1. `srun -n 4 moe train` (Open MPI started by srun through PMIx, the
+#      local slurm.conf's MpiDefault)
 #      is one 4-rank job, and its losses and final checkpoint equal those of
 #      `moe-mpirun -n 4` of the same command bitwise (same code, same rank count);
 #      `srun -n 2 moe bench layer` is one 2-rank distributed benchmark;
@@ -81,14 +82,15 @@ one_job_of() {
   fi
 }
 
-# 1. Open MPI: srun -n 4 --mpi=pmix vs moe-mpirun -n 4, the default model.
+# 1. Open MPI: plain srun -n 4 (slurm.conf's MpiDefault=pmix) vs moe-mpirun -n 4,
+#    the default model.
 RUN=(train --steps 3 --eval-every 0 --eval-batches 1 --quiet)
 t0=$(date +%s)
-if timeout $T srun -n 4 --mpi=pmix "$MOE" "${RUN[@]}" --metrics "$tmp/srun.jsonl" --checkpoint "$tmp/srun.ckpt" \
+if timeout $T srun -n 4 "$MOE" "${RUN[@]}" --metrics "$tmp/srun.jsonl" --checkpoint "$tmp/srun.ckpt" \
   >"$tmp/srun.log" 2>&1; then
   ok
 else
-  bad "srun -n 4 --mpi=pmix moe train: exit $?"
+  bad "srun -n 4 moe train: exit $?"
   tail -20 "$tmp/srun.log" >&2
 fi
 one_job_of "$tmp/srun.log" 4
