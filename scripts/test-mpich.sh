@@ -46,7 +46,8 @@ echo "test-mpich: $("$mpiexec" --version | sed -n 's/^ *Version: *//p' | head -n
 # other jobs (load average 15-30), MPICH against Open MPI in the same hour:
 # train_np4 252 s vs 8 s, ep_layer_np4 41 s vs 5 s, ep_sched_np4 over its 300 s
 # limit vs 14 s, a2a_np8 182 s vs 113 s (ep_sched_np2, kept: 87 s vs 2 s). All
-# of them passed under MPICH there except ep_sched_np4 (timed out). They run
+# of them pass under MPICH (ep_sched_np4 run by hand without the limit: 761 s,
+# 54352 checks, 0 failed), so MOE_MPICH_ALL=1 is correct, only slow. They run
 # under Open MPI in every other CI stage, and MPICH at 4 ranks is still run by
 # tests/slurm_test.sh (moe train under srun --mpi=pmi2 and mpiexec.mpich).
 cores=$(nproc)
