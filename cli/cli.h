@@ -38,6 +38,8 @@ int cli_opt(cli_args *a, const char *name);
 // Parse a->value into *out checking [lo, hi]; prints the error naming opt and
 // sets a->bad on failure.
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
+// --gemm fixed|blas: which code moe_gemm runs (moe_gemm_set_path).
+void cli_parse_gemm(cli_args *a, const char *opt, int *out);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
 // Parse a->value as a non-negative integer (no sign) into *out, or print the
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.
@@ -86,6 +88,26 @@ int cli_out_open_root(cli_out *o, const char *path, int rank);
 // the same file, so every rank fails alike).
 int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int rank,
                          moe_profile *out);
+
+// --hang-timeout SECONDS of the MPI commands (cli_args.c): when it is the
+// current argument, consumes it, sets *seconds (in [0, CLI_HANG_TIMEOUT_MAX];
+// 0 = off) or prints the error and sets a->bad, and returns 1; else 0.
+#define CLI_HANG_TIMEOUT_DEFAULT 300.0
+#define CLI_HANG_TIMEOUT_MAX 86400.0
+int cli_hang_timeout_opt(cli_args *a, double *seconds);
+// Its --help lines (the same in every command).
+#define CLI_HANG_TIMEOUT_HELP                                                         \
+  "  --hang-timeout S      when a rank has waited S seconds for the others, probe\n"  \
+  "                        every rank: one that does not answer (stopped, hung) or\n" \
+  "                        a deadlock aborts the job with a line naming the rank\n"   \
+  "                        and the operation; a slow rank only gets a warning;\n"     \
+  "                        0 = off [300]\n"
+// Under mpirun (cli_mpi.c): starts the hang watchdog over MPI_COMM_WORLD
+// (moe_watchdog_start; every rank passes the same seconds). *wd
+// stays NULL when seconds is 0. CLI_OK, or CLI_FAILED with the reason printed.
+// Stop it with moe_watchdog_stop before MPI_Finalize.
+struct moe_watchdog;
+int cli_watchdog_start(moe_ctx *ctx, double seconds, int rank, struct moe_watchdog **wd);
 
 // Under mpirun every rank parses the same argv; only rank 0 should print.
 // cli_silence_begin(on, saved) sends stdout and stderr to /dev/null when on;

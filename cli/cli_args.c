@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "moe/kernels.h"
 
 void cli_error(const char *fmt, ...) {
   va_list ap;
@@ -61,6 +62,18 @@ int cli_opt(cli_args *a, const char *name) {
   a->value = a->argv[a->i + 1];
   a->i += 2;
   return 1;
+}
+
+void cli_parse_gemm(cli_args *a, const char *opt, int *out) {
+  if (!a->value) return;
+  if (strcmp(a->value, "fixed") == 0) {
+    *out = MOE_GEMM_FIXED;
+  } else if (strcmp(a->value, "blas") == 0) {
+    *out = MOE_GEMM_BLAS;
+  } else {
+    cli_error("%s: '%s' is not one of fixed, blas", opt, a->value);
+    a->bad = 1;
+  }
 }
 
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out) {
@@ -217,5 +230,11 @@ int cli_layer_config_opt(cli_args *a, moe_layer_config *cfg, unsigned *set) {
     a->bad = 1;
   }
   moe_ctx_destroy(ctx);
+  return 1;
+}
+
+int cli_hang_timeout_opt(cli_args *a, double *seconds) {
+  if (!cli_opt(a, "--hang-timeout")) return 0;
+  cli_parse_double(a, "--hang-timeout", 0, CLI_HANG_TIMEOUT_MAX, seconds);
   return 1;
 }

@@ -3,6 +3,9 @@
 
 #if MOE_CLI_MPI
 #include <mpi.h>
+#include <string.h>
+
+#include "moe/comm.h"
 
 int cli_out_open_root(cli_out *o, const char *path, int rank) {
   int ok = 1;
@@ -21,6 +24,25 @@ int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int 
     if (rank == 0) cli_error("--%s", moe_ctx_error(ctx));  // "profile ..."
     return CLI_USAGE;
   }
+  return CLI_OK;
+}
+
+int cli_watchdog_start(moe_ctx *ctx, double seconds, int rank, struct moe_watchdog **wd) {
+  *wd = NULL;
+  if (!(seconds > 0)) return CLI_OK;
+  moe_watchdog_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.timeout_s = seconds;
+  cfg.hint = "--hang-timeout SECONDS sets this limit (0 turns the watchdog off)";
+  if (moe_watchdog_start(ctx, MPI_COMM_WORLD, &cfg, wd) != MOE_STATUS_OK) {
+    cli_error("rank %d: hang watchdog: %s", rank, moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  if (moe_watchdog_probing(*wd) == 0 && rank == 0)
+    fprintf(stderr,
+            "moe: warning: MPI gives no MPI_THREAD_MULTIPLE: the hang watchdog cannot probe "
+            "the ranks, so --hang-timeout %g aborts any wait that long (slow or hung)\n",
+            seconds);
   return CLI_OK;
 }
 

@@ -28,6 +28,7 @@ typedef struct {
   int grouped_size;
   int bound;
   const char *json_path;
+  double hang_timeout;  // --hang-timeout, seconds (0: off)
 } a2a_opts;
 
 // --bound (ScheMoE eq. 16-18) compares Pipe-A2A with the sequential pairwise
@@ -65,7 +66,7 @@ static void usage(FILE *f) {
           "                         (also MOE_RANKS_PER_NODE); 0 = from MPI [0]\n"
           "  --group-size G         group size of `grouped` (0 = ranks per node when nodes\n"
           "                         are uniform, else 1) [0]\n"
-          "  --json FILE            write every row as JSON (rank 0)\n",
+          "  --json FILE            write every row as JSON (rank 0)\n" CLI_HANG_TIMEOUT_HELP,
           names, k_bound_seq, k_bound_pipe, k_bound_pipe, k_bound_pipe, k_bound_seq);
 }
 
@@ -90,6 +91,7 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
   o->max_bytes = 16u << 20;
   o->iters = 20;
   o->warmup = 3;
+  o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   cli_args a;
   cli_args_init(&a, argc, argv, 3);
   while (!cli_args_done(&a) && !a.bad) {
@@ -125,6 +127,8 @@ static int parse_opts(int argc, char **argv, a2a_opts *o) {
       cli_parse_int(&a, "--group-size", 0, 1 << 20, &o->grouped_size);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_hang_timeout_opt(&a, &o->hang_timeout)) {
+      // consumed
     } else {
       cli_error("unknown option '%s' for 'moe bench a2a' (see --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -252,6 +256,7 @@ int cmd_bench_a2a(int argc, char **argv) {
   cli_out out = {0};
   FILE *json = NULL;
   int have_group = 0;
+  moe_watchdog *wd = NULL;
 
   const char *names[16];
   int nnames = 0;
@@ -264,6 +269,7 @@ int cmd_bench_a2a(int argc, char **argv) {
     rc = CLI_USAGE;
     goto done;
   }
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   rc = collect_names(ctx, &o, rank, names, &nnames);
   if (rc != CLI_OK) goto done;
   if (o.bound) {  // the variants the eq. 18 summary needs
@@ -418,6 +424,7 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
   }
 done:
+  moe_watchdog_stop(wd);
   cli_out_abort(&out);
   moe_workspace_free(&ws);
   if (have_group) moe_group_free(&g);

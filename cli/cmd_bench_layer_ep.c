@@ -33,9 +33,18 @@
 #endif
 
 // Options that select the distributed benchmark.
-static const char *const ep_only_opts[] = {
-    "--schedule", "--chunks",         "--a2a",   "--compress", "--compress-backward", "--grid",
-    "--ep",       "--ranks-per-node", "--trace", "--profile",  "--allow-lossy"};
+static const char *const ep_only_opts[] = {"--schedule",
+                                           "--chunks",
+                                           "--a2a",
+                                           "--compress",
+                                           "--compress-backward",
+                                           "--grid",
+                                           "--ep",
+                                           "--ranks-per-node",
+                                           "--trace",
+                                           "--profile",
+                                           "--allow-lossy",
+                                           "--hang-timeout"};
 
 int cli_bench_layer_is_ep(int argc, char **argv) {
   for (int i = 3; i < argc; i++) {
@@ -130,8 +139,9 @@ void cli_bench_layer_ep_usage(FILE *f) {
 #endif
           a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names(),
           moe_wait_policy_name(moe_executor_config_default().wait));
+  fprintf(f, "  --gemm fixed|blas      GEMM code (as for one process) [fixed]\n");
   fprintf(f,
-          "\n"
+          "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
           "sequential r=1 (same a2a and compress) / total; comm, comp = summed durations\n"
           "of the pass's communication and compute tasks, fwd+bwd (an all-to-all's\n"
@@ -141,7 +151,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "this variant: its task graphs and schedules simulated with the baseline's\n"
           "busy time per task kind split evenly over the chunks (no overheads);\n"
           "eff_r = speedup / model; with --profile, pred ms = the predicted total\n"
-          "(moe_simulate_layer with the measured models) and error = pred / measured - 1.\n");
+          "(moe_simulate_layer with the measured models) and error = pred / measured - 1.\n",
+          CLI_HANG_TIMEOUT_HELP);
 }
 
 #if MOE_CLI_MPI
@@ -152,6 +163,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
 typedef struct {
   moe_layer_config cfg;
   int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
+  int gemm;  // moe_gemm_path
   int iters_set;
   unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   unsigned long long seed;
@@ -159,6 +171,7 @@ typedef struct {
   uint32_t poll_min_ns, poll_max_ns;               // 0: the executor's defaults
   const char *a2a, *schedule, *chunks, *compress;  // lists as given (NULL: default)
   const char *json_path, *trace_path;
+  double hang_timeout;       // --hang-timeout, seconds (0: off)
   const char *profile_path;  // --profile: predictions, and the planner for "auto"
   int allow_lossy;
   int auto_a2a, auto_sched, auto_chunks, auto_comp;  // "auto" given
@@ -335,6 +348,7 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
   o->threads = 1;
   o->seed = 1;
   o->wait = moe_executor_config_default().wait;
+  o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   moe_ctx *ctx = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
   cli_args a;
@@ -386,6 +400,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
     } else if (cli_opt(&a, "--threads")) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
+    } else if (cli_opt(&a, "--gemm")) {
+      cli_parse_gemm(&a, "--gemm", &o->gemm);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--profile")) {
@@ -398,6 +414,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       o->trace_path = a.value;
     } else if (cli_flag(&a, "--grid")) {
       o->grid = 1;
+    } else if (cli_hang_timeout_opt(&a, &o->hang_timeout)) {
+      // consumed
     } else if (cli_opt(&a, "--peak-size")) {
       cli_error("--peak-size applies only to the single-process 'moe bench layer' (see --help)");
       a.bad = 1;
@@ -634,11 +652,12 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
-          "  \"blas_threads\": %d,\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
+          "  \"blas_threads\": %d,\n  \"gemm\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
-          o->iters, o->warmup, o->threads, o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
+          o->iters, o->warmup, o->threads, o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", o->seed,
+          moe_wait_policy_name(o->wait), o->compress_backward ? "true" : "false",
+          o->grid ? "true" : "false");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -935,6 +954,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   sched_variant sv[MAX_LIST * MAX_LIST + 1];
   int n_configs = 0, per_config = 0, nodes = 1;
   const uint64_t t_start = moe_time_ns();
+  moe_watchdog *wd = NULL;
   if (rc != CLI_OK) {
     if (rc < 0) rc = CLI_OK;  // --help
     goto done;
@@ -951,7 +971,9 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   }
   rc = check_world(ctx, &o, rank, world, &nodes);
   if (rc != CLI_OK) goto done;
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   moe_blas_set_threads(o.threads);
+  moe_gemm_set_path((moe_gemm_path)o.gemm);
 
   n_configs = o.grid ? GRID_CONFIGS : 1;
   cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);
@@ -999,8 +1021,9 @@ int cmd_bench_layer_ep(int argc, char **argv) {
       if (rc == CLI_OK) printf("wrote %s\n", o.json_path);
     }
   }
-  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MOE_MPI_WATCHED("broadcast of the exit status", MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD));
 done:
+  moe_watchdog_stop(wd);
   cli_out_abort(&json);
   moe_free(cfgs);
   moe_free(rs);

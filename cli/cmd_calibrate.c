@@ -21,6 +21,7 @@ typedef struct {
   const char *profile;  // the profile to refit
   int ranks_per_node, iters;
   long long min_bytes, max_bytes;
+  double hang_timeout;  // --hang-timeout, seconds (0: off)
 } cal_opts;
 
 static void calibrate_usage(FILE *f) {
@@ -61,6 +62,7 @@ static void calibrate_usage(FILE *f) {
           "                         runs in FILE (from --samples) and write the result to\n"
           "                         --out (one process is enough; no measuring option\n"
           "                         applies)\n"
+          CLI_HANG_TIMEOUT_HELP
           "\n"
           "The layer step runs every calibrated all-to-all with the sequential schedule\n"
           "at r = 1, 2, 4 and with optsche r=2, pipeline r=4 and smart, then fits a\n"  // catalogue: the layer step's sample set (src/measure/calibrate.c)
@@ -79,6 +81,7 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
   o->layers = MOE_CALIBRATE_DEFAULT_LAYERS;
   o->min_bytes = 4096;
   o->max_bytes = 8 << 20;
+  o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
   const char *measuring = NULL;  // the first option that only applies to measuring
@@ -93,6 +96,8 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
     } else if (cli_opt(&a, "--refit")) {
       o->refit = a.value;
       arg = NULL;
+    } else if (cli_hang_timeout_opt(&a, &o->hang_timeout)) {
+      arg = NULL;  // allowed with --refit too
     } else if (cli_opt(&a, "--profile")) {
       o->profile = a.value;
       arg = NULL;
@@ -253,6 +258,7 @@ int cmd_calibrate(int argc, char **argv) {
   int n_samples = 0;
   char *json = NULL;
   cli_out out = {0};
+  moe_watchdog *wd = NULL;
   if (rc != CLI_OK) goto done;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     rc = CLI_FAILED;
@@ -263,6 +269,7 @@ int cmd_calibrate(int argc, char **argv) {
     rc = CLI_USAGE;
     goto done;
   }
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
     rc = CLI_FAILED;
     goto done;
@@ -296,8 +303,9 @@ int cmd_calibrate(int argc, char **argv) {
   }
   if (rank == 0 && o.samples) rc = write_samples(ctx, o.samples, samples, n_samples);
   if (rank == 0 && rc == CLI_OK) rc = write_profile(ctx, &prof, &json, &out, o.out);
-  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MOE_MPI_WATCHED("broadcast of the exit status", MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD));
 done:
+  moe_watchdog_stop(wd);
   if (rank == 0) cli_out_abort(&out);
   moe_free(json);
   moe_free(samples);

@@ -57,7 +57,13 @@ static void usage(FILE *f) {
       "  --weight-decay X      AdamW weight decay [0.1]\n"
       "  --clip X              gradient-norm clip, <= 0 off [1.0]\n"
       "  --seed S              parameters and batches [1]\n"
-      "  --threads N           BLAS threads per rank [1]\n"
+      "  --threads N           BLAS threads per rank [1] (only --deterministic off uses\n"
+      "                        BLAS; the fixed-order GEMM runs on one thread)\n"
+      "  --deterministic on|off\n"
+      "                        on: fixed-order GEMMs and sums, so losses and parameters\n"
+      "                        are bitwise the same on any number of ranks when B/P is\n"
+      "                        a power of two, EP = P, chunks 1, no lossy compression\n"
+      "                        (docs/reliability.md); off: OpenBLAS and MPI's sums [on]\n"
       "data:\n"
       "  --data FILE           your own text (bytes); default: the fortunes corpus\n"
       "                        (Debian package fortunes), else a generated text\n"
@@ -78,6 +84,7 @@ static void usage(FILE *f) {
       "                        (the planner picks the least predicted time for the\n"
       "                        MoE layer's shape: B/P x S tokens per rank)\n"
       "  --allow-lossy         let --compress auto pick lossy compressors\n"
+      "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
       "  --save-every N        steps between saves [0: only at the end]\n"
@@ -101,6 +108,7 @@ static void usage(FILE *f) {
 typedef struct {
   moe_train_config tc;
   int threads;
+  double hang_timeout;                            // --hang-timeout, seconds (0: off)
   int warmup_set, lr_set, min_lr_set, steps_set;  // given on the command line
   const char *plot;
   const char *model_config;
@@ -188,6 +196,7 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     tc->seed = s;
   } else if (cli_opt(a, "--threads")) {
     cli_parse_int(a, "--threads", 1, 256, &o->threads);
+  } else if (cli_hang_timeout_opt(a, &o->hang_timeout)) {
   } else if (cli_opt(a, "--data")) {
     tc->data = a->value;
   } else if (cli_opt(a, "--val-fraction")) {
@@ -251,6 +260,15 @@ static int parse_output_opt(cli_args *a, train_opts *o) {
       tc->progress_tty = 1;
     } else {
       cli_error("--progress: '%s' is not one of auto, line, redraw", a->value);
+      a->bad = 1;
+    }
+  } else if (cli_opt(a, "--deterministic")) {
+    if (strcmp(a->value, "on") == 0) {
+      tc->deterministic = 1;
+    } else if (strcmp(a->value, "off") == 0) {
+      tc->deterministic = 0;
+    } else {
+      cli_error("--deterministic: '%s' is not one of on, off", a->value);
       a->bad = 1;
     }
   } else if (cli_flag(a, "--quiet")) {
@@ -449,6 +467,15 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  char why[160];
+  if (moe_train_bitwise_across_p(tc, world, why, sizeof why)) {
+    printf(
+        "  deterministic: on; bitwise the same losses and parameters on any rank count with "
+        "B/P a power of two\n");
+  } else {
+    printf("  deterministic: %s; bits vary with the rank count (%s)\n",
+           tc->deterministic ? "on" : "off", why);
+  }
   const double model_mib = (double)(r->state_bytes + r->activation_bytes) / (1 << 20);
   printf(
       "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: "
@@ -479,6 +506,7 @@ int cmd_train(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   moe_train_config_default(&o.tc);
   o.threads = 1;
+  o.hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("out of memory");
     MPI_Finalize();
@@ -501,10 +529,16 @@ int cmd_train(int argc, char **argv) {
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);
+  moe_watchdog *wd = NULL;
+  if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) {
+    moe_ctx_destroy(ctx);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+  }
   moe_profile prof;  // --profile: lives until moe_train_run returns
   if (o.profile_path) {
     rc = plan_train(ctx, &o, rank, world, &prof);
     if (rc != CLI_OK) {
+      moe_watchdog_stop(wd);
       moe_ctx_destroy(ctx);
       MPI_Finalize();
       return rc;
@@ -515,7 +549,9 @@ int cmd_train(int argc, char **argv) {
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);
   double rss[2] = {peak_rss_mib(), 0};  // rank 0's, max over ranks
-  MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MOE_MPI_WATCHED("all-reduce of the peak memory",
+                  MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  moe_watchdog_stop(wd);
   if (st != MOE_STATUS_OK) {
     if (rank == 0) cli_error("train: %s", moe_ctx_error(ctx));
     rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;

@@ -11,6 +11,7 @@
 // failed" (sums over ranks). Every rank exits non-zero if any rank failed.
 #define _POSIX_C_SOURCE 200112L  // setenv, unsetenv
 
+#include <math.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -442,6 +443,78 @@ static void run_layout(const layout *L) {
   moe_group_free(&g);
 }
 
+// ---- fixed-order sums (moe_allreduce_fixed, moe_sum_slices_ordered) --------------------------
+
+// Every rank's input is generated from (rank, index), so each rank can compute
+// the expected result alone: the pairwise tree over ranks (rank 2i's value +
+// rank 2i+1's, then pairs of pairs; a rank without a partner passes its value
+// up), and the left-to-right sum of every slice in rank order. Both must match
+// bitwise. Values span many magnitudes so that another order gives other bits.
+static float fixed_input(int rank, size_t i) {
+  const uint64_t h = (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15ull ^ (i * 0xbf58476d1ce4e5b9ull);
+  const float mant = (float)((h >> 40) & 0xffffff) / 16777216.0f - 0.5f;
+  return ldexpf(mant, (int)((h >> 20) % 24) - 12);
+}
+
+static void tree_expect(float *out, size_t n, int lo, int count) {
+  // sum over ranks [lo, lo + count) as the pairwise tree with blocks of powers of two
+  if (count == 1) {
+    for (size_t i = 0; i < n; i++) out[i] = fixed_input(lo, i);
+    return;
+  }
+  int half = 1;
+  while (half * 2 < count) half *= 2;
+  float *hi = malloc(n * sizeof(float));
+  if (!hi) MPI_Abort(MPI_COMM_WORLD, 2);
+  tree_expect(out, n, lo, half);
+  tree_expect(hi, n, lo + half, count - half);
+  for (size_t i = 0; i < n; i++) out[i] = out[i] + hi[i];
+  free(hi);
+}
+
+static void test_fixed_sums(void) {
+  const int P = g_world_size, me = g_world_rank;
+  const size_t sizes[] = {1, 7, 1000, 100003};
+  for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
+    const size_t n = sizes[q];
+    float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
+    if (!got || !want) MPI_Abort(MPI_COMM_WORLD, 2);
+    for (size_t i = 0; i < n; i++) got[i] = fixed_input(me, i);
+    const moe_status st = moe_allreduce_fixed(g_ctx, got, n, MPI_COMM_WORLD);
+    TU_CHECK(st == MOE_STATUS_OK, "allreduce_fixed n=%zu: %s", n, moe_ctx_error(g_ctx));
+    tree_expect(want, n, 0, P);
+    TU_CHECK(memcmp(got, want, n * sizeof(float)) == 0,
+             "allreduce_fixed n=%zu P=%d: not the pairwise tree over ranks (rank %d)", n, P, me);
+    // and MPI's own sum is close (the same numbers, another order)
+    double maxd = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+      got[i] = fixed_input(me, i);
+      scale = fmax(scale, fabs((double)want[i]));
+    }
+    MPI_Allreduce(MPI_IN_PLACE, got, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (size_t i = 0; i < n; i++) maxd = fmax(maxd, fabs((double)got[i] - (double)want[i]));
+    TU_CHECK(maxd <= 1e-5 * scale * P, "allreduce_fixed n=%zu: differs from MPI_SUM by %g", n,
+             maxd);
+    free(got);
+    free(want);
+  }
+  // ordered slices: rank r holds r % 3 slices (0 included) of 5 doubles
+  const int nv = 5, mine = me % 3;
+  double local[2 * 5], out[5], want[5] = {0, 0, 0, 0, 0};
+  for (int sl = 0; sl < mine; sl++) {
+    for (int j = 0; j < nv; j++)
+      local[sl * nv + j] = (double)fixed_input(me, (size_t)(sl * nv + j)) * 1e3;
+  }
+  const moe_status st = moe_sum_slices_ordered(g_ctx, local, mine, nv, out, MPI_COMM_WORLD);
+  TU_CHECK(st == MOE_STATUS_OK, "sum_slices_ordered: %s", moe_ctx_error(g_ctx));
+  for (int r = 0; r < P; r++) {
+    for (int sl = 0; sl < r % 3; sl++) {
+      for (int j = 0; j < nv; j++) want[j] += (double)fixed_input(r, (size_t)(sl * nv + j)) * 1e3;
+    }
+  }
+  TU_CHECK(memcmp(out, want, sizeof want) == 0, "sum_slices_ordered P=%d: not the ordered sum", P);
+}
+
 // ---- registry and topology ------------------------------------------------------------------
 
 static void test_registry(void) {
@@ -531,6 +604,7 @@ int main(int argc, char **argv) {
   const int P = g_world_size;
   test_registry();
   test_topology();
+  test_fixed_sums();
 
   layout L;
   L.comm = MPI_COMM_WORLD;

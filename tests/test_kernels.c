@@ -118,71 +118,158 @@ static void test_gemm_vs_ref(void) {
   }
 }
 
-// The batch-invariant row GEMMs: close to the reference, beta as BLAS, and a
-// row's bits independent of the call it is in: the same row computed alone
-// and inside calls of 1..2048 rows at every kind of offset is bitwise equal.
-static void test_gemm_rows(void) {
-  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7}, {64, 33}, {130, 5}};  // n, k
+// The batch-invariant GEMM (moe_gemm_fixed). For every transpose combination:
+//   - close to the double reference (test_gemm_vs_ref runs it too, through
+//     moe_gemm on the fixed path);
+//   - a row's bits do not depend on the call: the rows computed one at a time
+//     and in calls of many sizes at shifted offsets equal one call of 2048 rows
+//     bitwise (k above the kernel's 256-step blocking included);
+//   - for one small shape, every batch size 1..2048 (rows [r0, r0 + b) at a
+//     rotating offset r0) gives the full call's bits;
+//   - k split over consecutive calls with beta = 1 equals one call bitwise;
+//   - the portable path (fmaf) equals the path this CPU runs, bitwise.
+// OpenBLAS fails the row checks (docs/reliability.md has the counts), so a
+// kernel swapped for BLAS cannot pass.
+static void gemm_fixed_call(int ta, int tb, int rows, int n, int k, const float *a, int lda, int r0,
+                            const float *b, int ldb, float beta, float *c, int ldc) {
+  // rows [r0, r0 + rows) of op(A): row r of op(A) starts at a + r * lda (N) or a + r (T)
+  const float *ar = ta ? a + r0 : a + (size_t)r0 * (size_t)lda;
+  moe_gemm_fixed(ta, tb, rows, n, k, 1.0f, ar, lda, b, ldb, beta, c + (size_t)r0 * (size_t)ldc,
+                 ldc);
+}
+
+static void test_gemm_fixed(void) {
+  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7}, {40, 300}, {130, 5}, {17, 19}};
   char name[96];
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int n = shapes[s][0], k = shapes[s][1], m = 2048;
-    const float *a = tu_filled((size_t)m * k, 400 + (int)s, -1.0f, 1.0f);
-    const float *b = tu_filled((size_t)k * n, 500 + (int)s, -1.0f, 1.0f);   // (k, n)
-    const float *bt = tu_filled((size_t)n * k, 600 + (int)s, -1.0f, 1.0f);  // (n, k)
-    float *c0 = tu_filled((size_t)m * n, 700 + (int)s, -1.0f, 1.0f);
-    for (int nt = 0; nt < 2; nt++) {
-      const float *bb = nt ? bt : b;
-      const int ldb = nt ? k : n;
-      float *c = tu_copy_of(c0, (size_t)m * n), *cr = tu_copy_of(c0, (size_t)m * n);
-      if (nt) {
-        moe_gemm_rows_nt(m, n, k, a, k, bb, ldb, 1.0f, c, n);
-      } else {
-        moe_gemm_rows_nn(m, n, k, a, k, bb, ldb, 1.0f, c, n);
-      }
-      moe_gemm_ref(0, nt, m, n, k, 1.0f, a, k, bb, ldb, 1.0f, cr, n);
-      snprintf(name, sizeof name, "gemm_rows_%s n%d k%d", nt ? "nt" : "nn", n, k);
-      tu_allclose(name, c, cr, (size_t)m * n, 2e-6 * (k + 1), 1e-5);
-      // beta 0 ignores C (NaN included)
-      float *z = tu_copy_of(c0, (size_t)n);
-      for (int j = 0; j < n; j++) z[j] = NAN;
-      if (nt) {
-        moe_gemm_rows_nt(1, n, k, a, k, bb, ldb, 0.0f, z, n);
-      } else {
-        moe_gemm_rows_nn(1, n, k, a, k, bb, ldb, 0.0f, z, n);
-      }
-      int finite = 1;
-      for (int j = 0; j < n; j++) finite &= isfinite(z[j]) != 0;
-      TU_CHECK(finite, "%s: beta 0 kept a NaN", name);
-      // every row alone vs the 2048-row call, and calls of many sizes and offsets
-      float *one = tu_copy_of(c0, (size_t)m * n), *part = tu_copy_of(c0, (size_t)m * n);
-      for (int i = 0; i < m; i++) {
-        float *ci = one + (size_t)i * n;
-        if (nt) {
-          moe_gemm_rows_nt(1, n, k, a + (size_t)i * k, k, bb, ldb, 1.0f, ci, n);
-        } else {
-          moe_gemm_rows_nn(1, n, k, a + (size_t)i * k, k, bb, ldb, 1.0f, ci, n);
-        }
-      }
-      static const int sizes[] = {1, 2, 3, 7, 16, 33, 100, 511, 1024, 2047};
-      for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
-        for (int r0 = (int)q % 5; r0 < m; r0 += sizes[q]) {
-          const int rows = m - r0 < sizes[q] ? m - r0 : sizes[q];
-          float *cp = part + (size_t)r0 * n;
-          memcpy(cp, c0 + (size_t)r0 * n, (size_t)rows * n * sizeof(float));
-          if (nt) {
-            moe_gemm_rows_nt(rows, n, k, a + (size_t)r0 * k, k, bb, ldb, 1.0f, cp, n);
-          } else {
-            moe_gemm_rows_nn(rows, n, k, a + (size_t)r0 * k, k, bb, ldb, 1.0f, cp, n);
+    for (int ta = 0; ta < 2; ta++) {
+      for (int tb = 0; tb < 2; tb++) {
+        const int lda = ta ? m : k, ldb = tb ? k : n;
+        const float *a = tu_filled((size_t)m * k, 400 + (int)s, -1.0f, 1.0f);
+        const float *b = tu_filled((size_t)k * n, 500 + (int)s, -1.0f, 1.0f);
+        float *c0 = tu_filled((size_t)m * n, 700 + (int)s, -1.0f, 1.0f);
+        float *c = tu_copy_of(c0, (size_t)m * n), *cr = tu_copy_of(c0, (size_t)m * n);
+        moe_gemm_fixed(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, c, n);
+        moe_gemm_ref(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, cr, n);
+        snprintf(name, sizeof name, "gemm_fixed ta%d tb%d n%d k%d", ta, tb, n, k);
+        tu_allclose(name, c, cr, (size_t)m * n, 2e-6 * (k + 1), 1e-5);
+
+        float *port = tu_copy_of(c0, (size_t)m * n);
+        moe_gemm_fixed_portable(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, port, n);
+        TU_CHECK(bits_equal(port, c, (size_t)m * n),
+                 "%s: the portable path (fmaf) and the %s path differ", name, moe_gemm_fixed_isa());
+
+        float *one = tu_copy_of(c0, (size_t)m * n), *part = tu_copy_of(c0, (size_t)m * n);
+        for (int i = 0; i < m; i++)
+          gemm_fixed_call(ta, tb, 1, n, k, a, lda, i, b, ldb, 1.0f, one, n);
+        TU_CHECK(bits_equal(one, c, (size_t)m * n),
+                 "%s: a row alone gives other bits than in the 2048-row call", name);
+        static const int sizes[] = {1, 2, 3, 5, 6, 7, 11, 16, 33, 100, 511, 1024, 2047};
+        for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
+          memcpy(part, c0, (size_t)m * n * sizeof(float));
+          for (int r0 = 0; r0 < m;) {
+            // the first call is short by q % 5 rows: every size at shifted offsets
+            const int want =
+                r0 == 0 && sizes[q] > (int)(q % 5) ? sizes[q] - (int)(q % 5) : sizes[q];
+            const int rows = m - r0 < want ? m - r0 : want;
+            gemm_fixed_call(ta, tb, rows, n, k, a, lda, r0, b, ldb, 1.0f, part, n);
+            r0 += rows;
           }
+          TU_CHECK(bits_equal(part, c, (size_t)m * n),
+                   "%s: calls of %d rows give other bits than one call", name, sizes[q]);
         }
-        TU_CHECK(memcmp(part + (size_t)n * ((size_t)q % 5), c + (size_t)n * ((size_t)q % 5),
-                        (size_t)(m - (int)q % 5) * n * sizeof(float)) == 0,
-                 "%s: calls of %d rows give other bits than one call", name, sizes[q]);
+        // k-continuation: k split at uneven points, beta 1 after the first call
+        float *split = tu_copy_of(c0, (size_t)m * n);
+        for (int p0 = 0, step = 1; p0 < k; step = step * 3 + 1) {
+          const int kc = k - p0 < step ? k - p0 : step;
+          const float *ap = ta ? a + (size_t)p0 * (size_t)lda : a + p0;
+          const float *bp = tb ? b + p0 : b + (size_t)p0 * (size_t)ldb;
+          moe_gemm_fixed(ta, tb, m, n, kc, 1.0f, ap, lda, bp, ldb, 1.0f, split, n);
+          p0 += kc;
+        }
+        TU_CHECK(bits_equal(split, c, (size_t)m * n),
+                 "%s: k split over calls gives other bits than one call", name);
       }
-      TU_CHECK(memcmp(one, c, (size_t)m * n * sizeof(float)) == 0,
-               "%s: a row alone gives other bits than in the 2048-row call", name);
     }
   }
+  // Every batch size 1..2048 on one small shape: rows [r0, r0 + b) of a
+  // 2048-row matrix against the full call (r0 rotates so that every row is
+  // covered at many offsets).
+  const int m = 2048, n = 17, k = 19;
+  const float *a = tu_filled((size_t)m * k, 801, -1.0f, 1.0f);
+  const float *b = tu_filled((size_t)k * n, 802, -1.0f, 1.0f);
+  float *full = tu_fbuf((size_t)m * n), *got = tu_fbuf((size_t)m * n);
+  moe_gemm_fixed(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, full, n);
+  int bad = 0;
+  for (int bsz = 1; bsz <= m && !bad; bsz++) {
+    const int r0 = (bsz * 37) % (m - bsz + 1);
+    moe_gemm_fixed(0, 0, bsz, n, k, 1.0f, a + (size_t)r0 * k, k, b, n, 0.0f, got, n);
+    if (!bits_equal(got, full + (size_t)r0 * n, (size_t)bsz * n)) bad = bsz;
+  }
+  TU_CHECK(!bad, "gemm_fixed: a batch of %d rows gives other bits than the 2048-row call", bad);
+}
+
+// moe_pairwise_*: the tree over leaves, checked against a recursive definition,
+// and its alignment property: the sum of leaves [k 2^j, (k+1) 2^j) pushed
+// alone, then combined as leaves of a smaller tree, gives the same bits as all
+// leaves pushed at once (what ranks holding 2^j sequences each rely on).
+static void pairwise_expect(float *out, const float *leaves, size_t n, int lo, int count) {
+  if (count == 1) {
+    memcpy(out, leaves + (size_t)lo * n, n * sizeof(float));
+    return;
+  }
+  int half = 1;
+  while (half * 2 < count) half *= 2;
+  float *hi = tu_fbuf(n);
+  pairwise_expect(out, leaves, n, lo, half);
+  pairwise_expect(hi, leaves, n, lo + half, count - half);
+  for (size_t i = 0; i < n; i++) out[i] = out[i] + hi[i];
+}
+
+static void test_pairwise(void) {
+  moe_ctx *ctx = NULL;
+  TU_CHECK(moe_ctx_create(&ctx) == MOE_STATUS_OK, "ctx");
+  const size_t n = 37;
+  float *leaves = tu_fbuf(n * 64);
+  for (size_t i = 0; i < n * 64; i++) {
+    leaves[i] = ldexpf(tu_filled(1, 900 + i, -1.0f, 1.0f)[0], (int)(i % 17) - 8);
+  }
+  float *want = tu_fbuf(n);
+  moe_pairwise pw;
+  TU_CHECK(moe_pairwise_init(ctx, &pw, n, 64) == MOE_STATUS_OK, "pairwise init");
+  for (int count = 1; count <= 64; count++) {
+    moe_pairwise_reset(&pw, n);
+    for (int l = 0; l < count; l++) {
+      memcpy(moe_pairwise_leaf(&pw), leaves + (size_t)l * n, n * sizeof(float));
+      moe_pairwise_push(&pw);
+    }
+    pairwise_expect(want, leaves, n, 0, count);
+    TU_CHECK(bits_equal(moe_pairwise_result(&pw), want, n),
+             "pairwise: %d leaves differ from the tree", count);
+  }
+  // alignment: 4 blocks of 8 leaves, each block's sum a leaf of a 4-leaf tree
+  float *blocks = tu_fbuf(n * 4);
+  for (int b = 0; b < 4; b++) {
+    moe_pairwise_reset(&pw, n);
+    for (int l = 0; l < 8; l++) {
+      memcpy(moe_pairwise_leaf(&pw), leaves + (size_t)(b * 8 + l) * n, n * sizeof(float));
+      moe_pairwise_push(&pw);
+    }
+    memcpy(blocks + (size_t)b * n, moe_pairwise_result(&pw), n * sizeof(float));
+  }
+  float *two = tu_fbuf(n);
+  pairwise_expect(two, blocks, n, 0, 4);
+  pairwise_expect(want, leaves, n, 0, 32);
+  TU_CHECK(bits_equal(two, want, n), "pairwise: 4 blocks of 8 do not give the 32-leaf tree");
+  // no leaves: zeros; a smaller n after reset
+  moe_pairwise_reset(&pw, 3);
+  const float *z = moe_pairwise_result(&pw);
+  TU_CHECK(z[0] == 0.0f && z[1] == 0.0f && z[2] == 0.0f, "pairwise: empty sum is not 0");
+  TU_CHECK(moe_pairwise_init(ctx, &pw, n, 0) == MOE_STATUS_INVALID_ARG,
+           "pairwise: 0 leaves accepted");
+  moe_pairwise_free(&pw);
+  moe_ctx_destroy(ctx);
 }
 
 static void test_gemm_empty(void) {
@@ -1041,12 +1128,20 @@ int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
   void (*const tests[])(void) = {
-      test_blas_info, test_gemm_hand, test_gemm_vs_ref,   test_gemm_rows, test_gemm_empty,
-      test_linear,    test_bias,      test_gelu,          test_relu,      test_softmax,
-      test_topk,      test_layernorm, test_cross_entropy, test_adamw};
+      test_blas_info,  test_gemm_hand, test_gemm_vs_ref, test_gemm_fixed,    test_pairwise,
+      test_gemm_empty, test_linear,    test_bias,        test_gelu,          test_relu,
+      test_softmax,    test_topk,      test_layernorm,   test_cross_entropy, test_adamw};
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     tests[i]();
     tu_free_all();
   }
+  // moe_gemm's contract on the OpenBLAS path too (the tests above ran the default, fixed path)
+  moe_gemm_set_path(MOE_GEMM_BLAS);
+  TU_CHECK(moe_gemm_get_path() == MOE_GEMM_BLAS, "moe_gemm_set_path(MOE_GEMM_BLAS) did not stick");
+  test_gemm_hand();
+  test_gemm_vs_ref();
+  test_gemm_empty();
+  tu_free_all();
+  moe_gemm_set_path(MOE_GEMM_FIXED);
   return tu_finish("test_kernels");
 }

@@ -210,7 +210,8 @@ static void test_call_errors(void) {
 }
 
 // Routing without PyTorch: a hand-worked GShard example (E = 2, K = 2, C = 2):
-// first choices of tokens 0..2 fill slots before any second choice.
+// first choices of tokens 0..2 are kept before any second choice; the kept
+// rows of an expert are then laid out in token order.
 static void test_route_order(void) {
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
@@ -220,12 +221,14 @@ static void test_route_order(void) {
   memcpy(r.expert, experts, sizeof experts);
   for (int i = 0; i < 6; i++) r.weight[i] = 0.5f;
   TU_CHECK(moe_route_assign(ctx, &r, 3, 2) == MOE_STATUS_OK, "assign");
-  // first choices: t0->e0 s0, t1->e0 s1, t2->e1 s0; second: t0->e1 s1, t1->e1 drop, t2->e0 drop
-  const int32_t want_slot[6] = {0, 1, 1, -1, 0, -1};
-  tu_equal_i32("gshard slots", r.slot, want_slot, 6);
+  // kept, in GShard priority: first choices t0->e0, t1->e0, t2->e1; second t0->e1;
+  // t1->e1 and t2->e0 dropped. Slots then number each expert's kept choices in
+  // token order: e0: t0 0, t1 1; e1: t0 0, t2 1.
+  const int32_t want_slot[6] = {0, 0, 1, -1, 1, -1};
+  tu_equal_i32("gshard kept set, token-order slots", r.slot, want_slot, 6);
   TU_CHECK(r.dropped == 2 && r.rows == 4 && r.count[0] == 2 && r.count[1] == 2,
            "dropped %d rows %d", r.dropped, r.rows);
-  const int32_t want_row_token[4] = {0, 1, 2, 0};
+  const int32_t want_row_token[4] = {0, 1, 0, 2};
   tu_equal_i32("row tokens", r.row_token, want_row_token, 4);
   TU_CHECK(moe_route_assign(ctx, &r, 3, -1) == MOE_STATUS_OK && r.dropped == 0 && r.rows == 6,
            "dropless keeps all");

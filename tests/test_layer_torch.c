@@ -96,8 +96,19 @@ static void run_case(const char *path) {
     char label[128];
     snprintf(label, sizeof label, "%s/expert", rf.case_name);
     tu_equal_i32(label, r->expert, ref_expert, (size_t)T * K);
-    snprintf(label, sizeof label, "%s/slot", rf.case_name);
-    tu_equal_i32(label, r->slot, ref_slot, (size_t)T * K);
+    // The reference numbers slots in GShard order (which choices are kept);
+    // libmoe numbers the kept choices of an expert in token order (route.c,
+    // step 1b): the same kept set, renumbered.
+    int32_t *want_slot = malloc((size_t)T * K * sizeof(int32_t));
+    int32_t *next = calloc((size_t)E, sizeof(int32_t));
+    TU_CHECK(want_slot && next, "out of memory");
+    if (want_slot && next) {
+      for (int i = 0; i < T * K; i++) want_slot[i] = ref_slot[i] < 0 ? -1 : next[ref_expert[i]]++;
+      snprintf(label, sizeof label, "%s/slot", rf.case_name);
+      tu_equal_i32(label, r->slot, want_slot, (size_t)T * K);
+    }
+    free(want_slot);
+    free(next);
     snprintf(label, sizeof label, "%s/count", rf.case_name);
     tu_equal_i32(label, r->count, ref_count, (size_t)E);
     int ref_dropped = 0;
@@ -148,10 +159,16 @@ static void run_case(const char *path) {
            (unsigned long long)(moe_alloc_count() - allocs));
   TU_CHECK(memcmp(y, y2, (size_t)T * M * sizeof(float)) == 0, "%s: forward not deterministic",
            rf.case_name);
-  int accum_ok = 1;
-  for (int i = 0; i < M * E; i++) accum_ok &= p.dwg[i] == dwg1[i] + dwg1[i];
-  TU_CHECK(accum_ok, "%s: backward must accumulate (dwg twice the single-pass value)",
-           rf.case_name);
+  // Accumulate: dwg is twice the single-pass value. Not bitwise: the fixed-order
+  // GEMM continues each element's sum from the value already there (the
+  // k-continuation of moe_gemm_fixed), so the second pass rounds differently.
+  float *dwg2 = malloc((size_t)M * E * sizeof(float));
+  for (int i = 0; i < M * E; i++) dwg2[i] = dwg1[i] + dwg1[i];
+  char acc_name[160];
+  snprintf(acc_name, sizeof acc_name,
+           "%s: backward must accumulate (dwg twice the single-pass value)", rf.case_name);
+  tu_allclose(acc_name, p.dwg, dwg2, (size_t)M * E, 1e-6, 1e-5);
+  free(dwg2);
   // Third pass from zeroed gradients: bitwise equal to the first pass.
   memset(dx, 0, (size_t)T * M * sizeof(float));
   moe_layer_zero_grad(layer);

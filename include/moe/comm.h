@@ -111,6 +111,7 @@ void moe_workspace_free(moe_workspace *ws);  // NULL or zeroed is a no-op
 struct moe_a2a_pending {
   MPI_Request req;  // valid only while active
   int active;       // 1 while an exchange is in flight
+  int watch;        // the hang watchdog's token of the exchange (0: none)
 };
 
 // INVALID_ARG naming the alternatives when algo cannot run on g's node layout.
@@ -149,6 +150,104 @@ moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const cha
 // INVALID_ARG naming `what` and the first failing rank. Collective over comm.
 moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const char *what);
 
+// ---- hang watchdog ---------------------------------------------------------------------
+
+// Bounded failure for a hung rank (src/comm/watchdog.c). The library marks every place where
+// a rank waits on others (collectives, all-to-alls, point-to-point transfers, agreements)
+// with moe_watchdog_op_begin / moe_watchdog_op_end: an atomic store of a pointer and a
+// timestamp into a slot (a relaxed load and nothing else while no watchdog runs). A running
+// watchdog has one thread per rank that wakes every 100 ms; when an operation of its rank has
+// waited timeout_s, it probes every other rank (point-to-point messages on the communicator,
+// tag MOE_WATCHDOG_TAG; no collective call, so that starting it cannot hang on a rank that is
+// stopped already): each rank's watchdog thread answers with what its rank is doing (the operation
+// it waits in and for how long, and how many operations it has begun). Then:
+//   - ranks that do not answer within grace_s are stopped or hung as a whole (SIGSTOP, a
+//     frozen node): MOE_HANG_NO_ANSWER, the job is aborted naming them;
+//   - every rank answers and waits (each for timeout_s or more), and a second probe grace_s
+//     later finds no rank has begun an operation since: a deadlock (MOE_HANG_DEADLOCK), aborted
+//     naming the ranks whose operation differs from the others';
+//   - every rank answers and some are busy outside communication (a slow step, rank 0 writing
+//     a checkpoint): MOE_HANG_SLOW, a warning once per wait, no abort; the probe is repeated
+//     every timeout_s (a busy rank that later stops answering is still caught).
+// Without MPI_THREAD_MULTIPLE the thread cannot probe: an operation that waits timeout_s
+// aborts the job (MOE_HANG_UNPROBED), slow or hung alike. Assumption of the deadlock verdict:
+// no single transfer legitimately takes timeout_s.
+typedef struct moe_watchdog moe_watchdog;
+
+typedef enum {
+  MOE_HANG_SLOW = 0,       // every rank answers, some are busy: a warning, the job goes on
+  MOE_HANG_NO_ANSWER = 1,  // ranks that did not answer the probe (suspects): aborted
+  MOE_HANG_DEADLOCK = 2,   // every rank waits and none progresses: aborted
+  MOE_HANG_UNPROBED = 3    // the timeout alone (no MPI_THREAD_MULTIPLE): aborted
+} moe_hang_kind;
+
+#define MOE_WATCHDOG_OP_LEN 64
+#define MOE_WATCHDOG_TAG 7391  // reserved on the watchdog's communicator while it runs
+#define MOE_WATCHDOG_MAX_SUSPECTS 8
+
+typedef struct {
+  moe_hang_kind kind;
+  int rank, size;                // this rank in the watchdog's communicator, and its size
+  char op[MOE_WATCHDOG_OP_LEN];  // the operation this rank waits in
+  double waited_s;               // for how long
+  long step;                     // the last moe_watchdog_note_step (0: none)
+  int n_suspects;                // ranks named (the first MOE_WATCHDOG_MAX_SUSPECTS listed)
+  int suspects[MOE_WATCHDOG_MAX_SUSPECTS];
+  // what each suspect answered: its operation, "" when busy outside communication or silent
+  char suspect_op[MOE_WATCHDOG_MAX_SUSPECTS][MOE_WATCHDOG_OP_LEN];
+  char message[1024];  // one line saying all of the above (and cfg.hint)
+} moe_watchdog_report;
+
+typedef struct {
+  double timeout_s;  // > 0: how long an operation may wait before the ranks are probed
+  double grace_s;    // how long a probe waits for answers; 0: timeout_s / 2 within [2, 30]
+  const char *hint;  // ends the message (e.g. which option sets the timeout); may be NULL
+  // Called on the watchdog thread for every report. NULL: the message goes to stderr, and
+  // every kind but MOE_HANG_SLOW then calls MPI_Abort(comm, 1). A callback that returns
+  // keeps the watchdog running (the same wait is not reported twice).
+  void (*on_hang)(void *user, const moe_watchdog_report *report);
+  void *user;
+} moe_watchdog_config;
+
+// Starts the watchdog over comm (every rank of comm should start one; local: no collective
+// call). While it runs, tag MOE_WATCHDOG_TAG on comm is its own: do not receive on comm with
+// that tag or MPI_ANY_TAG. One watchdog per process at a time (INVALID_ARG otherwise). With
+// one rank, or MPI not initialised with MPI_THREAD_MULTIPLE, see moe_watchdog_probing. The
+// config's strings must outlive it; comm too.
+moe_status moe_watchdog_start(moe_ctx *ctx, MPI_Comm comm, const moe_watchdog_config *cfg,
+                              moe_watchdog **out);
+// Stops the thread, joins it and frees everything (local). NULL: no-op. Call it before
+// MPI_Finalize (and before freeing comm).
+void moe_watchdog_stop(moe_watchdog *wd);
+// 1: peers are probed (MPI_THREAD_MULTIPLE); 0: the timeout alone (MOE_HANG_UNPROBED);
+// -1: nothing to watch (one rank: no thread runs).
+int moe_watchdog_probing(const moe_watchdog *wd);
+
+// Marks the start of a wait on other ranks; returns a token for moe_watchdog_op_end (0 when
+// no watchdog runs). op and detail (may be NULL) must stay valid until the end of the
+// program (string literals). Any thread; cheap (no lock, no system call but the clock).
+int moe_watchdog_op_begin(const char *op, const char *detail);
+void moe_watchdog_op_end(int token);  // 0: no-op
+// The training step this rank is in, for the message (0: none). Any thread.
+void moe_watchdog_note_step(long step);
+
+// ---- fixed-order sums (the deterministic mode, docs/reliability.md) ----------------
+
+// buf (n floats) = the sum of every rank's buf, on every rank, added in one
+// fixed order: the pairwise tree over rank index (rank 2i's value + rank
+// 2i+1's, then pairs of pairs, ...; a rank without a partner passes its value
+// up). When each rank holds the pairwise sum of an equal power-of-two number of
+// consecutive slices (moe_pairwise_*), the result is the pairwise sum over all
+// slices: the same bits at any rank count. Collective; a failure (out of
+// memory, MPI) is returned on every rank.
+moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm);
+// out (n) = the sum over every slice of every rank, slices in rank order then
+// local order, added left to right in double: rank r holds `slices` slices
+// (any count, 0 included) of n doubles each in `mine`. Small vectors only
+// (every rank receives every slice). Collective.
+moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
+                                  MPI_Comm comm);
+
 #define MOE_MPI_TRY(ctx, call)                                       \
   do {                                                               \
     const int mpi_rc_ = (call);                                      \
@@ -156,6 +255,26 @@ moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const c
       st = moe_mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__); \
       goto done;                                                     \
     }                                                                \
+  } while (0)
+
+// MOE_MPI_TRY with the call marked for the hang watchdog as operation `op` (a literal).
+#define MOE_MPI_TRY_OP(ctx, op, call)                                \
+  do {                                                               \
+    const int wd_token_ = moe_watchdog_op_begin((op), NULL);         \
+    const int mpi_rc_ = (call);                                      \
+    moe_watchdog_op_end(wd_token_);                                  \
+    if (mpi_rc_ != MPI_SUCCESS) {                                    \
+      st = moe_mpi_error((ctx), mpi_rc_, #call, __FILE__, __LINE__); \
+      goto done;                                                     \
+    }                                                                \
+  } while (0)
+
+// An MPI call whose status the caller ignores, marked for the hang watchdog as `op`.
+#define MOE_MPI_WATCHED(op, call)                            \
+  do {                                                       \
+    const int wd_token_ = moe_watchdog_op_begin((op), NULL); \
+    (void)(call);                                            \
+    moe_watchdog_op_end(wd_token_);                          \
   } while (0)
 
 #ifdef __cplusplus

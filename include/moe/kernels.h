@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe/core.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -40,6 +42,17 @@ const char *moe_blas_better_core(void);
 
 // ---- GEMM ------------------------------------------------------------------------
 
+// Which code moe_gemm runs, for the whole process (every thread, every rank
+// that sets it): MOE_GEMM_FIXED, the default, is moe_gemm_fixed below
+// (batch-invariant: a row's bits do not depend on the other rows; the
+// expert-parallel layer and training give the same bits at any rank count,
+// see docs/reliability.md); MOE_GEMM_BLAS is OpenBLAS's sgemm (its kernels and
+// summation order change with the shape). Set it before starting work; the
+// moe CLI sets it from --gemm.
+typedef enum { MOE_GEMM_FIXED = 0, MOE_GEMM_BLAS = 1 } moe_gemm_path;
+void moe_gemm_set_path(moe_gemm_path path);
+moe_gemm_path moe_gemm_get_path(void);
+
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major.
 // op(A) = A if !trans_a (A is (m, k), lda >= k) else A^T (A is (k, m), lda >= m).
 // op(B) = B if !trans_b (B is (k, n), ldb >= n) else B^T (B is (n, k), ldb >= k).
@@ -50,18 +63,52 @@ void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
 void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
-// Batch-invariant GEMMs for thin products (n or k small, like the gate's E
-// columns): every row of C is computed on its own, each element's sum over k
-// in the fixed order 0, 1, ..., k-1, so a row's result is bitwise the same
-// whatever the number of rows in the call, the row's position and the other
-// rows. (BLAS gives no such guarantee: OpenBLAS picks kernels by shape, and a
-// row's bits change with m and with its place in the call.) c (m, n), ldc.
-// nn: C = beta C + A B with A (m, k), B (k, n).
-void moe_gemm_rows_nn(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc);
-// nt: C = beta C + A B^T with A (m, k), B (n, k).
-void moe_gemm_rows_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc);
+// The batch-invariant GEMM: same arguments and result as moe_gemm (up to
+// rounding), but every element of C is one fused multiply-add chain
+//     s = beta * C_ij (exactly C_ij when beta == 1, 0 when beta == 0);
+//     for p = 0, 1, ..., k-1:  s = fma(op(A)_ip, alpha * op(B)_pj, s)
+// with alpha * op(B)_pj rounded to float first. Consequences, all bitwise:
+//   - a row of C depends only on its row of op(A), op(B) and its row of C: not
+//     on m, n, the other rows or the row's place in the call;
+//   - k split over consecutive calls (beta = 1 after the first) gives the same
+//     C as one call: sums over tokens can be accumulated chunk by chunk;
+//   - the AVX2+FMA path and the portable path (fmaf) agree, so the bits do not
+//     depend on the CPU's vector width either.
+// Single-threaded. Speed: close to OpenBLAS's single-threaded sgemm on AVX2
+// machines (`moe bench gemm`), far below it without FMA (software fmaf).
+void moe_gemm_fixed(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                    int lda, const float *b, int ldb, float beta, float *c, int ldc);
+// The path moe_gemm_fixed runs on this CPU: "avx2+fma" or "portable (fmaf)"
+// (forced by MOE_GEMM_FIXED_PORTABLE=1 in the environment, read once).
+const char *moe_gemm_fixed_isa(void);
+
+// ---- pairwise (tree) sums in a fixed order ----------------------------------------------
+
+// Sums leaves (vectors of n floats) pushed one at a time as the pairwise tree
+// over their index: (l0 + l1) + (l2 + l3), ...; with a count that is not a
+// power of two, the missing leaves are absent (a node with one child is that
+// child). The bits depend only on the leaves and their order, so the sum over
+// 2^j consecutive leaves is one node of the tree over any larger aligned set:
+// moe_allreduce_fixed (comm.h) continues the same tree over ranks.
+// Memory: (ceil(log2(max_leaves)) + 2) * n floats.
+typedef struct {
+  float *buf;
+  size_t n, n_cap;  // floats per leaf now, and at most (the init's n)
+  int cap, top, max_leaves;
+  int size[32];
+} moe_pairwise;
+moe_status moe_pairwise_init(moe_ctx *ctx, moe_pairwise *pw, size_t n, int max_leaves);
+void moe_pairwise_free(moe_pairwise *pw);
+// Forgets the leaves pushed so far; the next leaves have n floats (at most the
+// n given to init; larger is cut to it).
+void moe_pairwise_reset(moe_pairwise *pw, size_t n);
+// The buffer to fill with the next leaf (n floats, not zeroed), then push it.
+// At most max_leaves pushes between resets.
+float *moe_pairwise_leaf(moe_pairwise *pw);
+void moe_pairwise_push(moe_pairwise *pw);
+// The sum of the leaves pushed since the last reset (zeros if none); valid
+// until the next push or reset.
+const float *moe_pairwise_result(moe_pairwise *pw);
 
 // ---- linear: y = x W + b ------------------------------------------------------------
 

@@ -119,7 +119,8 @@ typedef struct {
   int max_tokens;       // allocated T
   int max_rows;         // allocated rows
   int32_t *expert;      // (T, K): expert of each choice, best first
-  int32_t *slot;        // (T, K): slot within the expert, -1 when dropped
+  int32_t *slot;        // (T, K): row within the expert's block, -1 when dropped
+                        // (kept choices of an expert numbered in token order)
   float *weight;        // (T, K): gate weight of each choice
   int32_t *count;       // (E): kept rows per expert
   int32_t *count_all;   // (E): choices per expert before dropping
@@ -131,10 +132,12 @@ typedef struct {
 moe_status moe_route_init(moe_ctx *ctx, moe_route *route, int max_tokens, int top_k,
                           int num_experts, int max_rows);
 void moe_route_free(moe_route *route);  // NULL or zeroed is a no-op
-// Given route->expert and route->weight for T tokens, assigns slots in GShard
-// order (all first choices before any second choice, token order within a
-// choice) with capacity C (-1: dropless), and fills count, count_all, offset,
-// row_token, row_choice, rows and dropped. Allocates nothing.
+// Given route->expert and route->weight for T tokens, decides which choices
+// are kept in GShard order (all first choices before any second choice, token
+// order within a choice) with capacity C (-1: dropless), then numbers each
+// expert's kept choices in token order (so a sum over an expert's rows runs in
+// token order), and fills count, count_all, offset, row_token, row_choice,
+// rows and dropped. Allocates nothing.
 moe_status moe_route_assign(moe_ctx *ctx, moe_route *route, int tokens, int capacity);
 // counts (P, E) = rows this plan sends from src_rank to each rank p for expert e.
 void moe_route_count_by_rank(const moe_route *route, const moe_placement *pl, int src_rank,

@@ -68,7 +68,8 @@ void moe_gate_loss_stats(const moe_layer_config *cfg, const moe_gate_buffers *gb
 void moe_gate_losses(const moe_layer_config *cfg, const double *stats, float *aux, float *z);
 // Gate backward: dweight (T, K) of the combine -> dwg (M, E) +=, dx (T, M) +=,
 // plus the aux and z gradients computed from the (global) stats. dprobs and
-// dlogits (T, E) are scratch.
+// dlogits (T, E) are scratch; dlogits holds the logits' gradient on return.
+// dwg may be NULL: no weight gradient (the caller sums it from dlogits).
 void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb,
                        const moe_route *route, int tokens, const double *stats,
                        const float *dweight, float *dprobs, float *dlogits, const float *x,

@@ -153,14 +153,27 @@ size_t moe_gpt_activation_bytes(const moe_gpt *model);
 // init_params(seed + 1000 + block).
 void moe_gpt_init_params(moe_gpt *model, uint64_t seed);
 void moe_gpt_zero_grad(moe_gpt *model);
+// Deterministic mode (on = 1; off by default): the dense weight gradients are
+// the pairwise sum over the batch's sequences of each sequence's own gradient
+// (moe_pairwise_*), so the gradient of sequences [k 2^j, (k+1) 2^j) is one node
+// of the tree over a larger batch, and ranks that each hold 2^j consecutive
+// sequences reach the single-process bits with moe_allreduce_fixed. Costs
+// (log2(max_batch) + 2) leaves of the largest weight (the tied embedding plus
+// the positions, usually) and a (max_batch * seq_len, vocab) dlogits buffer.
+// With moe_gemm on its fixed path (kernels.h) a sequence's gradient does not
+// depend on the other sequences either. Invalidates a pending backward.
+moe_status moe_gpt_set_deterministic(moe_gpt *model, int on);
 
 typedef struct {
   double loss;    // sum of the cross-entropy over this call's tokens / loss_denominator
   double ce_sum;  // sum of the cross-entropy over this call's tokens (nats)
-  int tokens;     // tokens with a target in this call
-  double aux;     // sum over MoE layers of their aux loss (unscaled)
-  double z;       // sum over MoE layers of their z-loss (unscaled)
-  int dropped;    // dropped choices over the MoE layers (this rank)
+  // (B) the cross-entropy sum of each sequence; ce_sum is their sum in order.
+  // Valid until the next forward.
+  const double *ce_seq;
+  int tokens;   // tokens with a target in this call
+  double aux;   // sum over MoE layers of their aux loss (unscaled)
+  double z;     // sum over MoE layers of their z-loss (unscaled)
+  int dropped;  // dropped choices over the MoE layers (this rank)
 } moe_gpt_loss;
 
 // tokens (B, S) in [0, V) -> logits (B, S, V) (moe_gpt_logits). targets (B, S)

@@ -37,6 +37,15 @@ typedef struct {
                              // default "none"; lossy ones change the results
   int compress_backward;     // 1: also compress the backward's gradients (default 0)
   moe_executor_config exec;  // wait policy of the communication thread
+  // Fixed-order sums (docs/reliability.md), 0 = off (default): the gate's
+  // weight gradient is the pairwise sum over slices of slice_tokens
+  // consecutive tokens, summed over the world with moe_allreduce_fixed, and the
+  // aux/z statistics are per-slice sums added in global slice order. Every
+  // rank's token count must then be a multiple of slice_tokens. With moe_gemm
+  // on its fixed path, EP = world, one chunk and a power-of-two number of
+  // slices per rank, the gate's gradient and the losses have the same bits
+  // at any rank count. [0, cfg.tokens]
+  int slice_tokens;
 } moe_parallel_config;
 
 #define MOE_MAX_CHUNKS 64

@@ -52,7 +52,17 @@ typedef struct {
   // profile ('moe calibrate' on these ranks, EP over all of them). NULL:
   // 'auto' is an error. The caller keeps it alive during moe_train_run.
   const moe_profile *profile;
-  int allow_lossy;         // 1: compress 'auto' may pick lossy compressors
+  int allow_lossy;  // 1: compress 'auto' may pick lossy compressors
+  // 1 (default): deterministic mode (docs/reliability.md): moe_gemm on its
+  // fixed path (set process-wide by moe_train_run), dense and gate weight
+  // gradients summed per sequence in a pairwise tree and over ranks with
+  // moe_allreduce_fixed, the loss and the gate statistics summed per
+  // sequence in global order, the gradient norm per expert. The losses and
+  // parameters are then bitwise the same at any rank count when B / P is a
+  // power of two, EP = P, chunks = 1 and no lossy compressor is used
+  // (moe_train_bitwise_across_p says why not otherwise). 0: OpenBLAS and MPI's
+  // own reductions (faster on some machines; bits vary with P).
+  int deterministic;
   int batch;               // B, global sequences per step; divisible by the world size
   int steps;               // the schedule's length: lr decays to min_lr at this step
   int stop_step;           // stop (validate, save) after this step; 0 = steps. A run
@@ -77,6 +87,15 @@ typedef struct {
   void (*on_step)(void *user, const moe_train_step_info *info);
   void *on_step_user;
 } moe_train_config;
+
+// 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,
+// checkpoints) as on any other rank count meeting the same conditions:
+// deterministic on, B / world a power of two, EP = world, one chunk per pass
+// (chunks 1, not the smart schedule), a lossless compressor, dropless experts
+// (capacity is applied per source rank). Else 0 with the first reason that
+// fails in why (may be NULL). 'auto' choices are judged as given (chunks 0
+// or compress auto: not known to hold).
+int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size);
 
 // Defaults: the default model and optimizer, EP = world, B 16, 200 steps, seed
 // 1, val 0.1, eval every 50, 4 eval batches, no files, progress on, log every 1.

@@ -115,7 +115,9 @@ moe_status moe_a2a_run(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *
                        const size_t *recv_counts, const size_t *recv_displs, moe_workspace *ws) {
   moe_status st = MOE_STATUS_OK;
   MOE_TRY(check_args(ctx, algo, g, send, send_counts, send_displs, recv, recv_counts, recv_displs));
-  MOE_TRY(algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws));
+  const int watch = moe_watchdog_op_begin("all-to-all", algo->name);
+  st = algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws);
+  moe_watchdog_op_end(watch);
 done:
   return st;
 }
@@ -130,11 +132,18 @@ moe_status moe_a2a_start(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group
               "an all-to-all is still in flight on this handle: complete it (moe_a2a_wait) "
               "before starting another");
   MOE_TRY(check_args(ctx, algo, g, send, send_counts, send_displs, recv, recv_counts, recv_displs));
+  // The watchdog sees the exchange from its start until test or wait completes it.
+  const int watch = moe_watchdog_op_begin("all-to-all", algo->name);
   if (algo->start) {
-    MOE_TRY(algo->start(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws,
-                        pending));
+    st = algo->start(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws,
+                     pending);
   } else {
-    MOE_TRY(algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws));
+    st = algo->run(ctx, g, send, send_counts, send_displs, recv, recv_counts, recv_displs, ws);
+  }
+  if (st == MOE_STATUS_OK && pending->active) {
+    pending->watch = watch;
+  } else {
+    moe_watchdog_op_end(watch);
   }
 done:
   return st;
@@ -145,7 +154,11 @@ moe_status moe_a2a_test(moe_ctx *ctx, moe_a2a_pending *pending, int *done) {
   int flag = 1;
   if (pending->active) {
     MOE_MPI_TRY(ctx, MPI_Test(&pending->req, &flag, MPI_STATUS_IGNORE));
-    if (flag) pending->active = 0;
+    if (flag) {
+      pending->active = 0;
+      moe_watchdog_op_end(pending->watch);
+      pending->watch = 0;
+    }
   }
   *done = flag;
 done:
@@ -155,7 +168,13 @@ done:
 moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending) {
   moe_status st = MOE_STATUS_OK;
   if (pending->active) {
-    MOE_MPI_TRY(ctx, MPI_Wait(&pending->req, MPI_STATUS_IGNORE));
+    const int rc = MPI_Wait(&pending->req, MPI_STATUS_IGNORE);
+    moe_watchdog_op_end(pending->watch);
+    pending->watch = 0;
+    if (rc != MPI_SUCCESS) {
+      st = moe_mpi_error(ctx, rc, "MPI_Wait (all-to-all)", __FILE__, __LINE__);
+      goto done;
+    }
     pending->active = 0;
   }
 done:

@@ -46,6 +46,7 @@ moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, i
   MPI_Comm shared = MPI_COMM_NULL;
   int *keys = NULL;
   int size = 0, rank = 0;
+  const int watch = moe_watchdog_op_begin("node topology", NULL);
   MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &size));
   MOE_MPI_TRY(ctx, MPI_Comm_rank(comm, &rank));
   // step 1: this rank's choice, checked locally
@@ -98,6 +99,7 @@ moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, i
   MOE_MPI_TRY(ctx, MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, comm));
   dense_nodes(keys, size, out);
 done:
+  moe_watchdog_op_end(watch);
   if (shared != MPI_COMM_NULL) MPI_Comm_free(&shared);
   moe_free(keys);
   return st;
@@ -108,6 +110,7 @@ done:
 moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int my_node) {
   moe_status st = MOE_STATUS_OK;
   int *key = NULL;
+  const int watch = moe_watchdog_op_begin("process group setup", NULL);
   memset(g, 0, sizeof *g);
   g->comm = g->intra = g->inter = MPI_COMM_NULL;
   MOE_MPI_TRY(ctx, MPI_Comm_dup(comm, &g->comm));
@@ -146,6 +149,7 @@ moe_status moe_group_init(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int my_node
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(g->intra, MPI_ERRORS_RETURN));
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(g->inter, MPI_ERRORS_RETURN));
 done:
+  moe_watchdog_op_end(watch);
   moe_free(key);
   if (st != MOE_STATUS_OK) moe_group_free(g);
   return st;
@@ -225,7 +229,11 @@ moe_status moe_comm_agree(moe_ctx *ctx, MPI_Comm comm, moe_status local, const c
   int mine = local == MOE_STATUS_OK ? INT32_MAX : 0, rank = 0, first = INT32_MAX;
   MPI_Comm_rank(comm, &rank);
   if (local != MOE_STATUS_OK) mine = rank;
-  MOE_MPI_TRY(ctx, MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  // `what` names the agreement for the hang watchdog (callers pass literals)
+  const int watch = moe_watchdog_op_begin("agreement", what);
+  const int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  moe_watchdog_op_end(watch);
+  MOE_MPI_TRY(ctx, rc);
   if (local != MOE_STATUS_OK) {
     st = local;  // the message is already in ctx
   } else if (first != INT32_MAX) {

@@ -1,13 +1,17 @@
 // GEMM and the dense linear layer y = x W + b: thin wrappers over CBLAS sgemm
 // (row-major), plus naive reference versions the tests compare against.
 //
-// This is where nearly all MoE-layer FLOPs go, so moe_gemm adds nothing on top
-// of BLAS except the degenerate shapes BLAS would reject or mishandle: with
+// This is where nearly all MoE-layer FLOPs go, so on the BLAS path moe_gemm
+// adds nothing on top of BLAS except the degenerate shapes BLAS would reject or mishandle: with
 // m, n or k == 0 the row-major leading-dimension checks of some CBLAS builds
 // fail (ld >= max(1, cols)), so those cases never reach BLAS.
 //
+// moe_gemm runs one of two paths, chosen process-wide (moe_gemm_set_path):
+// the batch-invariant fixed-order kernel of gemm_fixed.c (the default) or
+// OpenBLAS.
+//
 // Not here: threading (BLAS threads are set once by the caller with
-// moe_blas_set_threads), batched/grouped GEMM, and any non-BLAS fast path.
+// moe_blas_set_threads), batched/grouped GEMM.
 #include <cblas.h>
 #include <stddef.h>
 
@@ -52,8 +56,23 @@ static void scale_c(float *c, int m, int n, int ldc, float beta) {
 
 // c is (m, n) with row stride ldc; a is (m, k) or, transposed, (k, m) with row
 // stride lda; b is (k, n) or, transposed, (n, k) with row stride ldb.
+static int g_gemm_path = MOE_GEMM_FIXED;
+
+void moe_gemm_set_path(moe_gemm_path path) {
+  __atomic_store_n(&g_gemm_path, path == MOE_GEMM_BLAS ? MOE_GEMM_BLAS : MOE_GEMM_FIXED,
+                   __ATOMIC_RELAXED);
+}
+
+moe_gemm_path moe_gemm_get_path(void) {
+  return (moe_gemm_path)__atomic_load_n(&g_gemm_path, __ATOMIC_RELAXED);
+}
+
 void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc) {
+  if (moe_gemm_get_path() == MOE_GEMM_FIXED) {
+    moe_gemm_fixed(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     scale_c(c, m, n, ldc, beta);
@@ -61,45 +80,6 @@ void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
-
-// ---- batch-invariant row GEMMs -----------------------------------------------------
-
-// One row at a time: the j loop (a block of up to 64 columns) vectorizes and
-// every element's k order is fixed. Nothing here depends on m or on the other
-// rows, so a row computed alone gives the same bits.
-void moe_gemm_rows_nn(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
-  enum { NB = 64 };  // columns per block (a few vector registers per row)
-  for (int j0 = 0; j0 < n; j0 += NB) {
-    const int nb = n - j0 < NB ? n - j0 : NB;
-    for (int i = 0; i < m; i++) {
-      const float *restrict ai = a + (size_t)i * (size_t)lda;
-      float acc[NB];
-      for (int j = 0; j < nb; j++) acc[j] = 0.0f;
-      for (int p = 0; p < k; p++) {
-        const float av = ai[p];
-        const float *restrict bp = b + (size_t)p * (size_t)ldb + j0;
-        for (int j = 0; j < nb; j++) acc[j] += av * bp[j];
-      }
-      float *restrict ci = c + (size_t)i * (size_t)ldc + j0;
-      for (int j = 0; j < nb; j++) ci[j] = beta == 0.0f ? acc[j] : beta * ci[j] + acc[j];
-    }
-  }
-}
-
-void moe_gemm_rows_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
-                      float beta, float *c, int ldc) {
-  for (int i = 0; i < m; i++) {
-    const float *restrict ai = a + (size_t)i * (size_t)lda;
-    float *restrict ci = c + (size_t)i * (size_t)ldc;
-    for (int j = 0; j < n; j++) {
-      const float *restrict bj = b + (size_t)j * (size_t)ldb;
-      float acc = 0.0f;
-      for (int p = 0; p < k; p++) acc += ai[p] * bj[p];
-      ci[j] = beta == 0.0f ? acc : beta * ci[j] + acc;
-    }
-  }
 }
 
 // Triple loop accumulating in double: the reference has a much smaller rounding

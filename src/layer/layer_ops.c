@@ -69,7 +69,7 @@ moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float
   // batch-invariant: a token's logits (and so its routing) are bitwise the same
   // whatever the tokens beside it, the rank count, the layout or the chunks
   const uint64_t t0 = moe_time_ns();
-  moe_gemm_rows_nn(T, E, M, x, M, wg, E, 0.0f, gb->logits, E);
+  moe_gemm_fixed(0, 0, T, E, M, 1.0f, x, M, wg, E, 0.0f, gb->logits, E);
   tm->gate_gemm_ms += moe_time_ms_since(t0);
   tm->gate_flops += 2.0 * T * M * E;
   moe_softmax_forward(gb->probs, gb->logits, T, E);
@@ -188,9 +188,9 @@ void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb, 
   }
   // dwg += x^T dlogits (a sum over this call's tokens); dx += dlogits wg^T,
   // batch-invariant like the forward
-  moe_timed_gemm(&tm->gate_gemm_ms, 1, 0, M, E, T, x, M, dlogits, E, 1.0f, dwg, E);
+  if (dwg) moe_timed_gemm(&tm->gate_gemm_ms, 1, 0, M, E, T, x, M, dlogits, E, 1.0f, dwg, E);
   const uint64_t t0 = moe_time_ns();
-  moe_gemm_rows_nt(T, M, E, dlogits, E, wg, E, 1.0f, dx, M);
+  moe_gemm_fixed(0, 1, T, M, E, 1.0f, dlogits, E, wg, E, 1.0f, dx, M);
   tm->gate_gemm_ms += moe_time_ms_since(t0);
   tm->gate_flops += 4.0 * T * M * E;
 }

@@ -78,6 +78,18 @@ moe_status moe_route_assign(moe_ctx *ctx, moe_route *route, int tokens, int capa
       }
     }
   }
+  // step 1b: the kept choices' rows in token order within each expert (which
+  // choices are kept is decided above, in GShard's priority order). A sum over
+  // an expert's rows (its weight gradients) then runs in token order: on EP
+  // ranks that receive the rows source rank by source rank, the same order as
+  // the single-process layer's (docs/reliability.md).
+  memset(route->count, 0, (size_t)E * sizeof(int32_t));
+  for (int t = 0; t < tokens; t++) {
+    for (int k = 0; k < K; k++) {
+      if (route->slot[t * K + k] >= 0)
+        route->slot[t * K + k] = route->count[route->expert[t * K + k]]++;
+    }
+  }
   // step 2: expert-ordered row layout
   route->offset[0] = 0;
   for (int e = 0; e < E; e++) route->offset[e + 1] = route->offset[e] + route->count[e];

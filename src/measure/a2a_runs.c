@@ -60,7 +60,7 @@ moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo 
   int bad = 0;
   for (int it = 0; it < warmup + iters; it++) {
     if (check) memset(rbuf, 0xA5, recv_end + 1);
-    MPI_Barrier(g->comm);
+    MOE_MPI_WATCHED("barrier before a timed all-to-all", MPI_Barrier(g->comm));
     const double t0 = MPI_Wtime();
     if (!algo) {
       const int rc_mpi = MPI_Alltoallv(sbuf, ic, ic + P, MPI_BYTE, rbuf, ic + 2 * P, ic + 3 * P,
@@ -75,7 +75,8 @@ moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo 
     const double dt = MPI_Wtime() - t0;
     if (it >= warmup) {
       mine[it - warmup] = dt;
-      MOE_MPI_TRY(ctx, MPI_Allreduce(&dt, &slow[it - warmup], 1, MPI_DOUBLE, MPI_MAX, g->comm));
+      MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
+                     MPI_Allreduce(&dt, &slow[it - warmup], 1, MPI_DOUBLE, MPI_MAX, g->comm));
     }
     for (int src = 0; check && src < P && !bad; src++) {
       for (size_t i = 0; i < rc[src]; i++) {
@@ -86,11 +87,13 @@ moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo 
       }
     }
   }
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, g->comm));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the check",
+                 MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, g->comm));
   out->bad = bad;
   out->median_s = moe_median(slow, iters);
   double m = moe_median(mine, iters);
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, g->comm));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
+                 MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, g->comm));
   out->slowest_median_s = m;
 done:
   moe_free(ic);

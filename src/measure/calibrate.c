@@ -77,7 +77,8 @@ static const char *intercept_note(double alpha) {
 // The slowest rank's time of the median of n measurements t[].
 static double slowest_median(const cal *c, double *t, int n) {
   double m = moe_median(t, n);
-  MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, c->comm);
+  MOE_MPI_WATCHED("all-reduce of the timings",
+                  MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, c->comm));
   return m;
 }
 
@@ -174,7 +175,7 @@ static moe_status fit_gemm(const cal *c, moe_linear_fit *fit) {
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
       const int m = rows[r], k = mh[s][0], nn = mh[s][1];
       moe_gemm(0, 0, m, nn, k, 1.0f, a, k, b, nn, 0.0f, cc, nn);  // warm-up
-      MPI_Barrier(c->comm);
+      MOE_MPI_WATCHED("barrier before a timed run", MPI_Barrier(c->comm));
       for (int i = 0; i < c->cfg->iters; i++) {
         const uint64_t t0 = moe_time_ns();
         moe_gemm(0, 0, m, nn, k, 1.0f, a, k, b, nn, 0.0f, cc, nn);
@@ -237,7 +238,7 @@ static moe_status fit_expert(const cal *c, moe_linear_fit *ffit, moe_linear_fit 
       moe_layer_timing tm;
       memset(&tm, 0, sizeof tm);
       kind->forward(&lc, &p, xin, m, pre, h, y, &tm);  // warm-up
-      MPI_Barrier(c->comm);
+      MOE_MPI_WATCHED("barrier before a timed run", MPI_Barrier(c->comm));
       for (int i = 0; i < iters; i++) {
         const uint64_t t0 = moe_time_ns();
         kind->forward(&lc, &p, xin, m, pre, h, y, &tm);
@@ -484,9 +485,11 @@ static moe_status measure_small(const cal *c, double *coll_s, double *copy_gbs) 
   double t[1000], v[8] = {0};
   const int iters = c->cfg->iters;
   for (int i = 0; i < iters; i++) {
-    MPI_Barrier(c->comm);
+    MOE_MPI_WATCHED("barrier before a timed run", MPI_Barrier(c->comm));
     const uint64_t t0 = moe_time_ns();
-    for (int k = 0; k < 10; k++) MPI_Allreduce(MPI_IN_PLACE, v, 8, MPI_DOUBLE, MPI_SUM, c->comm);
+    for (int k = 0; k < 10; k++)
+      MOE_MPI_WATCHED("timed all-reduce",
+                      MPI_Allreduce(MPI_IN_PLACE, v, 8, MPI_DOUBLE, MPI_SUM, c->comm));
     t[i] = (double)(moe_time_ns() - t0) * 1e-9 / 10;
   }
   *coll_s = slowest_median(c, t, iters);
@@ -563,7 +566,8 @@ static moe_status measure_overlap(const cal *c, const moe_group *g, unsigned cha
     const double one = (double)(moe_time_ns() - t0) * 1e-9;
     int gemms = (int)(0.05 / (one > 1e-6 ? one : 1e-6)) + 1;
     if (gemms > 1000) gemms = 1000;
-    MPI_Allreduce(MPI_IN_PLACE, &gemms, 1, MPI_INT, MPI_MAX, c->comm);
+    MOE_MPI_WATCHED("all-reduce of the run length",
+                    MPI_Allreduce(MPI_IN_PLACE, &gemms, 1, MPI_INT, MPI_MAX, c->comm));
     arg.gemms = gemms;
   }
   double comp_alone[1000], a2a_alone[1000], comp_both[1000], a2a_both[1000];
@@ -571,7 +575,7 @@ static moe_status measure_overlap(const cal *c, const moe_group *g, unsigned cha
   int n_a2a = 8;
   for (int r = 0; r < reps; r++) {
     double tc = 0, ta = 0;
-    MPI_Barrier(c->comm);
+    MOE_MPI_WATCHED("barrier before a timed run", MPI_Barrier(c->comm));
     if (overlap_pass(c->ctx, ex, &arg, 0, 8, &tc, &ta) != MOE_STATUS_OK) {
       MOE_FAIL(c->ctx, MOE_STATUS_COMM, "rank %d: contention measurement: %s", c->rank,
                moe_ctx_error(c->ctx));
@@ -583,9 +587,10 @@ static moe_status measure_overlap(const cal *c, const moe_group *g, unsigned cha
     // enough all-to-alls to outlast the compute task (at most 256)
     int k = ta > 0 ? (int)(2.0 * comp_alone[r] / ta) + 2 : 8;
     if (k > 256) k = 256;
-    MPI_Allreduce(MPI_IN_PLACE, &k, 1, MPI_INT, MPI_MAX, c->comm);
+    MOE_MPI_WATCHED("all-reduce of the run length",
+                    MPI_Allreduce(MPI_IN_PLACE, &k, 1, MPI_INT, MPI_MAX, c->comm));
     n_a2a = k;
-    MPI_Barrier(c->comm);
+    MOE_MPI_WATCHED("barrier before a timed run", MPI_Barrier(c->comm));
     if (overlap_pass(c->ctx, ex, &arg, 1, n_a2a, &tc, &ta) != MOE_STATUS_OK) {
       MOE_FAIL(c->ctx, MOE_STATUS_COMM, "rank %d: contention measurement: %s", c->rank,
                moe_ctx_error(c->ctx));

@@ -84,7 +84,7 @@ static moe_status time_iteration(const moe_layer_config *cfg, MPI_Comm comm, buf
   moe_status st = MOE_STATUS_OK;
   memset(b->dx, 0, (size_t)cfg->tokens * (size_t)cfg->model_dim * sizeof(float));
   moe_ep_layer_zero_grad(layer);
-  MPI_Barrier(comm);
+  MOE_MPI_WATCHED("barrier before a timed layer run", MPI_Barrier(comm));
   const double t0 = MPI_Wtime();
   st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, stats);
   const double t1 = MPI_Wtime();
@@ -166,7 +166,8 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       if (i < mc->warmup) continue;
       const size_t at = ((size_t)k * it + (size_t)(i - mc->warmup)) * N_COLS;
       memcpy(local + at, v, sizeof v);
-      MOE_MPI_TRY(ctx, MPI_Allreduce(v, slow + at, N_COLS, MPI_DOUBLE, MPI_MAX, comm));
+      MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
+                     MPI_Allreduce(v, slow + at, N_COLS, MPI_DOUBLE, MPI_MAX, comm));
     }
   }
   for (int k = 0; k < n; k++) {
@@ -209,11 +210,13 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       const double outside = m->total_ms - m->fwd_pass[4] - m->bwd_pass[4];
       double passes = model_pass_ms(ctx, layers[k], 0, mine, r->chunks) +
                       model_pass_ms(ctx, layers[k], 1, mine + MOE_CT_KINDS, r->chunks);
-      MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_DOUBLE, MPI_MAX, comm));
+      MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
+                     MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_DOUBLE, MPI_MAX, comm));
       r->model_ms = outside + passes;
     }
     long long counts[2] = {stats[k].rows, stats[k].dropped};
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, comm));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
+                   MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, comm));
     r->rows = counts[0];
     r->dropped = counts[1];
   }

@@ -88,6 +88,11 @@ struct moe_gpt {
   int have_forward;  // 1 after a forward with targets
   int b_last, s_last;
   double denom_last;
+  double *ce_seq;  // (max_batch): the last forward's cross-entropy sum of each sequence
+  // fixed-order weight gradients (moe_gpt_set_deterministic): one leaf per sequence
+  int deterministic;
+  moe_pairwise pw;
+  float *dlogits_own;  // (N, V): dlogits kept to the end of the backward (not shared)
 };
 
 // ---- parameter table -----------------------------------------------------------------
@@ -317,6 +322,8 @@ moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
         pad16(3 * N * M) + pad16(N * M) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
     const size_t shared = block_scr > N * V ? block_scr : N * V;
     m->resid = moe_calloc((size_t)L + 1, sizeof *m->resid);
+    m->ce_seq = moe_calloc((size_t)max_batch, sizeof *m->ce_seq);
+    MOE_FAIL_IF(ctx, !m->ce_seq, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the loss table");
     const int max_specs = 16 * L + 16;
     specs = moe_calloc((size_t)max_specs, sizeof *specs);
     MOE_FAIL_IF(ctx, !m->resid || !specs, MOE_STATUS_OUT_OF_MEMORY,
@@ -393,6 +400,9 @@ void moe_gpt_destroy(moe_gpt *m) {
   }
   moe_arena_free(&m->param_arena);
   moe_arena_free(&m->act_arena);
+  moe_pairwise_free(&m->pw);
+  moe_free(m->dlogits_own);
+  moe_free(m->ce_seq);
   moe_free(m->resid);
   moe_free(m->params);
   moe_free(m->blocks);
@@ -558,15 +568,24 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
   if (targets) {
     memcpy(m->targets, targets, (size_t)N * sizeof(int32_t));
     moe_logsumexp_forward(m->lse, m->logits, N, V);
+    // per sequence, then over the sequences in order: a sequence's sum does not
+    // depend on the batch it is in, so ranks can add the global batch's
+    // sequences in one order (moe_sum_slices_ordered)
     double sum = 0.0;
     int count = 0;
-    for (int i = 0; i < N; i++) {
-      if (targets[i] < 0) continue;
-      sum += (double)m->lse[i] - (double)m->logits[(size_t)i * V + targets[i]];
-      count++;
+    for (int q = 0; q < b; q++) {
+      double sq = 0.0;
+      for (int i = q * s; i < (q + 1) * s; i++) {
+        if (targets[i] < 0) continue;
+        sq += (double)m->lse[i] - (double)m->logits[(size_t)i * V + targets[i]];
+        count++;
+      }
+      m->ce_seq[q] = sq;
+      sum += sq;
     }
     const double denom = loss_denominator > 0.0 ? loss_denominator : (count > 0 ? count : 1);
     res.ce_sum = sum;
+    res.ce_seq = m->ce_seq;
     res.tokens = count;
     res.loss = sum / denom;
     m->denom_last = denom;
@@ -579,14 +598,112 @@ done:
   return st;
 }
 
+// ---- fixed-order weight gradients --------------------------------------------------------
+
+moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = m ? m->ctx : NULL;
+  MOE_FAIL_IF(ctx, !m, MOE_STATUS_INVALID_ARG, "model must not be NULL");
+  m->have_forward = 0;
+  if (!on) {
+    moe_pairwise_free(&m->pw);
+    moe_free(m->dlogits_own);
+    m->dlogits_own = NULL;
+    m->deterministic = 0;
+    return st;
+  }
+  if (m->deterministic) return st;
+  const moe_gpt_config *c = &m->cfg;
+  const size_t M = (size_t)c->d_model, V = (size_t)c->vocab_size, S = (size_t)c->seq_len;
+  const size_t Hd = (size_t)c->dense_hidden;
+  // the largest leaf: a weight and its bias, a layernorm's two vectors, or the
+  // tied embedding (V, M) with the positions (S, M)
+  size_t leaf = V * M + S * M;
+  const size_t cand[] = {M * 3 * M + 3 * M, M * M + M, M * Hd + Hd, Hd * M + M, 2 * M};
+  for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) leaf = cand[i] > leaf ? cand[i] : leaf;
+  MOE_TRY(moe_pairwise_init(ctx, &m->pw, leaf, m->max_batch));
+  m->dlogits_own = moe_malloc((size_t)m->max_batch * S * V * sizeof(float));
+  MOE_FAIL_IF(ctx, !m->dlogits_own, MOE_STATUS_OUT_OF_MEMORY,
+              "deterministic mode: cannot allocate dlogits (%zu floats)",
+              (size_t)m->max_batch * S * V);
+  m->deterministic = 1;
+done:
+  if (st != MOE_STATUS_OK) {
+    moe_pairwise_free(&m->pw);
+    moe_free(m->dlogits_own);
+    m->dlogits_own = NULL;
+  }
+  return st;
+}
+
+// dst[i] += root[i]: the tree's sum added to the gradient (zero after
+// moe_gpt_zero_grad, so then equal to the sum)
+static void add_root(float *restrict dst, const float *restrict root, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] += root[i];
+}
+
+// dw (din, dout) += x^T dy, db (dout) += column sums of dy, as the pairwise sum
+// over sequences of each sequence's own product (s rows each).
+static void slice_linear_wgrad(moe_gpt *m, float *dw, float *db, const float *dy, const float *x,
+                               int din, int dout) {
+  const int b = m->b_last, s = m->s_last;
+  const size_t nw = (size_t)din * (size_t)dout;
+  moe_pairwise_reset(&m->pw, nw + (size_t)dout);
+  for (int q = 0; q < b; q++) {
+    float *leaf = moe_pairwise_leaf(&m->pw);
+    const float *xq = x + (size_t)q * s * din, *dyq = dy + (size_t)q * s * dout;
+    moe_gemm(1, 0, din, dout, s, 1.0f, xq, din, dyq, dout, 0.0f, leaf, dout);
+    memset(leaf + nw, 0, (size_t)dout * sizeof(float));
+    moe_bias_add_backward(leaf + nw, dyq, s, dout);
+    moe_pairwise_push(&m->pw);
+  }
+  const float *root = moe_pairwise_result(&m->pw);
+  add_root(dw, root, nw);
+  add_root(db, root + nw, (size_t)dout);
+}
+
+// moe_layernorm_backward sequence by sequence: dx per row as before; dgamma
+// and dbeta as the pairwise sum over sequences.
+static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbeta,
+                                     const float *dy, const float *x, const float *mean,
+                                     const float *rstd, const float *gamma, int M) {
+  const int b = m->b_last, s = m->s_last;
+  moe_pairwise_reset(&m->pw, 2 * (size_t)M);
+  for (int q = 0; q < b; q++) {
+    float *leaf = moe_pairwise_leaf(&m->pw);
+    memset(leaf, 0, 2 * (size_t)M * sizeof(float));
+    const size_t o = (size_t)q * s * M;
+    moe_layernorm_backward(dx + o, leaf, leaf + M, dy + o, x + o, mean + (size_t)q * s,
+                           rstd + (size_t)q * s, gamma, s, M);
+    moe_pairwise_push(&m->pw);
+  }
+  const float *root = moe_pairwise_result(&m->pw);
+  add_root(dgamma, root, (size_t)M);
+  add_root(dbeta, root + M, (size_t)M);
+}
+
 // ---- backward -------------------------------------------------------------------------------
 
 // dx (N, Din) = dy (N, Dout) w^T (overwritten); dw (Din, Dout) += x^T dy; db (Dout) += sums.
-static void linear_backward_set(float *dx, float *dw, float *db, const float *dy, const float *x,
-                                const float *w, int n, int din, int dout) {
+static void linear_backward_set(moe_gpt *m, float *dx, float *dw, float *db, const float *dy,
+                                const float *x, const float *w, int n, int din, int dout) {
   moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
+  if (m->deterministic) {
+    slice_linear_wgrad(m, dw, db, dy, x, din, dout);
+    return;
+  }
   moe_gemm(1, 0, din, dout, n, 1.0f, x, din, dy, dout, 1.0f, dw, dout);
   moe_bias_add_backward(db, dy, n, dout);
+}
+
+static void layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbeta, const float *dy,
+                               const float *x, const float *mean, const float *rstd,
+                               const float *gamma, int n, int M) {
+  if (m->deterministic) {
+    slice_layernorm_backward(m, dx, dgamma, dbeta, dy, x, mean, rstd, gamma, M);
+  } else {
+    moe_layernorm_backward(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, n, M);
+  }
 }
 
 moe_status moe_gpt_backward(moe_gpt *m) {
@@ -601,9 +718,11 @@ moe_status moe_gpt_backward(moe_gpt *m) {
   const size_t NM = (size_t)N * M;
 
   // step 1: dlogits = (softmax - onehot) / denominator on rows with a target
+  // (deterministic: in a buffer of its own, kept for step 4)
+  float *dlogits = m->deterministic ? m->dlogits_own : m->dlogits;
   const float inv = (float)(1.0 / m->denom_last);
   for (int i = 0; i < N; i++) {
-    float *dl = m->dlogits + (size_t)i * V;
+    float *dl = dlogits + (size_t)i * V;
     const int tgt = m->targets[i];
     if (tgt < 0) {
       memset(dl, 0, (size_t)V * sizeof(float));
@@ -616,11 +735,11 @@ moe_status moe_gpt_backward(moe_gpt *m) {
   }
 
   // step 2: tied head: dlnf = dlogits wte, dwte += dlogits^T lnf; final layernorm
-  moe_gemm(0, 0, N, M, V, 1.0f, m->dlogits, V, m->wte, M, 0.0f, m->dln, M);
-  moe_gemm(1, 0, V, M, N, 1.0f, m->dlogits, V, m->lnf, M, 1.0f, m->dwte, M);
+  moe_gemm(0, 0, N, M, V, 1.0f, dlogits, V, m->wte, M, 0.0f, m->dln, M);
+  if (!m->deterministic) moe_gemm(1, 0, V, M, N, 1.0f, dlogits, V, m->lnf, M, 1.0f, m->dwte, M);
   memset(m->dresid, 0, NM * sizeof(float));
-  moe_layernorm_backward(m->dresid, m->dlnf_g, m->dlnf_b, m->dln, m->resid[c->n_layer], m->lnf_mean,
-                         m->lnf_rstd, m->lnf_g, N, M);
+  layernorm_backward(m, m->dresid, m->dlnf_g, m->dlnf_b, m->dln, m->resid[c->n_layer], m->lnf_mean,
+                     m->lnf_rstd, m->lnf_g, N, M);
 
   // step 3: blocks in reverse; dresid holds dL/dx_{l+1}, then dL/dresid2, then dL/dx_l
   for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -632,23 +751,49 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       memset(m->dln, 0, NM * sizeof(float));
       MOE_TRY(m->ops->backward(blk->moe, m->dresid, m->dln));
     } else {
-      linear_backward_set(m->dh, g->w_fc2, g->b_fc2, m->dresid, blk->fch_gelu, p->w_fc2, N, Hd, M);
+      linear_backward_set(m, m->dh, g->w_fc2, g->b_fc2, m->dresid, blk->fch_gelu, p->w_fc2, N, Hd,
+                          M);
       memset(m->dfch, 0, (size_t)N * Hd * sizeof(float));
       moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
-      linear_backward_set(m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
+      linear_backward_set(m, m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
     }
-    moe_layernorm_backward(m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
-                           blk->ln2_rstd, p->ln2_g, N, M);
+    layernorm_backward(m, m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
+                       blk->ln2_rstd, p->ln2_g, N, M);
     // attention branch
-    linear_backward_set(m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, M, M);
+    linear_backward_set(m, m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, M,
+                        M);
     memset(m->dqkv, 0, 3 * NM * sizeof(float));
     moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NH, hd);
-    linear_backward_set(m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
-    moe_layernorm_backward(m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
-                           blk->ln1_rstd, p->ln1_g, N, M);
+    linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
+    layernorm_backward(m, m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
+                       blk->ln1_rstd, p->ln1_g, N, M);
   }
 
-  // step 4: embeddings
+  // step 4: embeddings (deterministic: per sequence, with the head's dwte, as
+  // one pairwise sum over sequences)
+  if (m->deterministic) {
+    const size_t VM = (size_t)V * M;
+    moe_pairwise_reset(&m->pw, VM + (size_t)s * M);
+    for (int q = 0; q < b; q++) {
+      float *leaf = moe_pairwise_leaf(&m->pw);
+      moe_gemm(1, 0, V, M, s, 1.0f, dlogits + (size_t)q * s * V, V, m->lnf + (size_t)q * s * M, M,
+               0.0f, leaf, M);
+      memset(leaf + VM, 0, (size_t)s * M * sizeof(float));
+      for (int i = q * s; i < (q + 1) * s; i++) {
+        const float *d = m->dresid + (size_t)i * M;
+        float *te = leaf + (size_t)m->tokens[i] * M, *pe = leaf + VM + (size_t)(i % s) * M;
+        for (int j = 0; j < M; j++) {
+          te[j] += d[j];
+          pe[j] += d[j];
+        }
+      }
+      moe_pairwise_push(&m->pw);
+    }
+    const float *root = moe_pairwise_result(&m->pw);
+    add_root(m->dwte, root, VM);
+    add_root(m->dwpe, root + VM, (size_t)s * M);
+    goto done;
+  }
   for (int i = 0; i < N; i++) {
     const float *d = m->dresid + (size_t)i * M;
     float *te = m->dwte + (size_t)m->tokens[i] * M, *pe = m->dwpe + (size_t)(i % s) * M;

@@ -65,7 +65,8 @@ static moe_status allreduce_sum(moe_ctx *ctx, float *buf, size_t n, MPI_Comm com
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the MoE layer's gradients",
+                   MPI_Allreduce(MPI_IN_PLACE, buf + i, c, MPI_FLOAT, MPI_SUM, comm));
   }
 done:
   return st;
@@ -76,7 +77,7 @@ static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, 
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
+    MOE_MPI_TRY_OP(ctx, "send of expert weights", MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
   }
 done:
   return st;
@@ -87,7 +88,8 @@ static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int 
   moe_status st = MOE_STATUS_OK;
   for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
     const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY(ctx, MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
+    MOE_MPI_TRY_OP(ctx, "receive of expert weights",
+                   MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
   }
 done:
   return st;
@@ -119,6 +121,9 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
   MOE_TRY(moe_schedule_algo_find(ctx, pc->schedule, sched));
   MOE_FAIL_IF(ctx, pc->chunks < 1 || pc->chunks > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
               "chunks (%d) must be in [1, %d]", pc->chunks, MOE_MAX_CHUNKS);
+  MOE_FAIL_IF(ctx, pc->slice_tokens < 0 || pc->slice_tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
+              "slice_tokens (%d) must be in [0, %d] (the layer's tokens; 0 = off)",
+              pc->slice_tokens, cfg->tokens);
   MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1, MOE_STATUS_INVALID_ARG,
               "compress_backward (%d) must be 0 or 1", pc->compress_backward);
   MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
@@ -150,6 +155,14 @@ static moe_status alloc_tables(moe_ctx *ctx, moe_ep_layer *L) {
   L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1, sizeof(double));
   MOE_FAIL_IF(ctx, !L->cnt_send || !L->cnt_recv || !L->stats, MOE_STATUS_OUT_OF_MEMORY,
               "cannot allocate count tables for %zu ranks", P);
+  if (L->pc.slice_tokens > 0) {
+    const int slices = (L->cfg.tokens + L->pc.slice_tokens - 1) / L->pc.slice_tokens;
+    L->max_slices = slices;
+    L->slice_sums = moe_calloc((size_t)(slices + 1) * (E + 1), sizeof(double));  // + the total
+    MOE_FAIL_IF(ctx, !L->slice_sums, MOE_STATUS_OUT_OF_MEMORY,
+                "cannot allocate the per-slice gate sums (%d slices)", slices);
+    MOE_TRY(moe_pairwise_init(ctx, &L->gate_pw, (size_t)L->cfg.model_dim * E, slices));
+  }
 done:
   return st;
 }
@@ -236,7 +249,8 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
   {
     const uint64_t h = config_hash(cfg, pc);
-    MOE_MPI_TRY(ctx, MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
+    MOE_MPI_TRY_OP(ctx, "MoE layer setup",
+                   MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
     for (int r = 1; r < W; r++) {
       MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
                   "the layer or parallel configuration differs between ranks (rank %d differs "
@@ -261,16 +275,16 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   const int DP = W / L->P;
   const int group = pc->ep_strided ? rank % DP : rank / L->P;
   L->me = pc->ep_strided ? rank / DP : rank % L->P;
-  MOE_MPI_TRY(ctx, MPI_Comm_dup(world, &L->world));
+  MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_dup(world, &L->world));
   MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(L->world, MPI_ERRORS_RETURN));
-  MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, L->me, group, &L->dp));
+  MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_split(L->world, L->me, group, &L->dp));
   // step 3: topology and the EP group
   nodes = moe_malloc((size_t)W * sizeof(int));
   MOE_FAIL_IF(ctx, !nodes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node ids", W);
   MOE_TRY(moe_topology_nodes(ctx, L->world, pc->ranks_per_node, nodes));
   {
     MPI_Comm ep_comm = MPI_COMM_NULL;
-    MOE_MPI_TRY(ctx, MPI_Comm_split(L->world, group, L->me, &ep_comm));
+    MOE_MPI_TRY_OP(ctx, "MoE layer setup", MPI_Comm_split(L->world, group, L->me, &ep_comm));
     const moe_status gst = moe_group_init(ctx, &L->ep, ep_comm, nodes[rank]);
     MPI_Comm_free(&ep_comm);
     MOE_TRY(gst);
@@ -315,8 +329,10 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
     for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
   }
   moe_ep_pass_free_(L);
-  void *tables[] = {L->w1_of,  L->b1_of,  L->w2_of,       L->b2_of,    L->dw1_of,   L->db1_of,
-                    L->dw2_of, L->db2_of, L->replica_mem, L->cnt_send, L->cnt_recv, L->stats};
+  void *tables[] = {L->w1_of,    L->b1_of,  L->w2_of,     L->b2_of,       L->dw1_of,
+                    L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
+                    L->cnt_recv, L->stats,  L->slice_sums};
+  moe_pairwise_free(&L->gate_pw);
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
   moe_workspace *ws[] = {&L->bufa, &L->bufb,   &L->ex_x,    &L->pre,   &L->h,    &L->dh,
                          &L->dpre, &L->a2a_ws, &L->rep_tmp, &L->csend, &L->crecv};
@@ -414,8 +430,10 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
   {
     const int args[3] = {e, p, on ? 1 : 0};
     int hi[3], lo[3] = {-args[0], -args[1], -args[2]};
-    MOE_MPI_TRY(ctx, MPI_Allreduce(args, hi, 3, MPI_INT, MPI_MAX, L->world));
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, lo, 3, MPI_INT, MPI_MAX, L->world));
+    MOE_MPI_TRY_OP(ctx, "replica agreement",
+                   MPI_Allreduce(args, hi, 3, MPI_INT, MPI_MAX, L->world));
+    MOE_MPI_TRY_OP(ctx, "replica agreement",
+                   MPI_Allreduce(MPI_IN_PLACE, lo, 3, MPI_INT, MPI_MAX, L->world));
     if (local == MOE_STATUS_OK && (hi[0] != -lo[0] || hi[1] != -lo[1] || hi[2] != -lo[2])) {
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "moe_ep_layer_set_replica needs the same (expert, EP rank, on) on "
@@ -496,8 +514,13 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   const size_t Ms = (size_t)L->cfg.model_dim, Hs = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   MOE_TRY(gather_replica_grads(L, home));
-  MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
-  MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
+  if (L->pc.slice_tokens > 0) {
+    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp));
+    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world));
+  } else {
+    MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
+    MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
+  }
   add_into(L->t.dwg, gs, L->grad_gate_n);
   add_into(L->t.dw1, home, El * Ms * Hs);
   add_into(L->t.db1, home + El * Ms * Hs, El * Hs);

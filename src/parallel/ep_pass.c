@@ -340,8 +340,9 @@ static moe_status plan_exchange(moe_ep_layer *L) {
     L->cnt_send[(size_t)p * (E + 1) + e] = L->route.count[e];
   }
   for (int p = 0; p < P; p++) L->cnt_send[(size_t)p * (E + 1) + E] = L->route.capacity;
-  MOE_MPI_TRY(ctx,
-              MPI_Alltoall(L->cnt_send, E + 1, MPI_INT, L->cnt_recv, E + 1, MPI_INT, L->ep.comm));
+  MOE_MPI_TRY_OP(
+      ctx, "exchange of routing counts",
+      MPI_Alltoall(L->cnt_send, E + 1, MPI_INT, L->cnt_recv, E + 1, MPI_INT, L->ep.comm));
   MOE_TRY(plan_chunks(L));
 done:
   return st;
@@ -613,6 +614,48 @@ done:
   return st;
 }
 
+// ---- fixed-order sums (pc.slice_tokens > 0) -----------------------------------------------------
+
+// The probability and lse^2 sums of the loss statistics, per slice of
+// slice_tokens tokens, added over the world's slices in global order; the
+// counts (integers, exact in any order) stay the allreduce's.
+static moe_status ordered_gate_sums(moe_ep_layer *L, const moe_gate_buffers *gb, int tokens) {
+  moe_status st = MOE_STATUS_OK;
+  const int E = L->E, sl = L->pc.slice_tokens, slices = tokens / sl;
+  for (int q = 0; q < slices; q++) {
+    double *o = L->slice_sums + (size_t)q * (size_t)(E + 1);
+    for (int e = 0; e < E; e++) {
+      double pe = 0.0;
+      for (int t = q * sl; t < (q + 1) * sl; t++) pe += gb->probs[(size_t)t * E + e];
+      o[e] = pe;
+    }
+    double z = 0.0;
+    for (int t = q * sl; t < (q + 1) * sl; t++) z += (double)gb->lse[t] * gb->lse[t];
+    o[E] = z;
+  }
+  double *out = L->slice_sums + (size_t)L->max_slices * (size_t)(E + 1);  // the spare row
+  MOE_TRY(moe_sum_slices_ordered(L->ctx, L->slice_sums, slices, E + 1, out, L->world));
+  for (int e = 0; e < E; e++) L->stats[E + e] = out[e];
+  L->stats[2 * E] = out[E];
+done:
+  return st;
+}
+
+// The gate's weight gradient x^T dlogits as the pairwise sum over slices.
+static void slice_gate_wgrad(moe_ep_layer *L, int T, float *dwg) {
+  const int M = L->cfg.model_dim, E = L->E, sl = L->pc.slice_tokens;
+  const size_t n = (size_t)M * E;
+  moe_pairwise_reset(&L->gate_pw, n);
+  for (int q = 0; q < T / sl; q++) {
+    float *leaf = moe_pairwise_leaf(&L->gate_pw);
+    moe_gemm(1, 0, M, E, sl, 1.0f, L->x_last + (size_t)q * sl * M, M,
+             L->dlogits + (size_t)q * sl * E, E, 0.0f, leaf, E);
+    moe_pairwise_push(&L->gate_pw);
+  }
+  const float *root = moe_pairwise_result(&L->gate_pw);
+  for (size_t i = 0; i < n; i++) dwg[i] += root[i];
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, float *y,
@@ -634,6 +677,11 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   moe_status local =
       L->broken ? moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "%s", L->broken_msg)
                 : moe_forward_checks(ctx, c, x, tokens, y);
+  if (local == MOE_STATUS_OK && L->pc.slice_tokens > 0 && tokens % L->pc.slice_tokens != 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "tokens (%d) must be a multiple of slice_tokens (%d) for fixed-order sums",
+                         tokens, L->pc.slice_tokens);
+  }
   if (local == MOE_STATUS_OK)
     local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
   if (local == MOE_STATUS_OK) {
@@ -642,14 +690,15 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
     memset(L->stats, 0, ns * sizeof(double));
   }
   L->stats[ns] = local == MOE_STATUS_OK ? 0.0 : 1.0;
-  MOE_MPI_TRY(ctx,
-              MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the routing statistics",
+                 MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
   if (local != MOE_STATUS_OK) {
     st = local;
     goto done;
   }
   MOE_FAIL_IF(ctx, L->stats[ns] > 0, MOE_STATUS_INVALID_ARG,
               "forward failed on %g other rank(s) (see their errors)", L->stats[ns]);
+  if (L->pc.slice_tokens > 0) MOE_TRY(ordered_gate_sums(L, &gb, tokens));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
   tm->gate_ms = moe_time_ms_since(t0);
 
@@ -763,8 +812,10 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   // step 4: gate backward with the global loss statistics of the forward
   t0 = moe_time_ns();
   moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  const int sliced = L->pc.slice_tokens > 0;
   moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
-                    L->t.wg, L->grad_scratch, dx, tm);
+                    L->t.wg, sliced ? NULL : L->grad_scratch, dx, tm);
+  if (sliced) slice_gate_wgrad(L, T, L->grad_scratch);
   tm->gate_ms = moe_time_ms_since(t0);
 
   // step 5: reductions

@@ -80,6 +80,11 @@ struct moe_ep_layer {
   int *cnt_send, *cnt_recv;
   moe_ep_chunk_plan plan;  // of the last forward (the backward reuses it)
   double *stats;           // MOE_LOSS_STATS(E) + 1 (error flag)
+  // fixed-order sums (pc.slice_tokens > 0): per-slice gate sums (slices, E + 1)
+  // and the pairwise sum of the gate's weight gradient over slices
+  double *slice_sums;  // (max_slices + 1, E + 1): the last row is the total
+  int max_slices;
+  moe_pairwise gate_pw;
   // scheduling
   const moe_schedule_algo *sched;
   moe_compressor comp;

@@ -211,7 +211,8 @@ moe_status moe_trace_write_ranks(moe_ctx *ctx, MPI_Comm comm, const char *path,
     // decision 1: the lowest failing rank, agreed by everyone
     const int mine_fail = local == MOE_STATUS_OK ? INT_MAX : rank;
     int first = INT_MAX;
-    MOE_MPI_TRY(ctx, MPI_Allreduce(&mine_fail, &first, 1, MPI_INT, MPI_MIN, comm));
+    MOE_MPI_TRY_OP(ctx, "trace gathering",
+                   MPI_Allreduce(&mine_fail, &first, 1, MPI_INT, MPI_MIN, comm));
     if (local != MOE_STATUS_OK) {
       st = local;  // this rank's own message is in ctx
       goto done;
@@ -225,7 +226,8 @@ moe_status moe_trace_write_ranks(moe_ctx *ctx, MPI_Comm comm, const char *path,
   // step 2: sizes to rank 0, which checks that they fit MPI's int counts
   {
     const uint64_t b = (uint64_t)my_bytes;
-    MOE_MPI_TRY(ctx, MPI_Gather(&b, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, 0, comm));
+    MOE_MPI_TRY_OP(ctx, "trace gathering",
+                   MPI_Gather(&b, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, 0, comm));
   }
   int verdict[2] = {MOE_STATUS_OK, 0};  // status of rank 0's check, then of the write
   if (rank == 0) {
@@ -252,7 +254,7 @@ moe_status moe_trace_write_ranks(moe_ctx *ctx, MPI_Comm comm, const char *path,
     }
   }
   // decision 2: whether rank 0 can receive
-  MOE_MPI_TRY(ctx, MPI_Bcast(verdict, 1, MPI_INT, 0, comm));
+  MOE_MPI_TRY_OP(ctx, "trace gathering", MPI_Bcast(verdict, 1, MPI_INT, 0, comm));
   if (verdict[0] != MOE_STATUS_OK) {
     if (rank == 0) {
       st = (moe_status)verdict[0];
@@ -261,11 +263,12 @@ moe_status moe_trace_write_ranks(moe_ctx *ctx, MPI_Comm comm, const char *path,
     MOE_FAIL(ctx, (moe_status)verdict[0], "trace write failed on rank 0");
   }
   // step 3: gather and write on rank 0
-  MOE_MPI_TRY(ctx,
-              MPI_Gatherv(mine, (int)my_bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, comm));
+  MOE_MPI_TRY_OP(
+      ctx, "trace gathering",
+      MPI_Gatherv(mine, (int)my_bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, comm));
   if (rank == 0) verdict[1] = (int)write_gathered(ctx, path, all, counts, displs, size);
   // decision 3: the write's result
-  MOE_MPI_TRY(ctx, MPI_Bcast(&verdict[1], 1, MPI_INT, 0, comm));
+  MOE_MPI_TRY_OP(ctx, "trace gathering", MPI_Bcast(&verdict[1], 1, MPI_INT, 0, comm));
   if (verdict[1] != MOE_STATUS_OK) {
     if (rank == 0) {
       st = (moe_status)verdict[1];

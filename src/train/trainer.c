@@ -22,8 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe/checkpoint.h"
+#include "moe/compress.h"
 #include "moe/data.h"
 #include "moe/gpt_io.h"
 #include "moe/progress.h"
@@ -44,6 +46,33 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->progress = 1;
   tc->progress_tty = -1;
   tc->log_every = 1;
+  tc->deterministic = 1;
+}
+
+int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
+  char buf[160] = "";
+  const int bl = world > 0 && tc->batch % world == 0 ? tc->batch / world : 0;
+  moe_compressor comp;
+  const int lossless =
+      moe_compressor_get(NULL, tc->par.compress, &comp) == MOE_STATUS_OK && comp.lossless;
+  if (!tc->deterministic) {
+    snprintf(buf, sizeof buf, "deterministic mode is off");
+  } else if (bl < 1 || (bl & (bl - 1)) != 0) {
+    snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, world);
+  } else if (tc->model.moe_every > 0 && tc->par.ep_size > 0 && tc->par.ep_size != world) {
+    snprintf(buf, sizeof buf, "EP %d is not the rank count %d", tc->par.ep_size, world);
+  } else if (tc->par.chunks != 1 ||
+             strcmp(tc->par.schedule, "smart") == 0) {  // catalogue: cuts passes by peer group
+    snprintf(buf, sizeof buf, "a pass is cut into chunks (chunks %d, schedule %s)", tc->par.chunks,
+             tc->par.schedule);
+  } else if (!lossless) {
+    snprintf(buf, sizeof buf, "compressor %s is lossy (or auto)", tc->par.compress);
+  } else if (tc->model.moe_every > 0 && tc->model.moe.capacity_factor > 0) {
+    snprintf(buf, sizeof buf, "capacity factor %g drops tokens per source rank",
+             tc->model.moe.capacity_factor);
+  }
+  if (why && why_size) snprintf(why, why_size, "%s", buf);
+  return buf[0] == 0;
 }
 
 // ---- the learning-rate schedule ----------------------------------------------------------------
@@ -110,8 +139,10 @@ typedef struct {
   int32_t *tokens, *targets;  // (bl, S)
   float *dense_buf;           // packed dense gradients
   size_t dense_n;
-  MPI_Comm ep_comm;  // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
-  int in_group0;     // 1 when world rank 0 is in this rank's EP group
+  MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
+  double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
+  int expert_sq_n;
+  int in_group0;  // 1 when world rank 0 is in this rank's EP group
   moe_progress *progress;
   moe_metrics *metrics;
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
@@ -180,9 +211,12 @@ static moe_status allreduce_dense(run_state *r) {
   }
   for (size_t i = 0; i < r->dense_n; i += MPI_PIECE) {
     const size_t c = r->dense_n - i < MPI_PIECE ? r->dense_n - i : MPI_PIECE;
-    MOE_MPI_TRY(
-        ctx, MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
+    if (!r->tc->deterministic)
+      MOE_MPI_TRY_OP(
+          ctx, "all-reduce of the dense gradients",
+          MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
   }
+  if (r->tc->deterministic) MOE_TRY(moe_allreduce_fixed(ctx, r->dense_buf, r->dense_n, r->world));
   off = 0;
   for (int i = 0; i < n; i++) {
     const moe_gpt_param p = moe_gpt_get_param(r->model, i);
@@ -196,16 +230,51 @@ done:
 
 // Global L2 norm: dense and gate gradients are identical on every rank after
 // their reductions; each expert lives once per EP group.
+static void expert_sq_slots(run_state *r);
+
 static moe_status grad_norm(run_state *r, double *norm) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
   double sq[3];
   moe_optim_grad_sq(r->model, sq);
-  if (r->ep_comm != MPI_COMM_NULL)
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
+  expert_sq_slots(r);
+  if (r->tc->deterministic && r->ep_comm != MPI_COMM_NULL && r->expert_sq) {
+    // each expert's square sum in its own slot (one rank of the EP group holds
+    // it, the others add +0: exact), added in (tensor, expert) order
+    MOE_MPI_TRY_OP(
+        ctx, "all-reduce of the gradient norm",
+        MPI_Allreduce(MPI_IN_PLACE, r->expert_sq, r->expert_sq_n, MPI_DOUBLE, MPI_SUM, r->ep_comm));
+    sq[2] = 0.0;
+    for (int i = 0; i < r->expert_sq_n; i++) sq[2] += r->expert_sq[i];
+  } else if (r->ep_comm != MPI_COMM_NULL) {
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
+                   MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
+  }
   *norm = sqrt(sq[0] + sq[1] + sq[2]);
 done:
   return st;
+}
+
+// Fills r->expert_sq: slot (expert tensor i, global expert e) = the square sum
+// of expert e's part of tensor i when this rank holds it, else 0.
+static void expert_sq_slots(run_state *r) {
+  if (!r->expert_sq) return;
+  memset(r->expert_sq, 0, (size_t)r->expert_sq_n * sizeof(double));
+  const int n = moe_gpt_num_params(r->model);
+  const int E = r->tc->model.moe.num_experts;
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    if (p.kind != MOE_GPT_PARAM_EXPERT) continue;
+    const size_t per = p.expert_count > 0 ? p.numel / (size_t)p.expert_count : 0;
+    for (int j = 0; j < p.expert_count; j++) {
+      double s = 0.0;
+      const float *g = p.grad + (size_t)j * per;
+      for (size_t q = 0; q < per; q++) s += (double)g[q] * (double)g[q];
+      r->expert_sq[(size_t)k * E + (size_t)(p.expert_first + j)] = s;
+    }
+    k++;
+  }
 }
 
 // ---- validation -------------------------------------------------------------------------------
@@ -221,10 +290,22 @@ static moe_status validate(run_state *r, double *val_loss) {
     moe_batch_val(&r->val, first, r->bl, r->s, r->tokens, r->targets);
     moe_gpt_loss l;
     MOE_TRY(moe_gpt_forward(r->model, r->tokens, r->targets, r->bl, r->s, 0, &l));
-    acc[0] += l.ce_sum;
+    if (r->tc->deterministic) {  // this batch's sequences in global order, on every rank
+      double b = 0.0;
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r->bl, 1, &b, r->world));
+      acc[0] += b;
+    } else {
+      acc[0] += l.ce_sum;
+    }
     acc[1] += l.tokens;
   }
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
+  if (r->tc->deterministic) {
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
+                   MPI_Allreduce(MPI_IN_PLACE, &acc[1], 1, MPI_DOUBLE, MPI_SUM, r->world));
+  } else {
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
+                   MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
+  }
   *val_loss = acc[1] > 0 ? acc[0] / acc[1] : NAN;
 done:
   return st;
@@ -302,15 +383,17 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       for (int q = 1; q < ep_size; q++)
         for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
           const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-          MOE_MPI_TRY(ctx, MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
-                                    r->ep_comm, MPI_STATUS_IGNORE));
+          MOE_MPI_TRY_OP(ctx, "checkpoint: receive of experts",
+                         MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
+                                  r->ep_comm, MPI_STATUS_IGNORE));
         }
       if (wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, full, p.numel * (size_t)ep_size * sizeof(float));
     } else {
       for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
         const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-        MOE_MPI_TRY(ctx, MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
+        MOE_MPI_TRY_OP(ctx, "checkpoint: send of experts",
+                       MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
       }
     }
   }
@@ -326,9 +409,10 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
     }
   }
-  MOE_MPI_TRY(ctx, MPI_Bcast(&ok, 1, MPI_INT, 0, r->world));
+  MOE_MPI_TRY_OP(ctx, "checkpoint: rank 0's verdict", MPI_Bcast(&ok, 1, MPI_INT, 0, r->world));
   if (!ok) {
-    MOE_MPI_TRY(ctx, MPI_Bcast(msg, sizeof msg, MPI_CHAR, 0, r->world));
+    MOE_MPI_TRY_OP(ctx, "checkpoint: rank 0's verdict",
+                   MPI_Bcast(msg, sizeof msg, MPI_CHAR, 0, r->world));
     if (r->rank == 0) {
       st = wst;
     } else {
@@ -442,8 +526,24 @@ static moe_status setup(run_state *r, int *start_step) {
   r->user->world = r->world;
   r->user->par = tc->par;
   r->user->par.ep_size = ep;
+  // deterministic: fixed-order GEMMs everywhere and fixed-order sums (slices
+  // = sequences); else OpenBLAS and MPI's reductions
+  moe_gemm_set_path(tc->deterministic ? MOE_GEMM_FIXED : MOE_GEMM_BLAS);
+  r->user->par.slice_tokens = tc->deterministic ? r->s : 0;
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
+  local = tc->deterministic ? moe_gpt_set_deterministic(r->model, 1) : MOE_STATUS_OK;
+  if (local == MOE_STATUS_OK && tc->deterministic) {
+    int ntens = 0;
+    for (int i = 0; i < moe_gpt_num_params(r->model); i++)
+      ntens += moe_gpt_get_param(r->model, i).kind == MOE_GPT_PARAM_EXPERT;
+    r->expert_sq_n = ntens * tc->model.moe.num_experts;
+    if (r->expert_sq_n > 0) r->expert_sq = moe_malloc((size_t)r->expert_sq_n * sizeof(double));
+    if (r->expert_sq_n > 0 && !r->expert_sq)
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "deterministic mode: out of memory");
+  }
+  MOE_TRY(agree(r, local, "deterministic mode"));
   moe_optim_config oc = tc->optim;
   oc.lr = r->schedule.lr;
   oc.min_lr = r->schedule.min_lr;
@@ -516,12 +616,32 @@ static void teardown(run_state *r) {
   moe_progress_free(r->progress);
   moe_metrics_close(r->metrics);
   moe_free(r->dense_buf);
+  moe_free(r->expert_sq);
   moe_free(r->targets);
   moe_free(r->tokens);
   moe_optim_destroy(r->opt);
   moe_gpt_destroy(r->model);  // collective: destroys the EP layers
   moe_free(r->user);
   moe_text_free(r->text);
+}
+
+// Test hook (tests/hang_test.sh): MOE_TEST_SLOW_RANK="R:SECONDS" makes rank R
+// sleep SECONDS before step 2's gradient all-reduce, where the other ranks wait
+// for it: a rank that is slow, not hung. Unset: nothing; malformed: a warning.
+static void test_slow_rank(const run_state *r, int step) {
+  const char *env = getenv("MOE_TEST_SLOW_RANK");
+  if (!env || !*env || step != 2) return;
+  int rank = -1;
+  double seconds = 0;
+  char tail = 0;
+  if (sscanf(env, "%d:%lf%c", &rank, &seconds, &tail) != 2 || !(seconds >= 0 && seconds < 3600)) {
+    if (r->rank == 0) MOE_WARN("MOE_TEST_SLOW_RANK='%s' is not RANK:SECONDS (ignored)", env);
+    return;
+  }
+  if (rank != r->rank) return;
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }
 
 // ---- the loop --------------------------------------------------------------------------------
@@ -583,7 +703,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
   for (int step = start; step <= end; step++) {
-    MOE_MPI_TRY(ctx, MPI_Barrier(world));  // steps start together: clean per-step times
+    moe_watchdog_note_step(step);
+    // steps start together: clean per-step times
+    MOE_MPI_TRY_OP(ctx, "barrier at the start of a step", MPI_Barrier(world));
     const uint64_t t0 = moe_time_ns();
     moe_batch_train(&r.train, tc->seed, (uint64_t)step, r.rank * r.bl, r.bl, r.s, r.tokens,
                     r.targets);
@@ -591,12 +713,16 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     moe_gpt_loss l;
     MOE_TRY(moe_gpt_forward(r.model, r.tokens, r.targets, r.bl, r.s, (double)gtokens, &l));
     MOE_TRY(moe_gpt_backward(r.model));
+    test_slow_rank(&r, step);
     MOE_TRY(allreduce_dense(&r));
     double norm = 0;
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     double sums[2] = {l.ce_sum, (double)l.dropped};
-    MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
+                   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
+    if (tc->deterministic)  // the sequences' sums in global order
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
 
     moe_train_step_info info;

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Bounded failure for a hung rank (docs/reliability.md#hung-ranks), end to end:
+#   - --hang-timeout is checked (exit 2 naming the valid range) and documented
+#     by every MPI command's --help;
+#   - `moe train` on 4 ranks with --hang-timeout 3: one rank SIGSTOPped after
+#     training has started ends the job non-zero within 30 s, with a line
+#     naming the stopped rank and the operation the others waited in, and no
+#     process of the job left behind;
+#   - a rank slower than the timeout (test hook MOE_TEST_SLOW_RANK: rank 1
+#     sleeps 5 s before step 2's gradient all-reduce, where the others wait;
+#     --hang-timeout 1) does not abort: exit 0 with a warning naming it; with
+#     --hang-timeout 0 not even the warning.
+# Usage: hang_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: hang_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: hang_test.sh path/to/moe path/to/mpiexec}
+tmp=$(mktemp -d)
+bg=""
+# Every process below pid $1 (the launcher's children and theirs).
+descendants() {
+  local c
+  for c in $(pgrep -P "$1"); do
+    echo "$c"
+    descendants "$c"
+  done
+}
+cleanup() {
+  if [[ -n "$bg" ]]; then
+    for p in $(descendants "$bg"); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+    kill -9 "$bg" 2>/dev/null
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+OVERSUB=""
+if "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then OVERSUB=--oversubscribe; fi
+
+python3 - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(5)
+w = ["the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away!\n"]
+open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
+PY
+TINY=(--data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4
+      --expert-hidden 32 --batch 8 --eval-every 0 --eval-batches 1 --quiet)
+
+# expect CODE PATTERN -- CMD...: exit status and output pattern.
+expect() {
+  local code=$1 pattern=$2
+  shift 3
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then ok; else
+    bad "$* -> exit $rc (want $code), wanted /$pattern/, output:"
+    echo "$out" | tail -5 >&2
+  fi
+}
+
+# ---- the option ----------------------------------------------------------------------
+# (each command consumes the option; the range check and the help lines are shared)
+for cmd in "train" "bench a2a" "calibrate --out $tmp/p.json" "bench layer --a2a mpi"; do
+  # shellcheck disable=SC2086
+  expect 2 "--hang-timeout \(-1\) must be in \[0, 86400\]" -- "$MOE" $cmd --hang-timeout -1
+done
+expect 2 "--hang-timeout expects a finite number, got 'soon'" -- "$MOE" bench a2a --hang-timeout soon
+for cmd in "train" "bench a2a"; do
+  # shellcheck disable=SC2086
+  expect 0 "--hang-timeout S +when a rank has waited S seconds" -- "$MOE" $cmd --help
+done
+
+# ---- a stopped rank ------------------------------------------------------------------------
+"$MPIEXEC" -n 4 $OVERSUB "$MOE" train "${TINY[@]}" --steps 1000000 --hang-timeout 3 \
+  --metrics "$tmp/s.jsonl" >"$tmp/stop.log" 2>&1 &
+bg=$!
+for _ in $(seq 1 300); do  # up to 60 s for the job to have done two steps
+  [[ -s "$tmp/s.jsonl" && $(wc -l <"$tmp/s.jsonl") -ge 2 ]] && break
+  sleep 0.2
+done
+victim=""
+for p in $(descendants "$bg"); do  # world rank 2: its launcher's rank variable
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxE "(OMPI_COMM_WORLD_RANK|PMI_RANK)=2"; then
+    victim=$p
+  fi
+done
+if [[ -z "$victim" ]]; then
+  bad "no rank 2 to stop (did the job start? log: $(tail -3 "$tmp/stop.log"))"
+else
+  t0=$(date +%s.%N)
+  kill -STOP "$victim"
+  ended=0
+  for _ in $(seq 1 150); do  # up to 30 s
+    if ! kill -0 "$bg" 2>/dev/null; then ended=1; break; fi
+    sleep 0.2
+  done
+  if [[ $ended -eq 1 ]]; then
+    wait "$bg"
+    rc=$?
+    secs=$(python3 -c "import sys, time; print('%.1f' % (time.time() - float(sys.argv[1])))" "$t0")
+    echo "stopped rank 2: the job ended after $secs s with exit $rc"
+    if [[ $rc -ne 0 ]]; then ok; else bad "the job with a stopped rank exited 0"; fi
+    if grep -qE "hang watchdog \(no answer\): rank [013] of 4 has waited [0-9.]+ s in '[^']+' \(step [0-9]+\); rank 2 did not answer a probe within [0-9.]+ s \(stopped, or hung with all its threads\): aborting the job; --hang-timeout SECONDS sets this limit" "$tmp/stop.log"; then
+      ok
+      grep -m1 "hang watchdog" "$tmp/stop.log"
+    else
+      bad "no line naming rank 2 and an operation; log:"
+      tail -8 "$tmp/stop.log" >&2
+    fi
+    sleep 1  # the launcher has returned; its ranks must be gone too
+    if kill -0 "$victim" 2>/dev/null; then bad "the stopped rank $victim is still there"; else ok; fi
+  else
+    bad "the job with a stopped rank still runs 30 s later"
+    tail -5 "$tmp/stop.log" >&2
+  fi
+  left=$(descendants "$bg")
+  [[ -z "$left" ]] || bad "processes left behind: $left"
+fi
+cleanup_bg() {
+  for p in $(descendants "$bg"); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+  bg=""
+}
+cleanup_bg
+
+# ---- a slow rank ------------------------------------------------------------------------------
+# Slower than the timeout plus the probe's grace (2 s): every probe finds it busy.
+out=$(MOE_TEST_SLOW_RANK=1:5 "$MPIEXEC" -n 3 $OVERSUB "$MOE" train "${TINY[@]}" --batch 6 \
+  --experts 6 --steps 3 --hang-timeout 1 2>&1)
+rc=$?
+if [[ $rc -eq 0 ]] && grep -qE "moe: warning: hang watchdog \(slow\): rank [02] of 3 has waited [0-9.]+ s in 'all-reduce of the dense gradients' \(step 2\); every rank answers and rank 1 is busy outside communication: still waiting" <<<"$out" &&
+  ! grep -qE "no answer|deadlock|aborting" <<<"$out"; then
+  ok
+  grep -m1 "hang watchdog" <<<"$out"
+else
+  bad "slow rank: exit $rc (want 0 and a warning naming rank 1); output:"
+  echo "$out" | tail -6 >&2
+fi
+out=$(MOE_TEST_SLOW_RANK=1:2.5 "$MPIEXEC" -n 3 $OVERSUB "$MOE" train "${TINY[@]}" --batch 6 \
+  --experts 6 --steps 3 --hang-timeout 0 2>&1)
+rc=$?
+if [[ $rc -eq 0 ]] && ! grep -q "hang watchdog" <<<"$out"; then ok; else
+  bad "--hang-timeout 0: exit $rc or a watchdog line; output:"
+  echo "$out" | tail -4 >&2
+fi
+
+echo "hang_test: $pass passed, $fail failed"
+[[ $fail -eq 0 ]]
