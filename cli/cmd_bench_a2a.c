@@ -271,6 +271,11 @@ int cmd_bench_a2a(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("bench a2a: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   rc = collect_names(ctx, &o, rank, names, &nnames);
   if (rc != CLI_OK) goto done;

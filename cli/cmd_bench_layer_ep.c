@@ -46,19 +46,6 @@ static const char *const ep_only_opts[] = {"--schedule",
                                            "--allow-lossy",
                                            "--hang-timeout"};
 
-// World size announced by the launcher (Open MPI, MPICH/Hydra, Slurm's PMI), or 1.
-static int launcher_world_size(void) {
-  const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
-  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-    const char *v = getenv(vars[i]);
-    if (v && *v) {
-      const long n = strtol(v, NULL, 10);
-      if (n > 0 && n < INT_MAX) return (int)n;
-    }
-  }
-  return 1;
-}
-
 int cli_bench_layer_is_ep(int argc, char **argv) {
   for (int i = 3; i < argc; i++) {
     for (size_t k = 0; k < sizeof ep_only_opts / sizeof ep_only_opts[0]; k++) {
@@ -68,7 +55,11 @@ int cli_bench_layer_is_ep(int argc, char **argv) {
       }
     }
   }
-  return MOE_CLI_MPI && launcher_world_size() > 1;
+#if MOE_CLI_MPI
+  return moe_launcher_size(NULL) > 1;  // the job has several ranks
+#else
+  return 0;
+#endif
 }
 
 void cli_bench_layer_ep_usage(FILE *f) {
@@ -994,6 +985,11 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("cannot create a context");
     rc = CLI_FAILED;
+    goto done;
+  }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("bench layer: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
     goto done;
   }
   rc = check_world(ctx, &o, rank, world, &nodes);

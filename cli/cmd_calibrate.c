@@ -264,6 +264,11 @@ int cmd_calibrate(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("calibrate: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+    goto done;
+  }
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
     rc = CLI_FAILED;

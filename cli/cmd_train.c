@@ -523,6 +523,12 @@ int cmd_train(int argc, char **argv) {
     MPI_Finalize();
     return CLI_FAILED;
   }
+  if (moe_launch_check(ctx) != MOE_STATUS_OK) {
+    cli_error("train: %s", moe_ctx_error(ctx));
+    moe_ctx_destroy(ctx);
+    MPI_Finalize();
+    return CLI_USAGE;
+  }
   int saved[2];
   cli_silence_begin(rank != 0, saved);
   rc = parse(argc, argv, &o, ctx);

@@ -12,8 +12,22 @@ MOE=${1:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
 MPIEXEC=${2:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
 tmp=$(mktemp -d)
 bg=""
+# descendants PID: every process below PID. Open MPI's mpirun starts the ranks
+# as its children; MPICH's hydra as children of its hydra_pmi_proxy.
+descendants() {
+  local c
+  for c in $(pgrep -P "$1"); do
+    echo "$c"
+    descendants "$c"
+  done
+}
 cleanup() {
-  if [[ -n "$bg" ]]; then kill -9 "$bg" 2>/dev/null; pkill -9 -P "$bg" 2>/dev/null; fi
+  if [[ -n "$bg" ]]; then
+    local tree
+    tree=$(descendants "$bg")
+    # shellcheck disable=SC2086 # one pid per word
+    kill -9 "$bg" $tree 2>/dev/null
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -185,7 +199,10 @@ for _ in $(seq 1 150); do  # up to 30 s for the job to start stepping
   [[ -s "$tmp/k.jsonl" ]] && break
   sleep 0.2
 done
-victim=$(pgrep -n -P "$bg" -f "train")  # the newest rank (mpirun's child)
+victim=""  # the newest rank: a process below the launcher running moe train
+for p in $(descendants "$bg"); do
+  if tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$MOE train"; then victim=$p; fi
+done
 if [[ -z "$victim" ]]; then
   bad "no rank of the job to kill (did it start?)"
 else

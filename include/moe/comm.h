@@ -69,6 +69,23 @@ moe_status moe_topology_nodes(moe_ctx *ctx, MPI_Comm comm, int ranks_per_node, i
 // ranks_per_node). Collective over comm; fails on every rank alike.
 moe_status moe_group_init_topology(moe_ctx *ctx, moe_group *g, MPI_Comm comm, int ranks_per_node);
 
+// ---- launch ------------------------------------------------------------------------------
+
+// The number of processes the launcher says it started, from the environment
+// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE, SLURM_STEP_NUM_TASKS, the first
+// set to a positive integer), or 1 when none is. *var (if var is not NULL) is
+// that variable's name, or NULL. Reads the environment only: callable before
+// MPI_Init, from any thread.
+int moe_launcher_size(const char **var);
+// INVALID_ARG, naming the fix, when the launcher started several processes but
+// MPI_COMM_WORLD has one rank: the program was started by a launcher of another
+// MPI, or by srun with a PMI plug-in its MPI does not speak, and every process
+// would run alone. Local (no communication); call after MPI_Init.
+moe_status moe_launch_check(moe_ctx *ctx);
+// The MPI library, one line ("Open MPI v4.1.4", "MPICH Version: 4.0.2"; from
+// MPI_Get_library_version). A static buffer: not thread-safe on first call.
+const char *moe_mpi_library_name(void);
+
 // ---- workspace ---------------------------------------------------------------------------
 
 // Scratch memory that grows on demand and is reused: after the first call of a

@@ -38,8 +38,14 @@ static moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
   if (gs == 0) gs = g->uniform ? g->local_size : 1;
   if (gs > P) gs = P;
   const int n = (P + gs - 1) / gs, gi = r / gs;
-  MOE_TRY(moe_workspace_reserve(ctx, ws, 2 * (size_t)gs * sizeof(MPI_Request)));
-  MPI_Request *req = ws->buf;
+  // Statuses first (MPI_Status may need the stricter alignment), then requests.
+  // Waitall gets a real status array, not MPI_STATUSES_IGNORE: MPICH defines that
+  // as (MPI_Status *)1 and GCC 12 (-O2, -Werror=stringop-overflow) then reports a
+  // write of nr statuses into a region of size 0.
+  MOE_TRY(
+      moe_workspace_reserve(ctx, ws, 2 * (size_t)gs * (sizeof(MPI_Status) + sizeof(MPI_Request))));
+  MPI_Status *stat = ws->buf;
+  MPI_Request *req = (MPI_Request *)(stat + 2 * (size_t)gs);
   for (int j = 0; j < n; j++) {
     const int to_g = (gi + j) % n, from_g = (gi - j + n) % n;
     const int to0 = to_g * gs, to1 = to0 + gs < P ? to0 + gs : P;
@@ -60,7 +66,7 @@ static moe_status moe_alltoallv_grouped(MOE_A2A_ARGS) {
                                  MPI_BYTE, to, MOE_A2A_TAG, g->comm, &req[nr++]));
     }
     if (j == 0) moe_a2a_copy_self(g, send, send_counts, send_displs, recv, recv_displs);
-    MOE_MPI_TRY(ctx, MPI_Waitall(nr, req, MPI_STATUSES_IGNORE));
+    MOE_MPI_TRY(ctx, MPI_Waitall(nr, req, stat));
   }
 done:
   return st;
