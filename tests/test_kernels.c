@@ -266,9 +266,10 @@ static void test_pairwise(void) {
   moe_pairwise_reset(&pw, 3);
   const float *z = moe_pairwise_result(&pw);
   TU_CHECK(z[0] == 0.0f && z[1] == 0.0f && z[2] == 0.0f, "pairwise: empty sum is not 0");
+  moe_pairwise_free(&pw);
   TU_CHECK(moe_pairwise_init(ctx, &pw, n, 0) == MOE_STATUS_INVALID_ARG,
            "pairwise: 0 leaves accepted");
-  moe_pairwise_free(&pw);
+  moe_pairwise_free(&pw);  // a failed init leaves nothing to free: a no-op
   moe_ctx_destroy(ctx);
 }
 
