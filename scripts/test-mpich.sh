@@ -55,6 +55,15 @@ exclude=""
 if [[ "${MOE_MPICH_ALL:-0}" != 1 ]]; then
   exclude=$(ctest --test-dir "$build" -N | sed -n 's/^ *Test *#[0-9]*: \(.*_np\([0-9]*\)\)$/\2 \1/p' |
     awk -v c="$cores" '$1 > c {print $2}' | paste -sd'|' -)
+  # Script tests that start 4 ranks (more than the 2 cores of the CI machine)
+  # for the same reason: train_bitwise (the default model on 1, 2 and 4 ranks;
+  # tests/slurm_test.sh compares MPICH's 4-rank checkpoints byte for byte
+  # instead) and hang_cli (4 ranks; also, hydra leaves the SIGSTOPped rank
+  # behind when the watchdog aborts the job, which the test counts as a
+  # leftover; the watchdog itself is tested under Open MPI in the other stages).
+  if ((cores < 4)); then
+    for t in train_bitwise hang_cli; do exclude="${exclude:+$exclude|}$t"; done
+  fi
 fi
 if [[ -n "$exclude" ]]; then
   echo "test-mpich: skipping the tests with more ranks than the $cores cores (MOE_MPICH_ALL=1 runs them):" \
