@@ -139,7 +139,8 @@ static void gemm_fixed_call(int ta, int tb, int rows, int n, int k, const float 
 }
 
 static void test_gemm_fixed(void) {
-  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7}, {40, 300}, {130, 5}, {17, 19}};
+  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7},   {40, 300},
+                                  {130, 5}, {17, 19},  {520, 40}};
   char name[96];
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int n = shapes[s][0], k = shapes[s][1], m = 2048;
@@ -190,6 +191,30 @@ static void test_gemm_fixed(void) {
         }
         TU_CHECK(bits_equal(split, c, (size_t)m * n),
                  "%s: k split over calls gives other bits than one call", name);
+        // beta = 0: C is not read (a NaN there does not survive) and the
+        // chains start at +0, the same bits as beta = 1 over a zero C (k above
+        // the 256-step blocking included: only the first block starts at 0)
+        float *nanc = tu_fbuf((size_t)m * n), *zc = tu_fbuf((size_t)m * n);
+        for (size_t i = 0; i < (size_t)m * n; i++) nanc[i] = NAN;
+        moe_gemm_fixed(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, nanc, n);
+        moe_gemm_fixed(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, zc, n);
+        TU_CHECK(bits_equal(nanc, zc, (size_t)m * n),
+                 "%s: beta 0 over NaN gives other bits than beta 1 over zeros", name);
+        // alpha and beta other than 0 and 1: the portable path agrees, and a
+        // row alone gives the full call's bits
+        float *ab = tu_copy_of(c0, (size_t)m * n), *abp = tu_copy_of(c0, (size_t)m * n);
+        float *ab1 = tu_copy_of(c0, (size_t)m * n);
+        moe_gemm_fixed(ta, tb, m, n, k, -0.75f, a, lda, b, ldb, 0.5f, ab, n);
+        moe_gemm_fixed_portable(ta, tb, m, n, k, -0.75f, a, lda, b, ldb, 0.5f, abp, n);
+        TU_CHECK(bits_equal(ab, abp, (size_t)m * n),
+                 "%s: alpha -0.75 beta 0.5: the portable path and the %s path differ", name,
+                 moe_gemm_fixed_isa());
+        for (int i = 0; i < m; i += 97) {
+          const float *ar = ta ? a + i : a + (size_t)i * (size_t)lda;
+          moe_gemm_fixed(ta, tb, 1, n, k, -0.75f, ar, lda, b, ldb, 0.5f, ab1 + (size_t)i * n, n);
+          TU_CHECK(bits_equal(ab1 + (size_t)i * n, ab + (size_t)i * n, (size_t)n),
+                   "%s: alpha -0.75 beta 0.5: row %d alone differs", name, i);
+        }
       }
     }
   }

@@ -78,8 +78,9 @@ void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, co
 // machines (`moe bench gemm`), far below it without FMA (software fmaf).
 void moe_gemm_fixed(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                     int lda, const float *b, int ldb, float beta, float *c, int ldc);
-// The path moe_gemm_fixed runs on this CPU: "avx2+fma" or "portable (fmaf)"
-// (forced by MOE_GEMM_FIXED_PORTABLE=1 in the environment, read once).
+// The path moe_gemm_fixed runs on this CPU: "avx512", "avx2+fma" or
+// "portable (fmaf)" (a narrower one forced by MOE_GEMM_FIXED_ISA=avx2 or
+// portable in the environment, read once; all give the same bits).
 const char *moe_gemm_fixed_isa(void);
 
 // ---- pairwise (tree) sums in a fixed order ----------------------------------------------

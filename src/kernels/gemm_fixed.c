@@ -12,15 +12,17 @@
 //
 // Layout (a Goto-style blocking, simplified): for each block of NC columns and
 // KC steps of k, op(B) (times alpha) is packed into panels of nr columns
-// (kc x nr, zero-padded at the right edge); every mr-row strip of op(A) is read
-// in place (strips at the bottom edge, and all strips of a transposed A, are
-// copied into a zero-padded contiguous buffer) and multiplied into an mr x nr
+// (kc x nr, zero-padded at the right edge); the rows go in blocks of MC, panel
+// by panel, and every mr-row strip of op(A) is read in place (only the bottom
+// strip is copied into a zero-padded buffer) and multiplied into an mr x nr
 // tile of C held in registers (AVX-512: 8 x 32, AVX2: 6 x 16, portable:
 // 6 x 16). Edge tiles go through a scratch tile. The padding only ever feeds
-// rows and columns that are thrown away.
+// rows and columns that are thrown away. With beta = 0 the first block of k
+// starts its chains at 0 instead of reading C (the same value: C after beta).
 //
 // Single-threaded: the callers' parallelism is ranks and the executor's threads.
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,8 +49,9 @@ typedef struct {
 
 // c (mr x nr, row stride ldc) = chain over p of fma(a_ip, bp[p * nr + j], c).
 // `a` is a strip of mr rows: a[i * rsa + p * csa].
+// zero: the chains start at 0 instead of at c (beta = 0, the first block of k).
 typedef void (*ukernel_fn)(int kc, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *bp,
-                           float *c, ptrdiff_t ldc);
+                           float *c, ptrdiff_t ldc, int zero);
 
 typedef struct {
   ukernel_fn fn;
@@ -59,11 +62,11 @@ typedef struct {
 enum { PMR = 6, PNR = 16 };  // the portable kernel's tile
 
 static void ukernel_portable(int kc, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *bp,
-                             float *c, ptrdiff_t ldc) {
+                             float *c, ptrdiff_t ldc, int zero) {
   for (int i = 0; i < PMR; i++) {
     float acc[PNR];
     float *ci = c + (ptrdiff_t)i * ldc;
-    for (int j = 0; j < PNR; j++) acc[j] = ci[j];
+    for (int j = 0; j < PNR; j++) acc[j] = zero ? 0.0f : ci[j];
     const float *ai = a + (ptrdiff_t)i * rsa;
     for (int p = 0; p < kc; p++) {
       const float av = ai[(ptrdiff_t)p * csa];
@@ -77,13 +80,17 @@ static void ukernel_portable(int kc, const float *a, ptrdiff_t rsa, ptrdiff_t cs
 #if MOE_FIXED_X86
 __attribute__((target("avx2,fma"))) static void ukernel_avx2(int kc, const float *a, ptrdiff_t rsa,
                                                              ptrdiff_t csa, const float *bp,
-                                                             float *c, ptrdiff_t ldc) {
-  __m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
-  __m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
-  __m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
-  __m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
-  __m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
-  __m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+                                                             float *c, ptrdiff_t ldc, int zero) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  if (!zero) {
+    c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+    c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+  }
   const float *a0 = a, *a1 = a + rsa, *a2 = a + 2 * rsa, *a3 = a + 3 * rsa, *a4 = a + 4 * rsa,
               *a5 = a + 5 * rsa;
   for (int p = 0; p < kc; p++) {
@@ -127,11 +134,11 @@ __attribute__((target("avx2,fma"))) static void ukernel_avx2(int kc, const float
 __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int kc, const float *a,
                                                                        ptrdiff_t rsa, ptrdiff_t csa,
                                                                        const float *bp, float *c,
-                                                                       ptrdiff_t ldc) {
+                                                                       ptrdiff_t ldc, int zero) {
   __m512 acc[8][2];
   for (int i = 0; i < 8; i++) {
-    acc[i][0] = _mm512_loadu_ps(c + i * ldc);
-    acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
+    acc[i][0] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc);
+    acc[i][1] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + 16);
   }
   for (int p = 0; p < kc; p++) {
     const ptrdiff_t o = (ptrdiff_t)p * csa;
@@ -154,13 +161,19 @@ __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int kc, c
 
 static const ukernel k_portable = {ukernel_portable, PMR, PNR, "portable (fmaf)"};
 
+// MOE_GEMM_FIXED_ISA=portable or avx2 in the environment (read once) picks a
+// narrower kernel than the CPU's best: the tests run the AVX2 kernel on an
+// AVX-512 machine that way. Other values, and avx2 on a CPU without it, are
+// ignored.
 static ukernel pick_kernel(void) {
 #if MOE_FIXED_X86
-  const char *force = getenv("MOE_GEMM_FIXED_PORTABLE");
-  if (!(force && force[0] == '1')) {
+  const char *force = getenv("MOE_GEMM_FIXED_ISA");
+  if (!(force && strcmp(force, "portable") == 0)) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      if (__builtin_cpu_supports("avx512f")) return (ukernel){ukernel_avx512, 8, 32, "avx512"};
+      if (__builtin_cpu_supports("avx512f") && !(force && strcmp(force, "avx2") == 0)) {
+        return (ukernel){ukernel_avx512, 8, 32, "avx512"};
+      }
       return (ukernel){ukernel_avx2, 6, 16, "avx2+fma"};
     }
   }
@@ -182,6 +195,36 @@ static const ukernel *kernel(void) {
 
 const char *moe_gemm_fixed_isa(void) { return kernel()->name; }
 
+// ---- scratch ----------------------------------------------------------------------
+
+// The packed panels live in one buffer per thread, made on a thread's first
+// call and freed when the thread ends (a GEMM per call to malloc cost more
+// than the small GEMMs themselves, and a large block came from mmap, so every
+// call faulted its pages in again).
+enum { BPACK_FLOATS = NC * KC, APAD_FLOATS = MRMAX * KC };
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static int g_scratch_key_ok;
+
+static void scratch_key_make(void) {
+  g_scratch_key_ok = pthread_key_create(&g_scratch_key, free) == 0;
+}
+
+static float *scratch(void) {
+  pthread_once(&g_scratch_once, scratch_key_make);
+  if (!g_scratch_key_ok) return NULL;
+  float *buf = pthread_getspecific(g_scratch_key);
+  if (!buf) {
+    buf = aligned_alloc(64, (size_t)(BPACK_FLOATS + APAD_FLOATS) * sizeof(float));
+    if (buf && pthread_setspecific(g_scratch_key, buf) != 0) {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  return buf;
+}
+
 // ---- packing ----------------------------------------------------------------------
 
 // op(B) rows [p0, p0 + kc) and columns [j0, j0 + nc), times alpha, into
@@ -190,22 +233,48 @@ static void pack_b(float *restrict dst, const float *b, int ldb, int trans_b, in
                    int j0, int nc, float alpha, int NR) {
   for (int jp = 0; jp < nc; jp += NR) {
     const int nr = nc - jp < NR ? nc - jp : NR;
-    for (int p = 0; p < kc; p++) {
-      float *restrict d = dst + (size_t)p * NR;
-      if (!trans_b) {
+    if (!trans_b) {
+      for (int p = 0; p < kc; p++) {
+        float *restrict d = dst + (size_t)p * NR;
         const float *restrict s = b + (size_t)(p0 + p) * (size_t)ldb + (size_t)(j0 + jp);
-        if (alpha == 1.0f) {
-          for (int j = 0; j < nr; j++) d[j] = s[j];
-        } else {
-          for (int j = 0; j < nr; j++) d[j] = alpha * s[j];
-        }
-      } else {
-        const float *s = b + (size_t)(j0 + jp) * (size_t)ldb + (size_t)(p0 + p);
-        for (int j = 0; j < nr; j++) d[j] = alpha * s[(size_t)j * (size_t)ldb];
+        for (int j = 0; j < nr; j++) d[j] = alpha * s[j];
+        for (int j = nr; j < NR; j++) d[j] = 0.0f;
       }
-      for (int j = nr; j < NR; j++) d[j] = 0.0f;
+    } else {
+      // op(B) column j is row j of B: read along it, write down the panel
+      for (int j = 0; j < nr; j++) {
+        const float *restrict s = b + (size_t)(j0 + jp + j) * (size_t)ldb + (size_t)p0;
+        for (int p = 0; p < kc; p++) dst[(size_t)p * NR + j] = alpha * s[p];
+      }
+      if (nr < NR) {
+        for (int p = 0; p < kc; p++) {
+          for (int j = nr; j < NR; j++) dst[(size_t)p * NR + j] = 0.0f;
+        }
+      }
     }
     dst += (size_t)kc * NR;
+  }
+}
+
+// op(A) rows [i0, i0 + mr) (mr <= MR) and k [p0, p0 + kc) into one strip of
+// kc x MR (row i of the strip at dst[p * MR + i], zero past row mr).
+static void pack_a_strip(float *restrict dst, a_view av, int i0, int mr, int p0, int kc, int MR) {
+  const float *a = av.a + (ptrdiff_t)i0 * av.rsa + (ptrdiff_t)p0 * av.csa;
+  if (av.csa == 1) {  // op(A) = A: row i contiguous along p
+    for (int i = 0; i < mr; i++) {
+      const float *restrict s = a + (ptrdiff_t)i * av.rsa;
+      for (int p = 0; p < kc; p++) dst[(size_t)p * MR + i] = s[p];
+    }
+  } else {  // op(A) = A^T: the strip's rows are contiguous along i
+    for (int p = 0; p < kc; p++) {
+      const float *restrict s = a + (ptrdiff_t)p * av.csa;
+      for (int i = 0; i < mr; i++) dst[(size_t)p * MR + i] = s[i];
+    }
+  }
+  if (mr < MR) {
+    for (int p = 0; p < kc; p++) {
+      for (int i = mr; i < MR; i++) dst[(size_t)p * MR + i] = 0.0f;
+    }
   }
 }
 
@@ -223,89 +292,94 @@ static void scale_or_zero(float *c, int m, int n, int ldc, float beta) {
   }
 }
 
+// The same chains one element at a time (slow, identical bits): the path
+// when a thread's scratch cannot be allocated.
+static void gemm_fixed_elementwise(int trans_b, int m, int n, int k, float alpha, a_view av,
+                                   const float *b, int ldb, float *c, int ldc) {
+  for (int i = 0; i < m; i++) {
+    for (int j = 0; j < n; j++) {
+      float s = c[(size_t)i * (size_t)ldc + (size_t)j];
+      for (int p = 0; p < k; p++) {
+        const float bv = trans_b ? b[(size_t)j * (size_t)ldb + (size_t)p]
+                                 : b[(size_t)p * (size_t)ldb + (size_t)j];
+        s = fmaf(av.a[(ptrdiff_t)i * av.rsa + (ptrdiff_t)p * av.csa], alpha * bv, s);
+      }
+      c[(size_t)i * (size_t)ldc + (size_t)j] = s;
+    }
+  }
+}
+
+// One mr x nr tile (mr <= MR, nr <= NR) of C: in place when whole, else
+// through a zero-padded scratch tile. zero: the chains start at 0 (beta = 0,
+// first block of k) instead of reading C.
+static void tile(const ukernel *kern, int kc, const float *ap, ptrdiff_t rsa, ptrdiff_t csa,
+                 const float *bp, float *c, int ldc, int mr, int nr, int zero) {
+  const int MR = kern->mr, NR = kern->nr;
+  if (mr == MR && nr == NR) {
+    kern->fn(kc, ap, rsa, csa, bp, c, ldc, zero);
+    return;
+  }
+  float t[MRMAX * NRMAX];
+  for (int i = 0; i < MR; i++) {
+    for (int j = 0; j < NR; j++) {
+      t[i * NR + j] = !zero && i < mr && j < nr ? c[(size_t)i * (size_t)ldc + (size_t)j] : 0.0f;
+    }
+  }
+  kern->fn(kc, ap, rsa, csa, bp, t, NR, zero);
+  for (int i = 0; i < mr; i++) {
+    for (int j = 0; j < nr; j++) c[(size_t)i * (size_t)ldc + (size_t)j] = t[i * NR + j];
+  }
+}
+
+// Goto's loop order: for each NC x KC block of op(B) (packed into panels),
+// the rows go in blocks of MC, and within a block panel by panel, strip by
+// strip, so that a panel of B stays in L1 while the strips of A stream from
+// L2. The strips are read in place (with their strides; a transposed A gives
+// MR contiguous floats per step of k): packing them cost more than it saved
+// at the shapes libmoe runs (k <= KC mostly, so each strip is used by few
+// panels). Only the bottom strip, whose rows past m must not be read, is
+// copied into a zero-padded buffer.
 static void gemm_fixed_with(const ukernel *kern, int trans_a, int trans_b, int m, int n, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
                             float beta, float *c, int ldc) {
-  const ukernel_fn uk = kern->fn;
-  const int MR = kern->mr, NR = kern->nr;
+  const int MR = kern->mr, NR = kern->nr, MC = MR * (128 / MR);
   if (m <= 0 || n <= 0) return;
-  scale_or_zero(c, m, n, ldc, beta);
+  if (k <= 0 || alpha == 0.0f || beta != 0.0f) scale_or_zero(c, m, n, ldc, beta);
   if (k <= 0 || alpha == 0.0f) return;
   const a_view av = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
-
-  const int ncmax = n < NC ? n : NC;
-  const int kcmax = k < KC ? k : KC;
-  const size_t panels = (size_t)(ncmax + NR - 1) / NR;
-  float *bpack = malloc(panels * (size_t)kcmax * NR * sizeof(float));
-  float *apad = malloc((size_t)MR * (size_t)kcmax * sizeof(float));
-  if (!bpack || !apad) {
-    // Out of memory for a scratch of at most 2 MB: fall back to the same
-    // chains one element at a time (slow, identical bits).
-    free(bpack);
-    free(apad);
-    for (int i = 0; i < m; i++) {
-      for (int j = 0; j < n; j++) {
-        float s = c[(size_t)i * (size_t)ldc + (size_t)j];
-        for (int p = 0; p < k; p++) {
-          const float bv = trans_b ? b[(size_t)j * (size_t)ldb + (size_t)p]
-                                   : b[(size_t)p * (size_t)ldb + (size_t)j];
-          s = fmaf(av.a[(ptrdiff_t)i * av.rsa + (ptrdiff_t)p * av.csa], alpha * bv, s);
-        }
-        c[(size_t)i * (size_t)ldc + (size_t)j] = s;
-      }
-    }
+  float *bpack = scratch();
+  if (!bpack) {
+    gemm_fixed_elementwise(trans_b, m, n, k, alpha, av, b, ldb, c, ldc);
     return;
   }
-  float tile[MRMAX * NRMAX];
+  float *apad = bpack + BPACK_FLOATS;
 
   for (int j0 = 0; j0 < n; j0 += NC) {
     const int nc = n - j0 < NC ? n - j0 : NC;
     for (int p0 = 0; p0 < k; p0 += KC) {
       const int kc = k - p0 < KC ? k - p0 : KC;
+      const int zero = beta == 0.0f && p0 == 0;
       pack_b(bpack, b, ldb, trans_b, p0, kc, j0, nc, alpha, NR);
-      for (int i0 = 0; i0 < m; i0 += MR) {
-        const int mr = m - i0 < MR ? m - i0 : MR;
-        const float *astrip = av.a + (ptrdiff_t)i0 * av.rsa + (ptrdiff_t)p0 * av.csa;
-        ptrdiff_t rsa = av.rsa, csa = av.csa;
-        // Copied into a contiguous strip: at the bottom edge (the rows there
-        // are, zeros for the rest) and when op(A) is transposed (its strip is
-        // 6 floats out of every row of A: poor locality in place).
-        if (mr < MR || trans_a) {
-          for (int p = 0; p < kc; p++) {
-            for (int i = 0; i < MR; i++) {
-              apad[(size_t)p * MR + (size_t)i] =
-                  i < mr ? astrip[(ptrdiff_t)i * av.rsa + (ptrdiff_t)p * av.csa] : 0.0f;
-            }
-          }
-          astrip = apad;
-          rsa = 1;
-          csa = MR;
-        }
+      for (int i0 = 0; i0 < m; i0 += MC) {
+        const int mc = m - i0 < MC ? m - i0 : MC;
+        const int mfull = mc / MR * MR;  // rows in whole strips
+        if (mfull < mc) pack_a_strip(apad, av, i0 + mfull, mc - mfull, p0, kc, MR);
         for (int jp = 0; jp < nc; jp += NR) {
           const int nr = nc - jp < NR ? nc - jp : NR;
           const float *bp = bpack + (size_t)(jp / NR) * (size_t)kc * NR;
-          float *ct = c + (size_t)i0 * (size_t)ldc + (size_t)(j0 + jp);
-          if (mr == MR && nr == NR) {
-            uk(kc, astrip, rsa, csa, bp, ct, ldc);
-          } else {
-            for (int i = 0; i < MR; i++) {
-              for (int j = 0; j < NR; j++) {
-                tile[i * NR + j] =
-                    i < mr && j < nr ? ct[(size_t)i * (size_t)ldc + (size_t)j] : 0.0f;
-              }
-            }
-            uk(kc, astrip, rsa, csa, bp, tile, NR);
-            for (int i = 0; i < mr; i++) {
-              for (int j = 0; j < nr; j++)
-                ct[(size_t)i * (size_t)ldc + (size_t)j] = tile[i * NR + j];
+          for (int ir = 0; ir < mc; ir += MR) {
+            float *ct = c + (size_t)(i0 + ir) * (size_t)ldc + (size_t)(j0 + jp);
+            if (ir < mfull) {
+              const float *as = av.a + (ptrdiff_t)(i0 + ir) * av.rsa + (ptrdiff_t)p0 * av.csa;
+              tile(kern, kc, as, av.rsa, av.csa, bp, ct, ldc, MR, nr, zero);
+            } else {
+              tile(kern, kc, apad, 1, MR, bp, ct, ldc, mc - mfull, nr, zero);
             }
           }
         }
       }
     }
   }
-  free(bpack);
-  free(apad);
 }
 
 void moe_gemm_fixed(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
