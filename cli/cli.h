@@ -38,8 +38,13 @@ int cli_opt(cli_args *a, const char *name);
 // Parse a->value into *out checking [lo, hi]; prints the error naming opt and
 // sets a->bad on failure.
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
-// --gemm fixed|blas: which code moe_gemm runs (moe_gemm_set_path).
-void cli_parse_gemm(cli_args *a, const char *opt, int *out);
+// --backend NAME: a compute backend this build can run (moe_backend_find);
+// stores the name. Prints the error naming the valid ones and sets a->bad.
+void cli_parse_backend(cli_args *a, const char *opt, const char **out);
+// Makes `name` the backend of moe_gemm with `threads` threads and writes its
+// description ("OpenBLAS ..., 2 threads") to desc. Returns CLI_OK, or prints
+// the error and returns CLI_USAGE.
+int cli_use_backend(const char *name, int threads, char *desc, size_t len);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
 // Parse a->value as a non-negative integer (no sign) into *out, or print the
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.

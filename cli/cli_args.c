@@ -64,16 +64,40 @@ int cli_opt(cli_args *a, const char *name) {
   return 1;
 }
 
-void cli_parse_gemm(cli_args *a, const char *opt, int *out) {
+void cli_parse_backend(cli_args *a, const char *opt, const char **out) {
   if (!a->value) return;
-  if (strcmp(a->value, "fixed") == 0) {
-    *out = MOE_GEMM_FIXED;
-  } else if (strcmp(a->value, "blas") == 0) {
-    *out = MOE_GEMM_BLAS;
-  } else {
-    cli_error("%s: '%s' is not one of fixed, blas", opt, a->value);
+  moe_ctx *ctx = NULL;
+  const moe_backend *b = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("%s: out of memory", opt);
     a->bad = 1;
+  } else if (moe_backend_find(ctx, a->value, &b) != MOE_STATUS_OK) {
+    cli_error("%s: %s", opt, moe_ctx_error(ctx));
+    a->bad = 1;
+  } else {
+    *out = a->value;
   }
+  moe_ctx_destroy(ctx);
+}
+
+int cli_use_backend(const char *name, int threads, char *desc, size_t len) {
+  moe_ctx *ctx = NULL;
+  const moe_backend *b = NULL;
+  int rc = CLI_OK;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("out of memory");
+    return CLI_FAILED;
+  }
+  if (moe_backend_find(ctx, name, &b) != MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+  } else {
+    moe_backend_use(b, threads);
+    const int nt = b->set_threads ? threads : 1;
+    snprintf(desc, len, "%s: %s, %d thread%s", b->name, b->describe(), nt, nt == 1 ? "" : "s");
+  }
+  moe_ctx_destroy(ctx);
+  return rc;
 }
 
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out) {

@@ -14,7 +14,7 @@
 typedef struct {
   moe_layer_config cfg;
   int iters, warmup, threads, peak_n;
-  int gemm;  // moe_gemm_path
+  const char *backend;  // compute backend (moe_backend_find)
   unsigned long long seed;
   const char *json_path;
   size_t max_memory;  // --max-memory, 0: the available memory
@@ -43,15 +43,17 @@ void cli_bench_layer_usage(FILE *f) {
           "                         options after it override it\n"
           "  --iters N              timed iterations, 1..10000 [5]\n"
           "  --warmup N             untimed iterations first, 0..1000 [1]\n"
-          "  --threads N            BLAS threads, 1..256 [1]\n"
-          "  --gemm fixed|blas      GEMM code: the fixed-order batch-invariant kernel or\n"
-          "                         OpenBLAS (docs/reliability.md) [fixed]\n"
+          "  --threads N            compute threads of the backend, 1..256 [1] (the fixed\n"
+          "                         backend runs on one)\n"
+          "  --backend NAME         compute backend of every GEMM: %s\n"
+          "                         (fixed: batch-invariant, docs/reliability.md) [fixed]\n"
           "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write config and results as JSON\n"
           "  --max-memory SIZE      refuse to start when the run would need more than SIZE\n"
           "                         (e.g. 512M, 2G; per rank under mpirun) [the available\n"
-          "                         memory: MemAvailable or the cgroup's room, / local ranks]\n");
+          "                         memory: MemAvailable or the cgroup's room, / local ranks]\n",
+          moe_backend_names());
   cli_bench_layer_ep_usage(f);
 }
 
@@ -66,6 +68,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->iters = 5;
   o->warmup = 1;
   o->threads = 1;
+  o->backend = "fixed";  // catalogue: the default backend
   o->peak_n = 2048;
   o->seed = 1;
   o->json_path = NULL;
@@ -84,8 +87,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
     } else if (cli_opt(&a, "--threads")) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
-    } else if (cli_opt(&a, "--gemm")) {
-      cli_parse_gemm(&a, "--gemm", &o->gemm);
+    } else if (cli_opt(&a, "--backend")) {
+      cli_parse_backend(&a, "--backend", &o->backend);
     } else if (cli_opt(&a, "--peak-size")) {
       cli_parse_int(&a, "--peak-size", 64, 8192, &o->peak_n);
     } else if (cli_opt(&a, "--seed")) {
@@ -133,12 +136,11 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
   fprintf(f,
           "{\n  \"benchmark\": \"layer\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n  "
-          "\"gemm\": \"%s\",\n"
+          "\"backend\": \"%s\",\n"
           "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n  \"peak_size\": %d,\n"
           "  \"allocations_in_timed_iterations\": %llu,\n  ",
-          moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads,
-          o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", capacity, s->rows, s->dropped, o->peak_n,
-          allocs);
+          moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, o->backend,
+          capacity, s->rows, s->dropped, o->peak_n, allocs);
   const char *sep = ",\n  ";
   json_num(f, "fwd_ms", r->fwd_ms, sep);
   json_num(f, "bwd_ms", r->bwd_ms, sep);
@@ -179,8 +181,9 @@ int cmd_bench_layer(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
-  moe_blas_set_threads(o.threads);
-  moe_gemm_set_path((moe_gemm_path)o.gemm);
+  char gemm_name[160];
+  rc = cli_use_backend(o.backend, o.threads, gemm_name, sizeof gemm_name);
+  if (rc != CLI_OK) goto done;
   moe_measure_config mc = moe_measure_config_default();
   mc.iters = o.iters;
   mc.warmup = o.warmup;
@@ -213,13 +216,6 @@ int cmd_bench_layer(int argc, char **argv) {
   }
   const int capacity = moe_layer_capacity(&o.cfg, o.cfg.tokens);
 
-  char gemm_name[96];
-  if (o.gemm == MOE_GEMM_BLAS) {
-    snprintf(gemm_name, sizeof gemm_name, "OpenBLAS, %d thread%s", o.threads,
-             o.threads == 1 ? "" : "s");
-  } else {
-    snprintf(gemm_name, sizeof gemm_name, "fixed-order (%s), 1 thread", moe_gemm_fixed_isa());
-  }
   printf("moe bench layer: T=%d M=%d H=%d E=%d K=%d f=%g act=%s%s, GEMM %s\n", o.cfg.tokens,
          o.cfg.model_dim, o.cfg.hidden_dim, o.cfg.num_experts, o.cfg.top_k, o.cfg.capacity_factor,
          moe_activation_name(o.cfg.act), o.cfg.renormalize ? " renormalized" : "", gemm_name);
@@ -247,7 +243,7 @@ int cmd_bench_layer(int argc, char **argv) {
   printf("%-34s %12.0f\n", "tokens/s (fwd+bwd)", r.tokens_per_s);
   printf("%-34s %12llu\n", "allocations in timed iterations", allocs);
   printf("\npeak: %dx%dx%d SGEMM through the same GEMM (%s), median of 5 (%.2f ms)\n", o.peak_n,
-         o.peak_n, o.peak_n, o.gemm == MOE_GEMM_BLAS ? moe_blas_name() : gemm_name, peak_ms);
+         o.peak_n, o.peak_n, gemm_name, peak_ms);
   if (o.json_path) {
     rc = write_json(&json, ctx, &o, &stats, capacity, &r, peak, peak_ms, allocs);
     if (rc == CLI_OK) printf("wrote %s\n", o.json_path);

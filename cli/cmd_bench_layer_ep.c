@@ -119,7 +119,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         MAX [the executor's defaults]\n"
           "  --iters N              timed iterations per variant, 1..10000 [5; 3 with --grid]\n"
           "  --warmup N             untimed iterations first, 0..1000 [1]\n"
-          "  --threads N            BLAS threads per rank, 1..256 [1]\n"
+          "  --threads N            compute threads per rank, 1..256 [1]\n"
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write the configs and every variant's numbers (rank 0)\n"
           "  --trace FILE           Chrome trace (Perfetto, chrome://tracing) of the last\n"
@@ -139,7 +139,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
 #endif
           a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names(),
           moe_wait_policy_name(moe_executor_config_default().wait));
-  fprintf(f, "  --gemm fixed|blas      GEMM code (as for one process) [fixed]\n");
+  fprintf(f, "  --backend NAME         compute backend (as for one process) [fixed]\n");
   fprintf(f,
           "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
@@ -163,7 +163,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
 typedef struct {
   moe_layer_config cfg;
   int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
-  int gemm;  // moe_gemm_path
+  const char *backend;  // compute backend (moe_backend_find)
   int iters_set;
   unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   unsigned long long seed;
@@ -347,6 +347,7 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
   o->iters = 5;
   o->warmup = 1;
   o->threads = 1;
+  o->backend = "fixed";  // catalogue: the default backend
   o->seed = 1;
   o->wait = moe_executor_config_default().wait;
   o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
@@ -401,8 +402,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_int(&a, "--warmup", 0, 1000, &o->warmup);
     } else if (cli_opt(&a, "--threads")) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
-    } else if (cli_opt(&a, "--gemm")) {
-      cli_parse_gemm(&a, "--gemm", &o->gemm);
+    } else if (cli_opt(&a, "--backend")) {
+      cli_parse_backend(&a, "--backend", &o->backend);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--profile")) {
@@ -674,12 +675,11 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
-          "  \"blas_threads\": %d,\n  \"gemm\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
+          "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
-          o->iters, o->warmup, o->threads, o->gemm == MOE_GEMM_BLAS ? "blas" : "fixed", o->seed,
-          moe_wait_policy_name(o->wait), o->compress_backward ? "true" : "false",
-          o->grid ? "true" : "false");
+          o->iters, o->warmup, o->threads, o->backend, o->seed, moe_wait_policy_name(o->wait),
+          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -995,8 +995,9 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   rc = check_world(ctx, &o, rank, world, &nodes);
   if (rc != CLI_OK) goto done;
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
-  moe_blas_set_threads(o.threads);
-  moe_gemm_set_path((moe_gemm_path)o.gemm);
+  char backend_desc[160];
+  rc = cli_use_backend(o.backend, o.threads, backend_desc, sizeof backend_desc);
+  if (rc != CLI_OK) goto done;  // every rank parsed the same name: all leave here
 
   n_configs = o.grid ? GRID_CONFIGS : 1;
   cfgs = moe_calloc((size_t)n_configs, sizeof *cfgs);
@@ -1015,9 +1016,9 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   if (rank == 0) {
     printf(
         "moe bench layer (distributed): %d rank%s on %d node%s, EP=%d x DP=%d, wait %s, "
-        "%d BLAS thread%s per rank\n",
+        "backend %s per rank\n",
         world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", o.ep, world / o.ep,
-        moe_wait_policy_name(o.wait), o.threads, o.threads == 1 ? "" : "s");
+        moe_wait_policy_name(o.wait), backend_desc);
     printf(
         "%d config%s x %d variant%s, median of %d iteration%s after %d warm-up; every number is "
         "the slowest rank's\n\n",

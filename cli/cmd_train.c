@@ -57,14 +57,22 @@ static void usage(FILE *f) {
       "  --weight-decay X      AdamW weight decay [0.1]\n"
       "  --clip X              gradient-norm clip, <= 0 off [1.0]\n"
       "  --seed S              parameters and batches [1]\n"
-      "  --threads N           BLAS threads per rank [1] (only --deterministic off uses\n"
-      "                        BLAS; the fixed-order GEMM runs on one thread)\n"
+      "  --threads N           compute threads per rank [1] (the fixed backend runs on\n"
+      "                        one)\n"
       "  --deterministic on|off\n"
       "                        on: fixed-order GEMMs and sums, so losses and parameters\n"
       "                        are bitwise the same on any number of ranks when B/P is\n"
       "                        a power of two, EP = P, chunks 1, no lossy compression\n"
-      "                        (docs/reliability.md); off: OpenBLAS and MPI's sums "
-      "[on]\n" CLI_MAX_MEMORY_HELP
+      "                        (docs/reliability.md); off: --backend's GEMMs and MPI's\n"
+      "                        sums [on]\n"
+      "  --backend NAME        compute backend of every GEMM: %s [fixed;\n"
+      "                        with --deterministic off, openblas]; on needs fixed\n"  // catalogue:
+                                                                                       // the
+                                                                                       // defaults
+      CLI_MAX_MEMORY_HELP,
+      moe_backend_names());
+  fprintf(
+      f,
       "data:\n"
       "  --data FILE           your own text (bytes); default: the fortunes corpus\n"
       "                        (Debian package fortunes), else a generated text\n"
@@ -108,7 +116,6 @@ static void usage(FILE *f) {
 
 typedef struct {
   moe_train_config tc;
-  int threads;
   double hang_timeout;                            // --hang-timeout, seconds (0: off)
   int warmup_set, lr_set, min_lr_set, steps_set;  // given on the command line
   const char *plot;
@@ -198,7 +205,9 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
   } else if (cli_opt(a, "--max-memory")) {
     cli_parse_size(a, "--max-memory", &o->tc.max_memory);
   } else if (cli_opt(a, "--threads")) {
-    cli_parse_int(a, "--threads", 1, 256, &o->threads);
+    cli_parse_int(a, "--threads", 1, 256, &o->tc.threads);
+  } else if (cli_opt(a, "--backend")) {
+    cli_parse_backend(a, "--backend", &o->tc.backend);
   } else if (cli_hang_timeout_opt(a, &o->hang_timeout)) {
   } else if (cli_opt(a, "--data")) {
     tc->data = a->value;
@@ -516,7 +525,7 @@ int cmd_train(int argc, char **argv) {
   train_opts o;
   memset(&o, 0, sizeof o);
   moe_train_config_default(&o.tc);
-  o.threads = 1;
+  o.tc.threads = 1;
   o.hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("out of memory");
@@ -555,7 +564,6 @@ int cmd_train(int argc, char **argv) {
       return rc;
     }
   }
-  moe_blas_set_threads(o.threads);
   if (rank != 0) o.tc.progress = 0;
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);

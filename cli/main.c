@@ -49,6 +49,9 @@ static void print_catalogue(void) {
   for (int i = 0; i < n; i++) printf(" %s", sched[i].name);
   printf("\nexpert:");
   for (int i = 0; i < moe_expert_kind_count(); i++) printf(" %s", moe_expert_kind_get(i)->name);
+  const moe_backend *const *backends = moe_backend_list(&n);
+  printf("\nbackend:");
+  for (int i = 0; i < n; i++) printf(" %s", backends[i]->name);
   printf("\n");
 }
 

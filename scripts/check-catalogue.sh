@@ -28,7 +28,8 @@ cat=$("$moe" version --catalogue) || {
   exit 2
 }
 # kind -> the folder whose files are its catalogue (the entries and the registry)
-declare -A home=([a2a]=src/comm/ [compress]=src/compress/ [schedule]=src/sched/ [expert]=src/layer/)
+declare -A home=([a2a]=src/comm/ [compress]=src/compress/ [schedule]=src/sched/ [expert]=src/layer/
+  [backend]=src/kernels/)
 spec=""
 while IFS= read -r line; do
   kind=${line%%:*}

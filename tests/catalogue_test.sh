@@ -15,7 +15,7 @@ bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 # The names come from the binary: every kind must be there.
 cat=$("$moe" version --catalogue)
-for kind in a2a compress schedule expert; do
+for kind in a2a compress schedule expert backend; do
   if grep -q "^$kind: [a-z0-9]" <<<"$cat"; then ok; else bad "moe version --catalogue has no $kind line: $cat"; fi
 done
 echo "$cat"

@@ -70,8 +70,9 @@ static void test_gemm_hand(void) {
 // All four transpose combinations, padded leading dimensions, alpha/beta not
 // 0/1, and a check that padding columns of C are never written.
 static void test_gemm_vs_ref(void) {
-  static const int shapes[][3] = {{1, 1, 1},    {1, 7, 5},    {6, 1, 3},   {5, 7, 1},
-                                  {13, 17, 19}, {33, 40, 65}, {2, 3, 130}, {64, 9, 4}};
+  static const int shapes[][3] = {{1, 1, 1},      {1, 7, 5},    {6, 1, 3},   {5, 7, 1},
+                                  {13, 17, 19},   {33, 40, 65}, {2, 3, 130}, {64, 9, 4},
+                                  {129, 33, 300}, {1, 600, 17}, {200, 45, 1}};
   const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
   char name[96];
   for (int s = 0; s < nshapes; s++) {
@@ -98,6 +99,14 @@ static void test_gemm_vs_ref(void) {
           }
         }
         TU_CHECK(pad_ok, "%s: wrote into the padding of C", name);
+        // the same problem again on other buffers (a backend that caches per
+        // shape must use this call's pointers): the same bits
+        const float *a2 = tu_copy_of(a, (size_t)arows * lda),
+                    *b2 = tu_copy_of(b, (size_t)brows * ldb);
+        float *c2 = tu_copy_of(c0, (size_t)m * ldc);
+        moe_gemm(ta, tb, m, n, k, 0.7f, a2, lda, b2, ldb, -1.3f, c2, ldc);
+        TU_CHECK(bits_equal(c2, c, (size_t)m * ldc), "%s: a second call on copies gives other bits",
+                 name);
 
         // beta = 0 must ignore C entirely, NaN included (BLAS semantics).
         for (size_t i = 0; i < (size_t)m * ldc; i++) c[i] = cr[i] = NAN;
@@ -1150,6 +1159,29 @@ static void test_blas_info(void) {
   TU_CHECK(c[0] == 6.0f, "gemm after set_threads(1)");
 }
 
+// The catalogue: names and lookups, errors naming the valid backends.
+static void test_backend_catalogue(void) {
+  moe_ctx *ctx = NULL;
+  TU_CHECK(moe_ctx_create(&ctx) == MOE_STATUS_OK, "ctx");
+  const moe_backend *b = NULL;
+  TU_CHECK(moe_backend_find(ctx, "fixed", &b) == MOE_STATUS_OK && b && b->batch_invariant,
+           "the fixed backend must exist and be batch-invariant");
+  TU_CHECK(moe_backend_find(ctx, "openblas", &b) == MOE_STATUS_OK && b && !b->batch_invariant,
+           "the openblas backend must exist and not claim batch invariance");
+  TU_CHECK(moe_backend_find(ctx, "cublas2", &b) == MOE_STATUS_INVALID_ARG && !b,
+           "an unknown backend must be refused");
+  TU_CHECK(strstr(moe_ctx_error(ctx), "cublas2") && strstr(moe_ctx_error(ctx), "fixed") &&
+               strstr(moe_ctx_error(ctx), "openblas"),
+           "the error must name the backend and the valid ones: %s", moe_ctx_error(ctx));
+  const moe_status on = moe_backend_find(ctx, "onednn", &b);
+  TU_CHECK(
+      on == MOE_STATUS_OK || (on == MOE_STATUS_UNSUPPORTED && strstr(moe_ctx_error(ctx), "oneDNN")),
+      "onednn: found, or refused saying oneDNN is not built (%s)", moe_ctx_error(ctx));
+  TU_CHECK(strstr(moe_backend_names(), "fixed") == moe_backend_names(),
+           "the names start with the default, fixed: %s", moe_backend_names());
+  moe_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
@@ -1161,13 +1193,25 @@ int main(int argc, char **argv) {
     tests[i]();
     tu_free_all();
   }
-  // moe_gemm's contract on the OpenBLAS path too (the tests above ran the default, fixed path)
-  moe_gemm_set_path(MOE_GEMM_BLAS);
-  TU_CHECK(moe_gemm_get_path() == MOE_GEMM_BLAS, "moe_gemm_set_path(MOE_GEMM_BLAS) did not stick");
-  test_gemm_hand();
-  test_gemm_vs_ref();
-  test_gemm_empty();
-  tu_free_all();
-  moe_gemm_set_path(MOE_GEMM_FIXED);
+  // moe_gemm's contract on every other compute backend this build can run
+  // (the tests above ran the default, fixed one)
+  int nb = 0;
+  const moe_backend *const *list = moe_backend_list(&nb);
+  for (int i = 0; i < nb; i++) {
+    if (list[i]->unavailable()) {
+      printf("backend %s: skipped (%s)\n", list[i]->name, list[i]->unavailable());
+      continue;
+    }
+    moe_backend_use(list[i], 1);
+    TU_CHECK(moe_backend_current() == list[i], "moe_backend_use(%s) did not stick", list[i]->name);
+    printf("backend %s: %s\n", list[i]->name, list[i]->describe());
+    test_gemm_hand();
+    test_gemm_vs_ref();
+    test_gemm_empty();
+    tu_free_all();
+  }
+  test_backend_catalogue();
+  moe_backend_use(NULL, 1);
+  TU_CHECK(moe_backend_current() == list[0], "moe_backend_use(NULL) is not the fixed backend");
   return tu_finish("test_kernels");
 }

@@ -42,16 +42,46 @@ const char *moe_blas_better_core(void);
 
 // ---- GEMM ------------------------------------------------------------------------
 
-// Which code moe_gemm runs, for the whole process (every thread, every rank
-// that sets it): MOE_GEMM_FIXED, the default, is moe_gemm_fixed below
-// (batch-invariant: a row's bits do not depend on the other rows; the
-// expert-parallel layer and training give the same bits at any rank count,
-// see docs/reliability.md); MOE_GEMM_BLAS is OpenBLAS's sgemm (its kernels and
-// summation order change with the shape). Set it before starting work; the
-// moe CLI sets it from --gemm.
-typedef enum { MOE_GEMM_FIXED = 0, MOE_GEMM_BLAS = 1 } moe_gemm_path;
-void moe_gemm_set_path(moe_gemm_path path);
-moe_gemm_path moe_gemm_get_path(void);
+// ---- compute backends: the GEMM seam -----------------------------------------------
+
+// moe_gemm, and with it every kernel, expert and layer above, runs on one
+// compute backend, chosen for the whole process (every thread of it) before
+// work starts. The catalogue (moe_backend_list, src/kernels/backend.c):
+//   fixed    the batch-invariant fixed-order kernel (moe_gemm_fixed below; a
+//            row's bits do not depend on the other rows, so the
+//            expert-parallel layer and training give the same bits at any
+//            rank count, docs/reliability.md); single-threaded; the default
+//   openblas OpenBLAS's cblas_sgemm (its kernels and summation order change
+//            with the shape)
+//   onednn   oneDNN's matmul primitive, one per shape and thread, created on
+//            first use and cached (needs a build with libdnnl-dev)
+// A backend's gemm has moe_gemm's contract (below). Its `unavailable` says
+// why it cannot run in this build or on this CPU (NULL: it can).
+typedef void (*moe_gemm_fn)(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                            const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                            int ldc);
+typedef struct moe_backend {
+  const char *name;
+  const char *summary;  // one line for help texts
+  int batch_invariant;  // 1: a row's bits do not depend on the other rows
+  const char *(*unavailable)(void);
+  moe_gemm_fn gemm;
+  void (*set_threads)(int n);     // compute threads of this backend (NULL: one)
+  const char *(*describe)(void);  // e.g. "OpenBLAS 0.3.21 ... SkylakeX", for reports
+} moe_backend;
+
+// Every backend of the catalogue, also those this build or CPU cannot run.
+const moe_backend *const *moe_backend_list(int *count);
+// "fixed, openblas, onednn": the names this build can run, for messages.
+const char *moe_backend_names(void);
+// The backend called `name`. Fails (INVALID_ARG) naming the valid ones when
+// there is none, or saying why when it cannot run here.
+moe_status moe_backend_find(moe_ctx *ctx, const char *name, const moe_backend **out);
+// Makes b the backend of moe_gemm (NULL: fixed) and sets its threads (n >= 1).
+// Set it before starting work: not while other threads compute.
+void moe_backend_use(const moe_backend *b, int threads);
+// The backend moe_gemm runs now (never NULL).
+const moe_backend *moe_backend_current(void);
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major.
 // op(A) = A if !trans_a (A is (m, k), lda >= k) else A^T (A is (k, m), lda >= m).

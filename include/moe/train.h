@@ -53,15 +53,15 @@ typedef struct {
   // 'auto' is an error. The caller keeps it alive during moe_train_run.
   const moe_profile *profile;
   int allow_lossy;  // 1: compress 'auto' may pick lossy compressors
-  // 1 (default): deterministic mode (docs/reliability.md): moe_gemm on its
-  // fixed path (set process-wide by moe_train_run), dense and gate weight
+  // 1 (default): deterministic mode (docs/reliability.md): moe_gemm on the
+  // fixed backend (set process-wide by moe_train_run), dense and gate weight
   // gradients summed per sequence in a pairwise tree and over ranks with
   // moe_allreduce_fixed, the loss and the gate statistics summed per
   // sequence in global order, the gradient norm per expert. The losses and
   // parameters are then bitwise the same at any rank count when B / P is a
   // power of two, EP = P, chunks = 1 and no lossy compressor is used
-  // (moe_train_bitwise_across_p says why not otherwise). 0: OpenBLAS and MPI's
-  // own reductions (faster on some machines; bits vary with P).
+  // (moe_train_bitwise_across_p says why not otherwise). 0: `backend`
+  // (default openblas) and MPI's own reductions (bits vary with P).
   int deterministic;
   int batch;               // B, global sequences per step; divisible by the world size
   int steps;               // the schedule's length: lr decays to min_lr at this step
@@ -90,6 +90,12 @@ typedef struct {
   // allocates the model (0: the node's available memory / its ranks; see
   // moe_comm_memory_check). Appended last, so zeroed configs keep working.
   size_t max_memory;
+  // Compute backend of moe_gemm (moe_backend_find's names), set process-wide
+  // by moe_train_run with `threads` compute threads (>= 1; 0 means 1). NULL:
+  // fixed when deterministic, else openblas. Deterministic mode needs a
+  // batch-invariant backend (fixed); another one is refused.
+  const char *backend;
+  int threads;
 } moe_train_config;
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,
@@ -100,6 +106,12 @@ typedef struct {
 // fails in why (may be NULL). 'auto' choices are judged as given (chunks 0
 // or compress auto: not known to hold).
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size);
+
+// The compute backend tc asks for (its `backend`, or the default for its
+// deterministic setting). Fails naming the valid backends for an unknown or
+// unavailable one, and for deterministic mode on a backend that is not
+// batch-invariant.
+moe_status moe_train_backend(moe_ctx *ctx, const moe_train_config *tc, const moe_backend **out);
 
 // The bytes one rank of a run of tc on world_size ranks allocates, by
 // category, without allocating: the model (moe_gpt_memory: dense parameters,

@@ -6,9 +6,8 @@
 // m, n or k == 0 the row-major leading-dimension checks of some CBLAS builds
 // fail (ld >= max(1, cols)), so those cases never reach BLAS.
 //
-// moe_gemm runs one of two paths, chosen process-wide (moe_gemm_set_path):
-// the batch-invariant fixed-order kernel of gemm_fixed.c (the default) or
-// OpenBLAS.
+// The `openblas` compute backend (backend.c has the catalogue and moe_gemm's
+// dispatch; gemm_fixed.c the default `fixed` one).
 //
 // Not here: threading (BLAS threads are set once by the caller with
 // moe_blas_set_threads), batched/grouped GEMM.
@@ -56,23 +55,9 @@ static void scale_c(float *c, int m, int n, int ldc, float beta) {
 
 // c is (m, n) with row stride ldc; a is (m, k) or, transposed, (k, m) with row
 // stride lda; b is (k, n) or, transposed, (n, k) with row stride ldb.
-static int g_gemm_path = MOE_GEMM_FIXED;
-
-void moe_gemm_set_path(moe_gemm_path path) {
-  __atomic_store_n(&g_gemm_path, path == MOE_GEMM_BLAS ? MOE_GEMM_BLAS : MOE_GEMM_FIXED,
-                   __ATOMIC_RELAXED);
-}
-
-moe_gemm_path moe_gemm_get_path(void) {
-  return (moe_gemm_path)__atomic_load_n(&g_gemm_path, __ATOMIC_RELAXED);
-}
-
-void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
-              const float *b, int ldb, float beta, float *c, int ldc) {
-  if (moe_gemm_get_path() == MOE_GEMM_FIXED) {
-    moe_gemm_fixed(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
+static void gemm_openblas(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                          int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     scale_c(c, m, n, ldc, beta);
@@ -81,6 +66,18 @@ void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const 
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+static const char *openblas_unavailable(void) { return NULL; }
+
+const moe_backend moe_backend_openblas = {
+    .name = "openblas",
+    .summary = "OpenBLAS sgemm (fast; bits depend on the shape, so not across rank counts)",
+    .batch_invariant = 0,
+    .unavailable = openblas_unavailable,
+    .gemm = gemm_openblas,
+    .set_threads = moe_blas_set_threads,
+    .describe = moe_blas_name,
+};
 
 // Triple loop accumulating in double: the reference has a much smaller rounding
 // error than sgemm, so test tolerances measure sgemm alone.

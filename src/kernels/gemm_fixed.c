@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -392,3 +393,27 @@ void moe_gemm_fixed_portable(int trans_a, int trans_b, int m, int n, int k, floa
                              int ldc) {
   gemm_fixed_with(&k_portable, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+static const char *fixed_unavailable(void) { return NULL; }
+
+static char g_describe[64];
+static pthread_once_t g_describe_once = PTHREAD_ONCE_INIT;
+
+static void describe_make(void) {
+  snprintf(g_describe, sizeof g_describe, "fixed-order kernel (%s)", moe_gemm_fixed_isa());
+}
+
+static const char *fixed_describe(void) {
+  pthread_once(&g_describe_once, describe_make);
+  return g_describe;
+}
+
+const moe_backend moe_backend_fixed = {
+    .name = "fixed",
+    .summary = "fixed-order batch-invariant kernel (same bits at any batch size and rank count)",
+    .batch_invariant = 1,
+    .unavailable = fixed_unavailable,
+    .gemm = moe_gemm_fixed,
+    .set_threads = NULL,
+    .describe = fixed_describe,
+};

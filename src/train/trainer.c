@@ -47,6 +47,7 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->progress_tty = -1;
   tc->log_every = 1;
   tc->deterministic = 1;
+  tc->threads = 1;
 }
 
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
@@ -161,6 +162,20 @@ static moe_status agree(run_state *r, moe_status local, const char *what) {
 
 // ---- checks ----------------------------------------------------------------------------------
 
+moe_status moe_train_backend(moe_ctx *ctx, const moe_train_config *tc, const moe_backend **out) {
+  moe_status st = MOE_STATUS_OK;
+  const char *name = tc->backend         ? tc->backend
+                     : tc->deterministic ? "fixed"      // catalogue: the default
+                                         : "openblas";  // catalogue: the default when off
+  MOE_TRY(moe_backend_find(ctx, name, out));
+  MOE_FAIL_IF(ctx, tc->deterministic && !(*out)->batch_invariant, MOE_STATUS_INVALID_ARG,
+              "deterministic mode needs a batch-invariant compute backend: '%s' is not "
+              "(use fixed, or turn deterministic mode off)",
+              name);
+done:
+  return st;
+}
+
 static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int size, int *ep) {
   moe_status st = MOE_STATUS_OK;
   MOE_TRY(moe_gpt_config_validate(ctx, &tc->model));
@@ -185,6 +200,10 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
   moe_optim_config oc = tc->optim;
   oc.total_steps = tc->steps;  // the run's length is the schedule's
   MOE_TRY(moe_optim_config_validate(ctx, &oc));
+  const moe_backend *be = NULL;
+  MOE_TRY(moe_train_backend(ctx, tc, &be));
+  MOE_FAIL_IF(ctx, tc->threads < 0 || tc->threads > 256, MOE_STATUS_INVALID_ARG,
+              "compute threads %d out of range [1, 256] (0: 1)", tc->threads);
   *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
   MOE_FAIL_IF(ctx, *ep > size || size % *ep != 0, MOE_STATUS_INVALID_ARG,
               "EP size %d must divide the number of ranks (%d)", *ep, size);
@@ -588,8 +607,10 @@ static moe_status setup(run_state *r, int *start_step) {
   r->user->par = tc->par;
   r->user->par.ep_size = ep;
   // deterministic: fixed-order GEMMs everywhere and fixed-order sums (slices
-  // = sequences); else OpenBLAS and MPI's reductions
-  moe_gemm_set_path(tc->deterministic ? MOE_GEMM_FIXED : MOE_GEMM_BLAS);
+  // = sequences); else the chosen backend and MPI's reductions
+  const moe_backend *be = NULL;
+  MOE_TRY(moe_train_backend(ctx, tc, &be));  // checked by check_config: cannot fail here
+  moe_backend_use(be, tc->threads);
   r->user->par.slice_tokens = tc->deterministic ? r->s : 0;
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
