@@ -41,10 +41,13 @@ void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
 // --backend NAME: a compute backend this build can run (moe_backend_find);
 // stores the name. Prints the error naming the valid ones and sets a->bad.
 void cli_parse_backend(cli_args *a, const char *opt, const char **out);
-// Makes `name` the backend of moe_gemm with `threads` threads and writes its
-// description ("OpenBLAS ..., 2 threads") to desc. Returns CLI_OK, or prints
-// the error and returns CLI_USAGE.
-int cli_use_backend(const char *name, int threads, char *desc, size_t len);
+// --precision fp32|bf16 into *out (a moe_precision).
+void cli_parse_precision(cli_args *a, const char *opt, int *out);
+// Makes `name` the backend of moe_gemm with `threads` threads and
+// `precision` (a moe_precision), after moe_compute_check, and writes a
+// description ("openblas: OpenBLAS ..., fp32, 2 threads") to desc. Returns
+// CLI_OK, or prints the error and returns CLI_USAGE.
+int cli_use_compute(const char *name, int threads, int precision, char *desc, size_t len);
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out);
 // Parse a->value as a non-negative integer (no sign) into *out, or print the
 // error naming opt and the range [0, ULLONG_MAX] and set a->bad.

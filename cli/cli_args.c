@@ -80,7 +80,23 @@ void cli_parse_backend(cli_args *a, const char *opt, const char **out) {
   moe_ctx_destroy(ctx);
 }
 
-int cli_use_backend(const char *name, int threads, char *desc, size_t len) {
+void cli_parse_precision(cli_args *a, const char *opt, int *out) {
+  if (!a->value) return;
+  moe_precision p = MOE_PRECISION_FP32;
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("%s: out of memory", opt);
+    a->bad = 1;
+  } else if (moe_precision_parse(ctx, a->value, &p) != MOE_STATUS_OK) {
+    cli_error("%s: %s", opt, moe_ctx_error(ctx));
+    a->bad = 1;
+  } else {
+    *out = (int)p;
+  }
+  moe_ctx_destroy(ctx);
+}
+
+int cli_use_compute(const char *name, int threads, int precision, char *desc, size_t len) {
   moe_ctx *ctx = NULL;
   const moe_backend *b = NULL;
   int rc = CLI_OK;
@@ -88,13 +104,21 @@ int cli_use_backend(const char *name, int threads, char *desc, size_t len) {
     cli_error("out of memory");
     return CLI_FAILED;
   }
-  if (moe_backend_find(ctx, name, &b) != MOE_STATUS_OK) {
+  if (moe_backend_find(ctx, name, &b) != MOE_STATUS_OK ||
+      moe_compute_check(ctx, b, (moe_precision)precision) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
   } else {
     moe_backend_use(b, threads);
+    moe_precision_use((moe_precision)precision);
     const int nt = b->set_threads ? threads : 1;
-    snprintf(desc, len, "%s: %s, %d thread%s", b->name, b->describe(), nt, nt == 1 ? "" : "s");
+    if (precision == MOE_PRECISION_BF16) {
+      snprintf(desc, len, "%s: %s, bf16 (%s kernel), %d thread%s", b->name, b->describe(),
+               moe_gemm_bf16_isa(), nt, nt == 1 ? "" : "s");
+    } else {
+      snprintf(desc, len, "%s: %s, fp32, %d thread%s", b->name, b->describe(), nt,
+               nt == 1 ? "" : "s");
+    }
   }
   moe_ctx_destroy(ctx);
   return rc;

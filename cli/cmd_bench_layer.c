@@ -15,6 +15,7 @@ typedef struct {
   moe_layer_config cfg;
   int iters, warmup, threads, peak_n;
   const char *backend;  // compute backend (moe_backend_find)
+  int precision;        // moe_precision
   unsigned long long seed;
   const char *json_path;
   size_t max_memory;  // --max-memory, 0: the available memory
@@ -47,6 +48,9 @@ void cli_bench_layer_usage(FILE *f) {
           "                         backend runs on one)\n"
           "  --backend NAME         compute backend of every GEMM: %s\n"
           "                         (fixed: batch-invariant, docs/reliability.md) [fixed]\n"
+          "  --precision fp32|bf16  GEMM precision: bf16 rounds the GEMMs' inputs to bf16 and\n"
+          "                         accumulates in fp32 (the router stays fp32); needs\n"
+          "                         AVX512_BF16 and the fixed backend [fp32]\n"
           "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write config and results as JSON\n"
@@ -89,6 +93,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
     } else if (cli_opt(&a, "--backend")) {
       cli_parse_backend(&a, "--backend", &o->backend);
+    } else if (cli_opt(&a, "--precision")) {
+      cli_parse_precision(&a, "--precision", &o->precision);
     } else if (cli_opt(&a, "--peak-size")) {
       cli_parse_int(&a, "--peak-size", 64, 8192, &o->peak_n);
     } else if (cli_opt(&a, "--seed")) {
@@ -135,12 +141,13 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
   }
   fprintf(f,
           "{\n  \"benchmark\": \"layer\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
-          "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"blas_threads\": %d,\n  "
-          "\"backend\": \"%s\",\n"
+          "  \"config\": %s,\n  \"iters\": %d,\n  \"warmup\": %d,\n  \"threads\": %d,\n  "
+          "\"backend\": \"%s\",\n  \"precision\": \"%s\",\n"
           "  \"capacity\": %d,\n  \"rows\": %d,\n  \"dropped\": %d,\n  \"peak_size\": %d,\n"
           "  \"allocations_in_timed_iterations\": %llu,\n  ",
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, o->backend,
-          capacity, s->rows, s->dropped, o->peak_n, allocs);
+          moe_precision_name((moe_precision)o->precision), capacity, s->rows, s->dropped, o->peak_n,
+          allocs);
   const char *sep = ",\n  ";
   json_num(f, "fwd_ms", r->fwd_ms, sep);
   json_num(f, "bwd_ms", r->bwd_ms, sep);
@@ -182,7 +189,7 @@ int cmd_bench_layer(int argc, char **argv) {
     goto done;
   }
   char gemm_name[160];
-  rc = cli_use_backend(o.backend, o.threads, gemm_name, sizeof gemm_name);
+  rc = cli_use_compute(o.backend, o.threads, o.precision, gemm_name, sizeof gemm_name);
   if (rc != CLI_OK) goto done;
   moe_measure_config mc = moe_measure_config_default();
   mc.iters = o.iters;
@@ -238,11 +245,14 @@ int cmd_bench_layer(int argc, char **argv) {
          r.bwd_gate_ms + r.bwd_dispatch_ms + r.bwd_expert_other_ms + r.bwd_combine_ms);
   printf("%-34s %12.3f\n", "layer time / GEMM time", r.total_ms / r.all_gemm_ms);
   printf("%-34s %12.2f\n", "expert GEMM GFLOP/s", r.expert_gflops);
-  printf("%-34s %12.2f\n", "SGEMM peak GFLOP/s (measured)", peak);
+  char peak_label[48];
+  snprintf(peak_label, sizeof peak_label, "GEMM peak GFLOP/s (measured, %s)",
+           moe_precision_name((moe_precision)o.precision));
+  printf("%-34s %12.2f\n", peak_label, peak);
   printf("%-34s %11.1f%%\n", "expert GEMMs / peak", 100.0 * r.expert_gflops / peak);
   printf("%-34s %12.0f\n", "tokens/s (fwd+bwd)", r.tokens_per_s);
   printf("%-34s %12llu\n", "allocations in timed iterations", allocs);
-  printf("\npeak: %dx%dx%d SGEMM through the same GEMM (%s), median of 5 (%.2f ms)\n", o.peak_n,
+  printf("\npeak: %dx%dx%d GEMM through the same GEMM (%s), median of 5 (%.2f ms)\n", o.peak_n,
          o.peak_n, o.peak_n, gemm_name, peak_ms);
   if (o.json_path) {
     rc = write_json(&json, ctx, &o, &stats, capacity, &r, peak, peak_ms, allocs);

@@ -140,6 +140,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
           a2a, moe_schedule_algo_names(), EP_MAX_CHUNKS, moe_compressor_names(),
           moe_wait_policy_name(moe_executor_config_default().wait));
   fprintf(f, "  --backend NAME         compute backend (as for one process) [fixed]\n");
+  fprintf(f, "  --precision fp32|bf16  GEMM precision (as for one process) [fp32]\n");
   fprintf(f,
           "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
@@ -164,6 +165,7 @@ typedef struct {
   moe_layer_config cfg;
   int ep, ranks_per_node, iters, warmup, threads, grid, compress_backward;
   const char *backend;  // compute backend (moe_backend_find)
+  int precision;        // moe_precision
   int iters_set;
   unsigned layer_set;  // CLI_LAYER_* bits of the layer options given
   unsigned long long seed;
@@ -404,6 +406,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_int(&a, "--threads", 1, 256, &o->threads);
     } else if (cli_opt(&a, "--backend")) {
       cli_parse_backend(&a, "--backend", &o->backend);
+    } else if (cli_opt(&a, "--precision")) {
+      cli_parse_precision(&a, "--precision", &o->precision);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--profile")) {
@@ -675,10 +679,12 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
-          "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"seed\": %llu,\n  \"wait\": \"%s\",\n"
+          "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"precision\": \"%s\",\n  \"seed\": "
+          "%llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
-          o->iters, o->warmup, o->threads, o->backend, o->seed, moe_wait_policy_name(o->wait),
+          o->iters, o->warmup, o->threads, o->backend,
+          moe_precision_name((moe_precision)o->precision), o->seed, moe_wait_policy_name(o->wait),
           o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
@@ -996,7 +1002,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   if (rc != CLI_OK) goto done;
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
   char backend_desc[160];
-  rc = cli_use_backend(o.backend, o.threads, backend_desc, sizeof backend_desc);
+  rc = cli_use_compute(o.backend, o.threads, o.precision, backend_desc, sizeof backend_desc);
   if (rc != CLI_OK) goto done;  // every rank parsed the same name: all leave here
 
   n_configs = o.grid ? GRID_CONFIGS : 1;

@@ -67,9 +67,11 @@ static void usage(FILE *f) {
       "                        sums [on]\n"
       "  --backend NAME        compute backend of every GEMM: %s [fixed;\n"
       "                        with --deterministic off, openblas]; on needs fixed\n"  // catalogue:
-                                                                                       // the
                                                                                        // defaults
-      CLI_MAX_MEMORY_HELP,
+      "  --precision fp32|bf16 GEMM precision: bf16 rounds the GEMMs' inputs to bf16,\n"
+      "                        accumulating in fp32; master weights, gradients, AdamW,\n"
+      "                        router and checkpoints stay fp32; needs AVX512_BF16 and\n"
+      "                        the fixed backend [fp32]\n" CLI_MAX_MEMORY_HELP,
       moe_backend_names());
   fprintf(
       f,
@@ -208,6 +210,10 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     cli_parse_int(a, "--threads", 1, 256, &o->tc.threads);
   } else if (cli_opt(a, "--backend")) {
     cli_parse_backend(a, "--backend", &o->tc.backend);
+  } else if (cli_opt(a, "--precision")) {
+    int p = 0;
+    cli_parse_precision(a, "--precision", &p);
+    o->tc.precision = (moe_precision)p;
   } else if (cli_hang_timeout_opt(a, &o->hang_timeout)) {
   } else if (cli_opt(a, "--data")) {
     tc->data = a->value;

@@ -244,6 +244,138 @@ static void test_gemm_fixed(void) {
   TU_CHECK(!bad, "gemm_fixed: a batch of %d rows gives other bits than the 2048-row call", bad);
 }
 
+// The bf16 GEMM (moe_gemm_bf16) against the chain its header documents,
+// written out naively here: the native kernel (AVX512_BF16 where the CPU has
+// it) and the portable one must both give its bits, for every transpose, with
+// alpha and beta, at every batch size, split over k at even points, and with
+// operands whose products are subnormal or huge (the flushes and DAZ/FTZ).
+static float bf16_in_t(float x) {
+  if (fpclassify(x) == FP_SUBNORMAL) return copysignf(0.0f, x);
+  return moe_bf16_to_float(moe_bf16_round(x));
+}
+
+static float flush_t(float x) { return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x; }
+
+static void gemm_bf16_naive(int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                            int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  for (int i = 0; i < m; i++) {
+    for (int j = 0; j < n; j++) {
+      float *cij = c + (size_t)i * ldc + j;
+      float acc = beta == 0.0f ? 0.0f : beta == 1.0f ? *cij : *cij * beta;
+      for (int p = 0; p < k; p += 2) {
+        float av[2] = {0, 0}, bv[2] = {0, 0};
+        for (int h = 0; h < 2 && p + h < k; h++) {
+          const int q = p + h;
+          av[h] = bf16_in_t(ta ? a[(size_t)q * lda + i] : a[(size_t)i * lda + q]);
+          bv[h] = bf16_in_t(alpha * (tb ? b[(size_t)j * ldb + q] : b[(size_t)q * ldb + j]));
+        }
+        acc = flush_t(fmaf(av[0], bv[0], flush_t(fmaf(av[1], bv[1], flush_t(acc)))));
+      }
+      *cij = acc;
+    }
+  }
+}
+
+// Every 5th value tiny (products subnormal), every 11th huge, every 13th a
+// subnormal float.
+static float *filled_extreme(size_t n, uint64_t seed) {
+  float *x = tu_filled(n, seed, -1.0f, 1.0f);
+  for (size_t i = 0; i < n; i++) {
+    if (i % 5 == 3) x[i] = ldexpf(x[i], -70);
+    if (i % 11 == 7) x[i] = ldexpf(x[i], 60);
+    if (i % 13 == 5) x[i] = ldexpf(x[i], -132);
+  }
+  return x;
+}
+
+static void test_gemm_bf16(void) {
+  printf("gemm_bf16: the %s kernel\n", moe_gemm_bf16_isa());
+  static const int shapes[][3] = {{300, 8, 128},  {300, 16, 512}, {300, 3, 7},
+                                  {300, 40, 300}, {300, 130, 5},  {300, 17, 19},
+                                  {300, 520, 40}, {1, 33, 1},     {9, 600, 257}};
+  char name[96];
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    const int m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+    for (int ta = 0; ta < 2; ta++) {
+      for (int tb = 0; tb < 2; tb++) {
+        const int lda = ta ? m : k, ldb = tb ? k : n;
+        const int extreme = (int)(s % 2);
+        const float *a = extreme ? filled_extreme((size_t)m * k, 1400 + s)
+                                 : tu_filled((size_t)m * k, 1400 + s, -1.0f, 1.0f);
+        const float *b = extreme ? filled_extreme((size_t)k * n, 1500 + s)
+                                 : tu_filled((size_t)k * n, 1500 + s, -1.0f, 1.0f);
+        float *c0 = tu_filled((size_t)m * n, 1700 + s, -1.0f, 1.0f);
+        snprintf(name, sizeof name, "gemm_bf16 m%d n%d k%d ta%d tb%d", m, n, k, ta, tb);
+        // alpha, beta general; then beta 1 (accumulate), then beta 0 over NaN
+        const float alphas[3] = {-0.75f, 1.0f, 1.0f}, betas[3] = {0.5f, 1.0f, 0.0f};
+        for (int v = 0; v < 3; v++) {
+          float *want = tu_copy_of(c0, (size_t)m * n), *got = tu_copy_of(c0, (size_t)m * n);
+          float *port = tu_copy_of(c0, (size_t)m * n);
+          if (betas[v] == 0.0f) {
+            for (size_t i = 0; i < (size_t)m * n; i++) got[i] = port[i] = NAN;
+          }
+          gemm_bf16_naive(ta, tb, m, n, k, alphas[v], a, lda, b, ldb, betas[v], want, n);
+          moe_gemm_bf16(ta, tb, m, n, k, alphas[v], a, lda, b, ldb, betas[v], got, n);
+          moe_gemm_bf16_portable(ta, tb, m, n, k, alphas[v], a, lda, b, ldb, betas[v], port, n);
+          TU_CHECK(bits_equal(got, want, (size_t)m * n),
+                   "%s alpha %g beta %g: the %s kernel differs from the documented chain", name,
+                   (double)alphas[v], (double)betas[v], moe_gemm_bf16_isa());
+          TU_CHECK(bits_equal(port, want, (size_t)m * n),
+                   "%s alpha %g beta %g: the portable kernel differs from the documented chain",
+                   name, (double)alphas[v], (double)betas[v]);
+        }
+        // batch invariance: calls of many sizes at shifted offsets equal one call
+        float *full = tu_copy_of(c0, (size_t)m * n), *part = tu_copy_of(c0, (size_t)m * n);
+        moe_gemm_bf16(ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 1.0f, full, n);
+        static const int sizes[] = {1, 2, 5, 7, 8, 9, 33, 129};
+        for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
+          memcpy(part, c0, (size_t)m * n * sizeof(float));
+          for (int r0 = 0; r0 < m;) {
+            const int rows = m - r0 < sizes[q] ? m - r0 : sizes[q];
+            const float *ar = ta ? a + r0 : a + (size_t)r0 * lda;
+            moe_gemm_bf16(ta, tb, rows, n, k, 1.0f, ar, lda, b, ldb, 1.0f, part + (size_t)r0 * n,
+                          n);
+            r0 += rows;
+          }
+          TU_CHECK(bits_equal(part, full, (size_t)m * n),
+                   "%s: calls of %d rows give other bits than one call", name, sizes[q]);
+        }
+        // k split at even points over calls (beta 1 after the first)
+        memcpy(part, c0, (size_t)m * n * sizeof(float));
+        for (int p0 = 0, step = 2; p0 < k; step += 6) {
+          const int kc = k - p0 < step ? k - p0 : step;
+          const float *ap = ta ? a + (size_t)p0 * lda : a + p0;
+          const float *bp = tb ? b + p0 : b + (size_t)p0 * ldb;
+          moe_gemm_bf16(ta, tb, m, n, kc, 1.0f, ap, lda, bp, ldb, 1.0f, part, n);
+          p0 += kc;
+        }
+        TU_CHECK(bits_equal(part, full, (size_t)m * n),
+                 "%s: k split at even points gives other bits than one call", name);
+        tu_free_all();
+      }
+    }
+  }
+  // accuracy: within bf16 rounding of the double reference (inputs in [-1, 1])
+  const int m = 64, n = 48, k = 200;
+  const float *a = tu_filled((size_t)m * k, 1801, -1.0f, 1.0f);
+  const float *b = tu_filled((size_t)k * n, 1802, -1.0f, 1.0f);
+  float *c = tu_fbuf((size_t)m * n), *cr = tu_fbuf((size_t)m * n);
+  moe_gemm_bf16(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+  moe_gemm_ref(0, 0, m, n, k, 1.0f, a, k, b, n, 0.0f, cr, n);
+  double worst = 0;
+  for (int i = 0; i < m; i++) {
+    for (int j = 0; j < n; j++) {
+      double bound = 0;  // 2^-8 * sum |a b| (two roundings of 2^-9 each) + fp32 accumulation
+      for (int p = 0; p < k; p++) bound += fabs((double)a[i * k + p] * b[p * n + j]);
+      bound = bound * (ldexp(1.0, -8) + k * ldexp(1.0, -24));
+      const double err = fabs((double)c[i * n + j] - cr[i * n + j]);
+      if (err / bound > worst) worst = err / bound;
+    }
+  }
+  printf("gemm_bf16: worst |error| / (2^-8 sum|ab| + k 2^-24 sum|ab|) = %.3f\n", worst);
+  TU_CHECK(worst <= 1.0, "gemm_bf16: error %.3f x the bf16 bound", worst);
+}
+
 // moe_pairwise_*: the tree over leaves, checked against a recursive definition,
 // and its alignment property: the sum of leaves [k 2^j, (k+1) 2^j) pushed
 // alone, then combined as leaves of a smaller tree, gives the same bits as all
@@ -1186,9 +1318,10 @@ int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
   void (*const tests[])(void) = {
-      test_blas_info,  test_gemm_hand, test_gemm_vs_ref, test_gemm_fixed,    test_pairwise,
-      test_gemm_empty, test_linear,    test_bias,        test_gelu,          test_relu,
-      test_softmax,    test_topk,      test_layernorm,   test_cross_entropy, test_adamw};
+      test_blas_info, test_gemm_hand, test_gemm_vs_ref,   test_gemm_fixed,
+      test_gemm_bf16, test_pairwise,  test_gemm_empty,    test_linear,
+      test_bias,      test_gelu,      test_relu,          test_softmax,
+      test_topk,      test_layernorm, test_cross_entropy, test_adamw};
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
     tests[i]();
     tu_free_all();

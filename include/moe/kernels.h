@@ -68,6 +68,9 @@ typedef struct moe_backend {
   moe_gemm_fn gemm;
   void (*set_threads)(int n);     // compute threads of this backend (NULL: one)
   const char *(*describe)(void);  // e.g. "OpenBLAS 0.3.21 ... SkylakeX", for reports
+  // moe_gemm's contract with op(A), alpha * op(B) rounded to bf16 and fp32
+  // accumulation (moe_precision_use(MOE_PRECISION_BF16)); NULL: no bf16 GEMM.
+  moe_gemm_fn gemm_bf16;
 } moe_backend;
 
 // Every backend of the catalogue, also those this build or CPU cannot run.
@@ -83,6 +86,23 @@ void moe_backend_use(const moe_backend *b, int threads);
 // The backend moe_gemm runs now (never NULL).
 const moe_backend *moe_backend_current(void);
 
+// The precision of moe_gemm, process-wide like the backend: fp32 (the
+// default), or bf16 (mixed precision: the GEMMs' inputs rounded to bf16,
+// products accumulated in fp32; everything outside the GEMMs, the master
+// weights, gradients' accumulation and optimizer state stay fp32).
+typedef enum { MOE_PRECISION_FP32 = 0, MOE_PRECISION_BF16 = 1 } moe_precision;
+// "fp32" or "bf16"; and back (INVALID_ARG naming the valid ones).
+const char *moe_precision_name(moe_precision p);
+moe_status moe_precision_parse(moe_ctx *ctx, const char *text, moe_precision *out);
+// Whether backend b computes precision p on this CPU: bf16 needs a backend
+// with a bf16 GEMM and (for speed) a CPU with AVX512_BF16; else fails
+// (UNSUPPORTED) saying which is missing.
+moe_status moe_compute_check(moe_ctx *ctx, const moe_backend *b, moe_precision p);
+// Makes p moe_gemm's precision (set it before starting work). A backend
+// without a bf16 GEMM computes in fp32 whatever the precision.
+void moe_precision_use(moe_precision p);
+moe_precision moe_precision_current(void);
+
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major.
 // op(A) = A if !trans_a (A is (m, k), lda >= k) else A^T (A is (k, m), lda >= m).
 // op(B) = B if !trans_b (B is (k, n), ldb >= n) else B^T (B is (n, k), ldb >= k).
@@ -90,6 +110,11 @@ const moe_backend *moe_backend_current(void);
 // read C: NaN or Inf already in C do not survive.
 void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc);
+// moe_gemm in fp32 whatever the precision (the router's GEMMs: routing
+// decisions and the gate's gradient stay fp32, as DeepSpeed's and Megatron's
+// fp32 routers do).
+void moe_gemm_fp32(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
 void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
@@ -112,6 +137,30 @@ void moe_gemm_fixed(int trans_a, int trans_b, int m, int n, int k, float alpha, 
 // "portable (fmaf)" (a narrower one forced by MOE_GEMM_FIXED_ISA=avx2 or
 // portable in the environment, read once; all give the same bits).
 const char *moe_gemm_fixed_isa(void);
+
+// ---- bf16 mixed precision -------------------------------------------------------------
+
+// float -> bfloat16 (its top 16 bits) rounded to nearest-even; NaN stays a
+// quiet NaN, values past the largest bf16 become +-Inf. And back (exact).
+uint16_t moe_bf16_round(float f);
+float moe_bf16_to_float(uint16_t h);
+
+// The batch-invariant bf16 GEMM: moe_gemm's arguments and contract, computed
+// with op(A) and alpha * op(B) rounded to bf16 (subnormals flushed to zero)
+// and fp32 accumulation. Every element of C is one chain over the pairs of k
+// (src/kernels/gemm_bf16.c has it exactly): what AVX512_BF16's VDPBF16PS
+// computes, so the AVX512_BF16 kernel and the portable one (fmaf) give the
+// same bits. A row's bits do not depend on the other rows, and k split over
+// calls at even points (beta = 1 after the first) equals one call. Results
+// within bf16 rounding of moe_gemm: |error| <~ 2^-8 * sum_p |a_ip b_pj|.
+void moe_gemm_bf16(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
+// "avx512_bf16" or "portable (fmaf)" (forced by MOE_GEMM_FIXED_ISA=portable
+// or avx2, as for moe_gemm_fixed).
+const char *moe_gemm_bf16_isa(void);
+// 1 when moe_gemm_bf16 runs on bf16 instructions here (AVX512_BF16); 0 when
+// it emulates them (correct, but slower than fp32).
+int moe_bf16_native(void);
 
 // ---- pairwise (tree) sums in a fixed order ----------------------------------------------
 

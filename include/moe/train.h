@@ -96,6 +96,11 @@ typedef struct {
   // batch-invariant backend (fixed); another one is refused.
   const char *backend;
   int threads;
+  // Precision of the GEMMs (moe_precision_use, process-wide): fp32 (default)
+  // or bf16 mixed precision (fp32 masters, gradients, optimizer, router;
+  // checkpoints the same in both). bf16 needs a backend with a bf16 GEMM
+  // (fixed) and a CPU with AVX512_BF16 (moe_compute_check).
+  moe_precision precision;
 } moe_train_config;
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,

@@ -76,7 +76,63 @@ const moe_backend *moe_backend_current(void) {
   return __atomic_load_n(&g_current, __ATOMIC_ACQUIRE);
 }
 
+// ---- precision ------------------------------------------------------------------------
+
+static int g_precision = MOE_PRECISION_FP32;
+
+const char *moe_precision_name(moe_precision p) {
+  return p == MOE_PRECISION_BF16 ? "bf16" : "fp32";
+}
+
+moe_status moe_precision_parse(moe_ctx *ctx, const char *text, moe_precision *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !text || !out, MOE_STATUS_INVALID_ARG, "precision: text and out must be set");
+  if (strcmp(text, "fp32") == 0) {
+    *out = MOE_PRECISION_FP32;
+  } else if (strcmp(text, "bf16") == 0) {  // catalogue: a precision, not the compressor
+    *out = MOE_PRECISION_BF16;
+  } else {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "unknown precision '%s' (valid: fp32, bf16)", text);
+  }
+done:
+  return st;
+}
+
+moe_status moe_compute_check(moe_ctx *ctx, const moe_backend *b, moe_precision p) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !b, MOE_STATUS_INVALID_ARG, "compute check: backend must be set");
+  if (p != MOE_PRECISION_BF16) goto done;
+  MOE_FAIL_IF(ctx, !b->gemm_bf16, MOE_STATUS_UNSUPPORTED,
+              "precision bf16: the %s backend has no bf16 GEMM (use --backend fixed, or "
+              "--precision fp32)",
+              b->name);
+  MOE_FAIL_IF(ctx, !moe_bf16_native(), MOE_STATUS_UNSUPPORTED,
+              "precision bf16: this CPU has no AVX512_BF16 instructions, so bf16 GEMMs would be "
+              "emulated and slower than fp32 (use --precision fp32)");
+done:
+  return st;
+}
+
+void moe_precision_use(moe_precision p) {
+  __atomic_store_n(&g_precision, p == MOE_PRECISION_BF16 ? MOE_PRECISION_BF16 : MOE_PRECISION_FP32,
+                   __ATOMIC_RELEASE);
+}
+
+moe_precision moe_precision_current(void) {
+  return (moe_precision)__atomic_load_n(&g_precision, __ATOMIC_ACQUIRE);
+}
+
+// ---- dispatch ---------------------------------------------------------------------------
+
 void moe_gemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a, int lda,
               const float *b, int ldb, float beta, float *c, int ldc) {
+  const moe_backend *be = moe_backend_current();
+  const moe_gemm_fn f =
+      moe_precision_current() == MOE_PRECISION_BF16 && be->gemm_bf16 ? be->gemm_bf16 : be->gemm;
+  f(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void moe_gemm_fp32(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   moe_backend_current()->gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }

@@ -350,6 +350,7 @@ static void gemm_fixed_with(const ukernel *kern, int trans_a, int trans_b, int m
   const a_view av = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
   float *bpack = scratch();
   if (!bpack) {
+    if (beta == 0.0f) scale_or_zero(c, m, n, ldc, 0.0f);  // the chains start at 0
     gemm_fixed_elementwise(trans_b, m, n, k, alpha, av, b, ldb, c, ldc);
     return;
   }
@@ -416,4 +417,5 @@ const moe_backend moe_backend_fixed = {
     .gemm = moe_gemm_fixed,
     .set_threads = NULL,
     .describe = fixed_describe,
+    .gemm_bf16 = moe_gemm_bf16,
 };

@@ -16,7 +16,8 @@
 // contract; logged once).
 //
 // Threads: Debian's oneDNN runs on OpenMP; moe_backend_use sets its thread
-// count (omp_set_num_threads), one by default.
+// count, one by default (each calling thread applies it with
+// omp_set_num_threads before its next GEMM).
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ typedef struct {
 typedef struct {
   dnnl_engine_t eng;
   dnnl_stream_t strm;
+  int threads;  // the OpenMP thread count this thread last set
   int count;
   entry slots[TABLE];
 } cache;
@@ -89,6 +91,11 @@ static void cache_free(void *p) {
   if (c->eng) dnnl_engine_destroy(c->eng);
   free(c);
 }
+
+// moe_backend_use's thread count. omp_set_num_threads sets it for the calling
+// thread only, so every thread sets it again before its next GEMM when it
+// changed (executor threads included).
+static int g_threads = 1;
 
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
@@ -199,6 +206,11 @@ static void gemm_onednn(int trans_a, int trans_b, int m, int n, int k, float alp
     return;
   }
   cache *ch = thread_cache();
+  const int nt = __atomic_load_n(&g_threads, __ATOMIC_RELAXED);
+  if (ch && ch->threads != nt) {
+    omp_set_num_threads(nt);
+    ch->threads = nt;
+  }
   const problem p = {trans_a, trans_b, m, n, k, lda, ldb, ldc, bits_of(alpha), bits_of(beta)};
   entry *e = ch ? lookup(ch, &p, alpha, beta) : NULL;
   dnnl_status_t s = e ? dnnl_success : dnnl_runtime_error;
@@ -218,7 +230,9 @@ static void gemm_onednn(int trans_a, int trans_b, int m, int n, int k, float alp
 
 static const char *onednn_unavailable(void) { return NULL; }
 
-static void onednn_set_threads(int n) { omp_set_num_threads(n < 1 ? 1 : n); }
+static void onednn_set_threads(int n) {
+  __atomic_store_n(&g_threads, n < 1 ? 1 : n, __ATOMIC_RELAXED);
+}
 
 static char g_describe[96];
 static pthread_once_t g_describe_once = PTHREAD_ONCE_INIT;

@@ -36,6 +36,11 @@ const char *moe_gelu_isa_name(int isa);
 // touching nothing, when `isa` is not in moe_gelu_isa_mask() or `op` is unknown.
 int moe_gelu_run_isa(int isa, int op, float *out, const float *dy, const float *x, size_t n);
 
+// moe_gemm_bf16 on its portable path (fmaf and flushes), whatever the CPU.
+void moe_gemm_bf16_portable(int trans_a, int trans_b, int m, int n, int k, float alpha,
+                            const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                            int ldc);
+
 // moe_gemm_fixed on its portable path (fmaf), whatever the CPU: the tests
 // check that it gives the same bits as the path moe_gemm_fixed picks.
 void moe_gemm_fixed_portable(int trans_a, int trans_b, int m, int n, int k, float alpha,

@@ -188,7 +188,12 @@ void moe_gate_backward(const moe_layer_config *cfg, const moe_gate_buffers *gb, 
   }
   // dwg += x^T dlogits (a sum over this call's tokens); dx += dlogits wg^T,
   // batch-invariant like the forward
-  if (dwg) moe_timed_gemm(&tm->gate_gemm_ms, 1, 0, M, E, T, x, M, dlogits, E, 1.0f, dwg, E);
+  // (fp32 whatever moe_gemm's precision: the router stays fp32)
+  if (dwg) {
+    const uint64_t tg = moe_time_ns();
+    moe_gemm_fp32(1, 0, M, E, T, 1.0f, x, M, dlogits, E, 1.0f, dwg, E);
+    tm->gate_gemm_ms += moe_time_ms_since(tg);
+  }
   const uint64_t t0 = moe_time_ns();
   moe_gemm_fixed(0, 1, T, M, E, 1.0f, dlogits, E, wg, E, 1.0f, dx, M);
   tm->gate_gemm_ms += moe_time_ms_since(t0);

@@ -649,8 +649,8 @@ static void slice_gate_wgrad(moe_ep_layer *L, int T, float *dwg) {
   moe_pairwise_reset(&L->gate_pw, n);
   for (int q = 0; q < T / sl; q++) {
     float *leaf = moe_pairwise_leaf(&L->gate_pw);
-    moe_gemm(1, 0, M, E, sl, 1.0f, L->x_last + (size_t)q * sl * M, M,
-             L->dlogits + (size_t)q * sl * E, E, 0.0f, leaf, E);
+    moe_gemm_fp32(1, 0, M, E, sl, 1.0f, L->x_last + (size_t)q * sl * M, M,
+                  L->dlogits + (size_t)q * sl * E, E, 0.0f, leaf, E);
     moe_pairwise_push(&L->gate_pw);
   }
   const float *root = moe_pairwise_result(&L->gate_pw);

@@ -202,6 +202,7 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
   MOE_TRY(moe_optim_config_validate(ctx, &oc));
   const moe_backend *be = NULL;
   MOE_TRY(moe_train_backend(ctx, tc, &be));
+  MOE_TRY(moe_compute_check(ctx, be, tc->precision));
   MOE_FAIL_IF(ctx, tc->threads < 0 || tc->threads > 256, MOE_STATUS_INVALID_ARG,
               "compute threads %d out of range [1, 256] (0: 1)", tc->threads);
   *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
@@ -611,6 +612,7 @@ static moe_status setup(run_state *r, int *start_step) {
   const moe_backend *be = NULL;
   MOE_TRY(moe_train_backend(ctx, tc, &be));  // checked by check_config: cannot fail here
   moe_backend_use(be, tc->threads);
+  moe_precision_use(tc->precision);
   r->user->par.slice_tokens = tc->deterministic ? r->s : 0;
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
