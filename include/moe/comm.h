@@ -143,6 +143,15 @@ moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending);
 // The `mpi` algorithm's function (the one that needs int displacements).
 moe_alltoallv_fn moe_alltoallv_mpi_fn(void);
 
+// Blocking point-to-point transfer of n floats (any n: sent in pieces that fit MPI's int
+// counts) to / from rank `to` / `from` of comm with message tag `tag`; both sides pass the
+// same n and tag. Marked for the hang watchdog as operation `op` (a string literal: errors
+// and the watchdog's message name it).
+moe_status moe_send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, int tag, MPI_Comm comm,
+                           const char *op);
+moe_status moe_recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int tag, MPI_Comm comm,
+                           const char *op);
+
 // Translates an MPI error code into MOE_STATUS_COMM with MPI's text in ctx.
 moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const char *file, int line);
 // Every rank of comm contributes its local status; returns OK only if all are

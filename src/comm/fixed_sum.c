@@ -10,30 +10,10 @@
 #include "moe/comm.h"
 #include "moe/core.h"
 
+// MPI counts are int: the broadcast goes in pieces of at most 2^28 floats.
 #define PIECE ((size_t)1 << 28)
-
-static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, MPI_Comm comm,
-                              const char *what) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += PIECE) {
-    const size_t c = n - i < PIECE ? n - i : PIECE;
-    MOE_MPI_TRY_OP(ctx, what, MPI_Send(buf + i, (int)c, MPI_FLOAT, to, 41, comm));
-  }
-done:
-  return st;
-}
-
-static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, MPI_Comm comm,
-                              const char *what) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += PIECE) {
-    const size_t c = n - i < PIECE ? n - i : PIECE;
-    MOE_MPI_TRY_OP(ctx, what,
-                   MPI_Recv(buf + i, (int)c, MPI_FLOAT, from, 41, comm, MPI_STATUS_IGNORE));
-  }
-done:
-  return st;
-}
+// The tree's point-to-point messages.
+#define FIXED_SUM_TAG 41
 
 moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm,
                                const char *what) {
@@ -57,11 +37,11 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm
   for (int d = 1; d < size; d *= 2) {
     if (rank % (2 * d) == 0) {
       if (rank + d < size) {
-        MOE_TRY(recv_floats(ctx, tmp, n, rank + d, comm, what));
+        MOE_TRY(moe_recv_floats(ctx, tmp, n, rank + d, FIXED_SUM_TAG, comm, what));
         for (size_t i = 0; i < n; i++) buf[i] = buf[i] + tmp[i];
       }
     } else {
-      MOE_TRY(send_floats(ctx, buf, n, rank - d, comm, what));
+      MOE_TRY(moe_send_floats(ctx, buf, n, rank - d, FIXED_SUM_TAG, comm, what));
       break;
     }
   }

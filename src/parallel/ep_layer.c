@@ -72,29 +72,6 @@ done:
   return st;
 }
 
-static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, int tag,
-                              MPI_Comm comm) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
-    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY_OP(ctx, "send of expert weights", MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
-  }
-done:
-  return st;
-}
-
-static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int tag,
-                              MPI_Comm comm) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
-    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY_OP(ctx, "receive of expert weights",
-                   MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
-  }
-done:
-  return st;
-}
-
 static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_config *cfg,
                                const moe_parallel_config *pc, const moe_a2a_algo **algo,
                                const moe_schedule_algo **sched, moe_compressor *comp) {
@@ -496,9 +473,11 @@ static moe_status copy_to_replica(moe_ep_layer *L, int e, int p) {
   const size_t n[4] = {M * H, H, H * M, M};
   for (int i = 0; i < 4; i++) {
     if (L->me == home) {
-      MOE_TRY(send_floats(ctx, parts[i], n[i], p, 7101 + i, L->ep.comm));
+      MOE_TRY(
+          moe_send_floats(ctx, parts[i], n[i], p, 7101 + i, L->ep.comm, "send of expert weights"));
     } else if (L->me == p) {
-      MOE_TRY(recv_floats(ctx, parts[i], n[i], home, 7101 + i, L->ep.comm));
+      MOE_TRY(moe_recv_floats(ctx, parts[i], n[i], home, 7101 + i, L->ep.comm,
+                              "receive of expert weights"));
     }
   }
 done:
@@ -590,10 +569,11 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
     for (int p = 0; p < L->P; p++) {
       if (!L->placement.replica[(size_t)e * L->P + p]) continue;
       if (L->me == p) {
-        MOE_TRY(send_floats(ctx, L->replica_mem[e] + nf, nf, home, 7201, L->ep.comm));
+        MOE_TRY(moe_send_floats(ctx, L->replica_mem[e] + nf, nf, home, 7201, L->ep.comm,
+                                "send of expert weights"));
       } else if (L->me == home) {
         float *g = L->rep_tmp.buf;  // reserved before backward's agreement
-        MOE_TRY(recv_floats(ctx, g, nf, p, 7201, L->ep.comm));
+        MOE_TRY(moe_recv_floats(ctx, g, nf, p, 7201, L->ep.comm, "receive of expert weights"));
         // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
         // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
         const size_t i = (size_t)(e - L->t.home_first);

@@ -431,20 +431,12 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     if (r->rank == 0) {
       memcpy(full, src, p.numel * sizeof(float));
       for (int q = 1; q < ep_size; q++)
-        for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
-          const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-          MOE_MPI_TRY_OP(ctx, "checkpoint: receive of experts",
-                         MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
-                                  r->ep_comm, MPI_STATUS_IGNORE));
-        }
+        MOE_TRY(moe_recv_floats(ctx, full + (size_t)q * p.numel, p.numel, q, 7, r->ep_comm,
+                                "checkpoint: receive of experts"));
       if (wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, full, p.numel * (size_t)ep_size * sizeof(float));
     } else {
-      for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
-        const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-        MOE_MPI_TRY_OP(ctx, "checkpoint: send of experts",
-                       MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
-      }
+      MOE_TRY(moe_send_floats(ctx, src, p.numel, 0, 7, r->ep_comm, "checkpoint: send of experts"));
     }
   }
   if (r->rank == 0) {
