@@ -124,6 +124,12 @@ void moe_linear_forward_ref(float *y, const float *x, const float *w, const floa
 void moe_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                          const float *w, int n, int din, int dout);
 
+// ---- vector add -------------------------------------------------------------------
+
+// dst (n) += src (n), element by element (each element one IEEE addition: the bits
+// do not depend on vectorization). dst and src must not overlap.
+void moe_add_inplace(float *dst, const float *src, size_t n);
+
 // ---- bias add ---------------------------------------------------------------------
 
 // y (N, D) += b (D) broadcast over rows.

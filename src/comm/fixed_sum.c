@@ -9,6 +9,7 @@
 
 #include "moe/comm.h"
 #include "moe/core.h"
+#include "moe/kernels.h"
 
 // MPI counts are int: the broadcast goes in pieces of at most 2^28 floats.
 #define PIECE ((size_t)1 << 28)
@@ -38,7 +39,7 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm
     if (rank % (2 * d) == 0) {
       if (rank + d < size) {
         MOE_TRY(moe_recv_floats(ctx, tmp, n, rank + d, FIXED_SUM_TAG, comm, what));
-        for (size_t i = 0; i < n; i++) buf[i] = buf[i] + tmp[i];
+        moe_add_inplace(buf, tmp, n);
       }
     } else {
       MOE_TRY(moe_send_floats(ctx, buf, n, rank - d, FIXED_SUM_TAG, comm, what));

@@ -45,15 +45,11 @@ void moe_pairwise_reset(moe_pairwise *pw, size_t n) {
 
 float *moe_pairwise_leaf(moe_pairwise *pw) { return pw->buf + (size_t)pw->top * pw->n; }
 
-static void add_into(float *restrict lo, const float *restrict hi, size_t n) {
-  for (size_t i = 0; i < n; i++) lo[i] = lo[i] + hi[i];
-}
-
 void moe_pairwise_push(moe_pairwise *pw) {
   pw->size[pw->top++] = 1;
   while (pw->top >= 2 && pw->size[pw->top - 1] == pw->size[pw->top - 2]) {
-    add_into(pw->buf + (size_t)(pw->top - 2) * pw->n, pw->buf + (size_t)(pw->top - 1) * pw->n,
-             pw->n);
+    moe_add_inplace(pw->buf + (size_t)(pw->top - 2) * pw->n,
+                    pw->buf + (size_t)(pw->top - 1) * pw->n, pw->n);
     pw->size[pw->top - 2] *= 2;
     pw->top--;
   }
@@ -68,7 +64,7 @@ const float *moe_pairwise_result(moe_pairwise *pw) {
   // The tree over a count that is not a power of two, padded with absent
   // leaves: the remaining nodes (largest first) fold from the right.
   for (int i = pw->top - 2; i >= 0; i--) {
-    add_into(pw->buf + (size_t)i * pw->n, pw->buf + (size_t)(i + 1) * pw->n, pw->n);
+    moe_add_inplace(pw->buf + (size_t)i * pw->n, pw->buf + (size_t)(i + 1) * pw->n, pw->n);
   }
   pw->size[0] = 0;
   for (int i = 0; i < pw->top; i++) pw->size[0] += pw->size[i];

@@ -644,7 +644,7 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       memset(&ls, 0, sizeof ls);
       MOE_TRY(m->ops->forward(blk->moe, blk->ln2, N, xn, &ls));
       const size_t nm = (size_t)N * M;
-      for (size_t j = 0; j < nm; j++) xn[j] += blk->resid2[j];
+      moe_add_inplace(xn, blk->resid2, nm);
       res.aux += ls.aux_loss;
       res.z += ls.z_loss;
       res.dropped += ls.dropped;
@@ -744,12 +744,6 @@ done:
   return st;
 }
 
-// dst[i] += root[i]: the tree's sum added to the gradient (zero after
-// moe_gpt_zero_grad, so then equal to the sum)
-static void add_root(float *restrict dst, const float *restrict root, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] += root[i];
-}
-
 // dw (din, dout) += x^T dy, db (dout) += column sums of dy, as the pairwise sum
 // over sequences of each sequence's own product (s rows each).
 static void slice_linear_wgrad(moe_gpt *m, float *dw, float *db, const float *dy, const float *x,
@@ -766,8 +760,8 @@ static void slice_linear_wgrad(moe_gpt *m, float *dw, float *db, const float *dy
     moe_pairwise_push(&m->pw);
   }
   const float *root = moe_pairwise_result(&m->pw);
-  add_root(dw, root, nw);
-  add_root(db, root + nw, (size_t)dout);
+  moe_add_inplace(dw, root, nw);
+  moe_add_inplace(db, root + nw, (size_t)dout);
 }
 
 // moe_layernorm_backward sequence by sequence: dx per row as before; dgamma
@@ -786,8 +780,8 @@ static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float
     moe_pairwise_push(&m->pw);
   }
   const float *root = moe_pairwise_result(&m->pw);
-  add_root(dgamma, root, (size_t)M);
-  add_root(dbeta, root + M, (size_t)M);
+  moe_add_inplace(dgamma, root, (size_t)M);
+  moe_add_inplace(dbeta, root + M, (size_t)M);
 }
 
 // ---- backward -------------------------------------------------------------------------------
@@ -898,8 +892,8 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       moe_pairwise_push(&m->pw);
     }
     const float *root = moe_pairwise_result(&m->pw);
-    add_root(m->dwte, root, VM);
-    add_root(m->dwpe, root + VM, (size_t)s * M);
+    moe_add_inplace(m->dwte, root, VM);
+    moe_add_inplace(m->dwpe, root + VM, (size_t)s * M);
     goto done;
   }
   for (int i = 0; i < N; i++) {

@@ -581,18 +581,12 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
                          home_scratch + El * (M * H + H) + i * H * M,
                          home_scratch + El * (2 * M * H + H) + i * M};
         const size_t off[4] = {0, M * H, M * H + H, 2 * M * H + H}, n[4] = {M * H, H, H * M, M};
-        for (int k = 0; k < 4; k++) {
-          for (size_t j = 0; j < n[k]; j++) dst[k][j] += g[off[k] + j];
-        }
+        for (int k = 0; k < 4; k++) moe_add_inplace(dst[k], g + off[k], n[k]);
       }
     }
   }
 done:
   return st;
-}
-
-static void add_into(float *dst, const float *src, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
 moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
@@ -610,11 +604,11 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
     MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
     MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
   }
-  add_into(L->t.dwg, gs, L->grad_gate_n);
-  add_into(L->t.dw1, home, El * Ms * Hs);
-  add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
-  add_into(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
-  add_into(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
+  moe_add_inplace(L->t.dwg, gs, L->grad_gate_n);
+  moe_add_inplace(L->t.dw1, home, El * Ms * Hs);
+  moe_add_inplace(L->t.db1, home + El * Ms * Hs, El * Hs);
+  moe_add_inplace(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
+  moe_add_inplace(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
 done:
   return st;
 }

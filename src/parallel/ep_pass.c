@@ -654,7 +654,7 @@ static void slice_gate_wgrad(moe_ep_layer *L, int T, float *dwg) {
     moe_pairwise_push(&L->gate_pw);
   }
   const float *root = moe_pairwise_result(&L->gate_pw);
-  for (size_t i = 0; i < n; i++) dwg[i] += root[i];
+  moe_add_inplace(dwg, root, n);
 }
 
 // ---- forward ---------------------------------------------------------------------------------
