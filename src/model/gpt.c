@@ -744,26 +744,6 @@ done:
   return st;
 }
 
-// dw (din, dout) += x^T dy, db (dout) += column sums of dy, as the pairwise sum
-// over sequences of each sequence's own product (s rows each).
-static void slice_linear_wgrad(moe_gpt *m, float *dw, float *db, const float *dy, const float *x,
-                               int din, int dout) {
-  const int b = m->b_last, s = m->s_last;
-  const size_t nw = (size_t)din * (size_t)dout;
-  moe_pairwise_reset(&m->pw, nw + (size_t)dout);
-  for (int q = 0; q < b; q++) {
-    float *leaf = moe_pairwise_leaf(&m->pw);
-    const float *xq = x + (size_t)q * s * din, *dyq = dy + (size_t)q * s * dout;
-    moe_gemm(1, 0, din, dout, s, 1.0f, xq, din, dyq, dout, 0.0f, leaf, dout);
-    memset(leaf + nw, 0, (size_t)dout * sizeof(float));
-    moe_bias_add_backward(leaf + nw, dyq, s, dout);
-    moe_pairwise_push(&m->pw);
-  }
-  const float *root = moe_pairwise_result(&m->pw);
-  moe_add_inplace(dw, root, nw);
-  moe_add_inplace(db, root + nw, (size_t)dout);
-}
-
 // moe_layernorm_backward sequence by sequence: dx per row as before; dgamma
 // and dbeta as the pairwise sum over sequences.
 static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbeta,
@@ -791,7 +771,8 @@ static void linear_backward_set(moe_gpt *m, float *dx, float *dw, float *db, con
                                 const float *x, const float *w, int n, int din, int dout) {
   moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
   if (m->deterministic) {
-    slice_linear_wgrad(m, dw, db, dy, x, din, dout);
+    // one leaf per sequence (s rows)
+    moe_pairwise_wgrad(&m->pw, dw, db, x, dy, m->b_last, m->s_last, din, dout);
     return;
   }
   moe_gemm(1, 0, din, dout, n, 1.0f, x, din, dy, dout, 1.0f, dw, dout);
