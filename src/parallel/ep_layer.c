@@ -297,6 +297,10 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       const size_t slices = (T + (size_t)pc->slice_tokens - 1) / (size_t)pc->slice_tokens;
       out->bytes[MOE_MEM_WORKSPACE] += A((slices + 1) * (E + 1) * sizeof(double)) +
                                        (double)moe_pairwise_bytes(M * E, (int)slices);
+      // moe_allreduce_fixed's receive buffers, kept (fixed_home over DP, fixed_gate over the
+      // world; rank 0 has a partner in both whenever they have two ranks)
+      if (world_size / P > 1) out->bytes[MOE_MEM_GRADS] += F(El * (2 * M * H + H + M));
+      if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F(M * E);
     }
 #undef A
 #undef F
@@ -417,6 +421,8 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
                     L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
                     L->cnt_recv, L->stats,  L->slice_sums};
   moe_pairwise_free(&L->gate_pw);
+  moe_fixed_sum_free(&L->fixed_home);
+  moe_fixed_sum_free(&L->fixed_gate);
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
   moe_workspace *ws[] = {&L->bufa, &L->bufb,   &L->ex_x,    &L->pre,   &L->h,    &L->dh,
                          &L->dpre, &L->a2a_ws, &L->rep_tmp, &L->csend, &L->crecv};
@@ -596,9 +602,9 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   MOE_TRY(gather_replica_grads(L, home));
   if (L->pc.slice_tokens > 0) {
-    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp,
+    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_home, home, L->grad_home_n, L->dp,
                                 "all-reduce of the MoE layer's gradients"));
-    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world,
+    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_gate, gs, L->grad_gate_n, L->world,
                                 "all-reduce of the MoE layer's gradients"));
   } else {
     MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));

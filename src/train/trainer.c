@@ -138,6 +138,7 @@ typedef struct {
   moe_optim *opt;
   int32_t *tokens, *targets;  // (bl, S)
   float *dense_buf;           // packed dense gradients
+  moe_fixed_sum dense_fixed;  // deterministic: their fixed-order all-reduce's receive buffer
   size_t dense_n;
   MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
   double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
@@ -235,7 +236,10 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     }
     int n_moe = 0;
     for (int l = 0; l < tc->model.n_layer; l++) n_moe += moe_gpt_block_is_moe(&tc->model, l);
-    out->bytes[MOE_MEM_GRADS] += out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+    const double dense = out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+    // the packed dense gradients, and (deterministic, several ranks) the fixed-order
+    // all-reduce's receive buffer for them (dense_fixed)
+    out->bytes[MOE_MEM_GRADS] += (tc->deterministic && world_size > 1 ? 2 : 1) * dense;
   }
 done:
   return st;
@@ -264,7 +268,7 @@ static moe_status allreduce_dense(run_state *r) {
           MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
   }
   if (r->tc->deterministic)
-    MOE_TRY(moe_allreduce_fixed(ctx, r->dense_buf, r->dense_n, r->world,
+    MOE_TRY(moe_allreduce_fixed(ctx, &r->dense_fixed, r->dense_buf, r->dense_n, r->world,
                                 "all-reduce of the dense gradients"));
   off = 0;
   for (int i = 0; i < n; i++) {
@@ -669,6 +673,7 @@ static void teardown(run_state *r) {
   moe_progress_free(r->progress);
   moe_metrics_close(r->metrics);
   moe_free(r->dense_buf);
+  moe_fixed_sum_free(&r->dense_fixed);
   moe_free(r->expert_sq);
   moe_free(r->targets);
   moe_free(r->tokens);
