@@ -779,9 +779,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     double sums[2] = {l.ce_sum, (double)l.dropped};
+    // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
+    // sum covers only the dropped count (an integer: exact in any order).
+    const int det = tc->deterministic ? 1 : 0;
     MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
-                   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
-    if (tc->deterministic)  // the sequences' sums in global order
+                   MPI_Allreduce(MPI_IN_PLACE, sums + det, 2 - det, MPI_DOUBLE, MPI_SUM, world));
+    if (det)
       MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
                                      "all-reduce of the step's loss"));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
