@@ -62,9 +62,9 @@ void cli_parse_size(cli_args *a, const char *opt, size_t *out);
   "                        (e.g. 512M, 2G; per rank) [the node's MemAvailable, or\n" \
   "                        its cgroup's memory.max room, / its ranks]\n"
 
-// Memory bound of a one-process command: need + the process baseline against
-// max_memory (> 0) or the available memory. CLI_OK, or CLI_USAGE after
-// printing the refusal (what to change: hint).
+// Memory bound of a one-process command (moe_memory_check_process: need + the
+// process baseline against max_memory (> 0) or the available memory). CLI_OK,
+// or CLI_USAGE after printing the refusal (what to change: hint).
 int cli_memory_check(moe_ctx *ctx, moe_memory_need *need, size_t max_memory, const char *hint);
 
 // Layer-config options shared by the commands that take a layer shape. Each

@@ -305,14 +305,7 @@ int cli_hang_timeout_opt(cli_args *a, double *seconds) {
 // ---- the memory bound of one-process commands ----------------------------------
 
 int cli_memory_check(moe_ctx *ctx, moe_memory_need *need, size_t max_memory, const char *hint) {
-  size_t limit = max_memory;
-  char source[64] = "--max-memory";
-  need->bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
-  if (limit == 0 && moe_memory_available(ctx, &limit, source, sizeof source) != MOE_STATUS_OK) {
-    cli_error("%s", moe_ctx_error(ctx));
-    return CLI_USAGE;
-  }
-  if (moe_memory_check(ctx, need, limit, source, "this process", hint) != MOE_STATUS_OK) {
+  if (moe_memory_check_process(ctx, need, max_memory, hint) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }

@@ -510,18 +510,6 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
       peak_rss_mib[1] / (r->memory_max_total / mib), bal, peak_rss_mib[0] / bal);
 }
 
-// VmHWM of this process in MiB (0 when unknown).
-static double peak_rss_mib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  double kib = 0;
-  if (!f) return 0;
-  while (fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0) kib = atof(line + 6);
-  fclose(f);
-  return kib / 1024.0;
-}
-
 int cmd_train(int argc, char **argv) {
   int provided = 0, rank = 0, world = 1, rc = CLI_OK;
   MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
@@ -573,7 +561,7 @@ int cmd_train(int argc, char **argv) {
   if (rank != 0) o.tc.progress = 0;
   moe_train_result res;
   const moe_status st = moe_train_run(ctx, MPI_COMM_WORLD, &o.tc, &res);
-  double rss[2] = {peak_rss_mib(), 0};  // rank 0's, max over ranks
+  double rss[2] = {(double)moe_peak_rss_bytes() / (1 << 20), 0};  // MiB: rank 0's, max over ranks
   MOE_MPI_WATCHED("all-reduce of the peak memory",
                   MPI_Allreduce(&rss[0], &rss[1], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   moe_watchdog_stop(wd);

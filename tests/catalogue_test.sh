@@ -7,11 +7,8 @@
 set -uo pipefail
 moe=${1:?usage: catalogue_test.sh MOE}
 src="$(cd "$(dirname "$0")/.." && pwd)"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 failed=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # The names come from the binary: every kind must be there.
 cat=$("$moe" version --catalogue)
@@ -64,5 +61,4 @@ plant 'static int d(const char *a) { return strcmp(a, "mpi") == 0; }  // catalog
 plant 'static const char *k_own[] = {"mpi", "pipe"};' src/comm/alltoall_registry.c 0 "no name lists"
 plant '// the shipped ones: "mpi", "pairwise", "pipe"' src/perf/model.c 0 "no name lists"
 
-echo "catalogue_test: $pass passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish catalogue_test

@@ -11,22 +11,14 @@
 # Usage: checkpoint_kill_test.sh path/to/test_checkpoint
 set -u
 BIN=${1:?usage: checkpoint_kill_test.sh path/to/test_checkpoint}
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/moe_ckpt_kill.XXXXXX") || exit 1
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 pid=""
-cleanup() {
+on_exit() {  # a writer still paused
   if [[ -n $pid ]]; then
     kill -9 "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
   fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() {
-  fail=$((fail + 1))
-  echo "FAIL: $*" >&2
 }
 
 ckpt=$tmp/model.ckpt
@@ -83,5 +75,4 @@ if "$BIN" --verify "$ckpt" 1 >/dev/null 2>&1; then bad "--verify accepts the wro
 rm -f "$ckpt"
 if "$BIN" --verify "$ckpt" 3 >/dev/null 2>&1; then bad "verify without a checkpoint"; else ok; fi
 
-echo "checkpoint_kill_test: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish checkpoint_kill_test

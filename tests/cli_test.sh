@@ -4,8 +4,8 @@
 # Usage: cli_test.sh path/to/moe
 set -u
 MOE=${1:?usage: cli_test.sh path/to/moe}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 cat >"$tmp/bad_profile.json" <<'JSON'
 {"profile_version": 1, "colour": "blue"}
 JSON
@@ -13,103 +13,74 @@ cat >"$tmp/bad_cluster.json" <<'JSON'
 {"name": "bad", "device": "d", "nodes": 0, "devices_per_node": 4, "gemm_tflops": 10,
  "intra": {"gbit_per_s": 96, "latency_us": 5}, "inter": {"gbit_per_s": 100, "latency_us": 5}}
 JSON
-pass=0
-fail=0
-
-# expect CODE PATTERN -- ARGS...: exit status CODE and combined output matching PATTERN.
-expect() {
-  local code=$1 pattern=$2
-  shift 3
-  local out rc
-  out=$("$MOE" "$@" 2>&1)
-  rc=$?
-  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1))
-    echo "FAIL: moe $* -> exit $rc (want $code), output:" >&2
-    # the first lines name the run, the last ones its error
-    if [[ $(wc -l <<<"$out") -le 10 ]]; then
-      echo "$out" >&2
-    else
-      echo "$out" | head -4 >&2
-      echo "  ..." >&2
-      echo "$out" | tail -6 >&2
-    fi
-    echo "  (wanted pattern: $pattern)" >&2
-  fi
-}
-
-expect 0 "bench layer" -- --help
-expect 0 "version" -- help
-expect 2 "usage: moe" --
-expect 0 "features: mpi=(yes|no) blas=.* zfp=(yes|no) cuda=(yes|no)" -- version
-expect 2 "unknown command 'frobnicate'" -- frobnicate
-expect 0 "--capacity-factor" -- bench layer --help
-expect 2 "unknown benchmark 'nope'" -- bench nope
-expect 2 "unknown option '--bogus'" -- bench layer --bogus
-expect 2 "--tokens \(-5\) must be in \[1, " -- bench layer --tokens -5
-expect 2 "--experts \(0\) must be in \[1, 65536\]" -- bench layer --experts 0
-expect 2 "--model expects an integer, got 'abc'" -- bench layer --model abc
-expect 2 "--hidden \(0\) must be in" -- bench layer --hidden 0
-expect 2 "--topk \(9\) must be in \[1, 8\] \(the number of experts\)" -- bench layer --experts 8 --topk 9
-expect 2 "--seed \(-1\) must be an integer in \[0, " -- bench layer --seed -1
-expect 2 "--seed \(99999999999999999999999\) must be" -- bench layer --seed 99999999999999999999999
-expect 2 "--threads \(0\) must be in \[1, 256\]" -- bench layer --threads 0
-expect 2 "version takes no arguments" -- version extra
-expect 2 "usage: moe bench" -- bench
-expect 2 "activation 'tanh' is unknown \(valid: gelu, relu\)" -- bench layer --act tanh
-expect 2 "option --iters needs a value" -- bench layer --iters
-expect 2 "--capacity-factor expects a finite number" -- bench layer --capacity-factor nan
+expect 0 "bench layer" -- "$MOE" --help
+expect 0 "version" -- "$MOE" help
+expect 2 "usage: moe" -- "$MOE"
+expect 0 "features: mpi=(yes|no) blas=.* zfp=(yes|no) cuda=(yes|no)" -- "$MOE" version
+expect 2 "unknown command 'frobnicate'" -- "$MOE" frobnicate
+expect 0 "--capacity-factor" -- "$MOE" bench layer --help
+expect 2 "unknown benchmark 'nope'" -- "$MOE" bench nope
+expect 2 "unknown option '--bogus'" -- "$MOE" bench layer --bogus
+expect 2 "--tokens \(-5\) must be in \[1, " -- "$MOE" bench layer --tokens -5
+expect 2 "--experts \(0\) must be in \[1, 65536\]" -- "$MOE" bench layer --experts 0
+expect 2 "--model expects an integer, got 'abc'" -- "$MOE" bench layer --model abc
+expect 2 "--hidden \(0\) must be in" -- "$MOE" bench layer --hidden 0
+expect 2 "--topk \(9\) must be in \[1, 8\] \(the number of experts\)" -- "$MOE" bench layer --experts 8 --topk 9
+expect 2 "--seed \(-1\) must be an integer in \[0, " -- "$MOE" bench layer --seed -1
+expect 2 "--seed \(99999999999999999999999\) must be" -- "$MOE" bench layer --seed 99999999999999999999999
+expect 2 "--threads \(0\) must be in \[1, 256\]" -- "$MOE" bench layer --threads 0
+expect 2 "version takes no arguments" -- "$MOE" version extra
+expect 2 "usage: moe bench" -- "$MOE" bench
+expect 2 "activation 'tanh' is unknown \(valid: gelu, relu\)" -- "$MOE" bench layer --act tanh
+expect 2 "option --iters needs a value" -- "$MOE" bench layer --iters
+expect 2 "--capacity-factor expects a finite number" -- "$MOE" bench layer --capacity-factor nan
 echo '{"num_experts": 4, "colour": "blue"}' >"$tmp/bad.json"
-expect 2 "unknown key 'colour'" -- bench layer --config "$tmp/bad.json"
+expect 2 "unknown key 'colour'" -- "$MOE" bench layer --config "$tmp/bad.json"
 echo '{"num_experts": ' >"$tmp/broken.json"
-expect 2 "malformed JSON" -- bench layer --config "$tmp/broken.json"
-expect 2 "cannot open '$tmp/missing.json'" -- bench layer --config "$tmp/missing.json"
-expect 2 "'$tmp' is not a regular file" -- bench layer --config "$tmp"
+expect 2 "malformed JSON" -- "$MOE" bench layer --config "$tmp/broken.json"
+expect 2 "cannot open '$tmp/missing.json'" -- "$MOE" bench layer --config "$tmp/missing.json"
+expect 2 "'$tmp' is not a regular file" -- "$MOE" bench layer --config "$tmp"
 echo '{"num_experts": 4} trailing' >"$tmp/trailing.json"
-expect 2 "malformed JSON" -- bench layer --config "$tmp/trailing.json"
+expect 2 "malformed JSON" -- "$MOE" bench layer --config "$tmp/trailing.json"
 echo '{"num_experts": 4, "num_experts": 8}' >"$tmp/dup.json"
-expect 2 "key 'num_experts' appears twice" -- bench layer --config "$tmp/dup.json"
-expect 1 "cannot write '$tmp/no/such/dir/out.json.tmp'" -- bench layer --tokens 8 --json "$tmp/no/such/dir/out.json"
+expect 2 "key 'num_experts' appears twice" -- "$MOE" bench layer --config "$tmp/dup.json"
+expect 1 "cannot write '$tmp/no/such/dir/out.json.tmp'" -- "$MOE" bench layer --tokens 8 --json "$tmp/no/such/dir/out.json"
 
 # A tiny real run: table on stdout, JSON with the documented keys.
-expect 0 "expert GEMM GFLOP/s" -- bench layer --tokens 64 --model 16 --hidden 32 --experts 4 \
+expect 0 "expert GEMM GFLOP/s" -- "$MOE" bench layer --tokens 64 --model 16 --hidden 32 --experts 4 \
   --topk 2 --iters 2 --warmup 1 --peak-size 64 --json "$tmp/out.json"
 for key in fwd_ms bwd_ms expert_gflops peak_gflops tokens_per_s config; do
   if grep -q "\"$key\"" "$tmp/out.json" 2>/dev/null; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: JSON lacks \"$key\"" >&2
+    bad "JSON lacks \"$key\""
   fi
 done
 # Dropless and relu also run.
-expect 0 "routing: dropless" -- bench layer --tokens 32 --model 8 --hidden 8 --experts 2 \
+expect 0 "routing: dropless" -- "$MOE" bench layer --tokens 32 --model 8 --hidden 8 --experts 2 \
   --topk 1 --capacity-factor 0 --act relu --iters 1 --warmup 0 --peak-size 64
 
 # bench compress
-expect 0 "int8" -- bench compress --rows 64 --cols 96 --iters 2
-expect 2 "'lz4'" -- bench compress --compress lz4
-expect 2 "--rows" -- bench compress --rows 0
+expect 0 "int8" -- "$MOE" bench compress --rows 64 --cols 96 --iters 2
+expect 2 "'lz4'" -- "$MOE" bench compress --compress lz4
+expect 2 "--rows" -- "$MOE" bench compress --rows 0
 
 # bench a2a (MPI singleton: one rank, no mpirun needed).
 if "$MOE" version | grep -q "mpi=yes"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  expect 0 "--counts uniform\|skewed" -- bench a2a --help
-  expect 2 "'nope' is unknown \(valid: mpi, pairwise, 1dh, 2dh, pipe, grouped\)" -- bench a2a --algo nope
-  expect 2 "--counts 'zipf' is unknown" -- bench a2a --counts zipf
-  expect 2 "'nope' is unknown" -- bench a2a --algo mpi,nope
-  expect 0 "^bare .* ok" -- bench a2a --algo mpi,bare --min-bytes 64 --max-bytes 64 --iters 1 --check
-  expect 2 "--min-bytes \(9\) must be <= --max-bytes \(8\)" -- bench a2a --min-bytes 9 --max-bytes 8
-  expect 2 "--max-bytes \(-1\) must be an integer" -- bench a2a --max-bytes -1
-  expect 0 "grouped +4096 .* ok" -- bench a2a --min-bytes 1024 --max-bytes 4096 --iters 2 --check \
+  expect 0 "--counts uniform\|skewed" -- "$MOE" bench a2a --help
+  expect 2 "'nope' is unknown \(valid: mpi, pairwise, 1dh, 2dh, pipe, grouped\)" -- "$MOE" bench a2a --algo nope
+  expect 2 "--counts 'zipf' is unknown" -- "$MOE" bench a2a --counts zipf
+  expect 2 "'nope' is unknown" -- "$MOE" bench a2a --algo mpi,nope
+  expect 0 "^bare .* ok" -- "$MOE" bench a2a --algo mpi,bare --min-bytes 64 --max-bytes 64 --iters 1 --check
+  expect 2 "--min-bytes \(9\) must be <= --max-bytes \(8\)" -- "$MOE" bench a2a --min-bytes 9 --max-bytes 8
+  expect 2 "--max-bytes \(-1\) must be an integer" -- "$MOE" bench a2a --max-bytes -1
+  expect 0 "grouped +4096 .* ok" -- "$MOE" bench a2a --min-bytes 1024 --max-bytes 4096 --iters 2 --check \
     --counts skewed --json "$tmp/a2a.json"
   if grep -q '"algo": "bare"' "$tmp/a2a.json" 2>/dev/null; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: bench a2a JSON lacks the bare rows" >&2
+    bad "bench a2a JSON lacks the bare rows"
   fi
 fi
 
@@ -117,8 +88,8 @@ fi
 # singleton: table, JSON with every variant, merged Chrome trace.
 if "$MOE" version | grep -q "mpi=yes"; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  expect 0 "--schedule LIST" -- bench layer --help
-  expect 0 "^mpi +none +smart " -- bench layer --schedule all --chunks 2 --tokens 64 --model 32 \
+  expect 0 "--schedule LIST" -- "$MOE" bench layer --help
+  expect 0 "^mpi +none +smart " -- "$MOE" bench layer --schedule all --chunks 2 --tokens 64 --model 32 \
     --hidden 64 --iters 1 --warmup 0 --json "$tmp/ep.json" --trace "$tmp/ep.trace"
   if python3 -c '
 import json, sys
@@ -132,10 +103,9 @@ for x in v:
         assert k in x, k
 assert {x["schedule"] for x in v} >= {"sequential", "pipeline", "optsche", "smart"}
 ' "$tmp/ep.json" 2>/dev/null; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: distributed bench layer JSON lacks variants or keys" >&2
+    bad "distributed bench layer JSON lacks variants or keys"
   fi
   if python3 -c '
 import json, sys
@@ -145,28 +115,27 @@ assert {"compute", "comm"} <= names, names
 assert any(e["ph"] == "X" and e["tid"] == 1 for e in ev)
 assert any(e["ph"] == "X" and e["tid"] == 0 for e in ev)
 ' "$tmp/ep.trace" 2>/dev/null; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: distributed bench layer trace lacks compute/comm threads or events" >&2
+    bad "distributed bench layer trace lacks compute/comm threads or events"
   fi
   expect 2 "--schedule: unknown schedule 'nope' \(valid: sequential, pipeline, optsche, smart\)" \
-    -- bench layer --schedule nope
-  expect 2 "--chunks \(0\) must be in \[1, 64\]" -- bench layer --chunks 0
-  expect 2 "--compress: unknown compressor 'lz4' \(valid: none" -- bench layer --compress lz4
-  expect 2 "--a2a: .*'nope' is unknown" -- bench layer --a2a nope
-  expect 2 "--ep \(2\) must divide the number of ranks \(1\)" -- bench layer --ep 2
-  expect 2 "--grid sets the tokens" -- bench layer --grid --tokens 64
-  expect 1 "cannot write '$tmp/no/dir/t.json.tmp'" -- bench layer --tokens 8 --model 8 \
+    -- "$MOE" bench layer --schedule nope
+  expect 2 "--chunks \(0\) must be in \[1, 64\]" -- "$MOE" bench layer --chunks 0
+  expect 2 "--compress: unknown compressor 'lz4' \(valid: none" -- "$MOE" bench layer --compress lz4
+  expect 2 "--a2a: .*'nope' is unknown" -- "$MOE" bench layer --a2a nope
+  expect 2 "--ep \(2\) must divide the number of ranks \(1\)" -- "$MOE" bench layer --ep 2
+  expect 2 "--grid sets the tokens" -- "$MOE" bench layer --grid --tokens 64
+  expect 1 "cannot write '$tmp/no/dir/t.json.tmp'" -- "$MOE" bench layer --tokens 8 --model 8 \
     --hidden 8 --iters 1 --trace "$tmp/no/dir/t.json"
 fi
 
 # moe simulate (no MPI): shipped clusters, a JSON file, JSON output, errors
 here=$(cd "$(dirname "$0")" && pwd)
-expect 0 "schemoe-8x4-rtx2080ti +8 +4" -- simulate --list-clusters
-expect 0 "emulated-2x1-1g .*  1 CPU core \(OpenBLAS SGEMM, 1 thread\)" -- simulate --list-clusters
-expect 0 "--cluster NAME\|FILE" -- simulate --help
-expect 0 "optsche +2 .* 1\.[0-9]{3}" -- simulate --chunks 2 --json "$tmp/sim.json"
+expect 0 "schemoe-8x4-rtx2080ti +8 +4" -- "$MOE" simulate --list-clusters
+expect 0 "emulated-2x1-1g .*  1 CPU core \(OpenBLAS SGEMM, 1 thread\)" -- "$MOE" simulate --list-clusters
+expect 0 "--cluster NAME\|FILE" -- "$MOE" simulate --help
+expect 0 "optsche +2 .* 1\.[0-9]{3}" -- "$MOE" simulate --chunks 2 --json "$tmp/sim.json"
 if /usr/bin/env python3 -c '
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -176,98 +145,97 @@ base = [x for x in v if x["schedule"] == "sequential" and x["chunks"] == 1]
 assert all(x["speedup"] == 1 for x in base)
 assert all(x["total_ms"] > 0 for x in v)
 ' "$tmp/sim.json" 2>/dev/null; then
-  pass=$((pass + 1))
+  ok
 else
-  fail=$((fail + 1))
-  echo "FAIL: moe simulate --json wrote no valid JSON" >&2
+  bad "moe simulate --json wrote no valid JSON"
 fi
-expect 0 "lina-4x4-a100 \(4 x 4 A100" -- simulate --cluster "$here/../clusters/lina-4x4-a100.json" \
+expect 0 "lina-4x4-a100 \(4 x 4 A100" -- "$MOE" simulate --cluster "$here/../clusters/lina-4x4-a100.json" \
   --schedule optsche --a2a pipe
-expect 0 "16 x 4|64 x 4" -- simulate --devices 256 --schedule optsche --a2a mpi
-expect 2 "cluster 'nope' is not a shipped description \(shipped: .*schemoe" -- simulate --cluster nope
-expect 2 "cluster: .*nodes \(0\) must be in" -- simulate --cluster "$tmp/bad_cluster.json"
-expect 2 "devices \(6\) must be at most one node \(4\) or a multiple of 4" -- simulate --devices 6
-expect 2 "--chunks: '0' must be an integer in \[1, 64\]" -- simulate --chunks 0
-expect 2 "experts \(33\) must be divisible by the devices \(32\)" -- simulate --experts 33
-expect 2 "algorithm 'nccl' is unknown" -- simulate --a2a nccl
-expect 2 "unknown option '--bogus'" -- simulate --bogus
+expect 0 "16 x 4|64 x 4" -- "$MOE" simulate --devices 256 --schedule optsche --a2a mpi
+expect 2 "cluster 'nope' is not a shipped description \(shipped: .*schemoe" -- "$MOE" simulate --cluster nope
+expect 2 "cluster: .*nodes \(0\) must be in" -- "$MOE" simulate --cluster "$tmp/bad_cluster.json"
+expect 2 "devices \(6\) must be at most one node \(4\) or a multiple of 4" -- "$MOE" simulate --devices 6
+expect 2 "--chunks: '0' must be an integer in \[1, 64\]" -- "$MOE" simulate --chunks 0
+expect 2 "experts \(33\) must be divisible by the devices \(32\)" -- "$MOE" simulate --experts 33
+expect 2 "algorithm 'nccl' is unknown" -- "$MOE" simulate --a2a nccl
+expect 2 "unknown option '--bogus'" -- "$MOE" simulate --bogus
 # moe roofline: sequential sits on the semi-ideal curve (no overlap), a text plot
-expect 0 "--plot FILE" -- roofline --help
-expect 0 "sequential +1 +[0-9.]+ +(0\.[0-9]+) +[0-9.]+ +\1 " -- roofline --a2a mpi \
+expect 0 "--plot FILE" -- "$MOE" roofline --help
+expect 0 "sequential +1 +[0-9.]+ +(0\.[0-9]+) +[0-9.]+ +\1 " -- "$MOE" roofline --a2a mpi \
   --schedule sequential
-expect 0 "plotted|gnuplot is not installed" -- roofline --a2a mpi --schedule optsche \
+expect 0 "plotted|gnuplot is not installed" -- "$MOE" roofline --a2a mpi --schedule optsche \
   --plot "$tmp/roof.txt"
-expect 2 "unknown option '--plot'" -- simulate --plot "$tmp/x.txt"
+expect 2 "unknown option '--plot'" -- "$MOE" simulate --plot "$tmp/x.txt"
 # labels do not overprint: numbered points, near ones share a label ("1,2"),
 # and the numbers are listed with their variants beside the plot
-expect 0 "plotted|gnuplot is not installed" -- roofline --a2a mpi --plot "$tmp/roof2.txt"
+expect 0 "plotted|gnuplot is not installed" -- "$MOE" roofline --a2a mpi --plot "$tmp/roof2.txt"
 if grep -q "^set label 1 '1: sequential/mpi r=1' at screen" "$tmp/roof2.txt.gp" &&
   grep -qE '^[0-9.e+-]+ [0-9.e+-]+ "1,2' "$tmp/roof2.txt.dat"; then
-  pass=$((pass + 1))
+  ok
 else
-  fail=$((fail + 1)); echo "FAIL: roofline labels: $(head -5 "$tmp/roof2.txt.dat")" >&2
+  bad "roofline labels: $(head -5 "$tmp/roof2.txt.dat")"
 fi
 
 # moe calibrate (an MPI singleton) -> profile -> simulate --profile and bench layer auto
 if "$MOE" version | grep -q "mpi=yes"; then
-  expect 0 "--out FILE" -- calibrate --help
-  expect 2 "--out FILE is required" -- calibrate
-  expect 2 "--layers: '64:32' is not T:M:H:f" -- calibrate --out "$tmp/p2.json" --layers 64:32
-  expect 2 "--layers: '64:32:64:-1' is not T:M:H:f" -- calibrate --out "$tmp/p2.json" \
+  expect 0 "--out FILE" -- "$MOE" calibrate --help
+  expect 2 "--out FILE is required" -- "$MOE" calibrate
+  expect 2 "--layers: '64:32' is not T:M:H:f" -- "$MOE" calibrate --out "$tmp/p2.json" --layers 64:32
+  expect 2 "--layers: '64:32:64:-1' is not T:M:H:f" -- "$MOE" calibrate --out "$tmp/p2.json" \
     --layers 64:32:64:1.1,64:32:64:-1
-  if [[ -e "$tmp/p2.json" ]]; then fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote" >&2; fi
-  expect 0 "layer fit over 12 runs: compute x" -- calibrate --out "$tmp/prof.json" \
+  if [[ -e "$tmp/p2.json" ]]; then bad "a refused calibrate wrote"; fi
+  expect 0 "layer fit over 12 runs: compute x" -- "$MOE" calibrate --out "$tmp/prof.json" \
     --max-bytes 262144 --iters 1 --a2a mpi --compress none,int8 --layers 64:32:64:1.1,128:32:64:0 \
     --samples "$tmp/runs.json"
-  if grep -q '"layer_fit": {"samples": 12' "$tmp/prof.json"; then pass=$((pass + 1)); else
-    fail=$((fail + 1)); echo "FAIL: the profile has no layer_fit of 12 samples" >&2; fi
+  if grep -q '"layer_fit": {"samples": 12' "$tmp/prof.json"; then ok; else
+    bad "the profile has no layer_fit of 12 samples"; fi
   # --refit: the same runs give the same corrections. The profile prints every
   # number exactly (%.17g), so a refit of calibrate's own profile is calibrate's
   # profile byte for byte, and so is a refit of the refit.
-  expect 0 "--refit: 12 layer runs from" -- calibrate --refit "$tmp/runs.json" \
+  expect 0 "--refit: 12 layer runs from" -- "$MOE" calibrate --refit "$tmp/runs.json" \
     --profile "$tmp/prof.json" --out "$tmp/prof_re.json"
-  expect 0 "wrote $tmp/prof_re2.json" -- calibrate --refit "$tmp/runs.json" \
+  expect 0 "wrote $tmp/prof_re2.json" -- "$MOE" calibrate --refit "$tmp/runs.json" \
     --profile "$tmp/prof_re.json" --out "$tmp/prof_re2.json"
   for f in prof_re prof_re2; do
-    if cmp -s "$tmp/prof.json" "$tmp/$f.json"; then pass=$((pass + 1)); else
-      fail=$((fail + 1)); echo "FAIL: --refit ($f) differs from calibrate's own fit" >&2
+    if cmp -s "$tmp/prof.json" "$tmp/$f.json"; then ok; else
+      bad "--refit ($f) differs from calibrate's own fit"
       diff "$tmp/prof.json" "$tmp/$f.json" | head -10 >&2; fi
   done
-  expect 2 "--refit FILE needs --profile IN" -- calibrate --refit "$tmp/runs.json" --out "$tmp/p2.json"
-  expect 2 "'--iters' does not apply" -- calibrate --refit "$tmp/runs.json" \
+  expect 2 "--refit FILE needs --profile IN" -- "$MOE" calibrate --refit "$tmp/runs.json" --out "$tmp/p2.json"
+  expect 2 "'--iters' does not apply" -- "$MOE" calibrate --refit "$tmp/runs.json" \
     --profile "$tmp/prof.json" --iters 3 --out "$tmp/p2.json"
-  expect 2 "--profile IN only goes with --refit" -- calibrate --profile "$tmp/prof.json" \
+  expect 2 "--profile IN only goes with --refit" -- "$MOE" calibrate --profile "$tmp/prof.json" \
     --out "$tmp/p2.json"
-  expect 2 "--no-layers skips it" -- calibrate --samples "$tmp/r2.json" --no-layers --out "$tmp/p2.json"
+  expect 2 "--no-layers skips it" -- "$MOE" calibrate --samples "$tmp/r2.json" --no-layers --out "$tmp/p2.json"
   sed 's/"total_ms"/"totl_ms"/' "$tmp/runs.json" > "$tmp/bad_runs.json"
-  expect 1 "samples\[0\] has unknown key 'totl_ms'" -- calibrate --refit "$tmp/bad_runs.json" \
+  expect 1 "samples\[0\] has unknown key 'totl_ms'" -- "$MOE" calibrate --refit "$tmp/bad_runs.json" \
     --profile "$tmp/prof.json" --out "$tmp/p2.json"
   if [[ -e "$tmp/p2.json" || -e "$tmp/r2.json" ]]; then
-    fail=$((fail + 1)); echo "FAIL: a refused calibrate wrote" >&2; fi
-  expect 0 "wrote $tmp/prof_nl.json" -- calibrate --out "$tmp/prof_nl.json" --max-bytes 262144 \
+    bad "a refused calibrate wrote"; fi
+  expect 0 "wrote $tmp/prof_nl.json" -- "$MOE" calibrate --out "$tmp/prof_nl.json" --max-bytes 262144 \
     --iters 1 --a2a mpi --compress none --no-layers
-  if grep -q layer_fit "$tmp/prof_nl.json"; then fail=$((fail + 1)); echo "FAIL: --no-layers" >&2
-  else pass=$((pass + 1)); fi
-  expect 0 "optsche +2 " -- simulate --profile "$tmp/prof.json" \
+  if grep -q layer_fit "$tmp/prof_nl.json"; then bad "--no-layers"
+  else ok; fi
+  expect 0 "optsche +2 " -- "$MOE" simulate --profile "$tmp/prof.json" \
     --tokens 64 --model 32 --hidden 64 --experts 2 --chunks 2
-  expect 2 "cannot be combined with --cluster" -- simulate --profile "$tmp/prof.json" \
+  expect 2 "cannot be combined with --cluster" -- "$MOE" simulate --profile "$tmp/prof.json" \
     --cluster lina-4x4-a100
-  expect 2 "profile: .*unknown key 'colour'" -- simulate --profile "$tmp/bad_profile.json"
+  expect 2 "profile: .*unknown key 'colour'" -- "$MOE" simulate --profile "$tmp/bad_profile.json"
   expect 0 "plan \(config 1\): a2a mpi, compress none, .*predicted .* ms, best of [0-9]+ candidates" \
-    -- bench layer --tokens 64 --model 32 --hidden 64 --experts 2 --schedule auto --chunks auto \
+    -- "$MOE" bench layer --tokens 64 --model 32 --hidden 64 --experts 2 --schedule auto --chunks auto \
     --a2a auto --compress auto --profile "$tmp/prof.json" --iters 1 --warmup 0
-  expect 0 "<- planned" -- bench layer --tokens 64 --model 32 --hidden 64 --experts 2 \
+  expect 0 "<- planned" -- "$MOE" bench layer --tokens 64 --model 32 --hidden 64 --experts 2 \
     --schedule auto --chunks auto --profile "$tmp/prof.json" --iters 1 --warmup 0
-  expect 2 "'auto' needs a calibrated profile" -- bench layer --schedule auto
+  expect 2 "'auto' needs a calibrated profile" -- "$MOE" bench layer --schedule auto
   # moe train with the planner: the same plan as bench layer's for the MoE
   # layer's shape (B/P x S = 4 x 16 = 64 tokens, M 32, H 64, E 4, dropless),
   # and the measured passes next to the predicted ones
   tiny=(--steps 3 --batch 4 --layers 2 --d-model 32 --heads 2 --seq-len 16 --experts 4
     --expert-hidden 64 --eval-every 0 --eval-batches 1 --quiet)
-  expect 2 "'auto' needs a calibrated profile" -- train "${tiny[@]}" --chunks auto
-  expect 2 "--allow-lossy only applies to --compress auto" -- train "${tiny[@]}" \
+  expect 2 "'auto' needs a calibrated profile" -- "$MOE" train "${tiny[@]}" --chunks auto
+  expect 2 "--allow-lossy only applies to --compress auto" -- "$MOE" train "${tiny[@]}" \
     --profile "$tmp/prof.json" --allow-lossy
-  expect 2 "--profile: cannot open" -- train "${tiny[@]}" --profile "$tmp/none.json"
+  expect 2 "--profile: cannot open" -- "$MOE" train "${tiny[@]}" --profile "$tmp/none.json"
   auto=(--schedule auto --chunks auto --a2a auto --compress auto --profile "$tmp/prof.json")
   train_out=$("$MOE" train "${tiny[@]}" "${auto[@]}" 2>&1)
   bench_out=$("$MOE" bench layer --tokens 64 --model 32 --hidden 64 --experts 4 \
@@ -279,13 +247,11 @@ if "$MOE" version | grep -q "mpi=yes"; then
   if [[ -n $train_plan && $train_plan == "$bench_plan" ]] &&
     grep -qE "pass makespans per MoE layer \(forward \+ backward\): measured [0-9.]+ ms .* predicted [0-9.]+ ms .* error [-+][0-9.]+%" \
       <<<"$train_out"; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: train auto plan '$train_plan' vs bench layer '$bench_plan', output:" >&2
+    bad "train auto plan '$train_plan' vs bench layer '$bench_plan', output:"
     echo "$train_out" | tail -6 >&2
   fi
 fi
 
-echo "cli_test: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish cli_test

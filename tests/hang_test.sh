@@ -14,30 +14,19 @@
 set -u
 MOE=${1:?usage: hang_test.sh path/to/moe path/to/mpiexec}
 MPIEXEC=${2:?usage: hang_test.sh path/to/moe path/to/mpiexec}
-tmp=$(mktemp -d)
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 bg=""
-# Every process below pid $1 (the launcher's children and theirs).
-descendants() {
-  local c
-  for c in $(pgrep -P "$1"); do
-    echo "$c"
-    descendants "$c"
-  done
-}
-cleanup() {
+# the launcher of the job in the background, and its ranks (continued first: a stopped
+# process dies of SIGKILL at once, but its launcher may wait on it)
+cleanup_bg() {
   if [[ -n "$bg" ]]; then
     for p in $(descendants "$bg"); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
     kill -9 "$bg" 2>/dev/null
   fi
-  rm -rf "$tmp"
+  bg=""
 }
-trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-OVERSUB=""
-if "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then OVERSUB=--oversubscribe; fi
+on_exit() { cleanup_bg; }
 
 python3 - "$tmp/text.txt" <<'PY'
 import random, sys
@@ -47,19 +36,6 @@ open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
 PY
 TINY=(--data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4
       --expert-hidden 32 --batch 8 --eval-every 0 --eval-batches 1 --quiet)
-
-# expect CODE PATTERN -- CMD...: exit status and output pattern.
-expect() {
-  local code=$1 pattern=$2
-  shift 3
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then ok; else
-    bad "$* -> exit $rc (want $code), wanted /$pattern/, output:"
-    echo "$out" | tail -5 >&2
-  fi
-}
 
 # ---- the option ----------------------------------------------------------------------
 # (each command consumes the option; the range check and the help lines are shared)
@@ -121,15 +97,11 @@ else
   left=$(descendants "$bg")
   [[ -z "$left" ]] || bad "processes left behind: $left"
 fi
-cleanup_bg() {
-  for p in $(descendants "$bg"); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-  bg=""
-}
 cleanup_bg
 
 # ---- a slow rank ------------------------------------------------------------------------------
 # Slower than the timeout plus the probe's grace (2 s): every probe finds it busy.
-out=$(MOE_TEST_SLOW_RANK=1:5 "$MPIEXEC" -n 3 $OVERSUB "$MOE" train "${TINY[@]}" --batch 6 \
+out=$(MOE_TEST_SLOW_RANK=1:5 mpi 3 "$MOE" train "${TINY[@]}" --batch 6 \
   --experts 6 --steps 3 --hang-timeout 1 2>&1)
 rc=$?
 if [[ $rc -eq 0 ]] && grep -qE "moe: warning: hang watchdog \(slow\): rank [02] of 3 has waited [0-9.]+ s in '(agreement: )?all-reduce of the dense gradients' \(step 2\); every rank answers and rank 1 is busy outside communication: still waiting" <<<"$out" &&
@@ -140,7 +112,7 @@ else
   bad "slow rank: exit $rc (want 0 and a warning naming rank 1); output:"
   echo "$out" | tail -6 >&2
 fi
-out=$(MOE_TEST_SLOW_RANK=1:2.5 "$MPIEXEC" -n 3 $OVERSUB "$MOE" train "${TINY[@]}" --batch 6 \
+out=$(MOE_TEST_SLOW_RANK=1:2.5 mpi 3 "$MOE" train "${TINY[@]}" --batch 6 \
   --experts 6 --steps 3 --hang-timeout 0 2>&1)
 rc=$?
 if [[ $rc -eq 0 ]] && ! grep -q "hang watchdog" <<<"$out"; then ok; else
@@ -148,5 +120,4 @@ if [[ $rc -eq 0 ]] && ! grep -q "hang watchdog" <<<"$out"; then ok; else
   echo "$out" | tail -4 >&2
 fi
 
-echo "hang_test: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish hang_test

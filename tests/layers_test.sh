@@ -3,11 +3,8 @@
 # naming the offence, on a copy with one bad include planted at a time.
 set -uo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0 failed=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 
 out=$(bash "$src/scripts/check-layers.sh" "$src" 2>&1)
 if [[ $? -eq 0 ]]; then ok; else bad "the tree itself: $out"; fi
@@ -42,5 +39,4 @@ mkdir "$tmp/t/src/newmod" && echo 'int x;' >"$tmp/t/src/newmod/a.c"
 o=$(bash "$src/scripts/check-layers.sh" "$tmp/t" 2>&1)
 if [[ $? -eq 1 && "$o" == *"src/newmod/: a module folder no layer names"* ]]; then ok; else bad "new module: $o"; fi
 
-echo "layers_test: $pass passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish layers_test

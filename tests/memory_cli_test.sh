@@ -8,12 +8,8 @@
 set -u
 MOE=${1:?usage: memory_cli_test.sh path/to/moe MPIEXEC}
 MPIEXEC=${2:?usage: memory_cli_test.sh path/to/moe MPIEXEC}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-over=""
-"$MPIEXEC" --version 2>&1 | grep -qE "Open MPI|OpenRTE" && over=--oversubscribe
-pass=0
-fail=0
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 # The layer shape of the issue: tokens = model_dim = hidden_dim = 65536, E = 2
 # (about 0.4 TiB in one process): it used to grow until the machine ran out.
 echo '{"tokens": 65536, "model_dim": 65536, "hidden_dim": 65536, "num_experts": 2}' >"$tmp/huge.json"
@@ -28,10 +24,9 @@ check() {
   rc=$?
   n=$(grep -c "needs more memory than it may use" <<<"$out")
   if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out" && [[ $count -eq 0 || $n -eq $count ]]; then
-    pass=$((pass + 1))
+    ok
   else
-    fail=$((fail + 1))
-    echo "FAIL: $name: exit $rc (want $code; 124 = timed out), refusals $n (want $count), output:" >&2
+    bad "$name: exit $rc (want $code; 124 = timed out), refusals $n (want $count), output:"
     echo "$out" | head -20 >&2
     echo "  (wanted pattern: $pattern)" >&2
   fi
@@ -55,35 +50,31 @@ check "bench layer, fits" 0 "forward ms" 0 -- \
 check "bench compress, --max-memory 256M" 2 \
   "this process needs .*activations 3.00 GiB .*limit is 256.0 MiB \(--max-memory\); use fewer --rows" 1 -- \
   "$MOE" bench compress --rows 16384 --cols 16384 --max-memory 256M
-[[ ! -e "$tmp/out.json" && ! -e "$tmp/out.json.tmp" ]] && pass=$((pass + 1)) || {
-  fail=$((fail + 1))
-  echo "FAIL: a refused bench layer left $tmp/out.json(.tmp)" >&2
-}
+if [[ -e "$tmp/out.json" || -e "$tmp/out.json.tmp" ]]; then
+  bad "a refused bench layer left $tmp/out.json(.tmp)"
+else ok; fi
 
 # 2 ranks: every rank refuses, rank 0 prints once
 check "bench layer -n 2, huge shape" 2 \
   "memory: rank 0 of 2 needs more memory .*$limit.* / 2 ranks on its node\)" 1 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" bench layer --config "$tmp/huge.json"
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" bench layer --config "$tmp/huge.json"
 check "bench layer -n 2, --max-memory 32M" 2 \
   "rank 0 of 2 needs .*all-to-all .*limit is 32.0 MiB \(--max-memory, per rank\)" 1 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" bench layer --tokens 2048 --model 256 --hidden 512 --max-memory 32M
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" bench layer --tokens 2048 --model 256 --hidden 512 --max-memory 32M
 check "bench a2a -n 2, --max-memory 512M" 2 \
   "rank 0 of 2 needs .*all-to-all [0-9.]+ GiB .*limit is 512.0 MiB \(--max-memory, per rank\); lower --max-bytes" 1 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" bench a2a --max-bytes 536870912 --max-memory 512M
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" bench a2a --max-bytes 536870912 --max-memory 512M
 check "train -n 2, --max-memory 8M" 2 \
   "train: rank 0 of 2 needs .*optimizer .*limit is 8.00 MiB \(--max-memory, per rank\); use a smaller model" 1 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --max-memory 8M --checkpoint "$tmp/ck.bin" --quiet
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --max-memory 8M --checkpoint "$tmp/ck.bin" --quiet
 check "train -n 2, huge model" 2 "train: rank 0 of 2 needs .*$limit" 1 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --d-model 8192 --expert-hidden 65536 --quiet
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --d-model 8192 --expert-hidden 65536 --quiet
 check "train -n 2, --max-memory 2x" 2 "--max-memory: size '2x' is not" 0 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --max-memory 2x --quiet
-ls "$tmp"/ck.bin* >/dev/null 2>&1 && {
-  fail=$((fail + 1))
-  echo "FAIL: a refused train left a checkpoint" >&2
-} || pass=$((pass + 1))
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --max-memory 2x --quiet
+if ls "$tmp"/ck.bin* >/dev/null 2>&1; then bad "a refused train left a checkpoint"; else ok; fi
 check "train -n 2, fits" 0 \
   "from the config: [0-9.]+ MiB \(max over ranks [0-9.]+ MiB\) = params .*baseline .*RSS/config [0-9.]+" 0 -- \
-  "$MPIEXEC" -n 2 $over "$MOE" train --steps 2 --layers 1 --d-model 32 --heads 2 --seq-len 16 \
+  "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --layers 1 --d-model 32 --heads 2 --seq-len 16 \
   --experts 4 --expert-hidden 32 --eval-every 0 --eval-batches 1 --quiet --max-memory 1G \
   --checkpoint "$tmp/small.ckpt"
 check "sample, --max-memory 1M" 2 "this process needs .*params .*limit is 1.00 MiB \(--max-memory\)" 1 -- \
@@ -91,5 +82,4 @@ check "sample, --max-memory 1M" 2 "this process needs .*params .*limit is 1.00 M
 check "sample, fits" 0 "^the" 0 -- "$MOE" sample --checkpoint "$tmp/small.ckpt" --prompt the \
   --length 4 --max-memory 1G
 
-echo "memory_cli_test: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish memory_cli_test

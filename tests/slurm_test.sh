@@ -22,17 +22,12 @@ set -u
 MOE=$(realpath "${1:?usage: slurm_test.sh path/to/moe [path/to/moe-built-with-mpich]}")
 MOE_MPICH=${2:+$(realpath "$2")}
 root=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/moe-slurm-test.XXXXXX")
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 export MOE_SLURM_DIR=$tmp/slurm
-cleanup() {
+on_exit() {
   bash "$root/scripts/slurm-local.sh" stop >/dev/null || echo "slurm_test: stopping Slurm failed" >&2
-  rm -rf "$tmp"
 }
-trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 T=300 # seconds any one launch may take
 
 start=$(date +%s)
@@ -194,5 +189,4 @@ if timeout $T sbatch --wait --nodes=1 --ntasks-per-node=4 --time=5 --chdir="$tmp
 fi
 one_job_of "$tmp/job3.out" 4
 
-echo "slurm_test: $pass passed, $fail failed ($(($(date +%s) - start)) s)"
-[[ $fail -eq 0 ]]
+finish slurm_test "($(($(date +%s) - start)) s)"

@@ -474,17 +474,23 @@ static void tree_expect(float *out, size_t n, int lo, int count) {
 
 static void test_fixed_sums(void) {
   const int P = g_world_size, me = g_world_rank;
-  const size_t sizes[] = {1, 7, 1000, 100003};
+  // each size twice with a kept state (the second call without an agreement: the
+  // buffer of the first), then the last size without a state (NULL)
+  const size_t sizes[] = {1, 1, 7, 7, 100003, 100003, 1000, 1000, 100003};
+  moe_fixed_sum fs;
+  memset(&fs, 0, sizeof fs);
   for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
     const size_t n = sizes[q];
+    moe_fixed_sum *state = q + 1 < sizeof sizes / sizeof sizes[0] ? &fs : NULL;
     float *got = malloc(n * sizeof(float)), *want = malloc(n * sizeof(float));
     if (!got || !want) MPI_Abort(MPI_COMM_WORLD, 2);
     for (size_t i = 0; i < n; i++) got[i] = fixed_input(me, i);
-    const moe_status st = moe_allreduce_fixed(g_ctx, got, n, MPI_COMM_WORLD, "test sum");
+    const moe_status st = moe_allreduce_fixed(g_ctx, state, got, n, MPI_COMM_WORLD, "test sum");
     TU_CHECK(st == MOE_STATUS_OK, "allreduce_fixed n=%zu: %s", n, moe_ctx_error(g_ctx));
     tree_expect(want, n, 0, P);
     TU_CHECK(memcmp(got, want, n * sizeof(float)) == 0,
-             "allreduce_fixed n=%zu P=%d: not the pairwise tree over ranks (rank %d)", n, P, me);
+             "allreduce_fixed n=%zu P=%d call %zu: not the pairwise tree over ranks (rank %d)", n,
+             P, q, me);
     // and MPI's own sum is close (the same numbers, another order)
     double maxd = 0, scale = 0;
     for (size_t i = 0; i < n; i++) {
@@ -498,6 +504,25 @@ static void test_fixed_sums(void) {
     free(got);
     free(want);
   }
+  // sizes that differ between ranks: refused on every rank, naming both sizes (no hang); the
+  // state still works after it
+  if (P > 1) {
+    float v[3] = {1, 2, 3};
+    const size_t n = me == P - 1 ? 3 : 2;
+    const moe_status st = moe_allreduce_fixed(g_ctx, &fs, v, n, MPI_COMM_WORLD, "test sum");
+    TU_CHECK(
+        st == MOE_STATUS_INVALID_ARG && strstr(moe_ctx_error(g_ctx),
+                                               "test sum (fixed order): the ranks pass different "
+                                               "sizes (from 2 to 3 floats)"),
+        "allreduce_fixed with n 2 and 3: status %d, '%s' (rank %d)", (int)st, moe_ctx_error(g_ctx),
+        me);
+    v[0] = 1.0f;
+    TU_CHECK(moe_allreduce_fixed(g_ctx, &fs, v, 1, MPI_COMM_WORLD, "test sum") == MOE_STATUS_OK &&
+                 v[0] == (float)P,
+             "allreduce_fixed after a refused call: %s", moe_ctx_error(g_ctx));
+  }
+  moe_fixed_sum_free(&fs);
+  moe_fixed_sum_free(&fs);  // a freed state is zeroed: freeing again is a no-op
   // ordered slices: rank r holds r % 3 slices (0 included) of 5 doubles
   const int nv = 5, mine = me % 3;
   double local[2 * 5], out[5], want[5] = {0, 0, 0, 0, 0};

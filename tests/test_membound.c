@@ -182,6 +182,27 @@ static void test_check(void) {
   n.bytes[MOE_MEM_GRADS] = 1e30;
   TU_CHECK(moe_memory_check(g_ctx, &n, SIZE_MAX, "x", NULL, NULL) == MOE_STATUS_INVALID_ARG,
            "1e30 bytes within SIZE_MAX accepted");
+  // one process: the baseline is set, the limit named
+  memset(&n, 0, sizeof n);
+  n.bytes[MOE_MEM_PARAMS] = 1 << 20;
+  TU_CHECK(moe_memory_check_process(g_ctx, &n, (size_t)1 << 40, NULL) == MOE_STATUS_OK,
+           "1 MiB + the baseline refused under 1 TiB: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(n.bytes[MOE_MEM_BASELINE] >= (double)MOE_MEM_BLAS_BYTES,
+           "baseline %.0f not set (at least the BLAS allowance %zu)", n.bytes[MOE_MEM_BASELINE],
+           MOE_MEM_BLAS_BYTES);
+  TU_CHECK(
+      moe_memory_check_process(g_ctx, &n, (size_t)4 << 20, "shrink it") == MOE_STATUS_INVALID_ARG &&
+          strstr(moe_ctx_error(g_ctx), "this process needs more memory") &&
+          strstr(moe_ctx_error(g_ctx), "limit is 4.00 MiB (--max-memory); shrink it"),
+      "1 MiB + the baseline under 4 MiB: %s", moe_ctx_error(g_ctx));
+  size_t avail = 0;
+  if (moe_memory_available(g_ctx, &avail, NULL, 0) == MOE_STATUS_OK) {  // no limit: what is free
+    n.bytes[MOE_MEM_PARAMS] = 2.0 * (double)avail;
+    TU_CHECK(moe_memory_check_process(g_ctx, &n, 0, NULL) == MOE_STATUS_INVALID_ARG &&
+                 (strstr(moe_ctx_error(g_ctx), "(MemAvailable)") ||
+                  strstr(moe_ctx_error(g_ctx), "(cgroup memory.max)")),
+             "twice the available memory: %s", moe_ctx_error(g_ctx));
+  }
   char b[32];
   moe_format_bytes((double)((size_t)1 << 40), b, sizeof b);
   TU_CHECK(strcmp(b, "1.00 TiB") == 0, "1 TiB formats as '%s'", b);

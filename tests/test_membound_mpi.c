@@ -2,7 +2,8 @@
 // expert-parallel layer really allocates (moe_alloc_bytes around create and a
 // forward + backward whose routing sends every token to rank 0's experts, the
 // worst case the estimate is sized for), for several all-to-alls, schedules,
-// chunk counts, compressors and node layouts; and moe_comm_memory_check,
+// chunk counts, compressors and node layouts, and with the deterministic
+// mode's fixed-order sums (their kept receive buffers); and moe_comm_memory_check,
 // which must refuse on every rank with the same message naming the rank that
 // does not fit, and pass when all fit.
 #include <mpi.h>
@@ -19,7 +20,7 @@ static moe_ctx *g_ctx;
 #define SLACK_BYTES ((double)(16 << 10))
 
 static void test_ep_layer(const char *a2a, const char *schedule, int chunks, const char *compress,
-                          int ranks_per_node) {
+                          int ranks_per_node, int slice_tokens) {
   moe_layer_config c;
   moe_layer_config_default(&c);
   c.tokens = 64;
@@ -36,6 +37,9 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   snprintf(pc.schedule, sizeof pc.schedule, "%s", schedule);
   snprintf(pc.compress, sizeof pc.compress, "%s", compress);
   pc.chunks = chunks;
+  // fixed-order sums: EP 1 (DP = every rank), so the home experts' sum runs too
+  pc.slice_tokens = slice_tokens;
+  if (slice_tokens > 0) pc.ep_size = 1;
   moe_memory_need need;
   TU_CHECK(moe_ep_layer_memory(g_ctx, &c, &pc, g_world, ranks_per_node, &need) == MOE_STATUS_OK,
            "ep memory: %s", moe_ctx_error(g_ctx));
@@ -71,7 +75,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
              "rank 0 %s %s r=%d %s G=%d: allocated %.0f, estimate %.0f (more than %.0f apart)", a2a,
              schedule, chunks, compress, ranks_per_node, got, est, SLACK_BYTES);
   }
-  if (g_world > 1) {
+  if (pc.ep_size > 1) {  // (EP 1 exchanges nothing: no skew)
     TU_CHECK(need.skew_bytes > 0 && need.skew_bytes < est, "skew bytes %.0f of %.0f",
              need.skew_bytes, est);
   }
@@ -110,13 +114,14 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) MPI_Abort(MPI_COMM_WORLD, 1);
-  test_ep_layer("mpi", "sequential", 1, "none", 0);
-  test_ep_layer("pairwise", "pipeline", 2, "fp16", 0);
-  test_ep_layer("pipe", "optsche", 3, "int8", 0);
-  test_ep_layer("grouped", "smart", 1, "none", 0);
+  test_ep_layer("mpi", "sequential", 1, "none", 0, 0);
+  test_ep_layer("mpi", "sequential", 1, "none", 0, 16);  // the fixed-order sums' buffers
+  test_ep_layer("pairwise", "pipeline", 2, "fp16", 0, 0);
+  test_ep_layer("pipe", "optsche", 3, "int8", 0, 0);
+  test_ep_layer("grouped", "smart", 1, "none", 0, 0);
   if (g_world % 2 == 0) {
-    test_ep_layer("1dh", "sequential", 2, "none", 2);
-    test_ep_layer("2dh", "pipeline", 2, "bf16", 2);
+    test_ep_layer("1dh", "sequential", 2, "none", 2, 0);
+    test_ep_layer("2dh", "pipeline", 2, "bf16", 2, 0);
   }
   test_check();
   moe_ctx_destroy(g_ctx);

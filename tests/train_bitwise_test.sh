@@ -9,12 +9,8 @@ set -u
 MOE=${1:?usage: train_bitwise_test.sh path/to/moe path/to/mpiexec [STEPS]}
 MPIEXEC=${2:?usage: train_bitwise_test.sh path/to/moe path/to/mpiexec [STEPS]}
 STEPS=${3:-3}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-OVERSUB=""
-if "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then OVERSUB=--oversubscribe; fi
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 RUN=(train --steps "$STEPS" --seed 3 --eval-every 0 --eval-batches 1 --quiet)
 
 for p in 1 2 4; do

@@ -10,34 +10,18 @@
 set -u
 MOE=${1:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
 MPIEXEC=${2:?usage: train_cli_test.sh path/to/moe path/to/mpiexec}
-tmp=$(mktemp -d)
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
 bg=""
-# descendants PID: every process below PID. Open MPI's mpirun starts the ranks
-# as its children; MPICH's hydra as children of its hydra_pmi_proxy.
-descendants() {
-  local c
-  for c in $(pgrep -P "$1"); do
-    echo "$c"
-    descendants "$c"
-  done
-}
-cleanup() {
+# the job in the background (the killed-rank check) and its ranks
+on_exit() {
   if [[ -n "$bg" ]]; then
     local tree
     tree=$(descendants "$bg")
     # shellcheck disable=SC2086 # one pid per word
     kill -9 "$bg" $tree 2>/dev/null
   fi
-  rm -rf "$tmp"
 }
-trap cleanup EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-OVERSUB=""
-if "$MPIEXEC" --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then OVERSUB=--oversubscribe; fi
-mpi() { "$MPIEXEC" -n "$1" $OVERSUB "${@:2}"; }
 
 # A small text with structure (the default corpus would do too; this keeps the test fast).
 python3 - "$tmp/text.txt" <<'PY'
@@ -48,19 +32,6 @@ open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
 PY
 TINY=(--data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4
       --expert-hidden 32 --batch 8 --eval-every 5 --eval-batches 2 --progress line)
-
-# expect CODE PATTERN -- CMD...: exit status and output pattern.
-expect() {
-  local code=$1 pattern=$2
-  shift 3
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [[ $rc -eq $code ]] && grep -qE -- "$pattern" <<<"$out"; then ok; else
-    bad "$* -> exit $rc (want $code), wanted /$pattern/, output:"
-    echo "$out" | tail -5 >&2
-  fi
-}
 
 expect 0 "usage: mpirun -n P moe train" -- "$MOE" train --help
 expect 0 "usage: moe sample" -- "$MOE" sample --help
@@ -224,5 +195,4 @@ else
   bg=""
 fi
 
-echo "train_cli_test: $pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish train_cli_test

@@ -143,6 +143,15 @@ moe_status moe_a2a_wait(moe_ctx *ctx, moe_a2a_pending *pending);
 // The `mpi` algorithm's function (the one that needs int displacements).
 moe_alltoallv_fn moe_alltoallv_mpi_fn(void);
 
+// Blocking point-to-point transfer of n floats (any n: sent in pieces that fit MPI's int
+// counts) to / from rank `to` / `from` of comm with message tag `tag`; both sides pass the
+// same n and tag. Marked for the hang watchdog as operation `op` (a string literal: errors
+// and the watchdog's message name it).
+moe_status moe_send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, int tag, MPI_Comm comm,
+                           const char *op);
+moe_status moe_recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int tag, MPI_Comm comm,
+                           const char *op);
+
 // Translates an MPI error code into MOE_STATUS_COMM with MPI's text in ctx.
 moe_status moe_mpi_error(moe_ctx *ctx, int mpi_code, const char *what, const char *file, int line);
 // Every rank of comm contributes its local status; returns OK only if all are
@@ -233,15 +242,37 @@ void moe_watchdog_note_step(long step);
 
 // ---- fixed-order sums (the deterministic mode, docs/reliability.md) ----------------
 
+// What moe_allreduce_fixed keeps from one call to the next at one call site: the
+// buffer a rank receives its partner's sum in, and the communicator and size of
+// the last call whose arguments and buffer the ranks agreed on. Zero it before
+// the first call; moe_fixed_sum_free frees it (local).
+typedef struct {
+  float *tmp;       // the receive buffer (ranks that add a partner's sum), cap floats
+  size_t cap;       //
+  MPI_Comm comm;    // the last agreed call's communicator and size (n 0: none yet)
+  size_t agreed_n;  //
+} moe_fixed_sum;
+void moe_fixed_sum_free(moe_fixed_sum *fs);  // NULL or zeroed is a no-op; zeroes it
+
 // buf (n floats) = the sum of every rank's buf, on every rank, added in one
 // fixed order: the pairwise tree over rank index (rank 2i's value + rank
 // 2i+1's, then pairs of pairs, ...; a rank without a partner passes its value
 // up). When each rank holds the pairwise sum of an equal power-of-two number of
 // consecutive slices (moe_pairwise_*), the result is the pairwise sum over all
-// slices: the same bits at any rank count. Collective; a failure (out of
-// memory, MPI) is returned on every rank. `what` names the sum in errors and
-// for the hang watchdog (a string literal: it must outlive the program).
-moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm, const char *what);
+// slices: the same bits at any rank count. Collective: every rank passes the
+// same n. `what` names the sum in errors and for the hang watchdog (a string
+// literal: it must outlive the program).
+// fs (may be NULL: a state of this call alone) holds the receive buffer between
+// calls. A call whose (comm, n) differs from fs's last agreed one first agrees
+// over comm (two small collectives, marked 'agreement: <what>'): every rank
+// passes the same n (else INVALID_ARG naming both sizes) and every rank that
+// needs a larger buffer got it (else OUT_OF_MEMORY), so a failure is returned on
+// every rank and none is left waiting. The calls after it with the same (comm,
+// n) allocate nothing and send only the sum's own messages; they trust that
+// the ranks still pass the same n. A state belongs to one call site: its ranks
+// make the same sequence of calls with it.
+moe_status moe_allreduce_fixed(moe_ctx *ctx, moe_fixed_sum *fs, float *buf, size_t n, MPI_Comm comm,
+                               const char *what);
 // out (n) = the sum over every slice of every rank, slices in rank order then
 // local order, added left to right in double: rank r holds `slices` slices
 // (any count, 0 included) of n doubles each in `mine`. Small vectors only

@@ -251,6 +251,14 @@ size_t moe_memory_baseline_bytes(void);
 // and what_to_change (a hint, may be NULL) go into the message.
 moe_status moe_memory_check(moe_ctx *ctx, const moe_memory_need *need, size_t limit,
                             const char *limit_source, const char *who, const char *what_to_change);
+// The memory bound of one process (a command without MPI ranks): sets need's BASELINE to
+// moe_memory_baseline_bytes() and checks need against max_memory when > 0 (named
+// "--max-memory"), else against the memory available now (moe_memory_available, named by its
+// source). OK when it fits; INVALID_ARG with moe_memory_check's message (who: "this process")
+// when it does not; IO when no limit is given and the available memory cannot be read.
+// Under MPI, moe_comm_memory_check (comm.h) is the same bound agreed over the ranks.
+moe_status moe_memory_check_process(moe_ctx *ctx, moe_memory_need *need, size_t max_memory,
+                                    const char *what_to_change);
 
 // ---- counter-based RNG --------------------------------------------------------
 

@@ -192,6 +192,19 @@ void moe_pairwise_push(moe_pairwise *pw);
 // until the next push or reset.
 const float *moe_pairwise_result(moe_pairwise *pw);
 
+// A weight gradient as a fixed-order sum over slices of rows: dw (din, dout) += x^T dy and, when
+// db is not NULL, db (dout) += the column sums of dy, where x is (slices * rows, din) and dy
+// (slices * rows, dout). Each slice of `rows` consecutive rows gives one leaf (its own product,
+// moe_gemm with beta 0, then its own column sums, moe_bias_add_backward, after the din * dout
+// weights), the leaves are summed by pw (reset here; init'ed with n >= din * dout (+ dout with
+// db) and max_leaves >= slices), and the root is added into dw and db. So a caller holding 2^j
+// slices holds one node of the tree over every rank's slices (the deterministic mode's dense
+// and gate weight gradients). Leaves pw's previous leaves and result undefined. gemm computes
+// the leaves' products: NULL is moe_gemm (the process's precision); the router passes
+// moe_gemm_fp32.
+void moe_pairwise_wgrad(moe_pairwise *pw, moe_gemm_fn gemm, float *dw, float *db, const float *x,
+                        const float *dy, int slices, int rows, int din, int dout);
+
 // ---- linear: y = x W + b ------------------------------------------------------------
 
 // y is (N, Dout), x is (N, Din), w is (Din, Dout), b is (Dout) or NULL. Overwrites y.
@@ -203,6 +216,12 @@ void moe_linear_forward_ref(float *y, const float *x, const float *w, const floa
 // column sums of dy (db may be NULL).
 void moe_linear_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                          const float *w, int n, int din, int dout);
+
+// ---- vector add -------------------------------------------------------------------
+
+// dst (n) += src (n), element by element (each element one IEEE addition: the bits
+// do not depend on vectorization). dst and src must not overlap.
+void moe_add_inplace(float *dst, const float *src, size_t n);
 
 // ---- bias add ---------------------------------------------------------------------
 

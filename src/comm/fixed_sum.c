@@ -9,59 +9,79 @@
 
 #include "moe/comm.h"
 #include "moe/core.h"
+#include "moe/kernels.h"
 
+// MPI counts are int: the broadcast goes in pieces of at most 2^28 floats.
 #define PIECE ((size_t)1 << 28)
+// The tree's point-to-point messages.
+#define FIXED_SUM_TAG 41
 
-static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, MPI_Comm comm,
-                              const char *what) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += PIECE) {
-    const size_t c = n - i < PIECE ? n - i : PIECE;
-    MOE_MPI_TRY_OP(ctx, what, MPI_Send(buf + i, (int)c, MPI_FLOAT, to, 41, comm));
+void moe_fixed_sum_free(moe_fixed_sum *fs) {
+  if (!fs) return;
+  moe_free(fs->tmp);
+  memset(fs, 0, sizeof *fs);
+}
+
+// The agreement of a call with a new (comm, n): the same n on every rank (an
+// all-reduce of n and ~n under MAX gives the largest and the smallest), and the
+// receive buffer grown where needed; a failure on any rank fails every rank.
+static moe_status agree_call(moe_ctx *ctx, moe_fixed_sum *fs, size_t n, MPI_Comm comm, int receives,
+                             const char *what) {
+  moe_status st = MOE_STATUS_OK, mine = MOE_STATUS_OK;
+  unsigned long long ext[2] = {(unsigned long long)n, ~(unsigned long long)n};
+  const int watch = moe_watchdog_op_begin("agreement", what);  // as moe_comm_agree's
+  const int rc = MPI_Allreduce(MPI_IN_PLACE, ext, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+  moe_watchdog_op_end(watch);
+  MOE_MPI_TRY(ctx, rc);
+  if (ext[0] != (unsigned long long)n || ~ext[1] != (unsigned long long)n) {
+    mine = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                        "%s (fixed order): the ranks pass different sizes (from %llu to %llu "
+                        "floats); every rank must pass the same",
+                        what, ~ext[1], ext[0]);
+  } else if (receives && fs->cap < n) {
+    moe_free(fs->tmp);
+    fs->cap = 0;
+    fs->tmp = moe_malloc(n * sizeof(float));
+    if (fs->tmp) {
+      fs->cap = n;
+    } else {
+      mine = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                          "%s (fixed order): out of memory (%zu floats)", what, n);
+    }
   }
+  MOE_TRY(moe_comm_agree(ctx, comm, mine, what));
+  fs->comm = comm;
+  fs->agreed_n = n;
 done:
   return st;
 }
 
-static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, MPI_Comm comm,
-                              const char *what) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += PIECE) {
-    const size_t c = n - i < PIECE ? n - i : PIECE;
-    MOE_MPI_TRY_OP(ctx, what,
-                   MPI_Recv(buf + i, (int)c, MPI_FLOAT, from, 41, comm, MPI_STATUS_IGNORE));
-  }
-done:
-  return st;
-}
-
-moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm,
+moe_status moe_allreduce_fixed(moe_ctx *ctx, moe_fixed_sum *fs, float *buf, size_t n, MPI_Comm comm,
                                const char *what) {
   moe_status st = MOE_STATUS_OK;
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  float *tmp = NULL;
+  moe_fixed_sum once;
+  memset(&once, 0, sizeof once);
+  if (!fs) fs = &once;
   if (size == 1 || n == 0) return st;
-  // Every rank allocates (a failure on one is agreed, so none waits forever).
   const int receives = rank % 2 == 0 && rank + 1 < size;
-  if (receives) tmp = moe_malloc(n * sizeof(float));
-  const moe_status mine =
-      receives && !tmp ? moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
-                                      "%s (fixed order): out of memory (%zu floats)", what, n)
-                       : MOE_STATUS_OK;
-  MOE_TRY(moe_comm_agree(ctx, comm, mine, what));
+  // An agreement before the first call of each (comm, n), not before every
+  // call: one more collective (and an allocation) per step would cost latency
+  // on every gradient reduction, and the buffer it makes safe is kept.
+  if (fs->agreed_n != n || fs->comm != comm) MOE_TRY(agree_call(ctx, fs, n, comm, receives, what));
   // Binomial tree: at distance d, rank r (a multiple of 2d) adds rank r + d's
   // sum after its own: (lower ranks) + (higher ranks), the same pairing at
   // every size, so the tree over P ranks is the top of the tree over slices.
   for (int d = 1; d < size; d *= 2) {
     if (rank % (2 * d) == 0) {
       if (rank + d < size) {
-        MOE_TRY(recv_floats(ctx, tmp, n, rank + d, comm, what));
-        for (size_t i = 0; i < n; i++) buf[i] = buf[i] + tmp[i];
+        MOE_TRY(moe_recv_floats(ctx, fs->tmp, n, rank + d, FIXED_SUM_TAG, comm, what));
+        moe_add_inplace(buf, fs->tmp, n);
       }
     } else {
-      MOE_TRY(send_floats(ctx, buf, n, rank - d, comm, what));
+      MOE_TRY(moe_send_floats(ctx, buf, n, rank - d, FIXED_SUM_TAG, comm, what));
       break;
     }
   }
@@ -70,7 +90,7 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm
     MOE_MPI_TRY_OP(ctx, what, MPI_Bcast(buf + i, (int)c, MPI_FLOAT, 0, comm));
   }
 done:
-  moe_free(tmp);
+  moe_fixed_sum_free(&once);
   return st;
 }
 

@@ -206,3 +206,16 @@ moe_status moe_memory_check(moe_ctx *ctx, const moe_memory_need *need, size_t li
 done:
   return st;
 }
+
+moe_status moe_memory_check_process(moe_ctx *ctx, moe_memory_need *need, size_t max_memory,
+                                    const char *what_to_change) {
+  moe_status st = MOE_STATUS_OK;
+  size_t limit = max_memory;
+  char source[64] = "--max-memory";
+  MOE_FAIL_IF(ctx, !need, MOE_STATUS_INVALID_ARG, "need must not be NULL");
+  need->bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+  if (limit == 0) MOE_TRY(moe_memory_available(ctx, &limit, source, sizeof source));
+  MOE_TRY(moe_memory_check(ctx, need, limit, source, "this process", what_to_change));
+done:
+  return st;
+}

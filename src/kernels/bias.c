@@ -1,13 +1,21 @@
-// Bias add over rows: y (N, D) += b (D), and its backward db += column sums of dy.
+// Bias add over rows: y (N, D) += b (D), and its backward db += column sums of dy;
+// and the plain vector add dst += src (moe_add_inplace).
 //
-// Used after the expert GEMMs (and by moe_linear_backward for db). The inner
-// loops run along a row, contiguous and restrict-qualified, so they vectorize.
+// Used after the expert GEMMs (and by moe_linear_backward for db); the vector add
+// wherever a reduced gradient is added into the gradient. The inner loops run
+// along a row, contiguous and restrict-qualified, so they vectorize.
 //
 // Not here: fusing the bias into the GEMM (BLAS has no epilogue) or into the
 // activation.
 #include <stddef.h>
 
 #include "moe/kernels.h"
+
+void moe_add_inplace(float *dst, const float *src, size_t n) {
+  float *restrict d = dst;
+  const float *restrict s = src;
+  for (size_t i = 0; i < n; i++) d[i] += s[i];
+}
 
 // y is (n, d), b is (d).
 void moe_bias_add_forward(float *y, const float *b, int n, int d) {

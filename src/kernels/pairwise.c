@@ -1,7 +1,8 @@
 // Pairwise (tree) summation of equal-sized vectors, one leaf at a time, in a
 // fixed order (moe_pairwise_* in kernels.h): the deterministic mode sums the
 // per-slice weight gradients with it, so that a rank holding slices
-// [k 2^j, (k+1) 2^j) produces exactly one node of the tree over all slices.
+// [k 2^j, (k+1) 2^j) produces exactly one node of the tree over all slices;
+// moe_pairwise_wgrad forms those leaves for a weight gradient x^T dy (and bias).
 #include <string.h>
 
 #include "moe/core.h"
@@ -45,15 +46,11 @@ void moe_pairwise_reset(moe_pairwise *pw, size_t n) {
 
 float *moe_pairwise_leaf(moe_pairwise *pw) { return pw->buf + (size_t)pw->top * pw->n; }
 
-static void add_into(float *restrict lo, const float *restrict hi, size_t n) {
-  for (size_t i = 0; i < n; i++) lo[i] = lo[i] + hi[i];
-}
-
 void moe_pairwise_push(moe_pairwise *pw) {
   pw->size[pw->top++] = 1;
   while (pw->top >= 2 && pw->size[pw->top - 1] == pw->size[pw->top - 2]) {
-    add_into(pw->buf + (size_t)(pw->top - 2) * pw->n, pw->buf + (size_t)(pw->top - 1) * pw->n,
-             pw->n);
+    moe_add_inplace(pw->buf + (size_t)(pw->top - 2) * pw->n,
+                    pw->buf + (size_t)(pw->top - 1) * pw->n, pw->n);
     pw->size[pw->top - 2] *= 2;
     pw->top--;
   }
@@ -68,10 +65,30 @@ const float *moe_pairwise_result(moe_pairwise *pw) {
   // The tree over a count that is not a power of two, padded with absent
   // leaves: the remaining nodes (largest first) fold from the right.
   for (int i = pw->top - 2; i >= 0; i--) {
-    add_into(pw->buf + (size_t)i * pw->n, pw->buf + (size_t)(i + 1) * pw->n, pw->n);
+    moe_add_inplace(pw->buf + (size_t)i * pw->n, pw->buf + (size_t)(i + 1) * pw->n, pw->n);
   }
   pw->size[0] = 0;
   for (int i = 0; i < pw->top; i++) pw->size[0] += pw->size[i];
   pw->top = 1;
   return pw->buf;
+}
+
+void moe_pairwise_wgrad(moe_pairwise *pw, moe_gemm_fn gemm, float *dw, float *db, const float *x,
+                        const float *dy, int slices, int rows, int din, int dout) {
+  if (!gemm) gemm = moe_gemm;
+  const size_t nw = (size_t)din * (size_t)dout;
+  moe_pairwise_reset(pw, nw + (db ? (size_t)dout : 0));
+  for (int q = 0; q < slices; q++) {
+    float *leaf = moe_pairwise_leaf(pw);
+    const float *xq = x + (size_t)q * rows * din, *dyq = dy + (size_t)q * rows * dout;
+    gemm(1, 0, din, dout, rows, 1.0f, xq, din, dyq, dout, 0.0f, leaf, dout);
+    if (db) {
+      memset(leaf + nw, 0, (size_t)dout * sizeof(float));
+      moe_bias_add_backward(leaf + nw, dyq, rows, dout);
+    }
+    moe_pairwise_push(pw);
+  }
+  const float *root = moe_pairwise_result(pw);
+  moe_add_inplace(dw, root, nw);
+  if (db) moe_add_inplace(db, root + nw, (size_t)dout);
 }

@@ -644,7 +644,7 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       memset(&ls, 0, sizeof ls);
       MOE_TRY(m->ops->forward(blk->moe, blk->ln2, N, xn, &ls));
       const size_t nm = (size_t)N * M;
-      for (size_t j = 0; j < nm; j++) xn[j] += blk->resid2[j];
+      moe_add_inplace(xn, blk->resid2, nm);
       res.aux += ls.aux_loss;
       res.z += ls.z_loss;
       res.dropped += ls.dropped;
@@ -744,32 +744,6 @@ done:
   return st;
 }
 
-// dst[i] += root[i]: the tree's sum added to the gradient (zero after
-// moe_gpt_zero_grad, so then equal to the sum)
-static void add_root(float *restrict dst, const float *restrict root, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] += root[i];
-}
-
-// dw (din, dout) += x^T dy, db (dout) += column sums of dy, as the pairwise sum
-// over sequences of each sequence's own product (s rows each).
-static void slice_linear_wgrad(moe_gpt *m, float *dw, float *db, const float *dy, const float *x,
-                               int din, int dout) {
-  const int b = m->b_last, s = m->s_last;
-  const size_t nw = (size_t)din * (size_t)dout;
-  moe_pairwise_reset(&m->pw, nw + (size_t)dout);
-  for (int q = 0; q < b; q++) {
-    float *leaf = moe_pairwise_leaf(&m->pw);
-    const float *xq = x + (size_t)q * s * din, *dyq = dy + (size_t)q * s * dout;
-    moe_gemm(1, 0, din, dout, s, 1.0f, xq, din, dyq, dout, 0.0f, leaf, dout);
-    memset(leaf + nw, 0, (size_t)dout * sizeof(float));
-    moe_bias_add_backward(leaf + nw, dyq, s, dout);
-    moe_pairwise_push(&m->pw);
-  }
-  const float *root = moe_pairwise_result(&m->pw);
-  add_root(dw, root, nw);
-  add_root(db, root + nw, (size_t)dout);
-}
-
 // moe_layernorm_backward sequence by sequence: dx per row as before; dgamma
 // and dbeta as the pairwise sum over sequences.
 static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbeta,
@@ -786,8 +760,8 @@ static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float
     moe_pairwise_push(&m->pw);
   }
   const float *root = moe_pairwise_result(&m->pw);
-  add_root(dgamma, root, (size_t)M);
-  add_root(dbeta, root + M, (size_t)M);
+  moe_add_inplace(dgamma, root, (size_t)M);
+  moe_add_inplace(dbeta, root + M, (size_t)M);
 }
 
 // ---- backward -------------------------------------------------------------------------------
@@ -797,7 +771,8 @@ static void linear_backward_set(moe_gpt *m, float *dx, float *dw, float *db, con
                                 const float *x, const float *w, int n, int din, int dout) {
   moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
   if (m->deterministic) {
-    slice_linear_wgrad(m, dw, db, dy, x, din, dout);
+    // one leaf per sequence (s rows)
+    moe_pairwise_wgrad(&m->pw, NULL, dw, db, x, dy, m->b_last, m->s_last, din, dout);
     return;
   }
   moe_gemm(1, 0, din, dout, n, 1.0f, x, din, dy, dout, 1.0f, dw, dout);
@@ -898,8 +873,8 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       moe_pairwise_push(&m->pw);
     }
     const float *root = moe_pairwise_result(&m->pw);
-    add_root(m->dwte, root, VM);
-    add_root(m->dwpe, root + VM, (size_t)s * M);
+    moe_add_inplace(m->dwte, root, VM);
+    moe_add_inplace(m->dwpe, root + VM, (size_t)s * M);
     goto done;
   }
   for (int i = 0; i < N; i++) {

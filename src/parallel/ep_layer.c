@@ -72,29 +72,6 @@ done:
   return st;
 }
 
-static moe_status send_floats(moe_ctx *ctx, const float *buf, size_t n, int to, int tag,
-                              MPI_Comm comm) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
-    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY_OP(ctx, "send of expert weights", MPI_Send(buf + i, c, MPI_FLOAT, to, tag, comm));
-  }
-done:
-  return st;
-}
-
-static moe_status recv_floats(moe_ctx *ctx, float *buf, size_t n, int from, int tag,
-                              MPI_Comm comm) {
-  moe_status st = MOE_STATUS_OK;
-  for (size_t i = 0; i < n; i += MOE_MPI_CHUNK) {
-    const int c = (int)(n - i < MOE_MPI_CHUNK ? n - i : MOE_MPI_CHUNK);
-    MOE_MPI_TRY_OP(ctx, "receive of expert weights",
-                   MPI_Recv(buf + i, c, MPI_FLOAT, from, tag, comm, MPI_STATUS_IGNORE));
-  }
-done:
-  return st;
-}
-
 static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_config *cfg,
                                const moe_parallel_config *pc, const moe_a2a_algo **algo,
                                const moe_schedule_algo **sched, moe_compressor *comp) {
@@ -320,6 +297,10 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       const size_t slices = (T + (size_t)pc->slice_tokens - 1) / (size_t)pc->slice_tokens;
       out->bytes[MOE_MEM_WORKSPACE] += A((slices + 1) * (E + 1) * sizeof(double)) +
                                        (double)moe_pairwise_bytes(M * E, (int)slices);
+      // moe_allreduce_fixed's receive buffers, kept (fixed_home over DP, fixed_gate over the
+      // world; rank 0 has a partner in both whenever they have two ranks)
+      if (world_size / P > 1) out->bytes[MOE_MEM_GRADS] += F(El * (2 * M * H + H + M));
+      if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F(M * E);
     }
 #undef A
 #undef F
@@ -440,6 +421,8 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
                     L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
                     L->cnt_recv, L->stats,  L->slice_sums};
   moe_pairwise_free(&L->gate_pw);
+  moe_fixed_sum_free(&L->fixed_home);
+  moe_fixed_sum_free(&L->fixed_gate);
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) moe_free(tables[i]);
   moe_workspace *ws[] = {&L->bufa, &L->bufb,   &L->ex_x,    &L->pre,   &L->h,    &L->dh,
                          &L->dpre, &L->a2a_ws, &L->rep_tmp, &L->csend, &L->crecv};
@@ -496,9 +479,11 @@ static moe_status copy_to_replica(moe_ep_layer *L, int e, int p) {
   const size_t n[4] = {M * H, H, H * M, M};
   for (int i = 0; i < 4; i++) {
     if (L->me == home) {
-      MOE_TRY(send_floats(ctx, parts[i], n[i], p, 7101 + i, L->ep.comm));
+      MOE_TRY(
+          moe_send_floats(ctx, parts[i], n[i], p, 7101 + i, L->ep.comm, "send of expert weights"));
     } else if (L->me == p) {
-      MOE_TRY(recv_floats(ctx, parts[i], n[i], home, 7101 + i, L->ep.comm));
+      MOE_TRY(moe_recv_floats(ctx, parts[i], n[i], home, 7101 + i, L->ep.comm,
+                              "receive of expert weights"));
     }
   }
 done:
@@ -590,10 +575,11 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
     for (int p = 0; p < L->P; p++) {
       if (!L->placement.replica[(size_t)e * L->P + p]) continue;
       if (L->me == p) {
-        MOE_TRY(send_floats(ctx, L->replica_mem[e] + nf, nf, home, 7201, L->ep.comm));
+        MOE_TRY(moe_send_floats(ctx, L->replica_mem[e] + nf, nf, home, 7201, L->ep.comm,
+                                "send of expert weights"));
       } else if (L->me == home) {
         float *g = L->rep_tmp.buf;  // reserved before backward's agreement
-        MOE_TRY(recv_floats(ctx, g, nf, p, 7201, L->ep.comm));
+        MOE_TRY(moe_recv_floats(ctx, g, nf, p, 7201, L->ep.comm, "receive of expert weights"));
         // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
         // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
         const size_t i = (size_t)(e - L->t.home_first);
@@ -601,18 +587,12 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
                          home_scratch + El * (M * H + H) + i * H * M,
                          home_scratch + El * (2 * M * H + H) + i * M};
         const size_t off[4] = {0, M * H, M * H + H, 2 * M * H + H}, n[4] = {M * H, H, H * M, M};
-        for (int k = 0; k < 4; k++) {
-          for (size_t j = 0; j < n[k]; j++) dst[k][j] += g[off[k] + j];
-        }
+        for (int k = 0; k < 4; k++) moe_add_inplace(dst[k], g + off[k], n[k]);
       }
     }
   }
 done:
   return st;
-}
-
-static void add_into(float *dst, const float *src, size_t n) {
-  for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
 moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
@@ -622,19 +602,19 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
   MOE_TRY(gather_replica_grads(L, home));
   if (L->pc.slice_tokens > 0) {
-    MOE_TRY(moe_allreduce_fixed(ctx, home, L->grad_home_n, L->dp,
+    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_home, home, L->grad_home_n, L->dp,
                                 "all-reduce of the MoE layer's gradients"));
-    MOE_TRY(moe_allreduce_fixed(ctx, gs, L->grad_gate_n, L->world,
+    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_gate, gs, L->grad_gate_n, L->world,
                                 "all-reduce of the MoE layer's gradients"));
   } else {
     MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
     MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
   }
-  add_into(L->t.dwg, gs, L->grad_gate_n);
-  add_into(L->t.dw1, home, El * Ms * Hs);
-  add_into(L->t.db1, home + El * Ms * Hs, El * Hs);
-  add_into(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
-  add_into(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
+  moe_add_inplace(L->t.dwg, gs, L->grad_gate_n);
+  moe_add_inplace(L->t.dw1, home, El * Ms * Hs);
+  moe_add_inplace(L->t.db1, home + El * Ms * Hs, El * Hs);
+  moe_add_inplace(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
+  moe_add_inplace(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
 done:
   return st;
 }

@@ -642,21 +642,6 @@ done:
   return st;
 }
 
-// The gate's weight gradient x^T dlogits as the pairwise sum over slices.
-static void slice_gate_wgrad(moe_ep_layer *L, int T, float *dwg) {
-  const int M = L->cfg.model_dim, E = L->E, sl = L->pc.slice_tokens;
-  const size_t n = (size_t)M * E;
-  moe_pairwise_reset(&L->gate_pw, n);
-  for (int q = 0; q < T / sl; q++) {
-    float *leaf = moe_pairwise_leaf(&L->gate_pw);
-    moe_gemm_fp32(1, 0, M, E, sl, 1.0f, L->x_last + (size_t)q * sl * M, M,
-                  L->dlogits + (size_t)q * sl * E, E, 0.0f, leaf, E);
-    moe_pairwise_push(&L->gate_pw);
-  }
-  const float *root = moe_pairwise_result(&L->gate_pw);
-  for (size_t i = 0; i < n; i++) dwg[i] += root[i];
-}
-
 // ---- forward ---------------------------------------------------------------------------------
 
 moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, float *y,
@@ -816,7 +801,10 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   const int sliced = L->pc.slice_tokens > 0;
   moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
                     L->t.wg, sliced ? NULL : L->grad_scratch, dx, tm);
-  if (sliced) slice_gate_wgrad(L, T, L->grad_scratch);
+  if (sliced) {  // x^T dlogits as the pairwise sum over slices of slice_tokens tokens
+    moe_pairwise_wgrad(&L->gate_pw, moe_gemm_fp32, L->grad_scratch, NULL, L->x_last, L->dlogits,
+                       T / L->pc.slice_tokens, L->pc.slice_tokens, M, L->E);
+  }
   tm->gate_ms = moe_time_ms_since(t0);
 
   // step 5: reductions

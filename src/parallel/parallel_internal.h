@@ -85,6 +85,8 @@ struct moe_ep_layer {
   double *slice_sums;  // (max_slices + 1, E + 1): the last row is the total
   int max_slices;
   moe_pairwise gate_pw;
+  // the fixed-order all-reduces' receive buffers (home experts over DP, gate over the world)
+  moe_fixed_sum fixed_home, fixed_gate;
   // scheduling
   const moe_schedule_algo *sched;
   moe_compressor comp;

@@ -139,6 +139,7 @@ typedef struct {
   moe_optim *opt;
   int32_t *tokens, *targets;  // (bl, S)
   float *dense_buf;           // packed dense gradients
+  moe_fixed_sum dense_fixed;  // deterministic: their fixed-order all-reduce's receive buffer
   size_t dense_n;
   MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
   double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
@@ -255,7 +256,10 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     }
     int n_moe = 0;
     for (int l = 0; l < tc->model.n_layer; l++) n_moe += moe_gpt_block_is_moe(&tc->model, l);
-    out->bytes[MOE_MEM_GRADS] += out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+    const double dense = out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+    // the packed dense gradients, and (deterministic, several ranks) the fixed-order
+    // all-reduce's receive buffer for them (dense_fixed)
+    out->bytes[MOE_MEM_GRADS] += (tc->deterministic && world_size > 1 ? 2 : 1) * dense;
   }
 done:
   return st;
@@ -284,7 +288,7 @@ static moe_status allreduce_dense(run_state *r) {
           MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
   }
   if (r->tc->deterministic)
-    MOE_TRY(moe_allreduce_fixed(ctx, r->dense_buf, r->dense_n, r->world,
+    MOE_TRY(moe_allreduce_fixed(ctx, &r->dense_fixed, r->dense_buf, r->dense_n, r->world,
                                 "all-reduce of the dense gradients"));
   off = 0;
   for (int i = 0; i < n; i++) {
@@ -451,20 +455,12 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     if (r->rank == 0) {
       memcpy(full, src, p.numel * sizeof(float));
       for (int q = 1; q < ep_size; q++)
-        for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
-          const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-          MOE_MPI_TRY_OP(ctx, "checkpoint: receive of experts",
-                         MPI_Recv(full + (size_t)q * p.numel + e, (int)c, MPI_FLOAT, q, 7,
-                                  r->ep_comm, MPI_STATUS_IGNORE));
-        }
+        MOE_TRY(moe_recv_floats(ctx, full + (size_t)q * p.numel, p.numel, q, 7, r->ep_comm,
+                                "checkpoint: receive of experts"));
       if (wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, full, p.numel * (size_t)ep_size * sizeof(float));
     } else {
-      for (size_t e = 0; e < p.numel; e += MPI_PIECE) {
-        const size_t c = p.numel - e < MPI_PIECE ? p.numel - e : MPI_PIECE;
-        MOE_MPI_TRY_OP(ctx, "checkpoint: send of experts",
-                       MPI_Send(src + e, (int)c, MPI_FLOAT, 0, 7, r->ep_comm));
-      }
+      MOE_TRY(moe_send_floats(ctx, src, p.numel, 0, 7, r->ep_comm, "checkpoint: send of experts"));
     }
   }
   if (r->rank == 0) {
@@ -700,6 +696,7 @@ static void teardown(run_state *r) {
   moe_progress_free(r->progress);
   moe_metrics_close(r->metrics);
   moe_free(r->dense_buf);
+  moe_fixed_sum_free(&r->dense_fixed);
   moe_free(r->expert_sq);
   moe_free(r->targets);
   moe_free(r->tokens);
@@ -805,9 +802,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     double sums[2] = {l.ce_sum, (double)l.dropped};
+    // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
+    // sum covers only the dropped count (an integer: exact in any order).
+    const int det = tc->deterministic ? 1 : 0;
     MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
-                   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, world));
-    if (tc->deterministic)  // the sequences' sums in global order
+                   MPI_Allreduce(MPI_IN_PLACE, sums + det, 2 - det, MPI_DOUBLE, MPI_SUM, world));
+    if (det)
       MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
                                      "all-reduce of the step's loss"));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
