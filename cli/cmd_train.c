@@ -567,7 +567,9 @@ int cmd_train(int argc, char **argv) {
   moe_watchdog_stop(wd);
   if (st != MOE_STATUS_OK) {
     if (rank == 0) cli_error("train: %s", moe_ctx_error(ctx));
-    rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT ? CLI_USAGE : CLI_FAILED;
+    rc = st == MOE_STATUS_INVALID_ARG || st == MOE_STATUS_BAD_FORMAT || st == MOE_STATUS_UNSUPPORTED
+             ? CLI_USAGE
+             : CLI_FAILED;
   } else if (rank == 0) {
     print_summary(&o.tc, &res, world, rss);
     if (!isnan(res.predicted_pass_ms) && !isnan(res.moe_pass_ms)) {

@@ -16,7 +16,7 @@ JSON
 expect 0 "bench layer" -- "$MOE" --help
 expect 0 "version" -- "$MOE" help
 expect 2 "usage: moe" -- "$MOE"
-expect 0 "features: mpi=(yes|no) blas=.* zfp=(yes|no) cuda=(yes|no)" -- "$MOE" version
+expect 0 "features: mpi=(yes|no) blas=.* zfp=(yes|no) onednn=(yes|no) bf16=(native|emulated) cuda=(yes|no)" -- "$MOE" version
 expect 2 "unknown command 'frobnicate'" -- "$MOE" frobnicate
 expect 0 "--capacity-factor" -- "$MOE" bench layer --help
 expect 2 "unknown benchmark 'nope'" -- "$MOE" bench nope
@@ -30,6 +30,13 @@ expect 2 "--seed \(-1\) must be an integer in \[0, " -- "$MOE" bench layer --see
 expect 2 "--seed \(99999999999999999999999\) must be" -- "$MOE" bench layer --seed 99999999999999999999999
 expect 2 "--threads \(0\) must be in \[1, 256\]" -- "$MOE" bench layer --threads 0
 expect 2 "version takes no arguments" -- "$MOE" version extra
+# compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
+expect 2 "--backend: unknown compute backend 'cublas' \(valid: fixed, openblas" -- "$MOE" bench layer --backend cublas
+expect 2 "--precision: unknown precision 'fp16' \(valid: fp32, bf16\)" -- "$MOE" bench layer --precision fp16
+expect 2 "precision bf16: the openblas backend has no bf16 GEMM" -- "$MOE" bench layer --precision bf16 --backend openblas --tokens 64 --model 32 --hidden 32
+if ! "$MOE" version | grep -q "bf16=native"; then
+  expect 2 "precision bf16: this CPU has no AVX512_BF16" -- "$MOE" bench layer --precision bf16 --tokens 64 --model 32 --hidden 32
+fi
 expect 2 "usage: moe bench" -- "$MOE" bench
 expect 2 "activation 'tanh' is unknown \(valid: gelu, relu\)" -- "$MOE" bench layer --act tanh
 expect 2 "option --iters needs a value" -- "$MOE" bench layer --iters

@@ -30,6 +30,19 @@ for p in 2 4; do
   diff <(strip "$tmp/m1.jsonl") <(strip "$tmp/m$p.jsonl") >/dev/null ||
     bad "P=$p: per-step metrics (loss, aux, grad_norm, lr) differ from 1 rank's"
 done
+# bf16 mixed precision: also bitwise across rank counts (the bf16 GEMM is
+# batch-invariant too), and not the fp32 run (bf16 really ran).
+if "$MOE" version | grep -q "bf16=native"; then
+  for p in 1 2 4; do
+    timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${RUN[@]}" --precision bf16 \
+      --checkpoint "$tmp/b$p.bin" >"$tmp/bout$p" 2>&1 || { bad "bf16 P=$p: moe train failed"; cat "$tmp/bout$p" >&2; }
+  done
+  for p in 2 4; do cmp -s "$tmp/b1.bin" "$tmp/b$p.bin" || bad "bf16 P=$p: checkpoint differs from 1 rank's"; done
+  cmp -s "$tmp/b1.bin" "$tmp/c1.bin" && bad "bf16: the checkpoint equals the fp32 run's (bf16 did not run)"
+else
+  echo "train_bitwise: bf16 runs skipped: this CPU has no AVX512_BF16 ($("$MOE" version | grep -o 'bf16=[a-z]*'))"
+fi
+
 n=$(grep -c '"loss"' "$tmp/m1.jsonl" 2>/dev/null || echo 0)
 [[ "$n" == "$STEPS" ]] || bad "expected $STEPS metrics lines, got $n"
 

@@ -39,6 +39,10 @@ expect 2 "unknown option '--frobnicate'" -- "$MOE" train --frobnicate
 expect 2 "--layers.*must be in" -- "$MOE" train --layers 0
 expect 2 "divide|divisible" -- "$MOE" train --d-model 30 --heads 4
 expect 2 "--plot needs --metrics" -- "$MOE" train --plot x.png
+expect 2 "deterministic mode needs a batch-invariant compute backend: .openblas. is not" -- "$MOE" train --backend openblas --steps 1
+expect 2 "--backend: unknown compute backend .nope." -- "$MOE" train --backend nope
+expect 2 "--precision: unknown precision .half." -- "$MOE" train --precision half
+expect 2 "precision bf16: the openblas backend has no bf16 GEMM" -- "$MOE" train --deterministic off --backend openblas --precision bf16 --steps 1
 expect 2 "checkpoint FILE is required" -- "$MOE" sample
 expect 2 "divisible by the number of ranks" -- mpi 2 "$MOE" train "${TINY[@]}" --batch 3 --steps 2
 expect 2 "--data: cannot open .*missing.txt.*No such file" -- "$MOE" train --data "$tmp/missing.txt" --steps 2

@@ -26,7 +26,8 @@ void moe_blas_set_threads(int n);
 // The BLAS library in use as it describes itself, e.g. "OpenBLAS 0.3.21
 // NO_LAPACKE DYNAMIC_ARCH ... SkylakeX MAX_THREADS=64", or "CBLAS".
 const char *moe_blas_name(void);
-// Compiled-in features, e.g. "mpi=yes blas=OpenBLAS-0.3.21 zfp=yes cuda=no".
+// Compiled-in features, e.g. "mpi=yes blas=OpenBLAS-0.3.21 zfp=yes onednn=yes
+// bf16=native cuda=no" (bf16: native with AVX512_BF16, else emulated).
 // Returns a static buffer rewritten on every call: not thread-safe.
 const char *moe_features(void);
 // The CPU kernel set the BLAS library selected at load time ("SkylakeX",

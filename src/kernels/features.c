@@ -1,6 +1,7 @@
 // The compiled-in feature list (moe_features): MPI, the BLAS in use, zfp, CUDA.
 // Here rather than in core/ because it names the BLAS, which kernels/ owns.
 #include <stdio.h>
+#include <string.h>
 
 #include "moe/core.h"
 #include "moe/kernels.h"
@@ -26,7 +27,16 @@ const char *moe_features(void) {
   static char text[256];
   char blas[64];
   short_blas_name(blas, sizeof blas);
-  snprintf(text, sizeof text, "mpi=%s blas=%s zfp=%s cuda=%s", moe_has_mpi() ? "yes" : "no", blas,
-           moe_has_zfp() ? "yes" : "no", moe_has_cuda() ? "yes" : "no");
+  int nb = 0;
+  const moe_backend *const *backends = moe_backend_list(&nb);
+  int dnnl = 0;
+  for (int i = 0; i < nb; i++) {
+    dnnl |= strcmp(backends[i]->name, "onednn") == 0 &&
+            !backends[i]->unavailable();  // catalogue: named in the feature list
+  }
+  snprintf(text, sizeof text,
+           "mpi=%s blas=%s zfp=%s onednn=%s bf16=%s cuda=%s",  // catalogue: feature keys
+           moe_has_mpi() ? "yes" : "no", blas, moe_has_zfp() ? "yes" : "no", dnnl ? "yes" : "no",
+           moe_bf16_native() ? "native" : "emulated", moe_has_cuda() ? "yes" : "no");
   return text;
 }
