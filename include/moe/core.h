@@ -214,10 +214,24 @@ typedef struct {
   double skew_bytes;
 } moe_memory_need;
 
+// Two figures from one need. The total (moe_memory_need_total) is an upper
+// bound: what the memory check compares with the limit. The expected figure
+// (moe_memory_need_expected) is a prediction of the peak resident set for a
+// typical run: total - MOE_MEM_SKEW_EXPECTED x skew_bytes, i.e. the
+// routing-dependent receive side halfway between balanced routing (each rank
+// receives what it sends) and the most that can arrive. The receive buffers
+// keep the most rows any step delivered, so a run's figure rises over its
+// steps from near balanced towards the bound; the middle of that range is the
+// prediction made without a model of the routing the run will learn
+// (docs/reliability.md, "Memory bound", has the measured spread).
+#define MOE_MEM_SKEW_EXPECTED 0.5
+
 // "parameters", "gradients", "optimizer state", "activations",
 // "all-to-all buffers", "workspace", "process baseline"; "?" otherwise.
 const char *moe_mem_category_name(moe_mem_category c);
 double moe_memory_need_total(const moe_memory_need *n);
+// total - MOE_MEM_SKEW_EXPECTED x skew_bytes (see above).
+double moe_memory_need_expected(const moe_memory_need *n);
 // dst += src, category by category (skew_bytes too).
 void moe_memory_need_add(moe_memory_need *dst, const moe_memory_need *src);
 // dst += k * src (k copies of an object).
