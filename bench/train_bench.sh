@@ -2,7 +2,7 @@
 # MoE-GPT training benchmarks (results in docs/training.md):
 #   throughput  tokens/s of the default model at 1, 2 and 4 ranks (EP = P), the
 #               share of step time in all-to-all and exposed, peak RSS vs the
-#               memory computed from the config;
+#               memory expected from the config (rank 0's);
 #   convergence ScheMoE Table 6 at small scale: the same number of steps for a
 #               dense baseline, the MoE model, and the MoE model with fp16,
 #               bf16, int8 and zfp compression of the all-to-all payloads
@@ -25,8 +25,8 @@ conv_steps=${CONV_STEPS:-600}
 if [[ $what == throughput || $what == all ]]; then
   # The process baseline (MPI, OpenBLAS, libraries) is the peak RSS of the same
   # command with a model of a few hundred parameters; the last column compares
-  # what the model adds above it with the memory computed from the config.
-  echo "| ranks | EP | tokens/s (median) | all-to-all share | exposed share | peak RSS rank 0 (MiB) | baseline RSS (MiB) | from config (MiB) | RSS/config | (RSS-baseline)/config |"
+  # what the model adds above it with the memory expected from the config.
+  echo "| ranks | EP | tokens/s (median) | all-to-all share | exposed share | peak RSS rank 0 (MiB) | baseline RSS (MiB) | expected from config (MiB) | RSS/expected | (RSS-baseline)/expected |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   for p in 1 2 4; do
     log="$out/throughput_np$p.log"
@@ -41,7 +41,7 @@ import re, sys
 t = open(sys.argv[1]).read()
 b = open(sys.argv[2]).read()
 m = re.search(r"median tokens/s (\d+), all-to-all share ([\d.]+)%, exposed ([\d.]+)%", t)
-r = re.search(r"peak RSS ([\d.]+) MiB .*?from the config: ([\d.]+) MiB.*?RSS/config ([\d.]+)", t)
+r = re.search(r"peak RSS ([\d.]+) MiB .*?expected from the config ([\d.]+) MiB.*?RSS/expected ([\d.]+)", t)
 base = float(re.search(r"peak RSS ([\d.]+) MiB", b).group(1))
 rss, cfg = float(r.group(1)), float(r.group(2))
 p = sys.argv[3]

@@ -494,20 +494,28 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
     printf("  deterministic: %s; bits vary with the rank count (%s)\n",
            tc->deterministic ? "on" : "off", why);
   }
-  // The estimate the memory check used (rank 0's, baseline measured before the
-  // model was allocated) next to the measured peak RSS. The receive side is
-  // sized for the most rows that can arrive; "balanced" is the same estimate
-  // with each rank receiving what it sends.
-  const double mib = 1 << 20, est = moe_memory_need_total(&r->memory) / mib;
-  const double bal = est - r->memory.skew_bytes / mib;
+  // The memory computed from the config (rank 0's; baseline measured before
+  // the model was allocated) next to the measured peak RSS: the expected
+  // figure, a prediction of the peak, and the upper bound the memory check
+  // used, which sizes the receive side for the most rows that can arrive.
+  // Which rank receives the most depends on the routing: the max over ranks
+  // is the comparison that holds for any rank.
+  const double mib = 1 << 20, bound = moe_memory_need_total(&r->memory) / mib;
+  const double expect = moe_memory_need_expected(&r->memory) / mib;
+  const double bound_max = r->memory_max_total / mib, expect_max = r->memory_max_expected / mib;
   char by[512];
   moe_memory_need_format(&r->memory, by, sizeof by);
   printf(
-      "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); from the config: %.1f MiB "
-      "(max over ranks %.1f MiB) = %s; RSS/config %.2f (max over ranks %.2f); with balanced "
-      "routing the config gives %.1f MiB (RSS/balanced %.2f)\n",
-      peak_rss_mib[0], peak_rss_mib[1], est, r->memory_max_total / mib, by, peak_rss_mib[0] / est,
-      peak_rss_mib[1] / (r->memory_max_total / mib), bal, peak_rss_mib[0] / bal);
+      "  memory, rank 0: peak RSS %.1f MiB (max over ranks %.1f MiB); expected from the config "
+      "%.1f MiB (max over ranks %.1f MiB); RSS/expected %.2f (max over ranks %.2f)\n",
+      peak_rss_mib[0], peak_rss_mib[1], expect, expect_max, peak_rss_mib[0] / expect,
+      peak_rss_mib[1] / expect_max);
+  printf(
+      "  memory bound, rank 0 (the memory check's figure: worst-case routing): %s (max over ranks "
+      "%.1f MiB); RSS/bound %.2f (max over ranks %.2f); routing-dependent: %.1f MiB of it, none "
+      "with balanced routing, half expected\n",
+      by, bound_max, peak_rss_mib[0] / bound, peak_rss_mib[1] / bound_max,
+      r->memory.skew_bytes / mib);
 }
 
 int cmd_train(int argc, char **argv) {

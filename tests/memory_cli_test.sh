@@ -73,7 +73,7 @@ check "train -n 2, --max-memory 2x" 2 "--max-memory: size '2x' is not" 0 -- \
   "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --max-memory 2x --quiet
 if ls "$tmp"/ck.bin* >/dev/null 2>&1; then bad "a refused train left a checkpoint"; else ok; fi
 check "train -n 2, fits" 0 \
-  "from the config: [0-9.]+ MiB \(max over ranks [0-9.]+ MiB\) = params .*baseline .*RSS/config [0-9.]+" 0 -- \
+  "memory bound, rank 0 \(the memory check's figure: worst-case routing\): params .*baseline .*RSS/bound [0-9.]+" 0 -- \
   "$MPIEXEC" -n 2 $OVERSUB "$MOE" train --steps 2 --layers 1 --d-model 32 --heads 2 --seq-len 16 \
   --experts 4 --expert-hidden 32 --eval-every 0 --eval-batches 1 --quiet --max-memory 1G \
   --checkpoint "$tmp/small.ckpt"

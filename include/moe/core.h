@@ -137,6 +137,15 @@ uint64_t moe_alloc_bytes(void);
 uint64_t moe_alloc_live_bytes(void);
 uint64_t moe_alloc_peak_bytes(void);
 void moe_alloc_peak_reset(void);
+// Gives the C library's free heap pages back to the system (glibc:
+// malloc_trim(0); a no-op elsewhere). Called where a long-lived buffer was
+// just replaced by a larger one (moe_workspace_reserve): glibc serves blocks
+// below its mmap threshold, which rises to the size of each mapped block
+// freed, from the heap, and keeps their pages resident after free; the
+// replaced receive buffers of a training run's expert-parallel layers held
+// 10-15 MiB per rank that way after 60 steps, memory the estimate does not
+// count.
+void moe_heap_trim(void);
 // bytes rounded up to a multiple of 64 (the alignment of moe_malloc).
 static inline size_t moe_align64(size_t bytes) { return (bytes + 63u) & ~(size_t)63u; }
 
@@ -205,10 +214,24 @@ typedef struct {
   double skew_bytes;
 } moe_memory_need;
 
+// Two figures from one need. The total (moe_memory_need_total) is an upper
+// bound: what the memory check compares with the limit. The expected figure
+// (moe_memory_need_expected) is a prediction of the peak resident set for a
+// typical run: total - MOE_MEM_SKEW_EXPECTED x skew_bytes, i.e. the
+// routing-dependent receive side halfway between balanced routing (each rank
+// receives what it sends) and the most that can arrive. The receive buffers
+// keep the most rows any step delivered, so a run's figure rises over its
+// steps from near balanced towards the bound; the middle of that range is the
+// prediction made without a model of the routing the run will learn
+// (docs/reliability.md, "Memory bound", has the measured spread).
+#define MOE_MEM_SKEW_EXPECTED 0.5
+
 // "parameters", "gradients", "optimizer state", "activations",
 // "all-to-all buffers", "workspace", "process baseline"; "?" otherwise.
 const char *moe_mem_category_name(moe_mem_category c);
 double moe_memory_need_total(const moe_memory_need *n);
+// total - MOE_MEM_SKEW_EXPECTED x skew_bytes (see above).
+double moe_memory_need_expected(const moe_memory_need *n);
 // dst += src, category by category (skew_bytes too).
 void moe_memory_need_add(moe_memory_need *dst, const moe_memory_need *src);
 // dst += k * src (k copies of an object).

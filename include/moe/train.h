@@ -127,7 +127,8 @@ moe_status moe_train_backend(moe_ctx *ctx, const moe_train_config *tc, const moe
 // (gradients) and token buffers (workspace). The ranks per node of the 1dh/2dh bound are
 // par.ranks_per_node or, when 0, the EP size (an upper bound). The process
 // baseline (code, libraries, MPI, the loaded text) is not included: moe_train_run
-// adds moe_memory_baseline_bytes() measured before it allocates. INVALID_ARG
+// adds the resident set measured before it allocates, plus MOE_MEM_BLAS_BYTES
+// when the run is not deterministic (only then does it call OpenBLAS). INVALID_ARG
 // when tc is invalid for world_size ranks, or 'auto' is left in par.
 moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_size,
                             moe_memory_need *out);
@@ -182,8 +183,10 @@ typedef struct {
   size_t state_bytes;        // rank 0: parameters + gradients + AdamW m and v it holds (16 B each)
   size_t activation_bytes;   // rank 0: moe_gpt_activation_bytes (activations and scratch)
   moe_memory_need memory;    // rank 0: moe_train_memory + the measured baseline, what
-                             // the memory check compared with the limit
+                             // the memory check compared with the limit (its total:
+                             // the upper bound; moe_memory_need_expected: the prediction)
   double memory_max_total;   // the largest total of memory over the ranks (bytes)
+  double memory_max_expected;   // the largest moe_memory_need_expected over the ranks (bytes)
   moe_train_schedule schedule;  // the learning-rate schedule used
   char source[256];             // the text's description
 } moe_train_result;

@@ -192,7 +192,10 @@ void moe_group_free(moe_group *g) {
 moe_status moe_workspace_reserve(moe_ctx *ctx, moe_workspace *ws, size_t bytes) {
   moe_status st = MOE_STATUS_OK;
   if (bytes <= ws->capacity) goto done;
-  moe_free(ws->buf);
+  if (ws->buf) {  // the old block's pages back to the system (moe_heap_trim)
+    moe_free(ws->buf);
+    moe_heap_trim();
+  }
   ws->buf = moe_malloc(bytes);
   ws->capacity = ws->buf ? bytes : 0;
   MOE_FAIL_IF(ctx, !ws->buf, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
@@ -209,7 +212,10 @@ moe_status moe_workspace_reserve_keep(moe_ctx *ctx, moe_workspace *ws, size_t by
   ws->capacity = 0;
   st = moe_workspace_reserve(ctx, ws, bytes);
   if (st == MOE_STATUS_OK && keep > 0) memcpy(ws->buf, old, keep < bytes ? keep : bytes);
-  moe_free(old);
+  if (old) {
+    moe_free(old);
+    moe_heap_trim();
+  }
 done:
   return st;
 }

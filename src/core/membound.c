@@ -31,6 +31,10 @@ double moe_memory_need_total(const moe_memory_need *n) {
   return t;
 }
 
+double moe_memory_need_expected(const moe_memory_need *n) {
+  return moe_memory_need_total(n) - MOE_MEM_SKEW_EXPECTED * n->skew_bytes;
+}
+
 void moe_memory_need_add(moe_memory_need *dst, const moe_memory_need *src) {
   moe_memory_need_add_scaled(dst, src, 1.0);
 }

@@ -57,6 +57,12 @@ uint64_t moe_alloc_live_bytes(void) { return (uint64_t)atomic_load(&g_live_bytes
 uint64_t moe_alloc_peak_bytes(void) { return (uint64_t)atomic_load(&g_peak_bytes); }
 void moe_alloc_peak_reset(void) { atomic_store(&g_peak_bytes, atomic_load(&g_live_bytes)); }
 
+void moe_heap_trim(void) {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 // ---- arenas -------------------------------------------------------------------
 
 moe_status moe_arena_init(moe_ctx *ctx, moe_arena *arena, size_t capacity) {

@@ -150,7 +150,7 @@ typedef struct {
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
   moe_memory_need need;           // this rank's memory estimate (baseline included)
-  double need_max;                // the largest total over the ranks
+  double need_max[2];             // the largest total and expected figure over the ranks
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -584,15 +584,19 @@ static moe_status setup(run_state *r, int *start_step) {
   MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
 
   // The memory bound: every rank's need against its limit before the model is
-  // allocated; the baseline is what this process holds now (text included).
+  // allocated; the baseline is what this process holds now (text included),
+  // plus OpenBLAS's GEMM buffers unless the run is deterministic: its
+  // fixed-order GEMMs never call OpenBLAS, which then touches none of them.
   local = moe_train_memory(ctx, tc, r->size, &r->need);
   MOE_TRY(agree(r, local, "the memory estimate"));
-  r->need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+  r->need.bytes[MOE_MEM_BASELINE] =
+      (double)(moe_rss_bytes() + (tc->deterministic ? 0 : MOE_MEM_BLAS_BYTES));
   MOE_TRY(moe_comm_memory_check(ctx, r->world, &r->need, tc->max_memory,
                                 "use a smaller model (--d-model, --experts, --expert-hidden, "
                                 "--layers) or batch, more ranks, or raise --max-memory"));
-  r->need_max = moe_memory_need_total(&r->need);
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, &r->need_max, 1, MPI_DOUBLE, MPI_MAX, r->world));
+  r->need_max[0] = moe_memory_need_total(&r->need);
+  r->need_max[1] = moe_memory_need_expected(&r->need);
+  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, r->need_max, 2, MPI_DOUBLE, MPI_MAX, r->world));
 
   // Model on the expert-parallel backend.
   r->user = moe_calloc(1, sizeof *r->user);
@@ -760,7 +764,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     out->state_bytes += 16 * moe_gpt_get_param(r.model, i).numel;
   out->activation_bytes = moe_gpt_activation_bytes(r.model);
   out->memory = r.need;
-  out->memory_max_total = r.need_max;
+  out->memory_max_total = r.need_max[0];
+  out->memory_max_expected = r.need_max[1];
   snprintf(out->source, sizeof out->source, "%s", moe_text_source(r.text));
   const int nsteps = end - start + 1;
   tps = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *tps);
