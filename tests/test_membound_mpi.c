@@ -83,7 +83,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   // the prediction: the routing-dependent part halfway, strictly between
   // balanced routing and the bound when anything depends on the routing
   const double expect = moe_memory_need_expected(&need);
-  TU_CHECK(g_world > 1 ? expect < est && expect > est - need.skew_bytes : expect == est,
+  TU_CHECK(pc.ep_size > 1 ? expect < est && expect > est - need.skew_bytes : expect == est,
            "expected %.0f, bound %.0f, skew %.0f", expect, est, need.skew_bytes);
   moe_ep_layer_destroy(L);
 }
