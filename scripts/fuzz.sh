@@ -43,6 +43,7 @@ CC=clang cmake -S . -B "$build" -DMOE_FUZZ=ON -DMOE_WERROR=ON -DMOE_WITH_MPI=OFF
   -DMOE_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j"${FUZZ_BUILD_JOBS:-2}" --target moe_fuzz >/dev/null
 
+build_abs="$(cd "$build" && pwd)"  # BUILD_DIR may be relative or absolute
 harnesses=(${FUZZ_HARNESSES:-$(cd fuzz/corpus && ls -d */ | tr -d /)})
 rm -rf "$run"
 mkdir -p "$run"
@@ -52,7 +53,7 @@ json_dict="$PWD/fuzz/json.dict"
 
 # One harness: libFuzzer on a copy of its seeds; the log keeps the final stats.
 run_one() {
-  local h=$1 bin="$PWD/$build/fuzz/fuzz_$h" d="$run/$1"
+  local h=$1 bin="$build_abs/fuzz/fuzz_$h" d="$run/$1"
   mkdir -p "$d/corpus" "$d/findings"
   [[ -x "$bin" ]] || {
     echo "fuzz.sh: no harness $bin" >"$d/log"
@@ -109,7 +110,7 @@ for h in "${harnesses[@]}"; do
   grep -E 'fuzz invariant failed|ERROR: |SUMMARY: |runtime error' "$d/log" | head -5 || true
   tail -n 25 "$d/log"
   for f in $findings; do
-    echo "reproduce: $PWD/$build/fuzz/fuzz_$h $f"
+    echo "reproduce: $build_abs/fuzz/fuzz_$h $f"
   done
 done
 if ((failed)); then
