@@ -485,6 +485,14 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  const moe_backend *be = moe_backend_current();
+  const moe_precision prec = moe_precision_current();
+  char prec_desc[64];
+  snprintf(prec_desc, sizeof prec_desc, prec == MOE_PRECISION_BF16 ? "bf16 (%s kernel)" : "fp32",
+           moe_gemm_bf16_isa());
+  printf("  compute: backend %s (%s), %s, %d thread%s per rank\n", be->name, be->describe(),
+         prec_desc, be->set_threads ? tc->threads : 1,
+         (be->set_threads ? tc->threads : 1) == 1 ? "" : "s");
   char why[160];
   if (moe_train_bitwise_across_p(tc, world, why, sizeof why)) {
     printf(
