@@ -307,7 +307,9 @@ __attribute__((target("avx512f"))) static void pairs_along(uint32_t *dst, size_t
   for (int p = 0; p < kc; p += 32) {
     // 32 values: lanes 0..15 and 16..31, packed into 16 pairs
     float t0[16], t1[16];
-    const int n0 = kc - p < 16 ? kc - p : 16, n1 = kc - p - 16 < 0 ? 0 : kc - p - 16;
+    const int left = kc - p;  // values from p on
+    const int n0 = left < 16 ? left : 16;
+    const int n1 = left <= 16 ? 0 : left - 16 < 16 ? left - 16 : 16;
     _mm512_storeu_ps(t0, _mm512_mul_ps(al, _mm512_maskz_loadu_ps(first(n0), row + p)));
     _mm512_storeu_ps(t1, n1 > 0 ? _mm512_mul_ps(al, _mm512_maskz_loadu_ps(first(n1), row + p + 16))
                                 : _mm512_setzero_ps());
