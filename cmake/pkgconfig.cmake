@@ -2,7 +2,7 @@
 # configure step found, and installs it into P/lib/pkgconfig.
 #
 # The dependencies are written as the paths CMake resolved (OpenBLAS, cJSON,
-# zfp, MPI), turned into -L/-l flags. The static library needs them all at link
+# zfp, oneDNN and OpenMP, MPI), turned into -L/-l flags. The static library needs them all at link
 # time, so they go into Libs (a plain `pkg-config --libs libmoe` links); with
 # MOE_SHARED they go into Libs.private except MPI, which a program using the
 # MPI headers calls directly. The prefix is the one given at install time
@@ -56,6 +56,15 @@ if(MOE_HAVE_MPI)
     string(APPEND MOE_PC_CFLAGS " -D${def}")
   endforeach()
   set(moe_pc_mpi_libs ${MPI_C_LINK_FLAGS} ${MPI_C_LIBRARIES})
+endif()
+if(MOE_HAVE_DNNL)
+  # the onednn backend: libdnnl and the OpenMP runtime it runs on (libmoe sets
+  # its thread count through omp_set_num_threads)
+  get_target_property(moe_dnnl_lib DNNL::dnnl LOCATION)
+  if(NOT moe_dnnl_lib)
+    find_library(moe_dnnl_lib NAMES dnnl)
+  endif()
+  list(APPEND moe_pc_deps "${moe_dnnl_lib}" "${MOE_GOMP_LIB}")
 endif()
 list(APPEND moe_pc_deps ${OPENBLAS_LIB} ${CJSON_LIB})
 if(CMAKE_THREAD_LIBS_INIT)

@@ -27,9 +27,12 @@
 #include "moe_build_config.h"
 
 #if MOE_HAVE_DNNL
-#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
+
+// The OpenMP runtime's (libgomp, which libdnnl runs on; declared here rather
+// than from <omp.h>, which not every compiler ships).
+void omp_set_num_threads(int n);
 
 enum { MAX_ENTRIES = 1024, TABLE = 2048 };  // TABLE: open-addressing slots, a power of two
 
