@@ -12,8 +12,11 @@
 // Not here: threading (BLAS threads are set once by the caller with
 // moe_blas_set_threads), batched/grouped GEMM.
 #include <cblas.h>
+#include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 
+#include "kernels/kernels_internal.h"
 #include "moe/kernels.h"
 #include "moe_build_config.h"
 
@@ -42,7 +45,7 @@ const char *moe_blas_name(void) {
 
 // C = beta * C over an (m, n) block with row stride ldc. beta == 0 writes exact
 // zeros (BLAS semantics: C is not read, so NaN/Inf in C do not survive).
-static void scale_c(float *c, int m, int n, int ldc, float beta) {
+void moe_gemm_scale_c(float *c, int m, int n, int ldc, float beta) {
   for (int i = 0; i < m; i++) {
     float *restrict row = c + (size_t)i * (size_t)ldc;
     if (beta == 0.0f) {
@@ -53,6 +56,30 @@ static void scale_c(float *c, int m, int n, int ldc, float beta) {
   }
 }
 
+// ---- per-thread scratch of the fixed-order kernels ------------------------------------
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static int g_scratch_key_ok;
+
+static void scratch_key_make(void) {
+  g_scratch_key_ok = pthread_key_create(&g_scratch_key, free) == 0;
+}
+
+void *moe_gemm_scratch(void) {
+  pthread_once(&g_scratch_once, scratch_key_make);
+  if (!g_scratch_key_ok) return NULL;
+  void *buf = pthread_getspecific(g_scratch_key);
+  if (!buf) {
+    buf = aligned_alloc(64, MOE_GEMM_SCRATCH_BYTES);
+    if (buf && pthread_setspecific(g_scratch_key, buf) != 0) {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  return buf;
+}
+
 // c is (m, n) with row stride ldc; a is (m, k) or, transposed, (k, m) with row
 // stride lda; b is (k, n) or, transposed, (n, k) with row stride ldb.
 static void gemm_openblas(int trans_a, int trans_b, int m, int n, int k, float alpha,
@@ -60,7 +87,7 @@ static void gemm_openblas(int trans_a, int trans_b, int m, int n, int k, float a
                           int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
-    scale_c(c, m, n, ldc, beta);
+    moe_gemm_scale_c(c, m, n, ldc, beta);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

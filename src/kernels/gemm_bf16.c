@@ -176,23 +176,10 @@ int moe_bf16_native(void) { return kernel()->fn != ukernel_portable; }
 // Per thread: the B panels (NC x KC/2 pairs) and one MC x KC/2 block of A.
 enum { BPACK = NC * (KC / 2), APACK = MC * (KC / 2) };
 
-static pthread_key_t g_key;
-static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
-static int g_key_ok;
-static void key_make(void) { g_key_ok = pthread_key_create(&g_key, free) == 0; }
-
 static uint32_t *scratch(void) {
-  pthread_once(&g_key_once, key_make);
-  if (!g_key_ok) return NULL;
-  uint32_t *buf = pthread_getspecific(g_key);
-  if (!buf) {
-    buf = aligned_alloc(64, (size_t)(BPACK + APACK) * sizeof(uint32_t));
-    if (buf && pthread_setspecific(g_key, buf) != 0) {
-      free(buf);
-      buf = NULL;
-    }
-  }
-  return buf;
+  _Static_assert((size_t)(BPACK + APACK) * sizeof(uint32_t) <= MOE_GEMM_SCRATCH_BYTES,
+                 "the bf16 kernel's packing exceeds the shared scratch");
+  return moe_gemm_scratch();
 }
 
 static inline uint32_t pair(float even, float odd) {
@@ -376,14 +363,6 @@ static void pack_a_vec(uint32_t *dst, const float *a, int lda, int trans_a, int 
 
 // ---- driver ----------------------------------------------------------------------------
 
-static void scale_or_zero(float *c, int m, int n, int ldc, float beta) {
-  if (beta == 1.0f) return;
-  for (int i = 0; i < m; i++) {
-    float *restrict row = c + (size_t)i * (size_t)ldc;
-    for (int j = 0; j < n; j++) row[j] = beta == 0.0f ? 0.0f : row[j] * beta;
-  }
-}
-
 static void tile(const ukernel *kern, int kq, const uint32_t *ap, const uint32_t *bp, float *c,
                  int ldc, int mr, int nr, int zero) {
   if (mr == MR && nr == NR) {
@@ -429,11 +408,11 @@ static void gemm_bf16_with(const ukernel *kern, int trans_a, int trans_b, int m,
                            float alpha, const float *a, int lda, const float *b, int ldb,
                            float beta, float *c, int ldc) {
   if (m <= 0 || n <= 0) return;
-  if (k <= 0 || alpha == 0.0f || beta != 0.0f) scale_or_zero(c, m, n, ldc, beta);
+  if (k <= 0 || alpha == 0.0f || beta != 0.0f) moe_gemm_scale_c(c, m, n, ldc, beta);
   if (k <= 0 || alpha == 0.0f) return;
   uint32_t *bpack = scratch();
   if (!bpack) {
-    if (beta == 0.0f) scale_or_zero(c, m, n, ldc, 0.0f);  // the chains start at 0
+    if (beta == 0.0f) moe_gemm_scale_c(c, m, n, ldc, 0.0f);  // the chains start at 0
     gemm_elementwise(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);
     return;
   }

@@ -198,32 +198,17 @@ const char *moe_gemm_fixed_isa(void) { return kernel()->name; }
 
 // ---- scratch ----------------------------------------------------------------------
 
-// The packed panels live in one buffer per thread, made on a thread's first
-// call and freed when the thread ends (a GEMM per call to malloc cost more
+// The packed panels live in the per-thread buffer moe_gemm_scratch (gemm.c,
+// shared with the bf16 kernel), made on a thread's first call and freed when
+// the thread ends (a GEMM per call to malloc cost more
 // than the small GEMMs themselves, and a large block came from mmap, so every
 // call faulted its pages in again).
 enum { BPACK_FLOATS = NC * KC, APAD_FLOATS = MRMAX * KC };
 
-static pthread_key_t g_scratch_key;
-static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
-static int g_scratch_key_ok;
-
-static void scratch_key_make(void) {
-  g_scratch_key_ok = pthread_key_create(&g_scratch_key, free) == 0;
-}
-
 static float *scratch(void) {
-  pthread_once(&g_scratch_once, scratch_key_make);
-  if (!g_scratch_key_ok) return NULL;
-  float *buf = pthread_getspecific(g_scratch_key);
-  if (!buf) {
-    buf = aligned_alloc(64, (size_t)(BPACK_FLOATS + APAD_FLOATS) * sizeof(float));
-    if (buf && pthread_setspecific(g_scratch_key, buf) != 0) {
-      free(buf);
-      buf = NULL;
-    }
-  }
-  return buf;
+  _Static_assert((size_t)(BPACK_FLOATS + APAD_FLOATS) * sizeof(float) <= MOE_GEMM_SCRATCH_BYTES,
+                 "the fixed kernel's packing exceeds the shared scratch");
+  return moe_gemm_scratch();
 }
 
 // ---- packing ----------------------------------------------------------------------
@@ -281,18 +266,6 @@ static void pack_a_strip(float *restrict dst, a_view av, int i0, int mr, int p0,
 
 // ---- driver -----------------------------------------------------------------------
 
-static void scale_or_zero(float *c, int m, int n, int ldc, float beta) {
-  if (beta == 1.0f) return;
-  for (int i = 0; i < m; i++) {
-    float *restrict row = c + (size_t)i * (size_t)ldc;
-    if (beta == 0.0f) {
-      for (int j = 0; j < n; j++) row[j] = 0.0f;
-    } else {
-      for (int j = 0; j < n; j++) row[j] *= beta;
-    }
-  }
-}
-
 // The same chains one element at a time (slow, identical bits): the path
 // when a thread's scratch cannot be allocated.
 static void gemm_fixed_elementwise(int trans_b, int m, int n, int k, float alpha, a_view av,
@@ -345,12 +318,12 @@ static void gemm_fixed_with(const ukernel *kern, int trans_a, int trans_b, int m
                             float beta, float *c, int ldc) {
   const int MR = kern->mr, NR = kern->nr, MC = MR * (128 / MR);
   if (m <= 0 || n <= 0) return;
-  if (k <= 0 || alpha == 0.0f || beta != 0.0f) scale_or_zero(c, m, n, ldc, beta);
+  if (k <= 0 || alpha == 0.0f || beta != 0.0f) moe_gemm_scale_c(c, m, n, ldc, beta);
   if (k <= 0 || alpha == 0.0f) return;
   const a_view av = {a, trans_a ? 1 : lda, trans_a ? lda : 1};
   float *bpack = scratch();
   if (!bpack) {
-    if (beta == 0.0f) scale_or_zero(c, m, n, ldc, 0.0f);  // the chains start at 0
+    if (beta == 0.0f) moe_gemm_scale_c(c, m, n, ldc, 0.0f);  // the chains start at 0
     gemm_fixed_elementwise(trans_b, m, n, k, alpha, av, b, ldb, c, ldc);
     return;
   }

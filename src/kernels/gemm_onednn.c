@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels_internal.h"
 #include "moe/kernels.h"
 #include "moe_build_config.h"
 
@@ -194,18 +195,11 @@ static entry *lookup(cache *c, const problem *p, float alpha, float beta) {
   return &c->slots[i];
 }
 
-static void scale_c(float *c, int m, int n, int ldc, float beta) {
-  for (int i = 0; i < m; i++) {
-    float *restrict row = c + (size_t)i * (size_t)ldc;
-    for (int j = 0; j < n; j++) row[j] = beta == 0.0f ? 0.0f : row[j] * beta;
-  }
-}
-
 static void gemm_onednn(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                         int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f) {
-    if (beta != 1.0f) scale_c(c, m, n, ldc, beta);
+    moe_gemm_scale_c(c, m, n, ldc, beta);
     return;
   }
   cache *ch = thread_cache();

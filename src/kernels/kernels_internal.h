@@ -36,6 +36,17 @@ const char *moe_gelu_isa_name(int isa);
 // touching nothing, when `isa` is not in moe_gelu_isa_mask() or `op` is unknown.
 int moe_gelu_run_isa(int isa, int op, float *out, const float *dy, const float *x, size_t n);
 
+// C (m, n; row stride ldc) = beta * C; beta == 0 writes exact zeros (C is not
+// read), beta == 1 leaves C alone. The GEMM backends' shared first step.
+void moe_gemm_scale_c(float *c, int m, int n, int ldc, float beta);
+
+// The fixed-order kernels' packing buffer (gemm_fixed.c, gemm_bf16.c): one
+// per thread, MOE_GEMM_SCRATCH_BYTES, 64-byte aligned, made on the thread's
+// first call and freed when it ends; NULL when it cannot be allocated. One
+// buffer serves both kernels: a GEMM never calls another.
+#define MOE_GEMM_SCRATCH_BYTES ((size_t)(512 * 256 + 128 * 256) * 4)
+void *moe_gemm_scratch(void);
+
 // moe_gemm_bf16 on its portable path (fmaf and flushes), whatever the CPU.
 void moe_gemm_bf16_portable(int trans_a, int trans_b, int m, int n, int k, float alpha,
                             const float *a, int lda, const float *b, int ldb, float beta, float *c,
