@@ -26,6 +26,7 @@ typedef struct {
   int replicas;    // add replicas
   moe_activation act;
   int deepspeed;  // gate_convention deepspeed (first-choice aux, renormalised after dropping)
+  int bias;       // a router bias skewing the choices toward low experts (same on both layers)
 } scenario;
 
 static int g_rank, g_world;
@@ -43,9 +44,10 @@ static void tokens_of(int r, const scenario *sc, int *T, int *off) {
 
 static void run_scenario(const scenario *sc) {
   char name[160];
-  snprintf(name, sizeof name, "ep=%d%s rpn=%d a2a=%s f=%g zero=%d one=%d rep=%d %s%s", sc->ep,
+  snprintf(name, sizeof name, "ep=%d%s rpn=%d a2a=%s f=%g zero=%d one=%d rep=%d %s%s%s", sc->ep,
            sc->strided ? "s" : "c", sc->rpn, sc->a2a, sc->f, sc->zero_rank, sc->one_expert,
-           sc->replicas, moe_activation_name(sc->act), sc->deepspeed ? " deepspeed" : "");
+           sc->replicas, moe_activation_name(sc->act), sc->deepspeed ? " deepspeed" : "",
+           sc->bias ? " bias" : "");
   int Tg = 0, T = 0, off = 0, dummy = 0;
   for (int q = 0; q < g_world; q++) {
     int t = 0;
@@ -91,6 +93,8 @@ static void run_scenario(const scenario *sc) {
   moe_layer_init_params(ref, 77);
   moe_layer_tensors rt = moe_layer_get_tensors(ref);
   if (sc->one_expert) rt.wg[5] = 8.0f;  // wg[0, 5]: the constant feature pulls to expert 5
+  if (sc->bias)  // expert e's logit raised by 1.5 / (e + 1): skewed, not one-hot
+    for (int e = 0; e < E; e++) rt.router_bias[e] = 1.5f / (float)(e + 1);
   moe_layer_stats rs;
   moe_layer_zero_grad(ref);
   TU_CHECK(moe_layer_forward(ref, x, Tg, y_ref, &rs) == MOE_STATUS_OK, "%s: ref forward", name);
@@ -115,6 +119,8 @@ static void run_scenario(const scenario *sc) {
   moe_ep_layer_init_params(L, 77);
   moe_ep_tensors t = moe_ep_layer_get_tensors(L);
   if (sc->one_expert) t.wg[5] = 8.0f;
+  if (sc->bias)
+    for (int e = 0; e < E; e++) t.router_bias[e] = 1.5f / (float)(e + 1);
   if (sc->replicas && sc->ep > 1) {
     // expert 0 (home EP rank 0) replicated on the last EP rank, and the last
     // expert (home EP rank ep-1) on EP rank 0
@@ -368,7 +374,7 @@ int main(int argc, char **argv) {
   for (int ep = 1; ep <= g_world; ep++) {
     if (g_world % ep) continue;
     for (int strided = 0; strided <= (ep > 1 && ep < g_world); strided++) {
-      const scenario sc = {ep, strided, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_GELU, 0};
+      const scenario sc = {ep, strided, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_GELU, 0, 0};
       run_scenario(&sc);
     }
   }
@@ -386,18 +392,21 @@ int main(int argc, char **argv) {
                            0,
                            0,
                            rpn == 1 ? MOE_ACT_GELU : MOE_ACT_RELU,
+                           0,
                            0};
       run_scenario(&sc);
     }
   }
   // A rank with zero tokens, all tokens to one expert, replicas, and all at once.
   const scenario special[] = {
-      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU, 0},
-      {g_world, 0, 0, "pipe", 0.0, -1, 1, 0, MOE_ACT_GELU, 0},
-      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 0},
-      {g_world, 0, 0, "grouped", 6.0, 0, 1, 1, MOE_ACT_RELU, 0},
-      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 1},
-      {g_world, 0, 0, "pipe", 6.0, -1, 1, 0, MOE_ACT_GELU, 1},
+      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU, 0, 0},
+      {g_world, 0, 0, "pipe", 0.0, -1, 1, 0, MOE_ACT_GELU, 0, 0},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 0, 0},
+      {g_world, 0, 0, "grouped", 6.0, 0, 1, 1, MOE_ACT_RELU, 0, 0},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 1, MOE_ACT_GELU, 1, 0},
+      {g_world, 0, 0, "pipe", 6.0, -1, 1, 0, MOE_ACT_GELU, 1, 0},
+      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 1, MOE_ACT_GELU, 0, 1},
+      {g_world, 0, 0, "grouped", 6.0, -1, 0, 0, MOE_ACT_GELU, 1, 1},
   };
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
     if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
@@ -406,7 +415,7 @@ int main(int argc, char **argv) {
   if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)
     for (int a = 0; a < nalgos; a++) {
       for (int strided = 0; strided <= 1; strided++) {
-        const scenario sc = {2, strided, 2, algos[a]->name, 0.0, -1, 0, 0, MOE_ACT_GELU, 0};
+        const scenario sc = {2, strided, 2, algos[a]->name, 0.0, -1, 0, 0, MOE_ACT_GELU, 0, 0};
         run_scenario(&sc);
       }
     }
@@ -419,7 +428,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(sub, &g_rank);
     MPI_Comm_size(sub, &g_world);
     for (int a = 0; a < nalgos; a++) {
-      const scenario sc = {g_world, 0, 1, algos[a]->name, 0.0, -1, 0, 1, MOE_ACT_GELU, 0};
+      const scenario sc = {g_world, 0, 1, algos[a]->name, 0.0, -1, 0, 1, MOE_ACT_GELU, 0, 0};
       run_scenario(&sc);
     }
     g_comm = MPI_COMM_WORLD;
@@ -429,7 +438,7 @@ int main(int argc, char **argv) {
   }
   test_replica_is_used();
   if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank
-    const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0};
+    const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0, 0};
     run_scenario(&sc);
   }
   test_bad_input();

@@ -153,9 +153,15 @@ typedef struct moe_layer moe_layer;
 
 // Parameters and their gradients (owned by the layer). Shapes:
 // wg (M, E); w1 (E, M, H); b1 (E, H); w2 (E, H, M); b2 (E, M); d* the same.
+// router_bias (E): the router bias (moe_gate_buffers in layer_ops.h: experts
+// are chosen by logits + bias, weighed by the unbiased probabilities). Zero at
+// create, so routing is the plain top-k; the caller writes it (a synthetic
+// skew, moe_router_bias_fit; DeepSeek-V3's update, moe_router_bias_update).
+// Not a parameter: no gradient, untouched by init_params and zero_grad.
 typedef struct {
   float *wg, *w1, *b1, *w2, *b2;
   float *dwg, *dw1, *db1, *dw2, *db2;
+  float *router_bias;
 } moe_layer_tensors;
 
 typedef struct {
@@ -212,6 +218,59 @@ moe_status moe_layer_forward(moe_layer *layer, const float *x, int tokens, float
 // including aux_loss_coef * d(aux) and z_loss_coef * d(z). Needs the x of the
 // last forward to be unchanged.
 moe_status moe_layer_backward(moe_layer *layer, const float *dy, float *dx);
+
+// ---- router bias: reproducible skew, DeepSeek-V3's balancing update ---------------------
+//
+// Expert popularity for benchmarks is set through the router bias
+// (moe_layer_tensors.router_bias): a named distribution gives target shares
+// of the choices, and moe_router_bias_fit finds the bias under which the
+// layer's own router, on given tokens, chooses experts in those shares.
+
+typedef enum {
+  MOE_SKEW_NONE = 0,  // no bias: the router as trained (or initialised)
+  MOE_SKEW_UNIFORM,   // every expert 1/E of the choices
+  MOE_SKEW_ZIPF,      // expert e's share proportional to (e + 1)^-S: expert 0 most popular
+  MOE_SKEW_HOT,       // expert 0 chosen by a fraction F of the tokens, the rest uniform
+} moe_skew_kind;
+
+typedef struct {
+  moe_skew_kind kind;
+  double param;  // S of zipf, F of hot
+} moe_skew;
+
+// "none", "uniform", "zipf:S" (S in (0, 10]), "hot:F" (F in (0, 1]).
+// INVALID_ARG naming the spec and the valid forms.
+moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out);
+// The spec back ("zipf:1.2"); snprintf's return value.
+int moe_skew_to_string(const moe_skew *skew, char *buf, size_t len);
+// shares (E) = the distribution's fraction of all T x K choices per expert,
+// summing to 1. A token chooses an expert at most once, so no share exceeds
+// 1/K: larger ones are capped and the excess spread over the others in
+// proportion to their shares. none is uniform here.
+moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *skew, int num_experts, int top_k,
+                           double *shares);
+
+#define MOE_ROUTER_FIT_ITERS 200    // most iterations of moe_router_bias_fit
+#define MOE_ROUTER_FIT_TOL 0.005    // total variation at which it stops
+
+typedef struct {
+  double *achieved;        // (E) caller-owned or NULL: shares the fitted bias gives
+  double total_variation;  // 1/2 sum |achieved - target|
+  int iterations;
+} moe_router_fit;
+
+// bias (E) such that top-K of (x wg + bias) over the tokens x (T, M) chooses
+// experts in the given shares (E, each in [0, 1/K], summing to 1): a damped
+// fixed-point iteration on log shares (at most MOE_ROUTER_FIT_ITERS, stopping
+// at total variation MOE_ROUTER_FIT_TOL), returning the best iterate. wg is
+// (M, E) as in the layer. Deterministic: the same inputs give the same bias on
+// every rank. fit may be NULL. Allocates temporaries (T x E floats).
+moe_status moe_router_bias_fit(moe_ctx *ctx, const moe_layer_config *cfg, const float *wg,
+                               const float *x, int tokens, const double *shares, float *bias,
+                               moe_router_fit *fit);
+// DeepSeek-V3's aux-loss-free update: bias[e] += rate * sign(mean - load[e])
+// for the E experts' loads (rows routed to each over the global batch).
+void moe_router_bias_update(float *bias, const double *load, int num_experts, float rate);
 
 moe_layer_timing moe_layer_get_forward_timing(const moe_layer *layer);
 moe_layer_timing moe_layer_get_backward_timing(const moe_layer *layer);

@@ -24,7 +24,17 @@ typedef struct {
   float *probs;   // (T, E)
   float *lse;     // (T): logsumexp of logits
   float *topk_p;  // (T, K): probabilities of the chosen experts
+  // Router bias (DeepSeek-V3's aux-loss-free balancing bias; libmoe's
+  // synthetic skew): NULL = none. When given, experts are CHOSEN by
+  // logits + bias, while the weights stay the unbiased probabilities of the
+  // chosen experts (the bias gets no gradient and changes no loss formula).
+  const float *bias;  // (E) or NULL
+  float *scores;      // (T, E) scratch for logits + bias; needed when bias is given
 } moe_gate_buffers;
+
+// bias when any of its E entries is nonzero, else NULL (plain top-k, the
+// exact routing of a layer without a bias).
+const float *moe_router_bias_active(const float *bias, int num_experts);
 
 // Number of doubles in a loss-statistics vector: count_all (E), probability
 // sums (E), sum of lse^2, token count.

@@ -59,11 +59,14 @@ typedef struct moe_ep_layer moe_ep_layer;
 // Parameters this rank holds and their gradients. The gate is replicated on
 // every rank; experts home_first .. home_first + home_count - 1 live here
 // (E / EP of them). Shapes: wg (M, E); w1 (home_count, M, H); b1 (home_count, H);
-// w2 (home_count, H, M); b2 (home_count, M); d* the same.
+// w2 (home_count, H, M); b2 (home_count, M); d* the same. router_bias (E) as in
+// moe_layer_tensors: zero at create; it must hold the same values on every
+// rank (the routing of a token must not depend on where it is).
 typedef struct {
   int home_first, home_count;
   float *wg, *w1, *b1, *w2, *b2;
   float *dwg, *dw1, *db1, *dw2, *db2;
+  float *router_bias;
 } moe_ep_tensors;
 
 // The bytes one rank of moe_ep_layer_create(world of world_size ranks, cfg,

@@ -70,7 +70,9 @@ static void warn_slow_blas_once(void) {
 // gradients (N_PARAM_SPECS, the first half data), and the activations with the
 // backward scratch. moe_layer_create carves them; moe_layer_memory sizes them,
 // so the estimate is the allocation.
-enum { N_PARAM_SPECS = 10, N_WORK_SPECS = 14 };
+// The router bias is the work table's last entry; moe_layer_memory counts it
+// as workspace, with the routing plan it steers (it has no gradient).
+enum { N_PARAM_SPECS = 10, N_WORK_SPECS = 15, ROUTER_BIAS_SPEC = N_WORK_SPECS - 1 };
 
 static void layer_tables(const moe_layer_config *cfg, size_t R, moe_layer *L,
                          moe_tensor_spec params[N_PARAM_SPECS],
@@ -92,6 +94,7 @@ static void layer_tables(const moe_layer_config *cfg, size_t R, moe_layer *L,
       {"dye", R * M, &L->dye},       {"dh", R * H, &L->dh},
       {"dpre", R * H, &L->dpre},     {"dweight", T * K, &L->dweight},
       {"dprobs", T * E, &L->dprobs}, {"dlogits", T * E, &L->dlogits},
+      {"router_bias", E, &t->router_bias},
   };
   memcpy(params, p, sizeof p);
   memcpy(work, w, sizeof w);
@@ -113,8 +116,9 @@ moe_status moe_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg, moe_memor
       out->bytes[i < half ? MOE_MEM_PARAMS : MOE_MEM_GRADS] +=
           (double)moe_align64(params[i].count * sizeof(float));
     for (int i = 0; i < N_WORK_SPECS; i++)
-      out->bytes[MOE_MEM_ACTIVATIONS] += (double)moe_align64(work[i].count * sizeof(float));
-    out->bytes[MOE_MEM_WORKSPACE] =
+      out->bytes[i == ROUTER_BIAS_SPEC ? MOE_MEM_WORKSPACE : MOE_MEM_ACTIVATIONS] +=
+          (double)moe_align64(work[i].count * sizeof(float));
+    out->bytes[MOE_MEM_WORKSPACE] +=
         (double)(moe_align64(sizeof(moe_layer)) +
                  moe_route_bytes(cfg->tokens, cfg->top_k, cfg->num_experts, (int)R) +
                  moe_placement_bytes(cfg->num_experts, 1) +
@@ -234,7 +238,9 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
 
   // step 1: gate, routing plan, aux and z losses
   uint64_t t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  // the backward scratch dprobs holds the biased scores (free until backward)
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p,
+                         moe_router_bias_active(L->t.router_bias, c->num_experts), L->dprobs};
   MOE_TRY(moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm));
   moe_gate_loss_stats(c, &gb, &L->route, tokens, L->loss_stats);
   moe_gate_losses(c, L->loss_stats, &L->stats.aux_loss, &L->stats.z_loss);
@@ -312,7 +318,7 @@ moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
 
   // step 4: gate backward (softmax, top-k, renormalisation, aux and z losses)
   t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL};
   moe_gate_backward(c, &gb, r, T, L->loss_stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
                     L->t.wg, L->t.dwg, dx, tm);
   tm->gate_ms = moe_time_ms_since(t0);

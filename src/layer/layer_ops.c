@@ -61,6 +61,13 @@ done:
 
 // ---- gate ------------------------------------------------------------------------------
 
+const float *moe_router_bias_active(const float *bias, int E) {
+  if (!bias) return NULL;
+  for (int e = 0; e < E; e++)
+    if (bias[e] != 0.0f) return bias;
+  return NULL;
+}
+
 moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float *wg,
                           const float *x, int T, moe_gate_buffers *gb, moe_route *r,
                           moe_layer_timing *tm) {
@@ -74,7 +81,20 @@ moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float
   tm->gate_flops += 2.0 * T * M * E;
   moe_softmax_forward(gb->probs, gb->logits, T, E);
   moe_logsumexp_forward(gb->lse, gb->logits, T, E);
-  if (T > 0) moe_topk_forward(r->expert, gb->topk_p, gb->probs, T, E, K);
+  if (T > 0 && gb->bias) {
+    // choose by logits + bias, weigh by the unbiased probabilities
+    for (int t = 0; t < T; t++) {
+      const float *l = gb->logits + (size_t)t * E;
+      float *s = gb->scores + (size_t)t * E;
+      for (int e = 0; e < E; e++) s[e] = l[e] + gb->bias[e];
+    }
+    moe_topk_forward(r->expert, gb->topk_p, gb->scores, T, E, K);
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < K; k++)
+        gb->topk_p[(size_t)t * K + k] = gb->probs[(size_t)t * E + r->expert[(size_t)t * K + k]];
+  } else if (T > 0) {
+    moe_topk_forward(r->expert, gb->topk_p, gb->probs, T, E, K);
+  }
   for (int t = 0; t < T; t++) {
     const float *p = gb->topk_p + (size_t)t * K;
     float *w = r->weight + (size_t)t * K;

@@ -164,6 +164,7 @@ static moe_status alloc_buffers(moe_ctx *ctx, moe_ep_layer *L) {
       {"dw2", El * H * M, &t->dw2},
       {"db2", El * M, &t->db2},
       {"grad_scratch", M * E + El * (2 * M * H + H + M), &L->grad_scratch},
+      {"router_bias", E, &t->router_bias},
   };
   const moe_tensor_spec work[] = {
       {"logits", T * E, &L->logits},
@@ -285,7 +286,7 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     // tables, routing plan, placement, counts, the chunk plan and task records
     const size_t n3 = r * (size_t)P * E, n2 = r * (size_t)P, max_tasks = MOE_CT_KINDS * r;
     out->bytes[MOE_MEM_WORKSPACE] =
-        A(sizeof(moe_ep_layer)) + A((size_t)world_size * 8) + A((size_t)world_size * 4) +
+        F(E) /* router_bias, in the parameter arena */ + A(sizeof(moe_ep_layer)) + A((size_t)world_size * 8) + A((size_t)world_size * 4) +
         (double)moe_placement_bytes((int)E, P) + 9 * A(E * sizeof(float *)) +
         2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1) * sizeof(double)) +
         (double)moe_route_bytes(cfg->tokens, cfg->top_k, (int)E, (int)R) + 3 * A(n3 * sizeof(int)) +

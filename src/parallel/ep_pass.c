@@ -656,7 +656,9 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   const uint64_t t_start = moe_time_ns();
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  // the backward scratch dprobs holds the biased scores (free until backward)
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p,
+                         moe_router_bias_active(L->t.router_bias, L->E), L->dprobs};
 
   // step 1: local checks and gate; global loss statistics + error flag
   uint64_t t0 = moe_time_ns();
@@ -797,7 +799,7 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
 
   // step 4: gate backward with the global loss statistics of the forward
   t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p};
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL};
   const int sliced = L->pc.slice_tokens > 0;
   moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
                     L->t.wg, sliced ? NULL : L->grad_scratch, dx, tm);
