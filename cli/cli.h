@@ -43,6 +43,8 @@ void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
 void cli_parse_backend(cli_args *a, const char *opt, const char **out);
 // --precision fp32|bf16 into *out (a moe_precision).
 void cli_parse_precision(cli_args *a, const char *opt, int *out);
+// --skew SPEC: a named expert popularity (moe_skew_parse) into *out.
+void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out);
 // Makes `name` the backend of moe_gemm with `threads` threads and
 // `precision` (a moe_precision), after moe_compute_check, and writes a
 // description ("openblas: OpenBLAS ..., fp32, 2 threads") to desc. Returns

@@ -96,6 +96,19 @@ void cli_parse_precision(cli_args *a, const char *opt, int *out) {
   moe_ctx_destroy(ctx);
 }
 
+void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out) {
+  if (!a->value) return;
+  moe_ctx *ctx = NULL;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
+    cli_error("%s: out of memory", opt);
+    a->bad = 1;
+  } else if (moe_skew_parse(ctx, a->value, out) != MOE_STATUS_OK) {
+    cli_error("%s: %s", opt, moe_ctx_error(ctx));
+    a->bad = 1;
+  }
+  moe_ctx_destroy(ctx);
+}
+
 int cli_use_compute(const char *name, int threads, int precision, char *desc, size_t len) {
   moe_ctx *ctx = NULL;
   const moe_backend *b = NULL;

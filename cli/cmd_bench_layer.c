@@ -19,6 +19,7 @@ typedef struct {
   unsigned long long seed;
   const char *json_path;
   size_t max_memory;  // --max-memory, 0: the available memory
+  moe_skew skew;      // --skew
 } bench_opts;
 
 void cli_bench_layer_usage(FILE *f) {
@@ -53,6 +54,10 @@ void cli_bench_layer_usage(FILE *f) {
           "                         AVX512_BF16 and the fixed backend [fp32]\n"
           "  --peak-size N          square SGEMM size for the peak, 64..8192 [2048]\n"
           "  --seed S               parameter and input seed [1]\n"
+          "  --skew SPEC            expert popularity through a fitted router bias:\n"
+          "                         none, uniform, zipf:S (expert e's share ~ (e+1)^-S,\n"
+          "                         S in (0, 10]) or hot:F (a fraction F in (0, 1] of the\n"
+          "                         tokens choose expert 0) [none: the router as initialised]\n"
           "  --json FILE            write config and results as JSON\n"
           "  --max-memory SIZE      refuse to start when the run would need more than SIZE\n"
           "                         (e.g. 512M, 2G; per rank under mpirun) [the available\n"
@@ -77,6 +82,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->seed = 1;
   o->json_path = NULL;
   o->max_memory = 0;
+  o->skew = (moe_skew){MOE_SKEW_NONE, 0.0};
   cli_args a;
   unsigned set = 0;  // layer options given (unused here)
   cli_args_init(&a, argc, argv, 3);
@@ -99,6 +105,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       cli_parse_int(&a, "--peak-size", 64, 8192, &o->peak_n);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
+    } else if (cli_opt(&a, "--skew")) {
+      cli_parse_skew(&a, "--skew", &o->skew);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
     } else if (cli_opt(&a, "--max-memory")) {
@@ -148,6 +156,10 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, o->backend,
           moe_precision_name((moe_precision)o->precision), capacity, s->rows, s->dropped, o->peak_n,
           allocs);
+  char spec[64];
+  moe_skew_to_string(&o->skew, spec, sizeof spec);
+  fprintf(f, "\"skew\": \"%s\",\n  ", spec);
+  json_num(f, "skew_total_variation", r->skew_tv, ",\n  ");
   const char *sep = ",\n  ";
   json_num(f, "fwd_ms", r->fwd_ms, sep);
   json_num(f, "bwd_ms", r->bwd_ms, sep);
@@ -195,6 +207,7 @@ int cmd_bench_layer(int argc, char **argv) {
   mc.iters = o.iters;
   mc.warmup = o.warmup;
   mc.seed = o.seed;
+  mc.skew = o.skew;
   {
     // The memory bound: refuse a shape that does not fit before allocating it.
     moe_memory_need need;
@@ -231,6 +244,11 @@ int cmd_bench_layer(int argc, char **argv) {
   } else {
     printf("routing: capacity C=%d, %d rows, %d dropped choices\n", capacity, stats.rows,
            stats.dropped);
+  }
+  if (o.skew.kind != MOE_SKEW_NONE) {
+    char spec[64];
+    moe_skew_to_string(&o.skew, spec, sizeof spec);
+    printf("skew: %s (router bias fitted to total variation %.4f)\n", spec, r.skew_tv);
   }
   printf("median of %d iterations (after %d warm-up)\n\n", o.iters, o.warmup);
   printf("%-34s %12s\n", "quantity", "value");

@@ -142,6 +142,10 @@ void cli_bench_layer_ep_usage(FILE *f) {
   fprintf(f, "  --backend NAME         compute backend (as for one process) [fixed]\n");
   fprintf(f, "  --precision fp32|bf16  GEMM precision (as for one process) [fp32]\n");
   fprintf(f,
+          "  --skew SPEC            expert popularity through a fitted router bias (as for\n"
+          "                         one process); prints the balance: the busiest rank's\n"
+          "                         rows over the mean [none]\n");
+  fprintf(f,
           "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
           "sequential r=1 (same a2a and compress) / total; comm, comp = summed durations\n"
@@ -177,6 +181,7 @@ typedef struct {
   const char *profile_path;  // --profile: predictions, and the planner for "auto"
   int allow_lossy;
   size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
+  moe_skew skew;      // --skew
   int auto_a2a, auto_sched, auto_chunks, auto_comp;  // "auto" given
   moe_profile profile;
   // the lists, validated
@@ -212,6 +217,9 @@ typedef struct {
   double predicted_ms;        // moe_simulate_layer with --profile; NaN without
   int planned;                // chosen by the planner ("auto")
   long long rows, dropped;    // over all ranks, last iteration
+  long long max_rank_rows;    // most rows one rank computed, last iteration
+  double balance_ratio;       // max_rank_rows / mean over ranks
+  double skew_tv;             // --skew: the bias fit's total variation
 } ep_result;
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
@@ -410,6 +418,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_precision(&a, "--precision", &o->precision);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &o->seed);
+    } else if (cli_opt(&a, "--skew")) {
+      cli_parse_skew(&a, "--skew", &o->skew);
     } else if (cli_opt(&a, "--profile")) {
       o->profile_path = a.value;
     } else if (cli_flag(&a, "--allow-lossy")) {
@@ -548,6 +558,7 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
   mc.iters = o->iters;
   mc.warmup = o->warmup;
   mc.seed = o->seed;
+  mc.skew = o->skew;
   mc.trace_path = trace_path;
   {
     // The memory bound: every rank's need for these n layers against its
@@ -591,6 +602,9 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->model_ms = m->model_ms;
     r->rows = m->rows;
     r->dropped = m->dropped;
+    r->max_rank_rows = m->max_rank_rows;
+    r->balance_ratio = m->balance_ratio;
+    r->skew_tv = m->skew_tv;
   }
 done:
   moe_free(vs);
@@ -648,8 +662,12 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
     printf("%s\n", r->planned ? "  <- planned" : "");
   }
   const ep_result *base = &rs[rs[0].baseline];
-  printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n\n", base->dropped,
+  printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n", base->dropped,
          base->rows + base->dropped, base->schedule);
+  printf("balance: the busiest rank computed %lld rows, %.3fx the mean over ranks", base->max_rank_rows,
+         base->balance_ratio);
+  if (base->skew_tv > 0.0) printf(" (skew fit: total variation %.4f)", base->skew_tv);
+  printf("\n\n");
 }
 
 // "key": value, null for NaN/Inf.
@@ -675,17 +693,20 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
                       const moe_layer_config *cfgs, int n_configs, const ep_result *rs,
                       int per_config) {
   FILE *f = out->f;
+  char skew_spec[64];
+  moe_skew_to_string(&o->skew, skew_spec, sizeof skew_spec);
   fprintf(f,
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
           "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"precision\": \"%s\",\n  \"seed\": "
           "%llu,\n  \"wait\": \"%s\",\n"
-          "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"configs\": [\n",
+          "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"skew\": \"%s\",\n"
+          "  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
           o->iters, o->warmup, o->threads, o->backend,
           moe_precision_name((moe_precision)o->precision), o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false");
+          o->compress_backward ? "true" : "false", o->grid ? "true" : "false", skew_spec);
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -703,10 +724,11 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       fprintf(f,
               "      {\"a2a\": \"%s\", \"compress\": \"%s\", \"schedule\": \"%s\", "
               "\"chunks_requested\": %d, \"chunks\": %d, \"baseline\": \"%s r=1\", "
-              "\"rows\": %lld, \"dropped\": %lld,\n       ",
+              "\"rows\": %lld, \"dropped\": %lld, \"max_rank_rows\": %lld,\n       ",
               r->a2a, r->compress, r->schedule, r->chunks_req, r->chunks,
               rs[(size_t)c * (size_t)per_config + (size_t)r->baseline].schedule, r->rows,
-              r->dropped);
+              r->dropped, r->max_rank_rows);
+      json_num(f, "balance_ratio", r->balance_ratio, ", ");
       json_num(f, "fwd_ms", r->fwd_ms, ", ");
       json_num(f, "bwd_ms", r->bwd_ms, ", ");
       json_num(f, "total_ms", r->total_ms, ", ");
@@ -1025,6 +1047,12 @@ int cmd_bench_layer_ep(int argc, char **argv) {
         "backend %s per rank\n",
         world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", o.ep, world / o.ep,
         moe_wait_policy_name(o.wait), backend_desc);
+    if (o.skew.kind != MOE_SKEW_NONE) {
+      char spec[64];
+      moe_skew_to_string(&o.skew, spec, sizeof spec);
+      printf("skew %s: a router bias fitted on the seed's tokens, the same on every rank\n",
+             spec);
+    }
     printf(
         "%d config%s x %d variant%s, median of %d iteration%s after %d warm-up; every number is "
         "the slowest rank's\n\n",

@@ -30,6 +30,11 @@ expect 2 "--seed \(-1\) must be an integer in \[0, " -- "$MOE" bench layer --see
 expect 2 "--seed \(99999999999999999999999\) must be" -- "$MOE" bench layer --seed 99999999999999999999999
 expect 2 "--threads \(0\) must be in \[1, 256\]" -- "$MOE" bench layer --threads 0
 expect 2 "version takes no arguments" -- "$MOE" version extra
+# skew of the router (a fitted bias): bad specs name the valid forms; a skewed run reports its fit
+expect 2 "--skew: skew 'zipf:0' needs|zipf needs an exponent S in \(0, 10\]" -- "$MOE" bench layer --skew zipf:0
+expect 2 "skew 'gauss' is unknown \(valid: none, uniform, zipf:S" -- "$MOE" bench layer --skew gauss
+expect 2 "hot needs the fraction F in \(0, 1\]" -- "$MOE" bench layer --skew hot:2
+expect 0 "skew: hot:0.5 \(router bias fitted to total variation 0\.0" -- "$MOE" bench layer --skew hot:0.5 --tokens 256 --model 32 --hidden 32 --iters 1 --peak-size 64
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
 expect 2 "--backend: unknown compute backend 'cublas' \(valid: fixed, openblas" -- "$MOE" bench layer --backend cublas
 expect 2 "--precision: unknown precision 'fp16' \(valid: fp32, bf16\)" -- "$MOE" bench layer --precision fp16

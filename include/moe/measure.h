@@ -24,9 +24,14 @@ typedef struct {
   uint64_t seed;           // parameters and inputs
   const char *trace_path;  // (layer variants over ranks only) Chrome trace of the last
                            // variant's last iteration (every rank merged), or NULL
+  // Expert popularity (moe_skew): a router bias fitted (moe_router_bias_fit)
+  // on the tokens of input stream 100 of the seed (the single-process
+  // benchmark's x, rank 0's under MPI; every rank fits the same bias) so that
+  // the layer's router follows the distribution. MOE_SKEW_NONE: no bias.
+  moe_skew skew;
 } moe_measure_config;
 
-// Defaults: 5 iterations after 1 warm-up, seed 1, no trace.
+// Defaults: 5 iterations after 1 warm-up, seed 1, no trace, no skew.
 moe_measure_config moe_measure_config_default(void);
 
 // ---- the single-process layer ----------------------------------------------------------
@@ -43,6 +48,8 @@ typedef struct {
   double fwd_gate_ms, fwd_dispatch_ms, fwd_expert_other_ms, fwd_combine_ms;
   double bwd_gate_ms, bwd_dispatch_ms, bwd_expert_other_ms, bwd_combine_ms;
   moe_layer_stats stats;      // routing of the last iteration
+  double skew_tv;             // with a skew: total variation between the fitted and the
+                              // target shares of the choices (0 without)
   unsigned long long allocs;  // libmoe allocations (moe_malloc) in the timed iterations
 } moe_measure_single_result;
 

@@ -54,6 +54,9 @@ typedef struct {
                                     // simulated with the baseline's per-kind busy times split over
                                     // the chunks; NAN without a baseline
   long long rows, dropped;          // expert rows and dropped choices, all ranks, last iteration
+  long long max_rank_rows;          // most rows one rank's experts computed, last iteration
+  double balance_ratio;             // max_rank_rows / mean over the ranks (1 = balanced)
+  double skew_tv;                   // with mc->skew: the fit's total variation (0 without)
 } moe_measure_result;
 
 // Creates the n variants' layers for cfg (tokens per rank) over comm, then

@@ -143,6 +143,9 @@ void moe_ep_layer_last_pass(const moe_ep_layer *layer, int backward, const moe_t
 const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *layer, int backward);
 // Chunks a pass is cut into (pc.chunks, or the number of peer groups for smart).
 int moe_ep_layer_chunks(const moe_ep_layer *layer);
+// Rows this rank's experts (home experts and replicas) computed in the last
+// forward: what it received from every source, itself included. 0 before one.
+int moe_ep_layer_rows_computed(const moe_ep_layer *layer);
 // Per-phase times of the last forward and backward (ms; expert GEMMs included).
 void moe_ep_layer_timing(const moe_ep_layer *layer, moe_layer_timing *fwd, moe_layer_timing *bwd);
 

@@ -33,7 +33,7 @@ moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out) {
     MOE_FAIL_IF(ctx, end == colon + 1 || *end != '\0' || !isfinite(v), MOE_STATUS_INVALID_ARG,
                 "skew '%s': the part after ':' must be a number", spec);
   }
-  if (name_len == 4 && strncmp(spec, "none", 4) == 0 && !colon) {
+  if (name_len == 4 && strncmp(spec, "none", 4) == 0 && !colon) {  // catalogue: the skew "none"
     s.kind = MOE_SKEW_NONE;
   } else if (name_len == 7 && strncmp(spec, "uniform", 7) == 0 && !colon) {
     s.kind = MOE_SKEW_UNIFORM;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "measure_internal.h"
 #include "moe/measure_mpi.h"
 
 // Per iteration: fwd, bwd, total ms; fwd pass (5); bwd pass (5); the sums of
@@ -121,7 +122,8 @@ moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
   {
     // moe_measure_layer_variants, below: x, y, dy, dx; the tables of every iteration
     const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim, it = (size_t)mc->iters;
-    out->bytes[MOE_MEM_ACTIVATIONS] += 4.0 * (double)moe_align64((tm ? tm : 1) * sizeof(float));
+    out->bytes[MOE_MEM_ACTIVATIONS] += 4.0 * (double)moe_align64((tm ? tm : 1) * sizeof(float)) +
+                                       moe_measure_skew_bytes(cfg, mc);
     out->bytes[MOE_MEM_WORKSPACE] +=
         (double)(moe_align64((size_t)n * sizeof(moe_ep_layer *)) +
                  2 * moe_align64((size_t)n * it * N_COLS * sizeof(double)) +
@@ -143,6 +145,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
   buffers b;
   memset(&b, 0, sizeof b);
   uint64_t fwd_pass_ns = 0;
+  double skew_tv = 0.0;
   MOE_FAIL_IF(ctx, !cfg || !variants || !mc || !out || n < 1, MOE_STATUS_INVALID_ARG,
               "measure: cfg, variants, mc and out must be given, n >= 1 (n = %d)", n);
   MOE_FAIL_IF(ctx, mc->iters < 1 || mc->warmup < 0, MOE_STATUS_INVALID_ARG,
@@ -184,6 +187,16 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     // collective: every rank fails alike (the layer agrees on its setup)
     MOE_TRY(moe_ep_layer_create(ctx, comm, cfg, &variants[k].pc, &layers[k]));
     moe_ep_layer_init_params(layers[k], mc->seed);
+  }
+  if (mc->skew.kind != MOE_SKEW_NONE) {
+    // the same bias bits on every rank and variant (the same gate and tokens)
+    moe_ep_tensors t0 = moe_ep_layer_get_tensors(layers[0]);
+    MOE_TRY(moe_comm_agree(ctx, comm, moe_measure_skew_bias(ctx, cfg, mc, t0.wg, t0.router_bias, &skew_tv),
+                           "measure: skew fit"));
+    for (int k = 1; k < n; k++) {
+      moe_ep_tensors t = moe_ep_layer_get_tensors(layers[k]);
+      memcpy(t.router_bias, t0.router_bias, (size_t)cfg->num_experts * sizeof(float));
+    }
   }
   for (int i = 0; i < mc->warmup + mc->iters; i++) {
     for (int k = 0; k < n; k++) {
@@ -247,6 +260,17 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
                    MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, comm));
     r->rows = counts[0];
     r->dropped = counts[1];
+    // balance: rows computed per rank (every rank of the world computes)
+    long long mine = moe_ep_layer_rows_computed(layers[k]), most = 0, all = 0;
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the row counts",
+                   MPI_Allreduce(&mine, &most, 1, MPI_LONG_LONG, MPI_MAX, comm));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the row counts",
+                   MPI_Allreduce(&mine, &all, 1, MPI_LONG_LONG, MPI_SUM, comm));
+    int world = 1;
+    MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &world));
+    r->max_rank_rows = most;
+    r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
+    r->skew_tv = skew_tv;
   }
   if (mc->trace_path) {
     moe_trace_pass passes[2];

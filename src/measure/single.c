@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "measure_internal.h"
 #include "moe/kernels.h"
 #include "moe/measure.h"
 
@@ -15,6 +16,41 @@ moe_measure_config moe_measure_config_default(void) {
   c.warmup = 1;
   c.seed = 1;
   return c;
+}
+
+moe_status moe_measure_skew_bias(moe_ctx *ctx, const moe_layer_config *cfg,
+                                 const moe_measure_config *mc, const float *wg, float *bias,
+                                 double *tv) {
+  moe_status st = MOE_STATUS_OK;
+  float *x = NULL;
+  double *shares = NULL;
+  *tv = 0.0;
+  if (mc->skew.kind == MOE_SKEW_NONE) goto done;
+  const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
+  x = moe_malloc((tm ? tm : 1) * sizeof(float));
+  shares = moe_malloc((size_t)cfg->num_experts * sizeof(double));
+  MOE_FAIL_IF(ctx, !x || !shares, MOE_STATUS_OUT_OF_MEMORY,
+              "measure: cannot allocate the skew fit's tokens (%zu floats)", tm);
+  moe_rng rng;
+  moe_rng_init(&rng, mc->seed, 100);
+  moe_rng_fill_uniform(&rng, x, tm, -1.0f, 1.0f);
+  MOE_TRY(moe_skew_shares(ctx, &mc->skew, cfg->num_experts, cfg->top_k, shares));
+  moe_router_fit fit = {NULL, 0.0, 0};
+  MOE_TRY(moe_router_bias_fit(ctx, cfg, wg, x, cfg->tokens, shares, bias, &fit));
+  *tv = fit.total_variation;
+done:
+  moe_free(x);
+  moe_free(shares);
+  return st;
+}
+
+double moe_measure_skew_bytes(const moe_layer_config *cfg, const moe_measure_config *mc) {
+  if (mc->skew.kind == MOE_SKEW_NONE) return 0.0;
+  const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, E = (size_t)cfg->num_experts;
+  // x (T, M) and the shares, then the fit's logits (T, E) and its small tables
+  const size_t tm = T * M > 0 ? T * M : 1;
+  return (double)(moe_align64(tm * 4) + moe_align64(T * E * 4) +
+                  6 * moe_align64(E * 8 + 64));
 }
 
 // Per iteration: the 15 quantities of moe_measure_single_result, in order.
@@ -29,7 +65,7 @@ moe_status moe_measure_layer_single_memory(moe_ctx *ctx, const moe_layer_config 
   {
     // moe_measure_layer_single, below: x, y, dy, dx (T, M); the samples and a column
     const double tm = (double)moe_align64((size_t)cfg->tokens * (size_t)cfg->model_dim * 4);
-    out->bytes[MOE_MEM_ACTIVATIONS] += 4 * tm;
+    out->bytes[MOE_MEM_ACTIVATIONS] += 4 * tm + moe_measure_skew_bytes(cfg, mc);
     out->bytes[MOE_MEM_WORKSPACE] +=
         (double)(moe_align64((size_t)(mc->iters > 0 ? mc->iters : 1) * N_SINGLE * sizeof(double)) +
                  moe_align64((size_t)(mc->iters > 0 ? mc->iters : 1) * sizeof(double)));
@@ -55,6 +91,10 @@ moe_status moe_measure_layer_single(moe_ctx *ctx, const moe_layer_config *cfg,
   memset(out, 0, sizeof *out);
   MOE_TRY(moe_layer_create(ctx, cfg, &layer));
   moe_layer_init_params(layer, mc->seed);
+  {
+    const moe_layer_tensors t = moe_layer_get_tensors(layer);
+    MOE_TRY(moe_measure_skew_bias(ctx, cfg, mc, t.wg, t.router_bias, &out->skew_tv));
+  }
   const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim;
   x = moe_malloc(tm * sizeof(float));
   y = moe_malloc(tm * sizeof(float));

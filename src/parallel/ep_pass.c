@@ -832,6 +832,8 @@ const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *L, int backward) {
 
 int moe_ep_layer_chunks(const moe_ep_layer *L) { return L ? L->r : 0; }
 
+int moe_ep_layer_rows_computed(const moe_ep_layer *L) { return L ? L->recv_rows : 0; }
+
 void moe_ep_layer_timing(const moe_ep_layer *L, moe_layer_timing *fwd, moe_layer_timing *bwd) {
   if (fwd) *fwd = L->fwd_timing;
   if (bwd) *bwd = L->bwd_timing;
