@@ -135,6 +135,13 @@ static void test_shadow(void) {
   want[1 * 4 + 0] = want[1 * 4 + 2] = want[1 * 4 + 3] = 1;
   TU_CHECK(bitmap_is(rep, want, 16) && near(ms, 84), "two hot experts: ms %g, want 84", ms);
   if (!bitmap_is(rep, want, 16)) print_bitmap("got", rep, 4, 4);
+
+  // 4. a tie is not a gain: case 1 with 104 B of parameters (52 ms per shadowed
+  //    expert): shadowing e0 predicts 28 + 52 = 80 = Lat_imbl: nothing is shadowed.
+  const moe_balance_cost tie = unit_cost(12000, 4000, 104);
+  TU_CHECK(moe_balance_plan_shadow(g_ctx, &l1, &tie, rep, &ms) == MOE_STATUS_OK, "tie");
+  memset(want, 0, 16);
+  TU_CHECK(bitmap_is(rep, want, 16) && near(ms, 80), "tie: ms %g, want 80 and no copy", ms);
 }
 
 // ---- Pro-Prophet: eq 6/8 and Algorithm 1 ----------------------------------------------------
@@ -242,6 +249,22 @@ static void test_prophet(void) {
                    MOE_STATUS_OK &&
                near(ms, 197),
            "eq 6: %g, want 197", ms);
+
+  // A plan that lowers T' but raises max(H) is refused. E = P = 2, W = 100 B/s
+  // (10 ms per row received), 1 ms per row computed, param 0:
+  //   src0: 5 0 | src1: 10 6: H = 15, 6; R = 10, 0: T' = 400 + 45 = 445.
+  // step 1: rank 0 -> e0, a copy on 1: H = 5, 16 (above 15); R = 0, 0: T' = 48.
+  // step 2: rank 1 -> e1; rank 0 sends it nothing: no copy, T' 48. step 3: e1 used: stop.
+  // Eq 6 alone would take step 1; the answer is the empty placement.
+  const int64_t comm[4] = {5, 0, 10, 6};
+  const moe_balance_load lc = {2, 2, comm};
+  const moe_balance_cost slow = unit_cost(4000, 100, 0);
+  uint8_t rc[4], none[4] = {0};
+  TU_CHECK(moe_balance_prophet_steps(g_ctx, &lc, &slow, MOE_BALANCE_MODEL_PROPHET, 0, 0.1, rc,
+                                     chosen, trace, &steps, &best) == MOE_STATUS_OK &&
+               steps == 2 && best == 0 && near(trace[0], 445) && near(trace[1], 48) &&
+               bitmap_is(rc, none, 4),
+           "max(H) guard: steps %d best %d T' %g %g", steps, best, trace[0], trace[1]);
 }
 
 // ---- EPLB ---------------------------------------------------------------------------------
@@ -297,6 +320,26 @@ static void test_eplb(void) {
                    MOE_STATUS_OK &&
                bitmap_is(rep2, want2, 8),
            "eplb E=4 P=2");
+  // Two ranks tied at the max (E = P = 4, slots 1):
+  //   src0: 4 4 0 0 | src1: 4 4 0 0 | src2: 2 2 1 0 | src3: 2 2 0 1: rows 12, 12, 1, 1.
+  // step 1: pair (12, 2); e0 and e1 tie on 12 per copy: e0. On 1 -> (16, 1), on 2 ->
+  //   (12, 1), on 3 -> (12, 1): rank 2 (lowest). rows 10, 12, 3, 1 (no lower max yet:
+  //   a max-only rule would stop here with nothing).
+  // step 2: pair (12, 1): e1 on 0 -> (14, 1), rank 2 full, on 3 -> (10, 2): rank 3.
+  //   rows 10, 10, 3, 3.
+  // step 3: e0 and e1 (6 per copy) have no free rank that lowers (10, 2): stop.
+  // eq 6 (param 0): no copies R = 8, 8, 0, 0, H max 12: 32 + 36 = 68; step 1: R0 6,
+  //   R1 8: 68 again (not kept alone); step 2: R 6, 6, max H 10: 24 + 30 = 54: both kept.
+  const int64_t tied[16] = {4, 4, 0, 0, 4, 4, 0, 0, 2, 2, 1, 0, 2, 2, 0, 1};
+  const moe_balance_load l3 = {4, 4, tied};
+  uint8_t rep3[16], want3[16] = {0};
+  want3[0 * 4 + 2] = 1;
+  want3[1 * 4 + 3] = 1;
+  TU_CHECK(moe_balance_plan_eplb(g_ctx, &l3, &cost, MOE_BALANCE_MODEL_PROPHET, 1, rep3, &ms) ==
+                   MOE_STATUS_OK &&
+               bitmap_is(rep3, want3, 16) && near(ms, 54),
+           "eplb with a tie at the max: ms %g, want 54", ms);
+  if (!bitmap_is(rep3, want3, 16)) print_bitmap("got", rep3, 4, 4);
 }
 
 // ---- uniform load: nothing to do ------------------------------------------------------------
