@@ -5,6 +5,7 @@
 #define MOE_MOE_H
 
 #include "moe/a2a_catalog.h"
+#include "moe/balance.h"
 #include "moe/checkpoint.h"
 #include "moe/compress.h"
 #include "moe/core.h"

@@ -1,0 +1,234 @@
+// libmoe load balancing: the expert-copy placements of FasterMoE (shadowing)
+// and Pro-Prophet (lightweight expert placement), EPLB-style redundant slots,
+// and the performance models they are planned with. Pure C, no MPI: every
+// rank gives the same counts and gets the same bitmap, bit for bit (integer
+// arithmetic, or double arithmetic in a fixed order; ties go to the lowest
+// index; no randomness).
+//
+// The mechanism's rule (docs/balance.md). E experts on the P ranks of an EP
+// group, block placement: home(e) = e / (E / P). A placement is a bitmap
+// replica (E, P): replica[e * P + p] = 1 when rank p holds a copy of expert e,
+// never set for p = home(e). A copy on p computes ONLY rank p's own tokens for
+// e (they leave the all-to-all); its parameters are sent from home before the
+// forward (Trans) and its gradients reduced to home after the backward (Agg).
+// The load is counts (P, E): counts[src * E + e] = rows rank src sends to
+// expert e (after capacity).
+//
+// What this is not (yet): the run-time mechanism that moves copies each step
+// (the Trans/Agg tasks) and the CLI's --balance; this header only plans.
+//
+// Threading: every function is reentrant; a moe_ctx is used by one thread at a
+// time. A moe_balance_window is used by one thread at a time.
+#ifndef MOE_BALANCE_H
+#define MOE_BALANCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/core.h"
+#include "moe/perf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- load, rows, traffic -------------------------------------------------------------
+
+// One step's routing load of an EP group. counts is (P, E), read only, owned by
+// the caller; every entry >= 0.
+typedef struct {
+  int num_experts;        // E, >= 1, divisible by P
+  int num_ranks;          // P, >= 1
+  const int64_t *counts;  // (P, E): counts[src * E + e]
+} moe_balance_load;
+
+// The home rank of expert e under block placement: e / (E / P).
+static inline int moe_balance_home(int num_experts, int num_ranks, int expert) {
+  return expert / (num_experts / num_ranks);
+}
+
+// Checks a load and (when not NULL) a bitmap: INVALID_ARG naming the value and
+// its valid range for P < 1, E < 1, E not divisible by P, NULL counts, a
+// negative count, a bitmap entry other than 0 or 1, or a copy on its home.
+moe_status moe_balance_check(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica);
+
+// rows (P): the rows each rank computes under the rule above; replica (E, P)
+// or NULL (no copies). rows is written by the caller's buffer.
+moe_status moe_balance_rows(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica,
+                            int64_t *rows);
+
+// max / mean of rows (P): 1.0 when every entry is 0 (or P < 1).
+double moe_balance_ratio(const int64_t *rows, int num_ranks);
+
+// The all-to-all under the rule: sent (P) = rows rank p sends to other ranks,
+// recv (P) = rows rank p receives from other ranks (a row computed where it
+// is, by its home or a copy, is not sent). Either output may be NULL. Bytes on
+// the wire per pass are rows x M x act_bytes.
+moe_status moe_balance_traffic(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica,
+                               int64_t *sent, int64_t *recv);
+
+// ---- costs and predictions -----------------------------------------------------------
+
+// The numbers the models need. Times come out in milliseconds.
+typedef struct {
+  double flops_per_s;         // expert GEMM rate of one rank, FLOP/s (> 0)
+  double net_bytes_per_s;     // per-rank network bandwidth, bytes/s (> 0)
+  int model_dim;              // M (>= 1)
+  int hidden_dim;             // H (>= 1)
+  int act_bytes;              // bytes per activation element on the wire (>= 1; fp32: 4)
+  double expert_param_bytes;  // one expert's parameters = its gradients' bytes (>= 0)
+  double fnec_ms, bnec_ms;    // Pro-Prophet's non-MoE forward / backward compute
+                              // beside the layer (eq 8); 0 = unknown (no overlap)
+} moe_balance_cost;
+
+// FasterMoE's code defaults (shadow_policy.global_policy): flops_per_s =
+// 11.5e12 (bw_mm), net_bytes_per_s = 50e9 / 8 = 6.25e9 (bw_net, 50 Gb/s),
+// act_bytes = 4, expert_param_bytes = (2 M H + H + M) x 4 (W1, W2, b1, b2 in
+// fp32), fnec_ms = bnec_ms = 0. M and H are stored as given (not checked
+// here; the planners check them).
+void moe_balance_cost_default(moe_balance_cost *cost, int model_dim, int hidden_dim);
+
+// The defaults with the rates of a calibrated profile: flops_per_s = 1 / the
+// GEMM fit's slope (s/FLOP), net_bytes_per_s = 1 / the slope of the all-to-all
+// fit of `a2a` (s/byte one rank sends; NULL: the profile's first). INVALID_ARG
+// when the profile has no such fit or a slope is not > 0.
+moe_status moe_balance_cost_from_profile(moe_ctx *ctx, const moe_profile *prof, const char *a2a,
+                                         int model_dim, int hidden_dim, moe_balance_cost *cost);
+
+// The models a prediction follows (ALGORITHMS.md §3 and §4 name the equations).
+typedef enum {
+  // FasterMoE eq 7 / eq 8, with B_w = rows computed on rank w, r = experts
+  // with at least one copy, F = flops_per_s, W = net_bytes_per_s:
+  //   max_w { 3 x 4 M H B_w / F + 4 B_w M act_bytes / W } + 2 r param_bytes / W
+  // (r = 0 is eq 7's Lat_imbl; r > 0 is Lat_shadow(r, B'), the broadcast of
+  // the parameters plus the reduce of the gradients. The feature term stays as
+  // in FasterMoE's code, which charges 4 B_(k+1) feature sends after
+  // shadowing k experts.)
+  MOE_BALANCE_MODEL_FASTERMOE = 0,
+  // Pro-Prophet eq 6: T' = 4 T_A2A + 3 T_FEC + T_Trans + T_Agg with
+  //   T_A2A = max_i R_i M act_bytes / W       (R_i: rows i receives, eq 1)
+  //   T_FEC = max_i H_i 4 M H / F             (H_i: rows i computes, eq 2)
+  //   T_Trans = T_Agg = c param_bytes / (P W) (c: copies in the bitmap, the
+  //   paper's s (D - n) when each of s experts goes to D - n ranks; eq 4, 5)
+  MOE_BALANCE_MODEL_PROPHET,
+  // Pro-Prophet eq 8 (with its scheduler): as eq 6 with
+  //   T_PTrans = max(0, T_Trans - T_FEC - fnec_ms),
+  //   T_PAgg = max(0, T_Agg - 2 T_FEC - bnec_ms)
+  MOE_BALANCE_MODEL_PROPHET_SCHED,
+  MOE_BALANCE_MODEL_COUNT_  // number of models (not a model)
+} moe_balance_model;
+
+// Predicted time of one forward + backward of the layer under a placement
+// (replica (E, P) or NULL), in ms. INVALID_ARG for a bad load or bitmap (see
+// moe_balance_check), a cost with a value out of range, or an unknown model.
+moe_status moe_balance_predict(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica,
+                               const moe_balance_cost *cost, moe_balance_model model, double *ms);
+
+// ---- policies -----------------------------------------------------------------------
+
+// The catalogue of balancing policies, one X(ENUM, name) line each: the one
+// source of the enum, the names and the lists printed in messages. (`auto`,
+// choosing a policy from the models, comes later: it will be one more line.)
+#define MOE_BALANCE_POLICIES(X) \
+  X(NONE, none)                 \
+  X(SHADOW, shadow)             \
+  X(PROPHET, prophet)           \
+  X(EPLB, eplb)
+
+#define MOE_BALANCE_POLICY_ENUM_(U, l) MOE_BALANCE_##U,
+typedef enum {
+  MOE_BALANCE_POLICIES(MOE_BALANCE_POLICY_ENUM_) MOE_BALANCE_POLICY_COUNT_
+} moe_balance_policy;
+#undef MOE_BALANCE_POLICY_ENUM_
+
+// The policy called `name` (a moe_balance_policy), or -1 (also for NULL).
+int moe_balance_policy_find(const char *name);
+// The name of a policy, or NULL when out of range.
+const char *moe_balance_policy_name(int policy);
+// "none, shadow, prophet, eplb": every name, in catalogue order (static).
+const char *moe_balance_policy_names(void);
+
+// ---- planners -----------------------------------------------------------------------
+//
+// Each planner clears replica (E, P) (caller-owned, E x P bytes), writes its
+// placement and the placement's predicted time (*ms, may be NULL). A copy is
+// only placed where it changes something (counts[p][e] > 0), never on home;
+// the empty placement is returned when nothing beats it. Scratch is taken
+// with moe_malloc and freed before returning; nothing else is allocated.
+// INVALID_ARG for a bad load (moe_balance_check) or cost, or an argument out
+// of range (named); OUT_OF_MEMORY when scratch cannot be allocated.
+
+// FasterMoE Algorithm 1 (SelectShadowExperts), MOE_BALANCE_MODEL_FASTERMOE:
+// experts in descending total load (ties: lowest index); shadowing one gives
+// it a copy on every rank other than home that sends it tokens; it is kept
+// while the predicted latency drops strictly, and the search stops at the
+// first expert that does not lower it.
+moe_status moe_balance_plan_shadow(moe_ctx *ctx, const moe_balance_load *load,
+                                   const moe_balance_cost *cost, uint8_t *replica, double *ms);
+
+// Defaults of moe_balance_plan_prophet's n and alpha.
+#define MOE_BALANCE_PROPHET_N_DEFAULT (-1)
+#define MOE_BALANCE_PROPHET_ALPHA_DEFAULT 0.1
+
+// Pro-Prophet Algorithm 1 (greedy), with model MOE_BALANCE_MODEL_PROPHET
+// (eq 6) or MOE_BALANCE_MODEL_PROPHET_SCHED (eq 8). While the rows H are not
+// balanced (eq 7: max(H) - min(H) < alpha I / E, I = total rows; also stops
+// when I = 0): take the heaviest rank (lowest index on ties) and its heaviest
+// not-yet-used home expert by total load (generalising the paper's one expert
+// per rank to E/P; none left ends the loop); BottomK(counts[:, e], n): the n
+// ranks other than home sending fewest rows to e (ties: lowest rank) get no
+// copy, the others that send e rows get one; evaluate T'. The returned
+// placement is the prefix of additions with the lowest T' (strictly below the
+// empty placement's, and with max(H) no higher than without copies).
+// n in [0, P - 2], or -1: run the greedy for every n in 0..P-2 and keep the
+// lowest T' (ties: the smallest n). alpha > 0 and finite.
+moe_status moe_balance_plan_prophet(moe_ctx *ctx, const moe_balance_load *load,
+                                    const moe_balance_cost *cost, moe_balance_model model, int n,
+                                    double alpha, uint8_t *replica, double *ms);
+
+// EPLB-style redundant slots: every rank holds at most `slots` copies
+// (0 <= slots <= E - E/P). Greedy: take the experts in descending load per
+// copy (total rows / (1 + copies); ties: lowest index); the first whose next
+// copy can lower the pair (max per-rank rows, number of ranks at that max)
+// gets it, on the rank (a free slot, no copy of it yet, not home, sends it
+// rows) that lowers the pair the most (ties: lowest rank); stop when no copy
+// lowers it or the slots run out. The returned placement is the prefix of
+// copies with the lowest predicted time under `model` (each copy costs a
+// Trans and an Agg per step under this mechanism): a copy is kept only while
+// it lowers the prediction.
+moe_status moe_balance_plan_eplb(moe_ctx *ctx, const moe_balance_load *load,
+                                 const moe_balance_cost *cost, moe_balance_model model, int slots,
+                                 uint8_t *replica, double *ms);
+
+// ---- a window of recent loads ---------------------------------------------------------
+
+// A ring of the last W count matrices (P, E), all allocated by _init; _push
+// and _mean allocate nothing. The planners are given a window's mean (the
+// load changes little between steps, Pro-Prophet's locality).
+typedef struct {
+  int num_experts, num_ranks;  // E, P
+  int capacity;                // W
+  int count;                   // matrices held, <= W
+  int next;                    // the slot the next _push writes
+  int64_t *ring;               // (W, P, E)
+  int64_t *sum;                // (P, E): sum of the held matrices
+} moe_balance_window;
+
+// INVALID_ARG for E, P as moe_balance_check, or W < 1.
+moe_status moe_balance_window_init(moe_ctx *ctx, moe_balance_window *win, int num_experts,
+                                   int num_ranks, int window);
+void moe_balance_window_free(moe_balance_window *win);  // NULL or zeroed is a no-op
+// Adds counts (P, E), replacing the oldest when full. INVALID_ARG for NULL or
+// a negative count (the window is then unchanged).
+moe_status moe_balance_window_push(moe_ctx *ctx, moe_balance_window *win, const int64_t *counts);
+// The mean of the held matrices into out (P, E): rounded to the nearest
+// integer, halves up (int64), or exact sum / count (double). All zeros when
+// nothing was pushed yet.
+void moe_balance_window_mean(const moe_balance_window *win, int64_t *out);
+void moe_balance_window_mean_f64(const moe_balance_window *win, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // MOE_BALANCE_H

@@ -1,0 +1,32 @@
+// Private helpers of src/balance/: the unchecked forms of the rows, traffic and
+// prediction that the planners call in their loops (the public functions check
+// their input once and call these).
+#ifndef MOE_BALANCE_INTERNAL_H
+#define MOE_BALANCE_INTERNAL_H
+
+#include "moe/balance.h"
+
+// rows (P) under replica (E, P) or NULL; the load is valid.
+void moe_balance_rows_unchecked(const moe_balance_load *load, const uint8_t *replica,
+                                int64_t *rows);
+// sent, recv (P), either NULL; the load is valid.
+void moe_balance_traffic_unchecked(const moe_balance_load *load, const uint8_t *replica,
+                                   int64_t *sent, int64_t *recv);
+// The prediction (ms) of a valid load, bitmap, cost and model; scratch holds
+// 2 P int64.
+double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t *replica,
+                                     const moe_balance_cost *cost, moe_balance_model model,
+                                     int64_t *scratch);
+// INVALID_ARG naming the first field of cost out of range (NULL included).
+moe_status moe_balance_check_cost(moe_ctx *ctx, const moe_balance_cost *cost);
+
+// Pro-Prophet's greedy for one n >= 0, with its steps shown (for tests):
+// replica (E, P) as moe_balance_plan_prophet; chosen (E): the experts in the
+// order taken; trace (E + 1): T' without copies, then after each step;
+// *steps: experts taken; *best: the returned prefix's length.
+moe_status moe_balance_prophet_steps(moe_ctx *ctx, const moe_balance_load *load,
+                                     const moe_balance_cost *cost, moe_balance_model model, int n,
+                                     double alpha, uint8_t *replica, int *chosen, double *trace,
+                                     int *steps, int *best);
+
+#endif
