@@ -102,6 +102,8 @@ static void usage(FILE *f) {
       "  --resume FILE         continue from a checkpoint (any P and EP) with its model\n"
       "                        and lr schedule\n"
       "  --metrics FILE        one JSON object per step (rank 0)\n"
+      "  --routing-trace FILE  per step and MoE layer, the (source rank x expert) matrix\n"
+      "                        of rows routed, as JSON lines (rank 0; docs/balance.md)\n"
       "  --plot FILE           loss plot via gnuplot (.png, .svg, else text); needs --metrics\n"
       "  --trace FILE          Chrome trace of one step's MoE passes, every rank\n"
       "  --trace-step N        the step traced [the last]\n"
@@ -261,6 +263,8 @@ static int parse_output_opt(cli_args *a, train_opts *o) {
     tc->resume = a->value;
   } else if (cli_opt(a, "--metrics")) {
     tc->metrics = a->value;
+  } else if (cli_opt(a, "--routing-trace")) {
+    tc->routing_trace = a->value;
   } else if (cli_opt(a, "--plot")) {
     o->plot = a->value;
   } else if (cli_opt(a, "--trace")) {
@@ -389,7 +393,7 @@ static int check_combinations(train_opts *o) {
     cli_error("--save-every needs --checkpoint FILE");
     return CLI_USAGE;
   }
-  if (tc->resume && tc->metrics) tc->metrics_append = 1;
+  if (tc->resume && (tc->metrics || tc->routing_trace)) tc->metrics_append = 1;
   if (any_auto(tc) && !o->profile_path) {
     cli_error("'auto' needs a calibrated profile: --profile FILE (from 'moe calibrate')");
     return CLI_USAGE;

@@ -81,6 +81,34 @@ for pid in (0, 1):
 PY
 then ok; else bad "metrics or trace content"; fi
 if [[ -s "$tmp/c.ckpt" ]]; then ok; else bad "no checkpoint written"; fi
+
+# The routing trace: a header, then one (rank x expert) matrix per step and MoE
+# layer; each rank's row holds its kept choices (at most tokens x K, and
+# tokens x K minus its dropped ones: here checked against the metrics' drops).
+expect 0 "val loss" -- mpi 2 "$MOE" train "${TINY[@]}" --steps 3 --routing-trace "$tmp/r.jsonl" \
+  --metrics "$tmp/rm.jsonl" --eval-every 0 --eval-batches 1
+if python3 - "$tmp/r.jsonl" "$tmp/rm.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+h = lines[0]
+assert h["format"] == "libmoe-routing-trace" and h["version"] == 1, h
+P, E, K, T = h["ranks"], h["experts"], h["top_k"], h["tokens_per_rank"]
+assert P == 2 and E == 4 and h["moe_layers"] == [0, 1], h
+body = lines[1:]
+assert [(l["step"], l["layer"]) for l in body] == [(s, b) for s in (1, 2, 3) for b in (0, 1)], body
+drops = {m["step"]: m["dropped"] for m in map(json.loads, open(sys.argv[2]))}
+for l in body:
+    c = l["counts"]
+    assert len(c) == P and all(len(row) == E for row in c), c
+    assert all(0 <= v <= T for row in c for v in row), c
+    assert all(sum(row) <= T * K for row in c), c
+for s in (1, 2, 3):
+    kept = sum(sum(sum(r) for r in l["counts"]) for l in body if l["step"] == s)
+    assert kept + drops[s] == 2 * P * T * K, (s, kept, drops[s])
+PY
+then ok; else bad "routing trace content"; fi
+expect 2 "cannot open the routing trace '/nonexistent/r.jsonl'" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --steps 1 --routing-trace /nonexistent/r.jsonl
 if command -v gnuplot >/dev/null; then
   if [[ -s "$tmp/loss.txt" ]]; then ok; else bad "no loss plot"; fi
 fi

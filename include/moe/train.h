@@ -101,6 +101,10 @@ typedef struct {
   // checkpoints the same in both). bf16 needs a backend with a bf16 GEMM
   // (fixed) and a CPU with AVX512_BF16 (moe_compute_check).
   moe_precision precision;
+  // Routing trace (docs/balance.md): per step and MoE layer, the (source rank
+  // x expert) matrix of kept rows, JSON lines written by rank 0; appended to
+  // when metrics_append (a resumed run). NULL: none.
+  const char *routing_trace;
 } moe_train_config;
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,

@@ -27,4 +27,16 @@ moe_ep_layer *moe_train_ep_layer(void *impl, uint64_t *fwd_start_ns, uint64_t *b
 moe_status moe_train_plan_for_run_(moe_ctx *ctx, MPI_Comm world, const moe_train_config *tc,
                                    moe_train_config *planned, double *pred_ms);
 
+// Routing traces (routing_trace.c; moe_train_config.routing_trace).
+typedef struct moe_routing_trace moe_routing_trace;
+// Collective: rank 0 opens path (append: keep its lines; the header only when
+// the file is new) and writes the header; every rank allocates its counts.
+moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *path, int append,
+                                   const moe_gpt_config *model, int tokens_per_rank,
+                                   moe_routing_trace **out);
+// Collective: one line per MoE block (impl[b] non-NULL) of the step just run.
+moe_status moe_routing_trace_step_(moe_ctx *ctx, MPI_Comm world, moe_routing_trace *t, int step,
+                                   void *const *impl, int n_blocks);
+void moe_routing_trace_close_(moe_routing_trace *t);  // NULL is a no-op
+
 #endif

@@ -147,6 +147,7 @@ typedef struct {
   int in_group0;  // 1 when world rank 0 is in this rank's EP group
   moe_progress *progress;
   moe_metrics *metrics;
+  moe_routing_trace *routing;  // tc->routing_trace, NULL: none
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
   moe_memory_need need;           // this rank's memory estimate (baseline included)
@@ -692,6 +693,10 @@ static moe_status setup(run_state *r, int *start_step) {
   if (local == MOE_STATUS_OK && r->rank == 0 && tc->progress)
     local = moe_progress_create(ctx, stderr, tc->progress_tty, tc->steps, &r->progress);
   MOE_TRY(agree(r, local, "opening the outputs"));
+  if (tc->routing_trace)
+    MOE_TRY(moe_routing_trace_open_(ctx, r->world, tc->routing_trace, tc->metrics_append,
+                                    &tc->model, tc->batch / r->size * tc->model.seq_len,
+                                    &r->routing));
 done:
   return st;
 }
@@ -699,6 +704,7 @@ done:
 static void teardown(run_state *r) {
   moe_progress_free(r->progress);
   moe_metrics_close(r->metrics);
+  moe_routing_trace_close_(r->routing);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
   moe_free(r->expert_sq);
@@ -833,6 +839,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     info.exposed_share = exposed_s / step_s;
     info.val_loss = NAN;
 
+    if (r.routing)
+      MOE_TRY(moe_routing_trace_step_(ctx, world, r.routing, step, r.user->impl,
+                                      tc->model.n_layer));
     if (tc->trace && step == (tc->trace_step > 0 ? tc->trace_step : end))
       MOE_TRY(write_trace(&r, t0));
     const int last = step == end;

@@ -1,0 +1,123 @@
+// Routing traces of training (moe_train_config.routing_trace): per step and
+// MoE layer, the (source rank x expert) matrix of rows each rank's tokens
+// sent to each expert (kept choices, after capacity), gathered to rank 0 and
+// written as JSON lines. The skew a trained router produces, recorded so
+// that balancing policies can be planned and replayed on it
+// (docs/balance.md "Routing traces").
+//
+// Format (one JSON object per line):
+//   {"format": "libmoe-routing-trace", "version": 1, "ranks": P, "experts": E,
+//    "top_k": K, "tokens_per_rank": T, "moe_layers": [block, ...]}
+//   {"step": s, "layer": block, "counts": [[c_00, ..., c_0(E-1)], ..., [c_(P-1)0, ...]]}
+// A resumed run appends lines without a second header when the file exists.
+//
+// Not here: reading traces back (planners take count matrices directly).
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "train/train_internal.h"
+
+struct moe_routing_trace {
+  FILE *f;
+  char path[512];
+  int world, E;
+  int32_t *mine, *all;  // (E) this rank's counts, (P, E) gathered on rank 0
+};
+
+moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *path, int append,
+                                   const moe_gpt_config *model, int tokens_per_rank,
+                                   moe_routing_trace **out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_routing_trace *t = NULL;
+  int rank = 0, P = 1;
+  *out = NULL;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &P);
+  const int E = model->moe.num_experts;
+  t = moe_calloc(1, sizeof *t);
+  moe_status local = t ? MOE_STATUS_OK
+                       : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                      "routing trace: out of memory");
+  if (t) {
+    t->world = P;
+    t->E = E;
+    t->mine = moe_calloc((size_t)E, sizeof(int32_t));
+    t->all = rank == 0 ? moe_calloc((size_t)P * E, sizeof(int32_t)) : NULL;
+    if (!t->mine || (rank == 0 && !t->all))
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "routing trace: cannot allocate %d x %d counts", P, E);
+  }
+  if (local == MOE_STATUS_OK && rank == 0) {
+    snprintf(t->path, sizeof t->path, "%s", path);
+    FILE *probe = append ? fopen(path, "r") : NULL;
+    const int has_header = probe != NULL;
+    if (probe) fclose(probe);
+    t->f = fopen(path, append ? "a" : "w");
+    if (!t->f) {
+      local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
+                           "cannot open the routing trace '%s': %s", path, strerror(errno));
+    } else if (!has_header) {
+      fprintf(t->f,
+              "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": %d, "
+              "\"experts\": %d, \"top_k\": %d, \"tokens_per_rank\": %d, \"moe_layers\": [",
+              P, E, model->moe.top_k, tokens_per_rank);
+      int first = 1;
+      for (int b = 0; b < model->n_layer; b++) {
+        if (!moe_gpt_block_is_moe(model, b)) continue;
+        fprintf(t->f, "%s%d", first ? "" : ", ", b);
+        first = 0;
+      }
+      fprintf(t->f, "]}\n");
+      if (fflush(t->f) != 0)
+        local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
+                             "cannot write the routing trace '%s': %s", path, strerror(errno));
+    }
+  }
+  MOE_TRY(moe_comm_agree(ctx, world, local, "opening the routing trace"));
+  *out = t;
+  t = NULL;
+done:
+  moe_routing_trace_close_(t);
+  return st;
+}
+
+moe_status moe_routing_trace_step_(moe_ctx *ctx, MPI_Comm world, moe_routing_trace *t, int step,
+                                   void *const *impl, int n_blocks) {
+  moe_status st = MOE_STATUS_OK;
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  for (int b = 0; b < n_blocks; b++) {
+    if (!impl[b]) continue;
+    const moe_route *r = moe_ep_layer_get_route(moe_train_ep_layer(impl[b], NULL, NULL));
+    memcpy(t->mine, r->count, (size_t)t->E * sizeof(int32_t));
+    MOE_MPI_TRY_OP(ctx, "gather of the routing counts",
+                   MPI_Gather(t->mine, t->E, MPI_INT32_T, t->all, t->E, MPI_INT32_T, 0, world));
+    if (rank != 0 || !t->f) continue;
+    fprintf(t->f, "{\"step\": %d, \"layer\": %d, \"counts\": [", step, b);
+    for (int p = 0; p < t->world; p++) {
+      fputs(p ? ", [" : "[", t->f);
+      for (int e = 0; e < t->E; e++)
+        fprintf(t->f, "%s%d", e ? ", " : "", (int)t->all[(size_t)p * t->E + e]);
+      fputc(']', t->f);
+    }
+    fputs("]}\n", t->f);
+  }
+  // A full disk must not stop training (nor leave the other ranks waiting):
+  // rank 0 warns and stops writing.
+  if (rank == 0 && t->f && (ferror(t->f) || fflush(t->f) != 0)) {
+    MOE_WARN("routing trace '%s': %s; no more lines are written", t->path, strerror(errno));
+    fclose(t->f);
+    t->f = NULL;
+  }
+done:
+  return st;
+}
+
+void moe_routing_trace_close_(moe_routing_trace *t) {
+  if (!t) return;
+  if (t->f) fclose(t->f);
+  moe_free(t->mine);
+  moe_free(t->all);
+  moe_free(t);
+}
