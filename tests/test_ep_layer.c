@@ -15,6 +15,9 @@
 #include "moe/parallel.h"
 #include "testutil.h"
 
+// The scenario tables below leave trailing fields (bias, placements) at zero.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 #define REL_TOL 1e-5
 
 typedef struct {
@@ -27,6 +30,7 @@ typedef struct {
   moe_activation act;
   int deepspeed;  // gate_convention deepspeed (first-choice aux, renormalised after dropping)
   int bias;       // a router bias skewing the choices toward low experts (same on both layers)
+  int placements;  // then this many placements of expert copies (set_placement), each compared
 } scenario;
 
 static int g_rank, g_world;
@@ -40,6 +44,110 @@ static void tokens_of(int r, const scenario *sc, int *T, int *off) {
     if (q < r) o += t;
   }
   *off = o;
+}
+
+// Outputs, losses and every gradient of the distributed layer against the
+// reference's (this rank's tokens and home experts).
+static void compare_with_ref(const char *name, int T, int off, int M, int H, int E, const float *y,
+                             const float *y_ref, const float *dx, const float *dx_ref,
+                             const moe_layer_stats *sp, const moe_layer_stats *rsp,
+                             const moe_ep_tensors *tp, const moe_layer_tensors *rtp) {
+  const moe_layer_stats s = *sp, rs = *rsp;
+  const moe_ep_tensors t = *tp;
+  const moe_layer_tensors rt = *rtp;
+  char label[256];
+  if (T > 0) {
+    snprintf(label, sizeof label, "%s rank %d y", name, g_rank);
+    tu_rel_close(label, y, y_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
+    snprintf(label, sizeof label, "%s rank %d dx", name, g_rank);
+    tu_rel_close(label, dx, dx_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
+  }
+  snprintf(label, sizeof label, "%s aux", name);
+  tu_rel_close(label, &s.aux_loss, &rs.aux_loss, 1, REL_TOL);
+  snprintf(label, sizeof label, "%s z", name);
+  tu_rel_close(label, &s.z_loss, &rs.z_loss, 1, REL_TOL);
+  snprintf(label, sizeof label, "%s dwg", name);
+  tu_rel_close(label, t.dwg, rt.dwg, (size_t)M * E, REL_TOL);
+  const size_t f = (size_t)t.home_first, n = (size_t)t.home_count;
+  snprintf(label, sizeof label, "%s rank %d dw1", name, g_rank);
+  tu_rel_close(label, t.dw1, rt.dw1 + f * M * H, n * M * H, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d db1", name, g_rank);
+  tu_rel_close(label, t.db1, rt.db1 + f * H, n * H, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d dw2", name, g_rank);
+  tu_rel_close(label, t.dw2, rt.dw2 + f * H * M, n * H * M, REL_TOL);
+  snprintf(label, sizeof label, "%s rank %d db2", name, g_rank);
+  tu_rel_close(label, t.db2, rt.db2 + f * M, n * M, REL_TOL);
+}
+
+// Placement i of expert copies (0: expert 0 copied to every other rank; 1:
+// none; then random bits, the same on every rank), then one forward and
+// backward compared with the reference. The load matrix sums to the
+// reference's rows per expert, and (EP = world) each rank computes the rows
+// the planners' rule says (moe_balance_rows). Switching placements and the
+// passes allocate nothing.
+static void run_placement(moe_ctx *ctx, const char *scen, int i, const scenario *sc, moe_ep_layer *L,
+                          const float *x, const float *dy, int T, int off, int Tg, float *y,
+                          const float *y_ref, float *dx, const float *dx_ref,
+                          const moe_layer_stats *rs, moe_layer *ref) {
+  const moe_layer_config *cfg = moe_layer_get_config(ref);
+  const int E = cfg->num_experts, M = cfg->model_dim, H = cfg->hidden_dim, P = sc->ep;
+  const int El = E / P;
+  char name[200];
+  snprintf(name, sizeof name, "%s placement %d", scen, i);
+  uint8_t *rep = calloc((size_t)E * P, 1);
+  int64_t *load = calloc((size_t)E * P, sizeof(int64_t)), rows[64];
+  uint64_t h = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+  for (int e = 0; e < E; e++) {
+    for (int p = 0; p < P; p++) {
+      if (p == e / El) continue;
+      h ^= h << 13;
+      h ^= h >> 7;
+      h ^= h << 17;
+      rep[(size_t)e * P + p] = i == 0 ? e == 0 : i == 1 ? 0 : (h >> 33) & 1;
+    }
+  }
+  const uint64_t before = moe_alloc_count();
+  moe_status st = moe_ep_layer_set_placement(L, rep);
+  TU_CHECK(st == MOE_STATUS_OK, "%s: set_placement: %s", name, moe_ctx_error(ctx));
+  TU_CHECK(moe_alloc_count() == before, "%s: set_placement allocated %llu times", name,
+           (unsigned long long)(moe_alloc_count() - before));
+  moe_layer_stats s;
+  // twice: the first pass may grow the receive buffers (a rank can compute
+  // more rows than before, as with any new routing); the second allocates nothing
+  for (int pass = 0; pass < 2 && st == MOE_STATUS_OK; pass++) {
+    const uint64_t b2 = moe_alloc_count();
+    moe_ep_layer_zero_grad(L);
+    memset(dx, 0, ((size_t)T * M + 1) * sizeof(float));
+    st = moe_ep_layer_forward(L, x + (size_t)off * M, T, y, &s);
+    if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(L, dy + (size_t)off * M, dx);
+    TU_CHECK(st == MOE_STATUS_OK, "%s: pass", name);
+    if (pass == 1)
+      TU_CHECK(moe_alloc_count() == b2, "%s: the second pass allocated %llu times", name,
+               (unsigned long long)(moe_alloc_count() - b2));
+  }
+  if (st == MOE_STATUS_OK) {
+    const moe_ep_tensors t = moe_ep_layer_get_tensors(L);
+    const moe_layer_tensors rt = moe_layer_get_tensors(ref);
+    compare_with_ref(name, T, off, M, H, E, y, y_ref, dx, dx_ref, &s, rs, &t, &rt);
+    TU_CHECK(moe_ep_layer_load(L, load) == MOE_STATUS_OK, "%s: load", name);
+    const moe_route *rr = moe_layer_get_route(ref);
+    for (int e = 0; e < E; e++) {
+      int64_t sum = 0;
+      for (int p = 0; p < P; p++) sum += load[(size_t)p * E + e];
+      TU_CHECK(sum == rr->count[e], "%s: load of expert %d: %lld, reference %d", name, e,
+               (long long)sum, rr->count[e]);
+    }
+    if (P == g_world && P <= 64) {
+      const moe_balance_load bl = {E, P, load};
+      TU_CHECK(moe_balance_rows(NULL, &bl, rep, rows) == MOE_STATUS_OK, "%s: rows", name);
+      TU_CHECK(rows[g_rank] == moe_ep_layer_rows_computed(L),
+               "%s: rank %d computed %d rows, the rule says %lld", name, g_rank,
+               moe_ep_layer_rows_computed(L), (long long)rows[g_rank]);
+    }
+  }
+  (void)Tg;
+  free(rep);
+  free(load);
 }
 
 static void run_scenario(const scenario *sc) {
@@ -113,6 +221,7 @@ static void run_scenario(const scenario *sc) {
   pc.ep_strided = sc->strided;
   pc.ranks_per_node = sc->rpn;
   snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
+  if (sc->placements) pc.copy_slots = E - E / sc->ep;
   moe_status st = moe_ep_layer_create(ctx, g_comm, &cfg, &pc, &L);
   TU_CHECK(st == MOE_STATUS_OK, "%s: create: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto done;
@@ -136,28 +245,8 @@ static void run_scenario(const scenario *sc) {
   st = moe_ep_layer_backward(L, dy + (size_t)off * M, dx);
   TU_CHECK(st == MOE_STATUS_OK, "%s: backward: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto done;
-  char label[256];
-  if (T > 0) {
-    snprintf(label, sizeof label, "%s rank %d y", name, g_rank);
-    tu_rel_close(label, y, y_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
-    snprintf(label, sizeof label, "%s rank %d dx", name, g_rank);
-    tu_rel_close(label, dx, dx_ref + (size_t)off * M, (size_t)T * M, REL_TOL);
-  }
-  snprintf(label, sizeof label, "%s aux", name);
-  tu_rel_close(label, &s.aux_loss, &rs.aux_loss, 1, REL_TOL);
-  snprintf(label, sizeof label, "%s z", name);
-  tu_rel_close(label, &s.z_loss, &rs.z_loss, 1, REL_TOL);
-  snprintf(label, sizeof label, "%s dwg", name);
-  tu_rel_close(label, t.dwg, rt.dwg, (size_t)M * E, REL_TOL);
+  compare_with_ref(name, T, off, M, H, E, y, y_ref, dx, dx_ref, &s, &rs, &t, &rt);
   const size_t f = (size_t)t.home_first, n = (size_t)t.home_count;
-  snprintf(label, sizeof label, "%s rank %d dw1", name, g_rank);
-  tu_rel_close(label, t.dw1, rt.dw1 + f * M * H, n * M * H, REL_TOL);
-  snprintf(label, sizeof label, "%s rank %d db1", name, g_rank);
-  tu_rel_close(label, t.db1, rt.db1 + f * H, n * H, REL_TOL);
-  snprintf(label, sizeof label, "%s rank %d dw2", name, g_rank);
-  tu_rel_close(label, t.dw2, rt.dw2 + f * H * M, n * H * M, REL_TOL);
-  snprintf(label, sizeof label, "%s rank %d db2", name, g_rank);
-  tu_rel_close(label, t.db2, rt.db2 + f * M, n * M, REL_TOL);
   // parameters are the reference's slice (the two init paths share RNG streams)
   TU_CHECK(memcmp(t.w1, rt.w1 + f * M * H, n * M * H * sizeof(float)) == 0 &&
                memcmp(t.b1, rt.b1 + f * H, n * H * sizeof(float)) == 0 &&
@@ -175,6 +264,7 @@ static void run_scenario(const scenario *sc) {
     TU_CHECK(moe_alloc_count() == before, "%s: the second pass allocated %llu times", name,
              (unsigned long long)(moe_alloc_count() - before));
   }
+  for (int i = 0; i < sc->placements; i++) run_placement(ctx, name, i, sc, L, x, dy, T, off, Tg, y, y_ref, dx, dx_ref, &rs, ref);
 done:
   moe_ep_layer_destroy(L);
   moe_layer_destroy(ref);
@@ -278,6 +368,65 @@ static void expect_create_error(const char *what, const moe_layer_config *cfg,
   MPI_Allreduce(MPI_IN_PLACE, &found, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   TU_CHECK(found, "%s: no rank reported '%s' (rank %d: %s)", what, text, g_rank,
            moe_ctx_error(ctx));
+  moe_ep_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+}
+
+// set_placement's refusals, on every rank alike (no hang); copy_slots at create.
+static void test_placement_errors(void) {
+  if (g_world < 2) return;
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 16;
+  cfg.model_dim = 8;
+  cfg.hidden_dim = 12;
+  cfg.num_experts = 2 * g_world;
+  const int E = cfg.num_experts, P = g_world;
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  pc.ep_size = P;
+  pc.copy_slots = E - 2 + 1;  // one more than the experts a rank does not hold
+  expect_create_error("copy_slots too large", &cfg, &pc, "copy_slots (");
+  pc.copy_slots = 1;
+  moe_ep_layer *L = NULL;
+  TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK, "create");
+  if (!L) goto done;
+  moe_ep_layer_init_params(L, 3);
+  uint8_t *rep = calloc((size_t)E * P, 1);
+  TU_CHECK(moe_ep_layer_set_placement(L, NULL) == MOE_STATUS_INVALID_ARG, "NULL bitmap");
+  rep[0 * P + 0] = 1;  // expert 0 on its home, rank 0
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "is expert 0's home"),
+           "copy on home: %s", moe_ctx_error(ctx));
+  memset(rep, 0, (size_t)E * P);
+  rep[2 * P + 0] = rep[3 * P + 0] = 1;  // two copies on rank 0, one slot
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "would hold 2 expert copies; the layer has 1 copy slots"),
+           "too many copies: %s", moe_ctx_error(ctx));
+  memset(rep, 0, (size_t)E * P);
+  rep[(g_rank == 0 ? 2 : 3) * P + 0] = 1;  // rank 0 passes another (valid) bitmap
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "bitmaps differ between ranks"),
+           "differing bitmaps: %s", moe_ctx_error(ctx));
+  memset(rep, 0, (size_t)E * P);
+  rep[2 * P + 0] = 1;  // expert 2 (home rank 1) copied on rank 0: fine
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_OK, "valid placement: %s",
+           moe_ctx_error(ctx));
+  TU_CHECK(moe_ep_layer_set_replica(L, 3, 0, 1) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "cannot be mixed"),
+           "replica after a placement: %s", moe_ctx_error(ctx));
+  memset(rep, 0, (size_t)E * P);
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_OK, "empty placement");
+  TU_CHECK(moe_ep_layer_set_replica(L, 3, 0, 1) == MOE_STATUS_OK, "replica without copies: %s",
+           moe_ctx_error(ctx));
+  rep[2 * P + 0] = 1;
+  TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "cannot be mixed"),
+           "placement after a replica: %s", moe_ctx_error(ctx));
+  free(rep);
+done:
   moe_ep_layer_destroy(L);
   moe_ctx_destroy(ctx);
 }
@@ -407,9 +556,13 @@ int main(int argc, char **argv) {
       {g_world, 0, 0, "pipe", 6.0, -1, 1, 0, MOE_ACT_GELU, 1, 0},
       {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 1, MOE_ACT_GELU, 0, 1},
       {g_world, 0, 0, "grouped", 6.0, -1, 0, 0, MOE_ACT_GELU, 1, 1},
+      // placements of expert copies: a zero-token rank; skewed by a bias
+      {g_world, 0, 0, "pairwise", 0.0, g_world - 1, 0, 0, MOE_ACT_GELU, 0, 0, 5},
+      {g_world, 0, 0, "mpi", 0.0, -1, 0, 0, MOE_ACT_RELU, 0, 1, 5},
   };
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
     if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
+    if (special[i].placements && g_world == 1) continue;     // one rank holds every expert
     run_scenario(&special[i]);
   }
   if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)
@@ -437,11 +590,14 @@ int main(int argc, char **argv) {
     MPI_Comm_free(&sub);
   }
   test_replica_is_used();
-  if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank
+  if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank; with placements
     const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0, 0};
     run_scenario(&sc);
+    const scenario sp = {2, 1, 0, "pipe", 0.0, 1, 0, 0, MOE_ACT_GELU, 0, 1, 4};
+    run_scenario(&sp);
   }
   test_bad_input();
+  test_placement_errors();
 
   // Collective result: every rank fails if any did; rank 0 prints the sums.
   int sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};

@@ -46,6 +46,11 @@ typedef struct {
   // slices per rank, the gate's gradient and the losses have the same bits
   // at any rank count. [0, cfg.tokens]
   int slice_tokens;
+  // Expert copies for load balancing (moe_ep_layer_set_placement, docs/balance.md):
+  // slots per rank, each holding one copy's parameters and gradients,
+  // allocated at create so that switching placements allocates nothing.
+  // [0, E - E/EP], 0 = none (default).
+  int copy_slots;
 } moe_parallel_config;
 
 #define MOE_MAX_CHUNKS 64
@@ -128,6 +133,32 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *layer, int expert, int ep_rank
 // Copies every home expert's parameters to its replicas (after an optimizer
 // step). Collective; invalidates a pending backward.
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
+
+// ---- placements of expert copies (load balancing, docs/balance.md) --------------------
+//
+// A placement is a bitmap replica (E, EP): replica[e * EP + p] = 1 when EP
+// rank p holds a copy of expert e (never its home; the same placement in
+// every EP group). A copy computes its own rank's tokens for e; its
+// parameters come from the home (Trans, here) and its gradients go back to
+// the home in the backward (Agg). The math is the layer's without copies.
+
+// Makes replica the placement from the next forward on: frees the copies it
+// drops, puts new ones in free slots (no allocation), and sends every copy
+// its home's current parameters (Trans: non-blocking sends and receives in
+// the EP group, completed before returning). Collective over world; every
+// rank must pass the same bitmap. INVALID_ARG on every rank (no hang) for a
+// NULL bitmap, a copy on its home, more copies on a rank than
+// pc.copy_slots, bitmaps that differ between ranks, or replicas made with
+// moe_ep_layer_set_replica (the two cannot be mixed). Invalidates a pending
+// backward. An all-zero bitmap removes every copy.
+moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replica);
+// Wall time (ms) of the last set_placement's parameter transfer on this rank.
+double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
+// The load of the last forward: counts (EP, E) = rows EP rank p's tokens
+// kept for expert e, summed over the DP groups (int64), the same on every
+// rank. Collective over world (an all-gather in the EP group and a sum over
+// the DP groups). Zeros before the first forward.
+moe_status moe_ep_layer_load(moe_ep_layer *layer, int64_t *counts);
 
 // x (T, M) -> y (T, M) for this rank's T tokens (0 <= T <= cfg.tokens; T may
 // differ between ranks). Collective over world. stats report the GLOBAL aux

@@ -50,8 +50,8 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   char text[1024];
   if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
   uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
-  const int ints[6] = {pc->ep_size,      pc->ep_strided, pc->ranks_per_node,
-                       pc->grouped_size, pc->chunks,     pc->compress_backward};
+  const int ints[7] = {pc->ep_size, pc->ep_strided,        pc->ranks_per_node, pc->grouped_size,
+                       pc->chunks,  pc->compress_backward, pc->copy_slots};
   h = fnv1a(ints, sizeof ints, h);
   h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
   h = fnv1a(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
@@ -103,6 +103,12 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
               pc->slice_tokens, cfg->tokens);
   MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1, MOE_STATUS_INVALID_ARG,
               "compress_backward (%d) must be 0 or 1", pc->compress_backward);
+  MOE_FAIL_IF(ctx,
+              pc->copy_slots < 0 ||
+                  pc->copy_slots > cfg->num_experts - cfg->num_experts / pc->ep_size,
+              MOE_STATUS_INVALID_ARG,
+              "copy_slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
+              pc->copy_slots, cfg->num_experts - cfg->num_experts / pc->ep_size);
   MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
   {
     int level = MPI_THREAD_SINGLE;
@@ -253,6 +259,13 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     out->bytes[MOE_MEM_PARAMS] = F(M * E) + F(El * M * H) + F(El * H) + F(El * H * M) + F(El * M);
     out->bytes[MOE_MEM_GRADS] = out->bytes[MOE_MEM_PARAMS] + F(M * E + El * (2 * M * H + H + M)) +
                                 A((2 * M * H + H + M) * sizeof(float));  // + rep_tmp
+    if (pc->copy_slots > 0) {  // ep_placement.c: the slots (parameters, then gradients)
+      const size_t nf = 2 * M * H + H + M, S = (size_t)pc->copy_slots;
+      out->bytes[MOE_MEM_PARAMS] += F(S * 2 * nf) / 2;
+      out->bytes[MOE_MEM_GRADS] += F(S * 2 * nf) / 2;
+      out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) +
+                                       A(E * (size_t)P) + A(4 * E * (size_t)P * sizeof(MPI_Request));
+    }
     const double act = 2 * F(T * E) + F(T) + F(T * K) + 3 * F(R * M) + F(T * K) + 2 * F(T * E);
     const double a2a = F(R * M);  // sendbuf
     // ep_pass.c: the receive side, grown to the most rows received: sized here
@@ -285,7 +298,7 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     out->skew_bytes = recv_act[0] + recv_a2a[0] - recv_act[1] - recv_a2a[1];
     // tables, routing plan, placement, counts, the chunk plan and task records
     const size_t n3 = r * (size_t)P * E, n2 = r * (size_t)P, max_tasks = MOE_CT_KINDS * r;
-    out->bytes[MOE_MEM_WORKSPACE] =
+    out->bytes[MOE_MEM_WORKSPACE] +=
         F(E) /* router_bias, in the parameter arena */ + A(sizeof(moe_ep_layer)) + A((size_t)world_size * 8) + A((size_t)world_size * 4) +
         (double)moe_placement_bytes((int)E, P) + 9 * A(E * sizeof(float *)) +
         2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1) * sizeof(double)) +
@@ -394,6 +407,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
       alloc = moe_route_init(ctx, &L->route, cfg->tokens, cfg->top_k, L->E, L->max_rows);
     }
     if (alloc == MOE_STATUS_OK) alloc = moe_ep_pass_init_(L);
+    if (alloc == MOE_STATUS_OK) alloc = moe_ep_copies_init_(L);
     MOE_TRY(moe_comm_agree(ctx, L->world, alloc, "layer allocation"));
   }
   *out = L;
@@ -414,6 +428,7 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
   moe_arena_free(&L->work);
   moe_route_free(&L->route);
   moe_placement_free(&L->placement);
+  moe_ep_copies_free_(L);  // first: clears the slot copies' replica_mem entries
   if (L->replica_mem) {
     for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
   }
@@ -506,6 +521,10 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
   } else if (L->placement.home[e] == p) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "EP rank %d is expert %d's home: it needs no replica", p, e);
+  } else if (L->n_placed > 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "the layer has copies placed by moe_ep_layer_set_placement; replicas "
+                         "and placements cannot be mixed");
   } else if (on && L->me == p && !L->replica_mem[e]) {
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     float *m = moe_calloc(2 * moe_ep_expert_floats_(L), sizeof(float));

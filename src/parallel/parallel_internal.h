@@ -112,10 +112,24 @@ struct moe_ep_layer {
   moe_layer_stats last;
   moe_layer_timing fwd_timing, bwd_timing;
   moe_workspace rep_tmp;  // one expert's gradients received from a replica
+  // Expert copies of load balancing (pc.copy_slots, ep_placement.c): slots
+  // allocated at create, each one expert's parameters then gradients; a copy
+  // placed by moe_ep_layer_set_placement lives in a slot (replica_mem[e]
+  // points into copy_mem and is not freed on its own).
+  float *copy_mem;       // (copy_slots, 2 nf)
+  int *slot_expert;      // (copy_slots): expert in the slot, -1 free
+  int *expert_slot;      // (E): slot of expert e's copy here, -1 none
+  uint8_t *new_replica;  // (E, P) scratch: the placement being set
+  MPI_Request *reqs;     // Trans requests: at most 4 x (E x P) at once
+  int n_placed;          // copies placed by set_placement over the EP group (0: none)
+  double trans_ms;       // wall time of the last placement's parameter transfer
 };
 
 // Floats of one expert's parameters (w1 b1 w2 b2).
 size_t moe_ep_expert_floats_(const moe_ep_layer *L);
+// Allocates the copy slots and their tables (ep_placement.c); local.
+moe_status moe_ep_copies_init_(moe_ep_layer *L);
+void moe_ep_copies_free_(moe_ep_layer *L);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
 moe_status moe_ep_pass_init_(moe_ep_layer *L);
 void moe_ep_pass_free_(moe_ep_layer *L);

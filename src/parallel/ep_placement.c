@@ -1,0 +1,222 @@
+// Placements of expert copies for load balancing (include/moe/parallel.h,
+// docs/balance.md): the copy slots allocated at create, switching the
+// placement between steps without allocating, the parameter transfer to the
+// copies (Trans), and the load matrix the planners read.
+//
+// The rule (FasterMoE shadowing, Pro-Prophet's lightweight placement): a copy
+// of expert e on EP rank p computes p's own tokens for e, which then leave the
+// all-to-all (moe_placement_target); its gradients are added to the home's in
+// the backward (Agg: gather_replica_grads in ep_layer.c). The optimizer state
+// stays at home. The forward and the backward are the layer's: only which rank
+// computes a row changes, and a row's result does not depend on the rows
+// beside it (the batch-invariant GEMM), so outputs keep their bits; expert
+// gradients are summed in another order (home + copies), equal to rounding.
+//
+// Trans here is blocking for the caller (posted as non-blocking sends and
+// receives in the EP group and completed before returning). Not here yet:
+// Trans and Agg as tasks on the communication stream that a scheduler
+// overlaps with compute (Pro-Prophet's block-wise scheduler).
+#include <limits.h>
+#include <string.h>
+
+#include "moe/kernels.h"
+#include "moe/parallel.h"
+#include "parallel/parallel_internal.h"
+
+moe_status moe_ep_copies_init_(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const int S = L->pc.copy_slots;
+  if (S <= 0) goto done;
+  const size_t nf = moe_ep_expert_floats_(L);
+  L->copy_mem = moe_calloc((size_t)S * 2 * nf, sizeof(float));
+  L->slot_expert = moe_malloc((size_t)S * sizeof(int));
+  L->expert_slot = moe_malloc((size_t)L->E * sizeof(int));
+  L->new_replica = moe_calloc((size_t)L->E * (size_t)L->P, 1);
+  L->reqs = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Request));
+  MOE_FAIL_IF(ctx,
+              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->new_replica || !L->reqs,
+              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)",
+              S, 2 * nf);
+  for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
+  for (int e = 0; e < L->E; e++) L->expert_slot[e] = -1;
+done:
+  return st;
+}
+
+void moe_ep_copies_free_(moe_ep_layer *L) {
+  if (L->expert_slot && L->replica_mem) {
+    for (int e = 0; e < L->E; e++)
+      if (L->expert_slot[e] >= 0) L->replica_mem[e] = NULL;  // slot memory, not its own
+  }
+  moe_free(L->copy_mem);
+  moe_free(L->slot_expert);
+  moe_free(L->expert_slot);
+  moe_free(L->new_replica);
+  moe_free(L->reqs);
+  L->copy_mem = NULL;
+  L->slot_expert = L->expert_slot = NULL;
+  L->new_replica = NULL;
+  L->reqs = NULL;
+}
+
+static uint64_t bitmap_hash(const uint8_t *b, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (b[i] ? 1u : 0u)) * 1099511628211ull;
+  return h;
+}
+
+// The checks every rank makes alike on the same bitmap (so they agree).
+static moe_status check_placement(moe_ep_layer *L, const uint8_t *rep) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  MOE_FAIL_IF(ctx, L->pc.copy_slots <= 0, MOE_STATUS_INVALID_ARG,
+              "the layer has no expert copy slots (moe_parallel_config.copy_slots is 0; "
+              "placements need at least one)");
+  for (int e = 0; e < L->E; e++) {
+    const int home = L->placement.home[e];
+    MOE_FAIL_IF(ctx, rep[(size_t)e * L->P + home], MOE_STATUS_INVALID_ARG,
+                "placement: EP rank %d is expert %d's home and cannot hold a copy of it", home,
+                e);
+  }
+  for (int p = 0; p < L->P; p++) {
+    int n = 0;
+    for (int e = 0; e < L->E; e++) n += rep[(size_t)e * L->P + p] != 0;
+    MOE_FAIL_IF(ctx, n > L->pc.copy_slots, MOE_STATUS_INVALID_ARG,
+                "placement: EP rank %d would hold %d expert copies; the layer has %d copy "
+                "slots per rank (moe_parallel_config.copy_slots)",
+                p, n, L->pc.copy_slots);
+  }
+  // copies in the placement that set_placement did not make: set_replica's
+  // (the bitmap is the same on every rank, so every rank sees them)
+  for (int e = 0; L->n_placed == 0 && e < L->E; e++) {
+    for (int p = 0; p < L->P; p++)
+      MOE_FAIL_IF(ctx, L->placement.replica[(size_t)e * L->P + p], MOE_STATUS_INVALID_ARG,
+                  "placement: expert %d has a replica made with moe_ep_layer_set_replica; "
+                  "replicas and placements cannot be mixed",
+                  e);
+  }
+done:
+  return st;
+}
+
+// Points expert e's parameter pointers at slot s (or clears them, s < 0).
+static void bind_slot(moe_ep_layer *L, int e, int s) {
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+  if (s < 0) {
+    L->replica_mem[e] = NULL;
+    L->w1_of[e] = L->b1_of[e] = L->w2_of[e] = L->b2_of[e] = NULL;
+    L->expert_slot[e] = -1;
+    return;
+  }
+  float *m = L->copy_mem + (size_t)s * 2 * moe_ep_expert_floats_(L);
+  L->replica_mem[e] = m;
+  L->w1_of[e] = m;
+  L->b1_of[e] = m + M * H;
+  L->w2_of[e] = m + M * H + H;
+  L->b2_of[e] = m + 2 * M * H + H;
+  L->expert_slot[e] = s;
+  L->slot_expert[s] = e;
+}
+
+moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  const size_t EP = (size_t)L->E * (size_t)L->P;
+  // step 1: the same checks on every rank, then agreement on the bitmap
+  moe_status local = MOE_STATUS_OK;
+  if (!replica) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "placement: the bitmap must not be NULL");
+  } else {
+    local = check_placement(L, replica);
+  }
+  {
+    const uint64_t h = replica ? bitmap_hash(replica, EP) : 0;
+    uint64_t hi = 0, lo = 0;
+    const uint64_t neg = ~h;
+    MOE_MPI_TRY_OP(ctx, "placement agreement",
+                   MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, L->world));
+    MOE_MPI_TRY_OP(ctx, "placement agreement",
+                   MPI_Allreduce(&neg, &lo, 1, MPI_UINT64_T, MPI_MAX, L->world));
+    if (local == MOE_STATUS_OK && hi != ~lo)
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "placement: the bitmaps differ between ranks; every rank must pass "
+                           "the same (plan from all-gathered counts)");
+  }
+  MOE_TRY(moe_comm_agree(ctx, L->world, local, "set_placement"));
+  L->have_forward = 0;
+  // step 2: this rank's slots: free the copies dropped, then take new ones
+  const int me = L->me, P = L->P;
+  for (int e = 0; e < L->E; e++) {
+    if (L->expert_slot[e] >= 0 && !replica[(size_t)e * P + me]) {
+      L->slot_expert[L->expert_slot[e]] = -1;
+      bind_slot(L, e, -1);
+    }
+  }
+  for (int e = 0; e < L->E; e++) {
+    if (!replica[(size_t)e * P + me] || L->expert_slot[e] >= 0) continue;
+    int s = 0;
+    while (s < L->pc.copy_slots && L->slot_expert[s] >= 0) s++;  // checked: one is free
+    bind_slot(L, e, s);
+  }
+  L->n_placed = 0;
+  for (size_t i = 0; i < EP; i++) L->n_placed += replica[i] != 0;
+  memcpy(L->placement.replica, replica, EP);
+  for (size_t i = 0; i < EP; i++) L->placement.replica[i] = replica[i] ? 1 : 0;
+  // step 3: Trans: every home sends each copy its parameters (4 parts; the
+  // receives are posted in the same (expert, part) order as the sends)
+  {
+    const uint64_t t0 = moe_time_ns();
+    const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+    const size_t n[4] = {M * H, H, H * M, M};
+    MOE_FAIL_IF(ctx, M * H > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
+                "placement: an expert's weight (%zu floats) exceeds MPI's int count", M * H);
+    int nr = 0;
+    for (int e = 0; e < L->E; e++) {
+      const int home = L->placement.home[e];
+      for (int p = 0; p < P; p++) {
+        if (!replica[(size_t)e * P + p]) continue;
+        float *parts[4] = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+        for (int k = 0; k < 4; k++) {
+          if (me == home) {
+            MOE_MPI_TRY_OP(ctx, "send of expert parameters to a copy",
+                           MPI_Isend(parts[k], (int)n[k], MPI_FLOAT, p, 7301 + k, L->ep.comm,
+                                     &L->reqs[nr++]));
+          } else if (me == p) {
+            MOE_MPI_TRY_OP(ctx, "receive of expert parameters for a copy",
+                           MPI_Irecv(parts[k], (int)n[k], MPI_FLOAT, home, 7301 + k, L->ep.comm,
+                                     &L->reqs[nr++]));
+          }
+        }
+      }
+    }
+    MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
+                   MPI_Waitall(nr, L->reqs, MPI_STATUSES_IGNORE));
+    L->trans_ms = moe_time_ms_since(t0);
+  }
+done:
+  return st;
+}
+
+double moe_ep_layer_trans_ms(const moe_ep_layer *L) { return L ? L->trans_ms : 0.0; }
+
+moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L || !counts, MOE_STATUS_INVALID_ARG, "layer and counts must not be NULL");
+  {
+    const int E = L->E, P = L->P;
+    // this rank's kept rows per expert (0 before a forward), all-gathered in
+    // the EP group, then summed over the DP groups (same EP index)
+    for (int e = 0; e < E; e++) counts[(size_t)L->me * E + e] = L->route.count[e];
+    MOE_MPI_TRY_OP(ctx, "all-gather of the routing counts",
+                   MPI_Allgather(MPI_IN_PLACE, E, MPI_INT64_T, counts, E, MPI_INT64_T,
+                                 L->ep.comm));
+    MOE_MPI_TRY_OP(ctx, "sum of the routing counts over the DP groups",
+                   MPI_Allreduce(MPI_IN_PLACE, counts, P * E, MPI_INT64_T, MPI_SUM, L->dp));
+  }
+done:
+  return st;
+}
