@@ -585,6 +585,92 @@ static void test_bad_input(void) {
   EXPECT_BAD(moe_balance_plan_shadow(g_ctx, &ok, &bad, rep, &ms), "model_dim M (0)");
 }
 
+// The step-by-step driver: none never copies; a plan is kept between
+// re-plans; plans are fitted to the slots keeping the copies that take the
+// most rows; the window's mean is planned on; bad configs are refused.
+static void test_balancer(void) {
+  const int64_t one[16] = {10, 1, 1, 1, 10, 1, 1, 1, 10, 1, 1, 1, 10, 1, 1, 1};
+  const int64_t uni[16] = {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5};
+  uint8_t rep[16], want[16];
+  moe_balance_config c;
+  moe_balancer *b = NULL;
+  moe_balance_step_info info;
+  // none
+  moe_balance_config_default(&c, MOE_BALANCE_NONE, 8, 8, 3);
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create none");
+  memset(rep, 1, 16);
+  TU_CHECK(moe_balancer_step(b, one, rep, &info) == MOE_STATUS_OK, "step none");
+  memset(want, 0, 16);
+  TU_CHECK(bitmap_is(rep, want, 16) && !info.planned && info.copies == 0, "none: no copies");
+  TU_CHECK(near(info.ratio_before, 40.0 / 13.0) && near(info.ratio_after, 40.0 / 13.0),
+           "none: ratio %g (rows 40, 4, 4, 4 over their mean 13)", info.ratio_before);
+  moe_balancer_destroy(b);
+  // shadow with the costs of test_shadow's case 1: e0 copied to ranks 1, 2, 3;
+  // re-planned every 2 steps: step 1 keeps step 0's plan although uniform
+  moe_balance_config_default(&c, MOE_BALANCE_SHADOW, 8, 8, 3);
+  c.cost = unit_cost(12000, 4000, 20);
+  c.replan_every = 2;
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create shadow");
+  TU_CHECK(moe_balancer_step(b, one, rep, &info) == MOE_STATUS_OK && info.planned, "step 0");
+  want[1] = want[2] = want[3] = 1;
+  TU_CHECK(bitmap_is(rep, want, 16) && info.copies == 3 && near(info.predicted_ms, 38),
+           "shadow step 0: copies %d, ms %g", info.copies, info.predicted_ms);
+  // rows under it: 10, 14, 14, 14 (rank p's own 10 rows of e0 plus its home
+  // expert's 4): 14 over the mean 13
+  TU_CHECK(near(info.ratio_after, 14.0 / 13.0), "shadow: ratio after %g", info.ratio_after);
+  TU_CHECK(moe_balancer_step(b, uni, rep, &info) == MOE_STATUS_OK && !info.planned &&
+               bitmap_is(rep, want, 16),
+           "step 1 keeps the plan");
+  TU_CHECK(moe_balancer_step(b, uni, rep, &info) == MOE_STATUS_OK && info.planned &&
+               info.copies == 0,
+           "step 2 re-plans on the uniform load: no copies (%d)", info.copies);
+  moe_balancer_destroy(b);
+  // slots: a plan of 3 copies of e0 and slots 0 -> nothing; and a rank with two
+  // copies and one slot keeps the copy taking more rows
+  moe_balance_config_default(&c, MOE_BALANCE_SHADOW, 8, 8, 0);
+  c.cost = unit_cost(12000, 4000, 20);
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create slots 0");
+  TU_CHECK(moe_balancer_step(b, one, rep, &info) == MOE_STATUS_OK && info.copies == 0,
+           "slots 0: no copies (%d)", info.copies);
+  moe_balancer_destroy(b);
+  // eplb planned on the window's mean: two steps one and uni average to
+  // (one + uni) / 2 rounded half up
+  moe_balance_config_default(&c, MOE_BALANCE_EPLB, 8, 8, 1);
+  c.cost = unit_cost(12000, 4000, 20);
+  c.window = 2;
+  c.replan_every = 2;
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create eplb");
+  uint8_t r1[16], r2[16];
+  TU_CHECK(moe_balancer_step(b, uni, r1, &info) == MOE_STATUS_OK && info.planned, "eplb step 0");
+  TU_CHECK(moe_balancer_step(b, one, r1, &info) == MOE_STATUS_OK && !info.planned, "eplb step 1");
+  TU_CHECK(moe_balancer_step(b, uni, r1, &info) == MOE_STATUS_OK && info.planned, "eplb step 2");
+  {
+    // the plan of step 2 = eplb on the mean of steps 1 and 2
+    int64_t mean[16];
+    for (int i = 0; i < 16; i++) mean[i] = (one[i] + uni[i] + 1) / 2;
+    const moe_balance_load lm = {4, 4, mean};
+    TU_CHECK(moe_balance_plan_eplb(g_ctx, &lm, &c.cost, c.model, 1, r2, NULL) == MOE_STATUS_OK,
+             "eplb direct");
+    TU_CHECK(bitmap_is(r1, r2, 16), "eplb plans on the window's mean");
+  }
+  moe_balancer_destroy(b);
+  // bad configs
+  moe_balance_config_default(&c, 99, 8, 8, 1);
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "balance policy 99 is unknown (valid: none, shadow"),
+           "unknown policy: %s", moe_ctx_error(g_ctx));
+  moe_balance_config_default(&c, MOE_BALANCE_EPLB, 8, 8, 4);
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "balance slots (4) must be in [0, 3]"),
+           "slots: %s", moe_ctx_error(g_ctx));
+  moe_balance_config_default(&c, MOE_BALANCE_EPLB, 8, 8, 1);
+  c.replan_every = 0;
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "replan_every (0)"),
+           "replan_every: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 6, 4, &b) == MOE_STATUS_INVALID_ARG, "E not divisible by P");
+}
+
 int main(void) {
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) return 2;
   test_rows();
@@ -596,6 +682,7 @@ int main(void) {
   test_window();
   test_catalogue();
   test_bad_input();
+  test_balancer();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_balance");
 }

@@ -227,6 +227,53 @@ moe_status moe_balance_window_push(moe_ctx *ctx, moe_balance_window *win, const 
 void moe_balance_window_mean(const moe_balance_window *win, int64_t *out);
 void moe_balance_window_mean_f64(const moe_balance_window *win, double *out);
 
+// ---- a policy driven step by step -------------------------------------------------------
+//
+// moe_balancer turns the loads of the steps run so far into the placement of
+// the next step, identically on every rank given the same counts (plan from
+// all-gathered counts: moe_ep_layer_load). The caller applies the placement
+// (moe_ep_layer_set_placement) before the next forward.
+
+typedef struct {
+  int policy;             // moe_balance_policy
+  int replan_every;       // plan every N steps, >= 1 [1]; between plans the placement stays
+  int window;             // steps of load averaged for the plan, >= 1 [1; eplb 10]
+  int slots;              // copies a rank may hold (the layer's copy_slots), >= 0; eplb's R
+  int prophet_n;          // Pro-Prophet's n [MOE_BALANCE_PROPHET_N_DEFAULT]
+  double prophet_alpha;   // Pro-Prophet's alpha [MOE_BALANCE_PROPHET_ALPHA_DEFAULT]
+  moe_balance_model model;  // prophet and eplb [MOE_BALANCE_MODEL_PROPHET_SCHED]
+  moe_balance_cost cost;    // the machine's rates (moe_balance_cost_default / _from_profile)
+} moe_balance_config;
+
+// Defaults for policy (see the fields) on a layer of M, H with `slots` copy
+// slots per rank.
+void moe_balance_config_default(moe_balance_config *cfg, int policy, int model_dim, int hidden_dim,
+                                int slots);
+
+typedef struct moe_balancer moe_balancer;
+
+typedef struct {
+  int planned;          // 1: this step ran the planner (else the last plan was kept)
+  int copies;           // copies in the placement returned
+  double predicted_ms;  // the planner's prediction for its plan (NAN when not planned)
+  double ratio_before;  // balance ratio of the step's load without copies
+  double ratio_after;   // ... and under the placement returned (moe_balance_rows)
+  double plan_ms;       // wall time of this call
+} moe_balance_step_info;
+
+// Allocates everything the steps use (window, scratch). INVALID_ARG for an
+// unknown policy, E not divisible by P, or a field out of range (named).
+moe_status moe_balancer_create(moe_ctx *ctx, const moe_balance_config *cfg, int num_experts,
+                               int num_ranks, moe_balancer **out);
+void moe_balancer_destroy(moe_balancer *b);  // NULL is a no-op
+// counts (P, E): the step just run. replica (E, P): the next step's
+// placement (kept from the last plan between plans; empty for `none`). A
+// plan with more copies on a rank than cfg.slots drops that rank's copies
+// that take the fewest rows until it fits. info may be NULL. Allocates only
+// the planners' scratch, freed before returning.
+moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *replica,
+                             moe_balance_step_info *info);
+
 #ifdef __cplusplus
 }
 #endif
