@@ -44,7 +44,10 @@ static const char *const ep_only_opts[] = {"--schedule",
                                            "--trace",
                                            "--profile",
                                            "--allow-lossy",
-                                           "--hang-timeout"};
+                                           "--hang-timeout",
+                                           "--balance",
+                                           "--balance-slots",
+                                           "--replan-every"};
 
 int cli_bench_layer_is_ep(int argc, char **argv) {
   for (int i = 3; i < argc; i++) {
@@ -144,7 +147,15 @@ void cli_bench_layer_ep_usage(FILE *f) {
   fprintf(f,
           "  --skew SPEC            expert popularity through a fitted router bias (as for\n"
           "                         one process); prints the balance: the busiest rank's\n"
-          "                         rows over the mean [none]\n");
+          "                         rows over the mean [none]\n"
+          "  --balance LIST         load-balancing policies, comma-separated, or all: %s\n"
+          "                         (docs/balance.md); each runs every variant; after each\n"
+          "                         iteration the load is all-gathered, the policy plans the\n"
+          "                         next placement of expert copies and the copies receive\n"
+          "                         their parameters; needs EP >= 2 [none]\n"
+          "  --balance-slots N      expert copy slots per rank, 0..E-E/EP [E/EP]\n"
+          "  --replan-every N       plan every N iterations, keep the plan between [1]\n",
+          moe_balance_policy_names());
   fprintf(f,
           "%s\n"
           "columns: fwd/bwd/total ms (wall time, slowest rank); speedup = total of\n"
@@ -182,6 +193,11 @@ typedef struct {
   int allow_lossy;
   size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
   moe_skew skew;      // --skew
+  const char *balance;  // --balance list as given (NULL: none)
+  int balance_slots;    // --balance-slots, -1: the default (E / EP)
+  int replan_every;     // --replan-every
+  char bals[MAX_LIST][16];
+  int n_bal;
   int auto_a2a, auto_sched, auto_chunks, auto_comp;  // "auto" given
   moe_profile profile;
   // the lists, validated
@@ -217,6 +233,9 @@ typedef struct {
   double predicted_ms;        // moe_simulate_layer with --profile; NaN without
   int planned;                // chosen by the planner ("auto")
   long long rows, dropped;    // over all ranks, last iteration
+  const char *balance;        // load-balancing policy
+  int copies;                 // expert copies in force, last iteration
+  double balance_ms, trans_ms;  // balancing step (load, plan, Trans) and its Trans, median
   long long max_rank_rows;    // most rows one rank computed, last iteration
   double balance_ratio;       // max_rank_rows / mean over ranks
   double skew_tv;             // --skew: the bias fit's total variation
@@ -298,6 +317,26 @@ static int parse_lists(ep_opts *o, moe_ctx *ctx) {
     }
     add_unique(&o->comps[0][0], &o->n_comp, 32, items[i]);
   }
+  // --balance
+  n = split_list(o->balance ? o->balance : "none", buf, sizeof buf, items,
+                 MAX_LIST);  // catalogue: default
+  if (n <= 0) {
+    cli_error("--balance needs 1 to %d names from: %s, all", MAX_LIST, moe_balance_policy_names());
+    return CLI_USAGE;
+  }
+  for (int i = 0; i < n; i++) {
+    if (strcmp(items[i], "all") == 0) {
+      for (int k = 0; moe_balance_policy_name(k); k++)
+        add_unique(&o->bals[0][0], &o->n_bal, 16, moe_balance_policy_name(k));
+      continue;
+    }
+    if (moe_balance_policy_find(items[i]) < 0) {
+      cli_error("--balance: policy '%s' is unknown (valid: %s, all)", items[i],
+                moe_balance_policy_names());
+      return CLI_USAGE;
+    }
+    add_unique(&o->bals[0][0], &o->n_bal, 16, items[i]);
+  }
   // --schedule
   n = split_list(o->schedule ? o->schedule : "all", buf, sizeof buf, items, MAX_LIST);
   if (n <= 0) {
@@ -361,6 +400,8 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
   o->seed = 1;
   o->wait = moe_executor_config_default().wait;
   o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
+  o->balance_slots = -1;
+  o->replan_every = 1;
   moe_ctx *ctx = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
   cli_args a;
@@ -420,6 +461,12 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--skew")) {
       cli_parse_skew(&a, "--skew", &o->skew);
+    } else if (cli_opt(&a, "--balance")) {
+      o->balance = a.value;
+    } else if (cli_opt(&a, "--balance-slots")) {
+      cli_parse_int(&a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
+    } else if (cli_opt(&a, "--replan-every")) {
+      cli_parse_int(&a, "--replan-every", 1, 1000000, &o->replan_every);
     } else if (cli_opt(&a, "--profile")) {
       o->profile_path = a.value;
     } else if (cli_flag(&a, "--allow-lossy")) {
@@ -503,6 +550,14 @@ static int make_sched_variants(const ep_opts *o, sched_variant *out, int max) {
   return n;
 }
 
+// Copy slots per rank of the balanced variants: --balance-slots, or E / EP
+// (as many copies as home experts), within [0, E - E/EP].
+static int balance_slots(const ep_opts *o, const moe_layer_config *cfg) {
+  const int E = cfg->num_experts, most = E - E / o->ep;
+  const int s = o->balance_slots >= 0 ? o->balance_slots : E / o->ep;
+  return s < most ? s : most;
+}
+
 // Prints a failure that every rank returned (the library agrees on them):
 // rank 0's message, and another rank's only where it differs (its own failure).
 static void report_failure(moe_ctx *ctx, int rank, const char *what) {
@@ -553,6 +608,12 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
       pc->exec.poll_max_ns = o->poll_max_ns;
     }
     vs[k].baseline = res[k].baseline - base_index;
+    const int policy = moe_balance_policy_find(res[k].balance);
+    const int slots = balance_slots(o, cfg);
+    moe_balance_config_default(&vs[k].balance, policy, cfg->model_dim, cfg->hidden_dim, slots);
+    vs[k].balance.replan_every = o->replan_every;
+    vs[k].balance.cost.flops_per_s = 0;  // measured on the first iteration
+    if (policy != MOE_BALANCE_NONE) pc->copy_slots = slots;
   }
   moe_measure_config mc = moe_measure_config_default();
   mc.iters = o->iters;
@@ -602,6 +663,9 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->model_ms = m->model_ms;
     r->rows = m->rows;
     r->dropped = m->dropped;
+    r->copies = m->copies;
+    r->balance_ms = m->balance_ms;
+    r->trans_ms = m->trans_ms;
     r->max_rank_rows = m->max_rank_rows;
     r->balance_ratio = m->balance_ratio;
     r->skew_tv = m->skew_tv;
@@ -642,6 +706,9 @@ static void config_line(FILE *f, int index, int n_configs, const moe_layer_confi
 }
 
 static void print_table(const ep_result *rs, int n, int with_prediction) {
+  int balanced = 0;
+  for (int i = 0; i < n; i++) balanced |= moe_balance_policy_find(rs[i].balance) != MOE_BALANCE_NONE;
+  if (balanced) printf("%-8s ", "balance");
   printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s %6s %6s", "a2a", "compress",
          "schedule", "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms",
          "exposed", "bound", "eff", "model", "eff_r");
@@ -649,6 +716,7 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
   printf("\n");
   for (int i = 0; i < n; i++) {
     const ep_result *r = &rs[i];
+    if (balanced) printf("%-8s ", r->balance);
     printf(
         "%-8s %-8s %-10s %3d %9.2f %9.2f %9.2f %7.3f %8.2f %8.2f %8.2f %6.3f %5.1f%% %6.3f "
         "%5.1f%%",
@@ -664,10 +732,36 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
   const ep_result *base = &rs[rs[0].baseline];
   printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n", base->dropped,
          base->rows + base->dropped, base->schedule);
-  printf("balance: the busiest rank computed %lld rows, %.3fx the mean over ranks", base->max_rank_rows,
-         base->balance_ratio);
-  if (base->skew_tv > 0.0) printf(" (skew fit: total variation %.4f)", base->skew_tv);
-  printf("\n\n");
+  if (!balanced) {
+    printf("balance: the busiest rank computed %lld rows, %.3fx the mean over ranks",
+           base->max_rank_rows, base->balance_ratio);
+    if (base->skew_tv > 0.0) printf(" (skew fit: total variation %.4f)", base->skew_tv);
+    printf("\n\n");
+    return;
+  }
+  if (base->skew_tv > 0.0) printf("skew fit: total variation %.4f\n", base->skew_tv);
+  printf("%-8s %-8s %-8s %-10s %3s %10s %8s %6s %9s %9s %10s\n", "balance", "a2a", "compress",
+         "schedule", "r", "busiest", "ratio", "copies", "step ms", "trans ms", "vs none");
+  for (int i = 0; i < n; i++) {
+    const ep_result *r = &rs[i];
+    // the same variant without balancing, when it ran
+    const ep_result *none = NULL;
+    for (int j = 0; j < n && !none; j++) {
+      const ep_result *q = &rs[j];
+      if (moe_balance_policy_find(q->balance) == MOE_BALANCE_NONE && q->a2a == r->a2a &&
+          q->compress == r->compress && strcmp(q->schedule, r->schedule) == 0 &&
+          q->chunks == r->chunks)
+        none = q;
+    }
+    printf("%-8s %-8s %-8s %-10s %3d %10lld %8.3f %6d %9.2f %9.2f", r->balance, r->a2a,
+           r->compress, r->schedule, r->chunks, r->max_rank_rows, r->balance_ratio, r->copies,
+           r->balance_ms, r->trans_ms);
+    if (none && r->total_ms > 0) printf(" %9.3fx", none->total_ms / r->total_ms);
+    printf("\n");
+  }
+  printf("(busiest: rows the busiest rank's experts computed, last iteration; ratio: over the\n"
+         "mean; step ms: all-gather of the load, plan and Trans, counted in total ms; vs none:\n"
+         "the same variant's total without balancing over this one's)\n\n");
 }
 
 // "key": value, null for NaN/Inf.
@@ -729,6 +823,9 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
               rs[(size_t)c * (size_t)per_config + (size_t)r->baseline].schedule, r->rows,
               r->dropped, r->max_rank_rows);
       json_num(f, "balance_ratio", r->balance_ratio, ", ");
+      fprintf(f, "\"balance\": \"%s\", \"copies\": %d, ", r->balance, r->copies);
+      json_num(f, "balance_ms", r->balance_ms, ", ");
+      json_num(f, "trans_ms", r->trans_ms, ", ");
       json_num(f, "fwd_ms", r->fwd_ms, ", ");
       json_num(f, "bwd_ms", r->bwd_ms, ", ");
       json_num(f, "total_ms", r->total_ms, ", ");
@@ -807,6 +904,16 @@ static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes
     if (rank == 0) {
       cli_error("--ranks-per-node (%d) must divide the number of ranks (%d)", o->ranks_per_node,
                 world);
+    }
+    rc = CLI_USAGE;
+  } else if ((o->n_bal > 1 || strcmp(o->bals[0], "none") != 0) &&  // catalogue: no balancing
+             o->ep < 2) {
+    if (rank == 0) cli_error("--balance needs an EP size of at least 2 (got %d)", o->ep);
+    rc = CLI_USAGE;
+  } else if (o->balance_slots > o->cfg.num_experts - o->cfg.num_experts / o->ep) {
+    if (rank == 0) {
+      cli_error("--balance-slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
+                o->balance_slots, o->cfg.num_experts - o->cfg.num_experts / o->ep);
     }
     rc = CLI_USAGE;
   } else if (!o->grid && moe_layer_config_validate(ctx, &o->cfg) != MOE_STATUS_OK) {
@@ -948,17 +1055,20 @@ static int run_config(moe_ctx *ctx, ep_opts *o, const moe_layer_config *cfg, int
   const int any_auto = o->auto_a2a || o->auto_comp || o->auto_sched || o->auto_chunks;
   if (any_auto && plan_config(ctx, o, cfg, index, rank, sv) != CLI_OK) return CLI_FAILED;
   int k = 0;
-  for (int a = 0; a < o->n_a2a; a++) {
-    for (int z = 0; z < o->n_comp; z++) {
-      const int base = k;
-      for (int s = 0; s < n_sv; s++, k++) {
-        ep_result *r = &crs[k];
-        r->a2a = o->a2as[a];
-        r->compress = o->comps[z];
-        r->schedule = sv[s].schedule;
-        r->chunks_req = sv[s].chunks;
-        r->baseline = base;
-        r->planned = any_auto && s == 1;
+  for (int bi = 0; bi < o->n_bal; bi++) {
+    for (int a = 0; a < o->n_a2a; a++) {
+      for (int z = 0; z < o->n_comp; z++) {
+        const int base = k;
+        for (int s = 0; s < n_sv; s++, k++) {
+          ep_result *r = &crs[k];
+          r->balance = o->bals[bi];
+          r->a2a = o->a2as[a];
+          r->compress = o->comps[z];
+          r->schedule = sv[s].schedule;
+          r->chunks_req = sv[s].chunks;
+          r->baseline = base;
+          r->planned = any_auto && s == 1;
+        }
       }
     }
   }
@@ -1032,7 +1142,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
   int n_sv = make_sched_variants(&o, sv, (int)(sizeof sv / sizeof sv[0]));
   if (o.auto_a2a || o.auto_comp || o.auto_sched || o.auto_chunks)
     n_sv = 2;  // sequential r=1, then the plan (filled per config)
-  per_config = o.n_a2a * o.n_comp * n_sv;
+  per_config = o.n_bal * o.n_a2a * o.n_comp * n_sv;
   rs = moe_calloc((size_t)n_configs * (size_t)per_config, sizeof *rs);
   if (!cfgs || !rs) {
     cli_error("rank %d: cannot allocate the result tables", rank);

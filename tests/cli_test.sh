@@ -35,6 +35,10 @@ expect 2 "--skew: skew 'zipf:0' needs|zipf needs an exponent S in \(0, 10\]" -- 
 expect 2 "skew 'gauss' is unknown \(valid: none, uniform, zipf:S" -- "$MOE" bench layer --skew gauss
 expect 2 "hot needs the fraction F in \(0, 1\]" -- "$MOE" bench layer --skew hot:2
 expect 0 "skew: hot:0.5 \(router bias fitted to total variation 0\.0" -- "$MOE" bench layer --skew hot:0.5 --tokens 256 --model 32 --hidden 32 --iters 1 --peak-size 64
+# load balancing: unknown policy, one rank (EP 1), too many slots
+expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, all\)" -- "$MOE" bench layer --balance magic
+expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench layer --balance shadow --tokens 64 --model 32 --hidden 32
+expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
 expect 2 "--backend: unknown compute backend 'cublas' \(valid: fixed, openblas" -- "$MOE" bench layer --backend cublas
 expect 2 "--precision: unknown precision 'fp16' \(valid: fp32, bf16\)" -- "$MOE" bench layer --precision fp16

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "moe/balance.h"
 #include "moe/comm.h"
 #include "moe/measure.h"
 #include "moe/parallel.h"
@@ -36,6 +37,14 @@ extern "C" {
 typedef struct {
   moe_parallel_config pc;
   int baseline;
+  // Load balancing (docs/balance.md): with a policy other than none, after
+  // every iteration the harness all-gathers the load (moe_ep_layer_load),
+  // steps a moe_balancer and sets the next placement (moe_ep_layer_set_placement;
+  // pc.copy_slots must hold balance.slots); that time counts in the
+  // iteration's total. balance.cost.flops_per_s <= 0: the rates are measured
+  // on the variant's first iteration (the experts' GEMM rate and the bytes
+  // over the all-to-all busy time, the slowest rank's).
+  moe_balance_config balance;
 } moe_measure_variant;
 
 // What one variant measured. Every time is the median over the iterations
@@ -57,6 +66,9 @@ typedef struct {
   long long max_rank_rows;          // most rows one rank's experts computed, last iteration
   double balance_ratio;             // max_rank_rows / mean over the ranks (1 = balanced)
   double skew_tv;                   // with mc->skew: the fit's total variation (0 without)
+  double balance_ms;                // median time of the balancing step (load, plan, Trans)
+  double trans_ms;                  // ... of which the parameter transfer (slowest rank)
+  int copies;                       // expert copies in force in the last iteration
 } moe_measure_result;
 
 // Creates the n variants' layers for cfg (tokens per rank) over comm, then

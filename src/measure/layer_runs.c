@@ -18,7 +18,7 @@
 
 // Per iteration: fwd, bwd, total ms; fwd pass (5); bwd pass (5); the sums of
 // both passes' compute, comm and makespans; busy ms per kind, fwd and bwd.
-#define N_BASE 13
+#define N_BASE 15
 #define N_SUMS 3
 #define N_COLS (N_BASE + N_SUMS + 2 * MOE_CT_KINDS)
 #define COL_SUMS N_BASE
@@ -76,6 +76,60 @@ static double model_pass_ms(moe_ctx *ctx, const moe_ep_layer *layer, int backwar
 typedef struct {
   float *x, *y, *dy, *dx;
 } buffers;
+
+// A variant's load balancing: its balancer, the load and placement tables.
+typedef struct {
+  moe_balancer *b;
+  int64_t *load;     // (EP, E)
+  uint8_t *replica;  // (E, EP)
+  int copies;
+  int have_cost;  // the rates are set (given, or measured on the first iteration)
+} balancing;
+
+// The rates of this machine for the planners, from the iteration just run:
+// the experts' GEMM rate of the slowest rank, and the all-to-all's bytes over
+// its busy time on the rank that waited least (every rank's busy time
+// includes waiting for the others, most on the fast ones).
+static moe_status measure_cost(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
+                               const moe_ep_layer *layer, const moe_layer_stats *stats,
+                               const double *v, moe_balance_cost *cost) {
+  moe_status st = MOE_STATUS_OK;
+  moe_layer_timing f, b;
+  moe_ep_layer_timing(layer, &f, &b);
+  const double gemm_s = (f.expert_gemm_ms + b.expert_gemm_ms) * 1e-3;
+  double flops = gemm_s > 0 ? (f.expert_flops + b.expert_flops) / gemm_s : 0.0;
+  const double a2a_s = (v[COL_KINDS + MOE_CT_A1] + v[COL_KINDS + MOE_CT_A2] +
+                        v[COL_KINDS + MOE_CT_KINDS + MOE_CT_A1] +
+                        v[COL_KINDS + MOE_CT_KINDS + MOE_CT_A2]) *
+                       1e-3;
+  double net = a2a_s > 0 ? 4.0 * stats->rows * (double)cfg->model_dim * 4.0 / a2a_s : 0.0;
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
+                 MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_MIN, comm));
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
+                 MPI_Allreduce(MPI_IN_PLACE, &net, 1, MPI_DOUBLE, MPI_MAX, comm));
+  if (flops > 0) cost->flops_per_s = flops;
+  if (net > 0) cost->net_bytes_per_s = net;
+done:
+  return st;
+}
+
+// After an iteration: the load, the next placement, Trans. *ms the wall time,
+// *trans_ms the transfer's.
+static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer, balancing *bal,
+                               double *ms, double *trans_ms) {
+  moe_status st = MOE_STATUS_OK;
+  const uint64_t t0 = moe_time_ns();
+  moe_balance_step_info info;
+  MOE_TRY(moe_ep_layer_load(layer, bal->load));
+  MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_step(bal->b, bal->load, bal->replica, &info),
+                         "the balancing plan"));
+  MOE_TRY(moe_ep_layer_set_placement(layer, bal->replica));
+  bal->copies = info.copies;
+  *ms = moe_time_ms_since(t0);
+  *trans_ms = moe_ep_layer_trans_ms(layer);
+done:
+  return st;
+}
 
 // One timed forward + backward of layer; v (N_COLS) = this rank's values,
 // *fwd_ns the forward pass's makespan (for the trace).
@@ -142,6 +196,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
   moe_ep_layer **layers = NULL;
   double *local = NULL, *slow = NULL, *col = NULL;
   moe_layer_stats *stats = NULL;
+  balancing *bals = NULL;
   buffers b;
   memset(&b, 0, sizeof b);
   uint64_t fwd_pass_ns = 0;
@@ -164,12 +219,13 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
   slow = moe_calloc((size_t)n * it * N_COLS, sizeof *slow);
   col = moe_calloc(it, sizeof *col);
   stats = moe_calloc((size_t)n, sizeof *stats);
+  bals = moe_calloc((size_t)n, sizeof *bals);
   b.x = moe_malloc((tm ? tm : 1) * sizeof(float));
   b.y = moe_malloc((tm ? tm : 1) * sizeof(float));
   b.dy = moe_malloc((tm ? tm : 1) * sizeof(float));
   b.dx = moe_malloc((tm ? tm : 1) * sizeof(float));
   {
-    const int ok = layers && local && slow && col && stats && b.x && b.y && b.dy && b.dx;
+    const int ok = layers && local && slow && col && stats && bals && b.x && b.y && b.dy && b.dx;
     MOE_TRY(moe_comm_agree(
         ctx, comm,
         ok ? MOE_STATUS_OK
@@ -198,11 +254,46 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       memcpy(t.router_bias, t0.router_bias, (size_t)cfg->num_experts * sizeof(float));
     }
   }
+  for (int k = 0; k < n; k++) {
+    // load balancing: the balancer and its tables, agreed (every rank the same config)
+    const moe_balance_config *bc = &variants[k].balance;
+    if (bc->policy == MOE_BALANCE_NONE) continue;
+    const moe_ep_tensors t = moe_ep_layer_get_tensors(layers[k]);
+    const int E = cfg->num_experts, P = E / t.home_count;
+    moe_status bst = moe_balancer_create(ctx, bc, E, P, &bals[k].b);
+    if (bst == MOE_STATUS_OK) {
+      bals[k].load = moe_calloc((size_t)E * P, sizeof(int64_t));
+      bals[k].replica = moe_calloc((size_t)E * P, 1);
+      if (!bals[k].load || !bals[k].replica)
+        bst = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "measure: cannot allocate the balancing tables");
+    }
+    MOE_TRY(moe_comm_agree(ctx, comm, bst, "measure: balancer"));
+    bals[k].have_cost = bc->cost.flops_per_s > 0;
+  }
   for (int i = 0; i < mc->warmup + mc->iters; i++) {
     for (int k = 0; k < n; k++) {
       double v[N_COLS];
       uint64_t fns = 0;
       MOE_TRY(time_iteration(cfg, comm, &b, layers[k], &stats[k], v, &fns));
+      v[13] = v[14] = 0.0;
+      if (bals[k].b) {
+        if (!bals[k].have_cost) {
+          moe_balance_config bc = variants[k].balance;
+          MOE_TRY(measure_cost(ctx, comm, cfg, layers[k], &stats[k], v, &bc.cost));
+          moe_balancer_destroy(bals[k].b);
+          bals[k].b = NULL;
+          MOE_TRY(moe_comm_agree(ctx, comm,
+                                 moe_balancer_create(ctx, &bc, cfg->num_experts,
+                                                     cfg->num_experts /
+                                                         moe_ep_layer_get_tensors(layers[k]).home_count,
+                                                     &bals[k].b),
+                                 "measure: balancer"));
+          bals[k].have_cost = 1;
+        }
+        MOE_TRY(balance_step(ctx, comm, layers[k], &bals[k], &v[13], &v[14]));
+        v[2] += v[13];  // the balancing step is part of the iteration
+      }
       if (k == n - 1) fwd_pass_ns = fns;
       if (i < mc->warmup) continue;
       const size_t at = ((size_t)k * it + (size_t)(i - mc->warmup)) * N_COLS;
@@ -268,6 +359,9 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
                    MPI_Allreduce(&mine, &all, 1, MPI_LONG_LONG, MPI_SUM, comm));
     int world = 1;
     MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &world));
+    r->balance_ms = med[13];
+    r->trans_ms = med[14];
+    r->copies = bals[k].copies;
     r->max_rank_rows = most;
     r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
     r->skew_tv = skew_tv;
@@ -283,6 +377,12 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     MOE_TRY(moe_trace_write_ranks(ctx, comm, mc->trace_path, passes, np));
   }
 done:
+  for (int k = 0; bals && k < n; k++) {
+    moe_balancer_destroy(bals[k].b);
+    moe_free(bals[k].load);
+    moe_free(bals[k].replica);
+  }
+  moe_free(bals);
   for (int k = 0; layers && k < n; k++) moe_ep_layer_destroy(layers[k]);
   moe_free(layers);
   moe_free(local);
