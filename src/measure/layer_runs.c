@@ -172,6 +172,15 @@ moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
     MOE_TRY(moe_ep_layer_memory(ctx, cfg, &variants[k].pc, world_size,
                                 variants[k].pc.ranks_per_node, &one));
     moe_memory_need_add(out, &one);
+    const moe_balance_config *bc = &variants[k].balance;
+    if (bc->policy != MOE_BALANCE_NONE) {
+      // the balancer (its window of W loads, their sum and mean, rows, the
+      // plan) and the harness's load and placement tables
+      const size_t EP = (size_t)cfg->num_experts * (size_t)variants[k].pc.ep_size;
+      const size_t W = (size_t)(bc->window > 0 ? bc->window : 1);
+      out->bytes[MOE_MEM_WORKSPACE] +=
+          (double)(moe_align64((W + 3) * EP * sizeof(int64_t)) + 2 * moe_align64(EP) + 4096);
+    }
   }
   {
     // moe_measure_layer_variants, below: x, y, dy, dx; the tables of every iteration
