@@ -95,6 +95,12 @@ static void usage(FILE *f) {
       "                        (the planner picks the least predicted time for the\n"
       "                        MoE layer's shape: B/P x S tokens per rank)\n"
       "  --allow-lossy         let --compress auto pick lossy compressors\n"
+      "  --balance POLICY      load balancing by expert copies: none, shadow, prophet,\n"
+      "                        eplb (docs/balance.md); after each step the policy plans\n"
+      "                        the next step's copies from the all-gathered load; losses\n"
+      "                        equal to rounding, not bitwise; needs EP >= 2 [none]\n"
+      "  --balance-slots N     copy slots per rank and MoE layer, 0..E-E/EP [E/EP]\n"
+      "  --replan-every N      plan every N steps, keep the plan between [1]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -126,6 +132,7 @@ typedef struct {
   const char *model_config;
   int model_flags;           // a model flag was given
   const char *profile_path;  // --profile: predictions, and the planner for auto
+  int balance_slots;         // --balance-slots, -1: E / EP
 } train_opts;
 
 static int any_auto(const moe_train_config *tc) {
@@ -245,6 +252,21 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     snprintf(tc->par.compress, sizeof tc->par.compress, "%s", a->value);
   } else if (cli_flag(a, "--compress-backward")) {
     tc->par.compress_backward = 1;
+  } else if (cli_opt(a, "--balance")) {
+    if (a->value) {
+      const int p = moe_balance_policy_find(a->value);
+      if (p < 0) {
+        cli_error("--balance: policy '%s' is unknown (valid: %s)", a->value,
+                  moe_balance_policy_names());
+        a->bad = 1;
+      } else {
+        tc->balance.policy = p;
+      }
+    }
+  } else if (cli_opt(a, "--balance-slots")) {
+    cli_parse_int(a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
+  } else if (cli_opt(a, "--replan-every")) {
+    cli_parse_int(a, "--replan-every", 1, 1000000, &tc->balance.replan_every);
   } else {
     return 0;
   }
@@ -489,6 +511,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  if (tc->balance.policy != MOE_BALANCE_NONE)
+    printf(
+        "  balance: %s, mean over steps and MoE layers: balance ratio %.3f without copies, "
+        "%.3f with; %.1f copies; %.2f ms per step (load, plan, Trans)\n",
+        moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
+        r->balance_copies, r->balance_ms);
   const moe_backend *be = moe_backend_current();
   const moe_precision prec = moe_precision_current();
   char prec_desc[64];
@@ -541,6 +569,7 @@ int cmd_train(int argc, char **argv) {
   moe_train_config_default(&o.tc);
   o.tc.threads = 1;
   o.hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
+  o.balance_slots = -1;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     cli_error("out of memory");
     MPI_Finalize();
@@ -560,6 +589,12 @@ int cmd_train(int argc, char **argv) {
     moe_ctx_destroy(ctx);
     MPI_Finalize();
     return rc < 0 ? CLI_OK : rc;
+  }
+  if (o.tc.balance.policy != MOE_BALANCE_NONE) {
+    // copy slots: --balance-slots, or as many as a rank's home experts (the
+    // library checks the range against E - E/EP and says so on every rank)
+    const int ep = o.tc.par.ep_size > 0 ? o.tc.par.ep_size : world;
+    o.tc.balance.slots = o.balance_slots >= 0 ? o.balance_slots : o.tc.model.moe.num_experts / ep;
   }
   if (provided < MPI_THREAD_MULTIPLE && rank == 0)
     fprintf(stderr, "moe: warning: MPI provides thread level %d < MULTIPLE\n", provided);

@@ -234,6 +234,7 @@ int main(int argc, char **argv) {
   losses ref, got;
   if (g_rank == 0) printf("layouts against 1 rank:\n");
   TU_CHECK(run_on(1, &tc, &ref, ctx) == MOE_STATUS_OK, "1 rank: %s", moe_ctx_error(ctx));
+  losses ref1 = ref;  // the 1-rank run (ref is reused below)
   if (g_rank == 0)
     TU_CHECK(ref.loss[STEPS] < ref.loss[1] - 0.5, "the loss does not fall (%g -> %g)", ref.loss[1],
              ref.loss[STEPS]);
@@ -277,6 +278,59 @@ int main(int argc, char **argv) {
   TU_CHECK(run_on(g_world, &tc, &ref, ctx) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
   TU_CHECK(run_on(g_world, &tc, &got, ctx) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
   compare("same run twice (bitwise)", &got, &ref, 1, 1);
+
+  // 2b. load balancing: every policy, with rates that make copies worth it
+  // (slow compute, a fast network) so that copies are really placed, gives
+  // the losses of training without it; a checkpoint written with balancing
+  // resumes without it on one rank.
+  for (int pol = MOE_BALANCE_SHADOW; pol <= MOE_BALANCE_EPLB; pol++) {
+    for (int size = 2; size <= 4 && size <= g_world; size += 2) {
+      moe_train_config t = tc;
+      moe_balance_config_default(&t.balance, pol, t.model.d_model, t.model.moe.hidden_dim,
+                                 t.model.moe.num_experts / size);
+      t.balance.cost.flops_per_s = 1e6;
+      t.balance.cost.net_bytes_per_s = 1e15;
+      char name[128];
+      snprintf(name, sizeof name, "P=%d balance %s", size, moe_balance_policy_name(pol));
+      TU_CHECK(run_on(size, &t, &got, ctx) == MOE_STATUS_OK, "%s: %s", name, moe_ctx_error(ctx));
+      compare(name, &got, &ref1, 1, 0);
+      if (g_rank == 0) {
+        TU_CHECK(g_res.balance_copies > 0, "%s: no copies were placed (%g)", name,
+                 g_res.balance_copies);
+        printf("  %-44s copies %.1f, balance ratio %.3f -> %.3f\n", name, g_res.balance_copies,
+               g_res.balance_before, g_res.balance_after);
+      }
+    }
+  }
+  {
+    moe_train_config t = tc;
+    moe_balance_config_default(&t.balance, MOE_BALANCE_EPLB, t.model.d_model,
+                               t.model.moe.hidden_dim, t.model.moe.num_experts / g_world);
+    t.balance.cost.flops_per_s = 1e6;
+    t.balance.cost.net_bytes_per_s = 1e15;
+    t.checkpoint = g_ckpt;
+    t.stop_step = 10;
+    if (g_world >= 2) {
+      TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "balanced save: %s",
+               moe_ctx_error(ctx));
+      moe_train_config u = tc;
+      u.resume = g_ckpt;
+      TU_CHECK(run_on(1, &u, &got, ctx) == MOE_STATUS_OK, "resume without balancing: %s",
+               moe_ctx_error(ctx));
+      compare("balanced checkpoint resumed on 1 rank", &got, &ref1, 11, 0);
+    }
+    // bad input: EP 1, slots out of range (every rank, no hang)
+    moe_train_config b = t;
+    b.checkpoint = NULL;
+    b.stop_step = 0;
+    b.par.ep_size = 1;
+    expect_fail("balance with EP 1", g_world, &b, "needs an EP size of at least 2", ctx);
+    if (g_world >= 2) {
+      b.par.ep_size = 0;
+      b.balance.slots = 99;
+      expect_fail("balance slots out of range", g_world, &b, "balance slots (99) must be in", ctx);
+    }
+  }
 
   // 3. resume: stop at 10, resume to 20 (bitwise at the same layout).
   {

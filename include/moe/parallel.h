@@ -154,6 +154,13 @@ moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replica);
 // Wall time (ms) of the last set_placement's parameter transfer on this rank.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
+// The machine's rates seen by the last forward and backward, for the
+// balancing planners (moe_balance_cost): *flops_per_s = the experts' GEMM
+// FLOPs over their time on the slowest rank; *net_bytes_per_s = the rows'
+// bytes moved by the four all-to-alls over their busy time, on the rank that
+// waited least (every rank's busy time includes waiting for the others).
+// 0 when not measurable (no pass yet, no rows). Collective over world.
+moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *net_bytes_per_s);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every
 // rank. Collective over world (an all-gather in the EP group and a sum over

@@ -18,6 +18,7 @@
 
 #include <mpi.h>
 
+#include "moe/balance.h"
 #include "moe/gpt_io.h"
 #include "moe/model.h"
 #include "moe/parallel.h"
@@ -40,6 +41,13 @@ typedef struct {
   double exposed_share;  // all-to-all time not hidden by compute / step time (rank 0)
   double moe_pass_ms;    // forward + backward pass makespans per MoE layer, ms (rank 0)
   int dropped;           // dropped choices over the world
+  // load balancing (tc->balance; zeros without): over the MoE layers, the
+  // mean balance ratio of the step's load without copies and under the
+  // placement planned for the next step, the copies placed, and the time of
+  // the balancing (load, plan, Trans) in step_s
+  double balance_before, balance_after;
+  int copies;
+  double balance_ms;
 } moe_train_step_info;
 
 typedef struct {
@@ -105,6 +113,16 @@ typedef struct {
   // x expert) matrix of kept rows, JSON lines written by rank 0; appended to
   // when metrics_append (a resumed run). NULL: none.
   const char *routing_trace;
+  // Load balancing (docs/balance.md): with balance.policy other than none,
+  // every MoE layer gets balance.slots copy slots per rank (par.copy_slots is
+  // set from it) and its own moe_balancer; after every optimizer step the
+  // layer's load is all-gathered, the policy plans the next step's placement
+  // and the copies receive their homes' updated parameters. The losses are
+  // those of training without it to rounding (expert gradients are summed in
+  // another order), so not bitwise across rank counts. balance.cost with
+  // flops_per_s <= 0: the rates are measured on each layer's first step
+  // (moe_ep_layer_rates). Needs EP >= 2. Default: none.
+  moe_balance_config balance;
 } moe_train_config;
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,
@@ -193,6 +211,9 @@ typedef struct {
   double memory_max_expected;   // the largest moe_memory_need_expected over the ranks (bytes)
   moe_train_schedule schedule;  // the learning-rate schedule used
   char source[256];             // the text's description
+  // load balancing (tc->balance; zeros without): means over the steps of
+  // the step infos' balance_before, balance_after, copies and balance_ms
+  double balance_before, balance_after, balance_copies, balance_ms;
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

@@ -86,33 +86,6 @@ typedef struct {
   int have_cost;  // the rates are set (given, or measured on the first iteration)
 } balancing;
 
-// The rates of this machine for the planners, from the iteration just run:
-// the experts' GEMM rate of the slowest rank, and the all-to-all's bytes over
-// its busy time on the rank that waited least (every rank's busy time
-// includes waiting for the others, most on the fast ones).
-static moe_status measure_cost(moe_ctx *ctx, MPI_Comm comm, const moe_layer_config *cfg,
-                               const moe_ep_layer *layer, const moe_layer_stats *stats,
-                               const double *v, moe_balance_cost *cost) {
-  moe_status st = MOE_STATUS_OK;
-  moe_layer_timing f, b;
-  moe_ep_layer_timing(layer, &f, &b);
-  const double gemm_s = (f.expert_gemm_ms + b.expert_gemm_ms) * 1e-3;
-  double flops = gemm_s > 0 ? (f.expert_flops + b.expert_flops) / gemm_s : 0.0;
-  const double a2a_s = (v[COL_KINDS + MOE_CT_A1] + v[COL_KINDS + MOE_CT_A2] +
-                        v[COL_KINDS + MOE_CT_KINDS + MOE_CT_A1] +
-                        v[COL_KINDS + MOE_CT_KINDS + MOE_CT_A2]) *
-                       1e-3;
-  double net = a2a_s > 0 ? 4.0 * stats->rows * (double)cfg->model_dim * 4.0 / a2a_s : 0.0;
-  MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
-                 MPI_Allreduce(MPI_IN_PLACE, &flops, 1, MPI_DOUBLE, MPI_MIN, comm));
-  MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
-                 MPI_Allreduce(MPI_IN_PLACE, &net, 1, MPI_DOUBLE, MPI_MAX, comm));
-  if (flops > 0) cost->flops_per_s = flops;
-  if (net > 0) cost->net_bytes_per_s = net;
-done:
-  return st;
-}
-
 // After an iteration: the load, the next placement, Trans. *ms the wall time,
 // *trans_ms the transfer's.
 static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer, balancing *bal,
@@ -289,7 +262,11 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       if (bals[k].b) {
         if (!bals[k].have_cost) {
           moe_balance_config bc = variants[k].balance;
-          MOE_TRY(measure_cost(ctx, comm, cfg, layers[k], &stats[k], v, &bc.cost));
+          double f = 0, net = 0;
+          MOE_TRY(moe_ep_layer_rates(layers[k], &f, &net));
+          if (f > 0) bc.cost.flops_per_s = f;
+          if (net > 0) bc.cost.net_bytes_per_s = net;
+          if (!(bc.cost.flops_per_s > 0)) moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
           moe_balancer_destroy(bals[k].b);
           bals[k].b = NULL;
           MOE_TRY(moe_comm_agree(ctx, comm,

@@ -17,6 +17,7 @@
 // Trans and Agg as tasks on the communication stream that a scheduler
 // overlaps with compute (Pro-Prophet's block-wise scheduler).
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #include "moe/kernels.h"
@@ -216,6 +217,39 @@ moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
                                  L->ep.comm));
     MOE_MPI_TRY_OP(ctx, "sum of the routing counts over the DP groups",
                    MPI_Allreduce(MPI_IN_PLACE, counts, P * E, MPI_INT64_T, MPI_SUM, L->dp));
+  }
+done:
+  return st;
+}
+
+moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L || !flops || !net, MOE_STATUS_INVALID_ARG,
+              "layer, flops_per_s and net_bytes_per_s must not be NULL");
+  {
+    const double gemm_s = (L->fwd_timing.expert_gemm_ms + L->bwd_timing.expert_gemm_ms) * 1e-3;
+    double f = gemm_s > 0 ? (L->fwd_timing.expert_flops + L->bwd_timing.expert_flops) / gemm_s : 0;
+    double a2a_s = 0.0;
+    for (int d = 0; d < 2; d++) {
+      const moe_task_graph *g = NULL;
+      const moe_task_record *rec = NULL;
+      moe_ep_layer_last_pass(L, d, &g, &rec);
+      for (int i = 0; g && rec && i < g->n_tasks; i++) {
+        const int k = g->tasks[i].kind;
+        if ((k == MOE_CT_A1 || k == MOE_CT_A2) && rec[i].ran)
+          a2a_s += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-9;
+      }
+    }
+    // each of the 4 all-to-alls moves this rank's rows of M floats (sent or received)
+    double n = a2a_s > 0 ? 4.0 * L->route.rows * (double)L->cfg.model_dim * 4.0 / a2a_s : 0.0;
+    if (f <= 0) f = INFINITY;  // no rows here: not the slowest rank
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
+                   MPI_Allreduce(MPI_IN_PLACE, &f, 1, MPI_DOUBLE, MPI_MIN, L->world));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
+                   MPI_Allreduce(MPI_IN_PLACE, &n, 1, MPI_DOUBLE, MPI_MAX, L->world));
+    *flops = isfinite(f) ? f : 0.0;
+    *net = n;
   }
 done:
   return st;

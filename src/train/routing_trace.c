@@ -55,7 +55,8 @@ moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *pat
     if (probe) fclose(probe);
     t->f = fopen(path, append ? "a" : "w");
     if (!t->f) {
-      local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
+      // a path that cannot be written is a bad argument (exit 2 in the CLI)
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "cannot open the routing trace '%s': %s", path, strerror(errno));
     } else if (!has_header) {
       fprintf(t->f,

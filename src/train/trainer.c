@@ -37,6 +37,9 @@ void moe_train_config_default(moe_train_config *tc) {
   moe_optim_config_default(&tc->optim);
   moe_parallel_config_default(&tc->par);
   tc->par.ep_size = 0;
+  moe_balance_config_default(&tc->balance, MOE_BALANCE_NONE, tc->model.d_model,
+                             tc->model.moe.hidden_dim, 0);
+  tc->balance.cost.flops_per_s = 0;  // measured on the first step
   tc->batch = 16;
   tc->steps = 200;
   tc->seed = 1;
@@ -68,6 +71,10 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
              tc->par.schedule);
   } else if (!lossless) {
     snprintf(buf, sizeof buf, "compressor %s is lossy (or auto)", tc->par.compress);
+  } else if (tc->model.moe_every > 0 && tc->balance.policy != MOE_BALANCE_NONE) {
+    snprintf(buf, sizeof buf, "load balancing (%s) sums expert gradients over copies",
+             moe_balance_policy_name(tc->balance.policy) ? moe_balance_policy_name(tc->balance.policy)
+                                                          : "?");
   } else if (tc->model.moe_every > 0 && tc->model.moe.capacity_factor > 0) {
     snprintf(buf, sizeof buf, "capacity factor %g drops tokens per source rank",
              tc->model.moe.capacity_factor);
@@ -148,6 +155,11 @@ typedef struct {
   moe_progress *progress;
   moe_metrics *metrics;
   moe_routing_trace *routing;  // tc->routing_trace, NULL: none
+  // load balancing (tc->balance): one balancer per MoE block, made on the
+  // block's first step (its rates measured then), and the load and plan tables
+  moe_balancer *bal[MOE_GPT_MAX_LAYERS];
+  int64_t *bal_load;     // (EP, E)
+  uint8_t *bal_replica;  // (E, EP)
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
   moe_memory_need need;           // this rank's memory estimate (baseline included)
@@ -214,6 +226,23 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
     MOE_FAIL_IF(ctx, tc->model.moe.num_experts % *ep != 0, MOE_STATUS_INVALID_ARG,
                 "experts (%d) must be divisible by the EP size (%d)", tc->model.moe.num_experts,
                 *ep);
+  if (tc->balance.policy != MOE_BALANCE_NONE && tc->model.moe_every > 0) {
+    const int E = tc->model.moe.num_experts;
+    MOE_FAIL_IF(ctx, !moe_balance_policy_name(tc->balance.policy), MOE_STATUS_INVALID_ARG,
+                "balance policy %d is unknown (valid: %s)", tc->balance.policy,
+                moe_balance_policy_names());
+    MOE_FAIL_IF(ctx, *ep < 2, MOE_STATUS_INVALID_ARG,
+                "load balancing (%s) needs an EP size of at least 2 (got %d)",
+                moe_balance_policy_name(tc->balance.policy), *ep);
+    MOE_FAIL_IF(ctx, tc->balance.slots < 0 || tc->balance.slots > E - E / *ep,
+                MOE_STATUS_INVALID_ARG,
+                "balance slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
+                tc->balance.slots, E - E / *ep);
+    MOE_FAIL_IF(ctx, tc->balance.replan_every < 1 || tc->balance.window < 1,
+                MOE_STATUS_INVALID_ARG,
+                "balance replan_every (%d) and window (%d) must be at least 1",
+                tc->balance.replan_every, tc->balance.window);
+  }
 done:
   return st;
 }
@@ -233,6 +262,7 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     moe_parallel_config pc = tc->par;
     pc.ep_size = ep;
     pc.slice_tokens = tc->deterministic ? S : 0;  // as setup() sets it
+    pc.copy_slots = tc->balance.policy != MOE_BALANCE_NONE ? tc->balance.slots : 0;
     moe_layer_config lc = tc->model.moe;          // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
     lc.tokens = bl * S;
@@ -615,6 +645,7 @@ static moe_status setup(run_state *r, int *start_step) {
   moe_backend_use(be, tc->threads);
   moe_precision_use(tc->precision);
   r->user->par.slice_tokens = tc->deterministic ? r->s : 0;
+  r->user->par.copy_slots = tc->balance.policy != MOE_BALANCE_NONE ? tc->balance.slots : 0;
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
   local = tc->deterministic ? moe_gpt_set_deterministic(r->model, 1) : MOE_STATUS_OK;
@@ -705,6 +736,9 @@ static void teardown(run_state *r) {
   moe_progress_free(r->progress);
   moe_metrics_close(r->metrics);
   moe_routing_trace_close_(r->routing);
+  for (int b = 0; b < MOE_GPT_MAX_LAYERS; b++) moe_balancer_destroy(r->bal[b]);
+  moe_free(r->bal_load);
+  moe_free(r->bal_replica);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
   moe_free(r->expert_sq);
@@ -733,6 +767,62 @@ static void test_slow_rank(const run_state *r, int step) {
   struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
   while (nanosleep(&ts, &ts) != 0) {
   }
+}
+
+// ---- load balancing ------------------------------------------------------------------------
+
+// After the optimizer step: per MoE block, the load of the step, the policy's
+// plan for the next step, and the copies set (Trans of the updated
+// parameters). Collective; every rank computes the same plans.
+static moe_status balance_step(run_state *r, moe_train_step_info *info) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  const uint64_t t0 = moe_time_ns();
+  const int E = tc->model.moe.num_experts;
+  int blocks = 0;
+  for (int b = 0; b < tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    const int P = r->user->par.ep_size;
+    if (!r->bal_load) {
+      r->bal_load = moe_calloc((size_t)E * P, sizeof(int64_t));
+      r->bal_replica = moe_calloc((size_t)E * P, 1);
+      MOE_TRY(agree(r,
+                    r->bal_load && r->bal_replica
+                        ? MOE_STATUS_OK
+                        : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                       "cannot allocate the balancing tables"),
+                    "balancing tables"));
+    }
+    if (!r->bal[b]) {
+      moe_balance_config bc = tc->balance;
+      if (!(bc.cost.flops_per_s > 0)) {
+        double f = 0, n = 0;
+        MOE_TRY(moe_ep_layer_rates(l, &f, &n));
+        moe_balance_cost_default(&bc.cost, tc->model.d_model, tc->model.moe.hidden_dim);
+        if (f > 0) bc.cost.flops_per_s = f;
+        if (n > 0) bc.cost.net_bytes_per_s = n;
+      }
+      MOE_TRY(agree(r, moe_balancer_create(ctx, &bc, E, P, &r->bal[b]), "the balancer"));
+    }
+    moe_balance_step_info bi;
+    MOE_TRY(moe_ep_layer_load(l, r->bal_load));
+    MOE_TRY(agree(r, moe_balancer_step(r->bal[b], r->bal_load, r->bal_replica, &bi),
+                  "the balancing plan"));
+    MOE_TRY(moe_ep_layer_set_placement(l, r->bal_replica));
+    info->balance_before += bi.ratio_before;
+    info->balance_after += bi.ratio_after;
+    info->copies += bi.copies;
+    blocks++;
+  }
+  if (blocks) {
+    info->balance_before /= blocks;
+    info->balance_after /= blocks;
+  }
+  info->balance_ms = moe_time_ms_since(t0);
+done:
+  return st;
 }
 
 // ---- the loop --------------------------------------------------------------------------------
@@ -812,6 +902,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     double norm = 0;
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
+    moe_train_step_info info;
+    memset(&info, 0, sizeof info);
+    // the next step's placement of expert copies, with the updated parameters
+    if (tc->balance.policy != MOE_BALANCE_NONE) MOE_TRY(balance_step(&r, &info));
     double sums[2] = {l.ce_sum, (double)l.dropped};
     // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
     // sum covers only the dropped count (an integer: exact in any order).
@@ -823,8 +917,6 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
                                      "all-reduce of the step's loss"));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
 
-    moe_train_step_info info;
-    memset(&info, 0, sizeof info);
     info.step = step;
     info.loss = sums[0] / gtokens;
     info.aux = l.aux;
@@ -849,6 +941,13 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         (step == 1 && tc->eval_every > 0))
       MOE_TRY(validate(&r, &info.val_loss));
 
+    if (tc->balance.policy != MOE_BALANCE_NONE) {
+      const double k = (double)(step - start);  // steps averaged so far
+      out->balance_before = (out->balance_before * k + info.balance_before) / (k + 1);
+      out->balance_after = (out->balance_after * k + info.balance_after) / (k + 1);
+      out->balance_copies = (out->balance_copies * k + info.copies) / (k + 1);
+      out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
+    }
     if (step == start) out->first_loss = info.loss;
     out->final_loss = info.loss;
     if (!isnan(info.val_loss)) {
@@ -872,11 +971,16 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        static const char *const names[] = {"aux",     "grad_norm", "exposed_share",
-                                            "dropped", "step_ms",   "moe_pass_ms"};
-        const double vals[] = {info.aux,     info.grad_norm, info.exposed_share,
-                               info.dropped, step_s * 1e3,   info.moe_pass_ms};
-        const int n_vals = isnan(info.moe_pass_ms) ? 5 : 6;  // a dense model has no MoE pass
+        static const char *const names[] = {"aux",          "grad_norm",      "exposed_share",
+                                            "dropped",      "step_ms",        "moe_pass_ms",
+                                            "balance_ratio", "balance_after", "copies"};
+        const double vals[] = {info.aux,          info.grad_norm,     info.exposed_share,
+                               info.dropped,      step_s * 1e3,       info.moe_pass_ms,
+                               info.balance_before, info.balance_after, info.copies};
+        // a dense model has no MoE pass; the balance values only when balancing
+        const int n_vals = isnan(info.moe_pass_ms) ? 5
+                           : tc->balance.policy != MOE_BALANCE_NONE ? 9
+                                                                     : 6;
         // A full disk must not stop training (nor leave the other ranks waiting).
         if (moe_metrics_write(r.metrics, step, info.loss, info.val_loss, info.tokens_per_s,
                               info.a2a_share, lr, elapsed, names, vals, n_vals) != MOE_STATUS_OK) {
