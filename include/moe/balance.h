@@ -241,7 +241,8 @@ typedef struct {
   int slots;              // copies a rank may hold (the layer's copy_slots), >= 0; eplb's R
   int prophet_n;          // Pro-Prophet's n [MOE_BALANCE_PROPHET_N_DEFAULT]
   double prophet_alpha;   // Pro-Prophet's alpha [MOE_BALANCE_PROPHET_ALPHA_DEFAULT]
-  moe_balance_model model;  // prophet and eplb [MOE_BALANCE_MODEL_PROPHET_SCHED]
+  moe_balance_model model;  // prophet and eplb [MOE_BALANCE_MODEL_PROPHET: eq 6, Trans and
+                            // Agg exposed, as the mechanism runs them until a scheduler hides them]
   moe_balance_cost cost;    // the machine's rates (moe_balance_cost_default / _from_profile)
 } moe_balance_config;
 

@@ -32,7 +32,9 @@ void moe_balance_config_default(moe_balance_config *cfg, int policy, int M, int 
   cfg->slots = slots;
   cfg->prophet_n = MOE_BALANCE_PROPHET_N_DEFAULT;
   cfg->prophet_alpha = MOE_BALANCE_PROPHET_ALPHA_DEFAULT;
-  cfg->model = MOE_BALANCE_MODEL_PROPHET_SCHED;
+  // eq 6: Trans and Agg exposed, as the mechanism runs them today (eq 8
+  // assumes Pro-Prophet's scheduler hides them behind compute, not built yet)
+  cfg->model = MOE_BALANCE_MODEL_PROPHET;
   moe_balance_cost_default(&cfg->cost, M, H);
 }
 
