@@ -78,6 +78,7 @@ typedef struct {
   int T[MAX_PASSES][MAX_P];  // tokens of each rank in each pass
   int hot;                   // -1, or an expert a constant feature pulls most tokens to
   int nrep, rep_e[MAX_REPLICAS], rep_p[MAX_REPLICAS];
+  int placed;  // 1: the replica pairs as one placement of expert copies (set_placement)
   int expect_reject;  // 1: the docs say create fails (why in reject_why)
   char reject_why[96];
 } camp_case;
@@ -234,6 +235,18 @@ static void draw_case(uint64_t seed, camp_case *c) {
       c->rep_p[c->nrep] = p;
       c->nrep++;
     }
+    // half of them as a placement of load balancing's copies: slots for the
+    // most copies one rank holds (sometimes one more than needed)
+    if (c->nrep > 0 && chance(&r, 0.5)) {
+      int busiest = 0;
+      for (int p = 0; p < EP; p++) {
+        int n = 0;
+        for (int i = 0; i < c->nrep; i++) n += c->rep_p[i] == p;
+        if (n > busiest) busiest = n;
+      }
+      c->placed = 1;
+      c->pc.copy_slots = busiest + (busiest < E - E / EP && chance(&r, 0.3) ? 1 : 0);
+    }
   }
 }
 
@@ -243,7 +256,7 @@ static void describe(const camp_case *c, char *buf, size_t len) {
   int n = snprintf(buf, len,
                    "P=%d DPxEP=%dx%d%s rpn=%d a2a=%s g=%d sched=%s r=%d comp=%s cb=%d wait=%s "
                    "E=%d K=%d M=%d H=%d f=%.3g %s %s%s aux=%.3g z=%.3g fin=%d expert=%s tok=%d "
-                   "hot=%d rep=%d passes=%d T=",
+                   "hot=%d rep=%d%s passes=%d T=",
                    g_world, g_world / pc->ep_size, pc->ep_size, pc->ep_strided ? "s" : "c",
                    pc->ranks_per_node, pc->a2a, pc->grouped_size, pc->schedule, pc->chunks,
                    pc->compress, pc->compress_backward, moe_wait_policy_name(pc->exec.wait),
@@ -251,7 +264,8 @@ static void describe(const camp_case *c, char *buf, size_t len) {
                    cfg->capacity_factor, moe_activation_name(cfg->act),
                    moe_gate_convention_name((moe_gate_convention)cfg->gate_convention),
                    cfg->renormalize ? " renorm" : "", cfg->aux_loss_coef, cfg->z_loss_coef,
-                   cfg->check_finite, cfg->expert, cfg->tokens, c->hot, c->nrep, c->passes);
+                   cfg->check_finite, cfg->expert, cfg->tokens, c->hot, c->nrep,
+                   c->placed ? " placed" : "", c->passes);
   for (int p = 0; p < c->passes && n > 0 && (size_t)n < len; p++) {
     for (int q = 0; q < g_world && n > 0 && (size_t)n < len; q++) {
       n += snprintf(buf + n, len - (size_t)n, "%s%d", q ? "," : (p ? "/" : ""), c->T[p][q]);
@@ -375,7 +389,18 @@ static int run_case(const camp_case *c, int *rejected, int *dropped_any) {
   moe_ep_layer_init_params(L, c->seed);
   moe_ep_tensors t = moe_ep_layer_get_tensors(L);
   set_hot(t.wg, c->hot);
-  for (int i = 0; i < c->nrep; i++) {
+  if (c->placed) {
+    const int EP = c->pc.ep_size;
+    uint8_t *rep = calloc((size_t)E * EP, 1);  // (E, EP)
+    for (int i = 0; rep && i < c->nrep; i++) rep[(size_t)c->rep_e[i] * EP + c->rep_p[i]] = 1;
+    st = rep ? moe_ep_layer_set_placement(L, rep) : MOE_STATUS_OUT_OF_MEMORY;
+    free(rep);
+    if (st != MOE_STATUS_OK) {
+      fail(&v, "set_placement of %d copies: %s", c->nrep, moe_ctx_error(ctx));
+      goto verdict;
+    }
+  }
+  for (int i = 0; !c->placed && i < c->nrep; i++) {
     st = moe_ep_layer_set_replica(L, c->rep_e[i], c->rep_p[i], 1);
     if (st != MOE_STATUS_OK) {
       fail(&v, "set_replica(%d, %d): %s", c->rep_e[i], c->rep_p[i], moe_ctx_error(ctx));
@@ -645,7 +670,7 @@ static void count_case(const camp_case *c) {
     cov(c->pc.ep_strided ? "dp-ep-strided" : "dp-ep");
   if (c->pc.ranks_per_node > 0) cov("ranks-per-node");
   if (c->pc.chunks > 1) cov("chunks>1");
-  if (c->nrep > 0) cov("replicas");
+  if (c->nrep > 0) cov(c->placed ? "placements" : "replicas");
   if (c->hot >= 0) cov("hot-expert");
   if (c->passes > 1) cov("2-passes");
   if (c->expect_reject) cov("expect-reject");
