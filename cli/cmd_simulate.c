@@ -33,6 +33,10 @@ typedef struct {
   const char *json_path;
   int roofline;           // moe roofline: the DDL-roofline point of every variant
   const char *plot_path;  // roofline: gnuplot output (.png, .svg, else text)
+  // --balance: the load-balancing policies' plans instead of the schedules
+  int bal[8], n_bal;
+  moe_skew skew;      // --skew [zipf:1.2 with --balance]
+  int balance_slots;  // --balance-slots, -1: E / devices
 } sim_opts;
 
 typedef struct {
@@ -88,6 +92,17 @@ static void simulate_usage(FILE *f) {
           "all-to-all and compressor; comm, comp = summed task times of both passes;\n"
           "exposed = comm not overlapped by compute in the simulated schedule.\n",
           a2a, k_default_a2a, moe_schedule_algo_names(), moe_compressor_names());
+  fprintf(f,
+          "\n"
+          "load balancing (instead of the schedules; docs/balance.md):\n"
+          "  --balance LIST|all     plan these policies (%s) on a skewed load\n"
+          "                         and print each plan's copies, balance ratio and time\n"
+          "                         under FasterMoE's (eq. 7/8) and Pro-Prophet's (eq. 6)\n"
+          "                         models next to no copies\n"
+          "  --skew SPEC            the expert popularity every device routes with:\n"
+          "                         uniform, zipf:S, hot:F [zipf:1.2]\n"
+          "  --balance-slots N      copy slots per device, 0..E-E/devices [E/devices]\n",
+          moe_balance_policy_names());
 }
 
 // "all" of --a2a: every algorithm of the catalogue.
@@ -161,6 +176,8 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   o->cfg.top_k = 2;
   o->cfg.capacity_factor = 1.2;
   o->cluster = "schemoe-8x4-rtx2080ti";
+  o->skew = (moe_skew){MOE_SKEW_ZIPF, 1.2};
+  o->balance_slots = -1;
   snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");   // catalogue: default
   snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");  // catalogue: default
   o->n_a2a = 2;
@@ -238,6 +255,28 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       o->json_path = a.value;
     } else if (o->roofline && cli_opt(&a, "--plot")) {
       o->plot_path = a.value;
+    } else if (!o->roofline && cli_opt(&a, "--balance")) {
+      char items[SIM_MAX_LIST][16];
+      int n = 0;
+      char all[128];
+      snprintf(all, sizeof all, "%s", moe_balance_policy_names());
+      if (a.value && parse_names(&a, "--balance", a.value, all, &items[0][0], 16, &n)) {
+        o->n_bal = 0;
+        for (int i = 0; i < n && !a.bad; i++) {
+          const int p = moe_balance_policy_find(items[i]);
+          if (p < 0) {
+            cli_error("--balance: policy '%s' is unknown (valid: %s, all)", items[i],
+                      moe_balance_policy_names());
+            a.bad = 1;
+          } else if (o->n_bal < 8) {
+            o->bal[o->n_bal++] = p;
+          }
+        }
+      }
+    } else if (!o->roofline && cli_opt(&a, "--skew")) {
+      cli_parse_skew(&a, "--skew", &o->skew);
+    } else if (!o->roofline && cli_opt(&a, "--balance-slots")) {
+      cli_parse_int(&a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
     } else {
       cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -385,6 +424,58 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
   return CLI_OK;
 }
 
+// --balance: each policy's plan on the skewed load, under both models.
+static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *c) {
+  const int D = moe_cluster_devices(c), E = o->cfg.num_experts;
+  if (E % D != 0) {
+    cli_error("--experts (%d) must be divisible by the devices (%d) for --balance", E, D);
+    return CLI_USAGE;
+  }
+  const int most = E - E / D;
+  const int slots = o->balance_slots >= 0 ? o->balance_slots : (E / D < most ? E / D : most);
+  if (slots > most) {
+    cli_error("--balance-slots (%d) must be in [0, %d] (the experts a device does not hold)",
+              slots, most);
+    return CLI_USAGE;
+  }
+  double *shares = malloc((size_t)E * sizeof(double));
+  moe_balance_sim_result res[8];
+  int rc = CLI_OK;
+  if (!shares) return CLI_FAILED;
+  if (moe_skew_shares(ctx, &o->skew, E, o->cfg.top_k, shares) != MOE_STATUS_OK ||
+      moe_balance_simulate(ctx, c, &o->cfg, shares, o->bal, o->n_bal, slots, res) !=
+          MOE_STATUS_OK) {
+    cli_error("%s", moe_ctx_error(ctx));
+    free(shares);
+    return CLI_USAGE;
+  }
+  char spec[64];
+  moe_skew_to_string(&o->skew, spec, sizeof spec);
+  moe_balance_cost cost;
+  moe_balance_cost_of_cluster(c, o->cfg.model_dim, o->cfg.hidden_dim, &cost);
+  printf("moe simulate --balance: %s (%d x %d %s), T=%d per device, M=%d, H=%d, E=%d, K=%d, "
+         "skew %s, %d copy slots per device\n",
+         c->name, c->nodes, c->devices_per_node, c->device, o->cfg.tokens, o->cfg.model_dim,
+         o->cfg.hidden_dim, E, o->cfg.top_k, spec, slots);
+  printf("rates: GEMM %.2f TFLOP/s per device, %.2f GB/s per device for the all-to-all and the "
+         "copies\n\n",
+         cost.flops_per_s / 1e12, cost.net_bytes_per_s / 1e9);
+  printf("%-8s %6s %8s %8s %12s %12s %9s %12s %12s %9s\n", "policy", "copies", "ratio", "after",
+         "FMoE none", "FMoE plan", "speedup", "Prophet none", "Prophet plan", "speedup");
+  for (int i = 0; i < o->n_bal; i++) {
+    const moe_balance_sim_result *r = &res[i];
+    printf("%-8s %6d %8.3f %8.3f %12.3f %12.3f %8.3fx %12.3f %12.3f %8.3fx\n",
+           moe_balance_policy_name(r->policy), r->copies, r->ratio_before, r->ratio_after,
+           r->none_fastermoe, r->ms_fastermoe, r->none_fastermoe / r->ms_fastermoe,
+           r->none_prophet, r->ms_prophet, r->none_prophet / r->ms_prophet);
+  }
+  printf("\n(ms: one layer's forward + backward under each model: FasterMoE eq. 7 without\n"
+         "copies, eq. 8 with; Pro-Prophet eq. 6, Trans and Agg exposed. ratio: the busiest\n"
+         "device's rows over the mean, without and with the plan's copies.)\n");
+  free(shares);
+  return rc;
+}
+
 static int simulate_main(int argc, char **argv, int roofline);
 
 int cmd_simulate(int argc, char **argv) { return simulate_main(argc, argv, 0); }
@@ -453,6 +544,10 @@ static int simulate_main(int argc, char **argv, int roofline) {
   if (moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
+    goto done;
+  }
+  if (o.n_bal > 0) {
+    rc = simulate_balance(ctx, &o, &c);
     goto done;
   }
   // variants: per (a2a, compress): sequential r=1, then every (schedule, r)

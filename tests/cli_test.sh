@@ -39,6 +39,8 @@ expect 0 "skew: hot:0.5 \(router bias fitted to total variation 0\.0" -- "$MOE" 
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, all\)" -- "$MOE" bench layer --balance magic
 expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench layer --balance shadow --tokens 64 --model 32 --hidden 32
 expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
+expect 0 "prophet +[0-9]+ +[0-9.]+ +[0-9.]+" -- "$MOE" simulate --balance all --cluster proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16
+expect 2 "--balance: policy 'x' is unknown" -- "$MOE" simulate --balance x
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
 expect 2 "--backend: unknown compute backend 'cublas' \(valid: fixed, openblas" -- "$MOE" bench layer --backend cublas
 expect 2 "--precision: unknown precision 'fp16' \(valid: fp32, bf16\)" -- "$MOE" bench layer --precision fp16

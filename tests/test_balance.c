@@ -671,6 +671,53 @@ static void test_balancer(void) {
   TU_CHECK(moe_balancer_create(g_ctx, &c, 6, 4, &b) == MOE_STATUS_INVALID_ARG, "E not divisible by P");
 }
 
+// Predictions on a described cluster: uniform shares give no copies; a hot
+// expert gives copies and a faster plan; the "none" figures are the models'
+// values for the load the shares give.
+static void test_simulate(void) {
+  moe_cluster cl;
+  TU_CHECK(moe_cluster_builtin(g_ctx, "proprophet-4x4-rtx3090", &cl) == MOE_STATUS_OK, "cluster");
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 1024;
+  cfg.model_dim = 256;
+  cfg.hidden_dim = 512;
+  cfg.num_experts = 16;
+  cfg.top_k = 1;
+  const int pol[4] = {MOE_BALANCE_NONE, MOE_BALANCE_SHADOW, MOE_BALANCE_PROPHET, MOE_BALANCE_EPLB};
+  moe_balance_sim_result r[4];
+  double shares[16];
+  for (int e = 0; e < 16; e++) shares[e] = 1.0 / 16;
+  TU_CHECK(moe_balance_simulate(g_ctx, &cl, &cfg, shares, pol, 4, 1, r) == MOE_STATUS_OK, "%s",
+           moe_ctx_error(g_ctx));
+  for (int i = 0; i < 4; i++)
+    TU_CHECK(r[i].copies == 0 && r[i].ms_prophet == r[i].none_prophet && near(r[i].ratio_before, 1),
+             "uniform: %s places %d copies", moe_balance_policy_name(pol[i]), r[i].copies);
+  // expert 0 takes half of the choices: 512 rows from every device
+  for (int e = 0; e < 16; e++) shares[e] = e == 0 ? 0.5 : 0.5 / 15;
+  TU_CHECK(moe_balance_simulate(g_ctx, &cl, &cfg, shares, pol, 4, 1, r) == MOE_STATUS_OK, "%s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(r[1].copies > 0 && r[1].ms_fastermoe < r[1].none_fastermoe &&
+               r[1].ratio_after < r[1].ratio_before,
+           "hot: shadow %d copies, %g vs %g ms", r[1].copies, r[1].ms_fastermoe,
+           r[1].none_fastermoe);
+  int64_t counts[16 * 16];
+  for (int p = 0; p < 16; p++)
+    for (int e = 0; e < 16; e++) counts[p * 16 + e] = e == 0 ? 512 : (int64_t)llround(1024 * 0.5 / 15);
+  const moe_balance_load load = {16, 16, counts};
+  moe_balance_cost cost;
+  moe_balance_cost_of_cluster(&cl, 256, 512, &cost);
+  double ms = 0;
+  moe_balance_predict(g_ctx, &load, NULL, &cost, MOE_BALANCE_MODEL_PROPHET, &ms);
+  TU_CHECK(ms == r[0].none_prophet, "none under eq 6: %g, want %g", r[0].none_prophet, ms);
+  // 4 nodes x 4 devices, one NIC per node: a device's share of it
+  TU_CHECK(near(cost.net_bytes_per_s, cl.inter.gbit_per_s * 1e9 / 8 / 4),
+           "cluster bandwidth per device %g", cost.net_bytes_per_s);
+  cfg.num_experts = 12;  // not divisible by 16 devices
+  TU_CHECK(moe_balance_simulate(g_ctx, &cl, &cfg, shares, pol, 4, 1, r) == MOE_STATUS_INVALID_ARG,
+           "E not divisible by the devices");
+}
+
 int main(void) {
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) return 2;
   test_rows();
@@ -683,6 +730,7 @@ int main(void) {
   test_catalogue();
   test_bad_input();
   test_balancer();
+  test_simulate();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_balance");
 }

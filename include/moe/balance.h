@@ -275,6 +275,32 @@ void moe_balancer_destroy(moe_balancer *b);  // NULL is a no-op
 moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *replica,
                              moe_balance_step_info *info);
 
+// ---- predictions on a described cluster (moe simulate --balance) ------------------------
+
+typedef struct {
+  int policy;                        // moe_balance_policy
+  int copies;                        // copies the plan places
+  double ratio_before, ratio_after;  // balance ratio without and with them
+  double ms_fastermoe, ms_prophet;   // the plan under FasterMoE's eq 7/8 and Pro-Prophet's eq 6
+  double none_fastermoe, none_prophet;  // the same for no copies
+} moe_balance_sim_result;
+
+// The rates of a described cluster for the planners: the device's GEMM rate,
+// and as bandwidth the share of a node's inter-node links per device (all of
+// a device's all-to-all partners but its node's are remote; one node: the
+// intra link). M, H as moe_balance_cost_default.
+void moe_balance_cost_of_cluster(const moe_cluster *cl, int model_dim, int hidden_dim,
+                                 moe_balance_cost *cost);
+// Plans each of the n policies on the load of a layer of cfg (tokens per
+// device) on the cluster whose expert choices follow shares (E): every device
+// sends round(T x K x share_e) rows to expert e (the same routing everywhere),
+// with `slots` copy slots per device (eplb's R; every plan fitted to them as
+// moe_balancer does). INVALID_ARG when E is not divisible by the devices or an
+// argument is out of range.
+moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_layer_config *cfg,
+                                const double *shares, const int *policies, int n, int slots,
+                                moe_balance_sim_result *out);
+
 #ifdef __cplusplus
 }
 #endif
