@@ -37,13 +37,13 @@ extern "C" {
 typedef struct {
   moe_parallel_config pc;
   int baseline;
-  // Load balancing (docs/balance.md): with a policy other than none, after
-  // every iteration the harness all-gathers the load (moe_ep_layer_load),
-  // steps a moe_balancer and sets the next placement (moe_ep_layer_set_placement;
-  // pc.copy_slots must hold balance.slots); that time counts in the
-  // iteration's total. balance.cost.flops_per_s <= 0: the rates are measured
-  // on the variant's first iteration (the experts' GEMM rate and the bytes
-  // over the all-to-all busy time, the slowest rank's).
+  // Load balancing (docs/balance.md): with a policy other than none, every
+  // iteration starts (inside its timed forward) by all-gathering the last
+  // iteration's load (moe_ep_layer_load), stepping a moe_balancer and setting
+  // the placement (moe_ep_layer_set_placement; pc.copy_slots must hold
+  // balance.slots), whose Trans completes in the forward.
+  // balance.cost.flops_per_s <= 0: the rates are measured on the variant's
+  // first iteration, which runs without copies (moe_ep_layer_rates).
   moe_balance_config balance;
 } moe_measure_variant;
 
@@ -66,8 +66,8 @@ typedef struct {
   long long max_rank_rows;          // most rows one rank's experts computed, last iteration
   double balance_ratio;             // max_rank_rows / mean over the ranks (1 = balanced)
   double skew_tv;                   // with mc->skew: the fit's total variation (0 without)
-  double balance_ms;                // median time of the balancing step (load, plan, Trans)
-  double trans_ms;                  // ... of which the parameter transfer (slowest rank)
+  double balance_ms;                // median time of the balancing step (load, plan, posting Trans)
+  double trans_ms;                  // median Trans no compute hid (posting + waiting in the forward)
   int copies;                       // expert copies in force in the last iteration
 } moe_measure_result;
 

@@ -145,14 +145,17 @@ moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 // Makes replica the placement from the next forward on: frees the copies it
 // drops, puts new ones in free slots (no allocation), and sends every copy
 // its home's current parameters (Trans: non-blocking sends and receives in
-// the EP group, completed before returning). Collective over world; every
+// the EP group, posted here and completed by the next forward after its gate,
+// so compute before it hides the transfer; the home's parameters must not
+// change until then). Collective over world; every
 // rank must pass the same bitmap. INVALID_ARG on every rank (no hang) for a
 // NULL bitmap, a copy on its home, more copies on a rank than
 // pc.copy_slots, bitmaps that differ between ranks, or replicas made with
 // moe_ep_layer_set_replica (the two cannot be mixed). Invalidates a pending
 // backward. An all-zero bitmap removes every copy.
 moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replica);
-// Wall time (ms) of the last set_placement's parameter transfer on this rank.
+// Wall time (ms) of the last set_placement's parameter transfer on this rank
+// that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
 // The machine's rates seen by the last forward and backward, for the
 // balancing planners (moe_balance_cost): *flops_per_s = the experts' GEMM

@@ -77,6 +77,8 @@ typedef struct {
   float *x, *y, *dy, *dx;
 } buffers;
 
+
+
 // A variant's load balancing: its balancer, the load and placement tables.
 typedef struct {
   moe_balancer *b;
@@ -106,15 +108,23 @@ done:
 
 // One timed forward + backward of layer; v (N_COLS) = this rank's values,
 // *fwd_ns the forward pass's makespan (for the trace).
-static moe_status time_iteration(const moe_layer_config *cfg, MPI_Comm comm, buffers *b,
-                                 moe_ep_layer *layer, moe_layer_stats *stats, double *v,
-                                 uint64_t *fwd_ns) {
+static moe_status time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, MPI_Comm comm,
+                                 buffers *b, moe_ep_layer *layer, balancing *bal,
+                                 moe_layer_stats *stats, double *v, uint64_t *fwd_ns) {
   moe_status st = MOE_STATUS_OK;
   memset(b->dx, 0, (size_t)cfg->tokens * (size_t)cfg->model_dim * sizeof(float));
   moe_ep_layer_zero_grad(layer);
   MOE_MPI_WATCHED("barrier before a timed layer run", MPI_Barrier(comm));
   const double t0 = MPI_Wtime();
+  v[13] = v[14] = 0.0;
+  // load balancing: the placement planned from the last iteration's load,
+  // inside the timed forward (its Trans overlaps the gate and completes
+  // before the experts: moe_ep_layer_set_placement)
+  // (not before the rates are known: the first iteration measures them)
+  const int balance = bal && bal->b && bal->have_cost;
+  if (balance) MOE_TRY(balance_step(ctx, comm, layer, bal, &v[13], &v[14]));
   st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, stats);
+  if (balance) v[14] = moe_ep_layer_trans_ms(layer);
   const double t1 = MPI_Wtime();
   if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(layer, b->dy, b->dx);
   const double t2 = MPI_Wtime();
@@ -129,6 +139,7 @@ static moe_status time_iteration(const moe_layer_config *cfg, MPI_Comm comm, buf
   v[COL_SUMS + 2] = v[7] + v[12];  // makespans
   kind_ms(layer, 0, v + COL_KINDS);
   kind_ms(layer, 1, v + COL_KINDS + MOE_CT_KINDS);
+done:
   return st;
 }
 
@@ -257,8 +268,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     for (int k = 0; k < n; k++) {
       double v[N_COLS];
       uint64_t fns = 0;
-      MOE_TRY(time_iteration(cfg, comm, &b, layers[k], &stats[k], v, &fns));
-      v[13] = v[14] = 0.0;
+      MOE_TRY(time_iteration(ctx, cfg, comm, &b, layers[k], &bals[k], &stats[k], v, &fns));
       if (bals[k].b) {
         if (!bals[k].have_cost) {
           moe_balance_config bc = variants[k].balance;
@@ -277,8 +287,6 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
                                  "measure: balancer"));
           bals[k].have_cost = 1;
         }
-        MOE_TRY(balance_step(ctx, comm, layers[k], &bals[k], &v[13], &v[14]));
-        v[2] += v[13];  // the balancing step is part of the iteration
       }
       if (k == n - 1) fwd_pass_ns = fns;
       if (i < mc->warmup) continue;

@@ -509,6 +509,7 @@ done:
 moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
+  MOE_TRY(moe_ep_trans_wait_(L));  // a pending Trans of set_placement
   // step 1: local validation and allocation, then agreement over the world
   // (the same arguments everywhere; no rank left waiting in the copy below)
   moe_status local = MOE_STATUS_OK;
@@ -572,6 +573,7 @@ done:
 
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_ep_trans_wait_(L));  // a pending Trans of set_placement
   L->have_forward = 0;  // new parameters: a pending backward would mix old and new
   for (int e = 0; e < L->E; e++) {
     for (int p = 0; p < L->P; p++) {

@@ -672,6 +672,12 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   }
   if (local == MOE_STATUS_OK)
     local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
+  // the copies' parameters (posted by set_placement) are needed from here on;
+  // every rank with requests waits here, after its gate (a failure is agreed below)
+  if (L->n_reqs > 0) {
+    const moe_status w = moe_ep_trans_wait_(L);
+    if (local == MOE_STATUS_OK) local = w;
+  }
   if (local == MOE_STATUS_OK) {
     moe_gate_loss_stats(c, &gb, &L->route, tokens, L->stats);
   } else {

@@ -12,10 +12,13 @@
 // beside it (the batch-invariant GEMM), so outputs keep their bits; expert
 // gradients are summed in another order (home + copies), equal to rounding.
 //
-// Trans here is blocking for the caller (posted as non-blocking sends and
-// receives in the EP group and completed before returning). Not here yet:
-// Trans and Agg as tasks on the communication stream that a scheduler
-// overlaps with compute (Pro-Prophet's block-wise scheduler).
+// Trans is posted by set_placement as non-blocking sends and receives in the
+// EP group and completed where it is first needed: in the next forward,
+// after the gate (moe_ep_trans_wait_), so the gate's compute and, in a model,
+// every block before this layer run while the parameters travel (the
+// simplest form of Pro-Prophet's block-wise overlap; MPI progresses them
+// inside the other layers' MPI calls). Not here yet: Agg overlapped with the
+// backward, and Trans and Agg as tasks on the communication stream.
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -45,7 +48,24 @@ done:
   return st;
 }
 
+moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  if (L->n_reqs <= 0) goto done;
+  {
+    const uint64_t t0 = moe_time_ns();
+    const int n = L->n_reqs;
+    L->n_reqs = 0;
+    MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
+                   MPI_Waitall(n, L->reqs, MPI_STATUSES_IGNORE));
+    L->trans_wait_ms += moe_time_ms_since(t0);
+  }
+done:
+  return st;
+}
+
 void moe_ep_copies_free_(moe_ep_layer *L) {
+  if (L->n_reqs > 0) moe_ep_trans_wait_(L);  // no request left behind the buffers
   if (L->expert_slot && L->replica_mem) {
     for (int e = 0; e < L->E; e++)
       if (L->expert_slot[e] >= 0) L->replica_mem[e] = NULL;  // slot memory, not its own
@@ -148,6 +168,7 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
   }
   MOE_TRY(moe_comm_agree(ctx, L->world, local, "set_placement"));
   L->have_forward = 0;
+  MOE_TRY(moe_ep_trans_wait_(L));  // the last placement's Trans, if no forward took it
   // step 2: this rank's slots: free the copies dropped, then take new ones
   const int me = L->me, P = L->P;
   for (int e = 0; e < L->E; e++) {
@@ -193,15 +214,17 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
         }
       }
     }
-    MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
-                   MPI_Waitall(nr, L->reqs, MPI_STATUSES_IGNORE));
-    L->trans_ms = moe_time_ms_since(t0);
+    L->n_reqs = nr;  // completed by the next forward (moe_ep_trans_wait_)
+    L->trans_post_ms = moe_time_ms_since(t0);
+    L->trans_wait_ms = 0.0;
   }
 done:
   return st;
 }
 
-double moe_ep_layer_trans_ms(const moe_ep_layer *L) { return L ? L->trans_ms : 0.0; }
+double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
+  return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;
+}
 
 moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
   moe_status st = MOE_STATUS_OK;

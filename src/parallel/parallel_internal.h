@@ -122,7 +122,9 @@ struct moe_ep_layer {
   uint8_t *new_replica;  // (E, P) scratch: the placement being set
   MPI_Request *reqs;     // Trans requests: at most 4 x (E x P) at once
   int n_placed;          // copies placed by set_placement over the EP group (0: none)
-  double trans_ms;       // wall time of the last placement's parameter transfer
+  int n_reqs;            // Trans requests posted and not yet completed
+  double trans_post_ms;  // posting the last placement's Trans
+  double trans_wait_ms;  // waiting for it to complete (the part no compute hid)
 };
 
 // Floats of one expert's parameters (w1 b1 w2 b2).
@@ -130,6 +132,9 @@ size_t moe_ep_expert_floats_(const moe_ep_layer *L);
 // Allocates the copy slots and their tables (ep_placement.c); local.
 moe_status moe_ep_copies_init_(moe_ep_layer *L);
 void moe_ep_copies_free_(moe_ep_layer *L);
+// Completes a pending Trans (a no-op without one); its wait time goes to
+// trans_wait_ms. Every rank with requests calls it at the same point.
+moe_status moe_ep_trans_wait_(moe_ep_layer *L);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
 moe_status moe_ep_pass_init_(moe_ep_layer *L);
 void moe_ep_pass_free_(moe_ep_layer *L);
