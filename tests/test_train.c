@@ -302,6 +302,18 @@ int main(int argc, char **argv) {
       }
     }
   }
+  // deterministic mode: the rates are fixed, so the same balanced run twice
+  // gives the same bits
+  if (g_world >= 2) {
+    moe_train_config t = tc;
+    moe_balance_config_default(&t.balance, MOE_BALANCE_SHADOW, t.model.d_model,
+                               t.model.moe.hidden_dim, t.model.moe.num_experts / g_world);
+    t.balance.cost.flops_per_s = 0;  // the trainer's rates
+    losses a, b2;
+    TU_CHECK(run_on(g_world, &t, &a, ctx) == MOE_STATUS_OK, "balanced run: %s", moe_ctx_error(ctx));
+    TU_CHECK(run_on(g_world, &t, &b2, ctx) == MOE_STATUS_OK, "balanced run: %s", moe_ctx_error(ctx));
+    compare("balanced (shadow) run twice (bitwise)", &b2, &a, 1, 1);
+  }
   {
     moe_train_config t = tc;
     moe_balance_config_default(&t.balance, MOE_BALANCE_EPLB, t.model.d_model,

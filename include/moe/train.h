@@ -120,10 +120,19 @@ typedef struct {
   // and the copies receive their homes' updated parameters. The losses are
   // those of training without it to rounding (expert gradients are summed in
   // another order), so not bitwise across rank counts. balance.cost with
-  // flops_per_s <= 0: the rates are measured on each layer's first step
-  // (moe_ep_layer_rates). Needs EP >= 2. Default: none.
+  // flops_per_s <= 0: the rates come from `profile` when given; else, in
+  // deterministic mode, the fixed MOE_TRAIN_BALANCE_FLOPS and _NET (so two
+  // runs of one config plan alike and give the same bits); else they are
+  // measured on each layer's first step (moe_ep_layer_rates). Needs EP >= 2.
+  // Default: none.
   moe_balance_config balance;
 } moe_train_config;
+
+// The planners' rates in deterministic training without a profile: one CPU
+// core's fp32 GEMM and a shared-memory MPI link (measured on the development
+// machine, docs/balance.md).
+#define MOE_TRAIN_BALANCE_FLOPS 5e10
+#define MOE_TRAIN_BALANCE_NET 5e9
 
 // 1 when a run of tc on `world` ranks gives the same bits (losses, parameters,
 // checkpoints) as on any other rank count meeting the same conditions:

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "balance/balance_internal.h"
 #include "moe/balance.h"
 
 void moe_balance_cost_of_cluster(const moe_cluster *cl, int M, int H, moe_balance_cost *cost) {
@@ -18,23 +19,6 @@ void moe_balance_cost_of_cluster(const moe_cluster *cl, int M, int H, moe_balanc
   const double inter = cl->inter.gbit_per_s * 1e9 / 8.0 * cl->nics_per_node / cl->devices_per_node;
   const double intra = cl->intra.gbit_per_s * 1e9 / 8.0;
   cost->net_bytes_per_s = cl->nodes > 1 ? (inter < intra ? inter : intra) : intra;
-}
-
-// Drops the copies taking the fewest rows from devices over their slots (as
-// moe_balancer does).
-static void fit_to_slots(uint8_t *rep, const int64_t *counts, int E, int P, int slots) {
-  for (int p = 0; p < P; p++) {
-    for (;;) {
-      int n = 0, worst = -1;
-      for (int e = 0; e < E; e++) {
-        if (!rep[(size_t)e * P + p]) continue;
-        n++;
-        if (worst < 0 || counts[(size_t)p * E + e] <= counts[(size_t)p * E + worst]) worst = e;
-      }
-      if (n <= slots) break;
-      rep[(size_t)worst * P + p] = 0;
-    }
-  }
 }
 
 moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_layer_config *cfg,
@@ -84,7 +68,7 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
         MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "balance policy %d is unknown (valid: %s)",
                  policies[i], moe_balance_policy_names());
     }
-    fit_to_slots(rep, counts, E, P, slots);
+    moe_balance_fit_slots(rep, counts, E, P, slots);
     for (size_t k = 0; k < (size_t)E * P; k++) r->copies += rep[k] != 0;
     MOE_TRY(moe_balance_rows(ctx, &load, NULL, rows));
     r->ratio_before = moe_balance_ratio(rows, P);

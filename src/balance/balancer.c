@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "balance/balance_internal.h"
 #include "moe/balance.h"
 #include "moe/core.h"
 
@@ -86,10 +87,7 @@ void moe_balancer_destroy(moe_balancer *b) {
   moe_free(b);
 }
 
-// Drops copies from ranks holding more than `slots`: each time the copy on
-// that rank taking the fewest rows (ties: the highest expert), so the copies
-// that move the most work stay.
-static void fit_slots(uint8_t *rep, const int64_t *counts, int E, int P, int slots) {
+void moe_balance_fit_slots(uint8_t *rep, const int64_t *counts, int E, int P, int slots) {
   for (int p = 0; p < P; p++) {
     for (;;) {
       int n = 0, worst = -1;
@@ -137,7 +135,7 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
         break;
       default: memset(replica, 0, n); break;
     }
-    fit_slots(replica, b->mean, E, P, c->slots);
+    moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     memcpy(b->current, replica, n);
     in.planned = 1;
   } else {

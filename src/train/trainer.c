@@ -798,11 +798,26 @@ static moe_status balance_step(run_state *r, moe_train_step_info *info) {
     if (!r->bal[b]) {
       moe_balance_config bc = tc->balance;
       if (!(bc.cost.flops_per_s > 0)) {
-        double f = 0, n = 0;
-        MOE_TRY(moe_ep_layer_rates(l, &f, &n));
+        // The rates: a profile's when given; else, in deterministic mode,
+        // fixed ones (a plan decided by measured times would differ between
+        // two runs of the same config, and with it the summation order of
+        // the expert gradients); else measured on this first step.
         moe_balance_cost_default(&bc.cost, tc->model.d_model, tc->model.moe.hidden_dim);
-        if (f > 0) bc.cost.flops_per_s = f;
-        if (n > 0) bc.cost.net_bytes_per_s = n;
+        if (tc->profile) {
+          MOE_TRY(agree(r,
+                        moe_balance_cost_from_profile(ctx, tc->profile, r->user->par.a2a,
+                                                      tc->model.d_model,
+                                                      tc->model.moe.hidden_dim, &bc.cost),
+                        "the balancing rates from the profile"));
+        } else if (tc->deterministic) {
+          bc.cost.flops_per_s = MOE_TRAIN_BALANCE_FLOPS;
+          bc.cost.net_bytes_per_s = MOE_TRAIN_BALANCE_NET;
+        } else {
+          double f = 0, n = 0;
+          MOE_TRY(moe_ep_layer_rates(l, &f, &n));
+          if (f > 0) bc.cost.flops_per_s = f;
+          if (n > 0) bc.cost.net_bytes_per_s = n;
+        }
       }
       MOE_TRY(agree(r, moe_balancer_create(ctx, &bc, E, P, &r->bal[b]), "the balancer"));
     }
