@@ -34,6 +34,8 @@ static moe_ctx *g_ctx;
 // How far below the estimate rank 0 may stay: the fixed structures' allowance.
 #define SLACK_BYTES ((double)(16 << 10))
 
+static int g_copy_slots;  // expert copy slots of load balancing (pc.copy_slots)
+
 static void test_ep_layer(const char *a2a, const char *schedule, int chunks, const char *compress,
                           int ranks_per_node, int slice_tokens) {
   moe_layer_config c;
@@ -55,6 +57,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   // fixed-order sums: EP 1 (DP = every rank), so the home experts' sum runs too
   pc.slice_tokens = slice_tokens;
   if (slice_tokens > 0) pc.ep_size = 1;
+  pc.copy_slots = pc.ep_size > 1 ? g_copy_slots : 0;
   moe_memory_need need;
   TU_CHECK(moe_ep_layer_memory(g_ctx, &c, &pc, g_world, ranks_per_node, &need) == MOE_STATUS_OK,
            "ep memory: %s", moe_ctx_error(g_ctx));
@@ -172,6 +175,9 @@ int main(int argc, char **argv) {
   test_ep_layer("pairwise", "pipeline", 2, "fp16", 0, 0);
   test_ep_layer("pipe", "optsche", 3, "int8", 0, 0);
   test_ep_layer("grouped", "smart", 1, "none", 0, 0);
+  g_copy_slots = 2;  // load balancing's copy slots are counted too (2 <= E - E/EP)
+  test_ep_layer("mpi", "sequential", 1, "none", 0, 0);
+  g_copy_slots = 0;
   if (g_world % 2 == 0) {
     test_ep_layer("1dh", "sequential", 2, "none", 2, 0);
     test_ep_layer("2dh", "pipeline", 2, "bf16", 2, 0);
