@@ -36,7 +36,7 @@ expect 2 "skew 'gauss' is unknown \(valid: none, uniform, zipf:S" -- "$MOE" benc
 expect 2 "hot needs the fraction F in \(0, 1\]" -- "$MOE" bench layer --skew hot:2
 expect 0 "skew: hot:0.5 \(router bias fitted to total variation 0\.0" -- "$MOE" bench layer --skew hot:0.5 --tokens 256 --model 32 --hidden 32 --iters 1 --peak-size 64
 # load balancing: unknown policy, one rank (EP 1), too many slots
-expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, all\)" -- "$MOE" bench layer --balance magic
+expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto, all\)" -- "$MOE" bench layer --balance magic
 expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench layer --balance shadow --tokens 64 --model 32 --hidden 32
 expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
 expect 0 "prophet +[0-9]+ +[0-9.]+ +[0-9.]+" -- "$MOE" simulate --balance all --cluster proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16

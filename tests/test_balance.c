@@ -497,9 +497,10 @@ static void test_catalogue(void) {
   TU_CHECK(moe_balance_policy_find("shadow") == MOE_BALANCE_SHADOW, "shadow");
   TU_CHECK(moe_balance_policy_find("prophet") == MOE_BALANCE_PROPHET, "prophet");
   TU_CHECK(moe_balance_policy_find("eplb") == MOE_BALANCE_EPLB, "eplb");
-  TU_CHECK(moe_balance_policy_find("auto") == -1 && moe_balance_policy_find(NULL) == -1,
+  TU_CHECK(moe_balance_policy_find("auto") == MOE_BALANCE_AUTO, "auto");
+  TU_CHECK(moe_balance_policy_find("magic") == -1 && moe_balance_policy_find(NULL) == -1,
            "unknown names");
-  TU_CHECK(strcmp(moe_balance_policy_names(), "none, shadow, prophet, eplb") == 0, "names '%s'",
+  TU_CHECK(strcmp(moe_balance_policy_names(), "none, shadow, prophet, eplb, auto") == 0, "names '%s'",
            moe_balance_policy_names());
   TU_CHECK(strcmp(moe_balance_policy_name(MOE_BALANCE_EPLB), "eplb") == 0 &&
                moe_balance_policy_name(MOE_BALANCE_POLICY_COUNT_) == NULL,
@@ -718,6 +719,55 @@ static void test_simulate(void) {
            "E not divisible by the devices");
 }
 
+// auto: the least predicted of no copies and the three plans (each fitted to
+// the slots), checked against the planners called one by one; the uniform
+// load gets no copies.
+static void test_auto(void) {
+  const moe_balance_cost cost = unit_cost(12000, 4000, 20);
+  const int64_t one[16] = {10, 1, 1, 1, 10, 1, 1, 1, 10, 1, 1, 1, 10, 1, 1, 1};
+  const int64_t uni[16] = {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5};
+  uint8_t rep[16], cand[16];
+  double ms = 0, t = 0, best = 0;
+  int chosen = -1;
+  const moe_balance_load lu = {4, 4, uni};
+  TU_CHECK(moe_balance_plan_auto(g_ctx, &lu, &cost, MOE_BALANCE_MODEL_PROPHET, 3, rep, &ms,
+                                 &chosen) == MOE_STATUS_OK && chosen == MOE_BALANCE_NONE,
+           "uniform: auto chose %d", chosen);
+  for (int i = 0; i < 16; i++) TU_CHECK(rep[i] == 0, "uniform: no copies");
+  const moe_balance_load l1 = {4, 4, one};
+  for (int model = 0; model < MOE_BALANCE_MODEL_COUNT_; model++) {
+    TU_CHECK(moe_balance_plan_auto(g_ctx, &l1, &cost, model, 3, rep, &ms, &chosen) ==
+                 MOE_STATUS_OK,
+             "auto: %s", moe_ctx_error(g_ctx));
+    // the minimum by hand over the four candidates
+    moe_balance_predict(g_ctx, &l1, NULL, &cost, model, &best);
+    int want = MOE_BALANCE_NONE;
+    for (int p = MOE_BALANCE_SHADOW; p <= MOE_BALANCE_EPLB; p++) {
+      if (p == MOE_BALANCE_SHADOW) moe_balance_plan_shadow(g_ctx, &l1, &cost, cand, NULL);
+      const int pm = model == MOE_BALANCE_MODEL_FASTERMOE ? MOE_BALANCE_MODEL_PROPHET : model;
+      if (p == MOE_BALANCE_PROPHET)
+        moe_balance_plan_prophet(g_ctx, &l1, &cost, pm, -1, 0.1, cand, NULL);
+      if (p == MOE_BALANCE_EPLB) moe_balance_plan_eplb(g_ctx, &l1, &cost, pm, 3, cand, NULL);
+      moe_balance_predict(g_ctx, &l1, cand, &cost, model, &t);
+      if (t < best) best = t, want = p;
+    }
+    TU_CHECK(chosen == want && ms == best, "model %d: auto chose %d (%g ms), want %d (%g ms)",
+             model, chosen, ms, want, best);
+    TU_CHECK(chosen != MOE_BALANCE_NONE, "model %d: a hot expert is worth a copy", model);
+  }
+  // the balancer reports what auto chose
+  moe_balance_config c;
+  moe_balance_config_default(&c, MOE_BALANCE_AUTO, 8, 8, 3);
+  c.cost = cost;
+  moe_balancer *b = NULL;
+  moe_balance_step_info info;
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create auto");
+  TU_CHECK(moe_balancer_step(b, one, rep, &info) == MOE_STATUS_OK &&
+               info.chosen != MOE_BALANCE_NONE && info.copies > 0,
+           "balancer auto: chose %d, %d copies", info.chosen, info.copies);
+  moe_balancer_destroy(b);
+}
+
 int main(void) {
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) return 2;
   test_rows();
@@ -731,6 +781,7 @@ int main(void) {
   test_bad_input();
   test_balancer();
   test_simulate();
+  test_auto();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_balance");
 }

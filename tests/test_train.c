@@ -283,7 +283,7 @@ int main(int argc, char **argv) {
   // (slow compute, a fast network) so that copies are really placed, gives
   // the losses of training without it; a checkpoint written with balancing
   // resumes without it on one rank.
-  for (int pol = MOE_BALANCE_SHADOW; pol <= MOE_BALANCE_EPLB; pol++) {
+  for (int pol = MOE_BALANCE_SHADOW; pol <= MOE_BALANCE_AUTO; pol++) {
     for (int size = 2; size <= 4 && size <= g_world; size += 2) {
       moe_train_config t = tc;
       moe_balance_config_default(&t.balance, pol, t.model.d_model, t.model.moe.hidden_dim,

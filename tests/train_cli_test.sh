@@ -110,7 +110,7 @@ then ok; else bad "routing trace content"; fi
 # load balancing: the summary's balance line; bad policy; one rank (EP 1)
 expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 3 --balance eplb --eval-every 0 --eval-batches 1
-expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb\)" -- mpi 2 "$MOE" train \
+expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow
 expect 2 "cannot open the routing trace '/nonexistent/r.jsonl'" -- mpi 2 "$MOE" train "${TINY[@]}" \

@@ -133,7 +133,8 @@ moe_status moe_balance_predict(moe_ctx *ctx, const moe_balance_load *load, const
   X(NONE, none)                 \
   X(SHADOW, shadow)             \
   X(PROPHET, prophet)           \
-  X(EPLB, eplb)
+  X(EPLB, eplb)                 \
+  X(AUTO, auto)
 
 #define MOE_BALANCE_POLICY_ENUM_(U, l) MOE_BALANCE_##U,
 typedef enum {
@@ -145,7 +146,7 @@ typedef enum {
 int moe_balance_policy_find(const char *name);
 // The name of a policy, or NULL when out of range.
 const char *moe_balance_policy_name(int policy);
-// "none, shadow, prophet, eplb": every name, in catalogue order (static).
+// "none, shadow, prophet, eplb, auto": every name, in catalogue order (static).
 const char *moe_balance_policy_names(void);
 
 // ---- planners -----------------------------------------------------------------------
@@ -199,6 +200,15 @@ moe_status moe_balance_plan_prophet(moe_ctx *ctx, const moe_balance_load *load,
 moe_status moe_balance_plan_eplb(moe_ctx *ctx, const moe_balance_load *load,
                                  const moe_balance_cost *cost, moe_balance_model model, int slots,
                                  uint8_t *replica, double *ms);
+
+// `auto`: the plans of shadow, prophet and eplb (each fitted to `slots`
+// copies per rank, as moe_balancer does; prophet and eplb planned with
+// `model`, or eq 6 when it is FasterMoE's) and no copies, evaluated under
+// `model`; writes the one with the least predicted time (ties: the earlier
+// of none, shadow, prophet, eplb) and its policy in *chosen (may be NULL).
+moe_status moe_balance_plan_auto(moe_ctx *ctx, const moe_balance_load *load,
+                                 const moe_balance_cost *cost, moe_balance_model model, int slots,
+                                 uint8_t *replica, double *ms, int *chosen);
 
 // ---- a window of recent loads ---------------------------------------------------------
 
@@ -260,6 +270,7 @@ typedef struct {
   double ratio_before;  // balance ratio of the step's load without copies
   double ratio_after;   // ... and under the placement returned (moe_balance_rows)
   double plan_ms;       // wall time of this call
+  int chosen;           // auto: the policy whose plan it took (else the policy itself)
 } moe_balance_step_info;
 
 // Allocates everything the steps use (window, scratch). INVALID_ARG for an

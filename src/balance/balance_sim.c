@@ -64,6 +64,10 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
         MOE_TRY(moe_balance_plan_eplb(ctx, &load, &cost, MOE_BALANCE_MODEL_PROPHET, slots, rep,
                                       NULL));
         break;
+      case MOE_BALANCE_AUTO:
+        MOE_TRY(moe_balance_plan_auto(ctx, &load, &cost, MOE_BALANCE_MODEL_PROPHET, slots, rep,
+                                      NULL, NULL));
+        break;
       default:
         MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "balance policy %d is unknown (valid: %s)",
                  policies[i], moe_balance_policy_names());

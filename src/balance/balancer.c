@@ -102,6 +102,51 @@ void moe_balance_fit_slots(uint8_t *rep, const int64_t *counts, int E, int P, in
   }
 }
 
+moe_status moe_balance_plan_auto(moe_ctx *ctx, const moe_balance_load *load,
+                                 const moe_balance_cost *cost, moe_balance_model model, int slots,
+                                 uint8_t *replica, double *ms, int *chosen) {
+  moe_status st = MOE_STATUS_OK;
+  uint8_t *cand = NULL;
+  int64_t *scratch = NULL;
+  MOE_TRY(moe_balance_check(ctx, load, NULL));
+  MOE_FAIL_IF(ctx, !replica, MOE_STATUS_INVALID_ARG, "balance: replica must not be NULL");
+  const int E = load->num_experts, P = load->num_ranks;
+  const size_t n = (size_t)E * P;
+  MOE_FAIL_IF(ctx, slots < 0 || slots > E - E / P, MOE_STATUS_INVALID_ARG,
+              "balance slots (%d) must be in [0, %d] (the experts a rank does not hold)", slots,
+              E - E / P);
+  cand = moe_malloc(n);
+  MOE_FAIL_IF(ctx, !cand, MOE_STATUS_OUT_OF_MEMORY, "balance: cannot allocate a %d x %d plan",
+              E, P);
+  double best = 0.0;
+  MOE_TRY(moe_balance_predict(ctx, load, NULL, cost, model, &best));
+  memset(replica, 0, n);
+  int pick = MOE_BALANCE_NONE;
+  // prophet and eplb plan with Pro-Prophet's T' (eq 6 when judging by FasterMoE's model)
+  const moe_balance_model pm = model == MOE_BALANCE_MODEL_FASTERMOE ? MOE_BALANCE_MODEL_PROPHET : model;
+  for (int p = MOE_BALANCE_SHADOW; p <= MOE_BALANCE_EPLB; p++) {
+    if (p == MOE_BALANCE_SHADOW) MOE_TRY(moe_balance_plan_shadow(ctx, load, cost, cand, NULL));
+    if (p == MOE_BALANCE_PROPHET)
+      MOE_TRY(moe_balance_plan_prophet(ctx, load, cost, pm, MOE_BALANCE_PROPHET_N_DEFAULT,
+                                       MOE_BALANCE_PROPHET_ALPHA_DEFAULT, cand, NULL));
+    if (p == MOE_BALANCE_EPLB) MOE_TRY(moe_balance_plan_eplb(ctx, load, cost, pm, slots, cand, NULL));
+    moe_balance_fit_slots(cand, load->counts, E, P, slots);
+    double t = 0.0;
+    MOE_TRY(moe_balance_predict(ctx, load, cand, cost, model, &t));
+    if (t < best) {
+      best = t;
+      pick = p;
+      memcpy(replica, cand, n);
+    }
+  }
+  if (ms) *ms = best;
+  if (chosen) *chosen = pick;
+done:
+  moe_free(cand);
+  moe_free(scratch);
+  return st;
+}
+
 moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *replica,
                              moe_balance_step_info *info) {
   moe_status st = MOE_STATUS_OK;
@@ -115,6 +160,7 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
   moe_balance_step_info in;
   memset(&in, 0, sizeof in);
   in.predicted_ms = NAN;
+  in.chosen = b->cfg.policy;
   const int plan = b->cfg.policy != MOE_BALANCE_NONE && b->step % b->cfg.replan_every == 0;
   b->step++;
   if (plan) {
@@ -132,6 +178,10 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
       case MOE_BALANCE_EPLB:
         MOE_TRY(moe_balance_plan_eplb(ctx, &load, &c->cost, c->model, c->slots, replica,
                                       &in.predicted_ms));
+        break;
+      case MOE_BALANCE_AUTO:
+        MOE_TRY(moe_balance_plan_auto(ctx, &load, &c->cost, c->model, c->slots, replica,
+                                      &in.predicted_ms, &in.chosen));
         break;
       default: memset(replica, 0, n); break;
     }
