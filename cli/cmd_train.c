@@ -96,9 +96,10 @@ static void usage(FILE *f) {
       "                        MoE layer's shape: B/P x S tokens per rank)\n"
       "  --allow-lossy         let --compress auto pick lossy compressors\n"
       "  --balance POLICY      load balancing by expert copies: none, shadow, prophet,\n"
-      "                        eplb (docs/balance.md); after each step the policy plans\n"
+      "                        eplb, auto (docs/balance.md); after each step it plans\n"
       "                        the next step's copies from the all-gathered load; losses\n"
-      "                        equal to rounding, not bitwise; needs EP >= 2 [none]\n"
+      "                        equal to rounding (not bitwise across rank counts);\n"
+      "                        needs EP >= 2 [none]\n"
       "  --balance-slots N     copy slots per rank and MoE layer, 0..E-E/EP [E/EP]\n"
       "  --replan-every N      plan every N steps, keep the plan between [1]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
