@@ -191,8 +191,8 @@ typedef struct {
   double hang_timeout;       // --hang-timeout, seconds (0: off)
   const char *profile_path;  // --profile: predictions, and the planner for "auto"
   int allow_lossy;
-  size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
-  moe_skew skew;      // --skew
+  size_t max_memory;    // --max-memory per rank, 0: the node's available memory / its ranks
+  moe_skew skew;        // --skew
   const char *balance;  // --balance list as given (NULL: none)
   int balance_slots;    // --balance-slots, -1: the default (E / EP)
   int replan_every;     // --replan-every
@@ -229,16 +229,16 @@ typedef struct {
   // ScheMoE's task model: this variant's graphs and schedules simulated with
   // the baseline's per-kind times split evenly over the chunks
   double model_ms, model_speedup, model_efficiency;
-  double total_q1, total_q3;  // quartiles of the total over the iterations (noise)
-  double predicted_ms;        // moe_simulate_layer with --profile; NaN without
-  int planned;                // chosen by the planner ("auto")
-  long long rows, dropped;    // over all ranks, last iteration
-  const char *balance;        // load-balancing policy
-  int copies;                 // expert copies in force, last iteration
+  double total_q1, total_q3;    // quartiles of the total over the iterations (noise)
+  double predicted_ms;          // moe_simulate_layer with --profile; NaN without
+  int planned;                  // chosen by the planner ("auto")
+  long long rows, dropped;      // over all ranks, last iteration
+  const char *balance;          // load-balancing policy
+  int copies;                   // expert copies in force, last iteration
   double balance_ms, trans_ms;  // balancing step (load, plan, Trans) and its Trans, median
-  long long max_rank_rows;    // most rows one rank computed, last iteration
-  double balance_ratio;       // max_rank_rows / mean over ranks
-  double skew_tv;             // --skew: the bias fit's total variation
+  long long max_rank_rows;      // most rows one rank computed, last iteration
+  double balance_ratio;         // max_rank_rows / mean over ranks
+  double skew_tv;               // --skew: the bias fit's total variation
 } ep_result;
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
@@ -707,7 +707,8 @@ static void config_line(FILE *f, int index, int n_configs, const moe_layer_confi
 
 static void print_table(const ep_result *rs, int n, int with_prediction) {
   int balanced = 0;
-  for (int i = 0; i < n; i++) balanced |= moe_balance_policy_find(rs[i].balance) != MOE_BALANCE_NONE;
+  for (int i = 0; i < n; i++)
+    balanced |= moe_balance_policy_find(rs[i].balance) != MOE_BALANCE_NONE;
   if (balanced) printf("%-8s ", "balance");
   printf("%-8s %-8s %-10s %3s %9s %9s %9s %7s %8s %8s %8s %6s %6s %6s %6s", "a2a", "compress",
          "schedule", "r", "fwd ms", "bwd ms", "total ms", "speedup", "comm ms", "comp ms",
@@ -753,16 +754,17 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
           q->chunks == r->chunks)
         none = q;
     }
-    printf("%-8s %-8s %-8s %-10s %3d %10lld %8.3f %6d %9.2f %9.2f", r->balance, r->a2a,
-           r->compress, r->schedule, r->chunks, r->max_rank_rows, r->balance_ratio, r->copies,
-           r->balance_ms, r->trans_ms);
+    printf("%-8s %-8s %-8s %-10s %3d %10lld %8.3f %6d %9.2f %9.2f", r->balance, r->a2a, r->compress,
+           r->schedule, r->chunks, r->max_rank_rows, r->balance_ratio, r->copies, r->balance_ms,
+           r->trans_ms);
     if (none && r->total_ms > 0) printf(" %9.3fx", none->total_ms / r->total_ms);
     printf("\n");
   }
-  printf("(busiest: rows the busiest rank's experts computed, last iteration; ratio: over the\n"
-         "mean; step ms: all-gather of the last iteration's load, plan, posting Trans; trans ms:\n"
-         "the Trans no compute hid (posting it, waiting for it after the gate); both inside\n"
-         "fwd ms; vs none: the same variant's total without balancing over this one's)\n\n");
+  printf(
+      "(busiest: rows the busiest rank's experts computed, last iteration; ratio: over the\n"
+      "mean; step ms: all-gather of the last iteration's load, plan, posting Trans; trans ms:\n"
+      "the Trans no compute hid (posting it, waiting for it after the gate); both inside\n"
+      "fwd ms; vs none: the same variant's total without balancing over this one's)\n\n");
 }
 
 // "key": value, null for NaN/Inf.
@@ -1161,8 +1163,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
     if (o.skew.kind != MOE_SKEW_NONE) {
       char spec[64];
       moe_skew_to_string(&o.skew, spec, sizeof spec);
-      printf("skew %s: a router bias fitted on the seed's tokens, the same on every rank\n",
-             spec);
+      printf("skew %s: a router bias fitted on the seed's tokens, the same on every rank\n", spec);
     }
     printf(
         "%d config%s x %d variant%s, median of %d iteration%s after %d warm-up; every number is "

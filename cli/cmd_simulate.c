@@ -434,8 +434,8 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
   const int most = E - E / D;
   const int slots = o->balance_slots >= 0 ? o->balance_slots : (E / D < most ? E / D : most);
   if (slots > most) {
-    cli_error("--balance-slots (%d) must be in [0, %d] (the experts a device does not hold)",
-              slots, most);
+    cli_error("--balance-slots (%d) must be in [0, %d] (the experts a device does not hold)", slots,
+              most);
     return CLI_USAGE;
   }
   double *shares = malloc((size_t)E * sizeof(double));
@@ -453,25 +453,28 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
   moe_skew_to_string(&o->skew, spec, sizeof spec);
   moe_balance_cost cost;
   moe_balance_cost_of_cluster(c, o->cfg.model_dim, o->cfg.hidden_dim, &cost);
-  printf("moe simulate --balance: %s (%d x %d %s), T=%d per device, M=%d, H=%d, E=%d, K=%d, "
-         "skew %s, %d copy slots per device\n",
-         c->name, c->nodes, c->devices_per_node, c->device, o->cfg.tokens, o->cfg.model_dim,
-         o->cfg.hidden_dim, E, o->cfg.top_k, spec, slots);
-  printf("rates: GEMM %.2f TFLOP/s per device, %.2f GB/s per device for the all-to-all and the "
-         "copies\n\n",
-         cost.flops_per_s / 1e12, cost.net_bytes_per_s / 1e9);
+  printf(
+      "moe simulate --balance: %s (%d x %d %s), T=%d per device, M=%d, H=%d, E=%d, K=%d, "
+      "skew %s, %d copy slots per device\n",
+      c->name, c->nodes, c->devices_per_node, c->device, o->cfg.tokens, o->cfg.model_dim,
+      o->cfg.hidden_dim, E, o->cfg.top_k, spec, slots);
+  printf(
+      "rates: GEMM %.2f TFLOP/s per device, %.2f GB/s per device for the all-to-all and the "
+      "copies\n\n",
+      cost.flops_per_s / 1e12, cost.net_bytes_per_s / 1e9);
   printf("%-8s %6s %8s %8s %12s %12s %9s %12s %12s %9s\n", "policy", "copies", "ratio", "after",
          "FMoE none", "FMoE plan", "speedup", "Prophet none", "Prophet plan", "speedup");
   for (int i = 0; i < o->n_bal; i++) {
     const moe_balance_sim_result *r = &res[i];
     printf("%-8s %6d %8.3f %8.3f %12.3f %12.3f %8.3fx %12.3f %12.3f %8.3fx\n",
            moe_balance_policy_name(r->policy), r->copies, r->ratio_before, r->ratio_after,
-           r->none_fastermoe, r->ms_fastermoe, r->none_fastermoe / r->ms_fastermoe,
-           r->none_prophet, r->ms_prophet, r->none_prophet / r->ms_prophet);
+           r->none_fastermoe, r->ms_fastermoe, r->none_fastermoe / r->ms_fastermoe, r->none_prophet,
+           r->ms_prophet, r->none_prophet / r->ms_prophet);
   }
-  printf("\n(ms: one layer's forward + backward under each model: FasterMoE eq. 7 without\n"
-         "copies, eq. 8 with; Pro-Prophet eq. 6, Trans and Agg exposed. ratio: the busiest\n"
-         "device's rows over the mean, without and with the plan's copies.)\n");
+  printf(
+      "\n(ms: one layer's forward + backward under each model: FasterMoE eq. 7 without\n"
+      "copies, eq. 8 with; Pro-Prophet eq. 6, Trans and Agg exposed. ratio: the busiest\n"
+      "device's rows over the mean, without and with the plan's copies.)\n");
   free(shares);
   return rc;
 }

@@ -78,7 +78,7 @@ typedef struct {
   int T[MAX_PASSES][MAX_P];  // tokens of each rank in each pass
   int hot;                   // -1, or an expert a constant feature pulls most tokens to
   int nrep, rep_e[MAX_REPLICAS], rep_p[MAX_REPLICAS];
-  int placed;  // 1: the replica pairs as one placement of expert copies (set_placement)
+  int placed;         // 1: the replica pairs as one placement of expert copies (set_placement)
   int expect_reject;  // 1: the docs say create fails (why in reject_why)
   char reject_why[96];
 } camp_case;
@@ -253,19 +253,18 @@ static void draw_case(uint64_t seed, camp_case *c) {
 static void describe(const camp_case *c, char *buf, size_t len) {
   const moe_layer_config *cfg = &c->cfg;
   const moe_parallel_config *pc = &c->pc;
-  int n = snprintf(buf, len,
-                   "P=%d DPxEP=%dx%d%s rpn=%d a2a=%s g=%d sched=%s r=%d comp=%s cb=%d wait=%s "
-                   "E=%d K=%d M=%d H=%d f=%.3g %s %s%s aux=%.3g z=%.3g fin=%d expert=%s tok=%d "
-                   "hot=%d rep=%d%s passes=%d T=",
-                   g_world, g_world / pc->ep_size, pc->ep_size, pc->ep_strided ? "s" : "c",
-                   pc->ranks_per_node, pc->a2a, pc->grouped_size, pc->schedule, pc->chunks,
-                   pc->compress, pc->compress_backward, moe_wait_policy_name(pc->exec.wait),
-                   cfg->num_experts, cfg->top_k, cfg->model_dim, cfg->hidden_dim,
-                   cfg->capacity_factor, moe_activation_name(cfg->act),
-                   moe_gate_convention_name((moe_gate_convention)cfg->gate_convention),
-                   cfg->renormalize ? " renorm" : "", cfg->aux_loss_coef, cfg->z_loss_coef,
-                   cfg->check_finite, cfg->expert, cfg->tokens, c->hot, c->nrep,
-                   c->placed ? " placed" : "", c->passes);
+  int n = snprintf(
+      buf, len,
+      "P=%d DPxEP=%dx%d%s rpn=%d a2a=%s g=%d sched=%s r=%d comp=%s cb=%d wait=%s "
+      "E=%d K=%d M=%d H=%d f=%.3g %s %s%s aux=%.3g z=%.3g fin=%d expert=%s tok=%d "
+      "hot=%d rep=%d%s passes=%d T=",
+      g_world, g_world / pc->ep_size, pc->ep_size, pc->ep_strided ? "s" : "c", pc->ranks_per_node,
+      pc->a2a, pc->grouped_size, pc->schedule, pc->chunks, pc->compress, pc->compress_backward,
+      moe_wait_policy_name(pc->exec.wait), cfg->num_experts, cfg->top_k, cfg->model_dim,
+      cfg->hidden_dim, cfg->capacity_factor, moe_activation_name(cfg->act),
+      moe_gate_convention_name((moe_gate_convention)cfg->gate_convention),
+      cfg->renormalize ? " renorm" : "", cfg->aux_loss_coef, cfg->z_loss_coef, cfg->check_finite,
+      cfg->expert, cfg->tokens, c->hot, c->nrep, c->placed ? " placed" : "", c->passes);
   for (int p = 0; p < c->passes && n > 0 && (size_t)n < len; p++) {
     for (int q = 0; q < g_world && n > 0 && (size_t)n < len; q++) {
       n += snprintf(buf + n, len - (size_t)n, "%s%d", q ? "," : (p ? "/" : ""), c->T[p][q]);

@@ -500,8 +500,8 @@ static void test_catalogue(void) {
   TU_CHECK(moe_balance_policy_find("auto") == MOE_BALANCE_AUTO, "auto");
   TU_CHECK(moe_balance_policy_find("magic") == -1 && moe_balance_policy_find(NULL) == -1,
            "unknown names");
-  TU_CHECK(strcmp(moe_balance_policy_names(), "none, shadow, prophet, eplb, auto") == 0, "names '%s'",
-           moe_balance_policy_names());
+  TU_CHECK(strcmp(moe_balance_policy_names(), "none, shadow, prophet, eplb, auto") == 0,
+           "names '%s'", moe_balance_policy_names());
   TU_CHECK(strcmp(moe_balance_policy_name(MOE_BALANCE_EPLB), "eplb") == 0 &&
                moe_balance_policy_name(MOE_BALANCE_POLICY_COUNT_) == NULL,
            "policy_name");
@@ -622,9 +622,9 @@ static void test_balancer(void) {
   TU_CHECK(moe_balancer_step(b, uni, rep, &info) == MOE_STATUS_OK && !info.planned &&
                bitmap_is(rep, want, 16),
            "step 1 keeps the plan");
-  TU_CHECK(moe_balancer_step(b, uni, rep, &info) == MOE_STATUS_OK && info.planned &&
-               info.copies == 0,
-           "step 2 re-plans on the uniform load: no copies (%d)", info.copies);
+  TU_CHECK(
+      moe_balancer_step(b, uni, rep, &info) == MOE_STATUS_OK && info.planned && info.copies == 0,
+      "step 2 re-plans on the uniform load: no copies (%d)", info.copies);
   moe_balancer_destroy(b);
   // slots: a plan of 3 copies of e0 and slots 0 -> nothing; and a rank with two
   // copies and one slot keeps the copy taking more rows
@@ -669,7 +669,8 @@ static void test_balancer(void) {
   TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(g_ctx), "replan_every (0)"),
            "replan_every: %s", moe_ctx_error(g_ctx));
-  TU_CHECK(moe_balancer_create(g_ctx, &c, 6, 4, &b) == MOE_STATUS_INVALID_ARG, "E not divisible by P");
+  TU_CHECK(moe_balancer_create(g_ctx, &c, 6, 4, &b) == MOE_STATUS_INVALID_ARG,
+           "E not divisible by P");
 }
 
 // Predictions on a described cluster: uniform shares give no copies; a hot
@@ -704,7 +705,8 @@ static void test_simulate(void) {
            r[1].none_fastermoe);
   int64_t counts[16 * 16];
   for (int p = 0; p < 16; p++)
-    for (int e = 0; e < 16; e++) counts[p * 16 + e] = e == 0 ? 512 : (int64_t)llround(1024 * 0.5 / 15);
+    for (int e = 0; e < 16; e++)
+      counts[p * 16 + e] = e == 0 ? 512 : (int64_t)llround(1024 * 0.5 / 15);
   const moe_balance_load load = {16, 16, counts};
   moe_balance_cost cost;
   moe_balance_cost_of_cluster(&cl, 256, 512, &cost);
@@ -731,13 +733,13 @@ static void test_auto(void) {
   int chosen = -1;
   const moe_balance_load lu = {4, 4, uni};
   TU_CHECK(moe_balance_plan_auto(g_ctx, &lu, &cost, MOE_BALANCE_MODEL_PROPHET, 3, rep, &ms,
-                                 &chosen) == MOE_STATUS_OK && chosen == MOE_BALANCE_NONE,
+                                 &chosen) == MOE_STATUS_OK &&
+               chosen == MOE_BALANCE_NONE,
            "uniform: auto chose %d", chosen);
   for (int i = 0; i < 16; i++) TU_CHECK(rep[i] == 0, "uniform: no copies");
   const moe_balance_load l1 = {4, 4, one};
   for (int model = 0; model < MOE_BALANCE_MODEL_COUNT_; model++) {
-    TU_CHECK(moe_balance_plan_auto(g_ctx, &l1, &cost, model, 3, rep, &ms, &chosen) ==
-                 MOE_STATUS_OK,
+    TU_CHECK(moe_balance_plan_auto(g_ctx, &l1, &cost, model, 3, rep, &ms, &chosen) == MOE_STATUS_OK,
              "auto: %s", moe_ctx_error(g_ctx));
     // the minimum by hand over the four candidates
     moe_balance_predict(g_ctx, &l1, NULL, &cost, model, &best);

@@ -28,8 +28,8 @@ typedef struct {
   int one_expert;  // route every first choice to expert 5
   int replicas;    // add replicas
   moe_activation act;
-  int deepspeed;  // gate_convention deepspeed (first-choice aux, renormalised after dropping)
-  int bias;       // a router bias skewing the choices toward low experts (same on both layers)
+  int deepspeed;   // gate_convention deepspeed (first-choice aux, renormalised after dropping)
+  int bias;        // a router bias skewing the choices toward low experts (same on both layers)
   int placements;  // then this many placements of expert copies (set_placement), each compared
 } scenario;
 
@@ -85,9 +85,9 @@ static void compare_with_ref(const char *name, int T, int off, int M, int H, int
 // reference's rows per expert, and (EP = world) each rank computes the rows
 // the planners' rule says (moe_balance_rows). Switching placements and the
 // passes allocate nothing.
-static void run_placement(moe_ctx *ctx, const char *scen, int i, const scenario *sc, moe_ep_layer *L,
-                          const float *x, const float *dy, int T, int off, int Tg, float *y,
-                          const float *y_ref, float *dx, const float *dx_ref,
+static void run_placement(moe_ctx *ctx, const char *scen, int i, const scenario *sc,
+                          moe_ep_layer *L, const float *x, const float *dy, int T, int off, int Tg,
+                          float *y, const float *y_ref, float *dx, const float *dx_ref,
                           const moe_layer_stats *rs, moe_layer *ref) {
   const moe_layer_config *cfg = moe_layer_get_config(ref);
   const int E = cfg->num_experts, M = cfg->model_dim, H = cfg->hidden_dim, P = sc->ep;
@@ -264,7 +264,8 @@ static void run_scenario(const scenario *sc) {
     TU_CHECK(moe_alloc_count() == before, "%s: the second pass allocated %llu times", name,
              (unsigned long long)(moe_alloc_count() - before));
   }
-  for (int i = 0; i < sc->placements; i++) run_placement(ctx, name, i, sc, L, x, dy, T, off, Tg, y, y_ref, dx, dx_ref, &rs, ref);
+  for (int i = 0; i < sc->placements; i++)
+    run_placement(ctx, name, i, sc, L, x, dy, T, off, Tg, y, y_ref, dx, dx_ref, &rs, ref);
 done:
   moe_ep_layer_destroy(L);
   moe_layer_destroy(ref);
@@ -562,7 +563,7 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
     if (special[i].zero_rank >= 0 && g_world == 1) continue;  // the only rank needs tokens
-    if (special[i].placements && g_world == 1) continue;     // one rank holds every expert
+    if (special[i].placements && g_world == 1) continue;      // one rank holds every expert
     run_scenario(&special[i]);
   }
   if (g_world % 2 == 0 && g_world > 2) {  // every algorithm with DP > 1 (EP = 2)

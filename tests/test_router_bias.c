@@ -162,8 +162,8 @@ static void test_skew_shares(void) {
   s.param = 1.2;
   moe_skew_to_string(&s, buf, sizeof buf);
   TU_CHECK(strcmp(buf, "zipf:1.2") == 0, "to_string %s", buf);
-  const char *bad[] = {"zipf", "zipf:0", "zipf:11", "zipf:x", "hot:0", "hot:1.5", "hot",
-                       "uniform:2", "normal", "", "zipf:1.2x", "none:1"};
+  const char *bad[] = {"zipf", "zipf:0",    "zipf:11", "zipf:x", "hot:0",     "hot:1.5",
+                       "hot",  "uniform:2", "normal",  "",       "zipf:1.2x", "none:1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     TU_CHECK(moe_skew_parse(ctx, bad[i], &s) == MOE_STATUS_INVALID_ARG, "'%s' refused", bad[i]);
     TU_CHECK(strstr(moe_ctx_error(ctx), "skew") != NULL, "message names the skew: %s",
@@ -194,8 +194,8 @@ static void test_fit(const char *spec, double max_tv) {
          fit.iterations);
   for (int e = 0; e < E; e++) printf(" %.3f/%.3f", got[e], target[e]);
   printf("\n");
-  TU_CHECK(fit.total_variation <= max_tv, "%s: total variation %g > %g", spec,
-           fit.total_variation, max_tv);
+  TU_CHECK(fit.total_variation <= max_tv, "%s: total variation %g > %g", spec, fit.total_variation,
+           max_tv);
   TU_CHECK(moe_router_bias_fit(ctx, &cfg, t.wg, x, T, target, bias2, NULL) == MOE_STATUS_OK &&
                memcmp(bias, bias2, sizeof bias) == 0,
            "%s: the fit is deterministic", spec);
@@ -210,10 +210,10 @@ static void test_fit(const char *spec, double max_tv) {
   double wrong[8];
   memcpy(wrong, target, sizeof wrong);
   wrong[0] = 0.9;  // above 1/K
-  TU_CHECK(moe_router_bias_fit(ctx, &cfg, t.wg, x, T, wrong, bias2, NULL) ==
-                   MOE_STATUS_INVALID_ARG &&
-               strstr(moe_ctx_error(ctx), "share of expert 0"),
-           "a share above 1/K is refused: %s", moe_ctx_error(ctx));
+  TU_CHECK(
+      moe_router_bias_fit(ctx, &cfg, t.wg, x, T, wrong, bias2, NULL) == MOE_STATUS_INVALID_ARG &&
+          strstr(moe_ctx_error(ctx), "share of expert 0"),
+      "a share above 1/K is refused: %s", moe_ctx_error(ctx));
   moe_layer_destroy(L);
 }
 

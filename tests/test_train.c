@@ -311,7 +311,8 @@ int main(int argc, char **argv) {
     t.balance.cost.flops_per_s = 0;  // the trainer's rates
     losses a, b2;
     TU_CHECK(run_on(g_world, &t, &a, ctx) == MOE_STATUS_OK, "balanced run: %s", moe_ctx_error(ctx));
-    TU_CHECK(run_on(g_world, &t, &b2, ctx) == MOE_STATUS_OK, "balanced run: %s", moe_ctx_error(ctx));
+    TU_CHECK(run_on(g_world, &t, &b2, ctx) == MOE_STATUS_OK, "balanced run: %s",
+             moe_ctx_error(ctx));
     compare("balanced (shadow) run twice (bitwise)", &b2, &a, 1, 1);
   }
   {

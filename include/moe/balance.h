@@ -245,12 +245,12 @@ void moe_balance_window_mean_f64(const moe_balance_window *win, double *out);
 // (moe_ep_layer_set_placement) before the next forward.
 
 typedef struct {
-  int policy;             // moe_balance_policy
-  int replan_every;       // plan every N steps, >= 1 [1]; between plans the placement stays
-  int window;             // steps of load averaged for the plan, >= 1 [1; eplb 10]
-  int slots;              // copies a rank may hold (the layer's copy_slots), >= 0; eplb's R
-  int prophet_n;          // Pro-Prophet's n [MOE_BALANCE_PROPHET_N_DEFAULT]
-  double prophet_alpha;   // Pro-Prophet's alpha [MOE_BALANCE_PROPHET_ALPHA_DEFAULT]
+  int policy;               // moe_balance_policy
+  int replan_every;         // plan every N steps, >= 1 [1]; between plans the placement stays
+  int window;               // steps of load averaged for the plan, >= 1 [1; eplb 10]
+  int slots;                // copies a rank may hold (the layer's copy_slots), >= 0; eplb's R
+  int prophet_n;            // Pro-Prophet's n [MOE_BALANCE_PROPHET_N_DEFAULT]
+  double prophet_alpha;     // Pro-Prophet's alpha [MOE_BALANCE_PROPHET_ALPHA_DEFAULT]
   moe_balance_model model;  // prophet and eplb [MOE_BALANCE_MODEL_PROPHET: eq 6, Trans and
                             // Agg exposed, as the mechanism runs them until a scheduler hides them]
   moe_balance_cost cost;    // the machine's rates (moe_balance_cost_default / _from_profile)
@@ -289,10 +289,10 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
 // ---- predictions on a described cluster (moe simulate --balance) ------------------------
 
 typedef struct {
-  int policy;                        // moe_balance_policy
-  int copies;                        // copies the plan places
-  double ratio_before, ratio_after;  // balance ratio without and with them
-  double ms_fastermoe, ms_prophet;   // the plan under FasterMoE's eq 7/8 and Pro-Prophet's eq 6
+  int policy;                           // moe_balance_policy
+  int copies;                           // copies the plan places
+  double ratio_before, ratio_after;     // balance ratio without and with them
+  double ms_fastermoe, ms_prophet;      // the plan under FasterMoE's eq 7/8 and Pro-Prophet's eq 6
   double none_fastermoe, none_prophet;  // the same for no copies
 } moe_balance_sim_result;
 

@@ -250,8 +250,8 @@ int moe_skew_to_string(const moe_skew *skew, char *buf, size_t len);
 moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *skew, int num_experts, int top_k,
                            double *shares);
 
-#define MOE_ROUTER_FIT_ITERS 200    // most iterations of moe_router_bias_fit
-#define MOE_ROUTER_FIT_TOL 0.005    // total variation at which it stops
+#define MOE_ROUTER_FIT_ITERS 200  // most iterations of moe_router_bias_fit
+#define MOE_ROUTER_FIT_TOL 0.005  // total variation at which it stops
 
 typedef struct {
   double *achieved;        // (E) caller-owned or NULL: shares the fitted bias gives

@@ -20,8 +20,8 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
 // Fits replica (E, P) to `slots` copies per rank: a rank over it drops, one
 // at a time, its copy taking the fewest rows of counts (P, E) (ties: the
 // highest expert), so the copies that move the most work stay.
-void moe_balance_fit_slots(uint8_t *replica, const int64_t *counts, int num_experts,
-                           int num_ranks, int slots);
+void moe_balance_fit_slots(uint8_t *replica, const int64_t *counts, int num_experts, int num_ranks,
+                           int slots);
 // INVALID_ARG naming the first field of cost out of range (NULL included).
 moe_status moe_balance_check_cost(moe_ctx *ctx, const moe_balance_cost *cost);
 

@@ -51,7 +51,9 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
     memset(r, 0, sizeof *r);
     r->policy = policies[i];
     switch (policies[i]) {
-      case MOE_BALANCE_NONE: memset(rep, 0, (size_t)E * P); break;
+      case MOE_BALANCE_NONE:
+        memset(rep, 0, (size_t)E * P);
+        break;
       case MOE_BALANCE_SHADOW:
         MOE_TRY(moe_balance_plan_shadow(ctx, &load, &cost, rep, NULL));
         break;
@@ -61,8 +63,8 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
                                          MOE_BALANCE_PROPHET_ALPHA_DEFAULT, rep, NULL));
         break;
       case MOE_BALANCE_EPLB:
-        MOE_TRY(moe_balance_plan_eplb(ctx, &load, &cost, MOE_BALANCE_MODEL_PROPHET, slots, rep,
-                                      NULL));
+        MOE_TRY(
+            moe_balance_plan_eplb(ctx, &load, &cost, MOE_BALANCE_MODEL_PROPHET, slots, rep, NULL));
         break;
       case MOE_BALANCE_AUTO:
         MOE_TRY(moe_balance_plan_auto(ctx, &load, &cost, MOE_BALANCE_MODEL_PROPHET, slots, rep,
@@ -78,14 +80,13 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
     r->ratio_before = moe_balance_ratio(rows, P);
     MOE_TRY(moe_balance_rows(ctx, &load, rep, rows));
     r->ratio_after = moe_balance_ratio(rows, P);
-    MOE_TRY(moe_balance_predict(ctx, &load, rep, &cost, MOE_BALANCE_MODEL_FASTERMOE,
-                                &r->ms_fastermoe));
-    MOE_TRY(moe_balance_predict(ctx, &load, rep, &cost, MOE_BALANCE_MODEL_PROPHET,
-                                &r->ms_prophet));
+    MOE_TRY(
+        moe_balance_predict(ctx, &load, rep, &cost, MOE_BALANCE_MODEL_FASTERMOE, &r->ms_fastermoe));
+    MOE_TRY(moe_balance_predict(ctx, &load, rep, &cost, MOE_BALANCE_MODEL_PROPHET, &r->ms_prophet));
     MOE_TRY(moe_balance_predict(ctx, &load, NULL, &cost, MOE_BALANCE_MODEL_FASTERMOE,
                                 &r->none_fastermoe));
-    MOE_TRY(moe_balance_predict(ctx, &load, NULL, &cost, MOE_BALANCE_MODEL_PROPHET,
-                                &r->none_prophet));
+    MOE_TRY(
+        moe_balance_predict(ctx, &load, NULL, &cost, MOE_BALANCE_MODEL_PROPHET, &r->none_prophet));
   }
 done:
   moe_free(counts);

@@ -116,20 +116,22 @@ moe_status moe_balance_plan_auto(moe_ctx *ctx, const moe_balance_load *load,
               "balance slots (%d) must be in [0, %d] (the experts a rank does not hold)", slots,
               E - E / P);
   cand = moe_malloc(n);
-  MOE_FAIL_IF(ctx, !cand, MOE_STATUS_OUT_OF_MEMORY, "balance: cannot allocate a %d x %d plan",
-              E, P);
+  MOE_FAIL_IF(ctx, !cand, MOE_STATUS_OUT_OF_MEMORY, "balance: cannot allocate a %d x %d plan", E,
+              P);
   double best = 0.0;
   MOE_TRY(moe_balance_predict(ctx, load, NULL, cost, model, &best));
   memset(replica, 0, n);
   int pick = MOE_BALANCE_NONE;
   // prophet and eplb plan with Pro-Prophet's T' (eq 6 when judging by FasterMoE's model)
-  const moe_balance_model pm = model == MOE_BALANCE_MODEL_FASTERMOE ? MOE_BALANCE_MODEL_PROPHET : model;
+  const moe_balance_model pm =
+      model == MOE_BALANCE_MODEL_FASTERMOE ? MOE_BALANCE_MODEL_PROPHET : model;
   for (int p = MOE_BALANCE_SHADOW; p <= MOE_BALANCE_EPLB; p++) {
     if (p == MOE_BALANCE_SHADOW) MOE_TRY(moe_balance_plan_shadow(ctx, load, cost, cand, NULL));
     if (p == MOE_BALANCE_PROPHET)
       MOE_TRY(moe_balance_plan_prophet(ctx, load, cost, pm, MOE_BALANCE_PROPHET_N_DEFAULT,
                                        MOE_BALANCE_PROPHET_ALPHA_DEFAULT, cand, NULL));
-    if (p == MOE_BALANCE_EPLB) MOE_TRY(moe_balance_plan_eplb(ctx, load, cost, pm, slots, cand, NULL));
+    if (p == MOE_BALANCE_EPLB)
+      MOE_TRY(moe_balance_plan_eplb(ctx, load, cost, pm, slots, cand, NULL));
     moe_balance_fit_slots(cand, load->counts, E, P, slots);
     double t = 0.0;
     MOE_TRY(moe_balance_predict(ctx, load, cand, cost, model, &t));
@@ -183,7 +185,9 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
         MOE_TRY(moe_balance_plan_auto(ctx, &load, &c->cost, c->model, c->slots, replica,
                                       &in.predicted_ms, &in.chosen));
         break;
-      default: memset(replica, 0, n); break;
+      default:
+        memset(replica, 0, n);
+        break;
     }
     moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     memcpy(b->current, replica, n);

@@ -87,13 +87,20 @@ static void layer_tables(const moe_layer_config *cfg, size_t R, moe_layer *L,
       {"db2", E * M, &t->db2},
   };
   const moe_tensor_spec w[N_WORK_SPECS] = {
-      {"logits", T * E, &L->logits}, {"probs", T * E, &L->probs},
-      {"lse", T, &L->lse},           {"topk_p", T * K, &L->topk_p},
-      {"xe", R * M, &L->xe},         {"pre", R * H, &L->pre},
-      {"h", R * H, &L->h},           {"ye", R * M, &L->ye},
-      {"dye", R * M, &L->dye},       {"dh", R * H, &L->dh},
-      {"dpre", R * H, &L->dpre},     {"dweight", T * K, &L->dweight},
-      {"dprobs", T * E, &L->dprobs}, {"dlogits", T * E, &L->dlogits},
+      {"logits", T * E, &L->logits},
+      {"probs", T * E, &L->probs},
+      {"lse", T, &L->lse},
+      {"topk_p", T * K, &L->topk_p},
+      {"xe", R * M, &L->xe},
+      {"pre", R * H, &L->pre},
+      {"h", R * H, &L->h},
+      {"ye", R * M, &L->ye},
+      {"dye", R * M, &L->dye},
+      {"dh", R * H, &L->dh},
+      {"dpre", R * H, &L->dpre},
+      {"dweight", T * K, &L->dweight},
+      {"dprobs", T * E, &L->dprobs},
+      {"dlogits", T * E, &L->dlogits},
       {"router_bias", E, &t->router_bias},
   };
   memcpy(params, p, sizeof p);
@@ -239,8 +246,12 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   // step 1: gate, routing plan, aux and z losses
   uint64_t t0 = moe_time_ns();
   // the backward scratch dprobs holds the biased scores (free until backward)
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p,
-                         moe_router_bias_active(L->t.router_bias, c->num_experts), L->dprobs};
+  moe_gate_buffers gb = {L->logits,
+                         L->probs,
+                         L->lse,
+                         L->topk_p,
+                         moe_router_bias_active(L->t.router_bias, c->num_experts),
+                         L->dprobs};
   MOE_TRY(moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm));
   moe_gate_loss_stats(c, &gb, &L->route, tokens, L->loss_stats);
   moe_gate_losses(c, L->loss_stats, &L->stats.aux_loss, &L->stats.z_loss);

@@ -62,10 +62,14 @@ done:
 
 int moe_skew_to_string(const moe_skew *s, char *buf, size_t len) {
   switch (s->kind) {
-    case MOE_SKEW_UNIFORM: return snprintf(buf, len, "uniform");
-    case MOE_SKEW_ZIPF: return snprintf(buf, len, "zipf:%g", s->param);
-    case MOE_SKEW_HOT: return snprintf(buf, len, "hot:%g", s->param);
-    default: return snprintf(buf, len, "none");
+    case MOE_SKEW_UNIFORM:
+      return snprintf(buf, len, "uniform");
+    case MOE_SKEW_ZIPF:
+      return snprintf(buf, len, "zipf:%g", s->param);
+    case MOE_SKEW_HOT:
+      return snprintf(buf, len, "hot:%g", s->param);
+    default:
+      return snprintf(buf, len, "none");
   }
 }
 
@@ -142,8 +146,8 @@ moe_status moe_router_bias_fit(moe_ctx *ctx, const moe_layer_config *cfg, const 
   double *counts = NULL;
   MOE_FAIL_IF(ctx, !cfg || !wg || !x || !shares || !bias, MOE_STATUS_INVALID_ARG,
               "cfg, wg, x, shares and bias must not be NULL");
-  MOE_FAIL_IF(ctx, tokens < 1, MOE_STATUS_INVALID_ARG,
-              "the fit needs at least 1 token (got %d)", tokens);
+  MOE_FAIL_IF(ctx, tokens < 1, MOE_STATUS_INVALID_ARG, "the fit needs at least 1 token (got %d)",
+              tokens);
   const int M = cfg->model_dim, E = cfg->num_experts, K = cfg->top_k;
   MOE_FAIL_IF(ctx, E < 1 || K < 1 || K > E || M < 1, MOE_STATUS_INVALID_ARG,
               "config: experts (%d), top_k (%d), model_dim (%d) out of range", E, K, M);

@@ -77,8 +77,6 @@ typedef struct {
   float *x, *y, *dy, *dx;
 } buffers;
 
-
-
 // A variant's load balancing: its balancer, the load and placement tables.
 typedef struct {
   moe_balancer *b;
@@ -169,8 +167,8 @@ moe_status moe_measure_layer_variants_memory(moe_ctx *ctx, int world_size,
   {
     // moe_measure_layer_variants, below: x, y, dy, dx; the tables of every iteration
     const size_t tm = (size_t)cfg->tokens * (size_t)cfg->model_dim, it = (size_t)mc->iters;
-    out->bytes[MOE_MEM_ACTIVATIONS] += 4.0 * (double)moe_align64((tm ? tm : 1) * sizeof(float)) +
-                                       moe_measure_skew_bytes(cfg, mc);
+    out->bytes[MOE_MEM_ACTIVATIONS] +=
+        4.0 * (double)moe_align64((tm ? tm : 1) * sizeof(float)) + moe_measure_skew_bytes(cfg, mc);
     out->bytes[MOE_MEM_WORKSPACE] +=
         (double)(moe_align64((size_t)n * sizeof(moe_ep_layer *)) +
                  2 * moe_align64((size_t)n * it * N_COLS * sizeof(double)) +
@@ -240,7 +238,8 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
   if (mc->skew.kind != MOE_SKEW_NONE) {
     // the same bias bits on every rank and variant (the same gate and tokens)
     moe_ep_tensors t0 = moe_ep_layer_get_tensors(layers[0]);
-    MOE_TRY(moe_comm_agree(ctx, comm, moe_measure_skew_bias(ctx, cfg, mc, t0.wg, t0.router_bias, &skew_tv),
+    MOE_TRY(moe_comm_agree(ctx, comm,
+                           moe_measure_skew_bias(ctx, cfg, mc, t0.wg, t0.router_bias, &skew_tv),
                            "measure: skew fit"));
     for (int k = 1; k < n; k++) {
       moe_ep_tensors t = moe_ep_layer_get_tensors(layers[k]);
@@ -276,15 +275,16 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
           MOE_TRY(moe_ep_layer_rates(layers[k], &f, &net));
           if (f > 0) bc.cost.flops_per_s = f;
           if (net > 0) bc.cost.net_bytes_per_s = net;
-          if (!(bc.cost.flops_per_s > 0)) moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
+          if (!(bc.cost.flops_per_s > 0))
+            moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
           moe_balancer_destroy(bals[k].b);
           bals[k].b = NULL;
-          MOE_TRY(moe_comm_agree(ctx, comm,
-                                 moe_balancer_create(ctx, &bc, cfg->num_experts,
-                                                     cfg->num_experts /
-                                                         moe_ep_layer_get_tensors(layers[k]).home_count,
-                                                     &bals[k].b),
-                                 "measure: balancer"));
+          MOE_TRY(moe_comm_agree(
+              ctx, comm,
+              moe_balancer_create(ctx, &bc, cfg->num_experts,
+                                  cfg->num_experts / moe_ep_layer_get_tensors(layers[k]).home_count,
+                                  &bals[k].b),
+              "measure: balancer"));
           bals[k].have_cost = 1;
         }
       }

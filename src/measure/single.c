@@ -49,8 +49,7 @@ double moe_measure_skew_bytes(const moe_layer_config *cfg, const moe_measure_con
   const size_t T = (size_t)cfg->tokens, M = (size_t)cfg->model_dim, E = (size_t)cfg->num_experts;
   // x (T, M) and the shares, then the fit's logits (T, E) and its small tables
   const size_t tm = T * M > 0 ? T * M : 1;
-  return (double)(moe_align64(tm * 4) + moe_align64(T * E * 4) +
-                  6 * moe_align64(E * 8 + 64));
+  return (double)(moe_align64(tm * 4) + moe_align64(T * E * 4) + 6 * moe_align64(E * 8 + 64));
 }
 
 // Per iteration: the 15 quantities of moe_measure_single_result, in order.

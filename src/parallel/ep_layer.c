@@ -103,12 +103,11 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
               pc->slice_tokens, cfg->tokens);
   MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1, MOE_STATUS_INVALID_ARG,
               "compress_backward (%d) must be 0 or 1", pc->compress_backward);
-  MOE_FAIL_IF(ctx,
-              pc->copy_slots < 0 ||
-                  pc->copy_slots > cfg->num_experts - cfg->num_experts / pc->ep_size,
-              MOE_STATUS_INVALID_ARG,
-              "copy_slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
-              pc->copy_slots, cfg->num_experts - cfg->num_experts / pc->ep_size);
+  MOE_FAIL_IF(
+      ctx, pc->copy_slots < 0 || pc->copy_slots > cfg->num_experts - cfg->num_experts / pc->ep_size,
+      MOE_STATUS_INVALID_ARG,
+      "copy_slots (%d) must be in [0, %d] (the experts an EP rank does not hold)", pc->copy_slots,
+      cfg->num_experts - cfg->num_experts / pc->ep_size);
   MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
   {
     int level = MPI_THREAD_SINGLE;
@@ -263,8 +262,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       const size_t nf = 2 * M * H + H + M, S = (size_t)pc->copy_slots;
       out->bytes[MOE_MEM_PARAMS] += F(S * 2 * nf) / 2;
       out->bytes[MOE_MEM_GRADS] += F(S * 2 * nf) / 2;
-      out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) +
-                                       A(E * (size_t)P) + A(4 * E * (size_t)P * sizeof(MPI_Request));
+      out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) + A(E * (size_t)P) +
+                                       A(4 * E * (size_t)P * sizeof(MPI_Request));
     }
     const double act = 2 * F(T * E) + F(T) + F(T * K) + 3 * F(R * M) + F(T * K) + 2 * F(T * E);
     const double a2a = F(R * M);  // sendbuf
@@ -299,7 +298,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     // tables, routing plan, placement, counts, the chunk plan and task records
     const size_t n3 = r * (size_t)P * E, n2 = r * (size_t)P, max_tasks = MOE_CT_KINDS * r;
     out->bytes[MOE_MEM_WORKSPACE] +=
-        F(E) /* router_bias, in the parameter arena */ + A(sizeof(moe_ep_layer)) + A((size_t)world_size * 8) + A((size_t)world_size * 4) +
+        F(E) /* router_bias, in the parameter arena */ + A(sizeof(moe_ep_layer)) +
+        A((size_t)world_size * 8) + A((size_t)world_size * 4) +
         (double)moe_placement_bytes((int)E, P) + 9 * A(E * sizeof(float *)) +
         2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1) * sizeof(double)) +
         (double)moe_route_bytes(cfg->tokens, cfg->top_k, (int)E, (int)R) + 3 * A(n3 * sizeof(int)) +
@@ -574,7 +574,7 @@ done:
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
   MOE_TRY(moe_ep_trans_wait_(L));  // a pending Trans of set_placement
-  L->have_forward = 0;  // new parameters: a pending backward would mix old and new
+  L->have_forward = 0;             // new parameters: a pending backward would mix old and new
   for (int e = 0; e < L->E; e++) {
     for (int p = 0; p < L->P; p++) {
       if (L->placement.replica[(size_t)e * L->P + p]) MOE_TRY(copy_to_replica(L, e, p));

@@ -657,8 +657,9 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
   // the backward scratch dprobs holds the biased scores (free until backward)
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p,
-                         moe_router_bias_active(L->t.router_bias, L->E), L->dprobs};
+  moe_gate_buffers gb = {
+      L->logits, L->probs, L->lse, L->topk_p, moe_router_bias_active(L->t.router_bias, L->E),
+      L->dprobs};
 
   // step 1: local checks and gate; global loss statistics + error flag
   uint64_t t0 = moe_time_ns();

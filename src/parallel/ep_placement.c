@@ -40,8 +40,8 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   L->reqs = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Request));
   MOE_FAIL_IF(ctx,
               !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->new_replica || !L->reqs,
-              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)",
-              S, 2 * nf);
+              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)", S,
+              2 * nf);
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
   for (int e = 0; e < L->E; e++) L->expert_slot[e] = -1;
 done:
@@ -97,8 +97,7 @@ static moe_status check_placement(moe_ep_layer *L, const uint8_t *rep) {
   for (int e = 0; e < L->E; e++) {
     const int home = L->placement.home[e];
     MOE_FAIL_IF(ctx, rep[(size_t)e * L->P + home], MOE_STATUS_INVALID_ARG,
-                "placement: EP rank %d is expert %d's home and cannot hold a copy of it", home,
-                e);
+                "placement: EP rank %d is expert %d's home and cannot hold a copy of it", home, e);
   }
   for (int p = 0; p < L->P; p++) {
     int n = 0;
@@ -203,9 +202,9 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
         float *parts[4] = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
         for (int k = 0; k < 4; k++) {
           if (me == home) {
-            MOE_MPI_TRY_OP(ctx, "send of expert parameters to a copy",
-                           MPI_Isend(parts[k], (int)n[k], MPI_FLOAT, p, 7301 + k, L->ep.comm,
-                                     &L->reqs[nr++]));
+            MOE_MPI_TRY_OP(
+                ctx, "send of expert parameters to a copy",
+                MPI_Isend(parts[k], (int)n[k], MPI_FLOAT, p, 7301 + k, L->ep.comm, &L->reqs[nr++]));
           } else if (me == p) {
             MOE_MPI_TRY_OP(ctx, "receive of expert parameters for a copy",
                            MPI_Irecv(parts[k], (int)n[k], MPI_FLOAT, home, 7301 + k, L->ep.comm,
@@ -236,8 +235,7 @@ moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
     // the EP group, then summed over the DP groups (same EP index)
     for (int e = 0; e < E; e++) counts[(size_t)L->me * E + e] = L->route.count[e];
     MOE_MPI_TRY_OP(ctx, "all-gather of the routing counts",
-                   MPI_Allgather(MPI_IN_PLACE, E, MPI_INT64_T, counts, E, MPI_INT64_T,
-                                 L->ep.comm));
+                   MPI_Allgather(MPI_IN_PLACE, E, MPI_INT64_T, counts, E, MPI_INT64_T, L->ep.comm));
     MOE_MPI_TRY_OP(ctx, "sum of the routing counts over the DP groups",
                    MPI_Allreduce(MPI_IN_PLACE, counts, P * E, MPI_INT64_T, MPI_SUM, L->dp));
   }

@@ -73,8 +73,9 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
     snprintf(buf, sizeof buf, "compressor %s is lossy (or auto)", tc->par.compress);
   } else if (tc->model.moe_every > 0 && tc->balance.policy != MOE_BALANCE_NONE) {
     snprintf(buf, sizeof buf, "load balancing (%s) sums expert gradients over copies",
-             moe_balance_policy_name(tc->balance.policy) ? moe_balance_policy_name(tc->balance.policy)
-                                                          : "?");
+             moe_balance_policy_name(tc->balance.policy)
+                 ? moe_balance_policy_name(tc->balance.policy)
+                 : "?");
   } else if (tc->model.moe_every > 0 && tc->model.moe.capacity_factor > 0) {
     snprintf(buf, sizeof buf, "capacity factor %g drops tokens per source rank",
              tc->model.moe.capacity_factor);
@@ -158,8 +159,8 @@ typedef struct {
   // load balancing (tc->balance): one balancer per MoE block, made on the
   // block's first step (its rates measured then), and the load and plan tables
   moe_balancer *bal[MOE_GPT_MAX_LAYERS];
-  int64_t *bal_load;     // (EP, E)
-  uint8_t *bal_replica;  // (E, EP)
+  int64_t *bal_load;              // (EP, E)
+  uint8_t *bal_replica;           // (E, EP)
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
   moe_memory_need need;           // this rank's memory estimate (baseline included)
@@ -238,8 +239,7 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
                 MOE_STATUS_INVALID_ARG,
                 "balance slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
                 tc->balance.slots, E - E / *ep);
-    MOE_FAIL_IF(ctx, tc->balance.replan_every < 1 || tc->balance.window < 1,
-                MOE_STATUS_INVALID_ARG,
+    MOE_FAIL_IF(ctx, tc->balance.replan_every < 1 || tc->balance.window < 1, MOE_STATUS_INVALID_ARG,
                 "balance replan_every (%d) and window (%d) must be at least 1",
                 tc->balance.replan_every, tc->balance.window);
   }
@@ -263,7 +263,7 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     pc.ep_size = ep;
     pc.slice_tokens = tc->deterministic ? S : 0;  // as setup() sets it
     pc.copy_slots = tc->balance.policy != MOE_BALANCE_NONE ? tc->balance.slots : 0;
-    moe_layer_config lc = tc->model.moe;          // as moe_gpt_create passes it to the backend
+    moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
     lc.tokens = bl * S;
     moe_memory_need block;
@@ -804,11 +804,11 @@ static moe_status balance_step(run_state *r, moe_train_step_info *info) {
         // the expert gradients); else measured on this first step.
         moe_balance_cost_default(&bc.cost, tc->model.d_model, tc->model.moe.hidden_dim);
         if (tc->profile) {
-          MOE_TRY(agree(r,
-                        moe_balance_cost_from_profile(ctx, tc->profile, r->user->par.a2a,
-                                                      tc->model.d_model,
-                                                      tc->model.moe.hidden_dim, &bc.cost),
-                        "the balancing rates from the profile"));
+          MOE_TRY(agree(
+              r,
+              moe_balance_cost_from_profile(ctx, tc->profile, r->user->par.a2a, tc->model.d_model,
+                                            tc->model.moe.hidden_dim, &bc.cost),
+              "the balancing rates from the profile"));
         } else if (tc->deterministic) {
           bc.cost.flops_per_s = MOE_TRAIN_BALANCE_FLOPS;
           bc.cost.net_bytes_per_s = MOE_TRAIN_BALANCE_NET;
@@ -947,8 +947,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     info.val_loss = NAN;
 
     if (r.routing)
-      MOE_TRY(moe_routing_trace_step_(ctx, world, r.routing, step, r.user->impl,
-                                      tc->model.n_layer));
+      MOE_TRY(
+          moe_routing_trace_step_(ctx, world, r.routing, step, r.user->impl, tc->model.n_layer));
     if (tc->trace && step == (tc->trace_step > 0 ? tc->trace_step : end))
       MOE_TRY(write_trace(&r, t0));
     const int last = step == end;
@@ -986,16 +986,16 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        static const char *const names[] = {"aux",          "grad_norm",      "exposed_share",
-                                            "dropped",      "step_ms",        "moe_pass_ms",
+        static const char *const names[] = {"aux",           "grad_norm",     "exposed_share",
+                                            "dropped",       "step_ms",       "moe_pass_ms",
                                             "balance_ratio", "balance_after", "copies"};
-        const double vals[] = {info.aux,          info.grad_norm,     info.exposed_share,
-                               info.dropped,      step_s * 1e3,       info.moe_pass_ms,
-                               info.balance_before, info.balance_after, info.copies};
+        const double vals[] = {
+            info.aux,         info.grad_norm,      info.exposed_share, info.dropped, step_s * 1e3,
+            info.moe_pass_ms, info.balance_before, info.balance_after, info.copies};
         // a dense model has no MoE pass; the balance values only when balancing
-        const int n_vals = isnan(info.moe_pass_ms) ? 5
+        const int n_vals = isnan(info.moe_pass_ms)                  ? 5
                            : tc->balance.policy != MOE_BALANCE_NONE ? 9
-                                                                     : 6;
+                                                                    : 6;
         // A full disk must not stop training (nor leave the other ranks waiting).
         if (moe_metrics_write(r.metrics, step, info.loss, info.val_loss, info.tokens_per_s,
                               info.a2a_share, lr, elapsed, names, vals, n_vals) != MOE_STATUS_OK) {
