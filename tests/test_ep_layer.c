@@ -390,6 +390,19 @@ static void test_placement_errors(void) {
   pc.ep_size = P;
   pc.copy_slots = E - 2 + 1;  // one more than the experts a rank does not hold
   expect_create_error("copy_slots too large", &cfg, &pc, "copy_slots (");
+  pc.copy_slots = 0;  // no slots: the empty placement is a no-op, any copy is refused
+  {
+    moe_ep_layer *Z = NULL;
+    TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &Z) == MOE_STATUS_OK, "create 0");
+    uint8_t *zero = calloc((size_t)E * P, 1);
+    TU_CHECK(Z && moe_ep_layer_set_placement(Z, zero) == MOE_STATUS_OK, "empty placement, 0 slots");
+    zero[2 * P + 0] = 1;
+    TU_CHECK(Z && moe_ep_layer_set_placement(Z, zero) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(ctx), "no expert copy slots"),
+             "a copy without slots: %s", moe_ctx_error(ctx));
+    free(zero);
+    moe_ep_layer_destroy(Z);
+  }
   pc.copy_slots = 1;
   moe_ep_layer *L = NULL;
   TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK, "create");

@@ -91,9 +91,12 @@ static uint64_t bitmap_hash(const uint8_t *b, size_t n) {
 static moe_status check_placement(moe_ep_layer *L, const uint8_t *rep) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
-  MOE_FAIL_IF(ctx, L->pc.copy_slots <= 0, MOE_STATUS_INVALID_ARG,
-              "the layer has no expert copy slots (moe_parallel_config.copy_slots is 0; "
-              "placements need at least one)");
+  if (L->pc.copy_slots <= 0) {  // only the empty placement fits (a no-op)
+    for (size_t i = 0; i < (size_t)L->E * (size_t)L->P; i++)
+      MOE_FAIL_IF(ctx, rep[i], MOE_STATUS_INVALID_ARG,
+                  "the layer has no expert copy slots (moe_parallel_config.copy_slots is 0; "
+                  "a placement with copies needs at least one)");
+  }
   for (int e = 0; e < L->E; e++) {
     const int home = L->placement.home[e];
     MOE_FAIL_IF(ctx, rep[(size_t)e * L->P + home], MOE_STATUS_INVALID_ARG,
@@ -166,6 +169,7 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
                            "the same (plan from all-gathered counts)");
   }
   MOE_TRY(moe_comm_agree(ctx, L->world, local, "set_placement"));
+  if (L->pc.copy_slots <= 0) goto done;  // checked: the empty placement, nothing to do
   L->have_forward = 0;
   MOE_TRY(moe_ep_trans_wait_(L));  // the last placement's Trans, if no forward took it
   // step 2: this rank's slots: free the copies dropped, then take new ones
