@@ -464,6 +464,7 @@ static void init_expert(moe_ep_layer *L, int e, uint64_t seed) {
 
 void moe_ep_layer_init_params(moe_ep_layer *L, uint64_t seed) {
   const size_t M = (size_t)L->cfg.model_dim;
+  (void)moe_ep_trans_wait_(L);  // a pending Trans still reads the homes' parameters
   moe_init_uniform_slice(L->t.wg, M * (size_t)L->E, seed, MOE_STREAM_WG, 0, 1.0f / sqrtf((float)M));
   for (int e = 0; e < L->E; e++) {
     if (L->w1_of[e]) init_expert(L, e, seed);  // home experts and replicas alike
