@@ -37,7 +37,8 @@ extern "C" {
 typedef struct {
   moe_parallel_config pc;
   int baseline;
-  // Load balancing (docs/balance.md): with a policy other than none, every
+  // Load balancing (docs/balance.md; a zeroed field is policy none): with a
+  // policy other than none, every
   // iteration starts (inside its timed forward) by all-gathering the last
   // iteration's load (moe_ep_layer_load), stepping a moe_balancer and setting
   // the placement (moe_ep_layer_set_placement; pc.copy_slots must hold

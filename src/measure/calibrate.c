@@ -916,6 +916,7 @@ static moe_status layer_step(const cal *c, moe_profile *prof, moe_layer_sample *
   moe_layer_sample *samples = NULL;
   MOE_TRY(parse_shapes(c->ctx, c->cfg->layers, c->P, cfgs, &n_shapes));
   moe_measure_variant vs[MAX_VARIANTS];
+  memset(vs, 0, sizeof vs);  // balance.policy 0: none
   // The layer step's fixed sample set: what the fit needs (the sequential
   // chunkings for the scales, pipelined schedules and smart for the
   // contention factors).
