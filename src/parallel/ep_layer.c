@@ -263,7 +263,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       out->bytes[MOE_MEM_PARAMS] += F(S * 2 * nf) / 2;
       out->bytes[MOE_MEM_GRADS] += F(S * 2 * nf) / 2;
       out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) + A(E * (size_t)P) +
-                                       A(4 * E * (size_t)P * sizeof(MPI_Request));
+                                       A(4 * E * (size_t)P * sizeof(MPI_Request)) +
+                                       A(4 * E * (size_t)P * sizeof(MPI_Status));
     }
     const double act = 2 * F(T * E) + F(T) + F(T * K) + 3 * F(R * M) + F(T * K) + 2 * F(T * E);
     const double a2a = F(R * M);  // sendbuf

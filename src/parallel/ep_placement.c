@@ -38,8 +38,10 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   L->expert_slot = moe_malloc((size_t)L->E * sizeof(int));
   L->new_replica = moe_calloc((size_t)L->E * (size_t)L->P, 1);
   L->reqs = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Request));
+  L->trans_stats = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Status));
   MOE_FAIL_IF(ctx,
-              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->new_replica || !L->reqs,
+              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->new_replica || !L->reqs ||
+                  !L->trans_stats,
               MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)", S,
               2 * nf);
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
@@ -57,7 +59,7 @@ moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
     const int n = L->n_reqs;
     L->n_reqs = 0;
     MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
-                   MPI_Waitall(n, L->reqs, MPI_STATUSES_IGNORE));
+                   MPI_Waitall(n, L->reqs, L->trans_stats));
     L->trans_wait_ms += moe_time_ms_since(t0);
   }
 done:
@@ -75,6 +77,8 @@ void moe_ep_copies_free_(moe_ep_layer *L) {
   moe_free(L->expert_slot);
   moe_free(L->new_replica);
   moe_free(L->reqs);
+  moe_free(L->trans_stats);
+  L->trans_stats = NULL;
   L->copy_mem = NULL;
   L->slot_expert = L->expert_slot = NULL;
   L->new_replica = NULL;

@@ -116,15 +116,17 @@ struct moe_ep_layer {
   // allocated at create, each one expert's parameters then gradients; a copy
   // placed by moe_ep_layer_set_placement lives in a slot (replica_mem[e]
   // points into copy_mem and is not freed on its own).
-  float *copy_mem;       // (copy_slots, 2 nf)
-  int *slot_expert;      // (copy_slots): expert in the slot, -1 free
-  int *expert_slot;      // (E): slot of expert e's copy here, -1 none
-  uint8_t *new_replica;  // (E, P) scratch: the placement being set
-  MPI_Request *reqs;     // Trans requests: at most 4 x (E x P) at once
-  int n_placed;          // copies placed by set_placement over the EP group (0: none)
-  int n_reqs;            // Trans requests posted and not yet completed
-  double trans_post_ms;  // posting the last placement's Trans
-  double trans_wait_ms;  // waiting for it to complete (the part no compute hid)
+  float *copy_mem;          // (copy_slots, 2 nf)
+  int *slot_expert;         // (copy_slots): expert in the slot, -1 free
+  int *expert_slot;         // (E): slot of expert e's copy here, -1 none
+  uint8_t *new_replica;     // (E, P) scratch: the placement being set
+  MPI_Request *reqs;        // Trans requests: at most 4 x (E x P) at once
+  MPI_Status *trans_stats;  // their statuses (a real array: MPICH's MPI_STATUSES_IGNORE
+                            // is (MPI_Status *)1, which GCC 12 flags in MPI_Waitall)
+  int n_placed;             // copies placed by set_placement over the EP group (0: none)
+  int n_reqs;               // Trans requests posted and not yet completed
+  double trans_post_ms;     // posting the last placement's Trans
+  double trans_wait_ms;     // waiting for it to complete (the part no compute hid)
 };
 
 // Floats of one expert's parameters (w1 b1 w2 b2).
