@@ -633,6 +633,13 @@ static void test_balancer(void) {
   TU_CHECK(moe_balancer_create(g_ctx, &c, 4, 4, &b) == MOE_STATUS_OK, "create slots 0");
   TU_CHECK(moe_balancer_step(b, one, rep, &info) == MOE_STATUS_OK && info.copies == 0,
            "slots 0: no copies (%d)", info.copies);
+  {  // rates replaced later (measured): a bad one is refused, a good one kept
+    moe_balance_cost bad = c.cost;
+    bad.flops_per_s = 0;
+    TU_CHECK(moe_balancer_set_cost(b, &bad) == MOE_STATUS_INVALID_ARG &&
+                 moe_balancer_set_cost(b, &c.cost) == MOE_STATUS_OK,
+             "set_cost: %s", moe_ctx_error(g_ctx));
+  }
   moe_balancer_destroy(b);
   // eplb planned on the window's mean: two steps one and uni average to
   // (one + uni) / 2 rounded half up

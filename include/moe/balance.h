@@ -278,6 +278,9 @@ typedef struct {
 moe_status moe_balancer_create(moe_ctx *ctx, const moe_balance_config *cfg, int num_experts,
                                int num_ranks, moe_balancer **out);
 void moe_balancer_destroy(moe_balancer *b);  // NULL is a no-op
+// Replaces the rates the plans use (rates measured once the first steps have
+// run). INVALID_ARG for a cost out of range (the balancer keeps its own).
+moe_status moe_balancer_set_cost(moe_balancer *b, const moe_balance_cost *cost);
 // counts (P, E): the step just run. replica (E, P): the next step's
 // placement (kept from the last plan between plans; empty for `none`). A
 // plan with more copies on a rank than cfg.slots drops that rank's copies

@@ -78,6 +78,15 @@ done:
   return st;
 }
 
+moe_status moe_balancer_set_cost(moe_balancer *b, const moe_balance_cost *cost) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(b ? b->ctx : NULL, !b, MOE_STATUS_INVALID_ARG, "balancer must not be NULL");
+  MOE_TRY(moe_balance_check_cost(b->ctx, cost));
+  b->cfg.cost = *cost;
+done:
+  return st;
+}
+
 void moe_balancer_destroy(moe_balancer *b) {
   if (!b) return;
   moe_balance_window_free(&b->win);

@@ -86,10 +86,10 @@ typedef struct {
   int have_cost;  // the rates are set (given, or measured on the first iteration)
 } balancing;
 
-// After an iteration: the load, the next placement, Trans. *ms the wall time,
-// *trans_ms the transfer's.
+// The last iteration's load, the next placement, posting its Trans; *ms the
+// wall time (the Trans not hidden is read after the forward that completes it).
 static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer, balancing *bal,
-                               double *ms, double *trans_ms) {
+                               double *ms) {
   moe_status st = MOE_STATUS_OK;
   const uint64_t t0 = moe_time_ns();
   moe_balance_step_info info;
@@ -99,7 +99,6 @@ static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer,
   MOE_TRY(moe_ep_layer_set_placement(layer, bal->replica));
   bal->copies = info.copies;
   *ms = moe_time_ms_since(t0);
-  *trans_ms = moe_ep_layer_trans_ms(layer);
 done:
   return st;
 }
@@ -120,7 +119,7 @@ static moe_status time_iteration(moe_ctx *ctx, const moe_layer_config *cfg, MPI_
   // before the experts: moe_ep_layer_set_placement)
   // (not before the rates are known: the first iteration measures them)
   const int balance = bal && bal->b && bal->have_cost;
-  if (balance) MOE_TRY(balance_step(ctx, comm, layer, bal, &v[13], &v[14]));
+  if (balance) MOE_TRY(balance_step(ctx, comm, layer, bal, &v[13]));
   st = moe_ep_layer_forward(layer, b->x, cfg->tokens, b->y, stats);
   if (balance) v[14] = moe_ep_layer_trans_ms(layer);
   const double t1 = MPI_Wtime();
@@ -270,21 +269,15 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       MOE_TRY(time_iteration(ctx, cfg, comm, &b, layers[k], &bals[k], &stats[k], v, &fns));
       if (bals[k].b) {
         if (!bals[k].have_cost) {
-          moe_balance_config bc = variants[k].balance;
+          moe_balance_config bc = variants[k].balance;  // its cost, measured
           double f = 0, net = 0;
           MOE_TRY(moe_ep_layer_rates(layers[k], &f, &net));
           if (f > 0) bc.cost.flops_per_s = f;
           if (net > 0) bc.cost.net_bytes_per_s = net;
           if (!(bc.cost.flops_per_s > 0))
             moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
-          moe_balancer_destroy(bals[k].b);
-          bals[k].b = NULL;
-          MOE_TRY(moe_comm_agree(
-              ctx, comm,
-              moe_balancer_create(ctx, &bc, cfg->num_experts,
-                                  cfg->num_experts / moe_ep_layer_get_tensors(layers[k]).home_count,
-                                  &bals[k].b),
-              "measure: balancer"));
+          MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_set_cost(bals[k].b, &bc.cost),
+                                 "measure: balancer"));
           bals[k].have_cost = 1;
         }
       }

@@ -262,7 +262,7 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       const size_t nf = 2 * M * H + H + M, S = (size_t)pc->copy_slots;
       out->bytes[MOE_MEM_PARAMS] += F(S * 2 * nf) / 2;
       out->bytes[MOE_MEM_GRADS] += F(S * 2 * nf) / 2;
-      out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) + A(E * (size_t)P) +
+      out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) +
                                        A(4 * E * (size_t)P * sizeof(MPI_Request)) +
                                        A(4 * E * (size_t)P * sizeof(MPI_Status));
     }

@@ -36,12 +36,10 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   L->copy_mem = moe_calloc((size_t)S * 2 * nf, sizeof(float));
   L->slot_expert = moe_malloc((size_t)S * sizeof(int));
   L->expert_slot = moe_malloc((size_t)L->E * sizeof(int));
-  L->new_replica = moe_calloc((size_t)L->E * (size_t)L->P, 1);
   L->reqs = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Request));
   L->trans_stats = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Status));
   MOE_FAIL_IF(ctx,
-              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->new_replica || !L->reqs ||
-                  !L->trans_stats,
+              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->reqs || !L->trans_stats,
               MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)", S,
               2 * nf);
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
@@ -75,13 +73,11 @@ void moe_ep_copies_free_(moe_ep_layer *L) {
   moe_free(L->copy_mem);
   moe_free(L->slot_expert);
   moe_free(L->expert_slot);
-  moe_free(L->new_replica);
   moe_free(L->reqs);
   moe_free(L->trans_stats);
   L->trans_stats = NULL;
   L->copy_mem = NULL;
   L->slot_expert = L->expert_slot = NULL;
-  L->new_replica = NULL;
   L->reqs = NULL;
 }
 
@@ -192,7 +188,6 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
   }
   L->n_placed = 0;
   for (size_t i = 0; i < EP; i++) L->n_placed += replica[i] != 0;
-  memcpy(L->placement.replica, replica, EP);
   for (size_t i = 0; i < EP; i++) L->placement.replica[i] = replica[i] ? 1 : 0;
   // step 3: Trans: every home sends each copy its parameters (4 parts; the
   // receives are posted in the same (expert, part) order as the sends)

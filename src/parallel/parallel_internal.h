@@ -119,7 +119,6 @@ struct moe_ep_layer {
   float *copy_mem;          // (copy_slots, 2 nf)
   int *slot_expert;         // (copy_slots): expert in the slot, -1 free
   int *expert_slot;         // (E): slot of expert e's copy here, -1 none
-  uint8_t *new_replica;     // (E, P) scratch: the placement being set
   MPI_Request *reqs;        // Trans requests: at most 4 x (E x P) at once
   MPI_Status *trans_stats;  // their statuses (a real array: MPICH's MPI_STATUSES_IGNORE
                             // is (MPI_Status *)1, which GCC 12 flags in MPI_Waitall)
