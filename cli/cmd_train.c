@@ -102,6 +102,11 @@ static void usage(FILE *f) {
       "                        needs EP >= 2 [none]\n"
       "  --balance-slots N     copy slots per rank and MoE layer, 0..E-E/EP [E/EP]\n"
       "  --replan-every N      plan every N steps, keep the plan between [1]\n"
+      "  --router-bias-update RATE\n"
+      "                        DeepSeek-V3's aux-loss-free balancing: after each step\n"
+      "                        every router bias moves by RATE toward even expert load\n"
+      "                        (changes routing; saved in checkpoints); 0..1, 0 = off\n"
+      "                        (DeepSeek-V3 used 0.001) [0]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -268,6 +273,10 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     cli_parse_int(a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
   } else if (cli_opt(a, "--replan-every")) {
     cli_parse_int(a, "--replan-every", 1, 1000000, &tc->balance.replan_every);
+  } else if (cli_opt(a, "--router-bias-update")) {
+    double rate = 0;
+    cli_parse_double(a, "--router-bias-update", 0, 1, &rate);
+    tc->router_bias_rate = (float)rate;
   } else {
     return 0;
   }
@@ -518,6 +527,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "%.3f with; %.1f copies; %.2f ms per step (load, plan, Trans)\n",
         moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
         r->balance_copies, r->balance_ms);
+  if (tc->router_bias_rate > 0)
+    printf(
+        "  router-bias update %g: expert load ratio (busiest expert over the mean, over the "
+        "MoE layers) %.3f at step %d -> %.3f at step %d; largest |bias| %.4f\n",
+        (double)tc->router_bias_rate, r->expert_load_ratio_first, r->first_step,
+        r->expert_load_ratio_last, r->last_step, r->router_bias_max);
   const moe_backend *be = moe_backend_current();
   const moe_precision prec = moe_precision_current();
   char prec_desc[64];

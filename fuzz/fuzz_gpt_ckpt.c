@@ -5,13 +5,14 @@
 // as an in-memory file. Invariants checked:
 //   - on failure of either call: an error status with a message in the context;
 //   - read_info on success: the model config passes moe_gpt_config_validate,
-//     the content version is 1..2, the step >= 0, a stored schedule only from
+//     the content version is 1..3, the step >= 0, a stored schedule only from
 //     version 2 and within its documented ranges;
 //   - then, for a model small enough to build here (about a million
 //     parameters and activations at most), the model (and AdamW state when
 //     the file has it) is created from that config and loaded; on success
 //     every parameter, and every AdamW moment, equals the bytes of its tensor
-//     read straight from the file with moe_ckpt_reader_read, and the
+//     read straight from the file with moe_ckpt_reader_read, every router
+//     bias the file's (version 3) or zero (versions 1, 2), and the
 //     optimizer's step count is the file's step.
 #include <string.h>
 
@@ -72,6 +73,21 @@ static void load_and_check(moe_ctx *ctx, const char *path, const moe_gpt_ckpt_in
         check_tensor(ctx, r, name, moe_optim_m(opt, i), p.numel);
         snprintf(name, sizeof name, "adam.v.%s", p.name);
         check_tensor(ctx, r, name, moe_optim_v(opt, i), p.numel);
+      }
+    }
+    // the router biases: the file's from version 3, zero before
+    for (int b = 0; b < info->model.n_layer; b++) {
+      const float *bias = moe_gpt_router_bias(model, b);
+      if (!bias) continue;
+      const size_t E = (size_t)info->model.moe.num_experts;
+      if (info->version >= 3) {
+        char name[64];
+        snprintf(name, sizeof name, MOE_GPT_ROUTER_BIAS_NAME, b);
+        check_tensor(ctx, r, name, bias, E);
+      } else {
+        for (size_t e = 0; e < E; e++)
+          FUZZ_CHECK(bias[e] == 0.0f, "version %d file: router bias %zu is %g, not 0",
+                     info->version, e, (double)bias[e]);
       }
     }
     if (opt) {

@@ -6,6 +6,7 @@
 //   checkpoint/tensors.bin   three tensors (f32 2x3, i32 4, u8 1x2x3x1), config "{}"
 //   checkpoint/empty.bin     no tensor, config ""
 //   gpt_ckpt/model.bin       a tiny MoE-GPT (V 16, S 4, 1 block, M 4, E 2, K 1, H 4)
+//                            with its router bias
 //   gpt_ckpt/model-adam.bin  the same with its AdamW moments and schedule
 // Run by hand when the format changes (fuzz/corpus/README.md); exit 1 on error.
 #include <stdio.h>
@@ -100,8 +101,15 @@ static int gpt(moe_ctx *ctx, const char *dir, int with_optim) {
     moe_optim_set_step_count(opt, 3);
   }
   const int np = moe_gpt_num_params(m), per = with_optim ? 3 : 1;
-  d = calloc((size_t)(np * per), sizeof *d);
+  d = calloc((size_t)(np * per + 1), sizeof *d);
   if (!d) goto done;
+  // the router bias of block 0 (content version 3), not all zero
+  float *bias = moe_gpt_router_bias(m, 0);
+  for (int e = 0; e < cfg.moe.num_experts; e++) bias[e] = 0.25f * (float)(2 * e - 1);
+  snprintf(d[np * per].name, sizeof d[np * per].name, MOE_GPT_ROUTER_BIAS_NAME, 0);
+  d[np * per].dtype = MOE_CKPT_F32;
+  d[np * per].ndim = 1;
+  d[np * per].dims[0] = cfg.moe.num_experts;
   for (int i = 0; i < np; i++) {
     const moe_gpt_param p = moe_gpt_get_param(m, i);
     for (int k = 0; k < per; k++) {
@@ -124,7 +132,7 @@ static int gpt(moe_ctx *ctx, const char *dir, int with_optim) {
   }
   if (moe_gpt_ckpt_config_json(ctx, m, opt, 3, 7, 2, &config) != MOE_STATUS_OK) goto done;
   snprintf(tmp, sizeof tmp, "%s/tmp.ckpt", dir);
-  if (moe_ckpt_writer_open(ctx, tmp, config, d, np * per, &w) != MOE_STATUS_OK) goto done;
+  if (moe_ckpt_writer_open(ctx, tmp, config, d, np * per + 1, &w) != MOE_STATUS_OK) goto done;
   for (int i = 0; i < np; i++) {
     const moe_gpt_param p = moe_gpt_get_param(m, i);
     const float *src[3] = {p.data, opt ? moe_optim_m(opt, i) : NULL,
@@ -134,6 +142,9 @@ static int gpt(moe_ctx *ctx, const char *dir, int with_optim) {
         goto done;
     }
   }
+  if (moe_ckpt_writer_write(w, np * per, bias, (size_t)cfg.moe.num_experts * sizeof(float)) !=
+      MOE_STATUS_OK)
+    goto done;
   const moe_status st = moe_ckpt_writer_commit(w);
   w = NULL;
   if (st != MOE_STATUS_OK) goto done;

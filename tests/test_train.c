@@ -169,7 +169,7 @@ static int write_v1_checkpoint(moe_ctx *ctx, const char *from, const char *to) {
   int ok = 0;
   if (moe_ckpt_reader_open(ctx, from, &r) != MOE_STATUS_OK) goto done;
   snprintf(config, sizeof config, "%s", moe_ckpt_reader_config(r));
-  char *v = strstr(config, "\"version\":2"), *sc = strstr(config, ",\"schedule\":{");
+  char *v = strstr(config, "\"version\":3"), *sc = strstr(config, ",\"schedule\":{");
   if (!v || !sc || !strchr(sc, '}')) goto done;
   v[10] = '1';
   memmove(sc, strchr(sc, '}') + 1, strlen(strchr(sc, '}') + 1) + 1);
@@ -200,6 +200,79 @@ done:
   free(d);
   free(buf);
   return ok;
+}
+
+// The router biases in checkpoint `ckpt` against DeepSeek-V3's rule applied
+// by hand to the routing trace's counts of the steps before it: from zero,
+// per step and MoE layer, b_e += rate where expert e's load (summed over the
+// ranks) is below the mean, -= rate where above (float arithmetic, as the
+// trainer's: bitwise equal). Rank 0.
+static void check_bias_against_trace(moe_ctx *ctx, const char *ckpt, const char *trace,
+                                     float rate) {
+  enum { EMAX = 16, LMAX = 8 };
+  float want[LMAX][EMAX];
+  memset(want, 0, sizeof want);
+  FILE *f = fopen(trace, "r");
+  TU_CHECK(f != NULL, "cannot open %s", trace);
+  if (!f) return;
+  char line[8192];
+  int lines = 0, E = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *c = strstr(line, "\"counts\": [");
+    const char *l = strstr(line, "\"layer\": ");
+    if (!c || !l) continue;
+    const int layer = atoi(l + 9);
+    int64_t load[EMAX] = {0};
+    int e = 0, n = 0;
+    // rows "[a, b, ...], [...]": expert index restarts at each '['
+    for (const char *q = c + 11; *q && *q != '}'; q++) {
+      if (*q == '[') e = 0;
+      if (*q >= '0' && *q <= '9') {
+        char *end = NULL;
+        const long v = strtol(q, &end, 10);
+        if (e < EMAX) load[e] += v;
+        e++;
+        n++;
+        q = end - 1;
+      }
+      if (e > E) E = e;
+    }
+    TU_CHECK(layer >= 0 && layer < LMAX && E <= EMAX && n > 0, "trace line: %s", line);
+    if (layer < 0 || layer >= LMAX || E > EMAX) continue;
+    double mean = 0;
+    for (int k = 0; k < E; k++) mean += (double)load[k];
+    mean /= E;
+    for (int k = 0; k < E; k++) {
+      if ((double)load[k] < mean) want[layer][k] += rate;
+      if ((double)load[k] > mean) want[layer][k] -= rate;
+    }
+    lines++;
+  }
+  fclose(f);
+  moe_ckpt_reader *r = NULL;
+  TU_CHECK(moe_ckpt_reader_open(ctx, ckpt, &r) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
+  int checked = 0, nonzero = 0;
+  for (int layer = 0; r && layer < LMAX; layer++) {
+    char name[64];
+    snprintf(name, sizeof name, MOE_GPT_ROUTER_BIAS_NAME, layer);
+    const int i = moe_ckpt_reader_find(r, name);
+    if (i < 0) continue;
+    float got[EMAX];
+    TU_CHECK(moe_ckpt_reader_read(r, i, 0, (size_t)E, got) == MOE_STATUS_OK, "%s",
+             moe_ctx_error(ctx));
+    for (int k = 0; k < E; k++) {
+      TU_CHECK(got[k] == want[layer][k], "%s[%d]: %.9g, the rule on the trace gives %.9g", name, k,
+               (double)got[k], (double)want[layer][k]);
+      nonzero += got[k] != 0;
+    }
+    checked++;
+  }
+  moe_ckpt_reader_close(r);
+  TU_CHECK(checked == 2 && lines == 2 * 10 && nonzero > 0,
+           "router bias vs trace: %d biases checked, %d trace lines, %d nonzero entries", checked,
+           lines, nonzero);
+  printf("  %-44s %d layers x %d steps, %d nonzero entries\n", "router bias = rule on the trace",
+         checked, lines / 2, nonzero);
 }
 
 // Every rank of the run must fail with the same kind of error, the message
@@ -343,6 +416,57 @@ int main(int argc, char **argv) {
       b.balance.slots = 99;
       expect_fail("balance slots out of range", g_world, &b, "balance slots (99) must be in", ctx);
     }
+  }
+
+  // 2c. DeepSeek-V3's router-bias update: the same losses on every layout
+  // (the load is integer counts summed over the world, so every rank and
+  // world size holds the same bias); it changes the routing (other losses
+  // than without it); the checkpoint's bias is the update rule applied by
+  // hand to the routing trace's counts; resume is bitwise.
+  {
+    moe_train_config t = tc;
+    t.router_bias_rate = 0.05f;
+    losses rb1;
+    TU_CHECK(run_on(1, &t, &rb1, ctx) == MOE_STATUS_OK, "router bias, 1 rank: %s",
+             moe_ctx_error(ctx));
+    if (g_rank == 0) {
+      int differs = 0;
+      for (int k = 2; k <= STEPS; k++) differs |= rb1.loss[k] != ref1.loss[k];
+      TU_CHECK(differs, "router-bias update 0.05 left every loss as without it");
+      TU_CHECK(g_res.router_bias_max > 0 && g_res.expert_load_ratio_first >= 1,
+               "router bias: largest |bias| %g, load ratio %g", g_res.router_bias_max,
+               g_res.expert_load_ratio_first);
+    }
+    for (int size = 2; size <= g_world; size *= 2) {
+      char name[96];
+      snprintf(name, sizeof name, "P=%d router-bias update", size);
+      TU_CHECK(run_on(size, &t, &got, ctx) == MOE_STATUS_OK, "%s: %s", name, moe_ctx_error(ctx));
+      compare(name, &got, &rb1, 1, 0);
+    }
+    char trace[300];
+    snprintf(trace, sizeof trace, "%s.routing", g_ckpt);
+    t.routing_trace = trace;
+    t.checkpoint = g_ckpt;
+    t.stop_step = 10;
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "router bias save: %s",
+             moe_ctx_error(ctx));
+    if (g_rank == 0) check_bias_against_trace(ctx, g_ckpt, trace, t.router_bias_rate);
+    t.routing_trace = NULL;
+    t.checkpoint = NULL;
+    t.stop_step = 0;
+    losses full;
+    TU_CHECK(run_on(g_world, &t, &full, ctx) == MOE_STATUS_OK, "router bias: %s",
+             moe_ctx_error(ctx));
+    t.resume = g_ckpt;
+    TU_CHECK(run_on(g_world, &t, &got, ctx) == MOE_STATUS_OK, "router bias resume: %s",
+             moe_ctx_error(ctx));
+    compare("router-bias update resumed at 10 (bitwise)", &got, &full, 11, 1);
+    if (g_rank == 0) remove(trace);
+    moe_train_config b = tc;
+    b.router_bias_rate = 2;
+    expect_fail("router-bias rate 2", g_world, &b, "out of range [0, 1]", ctx);
+    b.router_bias_rate = NAN;
+    expect_fail("router-bias rate NaN", g_world, &b, "out of range [0, 1]", ctx);
   }
 
   // 3. resume: stop at 10, resume to 20 (bitwise at the same layout).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Deterministic mode on the DEFAULT demo model (no model flags): the same run on
 # 1, 2 and 4 ranks gives byte-identical checkpoints (parameters and AdamW
-# state) and identical per-step losses and gradient norms; the summary says so,
+# state) and identical per-step losses and gradient norms, also with the
+# router-bias update; the summary says so,
 # and names the reason when a run cannot be bitwise (B/P not a power of two,
 # --deterministic off).
 # Usage: train_bitwise_test.sh path/to/moe path/to/mpiexec [STEPS]
@@ -30,6 +31,15 @@ for p in 2 4; do
   diff <(strip "$tmp/m1.jsonl") <(strip "$tmp/m$p.jsonl") >/dev/null ||
     bad "P=$p: per-step metrics (loss, aux, grad_norm, lr) differ from 1 rank's"
 done
+# DeepSeek-V3's router-bias update at its paper's rate: also bitwise across
+# rank counts (checkpoints hold the biases), and not the plain run.
+for p in 1 4; do
+  timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${RUN[@]}" --router-bias-update 0.001 \
+    --checkpoint "$tmp/r$p.bin" >"$tmp/rout$p" 2>&1 || { bad "router bias P=$p: moe train failed"; cat "$tmp/rout$p" >&2; }
+done
+cmp -s "$tmp/r1.bin" "$tmp/r4.bin" || bad "router bias P=4: checkpoint differs from 1 rank's"
+cmp -s "$tmp/r1.bin" "$tmp/c1.bin" && bad "router bias: the checkpoint equals the plain run's (no update ran)"
+grep -q "router-bias update 0.001: expert load ratio" "$tmp/rout1" || bad "router bias: no summary line"
 # bf16 mixed precision: also bitwise across rank counts (the bf16 GEMM is
 # batch-invariant too), and not the fp32 run (bf16 really ran).
 if "$MOE" version | grep -q "bf16=native"; then

@@ -113,6 +113,11 @@ expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow
+# the router-bias update: its summary line; a rate out of range
+expect 0 "router-bias update 0.01: expert load ratio" -- "$MOE" train "${TINY[@]}" --steps 2 \
+  --router-bias-update 0.01 --eval-every 0 --eval-batches 1
+expect 2 "--router-bias-update \(2\) must be in \[0, 1\]" -- "$MOE" train "${TINY[@]}" --steps 1 \
+  --router-bias-update 2
 expect 2 "cannot open the routing trace '/nonexistent/r.jsonl'" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 1 --routing-trace /nonexistent/r.jsonl
 if command -v gnuplot >/dev/null; then

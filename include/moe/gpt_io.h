@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 #define MOE_GPT_CKPT_FORMAT "libmoe-gpt"
-#define MOE_GPT_CKPT_VERSION 2      // written; versions 1..2 are read
+#define MOE_GPT_CKPT_VERSION 3      // written; versions 1..3 are read
 #define MOE_GPT_CKPT_VERSION_MIN 1  // the oldest content version read
 
 // The learning-rate schedule of moe_optim_lr (its lr, min_lr, warmup_steps
@@ -37,7 +37,7 @@ typedef struct {
 
 typedef struct {
   moe_gpt_config model;
-  int version;                     // content version of the file (1 or 2)
+  int version;                     // content version of the file (1 to 3)
   int step;                        // optimizer steps taken when saved
   uint64_t seed;                   // training seed
   int batch;                       // global batch B
@@ -54,7 +54,12 @@ moe_status moe_gpt_config_load_file(moe_ctx *ctx, const char *path, moe_gpt_conf
 // a MoE-GPT config.
 moe_status moe_gpt_ckpt_read_info(moe_ctx *ctx, const char *path, moe_gpt_ckpt_info *info);
 
+// The checkpoint tensor of MoE block b's router bias (f32, dims (E)): written
+// from content version 3 on, one per MoE block (zeros when nothing set it).
+#define MOE_GPT_ROUTER_BIAS_NAME "h%d.moe.router_bias"
+
 // Loads every parameter tensor of model (this rank's slice of expert tensors)
+// and every MoE block's router bias (a version 1 or 2 file has none: zeros)
 // from path, and, when opt is not NULL, the AdamW moments and step count.
 // The checkpoint's model config must equal the model's (BAD_FORMAT naming the
 // first differing field otherwise); every tensor must be present with the

@@ -73,11 +73,16 @@ int moe_gpt_block_is_moe(const moe_gpt_config *cfg, int block);
 
 // Parameters one backend instance holds (the gate is always whole; experts
 // home_first .. home_first + home_count - 1 of E). Shapes as moe_layer_tensors,
-// with home_count in place of E for the experts.
+// with home_count in place of E for the experts. router_bias (E, whole on
+// every rank): the layer's router bias (moe_layer_tensors.router_bias), not a
+// parameter (no gradient, no optimizer state); DeepSeek-V3's aux-loss-free
+// update writes it in training (moe_train_config.router_bias_rate) and the
+// checkpoint stores it.
 typedef struct {
   int home_first, home_count;
   float *wg, *w1, *b1, *w2, *b2;
   float *dwg, *dw1, *db1, *dw2, *db2;
+  float *router_bias;
 } moe_gpt_moe_tensors;
 
 // One MoE FFN implementation. `user` is the pointer given to moe_gpt_create.
@@ -138,6 +143,9 @@ void moe_gpt_destroy(moe_gpt *model);  // NULL is a no-op
 const moe_gpt_config *moe_gpt_get_config(const moe_gpt *model);
 int moe_gpt_num_params(const moe_gpt *model);  // number of tensors
 moe_gpt_param moe_gpt_get_param(moe_gpt *model, int i);
+// Block `block`'s router bias (num_experts floats, writable), NULL when the
+// block is dense or out of range. Every rank holds the whole bias.
+float *moe_gpt_router_bias(moe_gpt *model, int block);
 // Elements of the whole model (every expert counted once) and of what one
 // token activates (K experts per MoE layer).
 size_t moe_gpt_total_elements(const moe_gpt *model);

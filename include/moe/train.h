@@ -48,6 +48,11 @@ typedef struct {
   double balance_before, balance_after;
   int copies;
   double balance_ms;
+  // router-bias update (tc->router_bias_rate > 0; zero without): over the
+  // MoE layers, the mean of the step's expert load ratio (the busiest
+  // expert's kept rows over the mean per expert; 1 = even) and the largest
+  // |router bias| after the update
+  double expert_load_ratio, router_bias_max;
 } moe_train_step_info;
 
 typedef struct {
@@ -126,6 +131,14 @@ typedef struct {
   // measured on each layer's first step (moe_ep_layer_rates). Needs EP >= 2.
   // Default: none.
   moe_balance_config balance;
+  // DeepSeek-V3's auxiliary-loss-free load balancing (docs/balance.md
+  // "Router bias"): > 0: after every optimizer step each MoE layer's router
+  // bias moves by this rate, b_e += rate * sign(mean load - load_e), from the
+  // step's kept rows per expert summed over the world (the same integers on
+  // every rank, so every rank, world size and rerun holds the same bias).
+  // Experts are then chosen by logits + bias and weighed without it. The
+  // bias is saved in checkpoints. 0 (default): off. Range [0, 1].
+  float router_bias_rate;
 } moe_train_config;
 
 // The planners' rates in deterministic training without a profile: one CPU
@@ -223,6 +236,10 @@ typedef struct {
   // load balancing (tc->balance; zeros without): means over the steps of
   // the step infos' balance_before, balance_after, copies and balance_ms
   double balance_before, balance_after, balance_copies, balance_ms;
+  // router-bias update (tc->router_bias_rate > 0; zeros without): the step
+  // infos' expert_load_ratio on the first and the last step, and the last
+  // router_bias_max
+  double expert_load_ratio_first, expert_load_ratio_last, router_bias_max;
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

@@ -511,6 +511,11 @@ void moe_gpt_destroy(moe_gpt *m) {
 const moe_gpt_config *moe_gpt_get_config(const moe_gpt *m) { return &m->cfg; }
 int moe_gpt_num_params(const moe_gpt *m) { return m->n_params; }
 
+float *moe_gpt_router_bias(moe_gpt *m, int block) {
+  if (!m || block < 0 || block >= m->cfg.n_layer || !m->blocks[block].is_moe) return NULL;
+  return m->blocks[block].mt.router_bias;
+}
+
 moe_gpt_param moe_gpt_get_param(moe_gpt *m, int i) {
   moe_gpt_param none;
   memset(&none, 0, sizeof none);

@@ -198,6 +198,28 @@ moe_status moe_gpt_ckpt_load(moe_ctx *ctx, const char *path, moe_gpt *model, moe
       MOE_TRY(read_part(ctx, path, r, name, &p, moe_optim_v(opt, i)));
     }
   }
+  // The router biases (routing state, not parameters): version 3 stores one
+  // per MoE block; an older file routes without one.
+  for (int blk = 0; blk < info.model.n_layer; blk++) {
+    float *bias = moe_gpt_router_bias(model, blk);
+    if (!bias) continue;
+    const int E = info.model.moe.num_experts;
+    if (info.version < 3) {
+      memset(bias, 0, (size_t)E * sizeof(float));
+      continue;
+    }
+    char name[64];
+    snprintf(name, sizeof name, MOE_GPT_ROUTER_BIAS_NAME, blk);
+    const int i = moe_ckpt_reader_find(r, name);
+    MOE_FAIL_IF(ctx, i < 0, MOE_STATUS_BAD_FORMAT, "%s: tensor '%s' is missing", path, name);
+    const moe_ckpt_tensor_desc *d = moe_ckpt_reader_desc(r, i);
+    MOE_FAIL_IF(ctx, d->dtype != MOE_CKPT_F32 || d->ndim != 1 || d->dims[0] != E,
+                MOE_STATUS_BAD_FORMAT, "%s: tensor '%s' is not f32 of shape (%d)", path, name, E);
+    MOE_TRY(moe_ckpt_reader_read(r, i, 0, (size_t)E, bias));
+    for (int e = 0; e < E; e++)
+      MOE_FAIL_IF(ctx, !isfinite(bias[e]), MOE_STATUS_BAD_FORMAT,
+                  "%s: tensor '%s' holds a non-finite value at expert %d", path, name, e);
+  }
   if (opt) moe_optim_set_step_count(opt, info.step);
 done:
   moe_ckpt_reader_close(r);

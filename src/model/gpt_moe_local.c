@@ -22,12 +22,19 @@ static void local_zero_grad(void *impl) { moe_layer_zero_grad((moe_layer *)impl)
 static moe_gpt_moe_tensors local_tensors(void *impl) {
   moe_layer *layer = (moe_layer *)impl;
   const moe_layer_tensors t = moe_layer_get_tensors(layer);
-  moe_gpt_moe_tensors out = {0,     moe_layer_get_config(layer)->num_experts,
-                             t.wg,  t.w1,
-                             t.b1,  t.w2,
-                             t.b2,  t.dwg,
-                             t.dw1, t.db1,
-                             t.dw2, t.db2};
+  moe_gpt_moe_tensors out = {0,
+                             moe_layer_get_config(layer)->num_experts,
+                             t.wg,
+                             t.w1,
+                             t.b1,
+                             t.w2,
+                             t.b2,
+                             t.dwg,
+                             t.dw1,
+                             t.db1,
+                             t.dw2,
+                             t.db2,
+                             t.router_bias};
   return out;
 }
 

@@ -62,7 +62,8 @@ static moe_gpt_moe_tensors ep_tensors(void *impl) {
                            .dw1 = t.dw1,
                            .db1 = t.db1,
                            .dw2 = t.dw2,
-                           .db2 = t.db2};
+                           .db2 = t.db2,
+                           .router_bias = t.router_bias};
   return o;
 }
 

@@ -161,6 +161,7 @@ typedef struct {
   moe_balancer *bal[MOE_GPT_MAX_LAYERS];
   int64_t *bal_load;              // (EP, E)
   uint8_t *bal_replica;           // (E, EP)
+  double *bias_load;              // (E): the router-bias update's load per expert
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
   moe_memory_need need;           // this rank's memory estimate (baseline included)
@@ -243,6 +244,9 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
                 "balance replan_every (%d) and window (%d) must be at least 1",
                 tc->balance.replan_every, tc->balance.window);
   }
+  MOE_FAIL_IF(ctx, !(tc->router_bias_rate >= 0 && tc->router_bias_rate <= 1),
+              MOE_STATUS_INVALID_ARG, "router-bias update rate %g out of range [0, 1] (0: off)",
+              (double)tc->router_bias_rate);
 done:
   return st;
 }
@@ -439,8 +443,13 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
   char msg[512] = "";
   int ok = 1;
 
+  // after the 3 n parameter and moment tensors, each MoE block's router bias
+  // (the same on every rank: rank 0's)
+  const int L = r->tc->model.n_layer;
+  int n_bias = 0;
+  for (int b = 0; b < L; b++) n_bias += moe_gpt_router_bias(r->model, b) != NULL;
   if (r->rank == 0) {
-    descs = moe_calloc((size_t)3 * n, sizeof *descs);
+    descs = moe_calloc((size_t)3 * n + n_bias, sizeof *descs);
     wst = descs ? MOE_STATUS_OK
                 : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                                "checkpoint: out of memory");
@@ -452,10 +461,18 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       descs[k].ndim = p.ndim;
       for (int d = 0; d < 4; d++) descs[k].dims[d] = d < p.ndim ? p.dims[d] : 1;
     }
+    for (int b = 0, k = 3 * n; wst == MOE_STATUS_OK && b < L; b++) {
+      if (!moe_gpt_router_bias(r->model, b)) continue;
+      snprintf(descs[k].name, sizeof descs[k].name, MOE_GPT_ROUTER_BIAS_NAME, b);
+      descs[k].dtype = MOE_CKPT_F32;
+      descs[k].ndim = 1;
+      descs[k++].dims[0] = r->tc->model.moe.num_experts;
+    }
     if (wst == MOE_STATUS_OK)
       wst =
           moe_gpt_ckpt_config_json(ctx, r->model, r->opt, step, r->tc->seed, r->tc->batch, &config);
-    if (wst == MOE_STATUS_OK) wst = moe_ckpt_writer_open(ctx, path, config, descs, 3 * n, &w);
+    if (wst == MOE_STATUS_OK)
+      wst = moe_ckpt_writer_open(ctx, path, config, descs, 3 * n + n_bias, &w);
   }
   // Rank 0 assembles each expert tensor whole: one buffer for the largest.
   int ep_size = 1;
@@ -493,6 +510,13 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     } else {
       MOE_TRY(moe_send_floats(ctx, src, p.numel, 0, 7, r->ep_comm, "checkpoint: send of experts"));
     }
+  }
+  for (int b = 0, k = 3 * n; r->rank == 0 && b < L; b++) {
+    const float *bias = moe_gpt_router_bias(r->model, b);
+    if (!bias) continue;
+    if (wst == MOE_STATUS_OK)
+      wst = moe_ckpt_writer_write(w, k, bias, (size_t)r->tc->model.moe.num_experts * sizeof(float));
+    k++;
   }
   if (r->rank == 0) {
     if (wst == MOE_STATUS_OK) {
@@ -739,6 +763,7 @@ static void teardown(run_state *r) {
   for (int b = 0; b < MOE_GPT_MAX_LAYERS; b++) moe_balancer_destroy(r->bal[b]);
   moe_free(r->bal_load);
   moe_free(r->bal_replica);
+  moe_free(r->bias_load);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
   moe_free(r->expert_sq);
@@ -771,15 +796,41 @@ static void test_slow_rank(const run_state *r, int step) {
 
 // ---- load balancing ------------------------------------------------------------------------
 
-// After the optimizer step: per MoE block, the load of the step, the policy's
-// plan for the next step, and the copies set (Trans of the updated
-// parameters). Collective; every rank computes the same plans.
-static moe_status balance_step(run_state *r, moe_train_step_info *info) {
+// DeepSeek-V3's router-bias update of block b from the step's load (EP, E):
+// the same integers on every rank, so every rank computes the same bias.
+// Adds the block's expert load ratio and largest |bias| to info.
+static void router_bias_step(run_state *r, int b, const int64_t *load, int P,
+                             moe_train_step_info *info) {
+  const int E = r->tc->model.moe.num_experts;
+  double *per_expert = r->bias_load;
+  double total = 0, most = 0;
+  for (int e = 0; e < E; e++) {
+    int64_t n = 0;
+    for (int p = 0; p < P; p++) n += load[(size_t)p * E + e];
+    per_expert[e] = (double)n;
+    total += (double)n;
+    if ((double)n > most) most = (double)n;
+  }
+  float *bias = moe_gpt_router_bias(r->model, b);
+  moe_router_bias_update(bias, per_expert, E, r->tc->router_bias_rate);
+  double bmax = 0;
+  for (int e = 0; e < E; e++) bmax = fabs(bias[e]) > bmax ? fabs(bias[e]) : bmax;
+  info->expert_load_ratio += total > 0 ? most * E / total : 1.0;
+  if (bmax > info->router_bias_max) info->router_bias_max = bmax;
+}
+
+// After the optimizer step, per MoE block: the load of the step (one
+// all-gather), then DeepSeek-V3's router-bias update (tc->router_bias_rate)
+// and the balancing policy's plan for the next step with its copies set
+// (Trans of the updated parameters; tc->balance). Collective; every rank
+// computes the same biases and plans.
+static moe_status routing_step(run_state *r, moe_train_step_info *info) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
   const moe_train_config *tc = r->tc;
   const uint64_t t0 = moe_time_ns();
   const int E = tc->model.moe.num_experts;
+  const int balancing = tc->balance.policy != MOE_BALANCE_NONE;
   int blocks = 0;
   for (int b = 0; b < tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
@@ -788,13 +839,18 @@ static moe_status balance_step(run_state *r, moe_train_step_info *info) {
     if (!r->bal_load) {
       r->bal_load = moe_calloc((size_t)E * P, sizeof(int64_t));
       r->bal_replica = moe_calloc((size_t)E * P, 1);
+      r->bias_load = moe_calloc((size_t)E, sizeof(double));
       MOE_TRY(agree(r,
-                    r->bal_load && r->bal_replica
+                    r->bal_load && r->bal_replica && r->bias_load
                         ? MOE_STATUS_OK
                         : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                                        "cannot allocate the balancing tables"),
                     "balancing tables"));
     }
+    MOE_TRY(moe_ep_layer_load(l, r->bal_load));
+    if (tc->router_bias_rate > 0) router_bias_step(r, b, r->bal_load, P, info);
+    blocks++;
+    if (!balancing) continue;
     if (!r->bal[b]) {
       moe_balance_config bc = tc->balance;
       if (!(bc.cost.flops_per_s > 0)) {
@@ -822,20 +878,19 @@ static moe_status balance_step(run_state *r, moe_train_step_info *info) {
       MOE_TRY(agree(r, moe_balancer_create(ctx, &bc, E, P, &r->bal[b]), "the balancer"));
     }
     moe_balance_step_info bi;
-    MOE_TRY(moe_ep_layer_load(l, r->bal_load));
     MOE_TRY(agree(r, moe_balancer_step(r->bal[b], r->bal_load, r->bal_replica, &bi),
                   "the balancing plan"));
     MOE_TRY(moe_ep_layer_set_placement(l, r->bal_replica));
     info->balance_before += bi.ratio_before;
     info->balance_after += bi.ratio_after;
     info->copies += bi.copies;
-    blocks++;
   }
   if (blocks) {
     info->balance_before /= blocks;
     info->balance_after /= blocks;
+    info->expert_load_ratio /= blocks;
   }
-  info->balance_ms = moe_time_ms_since(t0);
+  if (balancing) info->balance_ms = moe_time_ms_since(t0);
 done:
   return st;
 }
@@ -920,7 +975,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     moe_train_step_info info;
     memset(&info, 0, sizeof info);
     // the next step's placement of expert copies, with the updated parameters
-    if (tc->balance.policy != MOE_BALANCE_NONE) MOE_TRY(balance_step(&r, &info));
+    if (tc->balance.policy != MOE_BALANCE_NONE || tc->router_bias_rate > 0)
+      MOE_TRY(routing_step(&r, &info));
     double sums[2] = {l.ce_sum, (double)l.dropped};
     // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
     // sum covers only the dropped count (an integer: exact in any order).
@@ -963,6 +1019,11 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       out->balance_copies = (out->balance_copies * k + info.copies) / (k + 1);
       out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
     }
+    if (tc->router_bias_rate > 0) {
+      if (step == start) out->expert_load_ratio_first = info.expert_load_ratio;
+      out->expert_load_ratio_last = info.expert_load_ratio;
+      out->router_bias_max = info.router_bias_max;
+    }
     if (step == start) out->first_loss = info.loss;
     out->final_loss = info.loss;
     if (!isnan(info.val_loss)) {
@@ -986,16 +1047,30 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        static const char *const names[] = {"aux",           "grad_norm",     "exposed_share",
-                                            "dropped",       "step_ms",       "moe_pass_ms",
-                                            "balance_ratio", "balance_after", "copies"};
-        const double vals[] = {
-            info.aux,         info.grad_norm,      info.exposed_share, info.dropped, step_s * 1e3,
-            info.moe_pass_ms, info.balance_before, info.balance_after, info.copies};
-        // a dense model has no MoE pass; the balance values only when balancing
-        const int n_vals = isnan(info.moe_pass_ms)                  ? 5
-                           : tc->balance.policy != MOE_BALANCE_NONE ? 9
-                                                                    : 6;
+        const char *names[11] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
+        double vals[11] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
+                           step_s * 1e3};
+        int n_vals = 5;
+        // a dense model has no MoE pass; the balance values only when balancing,
+        // the router-bias ones only with its update
+        if (!isnan(info.moe_pass_ms)) {
+          names[n_vals] = "moe_pass_ms";
+          vals[n_vals++] = info.moe_pass_ms;
+          if (tc->balance.policy != MOE_BALANCE_NONE) {
+            names[n_vals] = "balance_ratio";
+            vals[n_vals++] = info.balance_before;
+            names[n_vals] = "balance_after";
+            vals[n_vals++] = info.balance_after;
+            names[n_vals] = "copies";
+            vals[n_vals++] = info.copies;
+          }
+          if (tc->router_bias_rate > 0) {
+            names[n_vals] = "expert_load_ratio";
+            vals[n_vals++] = info.expert_load_ratio;
+            names[n_vals] = "router_bias_max";
+            vals[n_vals++] = info.router_bias_max;
+          }
+        }
         // A full disk must not stop training (nor leave the other ranks waiting).
         if (moe_metrics_write(r.metrics, step, info.loss, info.val_loss, info.tokens_per_s,
                               info.a2a_share, lr, elapsed, names, vals, n_vals) != MOE_STATUS_OK) {
