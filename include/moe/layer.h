@@ -170,6 +170,7 @@ typedef struct {
   int tokens;      // T
   int rows;        // kept choices
   int dropped;     // dropped choices
+  int rerouted;    // choices the topology-aware gate re-selected (0 without it)
 } moe_layer_stats;
 
 // Wall time of the phases of the last forward and the last backward.
@@ -190,6 +191,14 @@ typedef struct {
 // nothing afterwards. Parameters start at zero: call moe_layer_init_params.
 moe_status moe_layer_create(moe_ctx *ctx, const moe_layer_config *cfg, moe_layer **out);
 void moe_layer_destroy(moe_layer *layer);  // NULL is a no-op
+// FasterMoE's topology-aware gate as one rank of a multi-node job applies it
+// to its own tokens (moe_topo_gate_reselect in layer_ops.h; the distributed
+// layer's is moe_parallel_config.topo_gate): experts with local[e] 0 are on
+// other nodes, and at most floor(share x T x K) of a forward's choices go to
+// them. Changes the routing (opt-in). local NULL: off (the plain gate).
+// share in [0, 1]. Copies local; allocates the gate's scratch here, not in
+// the forward. INVALID_ARG for a share out of range.
+moe_status moe_layer_set_topology(moe_layer *layer, const uint8_t *local, double share);
 
 // The bytes moe_layer_create allocates for cfg, by category (include/moe/core.h:
 // parameters, gradients, activations = forward activations and backward

@@ -30,7 +30,32 @@ typedef struct {
   // chosen experts (the bias gets no gradient and changes no loss formula).
   const float *bias;  // (E) or NULL
   float *scores;      // (T, E) scratch for logits + bias; needed when bias is given
+  // FasterMoE's topology-aware gate (moe_topo_gate_reselect; opt-in, it
+  // changes the routing): NULL = off. topo_local (E): 1 for the experts on
+  // this rank's node; topo_share: the share of the T x K choices allowed to
+  // leave the node; topo_scratch: MOE_TOPO_SCRATCH_BYTES(T, K) bytes.
+  const uint8_t *topo_local;
+  double topo_share;
+  void *topo_scratch;
+  int topo_rerouted;  // out: choices the last moe_gate_route re-selected
 } moe_gate_buffers;
+
+// FasterMoE's topology-aware gate (section 5.3; docs/balance.md "Topology-aware
+// gate"), applied to a top-k routing of T tokens: at most
+// floor(share x T x K) choices may go to experts outside the node (local[e]
+// 0). When more want to, the ones with the highest selection scores (scores
+// (T, E): the scores the top-k ranked, logits + bias or probabilities) go,
+// ties to the earlier choice (token-major); every other one re-selects the
+// best-scoring local expert its token has not chosen (ties to the lower
+// expert), or keeps its remote expert when the token has no local expert
+// left. expert (T, K) is changed in place and topk_p (T, K) set to the new
+// experts' probabilities (probs (T, E)). scratch: MOE_TOPO_SCRATCH_BYTES(T,
+// K) bytes. Returns the number of re-selected choices. Deterministic: the
+// result depends only on the inputs' values.
+#define MOE_TOPO_SCRATCH_BYTES(T, K) ((size_t)(T) * (size_t)(K) * 8u)
+int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores,
+                           const float *probs, int tokens, int num_experts, int top_k,
+                           const uint8_t *local, double share, void *scratch);
 
 // bias when any of its E entries is nonzero, else NULL (plain top-k, the
 // exact routing of a layer without a bias).

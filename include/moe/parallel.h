@@ -51,7 +51,25 @@ typedef struct {
   // allocated at create so that switching placements allocates nothing.
   // [0, E - E/EP], 0 = none (default).
   int copy_slots;
+  // FasterMoE's topology-aware gate (docs/balance.md "Topology-aware gate";
+  // opt-in: it changes the routing, so outputs, losses and gradients are not
+  // the plain gate's): 0 = off (default); in (0, 1]: the bandwidth ratio
+  // W_net / W_local. Each rank lets at most floor(topo_gate / M x T x K) of
+  // its T x K choices go to experts whose home is on another node of its EP
+  // group (M: the group's ranks on its node); the others re-select among the
+  // experts of its node (moe_topo_gate_reselect). An EP group on one node
+  // routes as without it. Copies placed by balancing do not count as local.
+  double topo_gate;
 } moe_parallel_config;
+
+// Gate specs of the command lines: "plain" (topo 0) or "topo" /
+// "topo:RATIO" (FasterMoE's topology-aware gate with W_net / W_local =
+// RATIO in (0, 1]; "topo" alone: MOE_TOPO_GATE_DEFAULT). INVALID_ARG naming
+// the valid forms.
+#define MOE_TOPO_GATE_DEFAULT 0.25
+moe_status moe_gate_spec_parse(moe_ctx *ctx, const char *spec, double *topo_gate);
+// "plain" or "topo:R" (R with %g) into buf.
+void moe_gate_spec_to_string(double topo_gate, char *buf, size_t len);
 
 #define MOE_MAX_CHUNKS 64
 

@@ -52,6 +52,10 @@ struct moe_layer {
   moe_layer_stats stats;
   double *loss_stats;  // (MOE_LOSS_STATS(E)) of the last forward
   moe_layer_timing fwd_timing, bwd_timing;
+  // topology-aware gate (moe_layer_set_topology): NULL = off
+  uint8_t *topo_local;  // (E)
+  double topo_share;
+  void *topo_scratch;  // MOE_TOPO_SCRATCH_BYTES(T, K)
 };
 
 // Warns once per process when the BLAS runs kernels weaker than the CPU allows.
@@ -183,7 +187,41 @@ void moe_layer_destroy(moe_layer *L) {
   moe_route_free(&L->route);
   moe_placement_free(&L->placement);
   moe_free(L->loss_stats);
+  moe_free(L->topo_local);
+  moe_free(L->topo_scratch);
   moe_free(L);
+}
+
+moe_status moe_layer_set_topology(moe_layer *L, const uint8_t *local, double share) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  const int E = L->cfg.num_experts;
+  if (!local) {
+    moe_free(L->topo_local);
+    moe_free(L->topo_scratch);
+    L->topo_local = NULL;
+    L->topo_scratch = NULL;
+    goto done;
+  }
+  MOE_FAIL_IF(ctx, !(share >= 0 && share <= 1), MOE_STATUS_INVALID_ARG,
+              "topology-aware gate: share %g out of range [0, 1]", share);
+  if (!L->topo_local) {
+    L->topo_local = moe_malloc((size_t)E);
+    L->topo_scratch =
+        moe_malloc(MOE_TOPO_SCRATCH_BYTES(L->cfg.tokens > 0 ? L->cfg.tokens : 1, L->cfg.top_k));
+    if (!L->topo_local || !L->topo_scratch) {
+      moe_free(L->topo_local);
+      moe_free(L->topo_scratch);
+      L->topo_local = NULL;
+      L->topo_scratch = NULL;
+      MOE_FAIL(ctx, MOE_STATUS_OUT_OF_MEMORY, "topology-aware gate: out of memory");
+    }
+  }
+  for (int e = 0; e < E; e++) L->topo_local[e] = local[e] ? 1 : 0;
+  L->topo_share = share;
+done:
+  return st;
 }
 
 const moe_layer_config *moe_layer_get_config(const moe_layer *L) { return &L->cfg; }
@@ -251,7 +289,11 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
                          L->lse,
                          L->topk_p,
                          moe_router_bias_active(L->t.router_bias, c->num_experts),
-                         L->dprobs};
+                         L->dprobs,
+                         L->topo_local,
+                         L->topo_share,
+                         L->topo_scratch,
+                         0};
   MOE_TRY(moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm));
   moe_gate_loss_stats(c, &gb, &L->route, tokens, L->loss_stats);
   moe_gate_losses(c, L->loss_stats, &L->stats.aux_loss, &L->stats.z_loss);
@@ -284,6 +326,7 @@ moe_status moe_layer_forward(moe_layer *L, const float *x, int tokens, float *y,
   L->stats.tokens = tokens;
   L->stats.rows = r->rows;
   L->stats.dropped = r->dropped;
+  L->stats.rerouted = gb.topo_rerouted;
   if (stats) *stats = L->stats;
 done:
   return st;
@@ -329,7 +372,7 @@ moe_status moe_layer_backward(moe_layer *L, const float *dy, float *dx) {
 
   // step 4: gate backward (softmax, top-k, renormalisation, aux and z losses)
   t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL};
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL, NULL, 0, NULL, 0};
   moe_gate_backward(c, &gb, r, T, L->loss_stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
                     L->t.wg, L->t.dwg, dx, tm);
   tm->gate_ms = moe_time_ms_since(t0);

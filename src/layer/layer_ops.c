@@ -4,7 +4,9 @@
 // they cannot drift apart.
 #include "moe/layer_ops.h"
 
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/kernels.h"
@@ -95,6 +97,11 @@ moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float
   } else if (T > 0) {
     moe_topk_forward(r->expert, gb->topk_p, gb->probs, T, E, K);
   }
+  gb->topo_rerouted = 0;
+  if (T > 0 && gb->topo_local)
+    gb->topo_rerouted =
+        moe_topo_gate_reselect(r->expert, gb->topk_p, gb->bias ? gb->scores : gb->probs, gb->probs,
+                               T, E, K, gb->topo_local, gb->topo_share, gb->topo_scratch);
   for (int t = 0; t < T; t++) {
     const float *p = gb->topk_p + (size_t)t * K;
     float *w = r->weight + (size_t)t * K;
@@ -118,6 +125,61 @@ moe_status moe_gate_route(moe_ctx *ctx, const moe_layer_config *cfg, const float
   }
 done:
   return st;
+}
+
+// ---- topology-aware gate -------------------------------------------------------------------
+
+typedef struct {
+  float score;
+  int32_t choice;  // t * K + k
+} topo_cand;
+
+// Highest score first; equal scores: the earlier choice first (a total order).
+static int topo_by_score(const void *a, const void *b) {
+  const topo_cand *x = a, *y = b;
+  if (x->score != y->score) return x->score > y->score ? -1 : 1;
+  return (x->choice > y->choice) - (x->choice < y->choice);
+}
+
+static int topo_by_choice(const void *a, const void *b) {
+  const topo_cand *x = a, *y = b;
+  return (x->choice > y->choice) - (x->choice < y->choice);
+}
+
+int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores,
+                           const float *probs, int T, int E, int K, const uint8_t *local,
+                           double share, void *scratch) {
+  topo_cand *c = scratch;
+  int n = 0;
+  for (int i = 0; i < T * K; i++) {
+    const int e = expert[i];
+    const float v = scores[(size_t)(i / K) * E + e];
+    if (!local[e]) c[n++] = (topo_cand){isnan(v) ? -INFINITY : v, i};  // NaN ranks last
+  }
+  const double cap = floor(share * (double)T * (double)K);
+  const int budget = cap < 0 ? 0 : cap >= (double)n ? n : (int)cap;
+  if (n <= budget) return 0;
+  // the budget's best go; the rest re-select, in choice order
+  qsort(c, (size_t)n, sizeof *c, topo_by_score);
+  qsort(c + budget, (size_t)(n - budget), sizeof *c, topo_by_choice);
+  int rerouted = 0;
+  for (int j = budget; j < n; j++) {
+    const int i = c[j].choice, t = i / K;
+    const float *s = scores + (size_t)t * E;
+    const int32_t *mine = expert + (size_t)t * K;
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      if (!local[e] || (best >= 0 && !(s[e] > s[best]))) continue;
+      int taken = 0;
+      for (int k = 0; k < K; k++) taken |= mine[k] == e;
+      if (!taken) best = e;
+    }
+    if (best < 0) continue;  // no local expert left for this token: it keeps its choice
+    expert[i] = best;
+    topk_p[i] = probs[(size_t)t * E + best];
+    rerouted++;
+  }
+  return rerouted;
 }
 
 // Choices that count in the load-balancing loss per token: all K (libmoe,

@@ -18,10 +18,12 @@
 //
 // Not here: chunking and overlap (sched/), load-balancing planners (balance/).
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/kernels.h"
@@ -39,6 +41,37 @@ void moe_parallel_config_default(moe_parallel_config *pc) {
   pc->exec = moe_executor_config_default();
 }
 
+moe_status moe_gate_spec_parse(moe_ctx *ctx, const char *spec, double *topo_gate) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !spec || !topo_gate, MOE_STATUS_INVALID_ARG, "gate spec must be given");
+  if (strcmp(spec, "plain") == 0) {
+    *topo_gate = 0;
+  } else if (strcmp(spec, "topo") == 0) {
+    *topo_gate = MOE_TOPO_GATE_DEFAULT;
+  } else if (strncmp(spec, "topo:", 5) == 0) {
+    char *end = NULL;
+    errno = 0;
+    const double r = strtod(spec + 5, &end);
+    MOE_FAIL_IF(ctx, errno != 0 || end == spec + 5 || *end != '\0' || !(r > 0 && r <= 1),
+                MOE_STATUS_INVALID_ARG,
+                "gate '%s': the ratio W_net/W_local must be a number in (0, 1]", spec);
+    *topo_gate = r;
+  } else {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+             "gate '%s' is unknown (valid: plain, topo, topo:RATIO with RATIO in (0, 1])", spec);
+  }
+done:
+  return st;
+}
+
+void moe_gate_spec_to_string(double topo_gate, char *buf, size_t len) {
+  if (topo_gate > 0) {
+    snprintf(buf, len, "topo:%g", topo_gate);
+  } else {
+    snprintf(buf, len, "plain");
+  }
+}
+
 // FNV-1a, to compare configurations across ranks.
 static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
   const unsigned char *p = data;
@@ -53,9 +86,39 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   const int ints[7] = {pc->ep_size, pc->ep_strided,        pc->ranks_per_node, pc->grouped_size,
                        pc->chunks,  pc->compress_backward, pc->copy_slots};
   h = fnv1a(ints, sizeof ints, h);
+  h = fnv1a(&pc->topo_gate, sizeof pc->topo_gate, h);
   h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
   h = fnv1a(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
   return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
+}
+
+// The topology-aware gate's locality (pc.topo_gate): expert e is local when
+// its home EP rank is on this rank's node; the share of choices allowed off
+// the node is topo_gate / (the group's ranks on this node). Nothing to do
+// (topo_local NULL) when every expert is local.
+static moe_status topo_gate_init(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  if (!(L->pc.topo_gate > 0)) goto done;
+  const int my_node = L->ep.node_of[L->me];
+  int all_local = 1;
+  L->topo_local = moe_malloc((size_t)L->E);
+  L->topo_scratch = moe_malloc(MOE_TOPO_SCRATCH_BYTES(L->cfg.tokens, L->cfg.top_k));
+  MOE_FAIL_IF(ctx, !L->topo_local || !L->topo_scratch, MOE_STATUS_OUT_OF_MEMORY,
+              "topology-aware gate: out of memory");
+  for (int e = 0; e < L->E; e++) {
+    L->topo_local[e] = L->ep.node_of[L->placement.home[e]] == my_node;
+    all_local &= L->topo_local[e];
+  }
+  L->topo_share = L->pc.topo_gate / L->ep.node_size[my_node];
+  if (all_local) {  // one node: the plain gate
+    moe_free(L->topo_local);
+    moe_free(L->topo_scratch);
+    L->topo_local = NULL;
+    L->topo_scratch = NULL;
+  }
+done:
+  return st;
 }
 
 // MPI counts are int: move large float arrays in chunks of at most 2^30.
@@ -108,6 +171,9 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
       MOE_STATUS_INVALID_ARG,
       "copy_slots (%d) must be in [0, %d] (the experts an EP rank does not hold)", pc->copy_slots,
       cfg->num_experts - cfg->num_experts / pc->ep_size);
+  MOE_FAIL_IF(ctx, !(pc->topo_gate >= 0 && pc->topo_gate <= 1), MOE_STATUS_INVALID_ARG,
+              "topology-aware gate ratio W_net/W_local (%g) must be in (0, 1] (0: off)",
+              pc->topo_gate);
   MOE_TRY(moe_compressor_get(ctx, pc->compress, comp));
   {
     int level = MPI_THREAD_SINGLE;
@@ -266,6 +332,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
                                        A(4 * E * (size_t)P * sizeof(MPI_Request)) +
                                        A(4 * E * (size_t)P * sizeof(MPI_Status));
     }
+    if (pc->topo_gate > 0)  // the gate's locality mask and scratch
+      out->bytes[MOE_MEM_WORKSPACE] += A(E) + A(MOE_TOPO_SCRATCH_BYTES(T, K));
     const double act = 2 * F(T * E) + F(T) + F(T * K) + 3 * F(R * M) + F(T * K) + 2 * F(T * E);
     const double a2a = F(R * M);  // sendbuf
     // ep_pass.c: the receive side, grown to the most rows received: sized here
@@ -409,6 +477,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
     }
     if (alloc == MOE_STATUS_OK) alloc = moe_ep_pass_init_(L);
     if (alloc == MOE_STATUS_OK) alloc = moe_ep_copies_init_(L);
+    if (alloc == MOE_STATUS_OK) alloc = topo_gate_init(L);
     MOE_TRY(moe_comm_agree(ctx, L->world, alloc, "layer allocation"));
   }
   *out = L;
@@ -436,7 +505,7 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
   moe_ep_pass_free_(L);
   void *tables[] = {L->w1_of,    L->b1_of,  L->w2_of,     L->b2_of,       L->dw1_of,
                     L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
-                    L->cnt_recv, L->stats,  L->slice_sums};
+                    L->cnt_recv, L->stats,  L->slice_sums, L->topo_local, L->topo_scratch};
   moe_pairwise_free(&L->gate_pw);
   moe_fixed_sum_free(&L->fixed_home);
   moe_fixed_sum_free(&L->fixed_gate);

@@ -657,9 +657,16 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
   // the backward scratch dprobs holds the biased scores (free until backward)
-  moe_gate_buffers gb = {
-      L->logits, L->probs, L->lse, L->topk_p, moe_router_bias_active(L->t.router_bias, L->E),
-      L->dprobs};
+  moe_gate_buffers gb = {L->logits,
+                         L->probs,
+                         L->lse,
+                         L->topk_p,
+                         moe_router_bias_active(L->t.router_bias, L->E),
+                         L->dprobs,
+                         L->topo_local,
+                         L->topo_share,
+                         L->topo_scratch,
+                         0};
 
   // step 1: local checks and gate; global loss statistics + error flag
   uint64_t t0 = moe_time_ns();
@@ -721,6 +728,7 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   L->last.tokens = tokens;
   L->last.rows = L->route.rows;
   L->last.dropped = L->route.dropped;
+  L->last.rerouted = gb.topo_rerouted;
   if (stats) *stats = L->last;
 done:
   return st;
@@ -806,7 +814,7 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
 
   // step 4: gate backward with the global loss statistics of the forward
   t0 = moe_time_ns();
-  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL};
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL, NULL, 0, NULL, 0};
   const int sliced = L->pc.slice_tokens > 0;
   moe_gate_backward(c, &gb, &L->route, T, L->stats, L->dweight, L->dprobs, L->dlogits, L->x_last,
                     L->t.wg, sliced ? NULL : L->grad_scratch, dx, tm);

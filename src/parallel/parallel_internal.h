@@ -58,6 +58,10 @@ struct moe_ep_layer {
   int E, El, P, me;  // experts, home experts per rank, EP size, my EP rank
   int max_rows;
   moe_placement placement;
+  // topology-aware gate (pc.topo_gate; NULL when off or every expert is local)
+  uint8_t *topo_local;  // (E): expert's home on this rank's node
+  double topo_share;    // share of the T x K choices allowed off the node
+  void *topo_scratch;   // MOE_TOPO_SCRATCH_BYTES(cfg.tokens, K)
   moe_route route;
   // parameters: gate and home experts in one arena, replicas allocated apart
   moe_arena params;
