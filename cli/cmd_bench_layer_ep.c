@@ -47,7 +47,8 @@ static const char *const ep_only_opts[] = {"--schedule",
                                            "--hang-timeout",
                                            "--balance",
                                            "--balance-slots",
-                                           "--replan-every"};
+                                           "--replan-every",
+                                           "--gate"};
 
 int cli_bench_layer_is_ep(int argc, char **argv) {
   for (int i = 3; i < argc; i++) {
@@ -148,6 +149,11 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "  --skew SPEC            expert popularity through a fitted router bias (as for\n"
           "                         one process); prints the balance: the busiest rank's\n"
           "                         rows over the mean [none]\n"
+          "  --gate plain|topo[:R]  FasterMoE's topology-aware gate on every variant: at most\n"
+          "                         R/M x T x K of a rank's choices leave its node (R =\n"
+          "                         W_net/W_local in (0, 1], topo alone 0.25; M ranks per\n"
+          "                         node), the rest re-select local experts; changes the\n"
+          "                         routing; prints the rows that crossed nodes [plain]\n"
           "  --balance LIST         load-balancing policies, comma-separated, or all: %s\n"
           "                         (docs/balance.md); each runs every variant; after each\n"
           "                         iteration the load is all-gathered, the policy plans the\n"
@@ -193,6 +199,7 @@ typedef struct {
   int allow_lossy;
   size_t max_memory;    // --max-memory per rank, 0: the node's available memory / its ranks
   moe_skew skew;        // --skew
+  double topo_gate;     // --gate topo[:R]: W_net / W_local (0: plain)
   const char *balance;  // --balance list as given (NULL: none)
   int balance_slots;    // --balance-slots, -1: the default (E / EP)
   int replan_every;     // --replan-every
@@ -239,6 +246,8 @@ typedef struct {
   long long max_rank_rows;      // most rows one rank computed, last iteration
   double balance_ratio;         // max_rank_rows / mean over ranks
   double skew_tv;               // --skew: the bias fit's total variation
+  long long offnode_rows;       // rows sent to other nodes, all ranks, last iteration
+  long long rerouted;           // choices the topology-aware gate re-selected, last iteration
 } ep_result;
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
@@ -461,6 +470,11 @@ static int parse_opts(int argc, char **argv, ep_opts *o) {
       cli_parse_u64(&a, "--seed", &o->seed);
     } else if (cli_opt(&a, "--skew")) {
       cli_parse_skew(&a, "--skew", &o->skew);
+    } else if (cli_opt(&a, "--gate")) {
+      if (a.value && moe_gate_spec_parse(ctx, a.value, &o->topo_gate) != MOE_STATUS_OK) {
+        cli_error("--gate: %s", moe_ctx_error(ctx));
+        a.bad = 1;
+      }
     } else if (cli_opt(&a, "--balance")) {
       o->balance = a.value;
     } else if (cli_opt(&a, "--balance-slots")) {
@@ -596,6 +610,7 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     moe_parallel_config_default(pc);
     pc->ep_size = o->ep;
     pc->ranks_per_node = o->ranks_per_node;
+    pc->topo_gate = o->topo_gate;
     snprintf(pc->a2a, sizeof pc->a2a, "%s", res[k].a2a);
     snprintf(pc->schedule, sizeof pc->schedule, "%s", res[k].schedule);
     pc->chunks = res[k].chunks_req;
@@ -669,6 +684,8 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->max_rank_rows = m->max_rank_rows;
     r->balance_ratio = m->balance_ratio;
     r->skew_tv = m->skew_tv;
+    r->offnode_rows = m->offnode_rows;
+    r->rerouted = m->rerouted;
   }
 done:
   moe_free(vs);
@@ -733,6 +750,13 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
   const ep_result *base = &rs[rs[0].baseline];
   printf("dropped choices: %lld of %lld (all ranks, %s r=1)\n", base->dropped,
          base->rows + base->dropped, base->schedule);
+  if (base->offnode_rows > 0 || base->rerouted > 0)
+    printf(
+        "topology: %lld of %lld rows crossed nodes (%.1f%%); the topology-aware gate "
+        "re-selected %lld choices\n",
+        base->offnode_rows, base->rows,
+        base->rows > 0 ? 100.0 * (double)base->offnode_rows / (double)base->rows : 0.0,
+        base->rerouted);
   if (!balanced) {
     printf("balance: the busiest rank computed %lld rows, %.3fx the mean over ranks",
            base->max_rank_rows, base->balance_ratio);
@@ -790,8 +814,9 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
                       const moe_layer_config *cfgs, int n_configs, const ep_result *rs,
                       int per_config) {
   FILE *f = out->f;
-  char skew_spec[64];
+  char skew_spec[64], gate_spec[32];
   moe_skew_to_string(&o->skew, skew_spec, sizeof skew_spec);
+  moe_gate_spec_to_string(o->topo_gate, gate_spec, sizeof gate_spec);
   fprintf(f,
           "{\n  \"benchmark\": \"layer_ep\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"
           "  \"ranks\": %d,\n  \"nodes\": %d,\n  \"ep_size\": %d,\n  \"dp_size\": %d,\n"
@@ -799,11 +824,12 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"precision\": \"%s\",\n  \"seed\": "
           "%llu,\n  \"wait\": \"%s\",\n"
           "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"skew\": \"%s\",\n"
-          "  \"configs\": [\n",
+          "  \"gate\": \"%s\",\n  \"configs\": [\n",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
           o->iters, o->warmup, o->threads, o->backend,
           moe_precision_name((moe_precision)o->precision), o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false", skew_spec);
+          o->compress_backward ? "true" : "false", o->grid ? "true" : "false", skew_spec,
+          gate_spec);
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -821,10 +847,11 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       fprintf(f,
               "      {\"a2a\": \"%s\", \"compress\": \"%s\", \"schedule\": \"%s\", "
               "\"chunks_requested\": %d, \"chunks\": %d, \"baseline\": \"%s r=1\", "
-              "\"rows\": %lld, \"dropped\": %lld, \"max_rank_rows\": %lld,\n       ",
+              "\"rows\": %lld, \"dropped\": %lld, \"max_rank_rows\": %lld, "
+              "\"offnode_rows\": %lld, \"rerouted\": %lld,\n       ",
               r->a2a, r->compress, r->schedule, r->chunks_req, r->chunks,
               rs[(size_t)c * (size_t)per_config + (size_t)r->baseline].schedule, r->rows,
-              r->dropped, r->max_rank_rows);
+              r->dropped, r->max_rank_rows, r->offnode_rows, r->rerouted);
       json_num(f, "balance_ratio", r->balance_ratio, ", ");
       fprintf(f, "\"balance\": \"%s\", \"copies\": %d, ", r->balance, r->copies);
       json_num(f, "balance_ms", r->balance_ms, ", ");

@@ -102,6 +102,13 @@ static void usage(FILE *f) {
       "                        needs EP >= 2 [none]\n"
       "  --balance-slots N     copy slots per rank and MoE layer, 0..E-E/EP [E/EP]\n"
       "  --replan-every N      plan every N steps, keep the plan between [1]\n"
+      "  --gate plain|topo[:R] FasterMoE's topology-aware gate: at most R/M x T x K of a\n"
+      "                        rank's choices go to experts on other nodes (R =\n"
+      "                        W_net/W_local in (0, 1], topo alone R = 0.25; M ranks per\n"
+      "                        node), the rest re-select local experts; changes the\n"
+      "                        routing, so the losses (docs/balance.md) [plain]\n"
+      "  --ranks-per-node N    pretend every N consecutive ranks share a node (the\n"
+      "                        topology of --gate topo and of the all-to-alls) [detected]\n"
       "  --router-bias-update RATE\n"
       "                        DeepSeek-V3's aux-loss-free balancing: after each step\n"
       "                        every router bias moves by RATE toward even expert load\n"
@@ -273,6 +280,18 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     cli_parse_int(a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
   } else if (cli_opt(a, "--replan-every")) {
     cli_parse_int(a, "--replan-every", 1, 1000000, &tc->balance.replan_every);
+  } else if (cli_opt(a, "--gate")) {
+    if (a->value) {
+      moe_ctx *ectx = NULL;
+      moe_ctx_create(&ectx);
+      if (moe_gate_spec_parse(ectx, a->value, &tc->par.topo_gate) != MOE_STATUS_OK) {
+        cli_error("--gate: %s", moe_ctx_error(ectx));
+        a->bad = 1;
+      }
+      moe_ctx_destroy(ectx);
+    }
+  } else if (cli_opt(a, "--ranks-per-node")) {
+    cli_parse_int(a, "--ranks-per-node", 0, 1 << 20, &tc->par.ranks_per_node);
   } else if (cli_opt(a, "--router-bias-update")) {
     double rate = 0;
     cli_parse_double(a, "--router-bias-update", 0, 1, &rate);
@@ -527,6 +546,14 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "%.3f with; %.1f copies; %.2f ms per step (load, plan, Trans)\n",
         moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
         r->balance_copies, r->balance_ms);
+  if (tc->par.topo_gate > 0) {
+    char gate[32];
+    moe_gate_spec_to_string(tc->par.topo_gate, gate, sizeof gate);
+    printf(
+        "  gate %s: %.1f%% of the choices re-selected to experts on their node (mean over "
+        "steps and MoE layers)\n",
+        gate, 100 * r->rerouted_share);
+  }
   if (tc->router_bias_rate > 0)
     printf(
         "  router-bias update %g: expert load ratio (busiest expert over the mean, over the "

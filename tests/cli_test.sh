@@ -41,6 +41,8 @@ expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench la
 expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
 expect 0 "prophet +[0-9]+ +[0-9.]+ +[0-9.]+" -- "$MOE" simulate --balance all --cluster proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16
 expect 2 "--balance: policy 'x' is unknown" -- "$MOE" simulate --balance x
+# the topology-aware gate: a bad spec; 2 ranks as 2 nodes report the rows that crossed nodes
+expect 2 "--gate: gate 'topo:0' ?: the ratio W_net/W_local must be a number in \(0, 1\]" -- "$MOE" bench layer --gate topo:0
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
 expect 2 "--backend: unknown compute backend 'cublas' \(valid: fixed, openblas" -- "$MOE" bench layer --backend cublas
 expect 2 "--precision: unknown precision 'fp16' \(valid: fp32, bf16\)" -- "$MOE" bench layer --precision fp16

@@ -113,6 +113,14 @@ expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow
+# the topology-aware gate: 2 ranks as 2 nodes; its summary line; a bad spec
+expect 0 "gate topo:0.25: [0-9.]+% of the choices re-selected" -- mpi 2 "$MOE" train "${TINY[@]}" \
+  --steps 2 --gate topo --ranks-per-node 1 --eval-every 0 --eval-batches 1
+expect 2 "--gate: gate 'topo:2': the ratio W_net/W_local must be a number in \(0, 1\]" -- "$MOE" \
+  train "${TINY[@]}" --steps 1 --gate topo:2
+expect 0 "topology: [0-9]+ of [0-9]+ rows crossed nodes \([0-9.]+%\); the topology-aware gate re-selected [1-9]" -- \
+  mpi 2 "$MOE" bench layer --gate topo --ranks-per-node 1 --tokens 64 --model 32 --hidden 64 \
+  --experts 4 --capacity-factor 0 --iters 1 --warmup 0
 # the router-bias update: its summary line; a rate out of range
 expect 0 "router-bias update 0.01: expert load ratio" -- "$MOE" train "${TINY[@]}" --steps 2 \
   --router-bias-update 0.01 --eval-every 0 --eval-batches 1

@@ -52,10 +52,10 @@ typedef struct {
 // experts' probabilities (probs (T, E)). scratch: MOE_TOPO_SCRATCH_BYTES(T,
 // K) bytes. Returns the number of re-selected choices. Deterministic: the
 // result depends only on the inputs' values.
-#define MOE_TOPO_SCRATCH_BYTES(T, K) ((size_t)(T) * (size_t)(K) * 8u)
-int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores,
-                           const float *probs, int tokens, int num_experts, int top_k,
-                           const uint8_t *local, double share, void *scratch);
+#define MOE_TOPO_SCRATCH_BYTES(T, K) ((size_t)(T) * (size_t)(K)*8u)
+int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores, const float *probs,
+                           int tokens, int num_experts, int top_k, const uint8_t *local,
+                           double share, void *scratch);
 
 // bias when any of its E entries is nonzero, else NULL (plain top-k, the
 // exact routing of a layer without a bias).

@@ -192,10 +192,11 @@ typedef struct {
   // (B) the cross-entropy sum of each sequence; ce_sum is their sum in order.
   // Valid until the next forward.
   const double *ce_seq;
-  int tokens;   // tokens with a target in this call
-  double aux;   // sum over MoE layers of their aux loss (unscaled)
-  double z;     // sum over MoE layers of their z-loss (unscaled)
-  int dropped;  // dropped choices over the MoE layers (this rank)
+  int tokens;    // tokens with a target in this call
+  double aux;    // sum over MoE layers of their aux loss (unscaled)
+  double z;      // sum over MoE layers of their z-loss (unscaled)
+  int dropped;   // dropped choices over the MoE layers (this rank)
+  int rerouted;  // choices the topology-aware gate re-selected over the MoE layers (this rank)
 } moe_gpt_loss;
 
 // tokens (B, S) in [0, V) -> logits (B, S, V) (moe_gpt_logits). targets (B, S)

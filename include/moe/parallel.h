@@ -205,6 +205,9 @@ int moe_ep_layer_chunks(const moe_ep_layer *layer);
 // Rows this rank's experts (home experts and replicas) computed in the last
 // forward: what it received from every source, itself included. 0 before one.
 int moe_ep_layer_rows_computed(const moe_ep_layer *layer);
+// Rows of the last forward this rank sent to ranks on other nodes of its EP
+// group (kept choices whose expert, or the copy that computes it, is there).
+long long moe_ep_layer_offnode_rows(const moe_ep_layer *layer);
 // Per-phase times of the last forward and backward (ms; expert GEMMs included).
 void moe_ep_layer_timing(const moe_ep_layer *layer, moe_layer_timing *fwd, moe_layer_timing *bwd);
 

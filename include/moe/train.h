@@ -41,6 +41,7 @@ typedef struct {
   double exposed_share;  // all-to-all time not hidden by compute / step time (rank 0)
   double moe_pass_ms;    // forward + backward pass makespans per MoE layer, ms (rank 0)
   int dropped;           // dropped choices over the world
+  int rerouted;  // choices the topology-aware gate re-selected over the world (par.topo_gate)
   // load balancing (tc->balance; zeros without): over the MoE layers, the
   // mean balance ratio of the step's load without copies and under the
   // placement planned for the next step, the copies placed, and the time of
@@ -240,6 +241,9 @@ typedef struct {
   // infos' expert_load_ratio on the first and the last step, and the last
   // router_bias_max
   double expert_load_ratio_first, expert_load_ratio_last, router_bias_max;
+  // topology-aware gate (par.topo_gate > 0): the mean over the steps of the
+  // share of the world's T x K choices per MoE layer that were re-selected
+  double rerouted_share;
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

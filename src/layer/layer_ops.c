@@ -146,9 +146,8 @@ static int topo_by_choice(const void *a, const void *b) {
   return (x->choice > y->choice) - (x->choice < y->choice);
 }
 
-int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores,
-                           const float *probs, int T, int E, int K, const uint8_t *local,
-                           double share, void *scratch) {
+int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores, const float *probs,
+                           int T, int E, int K, const uint8_t *local, double share, void *scratch) {
   topo_cand *c = scratch;
   int n = 0;
   for (int i = 0; i < T * K; i++) {

@@ -333,11 +333,14 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
                      MPI_Allreduce(MPI_IN_PLACE, &passes, 1, MPI_DOUBLE, MPI_MAX, comm));
       r->model_ms = outside + passes;
     }
-    long long counts[2] = {stats[k].rows, stats[k].dropped};
+    long long counts[4] = {stats[k].rows, stats[k].dropped, stats[k].rerouted,
+                           moe_ep_layer_offnode_rows(layers[k])};
     MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
-                   MPI_Allreduce(MPI_IN_PLACE, counts, 2, MPI_LONG_LONG, MPI_SUM, comm));
+                   MPI_Allreduce(MPI_IN_PLACE, counts, 4, MPI_LONG_LONG, MPI_SUM, comm));
     r->rows = counts[0];
     r->dropped = counts[1];
+    r->rerouted = counts[2];
+    r->offnode_rows = counts[3];
     // balance: rows computed per rank (every rank of the world computes)
     long long mine = moe_ep_layer_rows_computed(layers[k]), most = 0, all = 0;
     MOE_MPI_TRY_OP(ctx, "all-reduce of the row counts",

@@ -653,6 +653,7 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       res.aux += ls.aux_loss;
       res.z += ls.z_loss;
       res.dropped += ls.dropped;
+      res.rerouted += ls.rerouted;
     } else {
       moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hd);
       moe_gelu_forward(blk->fch_gelu, blk->fch, (size_t)N * Hd);

@@ -503,9 +503,9 @@ void moe_ep_layer_destroy(moe_ep_layer *L) {
     for (int e = 0; e < L->E; e++) moe_free(L->replica_mem[e]);
   }
   moe_ep_pass_free_(L);
-  void *tables[] = {L->w1_of,    L->b1_of,  L->w2_of,     L->b2_of,       L->dw1_of,
-                    L->db1_of,   L->dw2_of, L->db2_of,    L->replica_mem, L->cnt_send,
-                    L->cnt_recv, L->stats,  L->slice_sums, L->topo_local, L->topo_scratch};
+  void *tables[] = {L->w1_of,    L->b1_of,  L->w2_of,      L->b2_of,       L->dw1_of,
+                    L->db1_of,   L->dw2_of, L->db2_of,     L->replica_mem, L->cnt_send,
+                    L->cnt_recv, L->stats,  L->slice_sums, L->topo_local,  L->topo_scratch};
   moe_pairwise_free(&L->gate_pw);
   moe_fixed_sum_free(&L->fixed_home);
   moe_fixed_sum_free(&L->fixed_gate);

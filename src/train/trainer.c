@@ -76,6 +76,8 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
              moe_balance_policy_name(tc->balance.policy)
                  ? moe_balance_policy_name(tc->balance.policy)
                  : "?");
+  } else if (tc->model.moe_every > 0 && tc->par.topo_gate > 0) {
+    snprintf(buf, sizeof buf, "the topology-aware gate routes by node (the layout changes it)");
   } else if (tc->model.moe_every > 0 && tc->model.moe.capacity_factor > 0) {
     snprintf(buf, sizeof buf, "capacity factor %g drops tokens per source rank",
              tc->model.moe.capacity_factor);
@@ -977,12 +979,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     // the next step's placement of expert copies, with the updated parameters
     if (tc->balance.policy != MOE_BALANCE_NONE || tc->router_bias_rate > 0)
       MOE_TRY(routing_step(&r, &info));
-    double sums[2] = {l.ce_sum, (double)l.dropped};
+    double sums[3] = {l.ce_sum, (double)l.dropped, (double)l.rerouted};
     // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
-    // sum covers only the dropped count (an integer: exact in any order).
+    // sum covers only the dropped and re-selected counts (integers: exact in any order).
     const int det = tc->deterministic ? 1 : 0;
     MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
-                   MPI_Allreduce(MPI_IN_PLACE, sums + det, 2 - det, MPI_DOUBLE, MPI_SUM, world));
+                   MPI_Allreduce(MPI_IN_PLACE, sums + det, 3 - det, MPI_DOUBLE, MPI_SUM, world));
     if (det)
       MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
                                      "all-reduce of the step's loss"));
@@ -992,6 +994,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     info.loss = sums[0] / gtokens;
     info.aux = l.aux;
     info.dropped = (int)sums[1];
+    info.rerouted = (int)sums[2];
     info.lr = lr;
     info.grad_norm = norm;
     info.step_s = step_s;
@@ -1018,6 +1021,13 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       out->balance_after = (out->balance_after * k + info.balance_after) / (k + 1);
       out->balance_copies = (out->balance_copies * k + info.copies) / (k + 1);
       out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
+    }
+    int n_moe = 0;
+    for (int b = 0; b < tc->model.n_layer; b++) n_moe += moe_gpt_block_is_moe(&tc->model, b);
+    if (tc->par.topo_gate > 0 && n_moe > 0) {
+      const double k = (double)(step - start);
+      const double share = info.rerouted / ((double)gtokens * tc->model.moe.top_k * n_moe);
+      out->rerouted_share = (out->rerouted_share * k + share) / (k + 1);
     }
     if (tc->router_bias_rate > 0) {
       if (step == start) out->expert_load_ratio_first = info.expert_load_ratio;
@@ -1047,8 +1057,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        const char *names[11] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
-        double vals[11] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
+        const char *names[12] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
+        double vals[12] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
                            step_s * 1e3};
         int n_vals = 5;
         // a dense model has no MoE pass; the balance values only when balancing,
@@ -1063,6 +1073,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
             vals[n_vals++] = info.balance_after;
             names[n_vals] = "copies";
             vals[n_vals++] = info.copies;
+          }
+          if (tc->par.topo_gate > 0) {
+            names[n_vals] = "rerouted";
+            vals[n_vals++] = info.rerouted;
           }
           if (tc->router_bias_rate > 0) {
             names[n_vals] = "expert_load_ratio";
