@@ -45,6 +45,10 @@ void cli_parse_backend(cli_args *a, const char *opt, const char **out);
 void cli_parse_precision(cli_args *a, const char *opt, int *out);
 // --skew SPEC: a named expert popularity (moe_skew_parse) into *out.
 void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out);
+// A trace skew's file against the layer's shape (read now, so that a bad
+// trace is a usage error before any run): CLI_OK, CLI_USAGE or CLI_FAILED,
+// the message printed when print is 1. Other skews: CLI_OK.
+int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print);
 // Makes `name` the backend of moe_gemm with `threads` threads and
 // `precision` (a moe_precision), after moe_compute_check, and writes a
 // description ("openblas: OpenBLAS ..., fp32, 2 threads") to desc. Returns

@@ -96,6 +96,23 @@ void cli_parse_precision(cli_args *a, const char *opt, int *out) {
   moe_ctx_destroy(ctx);
 }
 
+int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print) {
+  if (skew->kind != MOE_SKEW_TRACE) return CLI_OK;
+  moe_ctx *ctx = NULL;
+  double *shares = moe_calloc(num_experts > 0 ? (size_t)num_experts : 1, sizeof(double));
+  int rc = CLI_OK;
+  if (moe_ctx_create(&ctx) != MOE_STATUS_OK || !shares) {
+    if (print) cli_error("--skew: out of memory");
+    rc = CLI_FAILED;
+  } else if (moe_skew_shares(ctx, skew, num_experts, top_k, shares) != MOE_STATUS_OK) {
+    if (print) cli_error("--skew: %s", moe_ctx_error(ctx));
+    rc = CLI_USAGE;
+  }
+  moe_free(shares);
+  moe_ctx_destroy(ctx);
+  return rc;
+}
+
 void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out) {
   if (!a->value) return;
   moe_ctx *ctx = NULL;

@@ -56,8 +56,10 @@ void cli_bench_layer_usage(FILE *f) {
           "  --seed S               parameter and input seed [1]\n"
           "  --skew SPEC            expert popularity through a fitted router bias:\n"
           "                         none, uniform, zipf:S (expert e's share ~ (e+1)^-S,\n"
-          "                         S in (0, 10]) or hot:F (a fraction F in (0, 1] of the\n"
-          "                         tokens choose expert 0) [none: the router as initialised]\n"
+          "                         S in (0, 10]), hot:F (a fraction F in (0, 1] of the\n"
+          "                         tokens choose expert 0) or trace:FILE[#LAYER][@A-B] (the\n"
+          "                         shares of a moe train --routing-trace file, one MoE\n"
+          "                         block, steps A..B) [none: the router as initialised]\n"
           "  --json FILE            write config and results as JSON\n"
           "  --max-memory SIZE      refuse to start when the run would need more than SIZE\n"
           "                         (e.g. 512M, 2G; per rank under mpirun) [the available\n"
@@ -82,7 +84,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->seed = 1;
   o->json_path = NULL;
   o->max_memory = 0;
-  o->skew = (moe_skew){MOE_SKEW_NONE, 0.0};
+  memset(&o->skew, 0, sizeof o->skew);
   cli_args a;
   unsigned set = 0;  // layer options given (unused here)
   cli_args_init(&a, argc, argv, 3);
@@ -200,6 +202,8 @@ int cmd_bench_layer(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
+  rc = cli_check_skew(&o.skew, o.cfg.num_experts, o.cfg.top_k, 1);
+  if (rc != CLI_OK) goto done;
   char gemm_name[160];
   rc = cli_use_compute(o.backend, o.threads, o.precision, gemm_name, sizeof gemm_name);
   if (rc != CLI_OK) goto done;

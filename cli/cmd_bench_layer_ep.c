@@ -936,6 +936,14 @@ static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes
                 world);
     }
     rc = CLI_USAGE;
+  } else if (o->skew.kind == MOE_SKEW_TRACE) {
+    // every rank reads the trace (each fits the bias): agree on the verdict
+    int ok = cli_check_skew(&o->skew, o->cfg.num_experts, o->cfg.top_k, rank == 0) == CLI_OK;
+    const int mine = ok;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok && rank == 0 && mine)
+      cli_error("--skew: another rank cannot read the routing trace '%s'", o->skew.path);
+    if (!ok) rc = CLI_USAGE;
   } else if ((o->n_bal > 1 || strcmp(o->bals[0], "none") != 0) &&  // catalogue: no balancing
              o->ep < 2) {
     if (rank == 0) cli_error("--balance needs an EP size of at least 2 (got %d)", o->ep);

@@ -100,7 +100,8 @@ static void simulate_usage(FILE *f) {
           "                         under FasterMoE's (eq. 7/8) and Pro-Prophet's (eq. 6)\n"
           "                         models next to no copies\n"
           "  --skew SPEC            the expert popularity every device routes with:\n"
-          "                         uniform, zipf:S, hot:F [zipf:1.2]\n"
+          "                         uniform, zipf:S, hot:F, trace:FILE[#LAYER][@A-B]\n"
+          "                         (a moe train --routing-trace file) [zipf:1.2]\n"
           "  --balance-slots N      copy slots per device, 0..E-E/devices [E/devices]\n",
           moe_balance_policy_names());
 }
@@ -176,7 +177,9 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   o->cfg.top_k = 2;
   o->cfg.capacity_factor = 1.2;
   o->cluster = "schemoe-8x4-rtx2080ti";
-  o->skew = (moe_skew){MOE_SKEW_ZIPF, 1.2};
+  memset(&o->skew, 0, sizeof o->skew);
+  o->skew.kind = MOE_SKEW_ZIPF;
+  o->skew.param = 1.2;
   o->balance_slots = -1;
   snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");   // catalogue: default
   snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");  // catalogue: default
@@ -438,6 +441,7 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
               most);
     return CLI_USAGE;
   }
+  if (cli_check_skew(&o->skew, E, o->cfg.top_k, 1) != CLI_OK) return CLI_USAGE;
   double *shares = malloc((size_t)E * sizeof(double));
   moe_balance_sim_result res[8];
   int rc = CLI_OK;

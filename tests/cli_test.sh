@@ -35,6 +35,14 @@ expect 2 "--skew: skew 'zipf:0' needs|zipf needs an exponent S in \(0, 10\]" -- 
 expect 2 "skew 'gauss' is unknown \(valid: none, uniform, zipf:S" -- "$MOE" bench layer --skew gauss
 expect 2 "hot needs the fraction F in \(0, 1\]" -- "$MOE" bench layer --skew hot:2
 expect 0 "skew: hot:0.5 \(router bias fitted to total variation 0\.0" -- "$MOE" bench layer --skew hot:0.5 --tokens 256 --model 32 --hidden 32 --iters 1 --peak-size 64
+# a skew replayed from a routing trace: fitted; another shape and a missing file are usage errors
+printf '%s\n' '{"format": "libmoe-routing-trace", "version": 1, "ranks": 1, "experts": 4, "top_k": 2, "tokens_per_rank": 64, "moe_layers": [0]}' \
+  '{"step": 1, "layer": 0, "counts": [[40, 40, 30, 18]]}' >"$tmp/trace.jsonl"
+expect 0 "skew: trace:$tmp/trace.jsonl \(router bias fitted to total variation 0\.0" -- "$MOE" bench layer --experts 4 \
+  --skew "trace:$tmp/trace.jsonl" --tokens 256 --model 32 --hidden 32 --iters 1 --peak-size 64
+expect 2 "recorded with 4 experts and top_k 2; this layer has 8 experts" -- "$MOE" bench layer --experts 8 \
+  --skew "trace:$tmp/trace.jsonl" --tokens 256 --model 32 --hidden 32 --iters 1
+expect 2 "cannot open the routing trace '$tmp/none.jsonl'" -- "$MOE" bench layer --skew "trace:$tmp/none.jsonl"
 # load balancing: unknown policy, one rank (EP 1), too many slots
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto, all\)" -- "$MOE" bench layer --balance magic
 expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench layer --balance shadow --tokens 64 --model 32 --hidden 32

@@ -35,6 +35,7 @@ static moe_ctx *g_ctx;
 #define SLACK_BYTES ((double)(16 << 10))
 
 static int g_copy_slots;  // expert copy slots of load balancing (pc.copy_slots)
+static double g_topo;     // the topology-aware gate (pc.topo_gate)
 
 static void test_ep_layer(const char *a2a, const char *schedule, int chunks, const char *compress,
                           int ranks_per_node, int slice_tokens) {
@@ -58,6 +59,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   pc.slice_tokens = slice_tokens;
   if (slice_tokens > 0) pc.ep_size = 1;
   pc.copy_slots = pc.ep_size > 1 ? g_copy_slots : 0;
+  pc.topo_gate = g_topo;
   moe_memory_need need;
   TU_CHECK(moe_ep_layer_memory(g_ctx, &c, &pc, g_world, ranks_per_node, &need) == MOE_STATUS_OK,
            "ep memory: %s", moe_ctx_error(g_ctx));
@@ -181,6 +183,9 @@ int main(int argc, char **argv) {
   if (g_world % 2 == 0) {
     test_ep_layer("1dh", "sequential", 2, "none", 2, 0);
     test_ep_layer("2dh", "pipeline", 2, "bf16", 2, 0);
+    g_topo = 0.5;  // the topology-aware gate's mask and scratch (2 nodes)
+    test_ep_layer("mpi", "sequential", 1, "none", 1, 0);
+    g_topo = 0;
   }
   test_workspace_trim();
   test_check();

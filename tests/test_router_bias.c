@@ -3,10 +3,12 @@
 // naive double-precision gate; the layer's gradients with a bias by finite
 // differences; the named distributions' shares by hand; the bias fit against
 // the layer's own routing; DeepSeek-V3's update on a hand example.
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moe/moe.h"
 #include "testutil.h"
@@ -226,6 +228,144 @@ static void test_update(void) {
   for (int e = 0; e < 4; e++) TU_CHECK(b[e] == want[e], "update %d: %g, want %g", e, b[e], want[e]);
 }
 
+// ---- skew from a routing trace ----------------------------------------------------------------
+
+static void write_str(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+static const char *const TRACE_HEADER =
+    "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": 2, \"experts\": 4, "
+    "\"top_k\": 2, \"tokens_per_rank\": 10, \"moe_layers\": [0, 2]}\n";
+
+// shares of trace `body` (after the header) under spec suffix sel; the status.
+static moe_status trace_shares(const char *body, const char *sel, int E, int K, double *sh,
+                               int *lines) {
+  static char path[64];
+  snprintf(path, sizeof path, "/tmp/moe_test_trace_%d.jsonl", (int)getpid());
+  char text[2048];
+  snprintf(text, sizeof text, "%s%s", TRACE_HEADER, body);
+  write_str(path, text);
+  char spec[160];
+  snprintf(spec, sizeof spec, "trace:%s%s", path, sel);
+  moe_skew sk;
+  moe_status st = moe_skew_parse(ctx, spec, &sk);
+  if (st == MOE_STATUS_OK) st = moe_routing_trace_shares(ctx, &sk, E, K, sh, lines);
+  remove(path);
+  return st;
+}
+
+static void test_trace(void) {
+  const char *body =
+      "{\"step\": 1, \"layer\": 0, \"counts\": [[10, 0, 5, 5], [6, 4, 5, 5]]}\n"
+      "{\"step\": 1, \"layer\": 2, \"counts\": [[2, 2, 8, 8], [4, 4, 6, 6]]}\n"
+      "\n"
+      "{\"step\": 2, \"layer\": 0, \"counts\": [[8, 2, 5, 5], [8, 2, 5, 5]]}\n";
+  double sh[4];
+  int lines = 0;
+  // every line: expert sums 38, 14, 34, 34 of 120
+  TU_CHECK(trace_shares(body, "", 4, 2, sh, &lines) == MOE_STATUS_OK, "%s", moe_ctx_error(ctx));
+  const double all[4] = {38 / 120.0, 14 / 120.0, 34 / 120.0, 34 / 120.0};
+  for (int e = 0; e < 4; e++)
+    TU_CHECK(fabs(sh[e] - all[e]) < 1e-15, "all lines: share %d %g, want %g", e, sh[e], all[e]);
+  TU_CHECK(lines == 3, "all lines: %d used, want 3", lines);
+  // layer 0, step 2 only: 16, 4, 10, 10 of 40
+  TU_CHECK(trace_shares(body, "#0@2-2", 4, 2, sh, &lines) == MOE_STATUS_OK, "%s",
+           moe_ctx_error(ctx));
+  TU_CHECK(lines == 1 && fabs(sh[0] - 0.4) < 1e-15 && fabs(sh[1] - 0.1) < 1e-15,
+           "layer 0 step 2: %d lines, shares %g %g", lines, sh[0], sh[1]);
+  // layer 2: 6, 6, 14, 14 of 40
+  TU_CHECK(trace_shares(body, "#2", 4, 2, sh, &lines) == MOE_STATUS_OK && lines == 1 &&
+               fabs(sh[2] - 0.35) < 1e-15,
+           "layer 2: %d lines, share 2 %g", lines, sh[2]);
+  // bad input: each refused with a message naming the problem
+  struct {
+    const char *body, *sel, *words;
+    int E, K;
+    moe_status want;
+  } bad[] = {
+      {body, "", "recorded with 4 experts and top_k 2; this layer has 8", 8, 2,
+       MOE_STATUS_INVALID_ARG},
+      {body, "#1", "no routed rows in the lines selected", 4, 2, MOE_STATUS_INVALID_ARG},
+      {body, "@3-9", "no routed rows in the lines selected", 4, 2, MOE_STATUS_INVALID_ARG},
+      {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, 2, 3], [1, 2, 3, 4]]}\n", "",
+       "must hold 4 numbers", 4, 2, MOE_STATUS_BAD_FORMAT},
+      {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, 2, 3, 4]]}\n", "", "must be 2 rows", 4, 2,
+       MOE_STATUS_BAD_FORMAT},
+      {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, -2, 3, 4], [0, 0, 0, 0]]}\n", "",
+       "out of range [0, 10]", 4, 2, MOE_STATUS_BAD_FORMAT},
+      {"{\"step\": 1, \"layer\": 0, \"counts\": [[10, 10, 10, 0], [0, 0, 0, 0]]}\n", "",
+       "more than tokens_per_rank x top_k", 4, 2, MOE_STATUS_BAD_FORMAT},
+      {"{\"step\": 1, \"layer\": 1, \"counts\": [[1, 1, 1, 1], [1, 1, 1, 1]]}\n", "",
+       "not among the header's moe_layers", 4, 2, MOE_STATUS_BAD_FORMAT},
+      {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, 1, 1, 1], [1, 1, 1, 1]]\n", "", "line 2", 4, 2,
+       MOE_STATUS_BAD_FORMAT},
+      {"", "", "no routed rows", 4, 2, MOE_STATUS_INVALID_ARG},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const moe_status st = trace_shares(bad[i].body, bad[i].sel, bad[i].E, bad[i].K, sh, NULL);
+    TU_CHECK(st == bad[i].want && strstr(moe_ctx_error(ctx), bad[i].words) != NULL,
+             "bad trace %zu: status %d, message '%s' (want %d, '%s')", i, (int)st,
+             moe_ctx_error(ctx), (int)bad[i].want, bad[i].words);
+  }
+  // not a trace; a missing file
+  moe_skew sk;
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/moe_test_trace_%d.json", (int)getpid());
+  write_str(path, "{\"format\": \"libmoe-gpt\"}\n");
+  char spec[128];
+  snprintf(spec, sizeof spec, "trace:%s", path);
+  TU_CHECK(moe_skew_parse(ctx, spec, &sk) == MOE_STATUS_OK &&
+               moe_routing_trace_shares(ctx, &sk, 4, 2, sh, NULL) == MOE_STATUS_BAD_FORMAT &&
+               strstr(moe_ctx_error(ctx), "not a routing trace"),
+           "a non-trace: %s", moe_ctx_error(ctx));
+  remove(path);
+  TU_CHECK(moe_routing_trace_shares(ctx, &sk, 4, 2, sh, NULL) == MOE_STATUS_IO &&
+               strstr(moe_ctx_error(ctx), "cannot open the routing trace"),
+           "a missing trace: %s", moe_ctx_error(ctx));
+  // specs: selectors read after the path's last '/', printed back
+  TU_CHECK(moe_skew_parse(ctx, "trace:/a@b/run#x.jsonl#3@5-9", &sk) == MOE_STATUS_OK &&
+               strcmp(sk.path, "/a@b/run#x.jsonl") == 0 && sk.trace_layer == 3 &&
+               sk.trace_first == 5 && sk.trace_last == 9,
+           "trace spec with selectors: path '%s' layer %d steps %d-%d", sk.path, sk.trace_layer,
+           sk.trace_first, sk.trace_last);
+  char back[600];
+  moe_skew_to_string(&sk, back, sizeof back);
+  TU_CHECK(strcmp(back, "trace:/a@b/run#x.jsonl#3@5-9") == 0, "printed back as '%s'", back);
+  const char *bad_specs[] = {"trace:", "trace:x#300", "trace:x@5-2", "trace:x@0-1", "trace:x#"};
+  for (size_t i = 0; i < sizeof bad_specs / sizeof bad_specs[0]; i++)
+    TU_CHECK(moe_skew_parse(ctx, bad_specs[i], &sk) == MOE_STATUS_INVALID_ARG, "'%s' accepted",
+             bad_specs[i]);
+  // the cap with unused experts: E 2, K 2, all rows on expert 0 -> 1/2 each
+  TU_CHECK(trace_shares("{\"step\": 1, \"layer\": 0, \"counts\": [[10, 0], [10, 0]]}\n", "", 2, 2,
+                        sh, NULL) == MOE_STATUS_INVALID_ARG,
+           "E 2 against a 4-expert header accepted");
+}
+
+static void test_cap_zero_shares(void) {
+  // moe_skew_shares caps a trace's shares; zeros take the excess evenly
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/moe_test_trace_cap_%d.jsonl", (int)getpid());
+  write_str(path,
+            "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": 1, "
+            "\"experts\": 3, \"top_k\": 2, \"tokens_per_rank\": 10, \"moe_layers\": [0]}\n"
+            "{\"step\": 1, \"layer\": 0, \"counts\": [[10, 0, 0]]}\n");
+  char spec[128];
+  snprintf(spec, sizeof spec, "trace:%s", path);
+  moe_skew sk;
+  double sh[3];
+  TU_CHECK(moe_skew_parse(ctx, spec, &sk) == MOE_STATUS_OK &&
+               moe_skew_shares(ctx, &sk, 3, 2, sh) == MOE_STATUS_OK,
+           "cap: %s", moe_ctx_error(ctx));
+  TU_CHECK(sh[0] == 0.5 && sh[1] == 0.25 && sh[2] == 0.25,
+           "capped shares %g %g %g (want .5 .25 .25)", sh[0], sh[1], sh[2]);
+  remove(path);
+}
+
 int main(void) {
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return 2;
   test_gate_with_bias();
@@ -235,6 +375,8 @@ int main(void) {
   test_fit("hot:0.6", 0.02);
   test_fit("uniform", 0.02);
   test_update();
+  test_trace();
+  test_cap_zero_shares();
   moe_ctx_destroy(ctx);
   tu_free_all();
   return tu_finish("test_router_bias");

@@ -240,24 +240,43 @@ typedef enum {
   MOE_SKEW_UNIFORM,   // every expert 1/E of the choices
   MOE_SKEW_ZIPF,      // expert e's share proportional to (e + 1)^-S: expert 0 most popular
   MOE_SKEW_HOT,       // expert 0 chosen by a fraction F of the tokens, the rest uniform
+  MOE_SKEW_TRACE,     // the shares of a recorded routing trace (moe_routing_trace_shares)
 } moe_skew_kind;
 
 typedef struct {
   moe_skew_kind kind;
-  double param;  // S of zipf, F of hot
+  double param;                 // S of zipf, F of hot
+  char path[512];               // trace: the routing trace file
+  int trace_layer;              // trace: only this MoE block's lines; -1 = every layer
+  int trace_first, trace_last;  // trace: only steps first..last; 0 = from the first / to the last
 } moe_skew;
 
-// "none", "uniform", "zipf:S" (S in (0, 10]), "hot:F" (F in (0, 1]).
-// INVALID_ARG naming the spec and the valid forms.
+// "none", "uniform", "zipf:S" (S in (0, 10]), "hot:F" (F in (0, 1]),
+// "trace:FILE[#LAYER][@FIRST-LAST]" (a routing trace written by moe train
+// --routing-trace, optionally one MoE block's lines and a step range, e.g.
+// trace:run.jsonl#1@101-300; the file is read by moe_skew_shares). INVALID_ARG naming the spec and
+// the valid forms.
 moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out);
 // The spec back ("zipf:1.2"); snprintf's return value.
 int moe_skew_to_string(const moe_skew *skew, char *buf, size_t len);
 // shares (E) = the distribution's fraction of all T x K choices per expert,
 // summing to 1. A token chooses an expert at most once, so no share exceeds
 // 1/K: larger ones are capped and the excess spread over the others in
-// proportion to their shares. none is uniform here.
+// proportion to their shares. none is uniform here. trace reads the file
+// (moe_routing_trace_shares: its errors).
 moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *skew, int num_experts, int top_k,
                            double *shares);
+
+// The shares of the choices per expert in a routing trace (written by moe
+// train --routing-trace; docs/balance.md "Routing traces"): the kept rows per
+// expert summed over the lines trace selects (its layer and steps; every
+// source rank) over their total. Its header must name num_experts experts and top_k (INVALID_ARG
+// otherwise: a trace of another shape); a malformed file is BAD_FORMAT
+// naming the line, an unreadable one IO. *lines_read (may be NULL): the count
+// lines used. Only the popularity per expert is kept, not which rank sent
+// what (one router bias serves every rank).
+moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *trace, int num_experts, int top_k,
+                                    double *shares, int *lines_read);
 
 #define MOE_ROUTER_FIT_ITERS 200  // most iterations of moe_router_bias_fit
 #define MOE_ROUTER_FIT_TOL 0.005  // total variation at which it stops

@@ -20,10 +20,62 @@
 
 // ---- named distributions -----------------------------------------------------------------
 
+// "trace:FILE[#LAYER][@FIRST-LAST]": the selectors are read from the end,
+// after the path's last '/'.
+static moe_status parse_trace_spec(moe_ctx *ctx, const char *spec, moe_skew *s) {
+  moe_status st = MOE_STATUS_OK;
+  char buf[sizeof s->path + 64];
+  const size_t n = strlen(spec + 6);
+  MOE_FAIL_IF(ctx, n == 0 || n >= sizeof buf, MOE_STATUS_INVALID_ARG,
+              "skew '%s': trace needs a file path of 1 to %zu characters "
+              "(trace:FILE[#LAYER][@FIRST-LAST])",
+              spec, sizeof s->path - 1);
+  memcpy(buf, spec + 6, n + 1);
+  s->kind = MOE_SKEW_TRACE;
+  s->trace_layer = -1;
+  const char *slash = strrchr(buf, '/');
+  char *base = slash ? buf + (slash - buf) + 1 : buf;
+  char *at = strrchr(base, '@');
+  if (at) {
+    char *end = NULL;
+    *at = '\0';
+    const long a = strtol(at + 1, &end, 10);
+    long b = a;
+    if (end && *end == '-') b = strtol(end + 1, &end, 10);
+    MOE_FAIL_IF(ctx, end == at + 1 || *end != '\0' || a < 1 || b < a || b > (1L << 30),
+                MOE_STATUS_INVALID_ARG,
+                "skew '%s': the steps after '@' must be FIRST-LAST with 1 <= FIRST <= LAST", spec);
+    s->trace_first = (int)a;
+    s->trace_last = (int)b;
+  }
+  char *hash = strrchr(base, '#');
+  if (hash) {
+    char *end = NULL;
+    *hash = '\0';
+    const long l = strtol(hash + 1, &end, 10);
+    MOE_FAIL_IF(ctx, end == hash + 1 || *end != '\0' || l < 0 || l > 255, MOE_STATUS_INVALID_ARG,
+                "skew '%s': the layer after '#' must be a block index in [0, 255]", spec);
+    s->trace_layer = (int)l;
+  }
+  MOE_FAIL_IF(ctx, buf[0] == '\0' || strlen(buf) >= sizeof s->path, MOE_STATUS_INVALID_ARG,
+              "skew '%s': trace needs a file path of 1 to %zu characters", spec,
+              sizeof s->path - 1);
+  snprintf(s->path, sizeof s->path, "%s", buf);
+done:
+  return st;
+}
+
 moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !spec || !out, MOE_STATUS_INVALID_ARG, "spec and out must not be NULL");
-  moe_skew s = {MOE_SKEW_NONE, 0.0};
+  moe_skew s;
+  memset(&s, 0, sizeof s);
+  s.kind = MOE_SKEW_NONE;
+  if (strncmp(spec, "trace:", 6) == 0) {  // a path may hold ':' and most else
+    MOE_TRY(parse_trace_spec(ctx, spec, &s));
+    *out = s;
+    goto done;
+  }
   const char *colon = strchr(spec, ':');
   const size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
   double v = 0.0;
@@ -52,7 +104,7 @@ moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out) {
   } else {
     MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
              "skew '%s' is unknown (valid: none, uniform, zipf:S with S in (0, 10], hot:F with F "
-             "in (0, 1])",
+             "in (0, 1], trace:FILE[#LAYER][@FIRST-LAST])",
              spec);
   }
   *out = s;
@@ -68,29 +120,39 @@ int moe_skew_to_string(const moe_skew *s, char *buf, size_t len) {
       return snprintf(buf, len, "zipf:%g", s->param);
     case MOE_SKEW_HOT:
       return snprintf(buf, len, "hot:%g", s->param);
+    case MOE_SKEW_TRACE: {
+      char layer[16] = "", steps[32] = "";
+      if (s->trace_layer >= 0) snprintf(layer, sizeof layer, "#%d", s->trace_layer);
+      if (s->trace_first > 0)
+        snprintf(steps, sizeof steps, "@%d-%d", s->trace_first, s->trace_last);
+      return snprintf(buf, len, "trace:%s%s%s", s->path, layer, steps);
+    }
     default:
       return snprintf(buf, len, "none");
   }
 }
 
 // Caps every share at 1/K (a token chooses an expert at most once) and moves
-// the excess to the uncapped experts in proportion to their shares, until
-// none exceeds the cap (at most E rounds: each round caps one more expert).
+// the excess to the uncapped experts in proportion to their shares (evenly
+// when those are all zero, as a trace's unused experts are), until none
+// exceeds the cap (at most E rounds: each round caps one more expert).
 static void cap_shares(double *p, int E, int K) {
   const double cap = 1.0 / (double)K;
-  for (int round = 0; round < E; round++) {
+  for (int round = 0; round <= E; round++) {
     double excess = 0.0, free_sum = 0.0;
+    int n_free = 0;
     for (int e = 0; e < E; e++) {
       if (p[e] > cap) {
         excess += p[e] - cap;
         p[e] = cap;
       } else if (p[e] < cap) {
         free_sum += p[e];
+        n_free++;
       }
     }
-    if (excess <= 0.0 || free_sum <= 0.0) return;
+    if (excess <= 0.0 || n_free == 0) return;
     for (int e = 0; e < E; e++)
-      if (p[e] < cap) p[e] += excess * p[e] / free_sum;
+      if (p[e] < cap) p[e] += free_sum > 0.0 ? excess * p[e] / free_sum : excess / n_free;
   }
 }
 
@@ -99,6 +161,11 @@ moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *s, int E, int K, double
   MOE_FAIL_IF(ctx, !s || !shares, MOE_STATUS_INVALID_ARG, "skew and shares must not be NULL");
   MOE_FAIL_IF(ctx, E < 1 || K < 1 || K > E, MOE_STATUS_INVALID_ARG,
               "experts (%d) and top_k (%d) must satisfy 1 <= top_k <= experts", E, K);
+  if (s->kind == MOE_SKEW_TRACE) {
+    MOE_TRY(moe_routing_trace_shares(ctx, s, E, K, shares, NULL));
+    cap_shares(shares, E, K);  // drops elsewhere can leave an expert above 1/K
+    goto done;
+  }
   double sum = 0.0;
   for (int e = 0; e < E; e++) {
     double w = 1.0;
