@@ -49,6 +49,8 @@ void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out);
 // trace is a usage error before any run): CLI_OK, CLI_USAGE or CLI_FAILED,
 // the message printed when print is 1. Other skews: CLI_OK.
 int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print);
+// s as a quoted JSON string (quotes, backslashes and control bytes escaped).
+void cli_json_string(FILE *f, const char *s);
 // Makes `name` the backend of moe_gemm with `threads` threads and
 // `precision` (a moe_precision), after moe_compute_check, and writes a
 // description ("openblas: OpenBLAS ..., fp32, 2 threads") to desc. Returns

@@ -96,6 +96,20 @@ void cli_parse_precision(cli_args *a, const char *opt, int *out) {
   moe_ctx_destroy(ctx);
 }
 
+void cli_json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *q = (const unsigned char *)s; *q; q++) {
+    if (*q == '"' || *q == '\\') {
+      fprintf(f, "\\%c", *q);
+    } else if (*q < 0x20) {
+      fprintf(f, "\\u%04x", *q);
+    } else {
+      fputc(*q, f);
+    }
+  }
+  fputc('"', f);
+}
+
 int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print) {
   if (skew->kind != MOE_SKEW_TRACE) return CLI_OK;
   moe_ctx *ctx = NULL;

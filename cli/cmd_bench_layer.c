@@ -158,9 +158,11 @@ static int write_json(cli_out *out, moe_ctx *ctx, const bench_opts *o, const moe
           moe_version(), moe_features(), cfg_json, o->iters, o->warmup, o->threads, o->backend,
           moe_precision_name((moe_precision)o->precision), capacity, s->rows, s->dropped, o->peak_n,
           allocs);
-  char spec[64];
+  char spec[MOE_SKEW_SPEC_MAX];
   moe_skew_to_string(&o->skew, spec, sizeof spec);
-  fprintf(f, "\"skew\": \"%s\",\n  ", spec);
+  fprintf(f, "\"skew\": ");
+  cli_json_string(f, spec);
+  fprintf(f, ",\n  ");
   json_num(f, "skew_total_variation", r->skew_tv, ",\n  ");
   const char *sep = ",\n  ";
   json_num(f, "fwd_ms", r->fwd_ms, sep);
@@ -250,7 +252,7 @@ int cmd_bench_layer(int argc, char **argv) {
            stats.dropped);
   }
   if (o.skew.kind != MOE_SKEW_NONE) {
-    char spec[64];
+    char spec[MOE_SKEW_SPEC_MAX];
     moe_skew_to_string(&o.skew, spec, sizeof spec);
     printf("skew: %s (router bias fitted to total variation %.4f)\n", spec, r.skew_tv);
   }

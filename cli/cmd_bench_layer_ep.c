@@ -814,7 +814,7 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
                       const moe_layer_config *cfgs, int n_configs, const ep_result *rs,
                       int per_config) {
   FILE *f = out->f;
-  char skew_spec[64], gate_spec[32];
+  char skew_spec[MOE_SKEW_SPEC_MAX], gate_spec[32];
   moe_skew_to_string(&o->skew, skew_spec, sizeof skew_spec);
   moe_gate_spec_to_string(o->topo_gate, gate_spec, sizeof gate_spec);
   fprintf(f,
@@ -823,13 +823,14 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
           "  \"ranks_per_node\": %d,\n  \"iters\": %d,\n  \"warmup\": %d,\n"
           "  \"threads\": %d,\n  \"backend\": \"%s\",\n  \"precision\": \"%s\",\n  \"seed\": "
           "%llu,\n  \"wait\": \"%s\",\n"
-          "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"skew\": \"%s\",\n"
-          "  \"gate\": \"%s\",\n  \"configs\": [\n",
+          "  \"compress_backward\": %s,\n  \"grid\": %s,\n  \"gate\": \"%s\",\n"
+          "  \"skew\": ",
           moe_version(), moe_features(), world, nodes, o->ep, world / o->ep, o->ranks_per_node,
           o->iters, o->warmup, o->threads, o->backend,
           moe_precision_name((moe_precision)o->precision), o->seed, moe_wait_policy_name(o->wait),
-          o->compress_backward ? "true" : "false", o->grid ? "true" : "false", skew_spec,
-          gate_spec);
+          o->compress_backward ? "true" : "false", o->grid ? "true" : "false", gate_spec);
+  cli_json_string(f, skew_spec);
+  fprintf(f, ",\n  \"configs\": [\n");
   for (int c = 0; c < n_configs; c++) {
     char cfg_json[1024];
     if (moe_layer_config_to_json(ctx, &cfgs[c], cfg_json, sizeof cfg_json) != MOE_STATUS_OK) {
@@ -936,14 +937,7 @@ static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes
                 world);
     }
     rc = CLI_USAGE;
-  } else if (o->skew.kind == MOE_SKEW_TRACE) {
-    // every rank reads the trace (each fits the bias): agree on the verdict
-    int ok = cli_check_skew(&o->skew, o->cfg.num_experts, o->cfg.top_k, rank == 0) == CLI_OK;
-    const int mine = ok;
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (!ok && rank == 0 && mine)
-      cli_error("--skew: another rank cannot read the routing trace '%s'", o->skew.path);
-    if (!ok) rc = CLI_USAGE;
+
   } else if ((o->n_bal > 1 || strcmp(o->bals[0], "none") != 0) &&  // catalogue: no balancing
              o->ep < 2) {
     if (rank == 0) cli_error("--balance needs an EP size of at least 2 (got %d)", o->ep);
@@ -970,6 +964,15 @@ static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes
           "--schedule and --chunks");
     }
     rc = CLI_USAGE;
+  }
+  if (rc == CLI_OK && o->skew.kind == MOE_SKEW_TRACE) {
+    // every rank reads the trace (each fits the bias): agree on the verdict
+    int ok = cli_check_skew(&o->skew, o->cfg.num_experts, o->cfg.top_k, rank == 0) == CLI_OK;
+    const int mine = ok;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok && rank == 0 && mine)
+      cli_error("--skew: another rank cannot read the routing trace '%s'", o->skew.path);
+    if (!ok) rc = CLI_USAGE;
   }
   if (rc != CLI_OK) return rc;
   *nodes = 1;
@@ -1196,7 +1199,7 @@ int cmd_bench_layer_ep(int argc, char **argv) {
         world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", o.ep, world / o.ep,
         moe_wait_policy_name(o.wait), backend_desc);
     if (o.skew.kind != MOE_SKEW_NONE) {
-      char spec[64];
+      char spec[MOE_SKEW_SPEC_MAX];
       moe_skew_to_string(&o.skew, spec, sizeof spec);
       printf("skew %s: a router bias fitted on the seed's tokens, the same on every rank\n", spec);
     }

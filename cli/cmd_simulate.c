@@ -453,7 +453,7 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
     free(shares);
     return CLI_USAGE;
   }
-  char spec[64];
+  char spec[MOE_SKEW_SPEC_MAX];
   moe_skew_to_string(&o->skew, spec, sizeof spec);
   moe_balance_cost cost;
   moe_balance_cost_of_cluster(c, o->cfg.model_dim, o->cfg.hidden_dim, &cost);

@@ -283,8 +283,10 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
   } else if (cli_opt(a, "--gate")) {
     if (a->value) {
       moe_ctx *ectx = NULL;
-      moe_ctx_create(&ectx);
-      if (moe_gate_spec_parse(ectx, a->value, &tc->par.topo_gate) != MOE_STATUS_OK) {
+      if (moe_ctx_create(&ectx) != MOE_STATUS_OK) {
+        cli_error("--gate: out of memory");
+        a->bad = 1;
+      } else if (moe_gate_spec_parse(ectx, a->value, &tc->par.topo_gate) != MOE_STATUS_OK) {
         cli_error("--gate: %s", moe_ctx_error(ectx));
         a->bad = 1;
       }
@@ -546,7 +548,7 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "%.3f with; %.1f copies; %.2f ms per step (load, plan, Trans)\n",
         moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
         r->balance_copies, r->balance_ms);
-  if (tc->par.topo_gate > 0) {
+  if (tc->par.topo_gate > 0 && tc->model.moe_every > 0) {  // a dense model has no gate
     char gate[32];
     moe_gate_spec_to_string(tc->par.topo_gate, gate, sizeof gate);
     printf(
@@ -554,7 +556,7 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "steps and MoE layers)\n",
         gate, 100 * r->rerouted_share);
   }
-  if (tc->router_bias_rate > 0)
+  if (tc->router_bias_rate > 0 && tc->model.moe_every > 0)
     printf(
         "  router-bias update %g: expert load ratio (busiest expert over the mean, over the "
         "MoE layers) %.3f at step %d -> %.3f at step %d; largest |bias| %.4f\n",

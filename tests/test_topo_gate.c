@@ -42,7 +42,7 @@ static void test_hand(void) {
                       0.25f, 0.2f, 0.4f, 0.15f};  // t3: local best e0
   int32_t expert[4] = {2, 3, 0, 2};
   float topk_p[4] = {0.5f, 0.6f, 0.7f, 0.4f};
-  char scratch[MOE_TOPO_SCRATCH_BYTES(4, 1)];
+  uint64_t scratch[MOE_TOPO_SCRATCH_BYTES(4, 1) / 8];
   int n = moe_topo_gate_reselect(expert, topk_p, scores, scores, 4, 4, 1, local, 0.25, scratch);
   TU_CHECK(n == 2 && expert[0] == 1 && expert[1] == 3 && expert[2] == 0 && expert[3] == 0,
            "hand K=1: rerouted %d, experts %d %d %d %d (want 2: 1 3 0 0)", n, expert[0], expert[1],
@@ -58,7 +58,7 @@ static void test_hand(void) {
   float s2[8] = {0.1f, 0.2f, 0.4f, 0.3f, 0.5f, 0.3f, 0.1f, 0.1f};
   int32_t ex2[4] = {2, 3, 0, 1};
   float p2[4] = {0.4f, 0.3f, 0.5f, 0.3f};
-  char scr2[MOE_TOPO_SCRATCH_BYTES(2, 2)];
+  uint64_t scr2[MOE_TOPO_SCRATCH_BYTES(2, 2) / 8];
   n = moe_topo_gate_reselect(ex2, p2, s2, s2, 2, 4, 2, one, 0.0, scr2);
   TU_CHECK(n == 1 && ex2[0] == 0 && ex2[1] == 3 && ex2[2] == 0 && ex2[3] == 1,
            "hand K=2: rerouted %d, experts %d %d | %d %d (want 1: 0 3 | 0 1)", n, ex2[0], ex2[1],
@@ -70,9 +70,19 @@ static void test_hand(void) {
   int32_t ex3[2] = {1, 1};
   float p3[2] = {0.5f, 0.5f};
   const uint8_t l3[2] = {1, 0};
-  char scr3[MOE_TOPO_SCRATCH_BYTES(2, 1)];
+  uint64_t scr3[MOE_TOPO_SCRATCH_BYTES(2, 1) / 8];
   n = moe_topo_gate_reselect(ex3, p3, s3, s3, 2, 2, 1, l3, 0.5, scr3);
   TU_CHECK(n == 1 && ex3[0] == 1 && ex3[1] == 0, "tie: experts %d %d (want 1 0)", ex3[0], ex3[1]);
+
+  // Two re-selections of one token (K 2, budget 0): e2's slot takes the best
+  // local expert (e1), e3's the next one (e0).
+  float s5[4] = {0.1f, 0.2f, 0.4f, 0.3f};
+  int32_t ex5[2] = {2, 3};
+  float p5[2] = {0.4f, 0.3f};
+  uint64_t scr5[MOE_TOPO_SCRATCH_BYTES(1, 2) / 8];
+  n = moe_topo_gate_reselect(ex5, p5, s5, s5, 1, 4, 2, local, 0.0, scr5);
+  TU_CHECK(n == 2 && ex5[0] == 1 && ex5[1] == 0 && p5[0] == 0.2f && p5[1] == 0.1f,
+           "two re-selections: rerouted %d, experts %d %d (want 2: 1 0)", n, ex5[0], ex5[1]);
 
   // A budget that covers every off-node choice changes nothing.
   int32_t ex4[4] = {2, 3, 0, 2};
@@ -144,7 +154,7 @@ static void test_random(void) {
     }
     for (int i = 0; i < T * K; i++) p_a[i] = p_b[i] = -1.0f;
     const double share = (double)(c % 7) / 8.0;
-    char scratch[MOE_TOPO_SCRATCH_BYTES(T, K)];
+    uint64_t scratch[MOE_TOPO_SCRATCH_BYTES(T, K) / 8];
     const int na = moe_topo_gate_reselect(ex_a, p_a, s, probs, T, E, K, local, share, scratch);
     const int nb = naive_reselect(ex_b, p_b, s, probs, T, E, K, local, share);
     int same = na == nb;

@@ -254,10 +254,14 @@ typedef struct {
 // "none", "uniform", "zipf:S" (S in (0, 10]), "hot:F" (F in (0, 1]),
 // "trace:FILE[#LAYER][@FIRST-LAST]" (a routing trace written by moe train
 // --routing-trace, optionally one MoE block's lines and a step range, e.g.
-// trace:run.jsonl#1@101-300; the file is read by moe_skew_shares). INVALID_ARG naming the spec and
+// trace:run.jsonl#1@101-300; the file is read by moe_skew_shares). The
+// selectors are read after the path's last '/': a file whose name holds '#'
+// or '@' needs them given (or a name without). INVALID_ARG naming the spec and
 // the valid forms.
 moe_status moe_skew_parse(moe_ctx *ctx, const char *spec, moe_skew *out);
-// The spec back ("zipf:1.2"); snprintf's return value.
+// The spec back ("zipf:1.2"); snprintf's return value. MOE_SKEW_SPEC_MAX
+// bytes hold any spec (a trace's path with its selectors).
+#define MOE_SKEW_SPEC_MAX 600
 int moe_skew_to_string(const moe_skew *skew, char *buf, size_t len);
 // shares (E) = the distribution's fraction of all T x K choices per expert,
 // summing to 1. A token chooses an expert at most once, so no share exceeds

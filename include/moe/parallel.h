@@ -177,10 +177,11 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replic
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
 // The machine's rates seen by the last forward and backward, for the
 // balancing planners (moe_balance_cost): *flops_per_s = the experts' GEMM
-// FLOPs over their time on the slowest rank; *net_bytes_per_s = the rows'
-// bytes moved by the four all-to-alls over their busy time, on the rank that
-// waited least (every rank's busy time includes waiting for the others).
-// 0 when not measurable (no pass yet, no rows). Collective over world.
+// FLOPs over their time on the slowest rank; *net_bytes_per_s = the bytes of
+// the rows that left their rank (their node, when the EP group spans several
+// nodes: the slow link) in the four all-to-alls, summed over the world, over
+// the all-to-alls' busy time summed over the world. 0 when not measurable (no
+// pass yet, no rows). Collective over world.
 moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *net_bytes_per_s);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every

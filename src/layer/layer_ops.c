@@ -155,8 +155,8 @@ int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores, 
     const float v = scores[(size_t)(i / K) * E + e];
     if (!local[e]) c[n++] = (topo_cand){isnan(v) ? -INFINITY : v, i};  // NaN ranks last
   }
-  const double cap = floor(share * (double)T * (double)K);
-  const int budget = cap < 0 ? 0 : cap >= (double)n ? n : (int)cap;
+  const double cap = share > 0 ? floor(share * (double)T * (double)K) : 0.0;  // NaN: 0
+  const int budget = !(cap > 0) ? 0 : cap >= (double)n ? n : (int)cap;
   if (n <= budget) return 0;
   // the budget's best go; the rest re-select, in choice order
   qsort(c, (size_t)n, sizeof *c, topo_by_score);
@@ -168,7 +168,9 @@ int moe_topo_gate_reselect(int32_t *expert, float *topk_p, const float *scores, 
     const int32_t *mine = expert + (size_t)t * K;
     int best = -1;
     for (int e = 0; e < E; e++) {
-      if (!local[e] || (best >= 0 && !(s[e] > s[best]))) continue;
+      // NaN scores rank below every number (and below -inf: never chosen over one)
+      if (!local[e] || (best >= 0 && !(s[e] > s[best]) && !isnan(s[best]))) continue;
+      if (best >= 0 && isnan(s[e])) continue;
       int taken = 0;
       for (int k = 0; k < K; k++) taken |= mine[k] == e;
       if (!taken) best = e;

@@ -135,7 +135,7 @@ int moe_skew_to_string(const moe_skew *s, char *buf, size_t len) {
 // Caps every share at 1/K (a token chooses an expert at most once) and moves
 // the excess to the uncapped experts in proportion to their shares (evenly
 // when those are all zero, as a trace's unused experts are), until none
-// exceeds the cap (at most E rounds: each round caps one more expert).
+// exceeds the cap (at most E + 1 rounds: each round caps one more expert).
 static void cap_shares(double *p, int E, int K) {
   const double cap = 1.0 / (double)K;
   for (int round = 0; round <= E; round++) {

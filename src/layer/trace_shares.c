@@ -73,7 +73,6 @@ done:
   return st;
 }
 
-// Adds line `lineno`'s counts to sums (E).
 // Adds line `lineno`'s counts to sums (E) when sel selects its layer and
 // step (*used 1), else checks it only (*used 0).
 static moe_status add_line(moe_ctx *ctx, const char *path, int lineno, const char *line,
@@ -92,7 +91,8 @@ static moe_status add_line(moe_ctx *ctx, const char *path, int lineno, const cha
               "%s line %d: step %d (>= 1) or layer %d (not among the header's moe_layers)", path,
               lineno, step, layer);
   *used = (sel->trace_layer < 0 || sel->trace_layer == layer) &&
-          (sel->trace_first <= 0 || (step >= sel->trace_first && step <= sel->trace_last));
+          (sel->trace_first <= 0 || step >= sel->trace_first) &&
+          (sel->trace_last <= 0 || step <= sel->trace_last);
   const cJSON *counts = cJSON_GetObjectItemCaseSensitive(root, "counts");
   MOE_FAIL_IF(ctx, !cJSON_IsArray(counts) || cJSON_GetArraySize(counts) != h->ranks,
               MOE_STATUS_BAD_FORMAT, "%s line %d: \"counts\" must be %d rows (the ranks)", path,
@@ -116,8 +116,9 @@ static moe_status add_line(moe_ctx *ctx, const char *path, int lineno, const cha
       row_sum += v;
     }
     MOE_FAIL_IF(ctx, row_sum > (double)h->tokens * h->top_k, MOE_STATUS_BAD_FORMAT,
-                "%s line %d: a rank's counts sum to %.0f, more than tokens_per_rank x top_k (%d)",
-                path, lineno, row_sum, h->tokens * h->top_k);
+                "%s line %d: a rank's counts sum to %.0f, more than tokens_per_rank x top_k "
+                "(%.0f)",
+                path, lineno, row_sum, (double)h->tokens * h->top_k);
   }
 done:
   cJSON_Delete(root);

@@ -265,15 +265,26 @@ moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
           a2a_s += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-9;
       }
     }
-    // each of the 4 all-to-alls moves this rank's rows of M floats (sent or received)
-    double n = a2a_s > 0 ? 4.0 * L->route.rows * (double)L->cfg.model_dim * 4.0 / a2a_s : 0.0;
+    // Each of the 4 all-to-alls moves the rows that leave this rank, M floats
+    // each: over the slowest link, the rows that leave its node when the EP
+    // group spans several nodes (a copy's Trans mostly crosses that link too).
+    // The rate is the world's bytes over the world's busy time: a rank that
+    // moved little and waited long weighs as little as it moved.
+    const int multi = L->ep.num_nodes > 1;
+    long long leaving = 0;
+    for (int i = 0; L->have_forward && i < L->tokens_last * L->cfg.top_k; i++) {
+      if (L->route.slot[i] < 0) continue;
+      const int to = moe_placement_target(&L->placement, L->route.expert[i], L->me);
+      leaving += multi ? L->ep.node_of[to] != L->ep.node_of[L->me] : to != L->me;
+    }
+    double bt[2] = {4.0 * (double)leaving * (double)L->cfg.model_dim * 4.0, a2a_s};
     if (f <= 0) f = INFINITY;  // no rows here: not the slowest rank
     MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
                    MPI_Allreduce(MPI_IN_PLACE, &f, 1, MPI_DOUBLE, MPI_MIN, L->world));
     MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
-                   MPI_Allreduce(MPI_IN_PLACE, &n, 1, MPI_DOUBLE, MPI_MAX, L->world));
+                   MPI_Allreduce(MPI_IN_PLACE, bt, 2, MPI_DOUBLE, MPI_SUM, L->world));
     *flops = isfinite(f) ? f : 0.0;
-    *net = n;
+    *net = bt[0] > 0 && bt[1] > 0 ? bt[0] / bt[1] : 0.0;
   }
 done:
   return st;
