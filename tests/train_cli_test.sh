@@ -113,6 +113,18 @@ expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow
+# Trans and Agg of load balancing in the Chrome trace (the default model without
+# the aux loss: its router skews within a few steps, so copies are placed)
+expect 0 "balance: shadow, mean over steps" -- mpi 2 "$MOE" train --steps 12 --aux-coef 0 \
+  --balance shadow --batch 8 --eval-every 0 --eval-batches 1 --trace "$tmp/bal.trace"
+if python3 - "$tmp/bal.trace" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = d["traceEvents"] if isinstance(d, dict) else d
+names = {e.get("name", "") for e in ev}
+assert any(n.endswith(".Trans") for n in names) and any(n.endswith(".Agg") for n in names), names
+PY
+then ok; else bad "no Trans/Agg events in the balanced run's trace"; fi
 # the topology-aware gate: 2 ranks as 2 nodes; its summary line; a bad spec
 expect 0 "gate topo:0.25: [0-9.]+% of the choices re-selected" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 2 --gate topo --ranks-per-node 1 --eval-every 0 --eval-batches 1

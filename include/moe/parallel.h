@@ -197,6 +197,15 @@ moe_status moe_ep_layer_forward(moe_ep_layer *layer, const float *x, int tokens,
 // The task graph and the profiler records (indexed by task) of the last
 // forward (backward = 0) or backward (1) pass; NULLs before one has run.
 // Valid until the next pass of that direction.
+// Trans and Agg of the last forward (backward 0) or backward (1) as a pass
+// for a trace (moe_trace_pass; moe_trace_write shows the tasks that ran on
+// the comm stream): a graph of two tasks, "Trans" (the forward's wait for
+// the copies' parameters, after the gate: the part no compute hid) and "Agg"
+// (the backward's sum of the copies' gradients at their homes); records in
+// ns from the start of moe_ep_layer_forward / _backward. NULL when the layer
+// has no copy slots and no replicas' graph yet.
+void moe_ep_layer_balance_pass(const moe_ep_layer *layer, int backward,
+                               const moe_task_graph **graph, const moe_task_record **records);
 void moe_ep_layer_last_pass(const moe_ep_layer *layer, int backward, const moe_task_graph **graph,
                             const moe_task_record **records);
 // The schedule (stream orders) of the forward (backward = 0) or backward pass.

@@ -357,13 +357,19 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     r->skew_tv = skew_tv;
   }
   if (mc->trace_path) {
-    moe_trace_pass passes[2];
+    moe_trace_pass passes[4];
     memset(passes, 0, sizeof passes);
     for (int d = 0; d < 2; d++) {
       moe_ep_layer_last_pass(layers[n - 1], d, &passes[d].graph, &passes[d].records);
       passes[d].offset_ns = d ? fwd_pass_ns : 0;
     }
-    const int np = passes[0].graph && passes[1].graph ? 2 : 0;
+    int np = passes[0].graph && passes[1].graph ? 2 : 0;
+    // load balancing's Trans and Agg (comm stream), when the variant has copy slots
+    for (int d = 0; np >= 2 && d < 2; d++) {
+      moe_ep_layer_balance_pass(layers[n - 1], d, &passes[np].graph, &passes[np].records);
+      passes[np].offset_ns = d ? fwd_pass_ns : 0;
+      if (passes[np].graph) np++;
+    }
     MOE_TRY(moe_trace_write_ranks(ctx, comm, mc->trace_path, passes, np));
   }
 done:

@@ -330,7 +330,8 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       out->bytes[MOE_MEM_GRADS] += F(S * 2 * nf) / 2;
       out->bytes[MOE_MEM_WORKSPACE] += A(S * sizeof(int)) + A(E * sizeof(int)) +
                                        A(4 * E * (size_t)P * sizeof(MPI_Request)) +
-                                       A(4 * E * (size_t)P * sizeof(MPI_Status));
+                                       A(4 * E * (size_t)P * sizeof(MPI_Status)) +
+                                       A(2 * sizeof(moe_task));  // Trans/Agg trace graph
     }
     if (pc->topo_gate > 0)  // the gate's locality mask and scratch
       out->bytes[MOE_MEM_WORKSPACE] += A(E) + A(MOE_TOPO_SCRATCH_BYTES(T, K));
@@ -693,7 +694,9 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
   moe_ctx *ctx = L->ctx;
   const size_t Ms = (size_t)L->cfg.model_dim, Hs = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
   float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
+  const uint64_t t_agg = moe_time_ns();
   MOE_TRY(gather_replica_grads(L, home));
+  if (L->n_placed > 0) moe_ep_balance_record_(L, 1, t_agg, moe_time_ns());
   if (L->pc.slice_tokens > 0) {
     MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_home, home, L->grad_home_n, L->dp,
                                 "all-reduce of the MoE layer's gradients"));

@@ -654,6 +654,8 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   const size_t ns = MOE_LOSS_STATS(L->E);
   L->have_forward = 0;
   const uint64_t t_start = moe_time_ns();
+  L->fwd_start_ns = t_start;
+  L->bal_rec[0][0].ran = 0;
   memset(&L->fwd_timing, 0, sizeof L->fwd_timing);
   moe_layer_timing *tm = &L->fwd_timing;
   // the backward scratch dprobs holds the biased scores (free until backward)
@@ -769,6 +771,8 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   const int T = L->tokens_last, M = c->model_dim;
   const size_t Hs = (size_t)c->hidden_dim;
   const uint64_t t_start = moe_time_ns();
+  L->bwd_start_ns = t_start;
+  L->bal_rec[1][1].ran = 0;
   memset(&L->bwd_timing, 0, sizeof L->bwd_timing);
   moe_layer_timing *tm = &L->bwd_timing;
 

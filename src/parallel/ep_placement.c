@@ -17,8 +17,10 @@
 // after the gate (moe_ep_trans_wait_), so the gate's compute and, in a model,
 // every block before this layer run while the parameters travel (the
 // simplest form of Pro-Prophet's block-wise overlap; MPI progresses them
-// inside the other layers' MPI calls). Not here yet: Agg overlapped with the
-// backward, and Trans and Agg as tasks on the communication stream.
+// inside the other layers' MPI calls). Trans's wait and Agg are recorded as
+// comm-stream tasks of a small graph for traces (moe_ep_layer_balance_pass).
+// Not here yet: Agg overlapped with the backward, and Trans and Agg as tasks
+// the executor schedules.
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -26,6 +28,44 @@
 #include "moe/kernels.h"
 #include "moe/parallel.h"
 #include "parallel/parallel_internal.h"
+
+// Never run: the graph only names Trans and Agg for traces.
+static moe_status no_run(void *arg, moe_ctx *ctx) {
+  (void)arg;
+  (void)ctx;
+  return MOE_STATUS_OK;
+}
+
+static moe_status balance_graph_init(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_task_graph_init(L->ctx, &L->bal_graph, 2, 0));
+  static const char *const names[2] = {"Trans", "Agg"};
+  for (int i = 0; i < 2; i++) {
+    const moe_task_desc d = {MOE_STREAM_COMM, names[i], -1, no_run, NULL, NULL, NULL, NULL, 0};
+    MOE_TRY(moe_task_graph_add(L->ctx, &L->bal_graph, &d, NULL));
+  }
+  memset(L->bal_rec, 0, sizeof L->bal_rec);
+  for (int b = 0; b < 2; b++)
+    for (int i = 0; i < 2; i++) L->bal_rec[b][i].stream = MOE_STREAM_COMM;
+done:
+  return st;
+}
+
+void moe_ep_layer_balance_pass(const moe_ep_layer *L, int backward, const moe_task_graph **graph,
+                               const moe_task_record **records) {
+  const int have = L && L->bal_graph.n_tasks == 2;
+  if (graph) *graph = have ? &L->bal_graph : NULL;
+  if (records) *records = have ? L->bal_rec[backward ? 1 : 0] : NULL;
+}
+
+void moe_ep_balance_record_(moe_ep_layer *L, int backward, uint64_t start_ns, uint64_t end_ns) {
+  if (L->bal_graph.n_tasks != 2) return;
+  const uint64_t t0 = backward ? L->bwd_start_ns : L->fwd_start_ns;
+  moe_task_record *r = &L->bal_rec[backward ? 1 : 0][backward ? 1 : 0];
+  r->ran = 1;
+  r->start_ns = start_ns > t0 ? start_ns - t0 : 0;
+  r->end_ns = end_ns > t0 ? end_ns - t0 : 0;
+}
 
 moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
@@ -44,6 +84,7 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
               2 * nf);
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
   for (int e = 0; e < L->E; e++) L->expert_slot[e] = -1;
+  MOE_TRY(balance_graph_init(L));
 done:
   return st;
 }
@@ -59,6 +100,7 @@ moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
     MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
                    MPI_Waitall(n, L->reqs, L->trans_stats));
     L->trans_wait_ms += moe_time_ms_since(t0);
+    moe_ep_balance_record_(L, 0, t0, moe_time_ns());
   }
 done:
   return st;
@@ -75,6 +117,7 @@ void moe_ep_copies_free_(moe_ep_layer *L) {
   moe_free(L->expert_slot);
   moe_free(L->reqs);
   moe_free(L->trans_stats);
+  moe_task_graph_free(&L->bal_graph);
   L->trans_stats = NULL;
   L->copy_mem = NULL;
   L->slot_expert = L->expert_slot = NULL;

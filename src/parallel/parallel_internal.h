@@ -130,6 +130,13 @@ struct moe_ep_layer {
   int n_reqs;               // Trans requests posted and not yet completed
   double trans_post_ms;     // posting the last placement's Trans
   double trans_wait_ms;     // waiting for it to complete (the part no compute hid)
+  // Trans and Agg as tasks of a trace (moe_ep_layer_balance_pass): a graph of
+  // two comm-stream tasks, "Trans" and "Agg", and their records of the last
+  // forward (Trans: waiting for it after the gate) and backward (Agg: the
+  // copies' gradients to their homes), in ns from the pass's start
+  moe_task_graph bal_graph;
+  moe_task_record bal_rec[2][2];  // [backward][task]
+  uint64_t fwd_start_ns, bwd_start_ns;
 };
 
 // Floats of one expert's parameters (w1 b1 w2 b2).
@@ -140,6 +147,9 @@ void moe_ep_copies_free_(moe_ep_layer *L);
 // Completes a pending Trans (a no-op without one); its wait time goes to
 // trans_wait_ms. Every rank with requests calls it at the same point.
 moe_status moe_ep_trans_wait_(moe_ep_layer *L);
+// Records Trans (backward 0) or Agg (1) of the current pass for traces
+// (absolute moe_time_ns times).
+void moe_ep_balance_record_(moe_ep_layer *L, int backward, uint64_t start_ns, uint64_t end_ns);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
 moe_status moe_ep_pass_init_(moe_ep_layer *L);
 void moe_ep_pass_free_(moe_ep_layer *L);

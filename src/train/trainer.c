@@ -554,7 +554,7 @@ done:
 
 static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
   moe_status st = MOE_STATUS_OK;
-  moe_trace_pass passes[2 * MOE_GPT_MAX_LAYERS];
+  moe_trace_pass passes[4 * MOE_GPT_MAX_LAYERS];
   char labels[MOE_GPT_MAX_LAYERS][16];
   int np = 0;
   for (int b = 0; b < r->tc->model.n_layer; b++) {
@@ -568,6 +568,15 @@ static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
       moe_ep_layer_last_pass(l, dir, &g, &rec);
       if (!g || !rec) continue;
       const uint64_t t0 = dir ? b0 : f0;
+      passes[np].rank = r->rank;
+      passes[np].graph = g;
+      passes[np].records = rec;
+      passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
+      passes[np].label = labels[b];
+      np++;
+      // Trans (forward) and Agg (backward) of load balancing, on the comm stream
+      moe_ep_layer_balance_pass(l, dir, &g, &rec);
+      if (!g || !rec) continue;
       passes[np].rank = r->rank;
       passes[np].graph = g;
       passes[np].records = rec;
