@@ -85,10 +85,49 @@ static void compare_with_ref(const char *name, int T, int off, int M, int H, int
 // reference's rows per expert, and (EP = world) each rank computes the rows
 // the planners' rule says (moe_balance_rows). Switching placements and the
 // passes allocate nothing.
+// The same placement on D, a layer with deferred Agg (pc.defer_agg): its
+// outputs, dx and, after moe_ep_layer_grads_wait, every gradient equal L's
+// bit for bit; while its gradients are pending, a placement is refused on
+// every rank.
+static void check_deferred(moe_ctx *ctx, const char *name, int i, const moe_layer_config *c,
+                           moe_ep_layer *L, moe_ep_layer *D, const uint8_t *rep, const float *x,
+                           const float *dy, int T, const float *y, const float *dx) {
+  const int M = c->model_dim;
+  float *yd = calloc((size_t)T * M + 1, sizeof(float)), *dxd = calloc((size_t)T * M + 1, 4);
+  moe_status st = moe_ep_layer_set_placement(D, rep);
+  moe_ep_layer_zero_grad(D);
+  if (st == MOE_STATUS_OK) st = moe_ep_layer_forward(D, x, T, yd, NULL);
+  if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(D, dy, dxd);
+  TU_CHECK(st == MOE_STATUS_OK, "%s deferred: %s", name, moe_ctx_error(ctx));
+  if (st == MOE_STATUS_OK && i == 0) {
+    const moe_status again = moe_ep_layer_set_placement(D, rep);
+    TU_CHECK(again == MOE_STATUS_INVALID_ARG && strstr(moe_ctx_error(ctx), "pending"),
+             "%s deferred: a placement with gradients pending: status %d, '%s'", name, (int)again,
+             moe_ctx_error(ctx));
+  }
+  if (st == MOE_STATUS_OK) st = moe_ep_layer_grads_wait(D);
+  TU_CHECK(st == MOE_STATUS_OK, "%s deferred wait: %s", name, moe_ctx_error(ctx));
+  if (st == MOE_STATUS_OK) {
+    const moe_ep_tensors a = moe_ep_layer_get_tensors(L), b = moe_ep_layer_get_tensors(D);
+    const size_t n = (size_t)a.home_count, Mz = (size_t)c->model_dim, H = (size_t)c->hidden_dim;
+    TU_CHECK(memcmp(y, yd, (size_t)T * M * sizeof(float)) == 0 &&
+                 memcmp(dx, dxd, (size_t)T * M * sizeof(float)) == 0,
+             "%s deferred: y or dx differ from the blocking layer's", name);
+    TU_CHECK(memcmp(a.dwg, b.dwg, Mz * (size_t)c->num_experts * sizeof(float)) == 0 &&
+                 memcmp(a.dw1, b.dw1, n * Mz * H * sizeof(float)) == 0 &&
+                 memcmp(a.db1, b.db1, n * H * sizeof(float)) == 0 &&
+                 memcmp(a.dw2, b.dw2, n * H * Mz * sizeof(float)) == 0 &&
+                 memcmp(a.db2, b.db2, n * Mz * sizeof(float)) == 0,
+             "%s deferred: gradients not bitwise the blocking layer's", name);
+  }
+  free(yd);
+  free(dxd);
+}
+
 static void run_placement(moe_ctx *ctx, const char *scen, int i, const scenario *sc,
-                          moe_ep_layer *L, const float *x, const float *dy, int T, int off, int Tg,
-                          float *y, const float *y_ref, float *dx, const float *dx_ref,
-                          const moe_layer_stats *rs, moe_layer *ref) {
+                          moe_ep_layer *L, moe_ep_layer *D, const float *x, const float *dy, int T,
+                          int off, int Tg, float *y, const float *y_ref, float *dx,
+                          const float *dx_ref, const moe_layer_stats *rs, moe_layer *ref) {
   const moe_layer_config *cfg = moe_layer_get_config(ref);
   const int E = cfg->num_experts, M = cfg->model_dim, H = cfg->hidden_dim, P = sc->ep;
   const int El = E / P;
@@ -145,6 +184,9 @@ static void run_placement(moe_ctx *ctx, const char *scen, int i, const scenario 
                moe_ep_layer_rows_computed(L), (long long)rows[g_rank]);
     }
   }
+  if (st == MOE_STATUS_OK && D)
+    check_deferred(ctx, name, i, cfg, L, D, rep, x + (size_t)off * M, dy + (size_t)off * M, T, y,
+                   dx);
   (void)Tg;
   free(rep);
   free(load);
@@ -182,7 +224,7 @@ static void run_scenario(const scenario *sc) {
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
   moe_layer *ref = NULL;
-  moe_ep_layer *L = NULL;
+  moe_ep_layer *L = NULL, *D = NULL;
   float *x = malloc((size_t)Tg * M * sizeof(float)), *dy = malloc((size_t)Tg * M * sizeof(float));
   float *y_ref = calloc((size_t)Tg * M, sizeof(float)),
         *dx_ref = calloc((size_t)Tg * M, sizeof(float));
@@ -264,9 +306,22 @@ static void run_scenario(const scenario *sc) {
     TU_CHECK(moe_alloc_count() == before, "%s: the second pass allocated %llu times", name,
              (unsigned long long)(moe_alloc_count() - before));
   }
+  if (sc->placements) {  // the same layer with deferred Agg
+    pc.defer_agg = 1;
+    st = moe_ep_layer_create(ctx, g_comm, &cfg, &pc, &D);
+    TU_CHECK(st == MOE_STATUS_OK, "%s: create (deferred Agg): %s", name, moe_ctx_error(ctx));
+    if (D) {
+      moe_ep_layer_init_params(D, 77);
+      moe_ep_tensors td = moe_ep_layer_get_tensors(D);
+      if (sc->one_expert) td.wg[5] = 8.0f;
+      if (sc->bias)
+        for (int e = 0; e < E; e++) td.router_bias[e] = 1.5f / (float)(e + 1);
+    }
+  }
   for (int i = 0; i < sc->placements; i++)
-    run_placement(ctx, name, i, sc, L, x, dy, T, off, Tg, y, y_ref, dx, dx_ref, &rs, ref);
+    run_placement(ctx, name, i, sc, L, D, x, dy, T, off, Tg, y, y_ref, dx, dx_ref, &rs, ref);
 done:
+  moe_ep_layer_destroy(D);
   moe_ep_layer_destroy(L);
   moe_layer_destroy(ref);
   moe_ctx_destroy(ctx);

@@ -36,6 +36,7 @@ static moe_ctx *g_ctx;
 
 static int g_copy_slots;  // expert copy slots of load balancing (pc.copy_slots)
 static double g_topo;     // the topology-aware gate (pc.topo_gate)
+static int g_defer;       // deferred Agg (pc.defer_agg)
 
 static void test_ep_layer(const char *a2a, const char *schedule, int chunks, const char *compress,
                           int ranks_per_node, int slice_tokens) {
@@ -60,6 +61,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   if (slice_tokens > 0) pc.ep_size = 1;
   pc.copy_slots = pc.ep_size > 1 ? g_copy_slots : 0;
   pc.topo_gate = g_topo;
+  pc.defer_agg = pc.copy_slots > 0 ? g_defer : 0;
   moe_memory_need need;
   TU_CHECK(moe_ep_layer_memory(g_ctx, &c, &pc, g_world, ranks_per_node, &need) == MOE_STATUS_OK,
            "ep memory: %s", moe_ctx_error(g_ctx));
@@ -79,6 +81,7 @@ static void test_ep_layer(const char *a2a, const char *schedule, int chunks, con
   TU_CHECK(moe_ep_layer_forward(L, x, c.tokens, y, NULL) == MOE_STATUS_OK, "forward: %s",
            moe_ctx_error(g_ctx));
   TU_CHECK(moe_ep_layer_backward(L, dy, dx) == MOE_STATUS_OK, "backward: %s", moe_ctx_error(g_ctx));
+  TU_CHECK(moe_ep_layer_grads_wait(L) == MOE_STATUS_OK, "grads_wait: %s", moe_ctx_error(g_ctx));
   // tu_* buffers are not moe_malloc's. Usable sizes exceed the requests: by a
   // few bytes, and up to a page for blocks the C library maps (the first large
   // ones of a process), hence 2 x SLACK_BYTES above the estimate.
@@ -179,6 +182,9 @@ int main(int argc, char **argv) {
   test_ep_layer("grouped", "smart", 1, "none", 0, 0);
   g_copy_slots = 2;  // load balancing's copy slots are counted too (2 <= E - E/EP)
   test_ep_layer("mpi", "sequential", 1, "none", 0, 0);
+  g_defer = 1;  // and deferred Agg's buffers for the copies' gradients
+  test_ep_layer("mpi", "sequential", 1, "none", 0, 0);
+  g_defer = 0;
   g_copy_slots = 0;
   if (g_world % 2 == 0) {
     test_ep_layer("1dh", "sequential", 2, "none", 2, 0);

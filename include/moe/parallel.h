@@ -60,6 +60,15 @@ typedef struct {
   // experts of its node (moe_topo_gate_reselect). An EP group on one node
   // routes as without it. Copies placed by balancing do not count as local.
   double topo_gate;
+  // Agg deferred (docs/balance.md "The run-time mechanism"; with copy_slots):
+  // 0 = the backward returns the expert gradients complete (default); 1 = the
+  // backward posts Agg (the copies' gradients to their homes) as non-blocking
+  // transfers and returns, and moe_ep_layer_grads_wait completes it, adds them
+  // and reduces the home experts' gradients over the DP group, so that what
+  // runs in between (a model's earlier blocks' backward) hides the transfer.
+  // The same bits as 0. Until the wait, the expert gradients are incomplete
+  // and the layer refuses a new backward or placement.
+  int defer_agg;
 } moe_parallel_config;
 
 // Gate specs of the command lines: "plain" (topo 0) or "topo" /
@@ -197,6 +206,12 @@ moe_status moe_ep_layer_forward(moe_ep_layer *layer, const float *x, int tokens,
 // The task graph and the profiler records (indexed by task) of the last
 // forward (backward = 0) or backward (1) pass; NULLs before one has run.
 // Valid until the next pass of that direction.
+// With pc.defer_agg: completes the last backward's Agg (waits for the copies'
+// gradients, adds them at their homes in a fixed order) and the home
+// experts' DP reduction. Collective over world; a no-op when nothing is
+// pending (every rank alike). Call it before reading the expert gradients.
+moe_status moe_ep_layer_grads_wait(moe_ep_layer *layer);
+
 // Trans and Agg of the last forward (backward 0) or backward (1) as a pass
 // for a trace (moe_trace_pass; moe_trace_write shows the tasks that ran on
 // the comm stream): a graph of two tasks, "Trans" (the forward's wait for

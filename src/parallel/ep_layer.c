@@ -83,8 +83,8 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   char text[1024];
   if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
   uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
-  const int ints[7] = {pc->ep_size, pc->ep_strided,        pc->ranks_per_node, pc->grouped_size,
-                       pc->chunks,  pc->compress_backward, pc->copy_slots};
+  const int ints[8] = {pc->ep_size, pc->ep_strided,        pc->ranks_per_node, pc->grouped_size,
+                       pc->chunks,  pc->compress_backward, pc->copy_slots,     pc->defer_agg};
   h = fnv1a(ints, sizeof ints, h);
   h = fnv1a(&pc->topo_gate, sizeof pc->topo_gate, h);
   h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
@@ -171,6 +171,8 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
       MOE_STATUS_INVALID_ARG,
       "copy_slots (%d) must be in [0, %d] (the experts an EP rank does not hold)", pc->copy_slots,
       cfg->num_experts - cfg->num_experts / pc->ep_size);
+  MOE_FAIL_IF(ctx, pc->defer_agg != 0 && pc->defer_agg != 1, MOE_STATUS_INVALID_ARG,
+              "defer_agg (%d) must be 0 or 1", pc->defer_agg);
   MOE_FAIL_IF(ctx, !(pc->topo_gate >= 0 && pc->topo_gate <= 1), MOE_STATUS_INVALID_ARG,
               "topology-aware gate ratio W_net/W_local (%g) must be in (0, 1] (0: off)",
               pc->topo_gate);
@@ -332,6 +334,13 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
                                        A(4 * E * (size_t)P * sizeof(MPI_Request)) +
                                        A(4 * E * (size_t)P * sizeof(MPI_Status)) +
                                        A(2 * sizeof(moe_task));  // Trans/Agg trace graph
+      if (pc->defer_agg) {  // the copies' gradients arriving at this home, the requests
+        const size_t most = El * (size_t)(P - 1), by_slots = S * (size_t)(P - 1);
+        const size_t n_in = most < by_slots ? most : by_slots;
+        out->bytes[MOE_MEM_GRADS] += F((n_in > 0 ? n_in : 1) * nf);
+        out->bytes[MOE_MEM_WORKSPACE] +=
+            A(E * (size_t)P * sizeof(MPI_Request)) + A(E * (size_t)P * sizeof(MPI_Status));
+      }
     }
     if (pc->topo_gate > 0)  // the gate's locality mask and scratch
       out->bytes[MOE_MEM_WORKSPACE] += A(E) + A(MOE_TOPO_SCRATCH_BYTES(T, K));
@@ -598,6 +607,10 @@ moe_status moe_ep_layer_set_replica(moe_ep_layer *L, int e, int p, int on) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "the layer has copies placed by moe_ep_layer_set_placement; replicas "
                          "and placements cannot be mixed");
+  } else if (L->agg_pending) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "the last backward's gradients are pending (deferred Agg): call "
+                         "moe_ep_layer_grads_wait first");
   } else if (on && L->me == p && !L->replica_mem[e]) {
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     float *m = moe_calloc(2 * moe_ep_expert_floats_(L), sizeof(float));
@@ -645,6 +658,10 @@ done:
 
 moe_status moe_ep_layer_sync_replicas(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
+  // the same state on every rank: all fail alike, before any transfer
+  MOE_FAIL_IF(L->ctx, L->agg_pending, MOE_STATUS_INVALID_ARG,
+              "the last backward's gradients are pending (deferred Agg): call "
+              "moe_ep_layer_grads_wait first");
   MOE_TRY(moe_ep_trans_wait_(L));  // a pending Trans of set_placement
   L->have_forward = 0;             // new parameters: a pending backward would mix old and new
   for (int e = 0; e < L->E; e++) {
@@ -658,11 +675,23 @@ done:
 
 // ---- gradient reductions ------------------------------------------------------------
 
+// Adds a copy's gradients g of home expert e to the home scratch.
+static void add_copy_grads(const moe_ep_layer *L, float *home_scratch, int e, const float *g) {
+  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
+  // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
+  // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
+  const size_t i = (size_t)(e - L->t.home_first);
+  float *dst[4] = {home_scratch + i * M * H, home_scratch + El * M * H + i * H,
+                   home_scratch + El * (M * H + H) + i * H * M,
+                   home_scratch + El * (2 * M * H + H) + i * M};
+  const size_t off[4] = {0, M * H, M * H + H, 2 * M * H + H}, n[4] = {M * H, H, H * M, M};
+  for (int k = 0; k < 4; k++) moe_add_inplace(dst[k], g + off[k], n[k]);
+}
+
 // Sends every replica's gradients to its home, which adds them to its own.
 static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
-  const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
   const size_t nf = moe_ep_expert_floats_(L);
   for (int e = 0; e < L->E; e++) {
     const int home = L->placement.home[e];
@@ -674,14 +703,7 @@ static moe_status gather_replica_grads(moe_ep_layer *L, float *home_scratch) {
       } else if (L->me == home) {
         float *g = L->rep_tmp.buf;  // reserved before backward's agreement
         MOE_TRY(moe_recv_floats(ctx, g, nf, p, 7201, L->ep.comm, "receive of expert weights"));
-        // replica layout: dw1 (M, H) | db1 (H) | dw2 (H, M) | db2 (M); home scratch
-        // layout: dw1 (El, M, H) | db1 (El, H) | dw2 (El, H, M) | db2 (El, M)
-        const size_t i = (size_t)(e - L->t.home_first);
-        float *dst[4] = {home_scratch + i * M * H, home_scratch + El * M * H + i * H,
-                         home_scratch + El * (M * H + H) + i * H * M,
-                         home_scratch + El * (2 * M * H + H) + i * M};
-        const size_t off[4] = {0, M * H, M * H + H, 2 * M * H + H}, n[4] = {M * H, H, H * M, M};
-        for (int k = 0; k < 4; k++) moe_add_inplace(dst[k], g + off[k], n[k]);
+        add_copy_grads(L, home_scratch, e, g);
       }
     }
   }
@@ -689,28 +711,117 @@ done:
   return st;
 }
 
-moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
+// Deferred Agg (pc.defer_agg): posts the copies' gradients to their homes as
+// non-blocking transfers, in the (expert, rank) order gather_replica_grads
+// uses; *posted 0 when this home receives more copies than its buffer holds
+// (then nothing is posted and the caller gathers now).
+static moe_status agg_post(moe_ep_layer *L, int *posted) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const size_t nf = moe_ep_expert_floats_(L);
+  int incoming = 0, n = 0;
+  *posted = 0;
+  for (int e = 0; e < L->E; e++)
+    for (int p = 0; p < L->P; p++)
+      incoming += L->placement.replica[(size_t)e * L->P + p] && L->placement.home[e] == L->me;
+  // every rank must take the same path: agree on whether any home overflows
+  int over = incoming > L->agg_max;
+  MOE_MPI_TRY_OP(ctx, "deferred Agg",
+                 MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, L->world));
+  if (over) goto done;
+  int slot = 0;
+  for (int e = 0; e < L->E; e++) {
+    const int home = L->placement.home[e];
+    for (int p = 0; p < L->P; p++) {
+      if (!L->placement.replica[(size_t)e * L->P + p]) continue;
+      if (L->me == p) {
+        MOE_MPI_TRY_OP(ctx, "send of a copy's gradients",
+                       MPI_Isend(L->replica_mem[e] + nf, (int)nf, MPI_FLOAT, home, 7202, L->ep.comm,
+                                 &L->agg_reqs[n++]));
+      } else if (L->me == home) {
+        MOE_MPI_TRY_OP(ctx, "receive of a copy's gradients",
+                       MPI_Irecv(L->agg_buf + (size_t)slot++ * nf, (int)nf, MPI_FLOAT, p, 7202,
+                                 L->ep.comm, &L->agg_reqs[n++]));
+      }
+    }
+  }
+  L->n_agg = n;
+  *posted = 1;
+done:
+  return st;
+}
+
+// The home experts' gradients in the scratch: summed over the DP group and
+// added to the parameters' gradients.
+static moe_status reduce_home(moe_ep_layer *L, float *home) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
   const size_t Ms = (size_t)L->cfg.model_dim, Hs = (size_t)L->cfg.hidden_dim, El = (size_t)L->El;
-  float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
-  const uint64_t t_agg = moe_time_ns();
-  MOE_TRY(gather_replica_grads(L, home));
-  if (L->n_placed > 0) moe_ep_balance_record_(L, 1, t_agg, moe_time_ns());
   if (L->pc.slice_tokens > 0) {
     MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_home, home, L->grad_home_n, L->dp,
                                 "all-reduce of the MoE layer's gradients"));
-    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_gate, gs, L->grad_gate_n, L->world,
-                                "all-reduce of the MoE layer's gradients"));
   } else {
     MOE_TRY(allreduce_sum(ctx, home, L->grad_home_n, L->dp));
-    MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
   }
-  moe_add_inplace(L->t.dwg, gs, L->grad_gate_n);
   moe_add_inplace(L->t.dw1, home, El * Ms * Hs);
   moe_add_inplace(L->t.db1, home + El * Ms * Hs, El * Hs);
   moe_add_inplace(L->t.dw2, home + El * (Ms * Hs + Hs), El * Hs * Ms);
   moe_add_inplace(L->t.db2, home + El * (2 * Ms * Hs + Hs), El * Ms);
+done:
+  return st;
+}
+
+moe_status moe_ep_layer_grads_wait(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  if (!L->agg_pending) goto done;
+  L->agg_pending = 0;
+  float *home = L->grad_scratch + L->grad_gate_n;
+  if (L->n_agg > 0) {
+    const int n = L->n_agg;
+    L->n_agg = 0;
+    MOE_MPI_TRY_OP(ctx, "the copies' gradients to their homes",
+                   MPI_Waitall(n, L->agg_reqs, L->agg_stats));
+    const size_t nf = moe_ep_expert_floats_(L);
+    int slot = 0;
+    for (int e = 0; e < L->E; e++)
+      for (int p = 0; p < L->P; p++)
+        if (L->placement.replica[(size_t)e * L->P + p] && L->placement.home[e] == L->me &&
+            p != L->me)
+          add_copy_grads(L, home, e, L->agg_buf + (size_t)slot++ * nf);
+  }
+  if (L->n_placed > 0) moe_ep_balance_record_(L, 1, L->agg_t0, moe_time_ns());
+  MOE_TRY(reduce_home(L, home));
+done:
+  return st;
+}
+
+moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  float *gs = L->grad_scratch, *home = gs + L->grad_gate_n;
+  // the gate's gradient: over the world, now
+  if (L->pc.slice_tokens > 0) {
+    MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_gate, gs, L->grad_gate_n, L->world,
+                                "all-reduce of the MoE layer's gradients"));
+  } else {
+    MOE_TRY(allreduce_sum(ctx, gs, L->grad_gate_n, L->world));
+  }
+  moe_add_inplace(L->t.dwg, gs, L->grad_gate_n);
+  // the experts': Agg, then over the DP group; deferred to moe_ep_layer_grads_wait
+  const uint64_t t_agg = moe_time_ns();
+  if (L->pc.defer_agg) {
+    int posted = 0;
+    MOE_TRY(agg_post(L, &posted));
+    if (!posted) MOE_TRY(gather_replica_grads(L, home));  // more copies than the buffer
+    L->agg_t0 = t_agg;
+    L->agg_pending = 1;
+    goto done;
+  }
+  MOE_TRY(gather_replica_grads(L, home));
+  if (L->n_placed > 0) moe_ep_balance_record_(L, 1, t_agg, moe_time_ns());
+  MOE_TRY(reduce_home(L, home));
 done:
   return st;
 }

@@ -783,6 +783,10 @@ moe_status moe_ep_layer_backward(moe_ep_layer *L, const float *dy, float *dx) {
   } else if (!L->have_forward) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "backward needs a successful forward first");
+  } else if (L->agg_pending) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "the last backward's gradients are pending (deferred Agg): call "
+                         "moe_ep_layer_grads_wait first");
   } else if (T > 0 && (!dy || !dx)) {
     local =
         moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__, "dy and dx must not be NULL");

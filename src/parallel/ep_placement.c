@@ -85,6 +85,22 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
   for (int e = 0; e < L->E; e++) L->expert_slot[e] = -1;
   MOE_TRY(balance_graph_init(L));
+  if (L->pc.defer_agg) {
+    // deferred Agg: a buffer per copy of this rank's home experts that can
+    // arrive (each of the El home experts on each other rank, at most as many
+    // as the other ranks' slots), and the requests
+    MOE_FAIL_IF(ctx, nf > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
+                "deferred Agg: an expert's %zu floats exceed one MPI message (at most %d)", nf,
+                INT_MAX);
+    const int most = L->El * (L->P - 1), by_slots = S * (L->P - 1);
+    L->agg_max = most < by_slots ? most : by_slots;
+    L->agg_buf = moe_malloc((size_t)(L->agg_max > 0 ? L->agg_max : 1) * nf * sizeof(float));
+    L->agg_reqs = moe_malloc((size_t)L->E * L->P * sizeof(MPI_Request));
+    L->agg_stats = moe_malloc((size_t)L->E * L->P * sizeof(MPI_Status));
+    MOE_FAIL_IF(ctx, !L->agg_buf || !L->agg_reqs || !L->agg_stats, MOE_STATUS_OUT_OF_MEMORY,
+                "deferred Agg: cannot allocate buffers for %d copies (%zu floats each)", L->agg_max,
+                nf);
+  }
 done:
   return st;
 }
@@ -108,6 +124,15 @@ done:
 
 void moe_ep_copies_free_(moe_ep_layer *L) {
   if (L->n_reqs > 0) moe_ep_trans_wait_(L);  // no request left behind the buffers
+  if (L->n_agg > 0) MPI_Waitall(L->n_agg, L->agg_reqs, L->agg_stats);
+  L->n_agg = 0;
+  L->agg_pending = 0;
+  moe_free(L->agg_buf);
+  moe_free(L->agg_reqs);
+  moe_free(L->agg_stats);
+  L->agg_buf = NULL;
+  L->agg_reqs = NULL;
+  L->agg_stats = NULL;
   if (L->expert_slot && L->replica_mem) {
     for (int e = 0; e < L->E; e++)
       if (L->expert_slot[e] >= 0) L->replica_mem[e] = NULL;  // slot memory, not its own
@@ -195,6 +220,10 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
   if (!replica) {
     local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                          "placement: the bitmap must not be NULL");
+  } else if (L->agg_pending) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "placement: the last backward's gradients are pending (deferred Agg): "
+                         "call moe_ep_layer_grads_wait first");
   } else {
     local = check_placement(L, replica);
   }

@@ -135,6 +135,15 @@ struct moe_ep_layer {
   // forward (Trans: waiting for it after the gate) and backward (Agg: the
   // copies' gradients to their homes), in ns from the pass's start
   moe_task_graph bal_graph;
+  // deferred Agg (pc.defer_agg): the copies' gradients arriving at this home,
+  // one buffer per incoming copy, and the requests of the pending Agg
+  float *agg_buf;                 // (agg_max, nf)
+  int agg_max;                    // incoming copies the buffer holds
+  MPI_Request *agg_reqs;          // (E * EP)
+  MPI_Status *agg_stats;          // (E * EP)
+  int n_agg;                      // requests posted
+  int agg_pending;                // 1 between a deferred backward and moe_ep_layer_grads_wait
+  uint64_t agg_t0;                // when the pending Agg was posted (for its trace record)
   moe_task_record bal_rec[2][2];  // [backward][task]
   uint64_t fwd_start_ns, bwd_start_ns;
 };

@@ -269,6 +269,7 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     pc.ep_size = ep;
     pc.slice_tokens = tc->deterministic ? S : 0;  // as setup() sets it
     pc.copy_slots = tc->balance.policy != MOE_BALANCE_NONE ? tc->balance.slots : 0;
+    pc.defer_agg = pc.copy_slots > 0;     // as setup() sets it
     moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
     lc.tokens = bl * S;
@@ -681,6 +682,9 @@ static moe_status setup(run_state *r, int *start_step) {
   moe_precision_use(tc->precision);
   r->user->par.slice_tokens = tc->deterministic ? r->s : 0;
   r->user->par.copy_slots = tc->balance.policy != MOE_BALANCE_NONE ? tc->balance.slots : 0;
+  // Agg of the copies' gradients deferred to after the whole backward, so the
+  // earlier blocks' backward hides it (grads_wait below)
+  r->user->par.defer_agg = r->user->par.copy_slots > 0;
   moe_gpt_config mc = tc->model;
   MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
   local = tc->deterministic ? moe_gpt_set_deterministic(r->model, 1) : MOE_STATUS_OK;
@@ -978,6 +982,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     moe_gpt_loss l;
     MOE_TRY(moe_gpt_forward(r.model, r.tokens, r.targets, r.bl, r.s, (double)gtokens, &l));
     MOE_TRY(moe_gpt_backward(r.model));
+    if (r.user->par.defer_agg)  // the MoE blocks' deferred Agg, before any gradient is read
+      for (int b = 0; b < tc->model.n_layer; b++)
+        if (r.user->impl[b])
+          MOE_TRY(moe_ep_layer_grads_wait(moe_train_ep_layer(r.user->impl[b], NULL, NULL)));
     test_slow_rank(&r, step);
     MOE_TRY(allreduce_dense(&r));
     double norm = 0;
