@@ -19,8 +19,9 @@
 // simplest form of Pro-Prophet's block-wise overlap; MPI progresses them
 // inside the other layers' MPI calls). Trans's wait and Agg are recorded as
 // comm-stream tasks of a small graph for traces (moe_ep_layer_balance_pass).
-// Not here yet: Agg overlapped with the backward, and Trans and Agg as tasks
-// the executor schedules.
+// Deferred Agg (pc.defer_agg) is posted by the backward (ep_layer.c) into the
+// buffers allocated here and completed by moe_ep_layer_grads_wait. Not here
+// yet: Trans and Agg as tasks the executor schedules.
 #include <limits.h>
 #include <math.h>
 #include <string.h>
