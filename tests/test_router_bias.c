@@ -15,20 +15,6 @@
 
 static moe_ctx *ctx;
 
-static moe_layer_config small_cfg(int T, int M, int H, int E, int K) {
-  moe_layer_config c;
-  moe_layer_config_default(&c);
-  c.tokens = T;
-  c.model_dim = M;
-  c.hidden_dim = H;
-  c.num_experts = E;
-  c.top_k = K;
-  c.capacity_factor = 0.0;  // dropless
-  c.aux_loss_coef = 0.01f;
-  c.z_loss_coef = 0.001f;
-  return c;
-}
-
 // The gate by hand in double: the K largest of logits + bias (ties by lower
 // index), weights = softmax(logits) at those experts.
 static void naive_route(const float *x, const float *wg, const float *bias, int T, int M, int E,
@@ -61,7 +47,7 @@ static void naive_route(const float *x, const float *wg, const float *bias, int 
 
 static void test_gate_with_bias(void) {
   const int T = 96, M = 24, H = 16, E = 8, K = 2;
-  moe_layer_config cfg = small_cfg(T, M, H, E, K);
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
   moe_layer *L = NULL;
   TU_CHECK(moe_layer_create(ctx, &cfg, &L) == MOE_STATUS_OK, "create: %s", moe_ctx_error(ctx));
   if (!L) return;
@@ -88,29 +74,10 @@ static void test_gate_with_bias(void) {
   moe_layer_destroy(L);
 }
 
-// Finite differences of L = sum(y * g) + aux and z terms... the layer's own
-// backward includes the aux and z gradients, so the scalar is sum(y * dy) +
-// aux_coef * aux + z_coef * z.
-typedef struct {
-  moe_layer *L;
-  const float *x, *dy;
-  int T, M;
-  float *y;
-} fd_ctx;
-
-static double fd_loss(void *user) {
-  fd_ctx *f = user;
-  moe_layer_stats s;
-  moe_layer_forward(f->L, f->x, f->T, f->y, &s);
-  const moe_layer_config *c = moe_layer_get_config(f->L);
-  double l = 0.0;
-  for (size_t i = 0; i < (size_t)f->T * f->M; i++) l += (double)f->y[i] * f->dy[i];
-  return l + c->aux_loss_coef * s.aux_loss + c->z_loss_coef * s.z_loss;
-}
-
+// The layer's gradients with a bias by finite differences of tu_layer_fd_loss.
 static void test_gradients_with_bias(void) {
   const int T = 12, M = 6, H = 5, E = 4, K = 2;
-  moe_layer_config cfg = small_cfg(T, M, H, E, K);
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
   moe_layer *L = NULL;
   TU_CHECK(moe_layer_create(ctx, &cfg, &L) == MOE_STATUS_OK, "create");
   if (!L) return;
@@ -125,10 +92,10 @@ static void test_gradients_with_bias(void) {
   TU_CHECK(moe_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward");
   TU_CHECK(moe_layer_backward(L, dy, dx) == MOE_STATUS_OK, "backward");
   float *dwg = tu_copy_of(t.dwg, (size_t)M * E), *dw1 = tu_copy_of(t.dw1, (size_t)E * M * H);
-  fd_ctx f = {L, x, dy, T, M, y};
-  tu_fd_check("dwg with bias", fd_loss, &f, t.wg, dwg, (size_t)M * E, 1e-2f, 2e-3, 2e-2);
-  tu_fd_check("dw1 with bias", fd_loss, &f, t.w1, dw1, (size_t)M * H, 1e-2f, 2e-3, 2e-2);
-  tu_fd_check("dx with bias", fd_loss, &f, x, dx, (size_t)T * M, 1e-2f, 2e-3, 2e-2);
+  tu_layer_fd f = {L, x, dy, T, M, y};
+  tu_fd_check("dwg with bias", tu_layer_fd_loss, &f, t.wg, dwg, (size_t)M * E, 1e-2f, 2e-3, 2e-2);
+  tu_fd_check("dw1 with bias", tu_layer_fd_loss, &f, t.w1, dw1, (size_t)M * H, 1e-2f, 2e-3, 2e-2);
+  tu_fd_check("dx with bias", tu_layer_fd_loss, &f, x, dx, (size_t)T * M, 1e-2f, 2e-3, 2e-2);
   moe_layer_destroy(L);
 }
 
@@ -177,7 +144,7 @@ static void test_skew_shares(void) {
 // same tokens in exactly the shares the fit reports.
 static void test_fit(const char *spec, double max_tv) {
   const int T = 4096, M = 64, H = 8, E = 8, K = 2;
-  moe_layer_config cfg = small_cfg(T, M, H, E, K);
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
   moe_layer *L = NULL;
   TU_CHECK(moe_layer_create(ctx, &cfg, &L) == MOE_STATUS_OK, "create");
   if (!L) return;

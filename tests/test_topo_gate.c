@@ -188,40 +188,9 @@ static void test_random(void) {
 
 // ---- 2. the single-process layer ------------------------------------------------------------
 
-typedef struct {
-  moe_layer *L;
-  const float *x, *dy;
-  int T, M;
-  float *y;
-} fd_ctx;
-
-static double fd_loss(void *user) {
-  fd_ctx *f = user;
-  moe_layer_stats s;
-  moe_layer_forward(f->L, f->x, f->T, f->y, &s);
-  const moe_layer_config *c = moe_layer_get_config(f->L);
-  double l = 0.0;
-  for (size_t i = 0; i < (size_t)f->T * f->M; i++) l += (double)f->y[i] * f->dy[i];
-  return l + c->aux_loss_coef * s.aux_loss + c->z_loss_coef * s.z_loss;
-}
-
-static moe_layer_config cfg_of(int T, int M, int H, int E, int K) {
-  moe_layer_config c;
-  moe_layer_config_default(&c);
-  c.tokens = T;
-  c.model_dim = M;
-  c.hidden_dim = H;
-  c.num_experts = E;
-  c.top_k = K;
-  c.capacity_factor = 0.0;  // dropless
-  c.aux_loss_coef = 0.01f;
-  c.z_loss_coef = 0.001f;
-  return c;
-}
-
 static void test_layer(void) {
   const int T = 12, M = 6, H = 5, E = 4, K = 2;
-  moe_layer_config cfg = cfg_of(T, M, H, E, K);
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
   moe_layer *L = NULL, *P = NULL;
   TU_CHECK(moe_layer_create(ctx, &cfg, &L) == MOE_STATUS_OK, "create");
   TU_CHECK(moe_layer_create(ctx, &cfg, &P) == MOE_STATUS_OK, "create");
@@ -254,11 +223,11 @@ static void test_layer(void) {
   TU_CHECK(moe_layer_backward(L, dy, dx) == MOE_STATUS_OK, "backward");
   moe_layer_tensors t = moe_layer_get_tensors(L);
   float *dwg = tu_copy_of(t.dwg, (size_t)M * E), *dw1 = tu_copy_of(t.dw1, (size_t)E * M * H);
-  fd_ctx f = {L, x, dy, T, M, y};
-  tu_fd_check("topo gate dwg", fd_loss, &f, t.wg, dwg, (size_t)M * E, 1e-2f, 2e-3, 2e-2);
-  tu_fd_check("topo gate dw1 (expert 2)", fd_loss, &f, t.w1 + 2 * M * H, dw1 + 2 * M * H,
+  tu_layer_fd f = {L, x, dy, T, M, y};
+  tu_fd_check("topo gate dwg", tu_layer_fd_loss, &f, t.wg, dwg, (size_t)M * E, 1e-2f, 2e-3, 2e-2);
+  tu_fd_check("topo gate dw1 (expert 2)", tu_layer_fd_loss, &f, t.w1 + 2 * M * H, dw1 + 2 * M * H,
               (size_t)M * H, 1e-2f, 2e-3, 2e-2);
-  tu_fd_check("topo gate dx", fd_loss, &f, x, dx, (size_t)T * M, 1e-2f, 2e-3, 2e-2);
+  tu_fd_check("topo gate dx", tu_layer_fd_loss, &f, x, dx, (size_t)T * M, 1e-2f, 2e-3, 2e-2);
   // off again: the plain gate, bit for bit
   TU_CHECK(moe_layer_set_topology(L, NULL, 0.0) == MOE_STATUS_OK, "set_topology off");
   moe_layer_forward(L, x, T, y, &st);
@@ -295,7 +264,7 @@ static void allreduce(float *v, size_t n) {
 }
 
 static void test_distributed(void) {
-  moe_layer_config cfg = cfg_of(DT, DM, DH, DE, DK);
+  moe_layer_config cfg = tu_layer_config(DT, DM, DH, DE, DK);
   cfg.aux_loss_coef = 0.0f;  // per-rank references: no global loss statistics
   cfg.z_loss_coef = 0.0f;
   const double ratio = 0.25;  // 2 ranks per node: share 0.125, budget 8 of 64 choices

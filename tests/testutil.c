@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "moe/core.h"
+#include "moe/layer.h"
 
 int tu_checks = 0;
 int tu_failures = 0;
@@ -219,4 +220,28 @@ int tu_run_files(const char *dir, const char *prefix, const char *suffix, int mi
   }
   tu_free_names(names, n);
   return n;
+}
+
+double tu_layer_fd_loss(void *user) {
+  tu_layer_fd *f = user;
+  moe_layer_stats s;
+  moe_layer_forward(f->L, f->x, f->T, f->y, &s);
+  const moe_layer_config *c = moe_layer_get_config(f->L);
+  double l = 0.0;
+  for (size_t i = 0; i < (size_t)f->T * f->M; i++) l += (double)f->y[i] * f->dy[i];
+  return l + c->aux_loss_coef * s.aux_loss + c->z_loss_coef * s.z_loss;
+}
+
+moe_layer_config tu_layer_config(int T, int M, int H, int E, int K) {
+  moe_layer_config c;
+  moe_layer_config_default(&c);
+  c.tokens = T;
+  c.model_dim = M;
+  c.hidden_dim = H;
+  c.num_experts = E;
+  c.top_k = K;
+  c.capacity_factor = 0.0;  // dropless
+  c.aux_loss_coef = 0.01f;
+  c.z_loss_coef = 0.001f;
+  return c;
 }

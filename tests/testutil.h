@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe/layer.h"
+
 extern int tu_checks;
 extern int tu_failures;
 
@@ -40,6 +42,20 @@ int tu_equal_i32(const char *name, const int32_t *got, const int32_t *ref, size_
 typedef double (*tu_scalar_fn)(void *user);
 int tu_fd_check(const char *name, tu_scalar_fn f, void *user, float *param, const float *analytic,
                 size_t n, float eps, double atol, double rtol);
+
+// The single-process layer's scalar for finite differences: forward of x
+// (T, M) into y, then sum(y * dy) + aux_coef * aux + z_coef * z, the scalar
+// whose gradient the layer's backward with dy computes (it includes the aux
+// and z gradients). user: a tu_layer_fd.
+typedef struct {
+  moe_layer *L;
+  const float *x, *dy;
+  int T, M;
+  float *y;
+} tu_layer_fd;
+double tu_layer_fd_loss(void *user);
+// A small dropless layer config: T tokens, M, H, E experts, top-K; aux 0.01, z 0.001.
+moe_layer_config tu_layer_config(int T, int M, int H, int E, int K);
 
 // Deterministic test data in [lo, hi).
 void tu_fill(float *x, size_t n, uint64_t seed, float lo, float hi);

@@ -180,6 +180,14 @@ done:
   return st;
 }
 
+// The topology-aware gate off: its mask and scratch freed.
+static void topology_off(moe_layer *L) {
+  moe_free(L->topo_local);
+  moe_free(L->topo_scratch);
+  L->topo_local = NULL;
+  L->topo_scratch = NULL;
+}
+
 void moe_layer_destroy(moe_layer *L) {
   if (!L) return;
   moe_arena_free(&L->param_arena);
@@ -187,8 +195,7 @@ void moe_layer_destroy(moe_layer *L) {
   moe_route_free(&L->route);
   moe_placement_free(&L->placement);
   moe_free(L->loss_stats);
-  moe_free(L->topo_local);
-  moe_free(L->topo_scratch);
+  topology_off(L);
   moe_free(L);
 }
 
@@ -198,10 +205,7 @@ moe_status moe_layer_set_topology(moe_layer *L, const uint8_t *local, double sha
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
   const int E = L->cfg.num_experts;
   if (!local) {
-    moe_free(L->topo_local);
-    moe_free(L->topo_scratch);
-    L->topo_local = NULL;
-    L->topo_scratch = NULL;
+    topology_off(L);
     goto done;
   }
   MOE_FAIL_IF(ctx, !(share >= 0 && share <= 1), MOE_STATUS_INVALID_ARG,
@@ -211,10 +215,7 @@ moe_status moe_layer_set_topology(moe_layer *L, const uint8_t *local, double sha
     L->topo_scratch =
         moe_malloc(MOE_TOPO_SCRATCH_BYTES(L->cfg.tokens > 0 ? L->cfg.tokens : 1, L->cfg.top_k));
     if (!L->topo_local || !L->topo_scratch) {
-      moe_free(L->topo_local);
-      moe_free(L->topo_scratch);
-      L->topo_local = NULL;
-      L->topo_scratch = NULL;
+      topology_off(L);
       MOE_FAIL(ctx, MOE_STATUS_OUT_OF_MEMORY, "topology-aware gate: out of memory");
     }
   }

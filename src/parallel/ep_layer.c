@@ -713,22 +713,23 @@ done:
 
 // Deferred Agg (pc.defer_agg): posts the copies' gradients to their homes as
 // non-blocking transfers, in the (expert, rank) order gather_replica_grads
-// uses; *posted 0 when this home receives more copies than its buffer holds
-// (then nothing is posted and the caller gathers now).
+// uses; *posted 0 when some home receives more copies than its buffer holds
+// (then nothing is posted and the caller gathers now). Every rank takes the
+// same path without a message: the placement and the homes are the same on
+// every rank, so each one counts every home's incoming copies.
 static moe_status agg_post(moe_ep_layer *L, int *posted) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
   const size_t nf = moe_ep_expert_floats_(L);
-  int incoming = 0, n = 0;
+  int n = 0;
   *posted = 0;
-  for (int e = 0; e < L->E; e++)
-    for (int p = 0; p < L->P; p++)
-      incoming += L->placement.replica[(size_t)e * L->P + p] && L->placement.home[e] == L->me;
-  // every rank must take the same path: agree on whether any home overflows
-  int over = incoming > L->agg_max;
-  MOE_MPI_TRY_OP(ctx, "deferred Agg",
-                 MPI_Allreduce(MPI_IN_PLACE, &over, 1, MPI_INT, MPI_MAX, L->world));
-  if (over) goto done;
+  for (int h = 0; h < L->P; h++) {
+    int incoming = 0;
+    for (int e = 0; e < L->E; e++)
+      for (int p = 0; p < L->P; p++)
+        incoming += L->placement.replica[(size_t)e * L->P + p] && L->placement.home[e] == h;
+    if (incoming > L->agg_max) goto done;
+  }
   int slot = 0;
   for (int e = 0; e < L->E; e++) {
     const int home = L->placement.home[e];

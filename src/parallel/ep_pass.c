@@ -857,16 +857,20 @@ int moe_ep_layer_chunks(const moe_ep_layer *L) { return L ? L->r : 0; }
 
 int moe_ep_layer_rows_computed(const moe_ep_layer *L) { return L ? L->recv_rows : 0; }
 
-long long moe_ep_layer_offnode_rows(const moe_ep_layer *L) {
-  if (!L || !L->have_forward) return 0;
+long long moe_ep_rows_sent_away_(const moe_ep_layer *L, int across_nodes) {
+  if (!L->have_forward) return 0;
   const int K = L->cfg.top_k, mine = L->ep.node_of[L->me];
   long long n = 0;
   for (int i = 0; i < L->tokens_last * K; i++) {
     if (L->route.slot[i] < 0) continue;  // dropped
     const int target = moe_placement_target(&L->placement, L->route.expert[i], L->me);
-    n += L->ep.node_of[target] != mine;
+    n += across_nodes ? L->ep.node_of[target] != mine : target != L->me;
   }
   return n;
+}
+
+long long moe_ep_layer_offnode_rows(const moe_ep_layer *L) {
+  return L ? moe_ep_rows_sent_away_(L, 1) : 0;
 }
 
 void moe_ep_layer_timing(const moe_ep_layer *L, moe_layer_timing *fwd, moe_layer_timing *bwd) {

@@ -343,13 +343,7 @@ moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
     // group spans several nodes (a copy's Trans mostly crosses that link too).
     // The rate is the world's bytes over the world's busy time: a rank that
     // moved little and waited long weighs as little as it moved.
-    const int multi = L->ep.num_nodes > 1;
-    long long leaving = 0;
-    for (int i = 0; L->have_forward && i < L->tokens_last * L->cfg.top_k; i++) {
-      if (L->route.slot[i] < 0) continue;
-      const int to = moe_placement_target(&L->placement, L->route.expert[i], L->me);
-      leaving += multi ? L->ep.node_of[to] != L->ep.node_of[L->me] : to != L->me;
-    }
+    const long long leaving = moe_ep_rows_sent_away_(L, L->ep.num_nodes > 1);
     double bt[2] = {4.0 * (double)leaving * (double)L->cfg.model_dim * 4.0, a2a_s};
     if (f <= 0) f = INFINITY;  // no rows here: not the slowest rank
     MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",

@@ -159,6 +159,9 @@ moe_status moe_ep_trans_wait_(moe_ep_layer *L);
 // Records Trans (backward 0) or Agg (1) of the current pass for traces
 // (absolute moe_time_ns times).
 void moe_ep_balance_record_(moe_ep_layer *L, int backward, uint64_t start_ns, uint64_t end_ns);
+// Kept rows of the last forward this rank sent away: to ranks on other nodes
+// (across_nodes 1) or to any other rank (0).
+long long moe_ep_rows_sent_away_(const moe_ep_layer *L, int across_nodes);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
 moe_status moe_ep_pass_init_(moe_ep_layer *L);
 void moe_ep_pass_free_(moe_ep_layer *L);

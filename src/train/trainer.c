@@ -564,26 +564,25 @@ static moe_status write_trace(run_state *r, uint64_t step_start_ns) {
     moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], &f0, &b0);
     snprintf(labels[b], sizeof labels[b], "h%d", b);  // the block, as in its parameters' names
     for (int dir = 0; dir < 2; dir++) {
-      const moe_task_graph *g = NULL;
-      const moe_task_record *rec = NULL;
-      moe_ep_layer_last_pass(l, dir, &g, &rec);
-      if (!g || !rec) continue;
       const uint64_t t0 = dir ? b0 : f0;
-      passes[np].rank = r->rank;
-      passes[np].graph = g;
-      passes[np].records = rec;
-      passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
-      passes[np].label = labels[b];
-      np++;
-      // Trans (forward) and Agg (backward) of load balancing, on the comm stream
-      moe_ep_layer_balance_pass(l, dir, &g, &rec);
-      if (!g || !rec) continue;
-      passes[np].rank = r->rank;
-      passes[np].graph = g;
-      passes[np].records = rec;
-      passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
-      passes[np].label = labels[b];
-      np++;
+      // the block's pass, then Trans (forward) or Agg (backward) of load
+      // balancing on the comm stream, both placed from the pass's start
+      for (int which = 0; which < 2; which++) {
+        const moe_task_graph *g = NULL;
+        const moe_task_record *rec = NULL;
+        if (which == 0) {
+          moe_ep_layer_last_pass(l, dir, &g, &rec);
+        } else {
+          moe_ep_layer_balance_pass(l, dir, &g, &rec);
+        }
+        if (!g || !rec) break;
+        passes[np].rank = r->rank;
+        passes[np].graph = g;
+        passes[np].records = rec;
+        passes[np].offset_ns = t0 > step_start_ns ? t0 - step_start_ns : 0;
+        passes[np].label = labels[b];
+        np++;
+      }
     }
   }
   st = moe_trace_write_ranks(r->ctx, r->world, r->tc->trace, passes, np);
@@ -971,6 +970,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   }
   const uint64_t t_begin = moe_time_ns();
   const int gtokens = tc->batch * r.s;
+  int n_moe = 0;  // MoE blocks (the topology gate's share of re-selected choices)
+  for (int b = 0; b < tc->model.n_layer; b++) n_moe += moe_gpt_block_is_moe(&tc->model, b);
   for (int step = start; step <= end; step++) {
     moe_watchdog_note_step(step);
     // steps start together: clean per-step times
@@ -1039,8 +1040,6 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       out->balance_copies = (out->balance_copies * k + info.copies) / (k + 1);
       out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
     }
-    int n_moe = 0;
-    for (int b = 0; b < tc->model.n_layer; b++) n_moe += moe_gpt_block_is_moe(&tc->model, b);
     if (tc->par.topo_gate > 0 && n_moe > 0) {
       const double k = (double)(step - start);
       const double share = info.rerouted / ((double)gtokens * tc->model.moe.top_k * n_moe);
