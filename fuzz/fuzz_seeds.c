@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "moe/balance.h"
 #include "moe/checkpoint.h"
 #include "moe/gpt_io.h"
 #include "moe/model.h"
@@ -160,9 +161,54 @@ done:
   return rc;
 }
 
+// balance_state/: balancer states (fuzz/fuzz_balance_state.c) after a few
+// steps of skewed loads, with the config byte that matches each.
+static int balance_state(moe_ctx *ctx, const char *dir) {
+  static const uint8_t configs[3] = {
+      2 | 3 << 2 | 2 << 4,  // eplb, window 4, 2 slots
+      1 | 0 << 2 | 6 << 4,  // prophet, window 1, 6 slots
+      0 | 1 << 2 | 0 << 4,  // shadow, window 2, no slots
+  };
+  int rc = 0;
+  for (int k = 0; k < 3 && !rc; k++) {
+    const uint8_t cb = configs[k];
+    moe_balance_config c;
+    moe_balance_config_default(&c, MOE_BALANCE_SHADOW + (cb & 3), 16, 32, ((cb >> 4) & 7) % 7);
+    c.window = 1 + ((cb >> 2) & 3);
+    c.cost.flops_per_s = 1e6;  // copies pay: the plans place some
+    moe_balancer *b = NULL;
+    if (moe_balancer_create(ctx, &c, 8, 4, &b) != MOE_STATUS_OK) return fail(ctx, "balancer");
+    int64_t counts[32];
+    uint8_t rep[32];
+    for (int step = 0; step < 3 + k && !rc; step++) {
+      for (int i = 0; i < 32; i++) counts[i] = 1 + (i * 7 + step * 3) % 11 + (i % 8 == 0 ? 40 : 0);
+      if (moe_balancer_step(b, counts, rep, NULL) != MOE_STATUS_OK) rc = fail(ctx, "balancer step");
+    }
+    const size_t n = moe_balancer_state_bytes(b);
+    uint8_t *buf = malloc(n + 1);
+    char out[640];
+    snprintf(out, sizeof out, "%s/balance_state/state-%d.bin", dir, k);
+    FILE *f = buf && !rc ? fopen(out, "wb") : NULL;
+    if (f) {
+      buf[0] = cb;
+      moe_balancer_state_save(b, buf + 1);
+      if (fwrite(buf, 1, n + 1, f) != n + 1) rc = 1;
+      if (fclose(f) != 0) rc = 1;
+    } else {
+      rc = 1;
+    }
+    if (rc) fprintf(stderr, "fuzz_seeds: cannot write %s\n", out);
+    free(buf);
+    moe_balancer_destroy(b);
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
-    fprintf(stderr, "usage: fuzz_seeds DIR (writes DIR/checkpoint/ and DIR/gpt_ckpt/)\n");
+    fprintf(
+        stderr,
+        "usage: fuzz_seeds DIR (writes DIR/checkpoint/, DIR/gpt_ckpt/ and DIR/balance_state/)\n");
     return 2;
   }
   char sub[512];
@@ -170,9 +216,12 @@ int main(int argc, char **argv) {
   mkdir(sub, 0755);
   snprintf(sub, sizeof sub, "%s/gpt_ckpt", argv[1]);
   mkdir(sub, 0755);
+  snprintf(sub, sizeof sub, "%s/balance_state", argv[1]);
+  mkdir(sub, 0755);
   moe_ctx *ctx = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return 1;
-  const int rc = plain(ctx, argv[1]) || gpt(ctx, argv[1], 0) || gpt(ctx, argv[1], 1);
+  const int rc = plain(ctx, argv[1]) || gpt(ctx, argv[1], 0) || gpt(ctx, argv[1], 1) ||
+                 balance_state(ctx, argv[1]);
   moe_ctx_destroy(ctx);
   return rc;
 }

@@ -6,6 +6,7 @@
 // calling the code under test.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "balance/balance_internal.h"
@@ -556,7 +557,10 @@ static void test_bad_input(void) {
   counts[1 * 4 + 2] = -5;
   const moe_balance_load neg = {4, 4, counts};
   EXPECT_BAD(moe_balance_predict(g_ctx, &neg, NULL, &cost, MOE_BALANCE_MODEL_PROPHET, &ms),
-             "counts[1][2] (-5) must be >= 0");
+             "counts[1][2] (-5) must be in [0, 1099511627776]");
+  counts[1 * 4 + 2] = MOE_BALANCE_COUNT_MAX + 1;  // sums would overflow int64
+  EXPECT_BAD(moe_balance_predict(g_ctx, &neg, NULL, &cost, MOE_BALANCE_MODEL_PROPHET, &ms),
+             "counts[1][2] (1099511627777) must be in [0, 1099511627776]");
   counts[1 * 4 + 2] = 0;
   const moe_balance_load ok = {4, 4, counts};
   EXPECT_BAD(moe_balance_plan_eplb(g_ctx, &ok, &cost, MOE_BALANCE_MODEL_PROPHET, 4, rep, &ms),
@@ -680,6 +684,122 @@ static void test_balancer(void) {
            "E not divisible by P");
 }
 
+// The balancer's state for checkpoints: a balancer restored from another's
+// state after some steps plans like it for every later step (window,
+// re-planning phase and rates carried); a state of another shape, policy,
+// window or slot count, or a damaged one, is refused and changes nothing.
+static void test_balancer_state(void) {
+  enum { E = 8, P = 4, N = E * P };
+  moe_balance_config c;
+  moe_balancer *a = NULL, *b = NULL, *o = NULL;
+  moe_balance_config_default(&c, MOE_BALANCE_EPLB, 8, 8, 2);
+  c.cost = unit_cost(12000, 4000, 20);
+  c.window = 3;
+  c.replan_every = 2;
+  int64_t counts[N];
+  uint8_t ra[N], rb[N];
+  moe_balance_step_info ia, ib;
+  TU_CHECK(moe_balancer_create(g_ctx, &c, E, P, &a) == MOE_STATUS_OK, "create a");
+  // the restored balancer planned with other rates until the load replaces them
+  moe_balance_config cb = c;
+  cb.cost.flops_per_s = 1e3;
+  TU_CHECK(moe_balancer_create(g_ctx, &cb, E, P, &b) == MOE_STATUS_OK, "create b");
+  TU_CHECK(moe_balancer_placement(a) && moe_balancer_placement(NULL) == NULL, "placement");
+  g_lcg = 12345;
+  for (int step = 0; step < 5; step++) {  // 5 steps: the window wrapped, odd phase
+    for (int i = 0; i < N; i++) counts[i] = (int64_t)(rnd() % 50) * (i % E == 1 ? 6 : 1);
+    TU_CHECK(moe_balancer_step(a, counts, ra, &ia) == MOE_STATUS_OK, "a step %d", step);
+  }
+  const size_t bytes = moe_balancer_state_bytes(a);
+  TU_CHECK(bytes == moe_balancer_state_bytes(b) && bytes > (size_t)3 * N * 8, "state bytes %zu",
+           bytes);
+  uint8_t *st = malloc(bytes), *bad = malloc(bytes);
+  TU_CHECK(st && bad, "malloc");
+  if (!st || !bad) return;
+  moe_balancer_state_save(a, st);
+  TU_CHECK(moe_balancer_state_load(b, st, bytes) == MOE_STATUS_OK, "load: %s",
+           moe_ctx_error(g_ctx));
+  TU_CHECK(memcmp(moe_balancer_placement(a), moe_balancer_placement(b), N) == 0,
+           "the placement in force is restored");
+  int differ = 0, plans = 0, copies = 0;
+  for (int step = 5; step < 12; step++) {
+    for (int i = 0; i < N; i++) counts[i] = (int64_t)(rnd() % 50) * (i % E == step % E ? 5 : 1);
+    TU_CHECK(moe_balancer_step(a, counts, ra, &ia) == MOE_STATUS_OK &&
+                 moe_balancer_step(b, counts, rb, &ib) == MOE_STATUS_OK,
+             "step %d", step);
+    differ |=
+        memcmp(ra, rb, N) != 0 || ia.planned != ib.planned ||
+        !(ia.predicted_ms == ib.predicted_ms || (isnan(ia.predicted_ms) && isnan(ib.predicted_ms)));
+    plans += ia.planned;
+    copies += ia.copies;
+  }
+  TU_CHECK(!differ && plans == 3 && copies > 0,  // steps 6, 8, 10
+           "restored balancer plans like the original (plans %d, copies %d)", plans, copies);
+  // the same state saved twice is the same bytes
+  moe_balancer_state_save(a, st);
+  moe_balancer_state_save(b, bad);
+  TU_CHECK(memcmp(st, bad, bytes) == 0, "saved states of equal balancers are equal bytes");
+  // refused: another policy, window, slots, shape; b keeps its state
+  moe_balancer_state_save(b, st);
+  struct {
+    int policy, window, slots, P;
+    const char *words;
+  } other[4] = {
+      {MOE_BALANCE_PROPHET, 3, 2, P, "of policy eplb, this run balances with prophet"},
+      {MOE_BALANCE_EPLB, 4, 2, P, "a window of 3 steps and 2 slots, this run has 4 and 2"},
+      {MOE_BALANCE_EPLB, 3, 1, P, "a window of 3 steps and 2 slots, this run has 3 and 1"},
+      {MOE_BALANCE_EPLB, 3, 2, 2, "of 8 experts on 4 ranks, this run has 8 on 2"}};
+  for (int k = 0; k < 4; k++) {
+    moe_balance_config co = c;
+    co.policy = other[k].policy;
+    co.window = other[k].window;
+    co.slots = other[k].slots;
+    TU_CHECK(moe_balancer_create(g_ctx, &co, E, other[k].P, &o) == MOE_STATUS_OK, "create other");
+    TU_CHECK(moe_balancer_state_load(o, st, bytes) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), other[k].words),
+             "other config %d refused: %s", k, moe_ctx_error(g_ctx));
+    moe_balancer_destroy(o);
+    o = NULL;
+  }
+  // damaged: magic, length, a negative count (the one the fuzzer found
+  // too large would overflow the window's sums), a copy on its home, a rank
+  // over its slots, count and next that disagree
+  const size_t ring = 8 + 4 * 8 + 8 + 8 * 5;  // the header's bytes
+  struct {
+    size_t at;
+    uint8_t value;
+    size_t len;
+    const char *words;
+  } dmg[7] = {{0, 'X', bytes, "without the state's header"},
+              {ring + 5, 0x02, bytes, "count 2199023255552 in the window (entry 0) is not in"},
+              {0, 'M', bytes - 1, "bytes, a state of this shape has"},
+              {ring + 7, 0x80, bytes, "in the window (entry 0) is not in [0, 1099511627776]"},
+              {bytes - N + 0 * P + 0, 1, bytes, "home"},
+              {bytes - N, 0, bytes, "more copies than its 2 slots"},
+              {8 + 4 * 6, 1, bytes, "out of range"}};
+  for (int k = 0; k < 7; k++) {
+    memcpy(bad, st, bytes);
+    if (k == 5) {  // rank 1 holds 3 copies: experts 0, 1 (home 0) and 4 (home 2)
+      memset(bad + bytes - N, 0, N);
+      bad[bytes - N + 0 * P + 1] = bad[bytes - N + 1 * P + 1] = bad[bytes - N + 4 * P + 1] = 1;
+    } else if (k == 6) {  // 2 of 3 held, but the next slot is 0 (it must be 2)
+      bad[8 + 4 * 5] = 2;
+      bad[8 + 4 * 6] = 0;
+    } else {
+      bad[dmg[k].at] = dmg[k].value;
+    }
+    TU_CHECK(moe_balancer_state_load(b, bad, dmg[k].len) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), dmg[k].words),
+             "damaged state %d refused: %s", k, moe_ctx_error(g_ctx));
+  }
+  moe_balancer_state_save(b, bad);
+  TU_CHECK(memcmp(st, bad, bytes) == 0, "a refused state leaves the balancer as it was");
+  free(st);
+  free(bad);
+  moe_balancer_destroy(a);
+  moe_balancer_destroy(b);
+}
+
 // Predictions on a described cluster: uniform shares give no copies; a hot
 // expert gives copies and a faster plan; the "none" figures are the models'
 // values for the load the shares give.
@@ -789,6 +909,7 @@ int main(void) {
   test_catalogue();
   test_bad_input();
   test_balancer();
+  test_balancer_state();
   test_simulate();
   test_auto();
   moe_ctx_destroy(g_ctx);

@@ -32,7 +32,7 @@
 
 static int g_rank, g_world;
 static moe_train_result g_res;  // the last run_on's result (on the ranks that ran it)
-static char g_text[256], g_ckpt[256], g_ckpt2[256];
+static char g_text[256], g_ckpt[256], g_ckpt2[256], g_ckpt2_whole[256];
 
 typedef struct {
   double loss[STEPS + 1];
@@ -124,6 +124,7 @@ static void write_text(void) {
   snprintf(g_text, sizeof g_text, "/tmp/moe_test_train_%d.txt", (int)getppid());
   snprintf(g_ckpt, sizeof g_ckpt, "/tmp/moe_test_train_%d.ckpt", (int)getppid());
   snprintf(g_ckpt2, sizeof g_ckpt2, "/tmp/moe_test_train_%d_b.ckpt", (int)getppid());
+  snprintf(g_ckpt2_whole, sizeof g_ckpt2_whole, "/tmp/moe_test_train_%d_c.ckpt", (int)getppid());
   if (g_rank == 0) {
     FILE *f = fopen(g_text, "w");
     static const char *const words[] = {"the ",  "cat ", "sat ", "on ",  "a ",
@@ -414,6 +415,40 @@ int main(int argc, char **argv) {
                moe_ctx_error(ctx));
       compare("balanced checkpoint resumed on 1 rank", &got, &ref1, 11, 0);
     }
+    // resumed with the same balancing it continues bitwise: the balancer's
+    // state (window, placement, re-planning phase, rates) is in the
+    // checkpoint. prophet re-plans every 3 steps; eplb averages 10 steps.
+    for (int pol = MOE_BALANCE_PROPHET; g_world >= 2 && pol <= MOE_BALANCE_EPLB; pol++) {
+      moe_train_config v = t;
+      moe_balance_config_default(&v.balance, pol, v.model.d_model, v.model.moe.hidden_dim,
+                                 v.model.moe.num_experts / g_world);
+      v.balance.cost.flops_per_s = 1e6;
+      v.balance.cost.net_bytes_per_s = 1e15;
+      v.balance.replan_every = pol == MOE_BALANCE_PROPHET ? 3 : 1;
+      v.stop_step = 0;
+      v.checkpoint = g_ckpt2;
+      losses whole, part;
+      char name[128];
+      snprintf(name, sizeof name, "%s resumed at 10 with balancing (bitwise)",
+               moe_balance_policy_name(pol));
+      TU_CHECK(run_on(g_world, &v, &whole, ctx) == MOE_STATUS_OK, "%s: %s", name,
+               moe_ctx_error(ctx));
+      if (g_rank == 0) copy_file(g_ckpt2, g_ckpt2_whole);
+      v.stop_step = 10;
+      TU_CHECK(run_on(g_world, &v, &part, ctx) == MOE_STATUS_OK, "%s: %s", name,
+               moe_ctx_error(ctx));
+      v.stop_step = 0;
+      v.resume = g_ckpt2;
+      TU_CHECK(run_on(g_world, &v, &part, ctx) == MOE_STATUS_OK, "%s: %s", name,
+               moe_ctx_error(ctx));
+      compare(name, &part, &whole, 11, 1);
+      if (g_rank == 0) {
+        TU_CHECK(g_res.balance_copies > 0, "%s: no copies were placed", name);
+        TU_CHECK(file_equal(g_ckpt2, g_ckpt2_whole),
+                 "%s: the final checkpoint differs from the uninterrupted run's", name);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
     // bad input: EP 1, slots out of range (every rank, no hang)
     moe_train_config b = t;
     b.checkpoint = NULL;
@@ -626,6 +661,7 @@ int main(int argc, char **argv) {
     if (g_rank == 0) {
       remove(snapshot);
       remove(g_ckpt2);
+      remove(g_ckpt2_whole);
     }
   }
 

@@ -40,6 +40,20 @@ done
 cmp -s "$tmp/r1.bin" "$tmp/r4.bin" || bad "router bias P=4: checkpoint differs from 1 rank's"
 cmp -s "$tmp/r1.bin" "$tmp/c1.bin" && bad "router bias: the checkpoint equals the plain run's (no update ran)"
 grep -q "router-bias update 0.001: expert load ratio" "$tmp/rout1" || bad "router bias: no summary line"
+# Load balancing (eplb, 4 ranks): stopped half way and resumed with the same
+# balancing, the run ends in the uninterrupted run's checkpoint byte for byte
+# (the balancers' state is in the checkpoint), and copies were really placed.
+H=$((STEPS * 2))
+BAL=(train --steps "$H" --seed 3 --eval-every 0 --eval-batches 1 --quiet --balance eplb)
+timeout 900 "$MPIEXEC" -n 4 $OVERSUB "$MOE" "${BAL[@]}" --checkpoint "$tmp/e_whole.bin" \
+  --metrics "$tmp/e_whole.jsonl" >"$tmp/eout" 2>&1 || { bad "eplb: moe train failed"; cat "$tmp/eout" >&2; }
+timeout 900 "$MPIEXEC" -n 4 $OVERSUB "$MOE" "${BAL[@]}" --checkpoint "$tmp/e_part.bin" \
+  --stop-at "$STEPS" >"$tmp/eout1" 2>&1 || { bad "eplb: first half failed"; cat "$tmp/eout1" >&2; }
+timeout 900 "$MPIEXEC" -n 4 $OVERSUB "$MOE" "${BAL[@]}" --checkpoint "$tmp/e_part.bin" \
+  --resume "$tmp/e_part.bin" >"$tmp/eout2" 2>&1 || { bad "eplb: resumed half failed"; cat "$tmp/eout2" >&2; }
+cmp -s "$tmp/e_whole.bin" "$tmp/e_part.bin" ||
+  bad "eplb: stopped at $STEPS and resumed, the checkpoint differs from the uninterrupted run's"
+grep -q '"copies":[1-9]' "$tmp/e_whole.jsonl" || bad "eplb: no step placed a copy"
 # bf16 mixed precision: also bitwise across rank counts (the bf16 GEMM is
 # batch-invariant too), and not the fp32 run (bf16 really ran).
 if "$MOE" version | grep -q "bf16=native"; then

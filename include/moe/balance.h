@@ -14,8 +14,9 @@
 // The load is counts (P, E): counts[src * E + e] = rows rank src sends to
 // expert e (after capacity).
 //
-// What this is not (yet): the run-time mechanism that moves copies each step
-// (the Trans/Agg tasks) and the CLI's --balance; this header only plans.
+// What this is not: the run-time mechanism that moves copies each step
+// (include/moe/parallel.h: moe_ep_layer_set_placement) or its MPI; this
+// header plans, and keeps a balancer's state for checkpoints.
 //
 // Threading: every function is reentrant; a moe_ctx is used by one thread at a
 // time. A moe_balance_window is used by one thread at a time.
@@ -34,8 +35,12 @@ extern "C" {
 
 // ---- load, rows, traffic -------------------------------------------------------------
 
+// The largest count of a load: 2^40 rows (far above any step's tokens), so
+// that sums over ranks and a window's steps stay exact in int64.
+#define MOE_BALANCE_COUNT_MAX ((int64_t)1 << 40)
+
 // One step's routing load of an EP group. counts is (P, E), read only, owned by
-// the caller; every entry >= 0.
+// the caller; every entry in [0, MOE_BALANCE_COUNT_MAX].
 typedef struct {
   int num_experts;        // E, >= 1, divisible by P
   int num_ranks;          // P, >= 1
@@ -49,7 +54,7 @@ static inline int moe_balance_home(int num_experts, int num_ranks, int expert) {
 
 // Checks a load and (when not NULL) a bitmap: INVALID_ARG naming the value and
 // its valid range for P < 1, E < 1, E not divisible by P, NULL counts, a
-// negative count, a bitmap entry other than 0 or 1, or a copy on its home.
+// count out of [0, MOE_BALANCE_COUNT_MAX], a bitmap entry other than 0 or 1, or a copy on its home.
 moe_status moe_balance_check(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica);
 
 // rows (P): the rows each rank computes under the rule above; replica (E, P)
@@ -229,7 +234,7 @@ moe_status moe_balance_window_init(moe_ctx *ctx, moe_balance_window *win, int nu
                                    int num_ranks, int window);
 void moe_balance_window_free(moe_balance_window *win);  // NULL or zeroed is a no-op
 // Adds counts (P, E), replacing the oldest when full. INVALID_ARG for NULL or
-// a negative count (the window is then unchanged).
+// a count out of [0, MOE_BALANCE_COUNT_MAX] (the window is then unchanged).
 moe_status moe_balance_window_push(moe_ctx *ctx, moe_balance_window *win, const int64_t *counts);
 // The mean of the held matrices into out (P, E): rounded to the nearest
 // integer, halves up (int64), or exact sum / count (double). All zeros when
@@ -288,6 +293,21 @@ moe_status moe_balancer_set_cost(moe_balancer *b, const moe_balance_cost *cost);
 // the planners' scratch, freed before returning.
 moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *replica,
                              moe_balance_step_info *info);
+// The placement in force (E, P): the last plan's, all zeros before one.
+// Owned by b; NULL for NULL.
+const uint8_t *moe_balancer_placement(const moe_balancer *b);
+
+// The balancer's state for a checkpoint (what a resumed run needs to place
+// the same copies as the uninterrupted one: the steps seen, the load window,
+// the placement in force and the rates): moe_balancer_state_bytes(b) bytes,
+// written by _save little-endian (host independent). _load replaces b's
+// state with a saved one, or returns INVALID_ARG with b unchanged when the
+// bytes are not a state, or one of another E, P, policy, window or slot
+// count than b's config (named in the message), or hold a value out of
+// range. The rates come from the state.
+size_t moe_balancer_state_bytes(const moe_balancer *b);
+void moe_balancer_state_save(const moe_balancer *b, uint8_t *out);
+moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t bytes);
 
 // ---- predictions on a described cluster (moe simulate --balance) ------------------------
 

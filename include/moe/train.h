@@ -130,7 +130,9 @@ typedef struct {
   // deterministic mode, the fixed MOE_TRAIN_BALANCE_FLOPS and _NET (so two
   // runs of one config plan alike and give the same bits); else they are
   // measured on each layer's first step (moe_ep_layer_rates). Needs EP >= 2.
-  // Default: none.
+  // Checkpoints also hold each MoE block's balancer state
+  // (MOE_TRAIN_BALANCE_STATE_NAME); a run resumed with the same balancing
+  // config and EP size restores it and continues bitwise. Default: none.
   moe_balance_config balance;
   // DeepSeek-V3's auxiliary-loss-free load balancing (docs/balance.md
   // "Router bias"): > 0: after every optimizer step each MoE layer's router
@@ -145,6 +147,9 @@ typedef struct {
 // The planners' rates in deterministic training without a profile: one CPU
 // core's fp32 GEMM and a shared-memory MPI link (measured on the development
 // machine, docs/balance.md).
+// The checkpoint tensor (u8) of MoE block b's balancer state
+// (moe_balancer_state_save), written when training balances.
+#define MOE_TRAIN_BALANCE_STATE_NAME "h%d.balance.state"
 #define MOE_TRAIN_BALANCE_FLOPS 5e10
 #define MOE_TRAIN_BALANCE_NET 5e9
 

@@ -39,9 +39,10 @@ moe_status moe_balance_check(moe_ctx *ctx, const moe_balance_load *load, const u
   for (int src = 0; src < P; src++) {
     for (int e = 0; e < E; e++) {
       const int64_t c = load->counts[(size_t)src * (size_t)E + (size_t)e];
-      MOE_FAIL_IF(ctx, c < 0, MOE_STATUS_INVALID_ARG,
-                  "balance: counts[%d][%d] (%lld) must be >= 0 (rows rank %d sends to expert %d)",
-                  src, e, (long long)c, src, e);
+      MOE_FAIL_IF(ctx, c < 0 || c > MOE_BALANCE_COUNT_MAX, MOE_STATUS_INVALID_ARG,
+                  "balance: counts[%d][%d] (%lld) must be in [0, %lld] (rows rank %d sends to "
+                  "expert %d)",
+                  src, e, (long long)c, (long long)MOE_BALANCE_COUNT_MAX, src, e);
     }
   }
   if (replica) {
@@ -336,9 +337,9 @@ moe_status moe_balance_window_push(moe_ctx *ctx, moe_balance_window *win, const 
   const int E = win->num_experts;
   const size_t n = (size_t)E * (size_t)win->num_ranks;
   for (size_t i = 0; i < n; i++) {
-    MOE_FAIL_IF(ctx, counts[i] < 0, MOE_STATUS_INVALID_ARG,
-                "balance: counts[%d][%d] (%lld) must be >= 0", (int)(i / (size_t)E),
-                (int)(i % (size_t)E), (long long)counts[i]);
+    MOE_FAIL_IF(ctx, counts[i] < 0 || counts[i] > MOE_BALANCE_COUNT_MAX, MOE_STATUS_INVALID_ARG,
+                "balance: counts[%d][%d] (%lld) must be in [0, %lld]", (int)(i / (size_t)E),
+                (int)(i % (size_t)E), (long long)counts[i], (long long)MOE_BALANCE_COUNT_MAX);
   }
   int64_t *slot = win->ring + (size_t)win->next * n;
   for (size_t i = 0; i < n; i++) {

@@ -217,3 +217,149 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
 done:
   return st;
 }
+
+// ---- the state in a checkpoint ------------------------------------------------------------
+//
+// Little-endian, host independent: the magic, the shape and config it
+// belongs to, the steps seen, the window's ring (count, next slot, every
+// held matrix), the rates, and the placement in force. The window's sum is
+// recomputed on load.
+
+static const char state_magic[8] = {'M', 'O', 'E', 'B', 'A', 'L', 'S', '1'};
+enum { STATE_INTS = 8, STATE_DOUBLES = 5, STATE_HEAD = 8 + 4 * STATE_INTS + 8 + 8 * STATE_DOUBLES };
+
+static uint8_t *put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+  return p + 8;
+}
+static uint8_t *put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+  return p + 4;
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static double bits_f64(uint64_t u) {
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+}
+static uint64_t f64_bits(double d) {
+  uint64_t u;
+  memcpy(&u, &d, sizeof u);
+  return u;
+}
+
+size_t moe_balancer_state_bytes(const moe_balancer *b) {
+  if (!b) return 0;
+  const size_t n = (size_t)b->E * b->P;
+  return STATE_HEAD + (size_t)b->win.capacity * n * 8 + n;
+}
+
+void moe_balancer_state_save(const moe_balancer *b, uint8_t *out) {
+  if (!b || !out) return;
+  const size_t n = (size_t)b->E * b->P;
+  const moe_balance_cost *c = &b->cfg.cost;
+  uint8_t *p = out;
+  memcpy(p, state_magic, 8);
+  p += 8;
+  const int32_t ints[STATE_INTS] = {b->E,         b->P,         b->cfg.policy, b->win.capacity,
+                                    b->cfg.slots, b->win.count, b->win.next,   c->model_dim};
+  for (int i = 0; i < STATE_INTS; i++) p = put_u32(p, (uint32_t)ints[i]);
+  p = put_u64(p, (uint64_t)b->step);
+  const double dbl[STATE_DOUBLES] = {c->flops_per_s, c->net_bytes_per_s, c->expert_param_bytes,
+                                     c->fnec_ms, c->bnec_ms};
+  for (int i = 0; i < STATE_DOUBLES; i++) p = put_u64(p, f64_bits(dbl[i]));
+  for (size_t i = 0; i < (size_t)b->win.capacity * n; i++) p = put_u64(p, (uint64_t)b->win.ring[i]);
+  memcpy(p, b->current, n);
+}
+
+moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t bytes) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = b ? b->ctx : NULL;
+  MOE_FAIL_IF(ctx, !b || !in, MOE_STATUS_INVALID_ARG, "balancer and state must not be NULL");
+  const size_t n = (size_t)b->E * b->P;
+  MOE_FAIL_IF(ctx, bytes < STATE_HEAD || memcmp(in, state_magic, 8) != 0, MOE_STATUS_INVALID_ARG,
+              "balancer state: %zu bytes without the state's header (\"MOEBALS1\")", bytes);
+  const uint8_t *p = in + 8;
+  int32_t v[STATE_INTS];
+  for (int i = 0; i < STATE_INTS; i++, p += 4) v[i] = (int32_t)get_u32(p);
+  const int64_t step = (int64_t)get_u64(p);
+  p += 8;
+  // what the state belongs to: another one does not apply to this balancer
+  MOE_FAIL_IF(ctx, v[0] != b->E || v[1] != b->P, MOE_STATUS_INVALID_ARG,
+              "balancer state: of %d experts on %d ranks, this run has %d on %d", v[0], v[1], b->E,
+              b->P);
+  MOE_FAIL_IF(ctx, v[2] != b->cfg.policy, MOE_STATUS_INVALID_ARG,
+              "balancer state: of policy %s, this run balances with %s",
+              moe_balance_policy_name(v[2]) ? moe_balance_policy_name(v[2]) : "(unknown)",
+              moe_balance_policy_name(b->cfg.policy));
+  MOE_FAIL_IF(ctx, v[3] != b->win.capacity || v[4] != b->cfg.slots, MOE_STATUS_INVALID_ARG,
+              "balancer state: a window of %d steps and %d slots, this run has %d and %d", v[3],
+              v[4], b->win.capacity, b->cfg.slots);
+  MOE_FAIL_IF(ctx, bytes != moe_balancer_state_bytes(b), MOE_STATUS_INVALID_ARG,
+              "balancer state: %zu bytes, a state of this shape has %zu", bytes,
+              moe_balancer_state_bytes(b));
+  MOE_FAIL_IF(ctx,
+              v[5] < 0 || v[5] > v[3] || v[6] < 0 || v[6] >= v[3] ||
+                  (v[5] < v[3] && v[6] != v[5]) || step < 0 || step > INT32_MAX ||
+                  v[7] != b->cfg.cost.model_dim,
+              MOE_STATUS_INVALID_ARG,
+              "balancer state: out of range (window %d held, next %d, step %lld, model dim %d)",
+              v[5], v[6], (long long)step, v[7]);
+  moe_balance_cost cost = b->cfg.cost;
+  double d[STATE_DOUBLES];
+  for (int i = 0; i < STATE_DOUBLES; i++, p += 8) d[i] = bits_f64(get_u64(p));
+  cost.flops_per_s = d[0];
+  cost.net_bytes_per_s = d[1];
+  cost.expert_param_bytes = d[2];
+  cost.fnec_ms = d[3];
+  cost.bnec_ms = d[4];
+  MOE_TRY(moe_balance_check_cost(ctx, &cost));
+  const size_t held = (size_t)v[3] * n;
+  for (size_t i = 0; i < held; i++) {
+    const int64_t c = (int64_t)get_u64(p + 8 * i);
+    MOE_FAIL_IF(ctx, c < 0 || c > MOE_BALANCE_COUNT_MAX, MOE_STATUS_INVALID_ARG,
+                "balancer state: count %lld in the window (entry %zu) is not in [0, %lld]",
+                (long long)c, i, (long long)MOE_BALANCE_COUNT_MAX);
+  }
+  const uint8_t *cur = p + 8 * held;
+  {
+    const moe_balance_load none = {b->E, b->P, b->mean};  // the bitmap check only
+    memset(b->mean, 0, n * sizeof *b->mean);
+    MOE_TRY(moe_balance_check(ctx, &none, cur));
+    int over = 0;
+    for (int r = 0; r < b->P; r++) {
+      int k = 0;
+      for (int e = 0; e < b->E; e++) k += cur[(size_t)e * b->P + r];
+      over |= k > b->cfg.slots;
+    }
+    MOE_FAIL_IF(ctx, over, MOE_STATUS_INVALID_ARG,
+                "balancer state: a rank holds more copies than its %d slots", b->cfg.slots);
+  }
+  // valid: replace the state
+  b->cfg.cost = cost;
+  b->step = (int)step;
+  b->win.count = v[5];
+  b->win.next = v[6];
+  memset(b->win.sum, 0, n * sizeof *b->win.sum);
+  for (size_t i = 0; i < held; i++) b->win.ring[i] = (int64_t)get_u64(p + 8 * i);
+  // the sum of the held matrices: the `count` slots before `next`
+  for (int k = 0; k < b->win.count; k++) {
+    const int slot = (b->win.next - 1 - k + 2 * v[3]) % v[3];
+    const int64_t *m = b->win.ring + (size_t)slot * n;
+    for (size_t i = 0; i < n; i++) b->win.sum[i] += m[i];
+  }
+  memcpy(b->current, cur, n);
+done:
+  return st;
+}
+
+const uint8_t *moe_balancer_placement(const moe_balancer *b) { return b ? b->current : NULL; }

@@ -447,12 +447,16 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
   int ok = 1;
 
   // after the 3 n parameter and moment tensors, each MoE block's router bias
-  // (the same on every rank: rank 0's)
+  // and, when balancing, its balancer's state (the same on every rank: rank 0's)
   const int L = r->tc->model.n_layer;
-  int n_bias = 0;
-  for (int b = 0; b < L; b++) n_bias += moe_gpt_router_bias(r->model, b) != NULL;
+  int n_bias = 0, n_bal = 0;
+  for (int b = 0; b < L; b++) {
+    n_bias += moe_gpt_router_bias(r->model, b) != NULL;
+    n_bal += r->bal[b] != NULL;
+  }
+  uint8_t *bal_state = NULL;
   if (r->rank == 0) {
-    descs = moe_calloc((size_t)3 * n + n_bias, sizeof *descs);
+    descs = moe_calloc((size_t)3 * n + n_bias + n_bal, sizeof *descs);
     wst = descs ? MOE_STATUS_OK
                 : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                                "checkpoint: out of memory");
@@ -471,11 +475,24 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       descs[k].ndim = 1;
       descs[k++].dims[0] = r->tc->model.moe.num_experts;
     }
+    size_t bal_bytes = 0;
+    for (int b = 0, k = 3 * n + n_bias; wst == MOE_STATUS_OK && b < L; b++) {
+      if (!r->bal[b]) continue;
+      snprintf(descs[k].name, sizeof descs[k].name, MOE_TRAIN_BALANCE_STATE_NAME, b);
+      descs[k].dtype = MOE_CKPT_U8;
+      descs[k].ndim = 1;
+      descs[k++].dims[0] = (int64_t)moe_balancer_state_bytes(r->bal[b]);
+      if (moe_balancer_state_bytes(r->bal[b]) > bal_bytes)
+        bal_bytes = moe_balancer_state_bytes(r->bal[b]);
+    }
+    if (wst == MOE_STATUS_OK && bal_bytes && !(bal_state = moe_malloc(bal_bytes)))
+      wst = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                         "checkpoint: out of memory (balancer state)");
     if (wst == MOE_STATUS_OK)
       wst =
           moe_gpt_ckpt_config_json(ctx, r->model, r->opt, step, r->tc->seed, r->tc->batch, &config);
     if (wst == MOE_STATUS_OK)
-      wst = moe_ckpt_writer_open(ctx, path, config, descs, 3 * n + n_bias, &w);
+      wst = moe_ckpt_writer_open(ctx, path, config, descs, 3 * n + n_bias + n_bal, &w);
   }
   // Rank 0 assembles each expert tensor whole: one buffer for the largest.
   int ep_size = 1;
@@ -521,6 +538,13 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       wst = moe_ckpt_writer_write(w, k, bias, (size_t)r->tc->model.moe.num_experts * sizeof(float));
     k++;
   }
+  for (int b = 0, k = 3 * n + n_bias; r->rank == 0 && b < L; b++) {
+    if (!r->bal[b]) continue;
+    moe_balancer_state_save(r->bal[b], bal_state);
+    if (wst == MOE_STATUS_OK)
+      wst = moe_ckpt_writer_write(w, k, bal_state, moe_balancer_state_bytes(r->bal[b]));
+    k++;
+  }
   if (r->rank == 0) {
     if (wst == MOE_STATUS_OK) {
       wst = moe_ckpt_writer_commit(w);
@@ -545,6 +569,7 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
   }
 done:
   if (w) moe_ckpt_writer_abort(w);
+  moe_free(bal_state);
   moe_free(full);
   moe_free(config);
   moe_free(descs);
@@ -833,6 +858,94 @@ static void router_bias_step(run_state *r, int b, const int64_t *load, int P,
   if (bmax > info->router_bias_max) info->router_bias_max = bmax;
 }
 
+// Block b's balancer (collective). The rates: a profile's when given; else,
+// in deterministic mode, fixed ones (a plan decided by measured times would
+// differ between two runs of the same config, and with it the summation
+// order of the expert gradients); else, with `measure`, those of the layer's
+// last step (moe_ep_layer_rates), without it the defaults (a resumed run
+// takes its checkpoint's).
+static moe_status make_balancer(run_state *r, int b, moe_ep_layer *l, int measure) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  moe_balance_config bc = tc->balance;
+  if (!(bc.cost.flops_per_s > 0)) {
+    moe_balance_cost_default(&bc.cost, tc->model.d_model, tc->model.moe.hidden_dim);
+    if (tc->profile) {
+      MOE_TRY(
+          agree(r,
+                moe_balance_cost_from_profile(ctx, tc->profile, r->user->par.a2a, tc->model.d_model,
+                                              tc->model.moe.hidden_dim, &bc.cost),
+                "the balancing rates from the profile"));
+    } else if (tc->deterministic) {
+      bc.cost.flops_per_s = MOE_TRAIN_BALANCE_FLOPS;
+      bc.cost.net_bytes_per_s = MOE_TRAIN_BALANCE_NET;
+    } else if (measure) {
+      double f = 0, n = 0;
+      MOE_TRY(moe_ep_layer_rates(l, &f, &n));
+      if (f > 0) bc.cost.flops_per_s = f;
+      if (n > 0) bc.cost.net_bytes_per_s = n;
+    }
+  }
+  MOE_TRY(agree(
+      r, moe_balancer_create(ctx, &bc, tc->model.moe.num_experts, r->user->par.ep_size, &r->bal[b]),
+      "the balancer"));
+done:
+  return st;
+}
+
+// A resumed run's balancers (collective): each MoE block's state from the
+// checkpoint (MOE_TRAIN_BALANCE_STATE_NAME), and its placement set, so the
+// run places the copies the uninterrupted one would have (and sums the
+// expert gradients in its order: bitwise). A checkpoint without a state
+// (written without balancing, or before this was saved) or with one of
+// another shape, policy, window or slot count: the block plans afresh, as
+// from step 1, with a notice. Every rank reads the same file, so they agree.
+static moe_status restore_balancers(run_state *r) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  moe_ckpt_reader *rd = NULL;
+  uint8_t *buf = NULL;
+  MOE_TRY(agree(r, moe_ckpt_reader_open(ctx, tc->resume, &rd), "reading the balancers' state"));
+  for (int b = 0; b < tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    char name[64];
+    snprintf(name, sizeof name, MOE_TRAIN_BALANCE_STATE_NAME, b);
+    const int i = moe_ckpt_reader_find(rd, name);
+    const moe_ckpt_tensor_desc *d = i >= 0 ? moe_ckpt_reader_desc(rd, i) : NULL;
+    if (!d || d->dtype != MOE_CKPT_U8 || d->ndim != 1) {
+      if (r->rank == 0)
+        MOE_INFO("%s: no balancer state for block %d: it plans afresh from step %d", tc->resume, b,
+                 r->resume_info.step + 1);
+      continue;
+    }
+    MOE_TRY(make_balancer(r, b, l, 0));
+    const size_t bytes = (size_t)d->dims[0];
+    moe_free(buf);
+    buf = moe_malloc(bytes);
+    moe_status local = buf ? moe_ckpt_reader_read(rd, i, 0, bytes, buf)
+                           : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                          "cannot allocate %zu bytes of balancer state", bytes);
+    MOE_TRY(agree(r, local, "reading the balancers' state"));
+    if (moe_balancer_state_load(r->bal[b], buf, bytes) != MOE_STATUS_OK) {
+      if (r->rank == 0)
+        MOE_INFO("%s: block %d's %s; it plans afresh from step %d", tc->resume, b,
+                 moe_ctx_error(ctx), r->resume_info.step + 1);
+      moe_ctx_clear_error(ctx);
+      moe_balancer_destroy(r->bal[b]);
+      r->bal[b] = NULL;
+      continue;
+    }
+    MOE_TRY(moe_ep_layer_set_placement(l, moe_balancer_placement(r->bal[b])));
+  }
+done:
+  moe_free(buf);
+  moe_ckpt_reader_close(rd);
+  return st;
+}
+
 // After the optimizer step, per MoE block: the load of the step (one
 // all-gather), then DeepSeek-V3's router-bias update (tc->router_bias_rate)
 // and the balancing policy's plan for the next step with its copies set
@@ -865,32 +978,7 @@ static moe_status routing_step(run_state *r, moe_train_step_info *info) {
     if (tc->router_bias_rate > 0) router_bias_step(r, b, r->bal_load, P, info);
     blocks++;
     if (!balancing) continue;
-    if (!r->bal[b]) {
-      moe_balance_config bc = tc->balance;
-      if (!(bc.cost.flops_per_s > 0)) {
-        // The rates: a profile's when given; else, in deterministic mode,
-        // fixed ones (a plan decided by measured times would differ between
-        // two runs of the same config, and with it the summation order of
-        // the expert gradients); else measured on this first step.
-        moe_balance_cost_default(&bc.cost, tc->model.d_model, tc->model.moe.hidden_dim);
-        if (tc->profile) {
-          MOE_TRY(agree(
-              r,
-              moe_balance_cost_from_profile(ctx, tc->profile, r->user->par.a2a, tc->model.d_model,
-                                            tc->model.moe.hidden_dim, &bc.cost),
-              "the balancing rates from the profile"));
-        } else if (tc->deterministic) {
-          bc.cost.flops_per_s = MOE_TRAIN_BALANCE_FLOPS;
-          bc.cost.net_bytes_per_s = MOE_TRAIN_BALANCE_NET;
-        } else {
-          double f = 0, n = 0;
-          MOE_TRY(moe_ep_layer_rates(l, &f, &n));
-          if (f > 0) bc.cost.flops_per_s = f;
-          if (n > 0) bc.cost.net_bytes_per_s = n;
-        }
-      }
-      MOE_TRY(agree(r, moe_balancer_create(ctx, &bc, E, P, &r->bal[b]), "the balancer"));
-    }
+    if (!r->bal[b]) MOE_TRY(make_balancer(r, b, l, 1));
     moe_balance_step_info bi;
     MOE_TRY(agree(r, moe_balancer_step(r->bal[b], r->bal_load, r->bal_replica, &bi),
                   "the balancing plan"));
@@ -931,6 +1019,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   r.tc = tc;
 
   MOE_TRY(setup(&r, &start));
+  if (tc->resume && tc->balance.policy != MOE_BALANCE_NONE && r.user->par.ep_size > 1)
+    MOE_TRY(restore_balancers(&r));
   out->first_step = start;
   out->schedule = r.schedule;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
