@@ -38,6 +38,8 @@ int cli_opt(cli_args *a, const char *name);
 // Parse a->value into *out checking [lo, hi]; prints the error naming opt and
 // sets a->bad on failure.
 void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out);
+// on|off into 1|0 (the error names opt and the two values).
+void cli_parse_on_off(cli_args *a, const char *opt, int *out);
 // --backend NAME: a compute backend this build can run (moe_backend_find);
 // stores the name. Prints the error naming the valid ones and sets a->bad.
 void cli_parse_backend(cli_args *a, const char *opt, const char **out);

@@ -184,6 +184,18 @@ void cli_parse_int(cli_args *a, const char *opt, long lo, long hi, int *out) {
   }
 }
 
+void cli_parse_on_off(cli_args *a, const char *opt, int *out) {
+  if (!a->value) return;
+  if (strcmp(a->value, "on") == 0) {
+    *out = 1;
+  } else if (strcmp(a->value, "off") == 0) {
+    *out = 0;
+  } else {
+    cli_error("%s: '%s' is not one of on, off", opt, a->value);
+    a->bad = 1;
+  }
+}
+
 void cli_parse_double(cli_args *a, const char *opt, double lo, double hi, double *out) {
   if (!a->value) return;
   char *end = NULL;

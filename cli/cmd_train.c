@@ -102,6 +102,10 @@ static void usage(FILE *f) {
       "                        needs EP >= 2 [none]\n"
       "  --balance-slots N     copy slots per rank and MoE layer, 0..E-E/EP [E/EP]\n"
       "  --replan-every N      plan every N steps, keep the plan between [1]\n"
+      "  --balance-blockwise on|off\n"
+      "                        Pro-Prophet's block-wise scheduler: each MoE layer's\n"
+      "                        comm stream progresses the other layers' copy transfers\n"
+      "                        (Trans, Agg) while it waits; same losses [on]\n"
       "  --gate plain|topo[:R] FasterMoE's topology-aware gate: at most R/M x T x K of a\n"
       "                        rank's choices go to experts on other nodes (R =\n"
       "                        W_net/W_local in (0, 1], topo alone R = 0.25; M ranks per\n"
@@ -117,7 +121,9 @@ static void usage(FILE *f) {
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
-      "  --save-every N        steps between saves [0: only at the end]\n"
+      "  --save-every N        steps between saves [0: only at the end]\n",
+      moe_schedule_algo_names(), moe_compressor_names());
+  fputs(
       "  --resume FILE         continue from a checkpoint (any P and EP) with its model\n"
       "                        and lr schedule\n"
       "  --metrics FILE        one JSON object per step (rank 0)\n"
@@ -131,7 +137,7 @@ static void usage(FILE *f) {
       "  --quiet               no progress line\n"
       "\n"
       "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n",
-      moe_schedule_algo_names(), moe_compressor_names());
+      f);
 }
 
 #if MOE_CLI_MPI
@@ -280,6 +286,8 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     cli_parse_int(a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
   } else if (cli_opt(a, "--replan-every")) {
     cli_parse_int(a, "--replan-every", 1, 1000000, &tc->balance.replan_every);
+  } else if (cli_opt(a, "--balance-blockwise")) {
+    cli_parse_on_off(a, "--balance-blockwise", &tc->balance_blockwise);
   } else if (cli_opt(a, "--gate")) {
     if (a->value) {
       moe_ctx *ectx = NULL;
@@ -338,14 +346,7 @@ static int parse_output_opt(cli_args *a, train_opts *o) {
       a->bad = 1;
     }
   } else if (cli_opt(a, "--deterministic")) {
-    if (strcmp(a->value, "on") == 0) {
-      tc->deterministic = 1;
-    } else if (strcmp(a->value, "off") == 0) {
-      tc->deterministic = 0;
-    } else {
-      cli_error("--deterministic: '%s' is not one of on, off", a->value);
-      a->bad = 1;
-    }
+    cli_parse_on_off(a, "--deterministic", &tc->deterministic);
   } else if (cli_flag(a, "--quiet")) {
     tc->progress = 0;
   } else {
@@ -545,9 +546,15 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   if (tc->balance.policy != MOE_BALANCE_NONE)
     printf(
         "  balance: %s, mean over steps and MoE layers: balance ratio %.3f without copies, "
-        "%.3f with; %.1f copies; %.2f ms per step (load, plan, Trans)\n",
+        "%.3f with; %.1f copies\n"
+        "  balance overhead not hidden, ms per step: %.2f load, plan and Trans posting, %.2f "
+        "Trans wait, %.2f Agg (%.1f%% of the step; block-wise scheduler %s)\n",
         moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
-        r->balance_copies, r->balance_ms);
+        r->balance_copies, r->balance_ms, r->trans_wait_ms, r->agg_ms,
+        r->tokens_per_s > 0 ? 100.0 * (r->balance_ms + r->trans_wait_ms + r->agg_ms) /
+                                  (1e3 * tc->batch * tc->model.seq_len / r->tokens_per_s)
+                            : 0.0,
+        tc->balance_blockwise ? "on" : "off");
   if (tc->par.topo_gate > 0 && tc->model.moe_every > 0) {  // a dense model has no gate
     char gate[32];
     moe_gate_spec_to_string(tc->par.topo_gate, gate, sizeof gate);

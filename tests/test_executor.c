@@ -647,6 +647,84 @@ static void test_adaptive_wait(void) {
   moe_ctx_destroy(ctx);
 }
 
+// ---- the background task ---------------------------------------------------------------
+
+typedef struct {
+  int calls;    // polls so far
+  int done_at;  // report done on this call (0: never)
+  int fail;     // fail on the first call instead
+} bg_arg;
+
+static moe_status bg_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  bg_arg *b = arg;
+  b->calls++;
+  if (b->fail) return moe_error_at(ctx, MOE_STATUS_COMM, __FILE__, __LINE__, "background broke");
+  *state = b->done_at > 0 && b->calls >= b->done_at ? MOE_TASK_DONE : MOE_TASK_PENDING;
+  return MOE_STATUS_OK;
+}
+
+// The comm stream polls the background task while it waits for a
+// dependency (A1 -> E (60 ms) -> A2) and, its order done, while compute
+// runs (A1 beside E); it stops once the task is done; a task never done or
+// failing does not change the pass; none set: never polled.
+static void test_background(void) {
+  moe_ctx *ctx = g_run_ctx;
+  moe_executor *ex = NULL;
+  TU_CHECK(moe_executor_create(ctx, NULL, 4, &ex) == MOE_STATUS_OK, "create: %s",
+           moe_ctx_error(ctx));
+  moe_task_graph g;
+  moe_schedule s;
+  moe_task_graph_init(ctx, &g, 4, 4);
+  moe_schedule_init(ctx, &s, 4);
+  static const char *const what[5] = {"between dependencies", "after the comm order", "never done",
+                                      "failing", "none set"};
+  for (int k = 0; ex && k < 5; k++) {
+    bg_arg b = {0, k == 2 ? 0 : 5, k == 3};
+    double nap = 60.0;
+    moe_task_graph_clear(&g);
+    moe_task_desc a1 = {MOE_STREAM_COMM, "A1^0", 0, nap_run, NULL, NULL, &(double){0.0}, NULL, 0};
+    int ia = -1, ie = -1;
+    moe_task_graph_add(ctx, &g, &a1, &ia);
+    moe_task_desc e = {MOE_STREAM_COMPUTE, "E^0", 0, nap_run, NULL, NULL, &nap, &ia, 1};
+    moe_task_graph_add(ctx, &g, &e, &ie);
+    if (k != 1) {
+      moe_task_desc a2 = {MOE_STREAM_COMM, "A2^0", 0, nap_run, NULL, NULL, &(double){0.0}, &ie, 1};
+      moe_task_graph_add(ctx, &g, &a2, NULL);
+    }
+    moe_schedule_in_index_order(ctx, &s, &g);
+    moe_executor_set_background(ex, k == 4 ? NULL : bg_test, &b);
+    const moe_status st = moe_executor_run(ex, &g, &s, ctx);
+    const moe_executor_background bs = moe_executor_background_stats(ex);
+    const moe_task_record *rec = moe_executor_records(ex, NULL);
+    TU_CHECK(st == MOE_STATUS_OK && rec && rec[ie].ran, "background %s: %s", what[k],
+             moe_ctx_error(ctx));
+    if (!rec) continue;
+    switch (k) {
+      case 0:
+      case 1:  // done on the 5th poll, during E, and not polled again
+        TU_CHECK(
+            bs.done && !bs.failed && bs.polls == 5 && b.calls == 5 && bs.done_ns <= rec[ie].end_ns,
+            "background %s: done %d, polls %d (calls %d), at %llu ns (E ends %llu)", what[k],
+            bs.done, bs.polls, b.calls, (unsigned long long)bs.done_ns,
+            (unsigned long long)rec[ie].end_ns);
+        break;
+      case 2:  // polled all through E (back-off at most 20 us: hundreds of polls)
+        TU_CHECK(!bs.done && !bs.failed && bs.polls >= 100 && bs.polls == b.calls,
+                 "background %s: done %d, polls %d", what[k], bs.done, bs.polls);
+        break;
+      case 3:
+        TU_CHECK(!bs.done && bs.failed && bs.polls == 1, "background %s: failed %d, polls %d",
+                 what[k], bs.failed, bs.polls);
+        break;
+      default:
+        TU_CHECK(bs.polls == 0 && b.calls == 0, "background %s: polls %d", what[k], bs.polls);
+    }
+  }
+  moe_executor_destroy(ex);
+  moe_schedule_free(&s);
+  moe_task_graph_free(&g);
+}
+
 // ---- profiler --------------------------------------------------------------------------------
 
 static void test_breakdown_synthetic(void) {
@@ -744,6 +822,7 @@ int main(int argc, char **argv) {
   }
   test_wait_policies();
   test_adaptive_wait();
+  test_background();
   test_breakdown_synthetic();
   test_profiler();
   moe_ctx_destroy(g_run_ctx);

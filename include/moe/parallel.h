@@ -184,6 +184,25 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replic
 // Wall time (ms) of the last set_placement's parameter transfer on this rank
 // that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
+// Wall time (ms) of the last backward's Agg on this rank that no compute hid:
+// the blocking path's whole transfer and sum in the backward, or, with
+// pc.defer_agg, the wait in moe_ep_layer_grads_wait. 0 without copies.
+double moe_ep_layer_agg_ms(const moe_ep_layer *layer);
+// Pro-Prophet's block-wise scheduler: links the n EP layers of one model
+// (all on the same ranks), so that each one's executor polls the others'
+// pending Trans (set_placement) and deferred Agg (pc.defer_agg) on its comm
+// stream whenever that stream would wait (moe_executor_set_background): a
+// later block's parameters travel beside this block's forward compute, its
+// gradients beside this block's backward compute. The math is unchanged
+// (only when transfers complete). Replaces earlier links of these layers;
+// n 0 or 1 unlinks. A destroyed layer leaves its links. INVALID_ARG for a
+// NULL or repeated layer, or one with transfers pending (link first).
+// Local (no communication).
+moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n);
+// The last forward's (backward 0) or backward's (1) polls of the linked
+// layers' transfers on this rank (zeros unlinked or before a pass); done: every
+// linked layer's pending Trans and Agg completed during that pass.
+moe_executor_background moe_ep_layer_background(const moe_ep_layer *layer, int backward);
 // The machine's rates seen by the last forward and backward, for the
 // balancing planners (moe_balance_cost): *flops_per_s = the experts' GEMM
 // FLOPs over their time on the slowest rank; *net_bytes_per_s = the bytes of

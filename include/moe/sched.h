@@ -319,6 +319,25 @@ void moe_executor_destroy(moe_executor *ex);
 moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
                             const moe_schedule *sched, moe_ctx *ctx);
 
+// A background task of the communication stream (Pro-Prophet's block-wise
+// scheduling of transfers that belong to no pass, e.g. another layer's
+// expert-parameter transfer): while the comm stream would wait (for its next
+// task's dependencies, or, its order done, for the compute stream to
+// finish), it polls test(arg) with back-off sleeps of at most 20 us instead,
+// until test reports MOE_TASK_DONE or fails, once per pass. test runs on the
+// comm thread (it may call MPI, as comm tasks do) and must not block. A
+// failure does not fail the pass (the owner of the work completes it and
+// meets the error itself). test NULL: none (the default). Between passes.
+void moe_executor_set_background(moe_executor *ex, moe_task_test_fn test, void *arg);
+typedef struct {
+  int polls;         // calls of test in the last pass
+  int done;          // 1: test reported MOE_TASK_DONE in the last pass
+  int failed;        // 1: test failed in the last pass
+  uint64_t done_ns;  // when it reported done or failed, from the pass's start
+} moe_executor_background;
+// The last pass's polls of the background task (zeros before any).
+moe_executor_background moe_executor_background_stats(const moe_executor *ex);
+
 // Records of the last pass, indexed by task (n = that pass's task count).
 // Valid until the next run or destroy. NULL (and *n = 0) before any run.
 const moe_task_record *moe_executor_records(const moe_executor *ex, int *n);

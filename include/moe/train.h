@@ -49,6 +49,11 @@ typedef struct {
   double balance_before, balance_after;
   int copies;
   double balance_ms;
+  // ... and, summed over the MoE layers, the time of the copies' transfers
+  // that no compute hid on rank 0: the forward's wait for the Trans posted
+  // after the last step (its posting is in balance_ms) and the Agg of the
+  // copies' gradients (moe_ep_layer_agg_ms)
+  double trans_wait_ms, agg_ms;
   // router-bias update (tc->router_bias_rate > 0; zero without): over the
   // MoE layers, the mean of the step's expert load ratio (the busiest
   // expert's kept rows over the mean per expert; 1 = even) and the largest
@@ -134,6 +139,11 @@ typedef struct {
   // (MOE_TRAIN_BALANCE_STATE_NAME); a run resumed with the same balancing
   // config and EP size restores it and continues bitwise. Default: none.
   moe_balance_config balance;
+  // With balancing: 1 = Pro-Prophet's block-wise scheduler (the MoE layers
+  // linked, moe_ep_layer_link: each one's comm stream progresses the other
+  // layers' Trans and Agg while it waits); 0 = the transfers progress only
+  // inside other MPI calls. Same bits either way. Default 1.
+  int balance_blockwise;
   // DeepSeek-V3's auxiliary-loss-free load balancing (docs/balance.md
   // "Router bias"): > 0: after every optimizer step each MoE layer's router
   // bias moves by this rate, b_e += rate * sign(mean load - load_e), from the
@@ -240,8 +250,10 @@ typedef struct {
   moe_train_schedule schedule;  // the learning-rate schedule used
   char source[256];             // the text's description
   // load balancing (tc->balance; zeros without): means over the steps of
-  // the step infos' balance_before, balance_after, copies and balance_ms
+  // the step infos' balance_before, balance_after, copies, balance_ms,
+  // trans_wait_ms and agg_ms
   double balance_before, balance_after, balance_copies, balance_ms;
+  double trans_wait_ms, agg_ms;
   // router-bias update (tc->router_bias_rate > 0; zeros without): the step
   // infos' expert_load_ratio on the first and the last step, and the last
   // router_bias_max

@@ -779,6 +779,7 @@ moe_status moe_ep_layer_grads_wait(moe_ep_layer *L) {
   if (!L->agg_pending) goto done;
   L->agg_pending = 0;
   float *home = L->grad_scratch + L->grad_gate_n;
+  const uint64_t t0 = moe_time_ns();
   if (L->n_agg > 0) {
     const int n = L->n_agg;
     L->n_agg = 0;
@@ -792,7 +793,10 @@ moe_status moe_ep_layer_grads_wait(moe_ep_layer *L) {
             p != L->me)
           add_copy_grads(L, home, e, L->agg_buf + (size_t)slot++ * nf);
   }
-  if (L->n_placed > 0) moe_ep_balance_record_(L, 1, L->agg_t0, moe_time_ns());
+  if (L->n_placed > 0) {
+    L->agg_wait_ms += moe_time_ms_since(t0);
+    moe_ep_balance_record_(L, 1, L->agg_t0, moe_time_ns());
+  }
   MOE_TRY(reduce_home(L, home));
 done:
   return st;
@@ -818,9 +822,11 @@ moe_status moe_ep_reduce_grads_(moe_ep_layer *L) {
     if (!posted) MOE_TRY(gather_replica_grads(L, home));  // more copies than the buffer
     L->agg_t0 = t_agg;
     L->agg_pending = 1;
+    L->agg_wait_ms = L->n_placed > 0 ? moe_time_ms_since(t_agg) : 0.0;  // posting
     goto done;
   }
   MOE_TRY(gather_replica_grads(L, home));
+  L->agg_wait_ms = L->n_placed > 0 ? moe_time_ms_since(t_agg) : 0.0;
   if (L->n_placed > 0) moe_ep_balance_record_(L, 1, t_agg, moe_time_ns());
   MOE_TRY(reduce_home(L, home));
 done:

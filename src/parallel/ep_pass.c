@@ -585,6 +585,7 @@ static moe_status run_pass(moe_ep_layer *L, int dir) {
   L->soft_msg[0] = '\0';
   L->have_rec[dir] = 0;
   st = moe_executor_run(L->ex, &L->graph[dir], &L->order[dir], ctx);
+  L->bg_stats[dir] = moe_executor_background_stats(L->ex);
   if (st != MOE_STATUS_OK) {
     // An all-to-all still in flight can be neither cancelled nor freed (MPI
     // forbids both for collectives), and its buffers belong to this layer: the

@@ -20,8 +20,14 @@
 // inside the other layers' MPI calls). Trans's wait and Agg are recorded as
 // comm-stream tasks of a small graph for traces (moe_ep_layer_balance_pass).
 // Deferred Agg (pc.defer_agg) is posted by the backward (ep_layer.c) into the
-// buffers allocated here and completed by moe_ep_layer_grads_wait. Not here
-// yet: Trans and Agg as tasks the executor schedules.
+// buffers allocated here and completed by moe_ep_layer_grads_wait.
+// Pro-Prophet's block-wise scheduler (moe_ep_layer_link): the layers of a
+// model are linked, and each layer's executor has a background task on its
+// comm stream that tests the other layers' pending Trans and Agg whenever
+// the stream would wait (for the expert compute, or for the compute stream
+// to finish), so they progress beside this layer's compute (a later block's
+// Trans beside this block's forward, a later block's Agg beside this
+// block's backward) instead of only inside other MPI calls.
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -123,7 +129,10 @@ done:
   return st;
 }
 
+static void unlink_layer(moe_ep_layer *L);
+
 void moe_ep_copies_free_(moe_ep_layer *L) {
+  unlink_layer(L);
   if (L->n_reqs > 0) moe_ep_trans_wait_(L);  // no request left behind the buffers
   if (L->n_agg > 0) MPI_Waitall(L->n_agg, L->agg_reqs, L->agg_stats);
   L->n_agg = 0;
@@ -295,6 +304,90 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
   }
 done:
   return st;
+}
+
+// ---- linked layers: the background task -------------------------------------------------
+
+// The comm stream's background task of a linked layer: one non-blocking test
+// of every peer's pending Trans and deferred Agg (completed requests become
+// MPI_REQUEST_NULL; their owner's MPI_Waitall then returns at once). Done
+// when nothing is pending. Runs on L's comm thread during L's pass, while
+// the caller's thread runs L's compute tasks and touches no peer.
+static moe_status ep_background(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_ep_layer *L = arg;
+  int all = 1;
+  for (int i = 0; i < L->n_peers; i++) {
+    moe_ep_layer *q = L->peers[i];
+    int flag = 1;
+    if (q->n_reqs > 0) {
+      MOE_MPI_TRY_OP(ctx, "test of a linked layer's Trans",
+                     MPI_Testall(q->n_reqs, q->reqs, &flag, q->trans_stats));
+      all &= flag != 0;
+    }
+    if (q->agg_pending && q->n_agg > 0) {
+      MOE_MPI_TRY_OP(ctx, "test of a linked layer's Agg",
+                     MPI_Testall(q->n_agg, q->agg_reqs, &flag, q->agg_stats));
+      all &= flag != 0;
+    }
+  }
+  *state = all ? MOE_TASK_DONE : MOE_TASK_PENDING;
+done:
+  return st;
+}
+
+static void unlink_layer(moe_ep_layer *L) {
+  for (int i = 0; i < L->n_peers; i++) {
+    moe_ep_layer *q = L->peers[i];
+    int k = 0;
+    for (int j = 0; j < q->n_peers; j++)
+      if (q->peers[j] != L) q->peers[k++] = q->peers[j];
+    q->n_peers = k;
+    if (k == 0) moe_executor_set_background(q->ex, NULL, NULL);
+  }
+  moe_free(L->peers);
+  L->peers = NULL;
+  L->n_peers = 0;
+  if (L->ex) moe_executor_set_background(L->ex, NULL, NULL);
+}
+
+moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = n > 0 && layers && layers[0] ? layers[0]->ctx : NULL;
+  MOE_FAIL_IF(ctx, n < 0 || (n > 0 && !layers), MOE_STATUS_INVALID_ARG,
+              "link: %d layers (must be >= 0, with an array)", n);
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx, !layers[i], MOE_STATUS_INVALID_ARG, "link: layer %d is NULL", i);
+    for (int j = 0; j < i; j++)
+      MOE_FAIL_IF(ctx, layers[j] == layers[i], MOE_STATUS_INVALID_ARG,
+                  "link: layer %d is layer %d again", i, j);
+    MOE_FAIL_IF(ctx, layers[i]->agg_pending || layers[i]->n_reqs > 0, MOE_STATUS_INVALID_ARG,
+                "link: layer %d has transfers pending (link before placing copies)", i);
+  }
+  for (int i = 0; i < n; i++) {
+    unlink_layer(layers[i]);
+  }
+  for (int i = 0; i < n && n > 1; i++) {
+    moe_ep_layer *L = layers[i];
+    L->peers = moe_calloc((size_t)n - 1, sizeof *L->peers);
+    MOE_FAIL_IF(L->ctx, !L->peers, MOE_STATUS_OUT_OF_MEMORY, "link: out of memory");
+    for (int j = 0; j < n; j++)
+      if (j != i) L->peers[L->n_peers++] = layers[j];
+    moe_executor_set_background(L->ex, ep_background, L);
+  }
+done:
+  if (st == MOE_STATUS_OUT_OF_MEMORY)
+    for (int i = 0; i < n; i++) unlink_layer(layers[i]);
+  return st;
+}
+
+double moe_ep_layer_agg_ms(const moe_ep_layer *L) { return L ? L->agg_wait_ms : 0.0; }
+
+moe_executor_background moe_ep_layer_background(const moe_ep_layer *L, int backward) {
+  moe_executor_background b;
+  memset(&b, 0, sizeof b);
+  if (L) b = L->bg_stats[backward ? 1 : 0];
+  return b;
 }
 
 double moe_ep_layer_trans_ms(const moe_ep_layer *L) {

@@ -145,6 +145,12 @@ struct moe_ep_layer {
   int agg_pending;                // 1 between a deferred backward and moe_ep_layer_grads_wait
   uint64_t agg_t0;                // when the pending Agg was posted (for its trace record)
   moe_task_record bal_rec[2][2];  // [backward][task]
+  double agg_wait_ms;             // the last Agg's time no compute hid (moe_ep_layer_agg_ms)
+  // the layers linked with this one (moe_ep_layer_link): their pending Trans
+  // and deferred Agg progress on this layer's comm stream while it waits
+  struct moe_ep_layer **peers;  // (n_peers)
+  int n_peers;
+  moe_executor_background bg_stats[2];  // the last forward's and backward's polls of them
   uint64_t fwd_start_ns, bwd_start_ns;
 };
 
@@ -152,7 +158,7 @@ struct moe_ep_layer {
 size_t moe_ep_expert_floats_(const moe_ep_layer *L);
 // Allocates the copy slots and their tables (ep_placement.c); local.
 moe_status moe_ep_copies_init_(moe_ep_layer *L);
-void moe_ep_copies_free_(moe_ep_layer *L);
+void moe_ep_copies_free_(moe_ep_layer *L);  // also unlinks L (moe_ep_layer_link)
 // Completes a pending Trans (a no-op without one); its wait time goes to
 // trans_wait_ms. Every rank with requests calls it at the same point.
 moe_status moe_ep_trans_wait_(moe_ep_layer *L);

@@ -55,6 +55,14 @@ struct moe_executor {
   // a stream is waiting for the other one (for a dependency, or at the end
   // of its order): MOE_WAIT_ADAPTIVE then blocks in the other's pending task
   int idle[MOE_STREAM_COUNT_];
+  int compute_finished;  // the compute stream's order is done (or stopped)
+
+  // ---- the background task (moe_executor_set_background): set between
+  // passes; polled by the comm stream while it waits
+  moe_task_test_fn bg_test;
+  void *bg_arg;
+  int bg_done;                    // this pass: it reported done (or failed)
+  moe_executor_background bg_st;  // this pass's polls and completion
 
   // ---- written by the running stream, read after the pass
   moe_task_record *records;  // (max_tasks)
@@ -160,6 +168,53 @@ static int deps_done(const moe_executor *ex, const moe_task_graph *graph, int t)
   return 1;
 }
 
+// One poll of the background task, from the comm stream with ex->mu held
+// (released around the call). A failure is reported once (it does not fail
+// the pass: the task's owner sees it when it completes the work itself).
+static void poll_background(moe_executor *ex, moe_ctx *ctx) {
+  pthread_mutex_unlock(&ex->mu);
+  moe_task_state state = MOE_TASK_PENDING;
+  const moe_status st = ex->bg_test(ex->bg_arg, ctx, &state);
+  const uint64_t now = moe_time_ns() - ex->t0;
+  pthread_mutex_lock(&ex->mu);
+  ex->bg_st.polls++;
+  if (st != MOE_STATUS_OK || state == MOE_TASK_DONE) {
+    ex->bg_done = 1;
+    ex->bg_st.done = st == MOE_STATUS_OK;
+    ex->bg_st.failed = st != MOE_STATUS_OK;
+    ex->bg_st.done_ns = now;
+    moe_ctx_clear_error(ctx);
+  }
+}
+
+// The comm stream waits (ex->mu held) until `ready` holds or the pass
+// failed: on the condition variable, or, while a background task is
+// pending, polling it with back-off sleeps (at most 20 us, so the stream's
+// next task starts late by no more than that).
+static void comm_wait(moe_executor *ex, int (*ready)(const moe_executor *, int), int t) {
+  moe_ctx *ctx = ex->stream_ctx[MOE_STREAM_COMM];
+  uint32_t pause = ex->cfg.poll_min_ns;
+  const uint32_t cap = ex->cfg.poll_max_ns < 20000 ? ex->cfg.poll_max_ns : 20000;
+  while (!ex->failed && !ready(ex, t)) {
+    if (!ex->bg_test || ex->bg_done) {
+      pthread_cond_wait(&ex->cv_state, &ex->mu);
+      continue;
+    }
+    poll_background(ex, ctx);
+    if (ex->bg_done || ex->failed || ready(ex, t)) continue;
+    pthread_mutex_unlock(&ex->mu);
+    sleep_ns(pause);
+    pause = pause > cap / 2 ? cap : 2 * pause;
+    pthread_mutex_lock(&ex->mu);
+  }
+}
+
+static int deps_ready(const moe_executor *ex, int t) { return deps_done(ex, ex->graph, t); }
+static int compute_over(const moe_executor *ex, int t) {
+  (void)t;
+  return ex->compute_finished;
+}
+
 // Walks the order of stream s; returns when it is done or the pass failed.
 static void run_stream(moe_executor *ex, moe_stream s) {
   const moe_task_graph *graph = ex->graph;
@@ -173,7 +228,11 @@ static void run_stream(moe_executor *ex, moe_stream s) {
     // 1. wait for the dependencies (the other stream signals each completion)
     pthread_mutex_lock(&ex->mu);
     ex->idle[s] = 1;
-    while (!ex->failed && !deps_done(ex, graph, t)) pthread_cond_wait(&ex->cv_state, &ex->mu);
+    if (s == MOE_STREAM_COMM) {
+      comm_wait(ex, deps_ready, t);
+    } else {
+      while (!ex->failed && !deps_done(ex, graph, t)) pthread_cond_wait(&ex->cv_state, &ex->mu);
+    }
     ex->idle[s] = 0;
     const int failed = ex->failed;
     pthread_mutex_unlock(&ex->mu);
@@ -221,6 +280,10 @@ static void *comm_thread_main(void *arg) {
     pthread_mutex_unlock(&ex->mu);
     run_stream(ex, MOE_STREAM_COMM);
     pthread_mutex_lock(&ex->mu);
+    // its order done, the comm stream keeps polling a pending background
+    // task while the compute stream works
+    ex->idle[MOE_STREAM_COMM] = 1;
+    if (ex->bg_test) comm_wait(ex, compute_over, 0);
     ex->comm_finished = 1;
     ex->idle[MOE_STREAM_COMM] = 1;
     pthread_cond_broadcast(&ex->cv_state);
@@ -328,6 +391,9 @@ moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
   ex->fail_status = MOE_STATUS_OK;
   ex->fail_task = -1;
   ex->comm_finished = 0;
+  ex->compute_finished = 0;
+  ex->bg_done = 0;
+  memset(&ex->bg_st, 0, sizeof ex->bg_st);
   memset(ex->idle, 0, sizeof ex->idle);
   ex->graph = graph;
   ex->sched = sched;
@@ -342,6 +408,8 @@ moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
   // 3. wait for the comm stream
   pthread_mutex_lock(&ex->mu);
   ex->idle[MOE_STREAM_COMPUTE] = 1;
+  ex->compute_finished = 1;
+  pthread_cond_broadcast(&ex->cv_state);
   while (!ex->comm_finished) pthread_cond_wait(&ex->cv_state, &ex->mu);
   const int failed = ex->failed;
   const moe_status fail_status = ex->fail_status;
@@ -357,6 +425,21 @@ moe_status moe_executor_run(moe_executor *ex, const moe_task_graph *graph,
   }
 done:
   return st;
+}
+
+void moe_executor_set_background(moe_executor *ex, moe_task_test_fn test, void *arg) {
+  if (!ex) return;
+  pthread_mutex_lock(&ex->mu);
+  ex->bg_test = test;
+  ex->bg_arg = test ? arg : NULL;
+  pthread_mutex_unlock(&ex->mu);
+}
+
+moe_executor_background moe_executor_background_stats(const moe_executor *ex) {
+  moe_executor_background b;
+  memset(&b, 0, sizeof b);
+  if (ex) b = ex->bg_st;
+  return b;
 }
 
 // ---- profiler ----------------------------------------------------------------------------

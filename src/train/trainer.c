@@ -40,6 +40,7 @@ void moe_train_config_default(moe_train_config *tc) {
   moe_balance_config_default(&tc->balance, MOE_BALANCE_NONE, tc->model.d_model,
                              tc->model.moe.hidden_dim, 0);
   tc->balance.cost.flops_per_s = 0;  // measured on the first step
+  tc->balance_blockwise = 1;
   tc->batch = 16;
   tc->steps = 200;
   tc->seed = 1;
@@ -161,13 +162,14 @@ typedef struct {
   // load balancing (tc->balance): one balancer per MoE block, made on the
   // block's first step (its rates measured then), and the load and plan tables
   moe_balancer *bal[MOE_GPT_MAX_LAYERS];
-  int64_t *bal_load;              // (EP, E)
-  uint8_t *bal_replica;           // (E, EP)
-  double *bias_load;              // (E): the router-bias update's load per expert
-  moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
-  moe_train_schedule schedule;    // the learning-rate schedule used
-  moe_memory_need need;           // this rank's memory estimate (baseline included)
-  double need_max[2];             // the largest total and expected figure over the ranks
+  double trans_post[MOE_GPT_MAX_LAYERS];  // moe_ep_layer_trans_ms right after set_placement
+  int64_t *bal_load;                      // (EP, E)
+  uint8_t *bal_replica;                   // (E, EP)
+  double *bias_load;                      // (E): the router-bias update's load per expert
+  moe_gpt_ckpt_info resume_info;          // the checkpoint resumed from (tc->resume)
+  moe_train_schedule schedule;            // the learning-rate schedule used
+  moe_memory_need need;                   // this rank's memory estimate (baseline included)
+  double need_max[2];                     // the largest total and expected figure over the ranks
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -939,6 +941,7 @@ static moe_status restore_balancers(run_state *r) {
       continue;
     }
     MOE_TRY(moe_ep_layer_set_placement(l, moe_balancer_placement(r->bal[b])));
+    r->trans_post[b] = moe_ep_layer_trans_ms(l);
   }
 done:
   moe_free(buf);
@@ -983,6 +986,7 @@ static moe_status routing_step(run_state *r, moe_train_step_info *info) {
     MOE_TRY(agree(r, moe_balancer_step(r->bal[b], r->bal_load, r->bal_replica, &bi),
                   "the balancing plan"));
     MOE_TRY(moe_ep_layer_set_placement(l, r->bal_replica));
+    r->trans_post[b] = moe_ep_layer_trans_ms(l);
     info->balance_before += bi.ratio_before;
     info->balance_after += bi.ratio_after;
     info->copies += bi.copies;
@@ -1019,8 +1023,16 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   r.tc = tc;
 
   MOE_TRY(setup(&r, &start));
-  if (tc->resume && tc->balance.policy != MOE_BALANCE_NONE && r.user->par.ep_size > 1)
-    MOE_TRY(restore_balancers(&r));
+  if (tc->balance.policy != MOE_BALANCE_NONE && r.user->par.ep_size > 1) {
+    if (tc->balance_blockwise) {  // Pro-Prophet's block-wise scheduler
+      moe_ep_layer *layers[MOE_GPT_MAX_LAYERS];
+      int n = 0;
+      for (int b = 0; b < tc->model.n_layer; b++)
+        if (r.user->impl[b]) layers[n++] = moe_train_ep_layer(r.user->impl[b], NULL, NULL);
+      MOE_TRY(moe_ep_layer_link(layers, n));  // local, the same on every rank
+    }
+    if (tc->resume) MOE_TRY(restore_balancers(&r));
+  }
   out->first_step = start;
   out->schedule = r.schedule;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
@@ -1084,6 +1096,13 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     moe_train_step_info info;
     memset(&info, 0, sizeof info);
+    if (tc->balance.policy != MOE_BALANCE_NONE)  // this step's Trans and Agg not hidden
+      for (int b = 0; b < tc->model.n_layer; b++) {
+        if (!r.user->impl[b]) continue;
+        const moe_ep_layer *el = moe_train_ep_layer(r.user->impl[b], NULL, NULL);
+        info.trans_wait_ms += moe_ep_layer_trans_ms(el) - r.trans_post[b];
+        info.agg_ms += moe_ep_layer_agg_ms(el);
+      }
     // the next step's placement of expert copies, with the updated parameters
     if (tc->balance.policy != MOE_BALANCE_NONE || tc->router_bias_rate > 0)
       MOE_TRY(routing_step(&r, &info));
@@ -1129,6 +1148,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       out->balance_after = (out->balance_after * k + info.balance_after) / (k + 1);
       out->balance_copies = (out->balance_copies * k + info.copies) / (k + 1);
       out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
+      out->trans_wait_ms = (out->trans_wait_ms * k + info.trans_wait_ms) / (k + 1);
+      out->agg_ms = (out->agg_ms * k + info.agg_ms) / (k + 1);
     }
     if (tc->par.topo_gate > 0 && n_moe > 0) {
       const double k = (double)(step - start);
@@ -1163,8 +1184,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        const char *names[12] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
-        double vals[12] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
+        const char *names[16] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
+        double vals[16] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
                            step_s * 1e3};
         int n_vals = 5;
         // a dense model has no MoE pass; the balance values only when balancing,
@@ -1179,6 +1200,12 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
             vals[n_vals++] = info.balance_after;
             names[n_vals] = "copies";
             vals[n_vals++] = info.copies;
+            names[n_vals] = "balance_ms";
+            vals[n_vals++] = info.balance_ms;
+            names[n_vals] = "trans_wait_ms";
+            vals[n_vals++] = info.trans_wait_ms;
+            names[n_vals] = "agg_ms";
+            vals[n_vals++] = info.agg_ms;
           }
           if (tc->par.topo_gate > 0) {
             names[n_vals] = "rerouted";
