@@ -109,6 +109,30 @@ static void check_deferred(moe_ctx *ctx, const char *name, int i, const moe_laye
              "%s: bad links refused: '%s'", name, moe_ctx_error(ctx));
   moe_status st = moe_ep_layer_link(pair, 2);
   TU_CHECK(st == MOE_STATUS_OK, "%s link: %s", name, moe_ctx_error(ctx));
+  if (i == 0) {
+    // both layers' loads in one call equal each layer's own; one bitmap that
+    // differs between ranks fails the batched placement on every rank
+    const int E = c->num_experts;
+    const int P = E / moe_ep_layer_get_tensors(L).home_count;  // the EP size
+    int64_t *both = calloc((size_t)2 * E * P, sizeof(int64_t)), *one = calloc((size_t)E * P, 8);
+    TU_CHECK(moe_ep_layers_load(pair, 2, both) == MOE_STATUS_OK &&
+                 moe_ep_layer_load(L, one) == MOE_STATUS_OK &&
+                 memcmp(both, one, (size_t)E * P * 8) == 0 &&
+                 moe_ep_layer_load(D, one) == MOE_STATUS_OK &&
+                 memcmp(both + (size_t)E * P, one, (size_t)E * P * 8) == 0,
+             "%s: the batched load differs from the layers' own: %s", name, moe_ctx_error(ctx));
+    uint8_t *mine = calloc((size_t)E * P, 1);
+    if (g_rank == 0 && P > 1) mine[(size_t)(E - 1) * P] = 1;  // expert E-1's copy on rank 0
+    const uint8_t *bitmaps[2] = {rep, mine};
+    const moe_status bad = moe_ep_layers_set_placement(pair, 2, bitmaps);
+    if (P > 1)
+      TU_CHECK(bad == MOE_STATUS_INVALID_ARG && strstr(moe_ctx_error(ctx), "bitmaps differ"),
+               "%s: a bitmap differing between ranks: status %d, '%s'", name, (int)bad,
+               moe_ctx_error(ctx));
+    free(both);
+    free(one);
+    free(mine);
+  }
   if (st == MOE_STATUS_OK) st = moe_ep_layer_set_placement(D, rep);
   moe_ep_layer_zero_grad(D);
   if (st == MOE_STATUS_OK) st = moe_ep_layer_forward(D, x, T, yd, NULL);

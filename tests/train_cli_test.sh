@@ -110,6 +110,13 @@ then ok; else bad "routing trace content"; fi
 # load balancing: the summary's balance line; bad policy; one rank (EP 1)
 expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 3 --balance eplb --eval-every 0 --eval-batches 1
+expect 0 "balance overhead not hidden, ms per step: [0-9.]+ load, plan and Trans posting, [0-9.]+ Trans wait, [0-9.]+ Agg \([0-9.]+% of the step; block-wise scheduler off\)" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 3 --balance eplb --balance-blockwise off --eval-every 0 \
+  --eval-batches 1 --metrics "$tmp/bal.jsonl"
+if grep -q '"balance_ms":' "$tmp/bal.jsonl" && grep -q '"trans_wait_ms":' "$tmp/bal.jsonl" &&
+  grep -q '"agg_ms":' "$tmp/bal.jsonl"; then ok; else bad "balanced metrics lack balance_ms, trans_wait_ms or agg_ms"; fi
+expect 2 "--balance-blockwise: 'maybe' is not one of on, off" -- "$MOE" train "${TINY[@]}" --steps 1 \
+  --balance-blockwise maybe
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow

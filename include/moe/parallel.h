@@ -181,6 +181,11 @@ moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 // moe_ep_layer_set_replica (the two cannot be mixed). Invalidates a pending
 // backward. An all-zero bitmap removes every copy.
 moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replica);
+// moe_ep_layer_set_placement of n layers on the same ranks, replicas[i] layer
+// i's bitmap, with one agreement (a single all-reduce) for all of them: a
+// model's layers placed each step without a collective per layer.
+moe_status moe_ep_layers_set_placement(moe_ep_layer *const *layers, int n,
+                                       const uint8_t *const *replicas);
 // Wall time (ms) of the last set_placement's parameter transfer on this rank
 // that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
@@ -216,6 +221,10 @@ moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *
 // rank. Collective over world (an all-gather in the EP group and a sum over
 // the DP groups). Zeros before the first forward.
 moe_status moe_ep_layer_load(moe_ep_layer *layer, int64_t *counts);
+// moe_ep_layer_load of n layers of one model (the same EP group and E) in
+// one all-gather and one sum: counts (n, EP, E), layer i's at i x EP x E.
+// INVALID_ARG (local, alike on every rank) for a NULL or mismatched layer.
+moe_status moe_ep_layers_load(moe_ep_layer *const *layers, int n, int64_t *counts);
 
 // x (T, M) -> y (T, M) for this rank's T tokens (0 <= T <= cfg.tokens; T may
 // differ between ranks). Collective over world. stats report the GLOBAL aux

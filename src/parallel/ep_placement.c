@@ -220,37 +220,25 @@ static void bind_slot(moe_ep_layer *L, int e, int s) {
   L->slot_expert[s] = e;
 }
 
-moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
+// One layer's checks on its bitmap (every rank makes them alike).
+static moe_status placement_local(moe_ep_layer *L, const uint8_t *replica) {
+  moe_ctx *ctx = L->ctx;
+  if (!replica)
+    return moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                        "placement: the bitmap must not be NULL");
+  if (L->agg_pending)
+    return moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                        "placement: the last backward's gradients are pending (deferred Agg): "
+                        "call moe_ep_layer_grads_wait first");
+  return check_placement(L, replica);
+}
+
+// Steps 2 and 3 of a placement agreed on: this rank's slots (free the copies
+// dropped, take new ones), then Trans.
+static moe_status placement_apply(moe_ep_layer *L, const uint8_t *replica) {
   moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L ? L->ctx : NULL;
-  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  moe_ctx *ctx = L->ctx;
   const size_t EP = (size_t)L->E * (size_t)L->P;
-  // step 1: the same checks on every rank, then agreement on the bitmap
-  moe_status local = MOE_STATUS_OK;
-  if (!replica) {
-    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                         "placement: the bitmap must not be NULL");
-  } else if (L->agg_pending) {
-    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                         "placement: the last backward's gradients are pending (deferred Agg): "
-                         "call moe_ep_layer_grads_wait first");
-  } else {
-    local = check_placement(L, replica);
-  }
-  {
-    const uint64_t h = replica ? bitmap_hash(replica, EP) : 0;
-    uint64_t hi = 0, lo = 0;
-    const uint64_t neg = ~h;
-    MOE_MPI_TRY_OP(ctx, "placement agreement",
-                   MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, L->world));
-    MOE_MPI_TRY_OP(ctx, "placement agreement",
-                   MPI_Allreduce(&neg, &lo, 1, MPI_UINT64_T, MPI_MAX, L->world));
-    if (local == MOE_STATUS_OK && hi != ~lo)
-      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                           "placement: the bitmaps differ between ranks; every rank must pass "
-                           "the same (plan from all-gathered counts)");
-  }
-  MOE_TRY(moe_comm_agree(ctx, L->world, local, "set_placement"));
   if (L->pc.copy_slots <= 0) goto done;  // checked: the empty placement, nothing to do
   L->have_forward = 0;
   MOE_TRY(moe_ep_trans_wait_(L));  // the last placement's Trans, if no forward took it
@@ -304,6 +292,115 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
   }
 done:
   return st;
+}
+
+moe_status moe_ep_layers_set_placement(moe_ep_layer *const *layers, int n,
+                                       const uint8_t *const *replicas) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = n > 0 && layers && layers[0] ? layers[0]->ctx : NULL;
+  MOE_FAIL_IF(ctx, n < 1 || !layers || !replicas, MOE_STATUS_INVALID_ARG,
+              "placement: %d layers (must be >= 1, with arrays of layers and bitmaps)", n);
+  for (int i = 0; i < n; i++)
+    MOE_FAIL_IF(ctx, !layers[i], MOE_STATUS_INVALID_ARG, "placement: layer %d is NULL", i);
+  {
+    // step 1: the same checks on every rank, then one agreement on every
+    // layer's verdict and on a hash of every bitmap
+    moe_ep_layer *L0 = layers[0];
+    moe_status local = MOE_STATUS_OK;
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n && local == MOE_STATUS_OK; i++) {
+      moe_ep_layer *L = layers[i];
+      int same = MPI_UNEQUAL;
+      if (i > 0) MPI_Comm_compare(L->world, L0->world, &same);
+      if (i > 0 && same != MPI_IDENT && same != MPI_CONGRUENT)
+        local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                             "placement: layer %d is on other ranks than layer 0", i);
+      else
+        local = placement_local(L, replicas[i]);
+      if (local != MOE_STATUS_OK && L->ctx != ctx)
+        moe_error_at(ctx, local, __FILE__, __LINE__, "%s", moe_ctx_error(L->ctx));
+      if (local == MOE_STATUS_OK)
+        h = (h ^ bitmap_hash(replicas[i], (size_t)L->E * (size_t)L->P)) * 1099511628211ull;
+    }
+    // max of (failed, h, ~h): every rank failed alike, or all passed with one bitmap
+    uint64_t v[3] = {local != MOE_STATUS_OK, h, ~h};
+    MOE_MPI_TRY_OP(ctx, "placement agreement",
+                   MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_UINT64_T, MPI_MAX, L0->world));
+    if (v[0]) {  // someone failed: agree on who (the message is on that rank)
+      MOE_TRY(moe_comm_agree(ctx, L0->world, local, "set_placement"));
+      MOE_FAIL(ctx, MOE_STATUS_INTERNAL, "placement: a rank failed but none says so");
+    }
+    MOE_FAIL_IF(ctx, v[1] != ~v[2], MOE_STATUS_INVALID_ARG,
+                "placement: the bitmaps differ between ranks; every rank must pass the same (plan "
+                "from all-gathered counts)");
+  }
+  for (int i = 0; i < n; i++) {
+    st = placement_apply(layers[i], replicas[i]);
+    if (st != MOE_STATUS_OK && layers[i]->ctx != ctx)
+      moe_error_at(ctx, st, __FILE__, __LINE__, "%s", moe_ctx_error(layers[i]->ctx));
+    if (st != MOE_STATUS_OK) goto done;
+  }
+done:
+  return st;
+}
+
+moe_status moe_ep_layer_set_placement(moe_ep_layer *L, const uint8_t *replica) {
+  if (!L) return MOE_STATUS_INVALID_ARG;
+  return moe_ep_layers_set_placement(&L, 1, &replica);
+}
+
+moe_status moe_ep_layers_load(moe_ep_layer *const *layers, int n, int64_t *counts) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = n > 0 && layers && layers[0] ? layers[0]->ctx : NULL;
+  MPI_Datatype rows = MPI_DATATYPE_NULL, block = MPI_DATATYPE_NULL;
+  MOE_FAIL_IF(ctx, n < 1 || !layers || !counts, MOE_STATUS_INVALID_ARG,
+              "load: %d layers (must be >= 1, with the layers and a counts buffer)", n);
+  const moe_ep_layer *L0 = layers[0];
+  const int E = L0->E, P = L0->P;
+  for (int i = 0; i < n; i++) {
+    MOE_FAIL_IF(ctx, !layers[i], MOE_STATUS_INVALID_ARG, "load: layer %d is NULL", i);
+    int same = MPI_IDENT;
+    if (i > 0) MPI_Comm_compare(layers[i]->ep.comm, L0->ep.comm, &same);
+    MOE_FAIL_IF(
+        ctx, layers[i]->E != E || layers[i]->P != P || (same != MPI_IDENT && same != MPI_CONGRUENT),
+        MOE_STATUS_INVALID_ARG, "load: layer %d has another EP group or expert count than layer 0",
+        i);
+  }
+  {
+    // this rank's kept rows per expert of every layer (0 before a forward),
+    // all-gathered in the EP group in one call: rank p's n rows of E land at
+    // p * E of each layer's (P, E) matrix (a vector type resized to one row)
+    const size_t PE = (size_t)P * (size_t)E;
+    for (int i = 0; i < n; i++)
+      for (int e = 0; e < E; e++)
+        counts[i * PE + (size_t)L0->me * E + e] = layers[i]->route.count[e];
+    MOE_MPI_TRY_OP(ctx, "the load's row type", MPI_Type_vector(n, E, (int)PE, MPI_INT64_T, &rows));
+    MOE_MPI_TRY_OP(ctx, "the load's row type",
+                   MPI_Type_create_resized(rows, 0, (MPI_Aint)(E * sizeof(int64_t)), &block));
+    MOE_MPI_TRY_OP(ctx, "the load's row type", MPI_Type_commit(&block));
+    MOE_MPI_TRY_OP(
+        ctx, "all-gather of the routing counts",
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, counts, 1, block, L0->ep.comm));
+    // summed over the DP groups (same EP index)
+    MOE_FAIL_IF(ctx, (size_t)n * PE > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
+                "load: %d layers of %d x %d counts exceed MPI's int count", n, P, E);
+    MOE_MPI_TRY_OP(
+        ctx, "sum of the routing counts over the DP groups",
+        MPI_Allreduce(MPI_IN_PLACE, counts, (int)((size_t)n * PE), MPI_INT64_T, MPI_SUM, L0->dp));
+  }
+done:
+  if (block != MPI_DATATYPE_NULL) MPI_Type_free(&block);
+  if (rows != MPI_DATATYPE_NULL) MPI_Type_free(&rows);
+  return st;
+}
+
+moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  if (!L || !counts)
+    return ctx ? moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                              "layer and counts must not be NULL")
+               : MOE_STATUS_INVALID_ARG;
+  return moe_ep_layers_load(&L, 1, counts);
 }
 
 // ---- linked layers: the background task -------------------------------------------------
@@ -392,24 +489,6 @@ moe_executor_background moe_ep_layer_background(const moe_ep_layer *L, int backw
 
 double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
   return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;
-}
-
-moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
-  moe_status st = MOE_STATUS_OK;
-  moe_ctx *ctx = L ? L->ctx : NULL;
-  MOE_FAIL_IF(ctx, !L || !counts, MOE_STATUS_INVALID_ARG, "layer and counts must not be NULL");
-  {
-    const int E = L->E, P = L->P;
-    // this rank's kept rows per expert (0 before a forward), all-gathered in
-    // the EP group, then summed over the DP groups (same EP index)
-    for (int e = 0; e < E; e++) counts[(size_t)L->me * E + e] = L->route.count[e];
-    MOE_MPI_TRY_OP(ctx, "all-gather of the routing counts",
-                   MPI_Allgather(MPI_IN_PLACE, E, MPI_INT64_T, counts, E, MPI_INT64_T, L->ep.comm));
-    MOE_MPI_TRY_OP(ctx, "sum of the routing counts over the DP groups",
-                   MPI_Allreduce(MPI_IN_PLACE, counts, P * E, MPI_INT64_T, MPI_SUM, L->dp));
-  }
-done:
-  return st;
 }
 
 moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {

@@ -959,43 +959,56 @@ static moe_status routing_step(run_state *r, moe_train_step_info *info) {
   moe_ctx *ctx = r->ctx;
   const moe_train_config *tc = r->tc;
   const uint64_t t0 = moe_time_ns();
-  const int E = tc->model.moe.num_experts;
+  const int E = tc->model.moe.num_experts, P = r->user->par.ep_size;
+  const size_t PE = (size_t)E * (size_t)P;
   const int balancing = tc->balance.policy != MOE_BALANCE_NONE;
-  int blocks = 0;
+  moe_ep_layer *layers[MOE_GPT_MAX_LAYERS];
+  const uint8_t *reps[MOE_GPT_MAX_LAYERS];
+  int blk[MOE_GPT_MAX_LAYERS], n = 0;
   for (int b = 0; b < tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
-    moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
-    const int P = r->user->par.ep_size;
-    if (!r->bal_load) {
-      r->bal_load = moe_calloc((size_t)E * P, sizeof(int64_t));
-      r->bal_replica = moe_calloc((size_t)E * P, 1);
-      r->bias_load = moe_calloc((size_t)E, sizeof(double));
-      MOE_TRY(agree(r,
-                    r->bal_load && r->bal_replica && r->bias_load
-                        ? MOE_STATUS_OK
-                        : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
-                                       "cannot allocate the balancing tables"),
-                    "balancing tables"));
-    }
-    MOE_TRY(moe_ep_layer_load(l, r->bal_load));
-    if (tc->router_bias_rate > 0) router_bias_step(r, b, r->bal_load, P, info);
-    blocks++;
+    layers[n] = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    blk[n++] = b;
+  }
+  if (n == 0) goto done;
+  if (!r->bal_load) {  // (blocks, EP, E) loads and (blocks, E, EP) plans
+    r->bal_load = moe_calloc((size_t)n * PE, sizeof(int64_t));
+    r->bal_replica = moe_calloc((size_t)n * PE, 1);
+    r->bias_load = moe_calloc((size_t)E, sizeof(double));
+    MOE_TRY(agree(r,
+                  r->bal_load && r->bal_replica && r->bias_load
+                      ? MOE_STATUS_OK
+                      : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                     "cannot allocate the balancing tables"),
+                  "balancing tables"));
+  }
+  // every block's load in one all-gather; the plans on every rank alike; every
+  // block's placement in one agreement (a few collectives per step, not per block)
+  MOE_TRY(moe_ep_layers_load(layers, n, r->bal_load));
+  moe_status local = MOE_STATUS_OK;
+  for (int i = 0; i < n; i++) {
+    const int b = blk[i];
+    const int64_t *load = r->bal_load + (size_t)i * PE;
+    if (tc->router_bias_rate > 0) router_bias_step(r, b, load, P, info);
     if (!balancing) continue;
-    if (!r->bal[b]) MOE_TRY(make_balancer(r, b, l, 1));
+    if (!r->bal[b]) MOE_TRY(make_balancer(r, b, layers[i], 1));
+    reps[i] = r->bal_replica + (size_t)i * PE;
     moe_balance_step_info bi;
-    MOE_TRY(agree(r, moe_balancer_step(r->bal[b], r->bal_load, r->bal_replica, &bi),
-                  "the balancing plan"));
-    MOE_TRY(moe_ep_layer_set_placement(l, r->bal_replica));
-    r->trans_post[b] = moe_ep_layer_trans_ms(l);
+    if (local == MOE_STATUS_OK)
+      local = moe_balancer_step(r->bal[b], load, r->bal_replica + (size_t)i * PE, &bi);
+    if (local != MOE_STATUS_OK) continue;
     info->balance_before += bi.ratio_before;
     info->balance_after += bi.ratio_after;
     info->copies += bi.copies;
   }
-  if (blocks) {
-    info->balance_before /= blocks;
-    info->balance_after /= blocks;
-    info->expert_load_ratio /= blocks;
+  if (balancing) {
+    MOE_TRY(agree(r, local, "the balancing plan"));
+    MOE_TRY(moe_ep_layers_set_placement(layers, n, reps));
+    for (int i = 0; i < n; i++) r->trans_post[blk[i]] = moe_ep_layer_trans_ms(layers[i]);
   }
+  info->balance_before /= n;
+  info->balance_after /= n;
+  info->expert_load_ratio /= n;
   if (balancing) info->balance_ms = moe_time_ms_since(t0);
 done:
   return st;
