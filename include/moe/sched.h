@@ -335,6 +335,10 @@ typedef struct {
   int failed;        // 1: test failed in the last pass
   uint64_t done_ns;  // when it reported done or failed, from the pass's start
 } moe_executor_background;
+// Whether the pass running on ex has failed (a task returned an error): a
+// task that waits for work outside the graph (e.g. the background task's)
+// polls it so that it gives up instead of waiting forever.
+int moe_executor_pass_failed(moe_executor *ex);
 // The last pass's polls of the background task (zeros before any).
 moe_executor_background moe_executor_background_stats(const moe_executor *ex);
 

@@ -40,6 +40,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe/expert.h"
 #include "moe/kernels.h"
@@ -64,6 +65,8 @@ static moe_status task_a2(void *arg, moe_ctx *ctx);
 static moe_status task_d2(void *arg, moe_ctx *ctx);
 static moe_status task_a_test(void *arg, moe_ctx *ctx, moe_task_state *state);
 static moe_status task_a_wait(void *arg, moe_ctx *ctx);
+static moe_status task_a1_test(void *arg, moe_ctx *ctx, moe_task_state *state);
+static moe_status task_a1_wait(void *arg, moe_ctx *ctx);
 
 // Builds the task graph of one direction and its schedule.
 static moe_status build_pass(moe_ep_layer *L, int dir) {
@@ -71,7 +74,7 @@ static moe_status build_pass(moe_ep_layer *L, int dir) {
   const int r = L->r;
   const int compressed = L->compress_on && (dir == 0 || L->pc.compress_backward);
   moe_chunk_task_fns fns[MOE_CT_KINDS] = {
-      {task_c1, NULL, NULL}, {task_a1, task_a_test, task_a_wait},
+      {task_c1, NULL, NULL}, {task_a1, task_a1_test, task_a1_wait},
       {task_d1, NULL, NULL}, {task_e, NULL, NULL},
       {task_c2, NULL, NULL}, {task_a2, task_a_test, task_a_wait},
       {task_d2, NULL, NULL}};
@@ -149,6 +152,9 @@ moe_status moe_ep_pass_init_(moe_ep_layer *L) {
     MOE_TRY(build_pass(L, dir));
   }
   MOE_TRY(moe_executor_create(ctx, &L->pc.exec, max_tasks, &L->ex));
+  // the comm stream completes this layer's Trans (and its linked layers'
+  // transfers) while it waits
+  moe_executor_set_background(L->ex, moe_ep_background_, L);
 done:
   return st;
 }
@@ -534,13 +540,58 @@ static moe_status task_a1(void *arg, moe_ctx *ctx) {
   return chunk_a2a(a->L, ctx, a->chunk, 0, a->compressed);
 }
 
+// The forward's first dispatch chunk done, this layer's Trans is posted (the
+// link is then free while the experts compute). Every rank reaches this
+// point without waiting for any expert task (its first comm task is an A1,
+// which depends on no E), so every Trans is posted before an expert task
+// can wait for one: no deadlock whatever the schedule.
+static moe_status task_a1_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  moe_ep_task_arg *a = arg;
+  moe_status st = task_a_test(arg, ctx, state);
+  if (st == MOE_STATUS_OK && *state == MOE_TASK_DONE && !a->backward)
+    st = moe_ep_trans_post_(a->L, ctx);
+  return st;
+}
+
+static moe_status task_a1_wait(void *arg, moe_ctx *ctx) {
+  moe_ep_task_arg *a = arg;
+  moe_status st = task_a_wait(arg, ctx);
+  if (st == MOE_STATUS_OK && !a->backward) st = moe_ep_trans_post_(a->L, ctx);
+  return st;
+}
+
 static moe_status task_a2(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   return chunk_a2a(a->L, ctx, a->chunk, 1, a->compressed);
 }
 
 // The experts on chunk c's rows: forward, or backward (gradients accumulate).
+// The compute stream waits (back-off sleeps of 2 to 20 us) until Trans is
+// complete: the comm stream's background task completes it while it waits
+// between its own tasks. Gives up when the pass failed or Trans did.
+static moe_status wait_trans(moe_ep_layer *L, moe_ctx *ctx) {
+  moe_status st = MOE_STATUS_OK;
+  int state = __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE);
+  if (state == MOE_EP_TRANS_DONE) return st;
+  const uint64_t t0 = moe_time_ns();
+  long pause = 2000;
+  while (((state = __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE)) == MOE_EP_TRANS_PENDING ||
+          state == MOE_EP_TRANS_UNPOSTED) &&
+         !moe_executor_pass_failed(L->ex)) {
+    struct timespec ts = {0, pause};
+    nanosleep(&ts, NULL);
+    pause = pause < 10000 ? 2 * pause : 20000;
+  }
+  L->trans_spin_ns += moe_time_ns() - t0;
+  MOE_FAIL_IF(ctx, state != MOE_EP_TRANS_DONE, MOE_STATUS_COMM,
+              "the copies' parameters (Trans) did not arrive: %s",
+              state == MOE_EP_TRANS_FAILED ? "their transfer failed" : "the pass failed");
+done:
+  return st;
+}
+
 static moe_status task_e(void *arg, moe_ctx *ctx) {
+  moe_status st = MOE_STATUS_OK;
   moe_ep_task_arg *a = arg;
   moe_ep_layer *L = a->L;
   const moe_layer_config *cfg = &L->cfg;
@@ -551,13 +602,20 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
   (void)ctx;
   if (!a->backward) {
     regroup(L, c, bufa, ex_x, 1);
-    for (int e = 0; e < L->E; e++) {
-      const size_t s = L->plan.expert_start[(size_t)c * L->E + e],
-                   n = L->plan.expert_rows[(size_t)c * L->E + e];
-      if (n == 0) continue;
-      const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
-      L->expert->forward(cfg, &p, ex_x + s * M, (int)n, pre + s * H, h + s * H, bufb + s * M,
-                         &L->fwd_timing);
+    // the home experts first, then the copies (expert_slot >= 0), whose
+    // parameters may still be travelling (Trans, completed by the comm
+    // stream's background task meanwhile); each expert's rows are its own,
+    // so the order changes no bit
+    for (int copies = 0; copies <= 1; copies++) {
+      for (int e = 0; e < L->E; e++) {
+        const size_t s = L->plan.expert_start[(size_t)c * L->E + e],
+                     n = L->plan.expert_rows[(size_t)c * L->E + e];
+        if (n == 0 || (L->expert_slot && L->expert_slot[e] >= 0) != copies) continue;
+        if (copies) MOE_TRY(wait_trans(L, ctx));
+        const moe_expert_params p = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+        L->expert->forward(cfg, &p, ex_x + s * M, (int)n, pre + s * H, h + s * H, bufb + s * M,
+                           &L->fwd_timing);
+      }
     }
   } else {
     float *dh = L->dh.buf, *dpre = L->dpre.buf;
@@ -573,7 +631,8 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
     }
   }
   regroup(L, c, bufb, bufa, 0);
-  return MOE_STATUS_OK;
+done:
+  return st;
 }
 
 // Runs the pass of one direction; with compression, the ranks then agree on
@@ -683,12 +742,6 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   }
   if (local == MOE_STATUS_OK)
     local = moe_gate_route(ctx, c, L->t.wg, x, tokens, &gb, &L->route, tm);
-  // the copies' parameters (posted by set_placement) are needed from here on;
-  // every rank with requests waits here, after its gate (a failure is agreed below)
-  if (L->n_reqs > 0) {
-    const moe_status w = moe_ep_trans_wait_(L);
-    if (local == MOE_STATUS_OK) local = w;
-  }
   if (local == MOE_STATUS_OK) {
     moe_gate_loss_stats(c, &gb, &L->route, tokens, L->stats);
   } else {
@@ -715,8 +768,16 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   pack(L, L->xe, L->sendbuf, 1);
   tm->dispatch_ms = moe_time_ms_since(t0);
 
-  // step 3: the pass
+  // step 3: the pass; the copies' parameters (Trans, posted by
+  // set_placement) complete inside it, beside the home experts' compute
+  const uint64_t t_pass = moe_time_ns();
+  L->trans_spin_ns = 0;
   MOE_TRY(run_pass(L, 0));
+  if (L->trans_spin_ns > 0) {  // what the expert tasks waited for Trans
+    L->trans_wait_ms += (double)L->trans_spin_ns * 1e-6;
+    moe_ep_balance_record_(L, 0, t_pass, t_pass + L->trans_spin_ns);
+  }
+  MOE_TRY(moe_ep_trans_wait_(L));  // the rest (no copy rows here), if any
 
   // step 4: unpack, combine
   t0 = moe_time_ns();

@@ -112,9 +112,57 @@ done:
   return st;
 }
 
+moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx) {
+  moe_status st = MOE_STATUS_OK;
+  if (__atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) != MOE_EP_TRANS_UNPOSTED) goto done;
+  {
+    // every home sends each copy its parameters (4 parts; the receives are
+    // posted in the same (expert, part) order as the sends)
+    const int me = L->me, P = L->P;
+    const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
+    const size_t n[4] = {M * H, H, H * M, M};
+    const uint8_t *replica = L->placement.replica;
+    int nr = 0;
+    for (int e = 0; e < L->E; e++) {
+      const int home = L->placement.home[e];
+      for (int p = 0; p < P; p++) {
+        if (!replica[(size_t)e * P + p]) continue;
+        float *parts[4] = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
+        for (int k = 0; k < 4; k++) {
+          int rc = MPI_SUCCESS;
+          if (me == home) {
+            rc = MPI_Isend(parts[k], (int)n[k], MPI_FLOAT, p, 7301 + k, L->ep.comm, &L->reqs[nr++]);
+          } else if (me == p) {
+            rc = MPI_Irecv(parts[k], (int)n[k], MPI_FLOAT, home, 7301 + k, L->ep.comm,
+                           &L->reqs[nr++]);
+          }
+          if (rc != MPI_SUCCESS) {
+            L->n_reqs = nr - 1;  // the ones posted (a failed post makes no request)
+            __atomic_store_n(&L->trans_state, MOE_EP_TRANS_FAILED, __ATOMIC_RELEASE);
+            MOE_FAIL(ctx, MOE_STATUS_COMM,
+                     "posting the expert parameters' transfer to their copies failed (MPI error "
+                     "%d)",
+                     rc);
+          }
+        }
+      }
+    }
+    L->n_reqs = nr;
+    __atomic_store_n(&L->trans_state, nr > 0 ? MOE_EP_TRANS_PENDING : MOE_EP_TRANS_DONE,
+                     __ATOMIC_RELEASE);
+  }
+done:
+  return st;
+}
+
 moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
+  if (__atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED) {
+    const uint64_t t0 = moe_time_ns();  // nobody posted it meanwhile: now
+    MOE_TRY(moe_ep_trans_post_(L, ctx));
+    L->trans_post_ms += moe_time_ms_since(t0);
+  }
   if (L->n_reqs <= 0) goto done;
   {
     const uint64_t t0 = moe_time_ns();
@@ -122,6 +170,7 @@ moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
     L->n_reqs = 0;
     MOE_MPI_TRY_OP(ctx, "transfer of expert parameters to their copies",
                    MPI_Waitall(n, L->reqs, L->trans_stats));
+    __atomic_store_n(&L->trans_state, MOE_EP_TRANS_DONE, __ATOMIC_RELEASE);
     L->trans_wait_ms += moe_time_ms_since(t0);
     moe_ep_balance_record_(L, 0, t0, moe_time_ns());
   }
@@ -133,7 +182,10 @@ static void unlink_layer(moe_ep_layer *L);
 
 void moe_ep_copies_free_(moe_ep_layer *L) {
   unlink_layer(L);
-  if (L->n_reqs > 0) moe_ep_trans_wait_(L);  // no request left behind the buffers
+  // no request left behind the buffers (posted first if nobody did: the
+  // peers post theirs alike at their destroy)
+  if (L->n_reqs > 0 || __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED)
+    moe_ep_trans_wait_(L);
   if (L->n_agg > 0) MPI_Waitall(L->n_agg, L->agg_reqs, L->agg_stats);
   L->n_agg = 0;
   L->agg_pending = 0;
@@ -259,35 +311,21 @@ static moe_status placement_apply(moe_ep_layer *L, const uint8_t *replica) {
   L->n_placed = 0;
   for (size_t i = 0; i < EP; i++) L->n_placed += replica[i] != 0;
   for (size_t i = 0; i < EP; i++) L->placement.replica[i] = replica[i] ? 1 : 0;
-  // step 3: Trans: every home sends each copy its parameters (4 parts; the
-  // receives are posted in the same (expert, part) order as the sends)
+  // step 3: Trans is posted later, where nothing else needs the link
+  // (moe_ep_trans_post_: by this layer's comm stream once its dispatch
+  // all-to-all is done, or by a linked layer's pass before it)
   {
-    const uint64_t t0 = moe_time_ns();
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
-    const size_t n[4] = {M * H, H, H * M, M};
     MOE_FAIL_IF(ctx, M * H > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
                 "placement: an expert's weight (%zu floats) exceeds MPI's int count", M * H);
-    int nr = 0;
-    for (int e = 0; e < L->E; e++) {
-      const int home = L->placement.home[e];
-      for (int p = 0; p < P; p++) {
-        if (!replica[(size_t)e * P + p]) continue;
-        float *parts[4] = {L->w1_of[e], L->b1_of[e], L->w2_of[e], L->b2_of[e]};
-        for (int k = 0; k < 4; k++) {
-          if (me == home) {
-            MOE_MPI_TRY_OP(
-                ctx, "send of expert parameters to a copy",
-                MPI_Isend(parts[k], (int)n[k], MPI_FLOAT, p, 7301 + k, L->ep.comm, &L->reqs[nr++]));
-          } else if (me == p) {
-            MOE_MPI_TRY_OP(ctx, "receive of expert parameters for a copy",
-                           MPI_Irecv(parts[k], (int)n[k], MPI_FLOAT, home, 7301 + k, L->ep.comm,
-                                     &L->reqs[nr++]));
-          }
-        }
-      }
-    }
-    L->n_reqs = nr;  // completed by the next forward (moe_ep_trans_wait_)
-    L->trans_post_ms = moe_time_ms_since(t0);
+    int mine = 0;  // this rank sends or receives a copy's parameters
+    for (int e = 0; e < L->E && !mine; e++)
+      for (int p = 0; p < P; p++)
+        if (replica[(size_t)e * P + p] && (p == me || L->placement.home[e] == me)) mine = 1;
+    L->n_reqs = 0;
+    __atomic_store_n(&L->trans_state, mine ? MOE_EP_TRANS_UNPOSTED : MOE_EP_TRANS_DONE,
+                     __ATOMIC_RELEASE);
+    L->trans_post_ms = 0.0;
     L->trans_wait_ms = 0.0;
   }
 done:
@@ -405,24 +443,48 @@ moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
 
 // ---- linked layers: the background task -------------------------------------------------
 
-// The comm stream's background task of a linked layer: one non-blocking test
-// of every peer's pending Trans and deferred Agg (completed requests become
-// MPI_REQUEST_NULL; their owner's MPI_Waitall then returns at once). Done
-// when nothing is pending. Runs on L's comm thread during L's pass, while
-// the caller's thread runs L's compute tasks and touches no peer.
-static moe_status ep_background(void *arg, moe_ctx *ctx, moe_task_state *state) {
+// Posts q's Trans if nobody did yet, then tests it once; marks it done (or
+// failed) for q's expert tasks. Completed requests become MPI_REQUEST_NULL, so q's own
+// MPI_Waitall later returns at once.
+static moe_status test_trans(moe_ep_layer *q, moe_ctx *ctx, int *all) {
+  if (__atomic_load_n(&q->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED) {
+    const moe_status st = moe_ep_trans_post_(q, ctx);
+    if (st != MOE_STATUS_OK) return st;
+  }
+  if (q->n_reqs <= 0 || __atomic_load_n(&q->trans_state, __ATOMIC_ACQUIRE) != MOE_EP_TRANS_PENDING)
+    return MOE_STATUS_OK;
+  int flag = 0;
+  const int rc = MPI_Testall(q->n_reqs, q->reqs, &flag, q->trans_stats);
+  if (rc != MPI_SUCCESS) {
+    __atomic_store_n(&q->trans_state, MOE_EP_TRANS_FAILED, __ATOMIC_RELEASE);
+    return moe_error_at(ctx, MOE_STATUS_COMM, __FILE__, __LINE__,
+                        "test of the expert parameters' transfer to their copies failed (MPI "
+                        "error %d)",
+                        rc);
+  }
+  if (flag) __atomic_store_n(&q->trans_state, MOE_EP_TRANS_DONE, __ATOMIC_RELEASE);
+  *all &= flag != 0;
+  return MOE_STATUS_OK;
+}
+
+// The comm stream's background task of L's passes: one non-blocking test of
+// L's own pending Trans (its expert tasks wait for it before a copy's rows)
+// and of every linked layer's pending Trans and deferred Agg. Done when
+// nothing is pending. Runs on L's comm thread during L's pass, while the
+// caller's thread runs L's compute tasks and touches no linked layer.
+moe_status moe_ep_background_(void *arg, moe_ctx *ctx, moe_task_state *state) {
   moe_status st = MOE_STATUS_OK;
-  const moe_ep_layer *L = arg;
+  moe_ep_layer *L = arg;
   int all = 1;
+  // this layer's own Trans is posted when its first dispatch chunk is done
+  // (ep_pass.c), or here if the comm stream waits before; a linked layer's
+  // at once (a later block's parameters travel beside this block's compute)
+  MOE_TRY(test_trans(L, ctx, &all));
   for (int i = 0; i < L->n_peers; i++) {
     moe_ep_layer *q = L->peers[i];
-    int flag = 1;
-    if (q->n_reqs > 0) {
-      MOE_MPI_TRY_OP(ctx, "test of a linked layer's Trans",
-                     MPI_Testall(q->n_reqs, q->reqs, &flag, q->trans_stats));
-      all &= flag != 0;
-    }
+    MOE_TRY(test_trans(q, ctx, &all));
     if (q->agg_pending && q->n_agg > 0) {
+      int flag = 1;
       MOE_MPI_TRY_OP(ctx, "test of a linked layer's Agg",
                      MPI_Testall(q->n_agg, q->agg_reqs, &flag, q->agg_stats));
       all &= flag != 0;
@@ -440,12 +502,10 @@ static void unlink_layer(moe_ep_layer *L) {
     for (int j = 0; j < q->n_peers; j++)
       if (q->peers[j] != L) q->peers[k++] = q->peers[j];
     q->n_peers = k;
-    if (k == 0) moe_executor_set_background(q->ex, NULL, NULL);
   }
   moe_free(L->peers);
   L->peers = NULL;
   L->n_peers = 0;
-  if (L->ex) moe_executor_set_background(L->ex, NULL, NULL);
 }
 
 moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n) {
@@ -470,7 +530,6 @@ moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n) {
     MOE_FAIL_IF(L->ctx, !L->peers, MOE_STATUS_OUT_OF_MEMORY, "link: out of memory");
     for (int j = 0; j < n; j++)
       if (j != i) L->peers[L->n_peers++] = layers[j];
-    moe_executor_set_background(L->ex, ep_background, L);
   }
 done:
   if (st == MOE_STATUS_OUT_OF_MEMORY)

@@ -128,8 +128,13 @@ struct moe_ep_layer {
                             // is (MPI_Status *)1, which GCC 12 flags in MPI_Waitall)
   int n_placed;             // copies placed by set_placement over the EP group (0: none)
   int n_reqs;               // Trans requests posted and not yet completed
-  double trans_post_ms;     // posting the last placement's Trans
-  double trans_wait_ms;     // waiting for it to complete (the part no compute hid)
+  // Trans's state (MOE_EP_TRANS_*; __atomic loads and stores: the comm
+  // stream's background task completes Trans while the compute stream's
+  // expert task waits for it)
+  int trans_state;
+  uint64_t trans_spin_ns;  // this forward's expert tasks waited for Trans (compute stream)
+  double trans_post_ms;    // posting the last placement's Trans
+  double trans_wait_ms;    // waiting for it to complete (the part no compute hid)
   // Trans and Agg as tasks of a trace (moe_ep_layer_balance_pass): a graph of
   // two comm-stream tasks, "Trans" and "Agg", and their records of the last
   // forward (Trans: waiting for it after the gate) and backward (Agg: the
@@ -162,6 +167,20 @@ void moe_ep_copies_free_(moe_ep_layer *L);  // also unlinks L (moe_ep_layer_link
 // Completes a pending Trans (a no-op without one); its wait time goes to
 // trans_wait_ms. Every rank with requests calls it at the same point.
 moe_status moe_ep_trans_wait_(moe_ep_layer *L);
+// Trans: nothing pending; posted and not complete; failed; placed but not
+// posted yet (moe_ep_trans_post_ posts it: on the comm stream during a pass,
+// or on the caller's thread in moe_ep_trans_wait_)
+enum {
+  MOE_EP_TRANS_DONE = 0,
+  MOE_EP_TRANS_PENDING = 1,
+  MOE_EP_TRANS_FAILED = 2,
+  MOE_EP_TRANS_UNPOSTED = 3
+};
+moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx);
+// The executor's background task of L's passes (moe_executor_set_background):
+// tests L's own pending Trans and its linked layers' Trans and deferred Agg
+// (ep_placement.c).
+moe_status moe_ep_background_(void *arg, moe_ctx *ctx, moe_task_state *state);
 // Records Trans (backward 0) or Agg (1) of the current pass for traces
 // (absolute moe_time_ns times).
 void moe_ep_balance_record_(moe_ep_layer *L, int backward, uint64_t start_ns, uint64_t end_ns);

@@ -435,6 +435,14 @@ void moe_executor_set_background(moe_executor *ex, moe_task_test_fn test, void *
   pthread_mutex_unlock(&ex->mu);
 }
 
+int moe_executor_pass_failed(moe_executor *ex) {
+  if (!ex) return 0;
+  pthread_mutex_lock(&ex->mu);
+  const int failed = ex->failed;
+  pthread_mutex_unlock(&ex->mu);
+  return failed;
+}
+
 moe_executor_background moe_executor_background_stats(const moe_executor *ex) {
   moe_executor_background b;
   memset(&b, 0, sizeof b);
