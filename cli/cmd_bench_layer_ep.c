@@ -787,7 +787,7 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
   printf(
       "(busiest: rows the busiest rank's experts computed, last iteration; ratio: over the\n"
       "mean; step ms: all-gather of the last iteration's load, plan, posting Trans; trans ms:\n"
-      "the Trans no compute hid (posting it, waiting for it after the gate); both inside\n"
+      "the Trans no compute hid (the expert task's wait for the copies' parameters); both inside\n"
       "fwd ms; vs none: the same variant's total without balancing over this one's)\n\n");
 }
 

@@ -172,9 +172,11 @@ moe_status moe_ep_layer_sync_replicas(moe_ep_layer *layer);
 // Makes replica the placement from the next forward on: frees the copies it
 // drops, puts new ones in free slots (no allocation), and sends every copy
 // its home's current parameters (Trans: non-blocking sends and receives in
-// the EP group, posted here and completed by the next forward after its gate,
-// so compute before it hides the transfer; the home's parameters must not
-// change until then). Collective over world; every
+// the EP group, posted in the next forward's pass once its first dispatch
+// chunk is exchanged, or before by a linked layer's pass, and waited for
+// only before a copy's rows are computed, so the home experts' compute
+// hides the transfer; the home's parameters must not change until that
+// forward). Collective over world; every
 // rank must pass the same bitmap. INVALID_ARG on every rank (no hang) for a
 // NULL bitmap, a copy on its home, more copies on a rank than
 // pc.copy_slots, bitmaps that differ between ranks, or replicas made with
@@ -243,7 +245,7 @@ moe_status moe_ep_layer_grads_wait(moe_ep_layer *layer);
 // Trans and Agg of the last forward (backward 0) or backward (1) as a pass
 // for a trace (moe_trace_pass; moe_trace_write shows the tasks that ran on
 // the comm stream): a graph of two tasks, "Trans" (the forward's wait for
-// the copies' parameters, after the gate: the part no compute hid) and "Agg"
+// the copies' parameters: the part no compute hid) and "Agg"
 // (the backward's sum of the copies' gradients at their homes); records in
 // ns from the start of moe_ep_layer_forward / _backward. NULL when the layer
 // has no copy slots and no replicas' graph yet.

@@ -65,8 +65,6 @@ static moe_status task_a2(void *arg, moe_ctx *ctx);
 static moe_status task_d2(void *arg, moe_ctx *ctx);
 static moe_status task_a_test(void *arg, moe_ctx *ctx, moe_task_state *state);
 static moe_status task_a_wait(void *arg, moe_ctx *ctx);
-static moe_status task_a1_test(void *arg, moe_ctx *ctx, moe_task_state *state);
-static moe_status task_a1_wait(void *arg, moe_ctx *ctx);
 
 // Builds the task graph of one direction and its schedule.
 static moe_status build_pass(moe_ep_layer *L, int dir) {
@@ -74,7 +72,7 @@ static moe_status build_pass(moe_ep_layer *L, int dir) {
   const int r = L->r;
   const int compressed = L->compress_on && (dir == 0 || L->pc.compress_backward);
   moe_chunk_task_fns fns[MOE_CT_KINDS] = {
-      {task_c1, NULL, NULL}, {task_a1, task_a1_test, task_a1_wait},
+      {task_c1, NULL, NULL}, {task_a1, task_a_test, task_a_wait},
       {task_d1, NULL, NULL}, {task_e, NULL, NULL},
       {task_c2, NULL, NULL}, {task_a2, task_a_test, task_a_wait},
       {task_d2, NULL, NULL}};
@@ -540,26 +538,6 @@ static moe_status task_a1(void *arg, moe_ctx *ctx) {
   return chunk_a2a(a->L, ctx, a->chunk, 0, a->compressed);
 }
 
-// The forward's first dispatch chunk done, this layer's Trans is posted (the
-// link is then free while the experts compute). Every rank reaches this
-// point without waiting for any expert task (its first comm task is an A1,
-// which depends on no E), so every Trans is posted before an expert task
-// can wait for one: no deadlock whatever the schedule.
-static moe_status task_a1_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
-  moe_ep_task_arg *a = arg;
-  moe_status st = task_a_test(arg, ctx, state);
-  if (st == MOE_STATUS_OK && *state == MOE_TASK_DONE && !a->backward)
-    st = moe_ep_trans_post_(a->L, ctx);
-  return st;
-}
-
-static moe_status task_a1_wait(void *arg, moe_ctx *ctx) {
-  moe_ep_task_arg *a = arg;
-  moe_status st = task_a_wait(arg, ctx);
-  if (st == MOE_STATUS_OK && !a->backward) st = moe_ep_trans_post_(a->L, ctx);
-  return st;
-}
-
 static moe_status task_a2(void *arg, moe_ctx *ctx) {
   moe_ep_task_arg *a = arg;
   return chunk_a2a(a->L, ctx, a->chunk, 1, a->compressed);
@@ -575,8 +553,7 @@ static moe_status wait_trans(moe_ep_layer *L, moe_ctx *ctx) {
   if (state == MOE_EP_TRANS_DONE) return st;
   const uint64_t t0 = moe_time_ns();
   long pause = 2000;
-  while (((state = __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE)) == MOE_EP_TRANS_PENDING ||
-          state == MOE_EP_TRANS_UNPOSTED) &&
+  while ((state = __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE)) == MOE_EP_TRANS_PENDING &&
          !moe_executor_pass_failed(L->ex)) {
     struct timespec ts = {0, pause};
     nanosleep(&ts, NULL);
@@ -769,7 +746,8 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   tm->dispatch_ms = moe_time_ms_since(t0);
 
   // step 3: the pass; the copies' parameters (Trans, posted by
-  // set_placement) complete inside it, beside the home experts' compute
+  // set_placement) complete inside it, at the latest beside the home
+  // experts' compute
   const uint64_t t_pass = moe_time_ns();
   L->trans_spin_ns = 0;
   MOE_TRY(run_pass(L, 0));

@@ -12,13 +12,16 @@
 // beside it (the batch-invariant GEMM), so outputs keep their bits; expert
 // gradients are summed in another order (home + copies), equal to rounding.
 //
-// Trans is posted by set_placement as non-blocking sends and receives in the
-// EP group and completed where it is first needed: in the next forward,
-// after the gate (moe_ep_trans_wait_), so the gate's compute and, in a model,
-// every block before this layer run while the parameters travel (the
-// simplest form of Pro-Prophet's block-wise overlap; MPI progresses them
-// inside the other layers' MPI calls). Trans's wait and Agg are recorded as
-// comm-stream tasks of a small graph for traces (moe_ep_layer_balance_pass).
+// Trans (non-blocking sends and receives in the EP group) is posted by
+// set_placement; the next forward's expert task waits for it only before a
+// copy's rows (the home experts first), and the comm stream's background
+// task (moe_ep_background_) completes it meanwhile, so everything before
+// (in a model, the blocks before this layer; in the layer, the gate, the
+// dispatch and the home experts) hides it. Every rank posted it before its
+// forward, so no expert task waits for a transfer nobody posted (no
+// deadlock under any schedule).
+// Trans's wait and Agg are recorded as comm-stream tasks of a small graph
+// for traces (moe_ep_layer_balance_pass).
 // Deferred Agg (pc.defer_agg) is posted by the backward (ep_layer.c) into the
 // buffers allocated here and completed by moe_ep_layer_grads_wait.
 // Pro-Prophet's block-wise scheduler (moe_ep_layer_link): the layers of a
@@ -114,7 +117,6 @@ done:
 
 moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
-  if (__atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) != MOE_EP_TRANS_UNPOSTED) goto done;
   {
     // every home sends each copy its parameters (4 parts; the receives are
     // posted in the same (expert, part) order as the sends)
@@ -158,11 +160,6 @@ done:
 moe_status moe_ep_trans_wait_(moe_ep_layer *L) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
-  if (__atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED) {
-    const uint64_t t0 = moe_time_ns();  // nobody posted it meanwhile: now
-    MOE_TRY(moe_ep_trans_post_(L, ctx));
-    L->trans_post_ms += moe_time_ms_since(t0);
-  }
   if (L->n_reqs <= 0) goto done;
   {
     const uint64_t t0 = moe_time_ns();
@@ -182,10 +179,7 @@ static void unlink_layer(moe_ep_layer *L);
 
 void moe_ep_copies_free_(moe_ep_layer *L) {
   unlink_layer(L);
-  // no request left behind the buffers (posted first if nobody did: the
-  // peers post theirs alike at their destroy)
-  if (L->n_reqs > 0 || __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED)
-    moe_ep_trans_wait_(L);
+  if (L->n_reqs > 0) moe_ep_trans_wait_(L);  // no request left behind the buffers
   if (L->n_agg > 0) MPI_Waitall(L->n_agg, L->agg_reqs, L->agg_stats);
   L->n_agg = 0;
   L->agg_pending = 0;
@@ -311,22 +305,17 @@ static moe_status placement_apply(moe_ep_layer *L, const uint8_t *replica) {
   L->n_placed = 0;
   for (size_t i = 0; i < EP; i++) L->n_placed += replica[i] != 0;
   for (size_t i = 0; i < EP; i++) L->placement.replica[i] = replica[i] ? 1 : 0;
-  // step 3: Trans is posted later, where nothing else needs the link
-  // (moe_ep_trans_post_: by this layer's comm stream once its dispatch
-  // all-to-all is done, or by a linked layer's pass before it)
+  // step 3: Trans, posted now: it travels while everything before the
+  // next forward's expert tasks runs (in a model, the blocks before it)
   {
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     MOE_FAIL_IF(ctx, M * H > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
                 "placement: an expert's weight (%zu floats) exceeds MPI's int count", M * H);
-    int mine = 0;  // this rank sends or receives a copy's parameters
-    for (int e = 0; e < L->E && !mine; e++)
-      for (int p = 0; p < P; p++)
-        if (replica[(size_t)e * P + p] && (p == me || L->placement.home[e] == me)) mine = 1;
+    const uint64_t t0 = moe_time_ns();
     L->n_reqs = 0;
-    __atomic_store_n(&L->trans_state, mine ? MOE_EP_TRANS_UNPOSTED : MOE_EP_TRANS_DONE,
-                     __ATOMIC_RELEASE);
-    L->trans_post_ms = 0.0;
     L->trans_wait_ms = 0.0;
+    MOE_TRY(moe_ep_trans_post_(L, ctx));  // sets the state: pending, or done without requests
+    L->trans_post_ms = moe_time_ms_since(t0);
   }
 done:
   return st;
@@ -443,14 +432,10 @@ moe_status moe_ep_layer_load(moe_ep_layer *L, int64_t *counts) {
 
 // ---- linked layers: the background task -------------------------------------------------
 
-// Posts q's Trans if nobody did yet, then tests it once; marks it done (or
-// failed) for q's expert tasks. Completed requests become MPI_REQUEST_NULL, so q's own
+// Tests q's pending Trans once; marks it done (or failed) for q's expert
+// tasks. Completed requests become MPI_REQUEST_NULL, so q's own
 // MPI_Waitall later returns at once.
 static moe_status test_trans(moe_ep_layer *q, moe_ctx *ctx, int *all) {
-  if (__atomic_load_n(&q->trans_state, __ATOMIC_ACQUIRE) == MOE_EP_TRANS_UNPOSTED) {
-    const moe_status st = moe_ep_trans_post_(q, ctx);
-    if (st != MOE_STATUS_OK) return st;
-  }
   if (q->n_reqs <= 0 || __atomic_load_n(&q->trans_state, __ATOMIC_ACQUIRE) != MOE_EP_TRANS_PENDING)
     return MOE_STATUS_OK;
   int flag = 0;
@@ -476,9 +461,6 @@ moe_status moe_ep_background_(void *arg, moe_ctx *ctx, moe_task_state *state) {
   moe_status st = MOE_STATUS_OK;
   moe_ep_layer *L = arg;
   int all = 1;
-  // this layer's own Trans is posted when its first dispatch chunk is done
-  // (ep_pass.c), or here if the comm stream waits before; a linked layer's
-  // at once (a later block's parameters travel beside this block's compute)
   MOE_TRY(test_trans(L, ctx, &all));
   for (int i = 0; i < L->n_peers; i++) {
     moe_ep_layer *q = L->peers[i];

@@ -167,15 +167,9 @@ void moe_ep_copies_free_(moe_ep_layer *L);  // also unlinks L (moe_ep_layer_link
 // Completes a pending Trans (a no-op without one); its wait time goes to
 // trans_wait_ms. Every rank with requests calls it at the same point.
 moe_status moe_ep_trans_wait_(moe_ep_layer *L);
-// Trans: nothing pending; posted and not complete; failed; placed but not
-// posted yet (moe_ep_trans_post_ posts it: on the comm stream during a pass,
-// or on the caller's thread in moe_ep_trans_wait_)
-enum {
-  MOE_EP_TRANS_DONE = 0,
-  MOE_EP_TRANS_PENDING = 1,
-  MOE_EP_TRANS_FAILED = 2,
-  MOE_EP_TRANS_UNPOSTED = 3
-};
+// Trans: nothing pending; posted and not complete; failed.
+enum { MOE_EP_TRANS_DONE = 0, MOE_EP_TRANS_PENDING = 1, MOE_EP_TRANS_FAILED = 2 };
+// Posts the placement's Trans (set_placement) and marks it pending.
 moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx);
 // The executor's background task of L's passes (moe_executor_set_background):
 // tests L's own pending Trans and its linked layers' Trans and deferred Agg
