@@ -553,12 +553,15 @@ static moe_status wait_trans(moe_ep_layer *L, moe_ctx *ctx) {
   if (state == MOE_EP_TRANS_DONE) return st;
   const uint64_t t0 = moe_time_ns();
   long pause = 2000;
+  // a wait on other ranks: the hang watchdog names it if it never ends
+  const int watch = moe_watchdog_op_begin("the copies' parameters (Trans)", NULL);
   while ((state = __atomic_load_n(&L->trans_state, __ATOMIC_ACQUIRE)) == MOE_EP_TRANS_PENDING &&
          !moe_executor_pass_failed(L->ex)) {
     struct timespec ts = {0, pause};
     nanosleep(&ts, NULL);
     pause = pause < 10000 ? 2 * pause : 20000;
   }
+  moe_watchdog_op_end(watch);
   L->trans_spin_ns += moe_time_ns() - t0;
   MOE_FAIL_IF(ctx, state != MOE_EP_TRANS_DONE, MOE_STATUS_COMM,
               "the copies' parameters (Trans) did not arrive: %s",
