@@ -115,11 +115,12 @@ done:
   return st;
 }
 
-moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx) {
+// Posts the placement's Trans and marks it pending (done without requests):
+// every home sends each copy its parameters (4 parts; the receives are
+// posted in the same (expert, part) order as the sends).
+static moe_status trans_post(moe_ep_layer *L, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
   {
-    // every home sends each copy its parameters (4 parts; the receives are
-    // posted in the same (expert, part) order as the sends)
     const int me = L->me, P = L->P;
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     const size_t n[4] = {M * H, H, H * M, M};
@@ -314,7 +315,7 @@ static moe_status placement_apply(moe_ep_layer *L, const uint8_t *replica) {
     const uint64_t t0 = moe_time_ns();
     L->n_reqs = 0;
     L->trans_wait_ms = 0.0;
-    MOE_TRY(moe_ep_trans_post_(L, ctx));  // sets the state: pending, or done without requests
+    MOE_TRY(trans_post(L, ctx));  // sets the state: pending, or done without requests
     L->trans_post_ms = moe_time_ms_since(t0);
   }
 done:

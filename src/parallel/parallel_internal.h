@@ -169,8 +169,6 @@ void moe_ep_copies_free_(moe_ep_layer *L);  // also unlinks L (moe_ep_layer_link
 moe_status moe_ep_trans_wait_(moe_ep_layer *L);
 // Trans: nothing pending; posted and not complete; failed.
 enum { MOE_EP_TRANS_DONE = 0, MOE_EP_TRANS_PENDING = 1, MOE_EP_TRANS_FAILED = 2 };
-// Posts the placement's Trans (set_placement) and marks it pending.
-moe_status moe_ep_trans_post_(moe_ep_layer *L, moe_ctx *ctx);
 // The executor's background task of L's passes (moe_executor_set_background):
 // tests L's own pending Trans and its linked layers' Trans and deferred Agg
 // (ep_placement.c).
