@@ -149,6 +149,21 @@ void moe_heap_trim(void);
 // bytes rounded up to a multiple of 64 (the alignment of moe_malloc).
 static inline size_t moe_align64(size_t bytes) { return (bytes + 63u) & ~(size_t)63u; }
 
+// Little-endian fields of files (checkpoints, the balancer's state): host
+// independent.
+static inline void moe_le_put_u32(unsigned char *p, uint32_t v) {
+  for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
+}
+static inline void moe_le_put_u64(unsigned char *p, uint64_t v) {
+  for (int b = 0; b < 8; b++) p[b] = (unsigned char)(v >> (8 * b));
+}
+static inline uint32_t moe_le_get_u32(const unsigned char *p) {
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t moe_le_get_u64(const unsigned char *p) {
+  return (uint64_t)moe_le_get_u32(p) | ((uint64_t)moe_le_get_u32(p + 4) << 32);
+}
+
 // A bump allocator over one block: carve many buffers, free them together.
 typedef struct {
   unsigned char *base;

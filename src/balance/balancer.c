@@ -228,24 +228,6 @@ done:
 static const char state_magic[8] = {'M', 'O', 'E', 'B', 'A', 'L', 'S', '1'};
 enum { STATE_INTS = 8, STATE_DOUBLES = 5, STATE_HEAD = 8 + 4 * STATE_INTS + 8 + 8 * STATE_DOUBLES };
 
-static uint8_t *put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-  return p + 8;
-}
-static uint8_t *put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-  return p + 4;
-}
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
 static double bits_f64(uint64_t u) {
   double d;
   memcpy(&d, &u, sizeof d);
@@ -272,12 +254,14 @@ void moe_balancer_state_save(const moe_balancer *b, uint8_t *out) {
   p += 8;
   const int32_t ints[STATE_INTS] = {b->E,         b->P,         b->cfg.policy, b->win.capacity,
                                     b->cfg.slots, b->win.count, b->win.next,   c->model_dim};
-  for (int i = 0; i < STATE_INTS; i++) p = put_u32(p, (uint32_t)ints[i]);
-  p = put_u64(p, (uint64_t)b->step);
+  for (int i = 0; i < STATE_INTS; i++, p += 4) moe_le_put_u32(p, (uint32_t)ints[i]);
+  moe_le_put_u64(p, (uint64_t)b->step);
+  p += 8;
   const double dbl[STATE_DOUBLES] = {c->flops_per_s, c->net_bytes_per_s, c->expert_param_bytes,
                                      c->fnec_ms, c->bnec_ms};
-  for (int i = 0; i < STATE_DOUBLES; i++) p = put_u64(p, f64_bits(dbl[i]));
-  for (size_t i = 0; i < (size_t)b->win.capacity * n; i++) p = put_u64(p, (uint64_t)b->win.ring[i]);
+  for (int i = 0; i < STATE_DOUBLES; i++, p += 8) moe_le_put_u64(p, f64_bits(dbl[i]));
+  for (size_t i = 0; i < (size_t)b->win.capacity * n; i++, p += 8)
+    moe_le_put_u64(p, (uint64_t)b->win.ring[i]);
   memcpy(p, b->current, n);
 }
 
@@ -290,8 +274,8 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
               "balancer state: %zu bytes without the state's header (\"MOEBALS1\")", bytes);
   const uint8_t *p = in + 8;
   int32_t v[STATE_INTS];
-  for (int i = 0; i < STATE_INTS; i++, p += 4) v[i] = (int32_t)get_u32(p);
-  const int64_t step = (int64_t)get_u64(p);
+  for (int i = 0; i < STATE_INTS; i++, p += 4) v[i] = (int32_t)moe_le_get_u32(p);
+  const int64_t step = (int64_t)moe_le_get_u64(p);
   p += 8;
   // what the state belongs to: another one does not apply to this balancer
   MOE_FAIL_IF(ctx, v[0] != b->E || v[1] != b->P, MOE_STATUS_INVALID_ARG,
@@ -316,7 +300,7 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
               v[5], v[6], (long long)step, v[7]);
   moe_balance_cost cost = b->cfg.cost;
   double d[STATE_DOUBLES];
-  for (int i = 0; i < STATE_DOUBLES; i++, p += 8) d[i] = bits_f64(get_u64(p));
+  for (int i = 0; i < STATE_DOUBLES; i++, p += 8) d[i] = bits_f64(moe_le_get_u64(p));
   cost.flops_per_s = d[0];
   cost.net_bytes_per_s = d[1];
   cost.expert_param_bytes = d[2];
@@ -325,7 +309,7 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
   MOE_TRY(moe_balance_check_cost(ctx, &cost));
   const size_t held = (size_t)v[3] * n;
   for (size_t i = 0; i < held; i++) {
-    const int64_t c = (int64_t)get_u64(p + 8 * i);
+    const int64_t c = (int64_t)moe_le_get_u64(p + 8 * i);
     MOE_FAIL_IF(ctx, c < 0 || c > MOE_BALANCE_COUNT_MAX, MOE_STATUS_INVALID_ARG,
                 "balancer state: count %lld in the window (entry %zu) is not in [0, %lld]",
                 (long long)c, i, (long long)MOE_BALANCE_COUNT_MAX);
@@ -350,7 +334,7 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
   b->win.count = v[5];
   b->win.next = v[6];
   memset(b->win.sum, 0, n * sizeof *b->win.sum);
-  for (size_t i = 0; i < held; i++) b->win.ring[i] = (int64_t)get_u64(p + 8 * i);
+  for (size_t i = 0; i < held; i++) b->win.ring[i] = (int64_t)moe_le_get_u64(p + 8 * i);
   // the sum of the held matrices: the `count` slots before `next`
   for (int k = 0; k < b->win.count; k++) {
     const int slot = (b->win.next - 1 - k + 2 * v[3]) % v[3];

@@ -89,21 +89,6 @@ uint32_t moe_crc32(uint32_t crc, const void *data, size_t bytes) {
   return c ^ 0xFFFFFFFFu;
 }
 
-// ---- little-endian fields ----------------------------------------------------------
-
-static void put_u32(unsigned char *p, uint32_t v) {
-  for (int b = 0; b < 4; b++) p[b] = (unsigned char)(v >> (8 * b));
-}
-static void put_u64(unsigned char *p, uint64_t v) {
-  for (int b = 0; b < 8; b++) p[b] = (unsigned char)(v >> (8 * b));
-}
-static uint32_t get_u32(const unsigned char *p) {
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t get_u64(const unsigned char *p) {
-  return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
-}
-
 // ---- dtypes and descs -----------------------------------------------------------------
 
 size_t moe_ckpt_dtype_size(int dtype) {
@@ -213,29 +198,29 @@ static void encode_header(unsigned char h[CK_HEADER_BYTES], uint64_t config_len,
                           const ck_layout *lay) {
   memset(h, 0, CK_HEADER_BYTES);
   memcpy(h, CK_MAGIC, 8);
-  put_u32(h + 8, MOE_CKPT_VERSION);
-  put_u32(h + 12, 0);  // flags
-  put_u64(h + 16, config_len);
-  put_u32(h + 24, (uint32_t)n);
-  put_u32(h + 28, CK_HEADER_BYTES);
-  put_u64(h + 32, lay->data_offset);
-  put_u64(h + 40, lay->table_offset);
-  put_u64(h + 48, lay->file_size);
-  put_u32(h + 56, 0);  // reserved
-  put_u32(h + 60, moe_crc32(0, h, 60));
+  moe_le_put_u32(h + 8, MOE_CKPT_VERSION);
+  moe_le_put_u32(h + 12, 0);  // flags
+  moe_le_put_u64(h + 16, config_len);
+  moe_le_put_u32(h + 24, (uint32_t)n);
+  moe_le_put_u32(h + 28, CK_HEADER_BYTES);
+  moe_le_put_u64(h + 32, lay->data_offset);
+  moe_le_put_u64(h + 40, lay->table_offset);
+  moe_le_put_u64(h + 48, lay->file_size);
+  moe_le_put_u32(h + 56, 0);  // reserved
+  moe_le_put_u32(h + 60, moe_crc32(0, h, 60));
 }
 
 static void encode_entry(unsigned char e[CK_ENTRY_BYTES], const moe_ckpt_tensor_desc *d,
                          uint64_t offset, uint64_t bytes, uint32_t crc) {
   memset(e, 0, CK_ENTRY_BYTES);
   memcpy(e, d->name, strnlen(d->name, MOE_CKPT_MAX_NAME));
-  put_u32(e + 64, (uint32_t)d->dtype);
-  put_u32(e + 68, (uint32_t)d->ndim);
-  for (int k = 0; k < d->ndim; k++) put_u64(e + 72 + 8 * k, (uint64_t)d->dims[k]);
-  put_u64(e + 104, offset);
-  put_u64(e + 112, bytes);
-  put_u32(e + 120, crc);
-  put_u32(e + 124, 0);  // reserved
+  moe_le_put_u32(e + 64, (uint32_t)d->dtype);
+  moe_le_put_u32(e + 68, (uint32_t)d->ndim);
+  for (int k = 0; k < d->ndim; k++) moe_le_put_u64(e + 72 + 8 * k, (uint64_t)d->dims[k]);
+  moe_le_put_u64(e + 104, offset);
+  moe_le_put_u64(e + 112, bytes);
+  moe_le_put_u32(e + 120, crc);
+  moe_le_put_u32(e + 124, 0);  // reserved
 }
 
 // ---- writer ------------------------------------------------------------------------------
@@ -578,10 +563,10 @@ moe_status moe_ckpt_writer_commit(moe_ckpt_writer *w) {
     MOE_TRY(out_bytes(w, e, sizeof e));
   }
   unsigned char tail[CK_TABLE_TAIL_BYTES] = {0};
-  put_u32(tail, table_crc);
+  moe_le_put_u32(tail, table_crc);
   MOE_TRY(out_bytes(w, tail, sizeof tail));
   unsigned char trailer[CK_TRAILER_BYTES] = {0};
-  put_u32(trailer, w->file_crc);
+  moe_le_put_u32(trailer, w->file_crc);
   memcpy(trailer + 8, CK_END_MAGIC, 8);
   MOE_TRY(out_bytes(w, trailer, sizeof trailer));
   MOE_FAIL_IF(ctx, w->pos != w->lay.file_size, MOE_STATUS_INTERNAL,
@@ -674,11 +659,11 @@ static moe_status decode_entry(moe_ckpt_reader *r, int i, const unsigned char *e
     MOE_FAIL_IF(ctx, e[k] != 0, bad, "%s: table entry %d ('%s'): nonzero bytes after the name",
                 r->path, i, d->name);
   }
-  const uint32_t dtype = get_u32(e + 64), ndim = get_u32(e + 68);
+  const uint32_t dtype = moe_le_get_u32(e + 64), ndim = moe_le_get_u32(e + 68);
   d->dtype = dtype <= 255 ? (int)dtype : 0;
   d->ndim = ndim <= MOE_CKPT_MAX_DIMS ? (int)ndim : 0;
   for (int k = 0; k < MOE_CKPT_MAX_DIMS; k++) {
-    const uint64_t v = get_u64(e + 72 + 8 * k);
+    const uint64_t v = moe_le_get_u64(e + 72 + 8 * k);
     MOE_FAIL_IF(ctx, v >= CK_MAX_BYTES, bad, "%s: tensor '%s': dims[%d] = %" PRIu64 " is too large",
                 r->path, d->name, k, v);
     MOE_FAIL_IF(ctx, k >= d->ndim && d->ndim > 0 && v != 0, bad,
@@ -691,18 +676,18 @@ static moe_status decode_entry(moe_ckpt_reader *r, int i, const unsigned char *e
     MOE_FAIL_IF(ctx, strcmp(r->descs[j].name, d->name) == 0, bad,
                 "%s: duplicate tensor name '%s' (tensors %d and %d)", r->path, d->name, j, i);
   }
-  const uint64_t off = get_u64(e + 104), nb = get_u64(e + 112);
+  const uint64_t off = moe_le_get_u64(e + 104), nb = moe_le_get_u64(e + 112);
   MOE_FAIL_IF(ctx, nb != bytes, bad,
               "%s: tensor '%s': table says %" PRIu64 " bytes, its dims make %" PRIu64, r->path,
               d->name, nb, bytes);
   MOE_FAIL_IF(ctx, off != expect_off, bad,
               "%s: tensor '%s': data offset %" PRIu64 ", the layout puts it at %" PRIu64, r->path,
               d->name, off, expect_off);
-  MOE_FAIL_IF(ctx, get_u32(e + 124) != 0, bad, "%s: tensor '%s': nonzero reserved field", r->path,
-              d->name);
+  MOE_FAIL_IF(ctx, moe_le_get_u32(e + 124) != 0, bad, "%s: tensor '%s': nonzero reserved field",
+              r->path, d->name);
   r->offsets[i] = off;
   r->nbytes[i] = nb;
-  *crc = get_u32(e + 120);
+  *crc = moe_le_get_u32(e + 120);
 done:
   return st;
 }
@@ -740,22 +725,22 @@ moe_status moe_ckpt_reader_open(moe_ctx *ctx, const char *path, moe_ckpt_reader 
   MOE_FAIL_IF(ctx, have < CK_HEADER_BYTES, bad,
               "%s: truncated: expected at least %u bytes (the header), file has %" PRIu64, path,
               CK_HEADER_BYTES, have);
-  const uint32_t version = get_u32(h + 8);
+  const uint32_t version = moe_le_get_u32(h + 8);
   MOE_FAIL_IF(ctx, version != MOE_CKPT_VERSION, bad,
               "%s: checkpoint version %" PRIu32 ", this build reads version %d", path, version,
               MOE_CKPT_VERSION);
   const uint32_t hcrc = moe_crc32(0, h, 60);
-  MOE_FAIL_IF(ctx, hcrc != get_u32(h + 60), bad,
+  MOE_FAIL_IF(ctx, hcrc != moe_le_get_u32(h + 60), bad,
               "%s: header checksum mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32 ")",
-              path, get_u32(h + 60), hcrc);
-  const uint32_t flags = get_u32(h + 12), n = get_u32(h + 24);
-  const uint64_t config_len = get_u64(h + 16);
+              path, moe_le_get_u32(h + 60), hcrc);
+  const uint32_t flags = moe_le_get_u32(h + 12), n = moe_le_get_u32(h + 24);
+  const uint64_t config_len = moe_le_get_u64(h + 16);
   MOE_FAIL_IF(ctx, flags != 0, bad, "%s: unknown flags 0x%" PRIx32 " (version 1 has none)", path,
               flags);
-  MOE_FAIL_IF(ctx, get_u32(h + 28) != CK_HEADER_BYTES || get_u32(h + 56) != 0, bad,
+  MOE_FAIL_IF(ctx, moe_le_get_u32(h + 28) != CK_HEADER_BYTES || moe_le_get_u32(h + 56) != 0, bad,
               "%s: bad header (header size %" PRIu32 ", reserved %" PRIu32 ")", path,
-              get_u32(h + 28), get_u32(h + 56));
-  const uint64_t file_size = get_u64(h + 48);
+              moe_le_get_u32(h + 28), moe_le_get_u32(h + 56));
+  const uint64_t file_size = moe_le_get_u64(h + 48);
   MOE_FAIL_IF(ctx, have < file_size, bad,
               "%s: truncated: expected %" PRIu64 " bytes, file has %" PRIu64, path, file_size,
               have);
@@ -766,7 +751,7 @@ moe_status moe_ckpt_reader_open(moe_ctx *ctx, const char *path, moe_ckpt_reader 
               "%s: inconsistent header: config of %" PRIu64 " bytes and %" PRIu32
               " tensors in a file of %" PRIu64 " bytes",
               path, config_len, n, file_size);
-  const uint64_t data_offset = get_u64(h + 32), table_offset = get_u64(h + 40);
+  const uint64_t data_offset = moe_le_get_u64(h + 32), table_offset = moe_le_get_u64(h + 40);
   MOE_FAIL_IF(ctx, data_offset != align64_u64(CK_HEADER_BYTES + config_len), bad,
               "%s: inconsistent header: data offset %" PRIu64 " for a config of %" PRIu64 " bytes",
               path, data_offset, config_len);
@@ -799,15 +784,15 @@ moe_status moe_ckpt_reader_open(moe_ctx *ctx, const char *path, moe_ckpt_reader 
   const unsigned char *ttail = trailer - CK_TABLE_TAIL_BYTES;
   MOE_FAIL_IF(ctx, memcmp(trailer + 8, CK_END_MAGIC, 8) != 0, bad,
               "%s: bad trailer magic (the file was not completely written)", path);
-  MOE_FAIL_IF(ctx, get_u32(trailer + 4) != 0, bad, "%s: bad trailer (nonzero reserved field)",
-              path);
+  MOE_FAIL_IF(ctx, moe_le_get_u32(trailer + 4) != 0, bad,
+              "%s: bad trailer (nonzero reserved field)", path);
   const uint32_t tcrc = moe_crc32(0, tab, (size_t)n * CK_ENTRY_BYTES);
-  MOE_FAIL_IF(ctx, tcrc != get_u32(ttail), bad,
+  MOE_FAIL_IF(ctx, tcrc != moe_le_get_u32(ttail), bad,
               "%s: tensor table checksum mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32
               ")",
-              path, get_u32(ttail), tcrc);
-  MOE_FAIL_IF(ctx, get_u32(ttail + 4) != 0, bad, "%s: bad table tail (nonzero reserved field)",
-              path);
+              path, moe_le_get_u32(ttail), tcrc);
+  MOE_FAIL_IF(ctx, moe_le_get_u32(ttail + 4) != 0, bad,
+              "%s: bad table tail (nonzero reserved field)", path);
   uint64_t expect_off = data_offset;
   for (int i = 0; i < r->n; i++) {
     MOE_TRY(decode_entry(r, i, tab + (size_t)i * CK_ENTRY_BYTES, expect_off, &stored_crc[i]));
@@ -850,10 +835,10 @@ moe_status moe_ckpt_reader_open(moe_ctx *ctx, const char *path, moe_ckpt_reader 
                 ", computed 0x%08" PRIx32 "): its data is corrupted",
                 path, r->descs[i].name, stored_crc[i], data_crc[i]);
   }
-  MOE_FAIL_IF(ctx, file_crc != get_u32(trailer), bad,
+  MOE_FAIL_IF(ctx, file_crc != moe_le_get_u32(trailer), bad,
               "%s: file checksum mismatch (stored 0x%08" PRIx32 ", computed 0x%08" PRIx32
               "): the config or padding is corrupted",
-              path, get_u32(trailer), file_crc);
+              path, moe_le_get_u32(trailer), file_crc);
   r->config[config_len] = '\0';
   r->config_len = (size_t)config_len;
   MOE_FAIL_IF(ctx, strlen(r->config) != r->config_len, bad, "%s: config contains a NUL byte", path);
