@@ -551,10 +551,7 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "Trans wait, %.2f Agg (%.1f%% of the step; block-wise scheduler %s)\n",
         moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
         r->balance_copies, r->balance_ms, r->trans_wait_ms, r->agg_ms,
-        r->tokens_per_s > 0 ? 100.0 * (r->balance_ms + r->trans_wait_ms + r->agg_ms) /
-                                  (1e3 * tc->batch * tc->model.seq_len / r->tokens_per_s)
-                            : 0.0,
-        tc->balance_blockwise ? "on" : "off");
+        100.0 * r->balance_exposed_share, tc->balance_blockwise ? "on" : "off");
   if (tc->par.topo_gate > 0 && tc->model.moe_every > 0) {  // a dense model has no gate
     char gate[32];
     moe_gate_spec_to_string(tc->par.topo_gate, gate, sizeof gate);

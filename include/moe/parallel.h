@@ -191,6 +191,9 @@ moe_status moe_ep_layers_set_placement(moe_ep_layer *const *layers, int n,
 // Wall time (ms) of the last set_placement's parameter transfer on this rank
 // that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);
+// Its part spent waiting in the forward (after posting): 0 until a forward
+// after the last set_placement waited.
+double moe_ep_layer_trans_wait_ms(const moe_ep_layer *layer);
 // Wall time (ms) of the last backward's Agg on this rank that no compute hid:
 // the blocking path's whole transfer and sum in the backward, or, with
 // pc.defer_agg, the wait in moe_ep_layer_grads_wait. 0 without copies.

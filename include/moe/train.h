@@ -251,9 +251,10 @@ typedef struct {
   char source[256];             // the text's description
   // load balancing (tc->balance; zeros without): means over the steps of
   // the step infos' balance_before, balance_after, copies, balance_ms,
-  // trans_wait_ms and agg_ms
+  // trans_wait_ms and agg_ms, and of their share of the step (balance_ms +
+  // trans_wait_ms + agg_ms over step_s: the balancing no compute hid)
   double balance_before, balance_after, balance_copies, balance_ms;
-  double trans_wait_ms, agg_ms;
+  double trans_wait_ms, agg_ms, balance_exposed_share;
   // router-bias update (tc->router_bias_rate > 0; zeros without): the step
   // infos' expert_load_ratio on the first and the last step, and the last
   // router_bias_max

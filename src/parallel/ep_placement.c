@@ -529,6 +529,8 @@ moe_executor_background moe_ep_layer_background(const moe_ep_layer *L, int backw
   return b;
 }
 
+double moe_ep_layer_trans_wait_ms(const moe_ep_layer *L) { return L ? L->trans_wait_ms : 0.0; }
+
 double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
   return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;
 }

@@ -162,14 +162,13 @@ typedef struct {
   // load balancing (tc->balance): one balancer per MoE block, made on the
   // block's first step (its rates measured then), and the load and plan tables
   moe_balancer *bal[MOE_GPT_MAX_LAYERS];
-  double trans_post[MOE_GPT_MAX_LAYERS];  // moe_ep_layer_trans_ms right after set_placement
-  int64_t *bal_load;                      // (EP, E)
-  uint8_t *bal_replica;                   // (E, EP)
-  double *bias_load;                      // (E): the router-bias update's load per expert
-  moe_gpt_ckpt_info resume_info;          // the checkpoint resumed from (tc->resume)
-  moe_train_schedule schedule;            // the learning-rate schedule used
-  moe_memory_need need;                   // this rank's memory estimate (baseline included)
-  double need_max[2];                     // the largest total and expected figure over the ranks
+  int64_t *bal_load;              // (EP, E)
+  uint8_t *bal_replica;           // (E, EP)
+  double *bias_load;              // (E): the router-bias update's load per expert
+  moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
+  moe_train_schedule schedule;    // the learning-rate schedule used
+  moe_memory_need need;           // this rank's memory estimate (baseline included)
+  double need_max[2];             // the largest total and expected figure over the ranks
 } run_state;
 
 // MPI counts are int: large arrays move in pieces.
@@ -941,7 +940,6 @@ static moe_status restore_balancers(run_state *r) {
       continue;
     }
     MOE_TRY(moe_ep_layer_set_placement(l, moe_balancer_placement(r->bal[b])));
-    r->trans_post[b] = moe_ep_layer_trans_ms(l);
   }
 done:
   moe_free(buf);
@@ -1004,7 +1002,6 @@ static moe_status routing_step(run_state *r, moe_train_step_info *info) {
   if (balancing) {
     MOE_TRY(agree(r, local, "the balancing plan"));
     MOE_TRY(moe_ep_layers_set_placement(layers, n, reps));
-    for (int i = 0; i < n; i++) r->trans_post[blk[i]] = moe_ep_layer_trans_ms(layers[i]);
   }
   info->balance_before /= n;
   info->balance_after /= n;
@@ -1113,7 +1110,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       for (int b = 0; b < tc->model.n_layer; b++) {
         if (!r.user->impl[b]) continue;
         const moe_ep_layer *el = moe_train_ep_layer(r.user->impl[b], NULL, NULL);
-        info.trans_wait_ms += moe_ep_layer_trans_ms(el) - r.trans_post[b];
+        info.trans_wait_ms += moe_ep_layer_trans_wait_ms(el);
         info.agg_ms += moe_ep_layer_agg_ms(el);
       }
     // the next step's placement of expert copies, with the updated parameters
@@ -1163,6 +1160,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       out->balance_ms = (out->balance_ms * k + info.balance_ms) / (k + 1);
       out->trans_wait_ms = (out->trans_wait_ms * k + info.trans_wait_ms) / (k + 1);
       out->agg_ms = (out->agg_ms * k + info.agg_ms) / (k + 1);
+      const double share = (info.balance_ms + info.trans_wait_ms + info.agg_ms) / (step_s * 1e3);
+      out->balance_exposed_share = (out->balance_exposed_share * k + share) / (k + 1);
     }
     if (tc->par.topo_gate > 0 && n_moe > 0) {
       const double k = (double)(step - start);
