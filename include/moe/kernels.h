@@ -316,6 +316,17 @@ void moe_attention_backward(float *dqkv, float *scratch, const float *dout, cons
 // one block reused per (b, h)); 0 when s <= 0.
 size_t moe_attention_scratch_floats(int b, int s, int nh, int hd);
 
+// One query row of causal attention against cached keys and values (the
+// KV-cache decode of MoE-GPT): for each head h,
+//     out[h*hd + i] = sum_{u < len} softmax_u(q_h . k_{u,h} / sqrt(hd)) v_{u,h}[i]
+// where q and out are (nh * hd), k and v (len, ld) rows (head h at columns
+// h*hd .. h*hd+hd-1; ld >= nh * hd) and scratch holds 2 * len floats. The
+// products are moe_gemm_fp32 calls with m = 1 and the softmax is
+// moe_softmax_forward's row, so on a batch-invariant backend the result depends
+// only on q and the len cached rows. len >= 1; nothing is done when nh or hd <= 0.
+void moe_attention_decode(float *out, const float *q, const float *k, const float *v, int ld,
+                          int len, int nh, int hd, float *scratch);
+
 // ---- AdamW -------------------------------------------------------------------------------
 
 typedef struct {

@@ -212,6 +212,60 @@ const float *moe_gpt_logits(const moe_gpt *model);
 // Gradients of the last forward's loss (+ the MoE auxiliary terms) +=. Collective.
 moe_status moe_gpt_backward(moe_gpt *model);
 
+// ---- incremental decoding with a KV cache ----------------------------------------------
+
+// The keys and values of up to `slots` sequences of up to seq_len positions
+// each, for every block, and the buffers of one decode step of up to max_rows
+// rows: everything is allocated by moe_gpt_kv_create, decoding allocates
+// nothing. One model can serve several caches; a cache belongs to one model.
+typedef struct moe_gpt_kv moe_gpt_kv;
+
+// Bytes moe_gpt_kv_create allocates for cfg, slots and max_rows (0 when an
+// argument is out of range): 2 L slots S M floats of cache, plus the step's
+// buffers.
+size_t moe_gpt_kv_bytes(const moe_gpt_config *cfg, int slots, int max_rows);
+// slots in [1, 65536]; max_rows in [1, the model's max_batch x seq_len] (the
+// MoE layers were created for that many tokens). INVALID_ARG naming the range;
+// OUT_OF_MEMORY with the bytes.
+moe_status moe_gpt_kv_create(moe_ctx *ctx, const moe_gpt *model, int slots, int max_rows,
+                             moe_gpt_kv **out);
+void moe_gpt_kv_destroy(moe_gpt_kv *kv);  // NULL is a no-op
+int moe_gpt_kv_slots(const moe_gpt_kv *kv);
+int moe_gpt_kv_max_rows(const moe_gpt_kv *kv);
+// Positions a slot holds (0 for a new or reset slot).
+int moe_gpt_kv_length(const moe_gpt_kv *kv, int slot);
+// Forgets a slot's positions (a finished sequence; the next one starts at 0).
+void moe_gpt_kv_reset(moe_gpt_kv *kv, int slot);
+
+// One row of a decode step: the token at position pos of the sequence in slot.
+typedef struct {
+  int32_t slot;         // [0, slots)
+  int32_t pos;          // [0, seq_len); see moe_gpt_decode
+  int32_t token;        // [0, V)
+  int32_t want_logits;  // 1: the step returns this row's logits
+} moe_gpt_decode_row;
+
+// One step of incremental decoding: the rows of any number of sequences
+// (prefill chunks and single decode tokens mixed, in any order of slots) go
+// through the model at once: every GEMM over all n rows, attention of each
+// row against its slot's cached keys and values (moe_attention_decode), the
+// MoE layers through the model's backend as in moe_gpt_forward. Positions:
+// the first row of a slot in the call has pos <= moe_gpt_kv_length(slot) (pos
+// below the length rewinds the slot: later positions are dropped), and each
+// further row of that slot has the next position; afterwards the slot holds
+// its last row's pos + 1 positions. logits: (rows with want_logits, V), in row
+// order (may be NULL when none wants them). A row's logits equal those of
+// moe_gpt_forward on its sequence's tokens 0..pos (up to rounding: 1e-5), and
+// with a batch-invariant compute backend (the default "fixed") and a dropless
+// MoE layer they do not depend on the other rows of the step, on how the
+// sequence was cut into steps, or (with the expert-parallel backend) on the
+// rank count. 0 <= n <= max_rows; n = 0 still runs the MoE layers with no
+// tokens (a distributed backend's collectives: every rank calls every step).
+// Collective when the backend is. INVALID_ARG naming the first bad row (the
+// cache is unchanged then). Invalidates a pending backward.
+moe_status moe_gpt_decode(moe_gpt *model, moe_gpt_kv *kv, const moe_gpt_decode_row *rows, int n,
+                          float *logits);
+
 // ---- optimizer ------------------------------------------------------------------------------
 
 typedef struct {
