@@ -17,7 +17,9 @@ static void usage(FILE *f) {
           "  version          print the version and the compiled-in features (also --version;\n"
           "                   --catalogue: the registered names of every plug-in kind)\n"
           "  train            train MoE-GPT (under mpirun: data x expert parallelism)\n"
-          "  sample           generate text from a training checkpoint\n"
+          "  sample           generate text from a training checkpoint (one sequence)\n"
+          "  generate         completions for a JSONL file of prompts: KV cache, continuous\n"
+          "                   batching, expert-parallel under mpirun\n"
           "  bench layer      time one MoE layer (forward + backward), in one process or\n"
           "                   expert-parallel with the schedules (under mpirun)\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
@@ -108,6 +110,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return cmd_version(argc, argv);
   if (strcmp(cmd, "train") == 0) return cmd_train(argc, argv);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc, argv);
+  if (strcmp(cmd, "generate") == 0) return cmd_generate(argc, argv);
   if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
   if (strcmp(cmd, "simulate") == 0) return cmd_simulate(argc, argv);
   if (strcmp(cmd, "roofline") == 0) return cmd_roofline(argc, argv);

@@ -34,6 +34,7 @@ layers=(
   "model:model.h data.h checkpoint.h gpt_io.h"
   "measure:measure.h measure_mpi.h"
   "train:train.h"
+  "infer:infer.h"
   "top:moe.h"
 )
 

@@ -38,6 +38,7 @@ typedef enum {
   MOE_STATUS_UNSUPPORTED,    // the feature is not compiled in or not available
   MOE_STATUS_COMM,           // a communication (MPI) call failed
   MOE_STATUS_INTERNAL,       // a libmoe bug: please report
+  MOE_STATUS_BUSY,           // a queue is full or the object is shutting down: try later
   MOE_STATUS_COUNT_          // number of codes (not a status)
 } moe_status;
 

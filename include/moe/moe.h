@@ -1,6 +1,7 @@
 // libmoe: a distributed Mixture-of-Experts runtime. Umbrella header: every
 // public header that needs no MPI. With MPI, also include moe/comm.h,
-// moe/parallel.h, moe/measure_mpi.h and moe/train.h (they include <mpi.h>).
+// moe/parallel.h, moe/measure_mpi.h, moe/train.h and moe/infer.h (they include
+// <mpi.h>).
 #ifndef MOE_MOE_H
 #define MOE_MOE_H
 

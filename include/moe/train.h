@@ -28,6 +28,20 @@
 extern "C" {
 #endif
 
+// ---- MoE-GPT's expert-parallel FFN backend -------------------------------------
+
+// The moe_gpt_moe_ops that runs a model's MoE blocks as moe_ep_layer over
+// `world` with `par` (the trainer's backend; the inference engine uses it too).
+// Its user is a moe_train_ep_user that outlives the model; create fills impl
+// with each MoE block's instance (NULL for dense blocks). Every call is
+// collective over world, in the same order on every rank.
+typedef struct {
+  MPI_Comm world;
+  moe_parallel_config par;
+  void *impl[MOE_GPT_MAX_LAYERS];
+} moe_train_ep_user;
+extern const moe_gpt_moe_ops moe_train_ep_ops;
+
 typedef struct {
   int step;              // 1-based step just finished
   double loss;           // global mean cross-entropy of the step's batch (nats per token)

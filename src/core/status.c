@@ -31,6 +31,8 @@ const char *moe_status_str(moe_status st) {
       return "communication error";
     case MOE_STATUS_INTERNAL:
       return "internal error";
+    case MOE_STATUS_BUSY:
+      return "busy";
     case MOE_STATUS_COUNT_:
       break;
   }

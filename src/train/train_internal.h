@@ -6,16 +6,6 @@
 #include "moe/parallel.h"
 #include "moe/train.h"
 
-// The `user` of moe_train_ep_ops: the world, the parallel config, and each
-// block's backend instance (NULL for dense blocks), filled by create.
-typedef struct {
-  MPI_Comm world;
-  moe_parallel_config par;
-  void *impl[MOE_GPT_MAX_LAYERS];
-} moe_train_ep_user;
-
-// MoE-GPT's expert-parallel FFN backend (gpt_ep.c).
-extern const moe_gpt_moe_ops moe_train_ep_ops;
 // Bytes the backend's create allocates per block besides the moe_ep_layer.
 size_t moe_train_ep_block_bytes_(void);
 // The layer of a backend instance and when its last forward / backward began.

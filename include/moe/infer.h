@@ -1,0 +1,204 @@
+// The inference engine: continuous batching of many generation requests over a
+// MoE-GPT checkpoint, with a KV cache (moe_gpt_decode) and the MoE layers run
+// expert-parallel over the ranks of an MPI communicator (docs/inference.md).
+//
+// Roles. Rank 0 owns the requests: moe_infer_submit queues them (from any
+// thread of rank 0), and each moe_infer_step (collective) admits waiting
+// requests into free KV-cache slots, builds the step's rows (one decode token
+// per running sequence, then prefill chunks of new prompts), broadcasts them,
+// and samples the next token of every sequence whose last row was computed.
+// Every rank holds the KV cache of the sequences it was given (slots are
+// spread over the ranks) and computes their dense layers; the MoE layers'
+// experts are spread over all ranks and every rank takes part in every step,
+// also in steps where it has no rows, so nothing hangs when sequences end at
+// different times. The other ranks run moe_infer_follow until rank 0 calls
+// moe_infer_shutdown.
+//
+// Determinism: a request's tokens depend only on the checkpoint, its prompt,
+// its parameters and its seed: not on the other requests, the batching, the
+// prefill chunking or the number of ranks, when moe_gemm runs on a
+// batch-invariant backend (the default "fixed") and the MoE layers are
+// dropless (moe_gpt_decode). With a capacity factor the dropped choices
+// depend on the step's other rows.
+//
+// Context: the cache holds at most seq_len positions of a sequence. A prompt
+// longer than that keeps its last seq_len tokens; when a generated token would
+// need position seq_len, the sequence's last seq_len / 2 tokens are prefilled
+// again from position 0 (the learned positions cannot shift), so every token
+// is sampled from the logits of a full forward over the window held.
+//
+// Tokens are bytes (the model's byte-level vocabulary): a prompt of n bytes is
+// n tokens; an empty prompt starts after a newline (as moe sample).
+#ifndef MOE_INFER_H
+#define MOE_INFER_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/core.h"
+#include "moe/model.h"
+#include "moe/parallel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *checkpoint;   // a moe train checkpoint (any world size it was written at)
+  int slots;                // sequences held at once per rank (KV-cache slots), [1, 4096] [32]
+  int step_rows;            // rows one rank computes per step at most, [1, 65536] [256]
+  int prefill_chunk;        // prompt rows of one sequence per step at most, [1, step_rows] [64]
+  int queue;                // requests waiting for a slot at most, [1, 1 << 20] [256]
+  moe_parallel_config par;  // the MoE layers' expert parallelism (ep_size is forced to world)
+} moe_infer_config;
+
+// slots 32, step_rows 256, prefill_chunk 64, queue 256, par as
+// moe_parallel_config_default.
+void moe_infer_config_default(moe_infer_config *ic);
+
+#define MOE_INFER_MAX_STOP 4     // stop strings per request
+#define MOE_INFER_STOP_BYTES 64  // bytes of one stop string at most
+
+typedef struct {
+  int max_tokens;      // tokens to generate at most, [0, 1 << 20] [16]
+  double temperature;  // [0, 100]; 0: greedy (the most likely token) [1]
+  int top_k;           // sample among the k most likely; 0: all [0]
+  double top_p;        // nucleus: the smallest set of probability >= top_p, (0, 1] [1]
+  uint64_t seed;       // the draws' RNG stream [0]
+  int n_stop;          // [0, MOE_INFER_MAX_STOP]
+  char stop[MOE_INFER_MAX_STOP][MOE_INFER_STOP_BYTES + 1];  // non-empty, NUL-terminated
+} moe_infer_params;
+void moe_infer_params_default(moe_infer_params *p);
+// INVALID_ARG naming the field and its valid range.
+moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p);
+
+typedef enum {
+  MOE_INFER_FINISH_LENGTH = 0,     // max_tokens reached
+  MOE_INFER_FINISH_STOP = 1,       // a stop string was generated (not part of the text)
+  MOE_INFER_FINISH_CANCELLED = 2,  // moe_infer_cancel, or the engine shut down
+} moe_infer_finish;
+// "length", "stop", "cancelled".
+const char *moe_infer_finish_name(moe_infer_finish f);
+
+typedef struct {
+  moe_infer_finish finish;
+  const char *text;  // the completion (bytes, NUL-terminated; valid during on_done)
+  size_t text_len;
+  int prompt_tokens;      // tokens of the prompt as given (an empty prompt: 0)
+  int completion_tokens;  // tokens generated (a stop string's tokens included)
+  double queue_ms;        // from submit to the first row computed
+  double first_token_ms;  // from submit to the first token sampled (0 when none)
+  double total_ms;        // from submit to done
+} moe_infer_result;
+
+// Called on rank 0 by the thread that runs moe_infer_step: on_text with the
+// completion's next bytes (held back while they could start a stop string),
+// then on_done once. The strings are valid during the call only.
+typedef struct {
+  void (*on_text)(void *user, int64_t id, const char *bytes, size_t n);
+  void (*on_done)(void *user, int64_t id, const moe_infer_result *r);
+  void *user;
+} moe_infer_callbacks;
+
+typedef struct moe_infer moe_infer;
+
+// Collective over world: reads the checkpoint on every rank (each its home
+// experts), makes the model on the expert-parallel backend (EP = world) and
+// the KV cache. Errors (a missing or corrupt checkpoint, a config out of range,
+// experts not divisible by the ranks, memory) are agreed: every rank returns
+// the same status, the message naming the problem.
+moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config *ic,
+                            moe_infer **out);
+void moe_infer_destroy(moe_infer *e);  // NULL is a no-op; not collective
+const moe_gpt_config *moe_infer_model_config(const moe_infer *e);
+// Bytes moe_infer_create allocates on one rank for the model config and ic
+// (parameters, the MoE layers' buffers, the KV cache), without allocating.
+moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_infer_config *ic,
+                            int world_size, moe_memory_need *out);
+
+// Rank 0, any thread: queues a request; its id (>= 1) in *id. prompt: bytes
+// (may be empty). BUSY when the queue is full or the engine is shutting
+// down; INVALID_ARG for bad params. Thread-safe against moe_infer_step.
+moe_status moe_infer_submit(moe_infer *e, const char *prompt, size_t prompt_len,
+                            const moe_infer_params *p, const moe_infer_callbacks *cb, int64_t *id);
+// Rank 0, any thread: the request ends with MOE_INFER_FINISH_CANCELLED at the
+// next step (its on_done still comes). Unknown or finished ids: no-op.
+void moe_infer_cancel(moe_infer *e, int64_t id);
+// Rank 0: requests queued or running.
+int moe_infer_pending(moe_infer *e);
+// Rank 0: waits up to timeout_ms for a request to arrive (returns at once
+// when one is pending); 1 when work is pending.
+int moe_infer_wait(moe_infer *e, int timeout_ms);
+
+// Rank 0: one step (collective with the followers): admit, compute, sample,
+// call back. Does nothing collective when no request is pending (returns OK).
+moe_status moe_infer_step(moe_infer *e);
+// Rank 0: steps until no request is pending.
+moe_status moe_infer_run(moe_infer *e);
+// Ranks other than 0: take part in the steps until rank 0 shuts down. Waits
+// between steps without spinning a core (polls with a back-off up to 1 ms).
+moe_status moe_infer_follow(moe_infer *e);
+// Rank 0: cancels what is pending (their on_done come with CANCELLED) and
+// releases the followers from moe_infer_follow. Further submits fail.
+moe_status moe_infer_shutdown(moe_infer *e);
+
+typedef struct {
+  int64_t steps;           // steps with rows
+  int64_t rows;            // rows computed on all ranks (prefill + decode)
+  int64_t prefill_rows;    // of which prompt rows (refills after a context shift included)
+  int64_t tokens;          // tokens sampled
+  int64_t requests_done;   // requests finished (any reason)
+  int64_t context_shifts;  // refills after a sequence reached seq_len
+  int running, waiting;    // requests in a slot / queued now
+  int max_batch_seqs;      // most sequences in one step so far
+  double step_ms;          // time in steps (rank 0)
+} moe_infer_stats;
+// Rank 0 (the counters are rank 0's; thread-safe).
+void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
+
+// ---- requests as JSON -------------------------------------------------------
+
+// One completion request, as `moe generate` reads a JSONL line and `moe serve`
+// a request body (the OpenAI completions shape). Keys:
+//   prompt (string, required), max_tokens (integer), temperature, top_p
+//   (numbers), top_k (integer; llama.cpp's extension), seed (integer >= 0),
+//   stop (a string or an array of at most MOE_INFER_MAX_STOP strings), stream
+//   (boolean), model (string, kept), n (only 1), user (string, ignored);
+//   with MOE_INFER_JSON_ID also "id" (any JSON value, kept as its JSON text).
+// Anything else is refused naming the key (as the OpenAI API refuses an
+// unrecognized argument), as are a wrong type, a value out of range
+// (moe_infer_params_validate), a NUL inside a string and malformed JSON.
+enum { MOE_INFER_JSON_ID = 1 };
+
+typedef struct {
+  char *prompt;  // moe_malloc'd, NUL-terminated
+  size_t prompt_len;
+  moe_infer_params params;  // the defaults given, overridden by the keys present
+  int has_seed;             // 1 when "seed" was given
+  int stream;               // "stream": true
+  char model[128];          // "model" ("" when absent; longer names are refused)
+  char *id_json;            // "id" as JSON text (moe_malloc'd), or NULL
+} moe_infer_request;
+
+// Parses json (len bytes; need not be NUL-terminated) into *out over
+// defaults. On error *out holds nothing to free. Free with moe_infer_request_free.
+moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t len,
+                                       const moe_infer_params *defaults, unsigned flags,
+                                       moe_infer_request *out);
+void moe_infer_request_free(moe_infer_request *r);
+
+// ---- sampling ----------------------------------------------------------------
+
+// The next token from logits (V) under p's temperature, top_k and top_p, at
+// u in [0, 1): temperature 0 is the argmax (the first of equal maxima);
+// otherwise softmax(logits / temperature) over the top_k largest (ties at the
+// k-th kept), cut to the smallest prefix (by probability, then index) whose
+// mass reaches top_p, inverted at u. scratch: 2 V doubles + V ints.
+int moe_infer_sample(const float *logits, int v, double temperature, int top_k, double top_p,
+                     double u, double *scratch, int *order);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // MOE_INFER_H

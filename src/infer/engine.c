@@ -1,0 +1,755 @@
+// The inference engine (include/moe/infer.h): requests, continuous batching,
+// the step protocol between rank 0 and the other ranks, sampling, stop
+// strings, the context window.
+//
+// A step, on rank 0:
+//   1. requests cancelled since the last step end; waiting requests take free
+//      slots (global slot g lives on rank g / slots, the rank with the fewest
+//      running sequences first);
+//   2. rows: first one decode row for every sequence whose window has one
+//      token not yet in the cache, then prefill chunks (at most prefill_chunk
+//      rows of a sequence, step_rows rows per rank); the row of a window's last
+//      token wants logits;
+//   3. broadcast {STEP, n} and the n rows (slot, pos, token, want) to every
+//      rank; every rank decodes its own rows (moe_gpt_decode: the MoE layers'
+//      collectives run on every rank, with or without rows); the rows' logits
+//      are gathered on rank 0 (MPI_Gatherv, rank by rank, each in row order);
+//      every rank agrees on the step's status;
+//   4. rank 0 samples the next token of each sequence whose last row was
+//      computed, appends it to the window (refilling from position 0 when the
+//      window is full, see infer.h), to the text (stop strings cut it), calls
+//      on_text with what can no longer be part of a stop string, and on_done
+//      when a request ends.
+// The other ranks wait in moe_infer_follow for the next {STEP, n} or {STOP}.
+//
+// Threads: rank 0's requests arrive from any thread (moe_infer_submit, _cancel
+// under the queue lock); the slot table belongs to the thread that steps.
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "moe/comm.h"
+#include "moe/gpt_io.h"
+#include "moe/infer.h"
+#include "moe/train.h"
+
+enum { CMD_STEP = 1, CMD_STOP = 2 };
+
+typedef struct rq {
+  int64_t id;
+  moe_infer_params p;
+  moe_infer_callbacks cb;
+  int32_t *win;  // (seq_len): the window of tokens the cache is built from
+  int wl;        // tokens in the window
+  int cached;    // of which in the slot's cache (positions 0 .. cached - 1)
+  int gslot;     // -1 while waiting
+  int prompt_tokens, generated;
+  char *text;  // (max_tokens + 1): the completion
+  size_t text_len, emitted;
+  moe_rng rng;
+  atomic_int cancel;
+  uint64_t t_submit, t_first_row, t_first_token;
+  int rows_now;  // rows of this request in the step being built
+  int finished;  // 1 once on_done is due
+  moe_infer_finish finish;
+  struct rq *next;  // the waiting queue
+} rq;
+
+struct moe_infer {
+  moe_ctx *ctx;
+  MPI_Comm world;
+  int rank, size;
+  moe_infer_config ic;
+  moe_gpt_config cfg;  // the checkpoint's
+  moe_train_ep_user *user;
+  moe_gpt *model;
+  moe_gpt_kv *kv;
+  int S, V;
+  // step buffers (every rank)
+  int32_t *plan;             // (size * step_rows, 4): the step's rows
+  moe_gpt_decode_row *mine;  // (step_rows): this rank's rows, local slots
+  float *logits;             // (step_rows, V): this rank's rows' logits
+  // rank 0
+  float *all_logits;  // (size * step_rows, V)
+  int *counts, *displs;
+  rq **slot_rq;     // (size * slots): the request in each global slot
+  rq **row_rq;      // (size * step_rows)
+  int *running_on;  // (size): sequences per rank
+  double *sample_scr;
+  int *sample_order;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int mu_ok;
+  rq *q_head, *q_tail;  // waiting, FIFO
+  int q_len;
+  int n_running;
+  int64_t next_id;
+  int shutting_down;
+  moe_infer_stats st;      // the step thread's counters
+  moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
+};
+
+void moe_infer_config_default(moe_infer_config *ic) {
+  memset(ic, 0, sizeof *ic);
+  ic->slots = 32;
+  ic->step_rows = 256;
+  ic->prefill_chunk = 64;
+  ic->queue = 256;
+  moe_parallel_config_default(&ic->par);
+}
+
+void moe_infer_params_default(moe_infer_params *p) {
+  memset(p, 0, sizeof *p);
+  p->max_tokens = 16;
+  p->temperature = 1.0;
+  p->top_k = 0;
+  p->top_p = 1.0;
+  p->seed = 0;
+}
+
+moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !p, MOE_STATUS_INVALID_ARG, "request parameters must not be NULL");
+  MOE_FAIL_IF(ctx, p->max_tokens < 0 || p->max_tokens > (1 << 20), MOE_STATUS_INVALID_ARG,
+              "max_tokens (%d) must be in [0, %d]", p->max_tokens, 1 << 20);
+  MOE_FAIL_IF(ctx, !(p->temperature >= 0 && p->temperature <= 100), MOE_STATUS_INVALID_ARG,
+              "temperature (%g) must be in [0, 100]", p->temperature);
+  MOE_FAIL_IF(ctx, p->top_k < 0 || p->top_k > 65536, MOE_STATUS_INVALID_ARG,
+              "top_k (%d) must be in [0, 65536] (0: all tokens)", p->top_k);
+  MOE_FAIL_IF(ctx, !(p->top_p > 0 && p->top_p <= 1), MOE_STATUS_INVALID_ARG,
+              "top_p (%g) must be in (0, 1]", p->top_p);
+  MOE_FAIL_IF(ctx, p->n_stop < 0 || p->n_stop > MOE_INFER_MAX_STOP, MOE_STATUS_INVALID_ARG,
+              "stop strings (%d) must be at most %d", p->n_stop, MOE_INFER_MAX_STOP);
+  for (int i = 0; i < p->n_stop; i++) {
+    const size_t n = strnlen(p->stop[i], MOE_INFER_STOP_BYTES + 1);
+    MOE_FAIL_IF(ctx, n < 1 || n > MOE_INFER_STOP_BYTES, MOE_STATUS_INVALID_ARG,
+                "stop string %d must have 1 to %d bytes", i, MOE_INFER_STOP_BYTES);
+  }
+done:
+  return st;
+}
+
+const char *moe_infer_finish_name(moe_infer_finish f) {
+  switch (f) {
+    case MOE_INFER_FINISH_LENGTH:
+      return "length";
+    case MOE_INFER_FINISH_STOP:
+      return "stop";
+    case MOE_INFER_FINISH_CANCELLED:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+static moe_status check_config(moe_ctx *ctx, const moe_infer_config *ic) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !ic || !ic->checkpoint, MOE_STATUS_INVALID_ARG, "a checkpoint is needed");
+  MOE_FAIL_IF(ctx, ic->slots < 1 || ic->slots > 4096, MOE_STATUS_INVALID_ARG,
+              "slots (%d) must be in [1, 4096]", ic->slots);
+  MOE_FAIL_IF(ctx, ic->step_rows < 1 || ic->step_rows > 65536, MOE_STATUS_INVALID_ARG,
+              "rows per step (%d) must be in [1, 65536]", ic->step_rows);
+  MOE_FAIL_IF(ctx, ic->prefill_chunk < 1 || ic->prefill_chunk > ic->step_rows,
+              MOE_STATUS_INVALID_ARG, "prefill chunk (%d) must be in [1, %d] (rows per step)",
+              ic->prefill_chunk, ic->step_rows);
+  MOE_FAIL_IF(ctx, ic->queue < 1 || ic->queue > (1 << 20), MOE_STATUS_INVALID_ARG,
+              "queue (%d) must be in [1, %d]", ic->queue, 1 << 20);
+done:
+  return st;
+}
+
+// The model's max_batch for step_rows rows (the MoE layers take max_batch x S tokens).
+static int batch_for(int step_rows, int seq_len) { return (step_rows + seq_len - 1) / seq_len; }
+
+moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_infer_config *ic,
+                            int world_size, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(check_config(ctx, ic));
+  MOE_FAIL_IF(ctx, !cfg || !out || world_size < 1, MOE_STATUS_INVALID_ARG,
+              "memory: a model config, an output and world_size >= 1 are needed");
+  const int mb = batch_for(ic->step_rows, cfg->seq_len);
+  moe_layer_config lc = cfg->moe;
+  lc.model_dim = cfg->d_model;
+  lc.tokens = mb * cfg->seq_len;
+  moe_parallel_config pc = ic->par;
+  pc.ep_size = world_size;
+  moe_memory_need per_moe;
+  MOE_TRY(moe_ep_layer_memory(ctx, &lc, &pc, world_size, pc.ranks_per_node, &per_moe));
+  MOE_TRY(moe_gpt_memory(ctx, cfg, mb, world_size, &per_moe, 0, out));
+  out->bytes[MOE_MEM_ACTIVATIONS] += (double)moe_gpt_kv_bytes(cfg, ic->slots, ic->step_rows);
+  const double rows = (double)world_size * ic->step_rows;
+  out->bytes[MOE_MEM_WORKSPACE] +=
+      rows * (16.0 + (double)cfg->vocab_size * 4.0 + 8.0) + (double)cfg->vocab_size * 20.0;
+done:
+  return st;
+}
+
+moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config *ic,
+                            moe_infer **out) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_infer *e = NULL;
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  *out = NULL;
+  e = moe_calloc(1, sizeof *e);
+  local = e ? check_config(ctx, ic)
+            : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory");
+  moe_gpt_ckpt_info info;
+  if (local == MOE_STATUS_OK) local = moe_gpt_ckpt_read_info(ctx, ic->checkpoint, &info);
+  MOE_TRY(moe_comm_agree(ctx, world, local, "reading the checkpoint"));
+  e->ctx = ctx;
+  e->world = world;
+  MPI_Comm_rank(world, &e->rank);
+  MPI_Comm_size(world, &e->size);
+  e->ic = *ic;
+  e->cfg = info.model;
+  e->S = info.model.seq_len;
+  e->V = info.model.vocab_size;
+  e->next_id = 1;
+  local = info.model.moe.num_experts % e->size == 0
+              ? MOE_STATUS_OK
+              : moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                             "the model's %d experts must be divisible by the %d ranks",
+                             info.model.moe.num_experts, e->size);
+  MOE_TRY(moe_comm_agree(ctx, world, local, "the rank count"));
+  e->user = moe_calloc(1, sizeof *e->user);
+  local = e->user
+              ? MOE_STATUS_OK
+              : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory");
+  MOE_TRY(moe_comm_agree(ctx, world, local, "allocation"));
+  e->user->world = world;
+  e->user->par = ic->par;
+  e->user->par.ep_size = e->size;
+  e->user->par.slice_tokens = 0;
+  e->user->par.copy_slots = 0;
+  MOE_TRY(moe_gpt_create(ctx, &e->cfg, batch_for(ic->step_rows, e->S), &moe_train_ep_ops, e->user,
+                         &e->model));
+  local = moe_gpt_ckpt_load(ctx, ic->checkpoint, e->model, NULL);
+  if (local == MOE_STATUS_OK)
+    local = moe_gpt_kv_create(ctx, e->model, ic->slots, ic->step_rows, &e->kv);
+  if (local == MOE_STATUS_OK) {
+    const size_t R = (size_t)ic->step_rows, all = R * (size_t)e->size, V = (size_t)e->V;
+    e->plan = moe_malloc(all * 4 * sizeof(int32_t));
+    e->mine = moe_malloc(R * sizeof *e->mine);
+    e->logits = moe_malloc(R * V * sizeof(float));
+    if (e->rank == 0) {
+      e->all_logits = moe_malloc(all * V * sizeof(float));
+      e->counts = moe_calloc((size_t)e->size, sizeof(int));
+      e->displs = moe_calloc((size_t)e->size, sizeof(int));
+      e->slot_rq = moe_calloc((size_t)e->size * (size_t)ic->slots, sizeof(rq *));
+      e->row_rq = moe_calloc(all, sizeof(rq *));
+      e->running_on = moe_calloc((size_t)e->size, sizeof(int));
+      e->sample_scr = moe_malloc(2 * V * sizeof(double));
+      e->sample_order = moe_malloc(V * sizeof(int));
+    }
+    const int ok =
+        e->plan && e->mine && e->logits &&
+        (e->rank != 0 || (e->all_logits && e->counts && e->displs && e->slot_rq && e->row_rq &&
+                          e->running_on && e->sample_scr && e->sample_order));
+    if (!ok)
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "cannot allocate the engine's step buffers");
+  }
+  if (local == MOE_STATUS_OK) {
+    if (pthread_mutex_init(&e->mu, NULL) == 0) {
+      if (pthread_cond_init(&e->cv, NULL) == 0) {
+        e->mu_ok = 1;
+      } else {
+        pthread_mutex_destroy(&e->mu);
+      }
+    }
+    if (!e->mu_ok)
+      local = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__, "pthread init failed");
+  }
+  MOE_TRY(moe_comm_agree(ctx, world, local, "loading the model"));
+  *out = e;
+  e = NULL;
+done:
+  moe_infer_destroy(e);
+  return st;
+}
+
+static void rq_free(rq *r) {
+  if (!r) return;
+  moe_free(r->win);
+  moe_free(r->text);
+  moe_free(r);
+}
+
+void moe_infer_destroy(moe_infer *e) {
+  if (!e) return;
+  if (e->slot_rq)
+    for (int g = 0; g < e->size * e->ic.slots; g++) rq_free(e->slot_rq[g]);
+  for (rq *r = e->q_head; r;) {
+    rq *n = r->next;
+    rq_free(r);
+    r = n;
+  }
+  if (e->mu_ok) {
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+  }
+  moe_gpt_kv_destroy(e->kv);
+  moe_gpt_destroy(e->model);
+  moe_free(e->user);
+  moe_free(e->plan);
+  moe_free(e->mine);
+  moe_free(e->logits);
+  moe_free(e->all_logits);
+  moe_free(e->counts);
+  moe_free(e->displs);
+  moe_free(e->slot_rq);
+  moe_free(e->row_rq);
+  moe_free(e->running_on);
+  moe_free(e->sample_scr);
+  moe_free(e->sample_order);
+  moe_free(e);
+}
+
+const moe_gpt_config *moe_infer_model_config(const moe_infer *e) { return &e->cfg; }
+
+// ---- requests (rank 0) ----------------------------------------------------------------
+
+moe_status moe_infer_submit(moe_infer *e, const char *prompt, size_t prompt_len,
+                            const moe_infer_params *p, const moe_infer_callbacks *cb, int64_t *id) {
+  moe_status st = MOE_STATUS_OK;
+  rq *r = NULL;
+  moe_ctx *ctx = e->ctx;
+  MOE_FAIL_IF(ctx, e->rank != 0, MOE_STATUS_INVALID_ARG, "requests are submitted on rank 0");
+  MOE_FAIL_IF(ctx, prompt_len > 0 && !prompt, MOE_STATUS_INVALID_ARG, "prompt must not be NULL");
+  MOE_TRY(moe_infer_params_validate(ctx, p));
+  r = moe_calloc(1, sizeof *r);
+  MOE_FAIL_IF(ctx, !r, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate a request");
+  r->win = moe_malloc((size_t)e->S * sizeof(int32_t));
+  r->text = moe_malloc((size_t)p->max_tokens + 1);
+  MOE_FAIL_IF(ctx, !r->win || !r->text, MOE_STATUS_OUT_OF_MEMORY,
+              "cannot allocate a request of %d tokens", p->max_tokens);
+  r->p = *p;
+  if (cb) r->cb = *cb;
+  r->gslot = -1;
+  r->prompt_tokens = (int)(prompt_len < (size_t)1 << 30 ? prompt_len : (size_t)1 << 30);
+  if (prompt_len == 0) {
+    r->win[r->wl++] = '\n';  // an empty prompt starts after a newline
+  } else {
+    const size_t keep = prompt_len < (size_t)e->S ? prompt_len : (size_t)e->S;
+    const unsigned char *b = (const unsigned char *)prompt + (prompt_len - keep);
+    for (size_t i = 0; i < keep; i++) {
+      MOE_FAIL_IF(ctx, b[i] >= (unsigned)e->V, MOE_STATUS_INVALID_ARG,
+                  "prompt byte %zu (%u) is outside the model's vocabulary of %d",
+                  prompt_len - keep + i, b[i], e->V);
+      r->win[r->wl++] = b[i];
+    }
+  }
+  r->text[0] = '\0';
+  moe_rng_init(&r->rng, p->seed, 0);
+  atomic_init(&r->cancel, 0);
+  r->t_submit = moe_time_ns();
+  pthread_mutex_lock(&e->mu);
+  if (e->shutting_down || e->q_len >= e->ic.queue) {
+    const int down = e->shutting_down;
+    pthread_mutex_unlock(&e->mu);
+    MOE_FAIL(ctx, MOE_STATUS_BUSY,
+             down ? "the engine is shutting down"
+                  : "the queue is full (%d requests wait for a slot); try again later",
+             e->ic.queue);
+  }
+  r->id = e->next_id++;
+  if (id) *id = r->id;
+  if (e->q_tail)
+    e->q_tail->next = r;
+  else
+    e->q_head = r;
+  e->q_tail = r;
+  e->q_len++;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  r = NULL;
+done:
+  rq_free(r);
+  return st;
+}
+
+void moe_infer_cancel(moe_infer *e, int64_t id) {
+  if (e->rank != 0) return;
+  pthread_mutex_lock(&e->mu);
+  for (rq *r = e->q_head; r; r = r->next)
+    if (r->id == id) atomic_store(&r->cancel, 1);
+  for (int g = 0; g < e->size * e->ic.slots; g++)
+    if (e->slot_rq[g] && e->slot_rq[g]->id == id) atomic_store(&e->slot_rq[g]->cancel, 1);
+  pthread_mutex_unlock(&e->mu);
+}
+
+int moe_infer_pending(moe_infer *e) {
+  pthread_mutex_lock(&e->mu);
+  const int n = e->q_len + e->n_running;
+  pthread_mutex_unlock(&e->mu);
+  return n;
+}
+
+int moe_infer_wait(moe_infer *e, int timeout_ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += timeout_ms / 1000;
+  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&e->mu);
+  while (e->q_len + e->n_running == 0 && !e->shutting_down) {
+    if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT) break;
+  }
+  const int n = e->q_len + e->n_running;
+  pthread_mutex_unlock(&e->mu);
+  return n > 0;
+}
+
+void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s) {
+  pthread_mutex_lock(&e->mu);
+  *s = e->st_pub;
+  s->running = e->n_running;
+  s->waiting = e->q_len;
+  pthread_mutex_unlock(&e->mu);
+}
+
+// ---- text and stop strings ------------------------------------------------------------
+
+// The longest suffix of text that is a proper prefix of a stop string: bytes
+// that must wait for the next token before they are shown.
+static size_t holdback(const rq *r) {
+  size_t best = 0;
+  for (int i = 0; i < r->p.n_stop; i++) {
+    const size_t n = strlen(r->p.stop[i]);
+    for (size_t k = n - 1; k > best; k--) {
+      if (k <= r->text_len && memcmp(r->text + r->text_len - k, r->p.stop[i], k) == 0) {
+        best = k;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+static void emit(rq *r, size_t upto) {
+  if (upto > r->emitted && r->cb.on_text)
+    r->cb.on_text(r->cb.user, r->id, r->text + r->emitted, upto - r->emitted);
+  if (upto > r->emitted) r->emitted = upto;
+}
+
+// Appends a sampled token; marks the request finished when it ends.
+static void append_token(moe_infer *e, rq *r, int token) {
+  r->generated++;
+  e->st.tokens++;
+  if (!r->t_first_token) r->t_first_token = moe_time_ns();
+  r->text[r->text_len++] = (char)token;
+  r->text[r->text_len] = '\0';
+  for (int i = 0; i < r->p.n_stop; i++) {
+    const size_t n = strlen(r->p.stop[i]);
+    if (n <= r->text_len && memcmp(r->text + r->text_len - n, r->p.stop[i], n) == 0) {
+      r->text_len -= n;  // the stop string is not part of the completion
+      r->text[r->text_len] = '\0';
+      if (r->emitted > r->text_len) r->emitted = r->text_len;  // cannot happen: held back
+      r->finished = 1;
+      r->finish = MOE_INFER_FINISH_STOP;
+      return;
+    }
+  }
+  if (r->generated >= r->p.max_tokens) {
+    r->finished = 1;
+    r->finish = MOE_INFER_FINISH_LENGTH;
+    return;
+  }
+  emit(r, r->text_len - holdback(r));
+  // the window: the token goes at position wl, or the window restarts from its last S/2
+  if (r->wl < e->S) {
+    r->win[r->wl++] = token;
+  } else {
+    const int keep = e->S / 2 > 0 ? e->S / 2 : 1;
+    memmove(r->win, r->win + (r->wl - (keep - 1)), (size_t)(keep - 1) * sizeof(int32_t));
+    r->win[keep - 1] = token;
+    r->wl = keep;
+    r->cached = 0;
+    e->st.context_shifts++;
+  }
+}
+
+// Ends request r (its slot freed): the rest of its text, then on_done.
+static void finish(moe_infer *e, rq *r) {
+  emit(r, r->text_len);
+  moe_infer_result res;
+  memset(&res, 0, sizeof res);
+  res.finish = r->finish;
+  res.text = r->text;
+  res.text_len = r->text_len;
+  res.prompt_tokens = r->prompt_tokens;
+  res.completion_tokens = r->generated;
+  const uint64_t now = moe_time_ns();
+  res.queue_ms = r->t_first_row ? (double)(r->t_first_row - r->t_submit) / 1e6 : 0;
+  res.first_token_ms = r->t_first_token ? (double)(r->t_first_token - r->t_submit) / 1e6 : 0;
+  res.total_ms = (double)(now - r->t_submit) / 1e6;
+  pthread_mutex_lock(&e->mu);
+  if (r->gslot >= 0) {
+    e->slot_rq[r->gslot] = NULL;
+    e->running_on[r->gslot / e->ic.slots]--;
+    e->n_running--;
+  }
+  pthread_mutex_unlock(&e->mu);
+  e->st.requests_done++;
+  if (r->cb.on_done) r->cb.on_done(r->cb.user, r->id, &res);
+  rq_free(r);
+}
+
+// ---- the step ---------------------------------------------------------------------------
+
+// Every rank: this step's n rows (in e->plan) through the model; logits of
+// the rows that want them to rank 0 (e->all_logits, rank by rank).
+static moe_status run_rows(moe_infer *e, int n) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  const int slots = e->ic.slots;
+  int mine = 0, want = 0;
+  if (e->rank == 0) memset(e->counts, 0, (size_t)e->size * sizeof(int));
+  for (int i = 0; i < n; i++) {
+    const int32_t *w = e->plan + 4 * (size_t)i;
+    const int owner = w[0] / slots;
+    if (e->rank == 0 && w[3]) e->counts[owner] += e->V;
+    if (owner != e->rank) continue;
+    e->mine[mine++] = (moe_gpt_decode_row){w[0] % slots, w[1], w[2], w[3]};
+    want += w[3] != 0;
+  }
+  local = moe_gpt_decode(e->model, e->kv, e->mine, mine, e->logits);
+  MOE_TRY(moe_comm_agree(ctx, e->world, local, "a decode step"));
+  if (e->rank == 0) {
+    int at = 0;
+    for (int p = 0; p < e->size; p++) {
+      e->displs[p] = at;
+      at += e->counts[p];
+    }
+  }
+  MOE_MPI_TRY_OP(ctx, "infer logits gather",
+                 MPI_Gatherv(e->logits, want * e->V, MPI_FLOAT, e->all_logits, e->counts, e->displs,
+                             MPI_FLOAT, 0, e->world));
+done:
+  return st;
+}
+
+// Rank 0: cancelled requests end; waiting ones take free slots.
+static void admit(moe_infer *e) {
+  const int total = e->size * e->ic.slots;
+  for (int g = 0; g < total; g++) {
+    rq *r = e->slot_rq[g];
+    if (r && atomic_load(&r->cancel)) {
+      r->finished = 1;
+      r->finish = MOE_INFER_FINISH_CANCELLED;
+      finish(e, r);
+    }
+  }
+  for (;;) {
+    pthread_mutex_lock(&e->mu);
+    rq *r = e->q_head;
+    int slot = -1;
+    if (r) {
+      int best = -1;
+      for (int p = 0; p < e->size; p++)
+        if (e->running_on[p] < e->ic.slots && (best < 0 || e->running_on[p] < e->running_on[best]))
+          best = p;
+      for (int j = 0; best >= 0 && j < e->ic.slots && slot < 0; j++)
+        if (!e->slot_rq[best * e->ic.slots + j]) slot = best * e->ic.slots + j;
+    }
+    const int cancelled = r && atomic_load(&r->cancel);
+    if (r && (slot >= 0 || cancelled)) {
+      e->q_head = r->next;
+      if (!e->q_head) e->q_tail = NULL;
+      e->q_len--;
+      r->next = NULL;
+      if (!cancelled) {
+        r->gslot = slot;
+        e->slot_rq[slot] = r;
+        e->running_on[slot / e->ic.slots]++;
+        e->n_running++;
+      }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!r || (slot < 0 && !cancelled)) break;
+    if (cancelled || r->p.max_tokens == 0) {
+      r->finished = 1;
+      r->finish = cancelled ? MOE_INFER_FINISH_CANCELLED : MOE_INFER_FINISH_LENGTH;
+      finish(e, r);
+    }
+  }
+}
+
+// Rank 0: the step's rows into e->plan; returns their number.
+static int build_rows(moe_infer *e) {
+  const int total = e->size * e->ic.slots, R = e->ic.step_rows;
+  int n = 0, seqs = 0;
+  int *budget = e->displs;  // scratch (size): rows left per rank
+  for (int p = 0; p < e->size; p++) budget[p] = R;
+  for (int pass = 0; pass < 2; pass++) {  // decode rows first, then prefill chunks
+    for (int g = 0; g < total; g++) {
+      rq *r = e->slot_rq[g];
+      if (!r) continue;
+      const int need = r->wl - r->cached, owner = g / e->ic.slots;
+      if (need <= 0 || (pass == 0) != (need == 1)) continue;
+      int take = need < e->ic.prefill_chunk ? need : e->ic.prefill_chunk;
+      if (take > budget[owner]) take = budget[owner];
+      if (take <= 0) continue;
+      for (int k = 0; k < take; k++) {
+        const int pos = r->cached + k;
+        int32_t *w = e->plan + 4 * (size_t)n;
+        w[0] = g;
+        w[1] = pos;
+        w[2] = r->win[pos];
+        w[3] = pos == r->wl - 1;
+        e->row_rq[n] = r;
+        n++;
+      }
+      if (pass == 1) e->st.prefill_rows += take;
+      r->rows_now = take;
+      budget[owner] -= take;
+      seqs++;
+      if (!r->t_first_row) r->t_first_row = moe_time_ns();
+    }
+  }
+  if (seqs > e->st.max_batch_seqs) e->st.max_batch_seqs = seqs;
+  return n;
+}
+
+// The header goes out as a non-blocking broadcast on every rank: the followers
+// wait for it with MPI_Ibcast (recv_cmd), and MPI does not match a blocking
+// collective with a non-blocking one.
+static moe_status bcast_cmd(moe_infer *e, int cmd, int n) {
+  moe_status st = MOE_STATUS_OK;
+  int32_t hdr[2] = {cmd, n};
+  MPI_Request req;
+  MOE_MPI_TRY(e->ctx, MPI_Ibcast(hdr, 2, MPI_INT32_T, 0, e->world, &req));
+  MOE_MPI_TRY_OP(e->ctx, "infer step header", MPI_Wait(&req, MPI_STATUS_IGNORE));
+done:
+  return st;
+}
+
+moe_status moe_infer_step(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  const uint64_t t0 = moe_time_ns();
+  MOE_FAIL_IF(ctx, e->rank != 0, MOE_STATUS_INVALID_ARG,
+              "moe_infer_step runs on rank 0 (the others run moe_infer_follow)");
+  admit(e);
+  const int n = build_rows(e);
+  if (n == 0) goto done;
+  MOE_TRY(bcast_cmd(e, CMD_STEP, n));
+  MOE_MPI_TRY_OP(ctx, "infer step rows", MPI_Bcast(e->plan, 4 * n, MPI_INT32_T, 0, e->world));
+  MOE_TRY(run_rows(e, n));
+  // sample, in row order: the logits of rank p's rows start at displs[p]
+  int cursor[64];
+  int *cur = e->size <= 64 ? cursor : NULL;
+  for (int p = 0; p < e->size && cur; p++) cur[p] = e->displs[p];
+  rq *prev = NULL;
+  for (int i = 0; i < n; i++) {
+    const int32_t *w = e->plan + 4 * (size_t)i;
+    rq *r = e->row_rq[i];
+    if (r != prev) {
+      r->cached += r->rows_now;
+      r->rows_now = 0;
+      prev = r;
+    }
+    if (!w[3]) continue;
+    const int owner = w[0] / e->ic.slots;
+    const float *lg;
+    if (cur) {
+      lg = e->all_logits + cur[owner];
+      cur[owner] += e->V;
+    } else {  // more than 64 ranks: count this rank's earlier wanted rows
+      int before = 0;
+      for (int j = 0; j < i; j++)
+        before += e->plan[4 * (size_t)j + 3] && e->plan[4 * (size_t)j] / e->ic.slots == owner;
+      lg = e->all_logits + e->displs[owner] + (size_t)before * e->V;
+    }
+    const double u = moe_rng_uniform(&r->rng);
+    const int tok = moe_infer_sample(lg, e->V, r->p.temperature, r->p.top_k, r->p.top_p, u,
+                                     e->sample_scr, e->sample_order);
+    append_token(e, r, tok);
+  }
+  e->st.steps++;
+  e->st.rows += n;
+  // the rows of a request are consecutive: look at it once, before it may be freed
+  prev = NULL;
+  for (int i = 0; i < n; i++) {
+    rq *r = e->row_rq[i];
+    e->row_rq[i] = NULL;
+    if (r == prev) continue;
+    prev = r;
+    if (r->finished) finish(e, r);
+  }
+done:
+  e->st.step_ms += moe_time_ms_since(t0);
+  pthread_mutex_lock(&e->mu);
+  e->st_pub = e->st;
+  pthread_mutex_unlock(&e->mu);
+  return st;
+}
+
+moe_status moe_infer_run(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  while (moe_infer_pending(e) > 0) MOE_TRY(moe_infer_step(e));
+done:
+  return st;
+}
+
+// Waits for rank 0's next command without spinning a core: a non-blocking
+// broadcast, tested with a sleep that grows from 20 us to 1 ms.
+static moe_status recv_cmd(moe_infer *e, int32_t hdr[2]) {
+  moe_status st = MOE_STATUS_OK;
+  MPI_Request req;
+  MOE_MPI_TRY(e->ctx, MPI_Ibcast(hdr, 2, MPI_INT32_T, 0, e->world, &req));
+  long sleep_ns = 20000;
+  for (;;) {
+    int flag = 0;
+    MOE_MPI_TRY(e->ctx, MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+    if (flag) break;
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    if (sleep_ns < 1000000) sleep_ns *= 2;
+  }
+done:
+  return st;
+}
+
+moe_status moe_infer_follow(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  MOE_FAIL_IF(ctx, e->rank == 0, MOE_STATUS_INVALID_ARG, "rank 0 steps; it does not follow");
+  for (;;) {
+    int32_t hdr[2] = {0, 0};
+    MOE_TRY(recv_cmd(e, hdr));
+    if (hdr[0] == CMD_STOP) break;
+    MOE_FAIL_IF(ctx, hdr[0] != CMD_STEP || hdr[1] < 1 || hdr[1] > e->size * e->ic.step_rows,
+                MOE_STATUS_INTERNAL, "bad step header {%d, %d} from rank 0", (int)hdr[0],
+                (int)hdr[1]);
+    MOE_MPI_TRY_OP(ctx, "infer step rows",
+                   MPI_Bcast(e->plan, 4 * hdr[1], MPI_INT32_T, 0, e->world));
+    MOE_TRY(run_rows(e, hdr[1]));
+  }
+done:
+  return st;
+}
+
+moe_status moe_infer_shutdown(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(e->ctx, e->rank != 0, MOE_STATUS_INVALID_ARG, "rank 0 shuts the engine down");
+  pthread_mutex_lock(&e->mu);
+  e->shutting_down = 1;
+  for (rq *r = e->q_head; r; r = r->next) atomic_store(&r->cancel, 1);
+  for (int g = 0; g < e->size * e->ic.slots; g++)
+    if (e->slot_rq[g]) atomic_store(&e->slot_rq[g]->cancel, 1);
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  admit(e);  // every request ends, cancelled
+  pthread_mutex_lock(&e->mu);
+  e->st_pub = e->st;
+  pthread_mutex_unlock(&e->mu);
+  MOE_TRY(bcast_cmd(e, CMD_STOP, 0));
+done:
+  return st;
+}

@@ -1,0 +1,148 @@
+// Completion requests from JSON (moe_infer_request_from_json): the OpenAI
+// completions request shape, strict about keys, types and ranges, so that
+// `moe generate` and `moe serve` refuse the same bad input with the same words.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "moe/infer.h"
+
+static moe_status get_string(moe_ctx *ctx, const cJSON *it, const char *key, const char **out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cJSON_IsString(it) || !it->valuestring, MOE_STATUS_INVALID_ARG,
+              "'%s' must be a string", key);
+  *out = it->valuestring;
+done:
+  return st;
+}
+
+static moe_status get_stop(moe_ctx *ctx, const cJSON *it, moe_infer_params *p) {
+  moe_status st = MOE_STATUS_OK;
+  p->n_stop = 0;
+  if (cJSON_IsNull(it)) goto done;
+  if (cJSON_IsString(it)) {
+    const size_t n = strlen(it->valuestring);
+    MOE_FAIL_IF(ctx, n < 1 || n > MOE_INFER_STOP_BYTES, MOE_STATUS_INVALID_ARG,
+                "'stop' must have 1 to %d bytes (got %zu)", MOE_INFER_STOP_BYTES, n);
+    memcpy(p->stop[0], it->valuestring, n + 1);
+    p->n_stop = 1;
+    goto done;
+  }
+  MOE_FAIL_IF(ctx, !cJSON_IsArray(it), MOE_STATUS_INVALID_ARG,
+              "'stop' must be a string or an array of strings");
+  const int count = cJSON_GetArraySize(it);
+  MOE_FAIL_IF(ctx, count > MOE_INFER_MAX_STOP, MOE_STATUS_INVALID_ARG,
+              "'stop' holds %d strings; at most %d", count, MOE_INFER_MAX_STOP);
+  const cJSON *s;
+  cJSON_ArrayForEach(s, it) {
+    MOE_FAIL_IF(ctx, !cJSON_IsString(s), MOE_STATUS_INVALID_ARG,
+                "'stop' must be a string or an array of strings");
+    const size_t n = strlen(s->valuestring);
+    MOE_FAIL_IF(ctx, n < 1 || n > MOE_INFER_STOP_BYTES, MOE_STATUS_INVALID_ARG,
+                "'stop' strings must have 1 to %d bytes (got %zu)", MOE_INFER_STOP_BYTES, n);
+    memcpy(p->stop[p->n_stop++], s->valuestring, n + 1);
+  }
+done:
+  return st;
+}
+
+moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t len,
+                                       const moe_infer_params *defaults, unsigned flags,
+                                       moe_infer_request *out) {
+  moe_status st = MOE_STATUS_OK;
+  cJSON *root = NULL;
+  char *text = NULL;
+  moe_infer_request r;
+  memset(&r, 0, sizeof r);
+  MOE_FAIL_IF(ctx, !json || !defaults || !out, MOE_STATUS_INVALID_ARG,
+              "request: json, defaults and out must not be NULL");
+  memset(out, 0, sizeof *out);
+  MOE_FAIL_IF(ctx, memchr(json, '\0', len) != NULL, MOE_STATUS_BAD_FORMAT,
+              "request: the body holds a NUL byte");
+  text = moe_malloc(len + 1);
+  MOE_FAIL_IF(ctx, !text, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory (%zu bytes)", len);
+  memcpy(text, json, len);
+  text[len] = '\0';
+  MOE_TRY(moe_json_parse_object(ctx, text, "request", &root));
+  r.params = *defaults;
+  const cJSON *it;
+  int have_prompt = 0;
+  cJSON_ArrayForEach(it, root) {
+    const char *k = it->string;
+    for (const cJSON *o = root->child; o != it; o = o->next)
+      MOE_FAIL_IF(ctx, strcmp(o->string, k) == 0, MOE_STATUS_INVALID_ARG,
+                  "request: key '%s' appears twice", k);
+    if (strcmp(k, "prompt") == 0) {
+      const char *s = NULL;
+      MOE_FAIL_IF(ctx, cJSON_IsArray(it), MOE_STATUS_INVALID_ARG,
+                  "'prompt' must be one string (arrays of prompts are not supported: send one "
+                  "request each)");
+      MOE_TRY(get_string(ctx, it, k, &s));
+      r.prompt_len = strlen(s);
+      r.prompt = moe_malloc(r.prompt_len + 1);
+      MOE_FAIL_IF(ctx, !r.prompt, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory");
+      memcpy(r.prompt, s, r.prompt_len + 1);
+      have_prompt = 1;
+    } else if (strcmp(k, "max_tokens") == 0) {
+      MOE_TRY(moe_json_get_int(ctx, it, k, &r.params.max_tokens));
+    } else if (strcmp(k, "temperature") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &r.params.temperature));
+    } else if (strcmp(k, "top_p") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &r.params.top_p));
+    } else if (strcmp(k, "top_k") == 0) {
+      MOE_TRY(moe_json_get_int(ctx, it, k, &r.params.top_k));
+    } else if (strcmp(k, "seed") == 0) {
+      MOE_FAIL_IF(ctx,
+                  !cJSON_IsNumber(it) || it->valuedouble < 0 ||
+                      it->valuedouble > 9007199254740992.0 ||
+                      it->valuedouble != floor(it->valuedouble),
+                  MOE_STATUS_INVALID_ARG, "'seed' must be an integer in [0, 2^53]");
+      r.params.seed = (uint64_t)it->valuedouble;
+      r.has_seed = 1;
+    } else if (strcmp(k, "stop") == 0) {
+      MOE_TRY(get_stop(ctx, it, &r.params));
+    } else if (strcmp(k, "stream") == 0) {
+      MOE_TRY(moe_json_get_bool(ctx, it, k, &r.stream));
+    } else if (strcmp(k, "model") == 0) {
+      const char *s = NULL;
+      MOE_TRY(get_string(ctx, it, k, &s));
+      MOE_FAIL_IF(ctx, strlen(s) >= sizeof r.model, MOE_STATUS_INVALID_ARG,
+                  "'model' must be shorter than %zu bytes", sizeof r.model);
+      snprintf(r.model, sizeof r.model, "%s", s);
+    } else if (strcmp(k, "n") == 0) {
+      int n = 0;
+      MOE_TRY(moe_json_get_int(ctx, it, k, &n));
+      MOE_FAIL_IF(ctx, n != 1, MOE_STATUS_INVALID_ARG,
+                  "'n' must be 1 (one completion per request; got %d)", n);
+    } else if (strcmp(k, "user") == 0) {
+      const char *s = NULL;
+      MOE_TRY(get_string(ctx, it, k, &s));
+    } else if (strcmp(k, "id") == 0 && (flags & MOE_INFER_JSON_ID)) {
+      r.id_json = cJSON_PrintUnformatted(it);
+      MOE_FAIL_IF(ctx, !r.id_json, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory");
+    } else {
+      MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+               "request: unrecognized key '%s' (known: prompt, max_tokens, temperature, top_p, "
+               "top_k, seed, stop, stream, model, n, user%s)",
+               k, (flags & MOE_INFER_JSON_ID) ? ", id" : "");
+    }
+  }
+  MOE_FAIL_IF(ctx, !have_prompt, MOE_STATUS_INVALID_ARG, "request: 'prompt' is required");
+  MOE_TRY(moe_infer_params_validate(ctx, &r.params));
+  *out = r;
+  memset(&r, 0, sizeof r);
+done:
+  moe_infer_request_free(&r);
+  cJSON_Delete(root);
+  moe_free(text);
+  return st;
+}
+
+void moe_infer_request_free(moe_infer_request *r) {
+  if (!r) return;
+  moe_free(r->prompt);
+  if (r->id_json) cJSON_free(r->id_json);
+  r->prompt = NULL;
+  r->id_json = NULL;
+}
