@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `moe generate` end to end: help and exit codes; the same JSONL bytes run to
+# run and at 1, 2 and 4 ranks with other slot counts and prefill chunks
+# (greedy and sampled lines, stop strings, ids echoed); greedy output equal to
+# `moe sample --top-k 1` (the full recomputation) while the context fits;
+# a missing or corrupt checkpoint, bad lines and bad options refused with exit 2
+# and the output file not written.
+# Usage: generate_cli_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: generate_cli_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: generate_cli_test.sh path/to/moe path/to/mpiexec}
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+python3 - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(5)
+w = ["the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away!\n"]
+open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
+PY
+# a tiny model trained a little (so that its text has structure), seq_len 32
+"$MOE" train --data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4 \
+  --expert-hidden 32 --batch 8 --steps 60 --eval-every 0 --quiet \
+  --checkpoint "$tmp/m.ckpt" >"$tmp/train.log" 2>&1 || { bad "training the test model: $(tail -3 "$tmp/train.log")"; }
+
+cat >"$tmp/p.jsonl" <<'J'
+{"prompt":"the cat ","max_tokens":20,"temperature":0}
+{"prompt":"","max_tokens":12,"seed":5}
+{"prompt":"a dog ran far away!\nthe ","max_tokens":80,"temperature":0.9,"top_k":8,"id":"long"}
+
+{"prompt":"on a mat. ","max_tokens":40,"stop":["!", "\n"],"top_p":0.9,"id":7}
+{"prompt":"x","max_tokens":0}
+{"prompt":"the dog sat on the cat, the cat sat on the dog, the mat ran away","max_tokens":30,"temperature":0.5}
+J
+
+expect 0 "usage: moe generate" -- "$MOE" generate --help
+expect 2 "--checkpoint FILE and --input FILE are required" -- "$MOE" generate --input "$tmp/p.jsonl"
+expect 2 "unknown option '--frob'" -- "$MOE" generate --frob
+expect 2 "--slots.*must be in" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --slots 0
+expect 2 "prefill-chunk \(300\) must be at most --step-rows \(256\)" -- "$MOE" generate \
+  --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --prefill-chunk 300
+
+expect 0 "6 prompts" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output "$tmp/o1.jsonl"
+expect 0 "6 prompts" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output "$tmp/o1b.jsonl" --slots 1
+if cmp -s "$tmp/o1.jsonl" "$tmp/o1b.jsonl"; then ok; else bad "run to run (1 slot vs 32) differs"; fi
+expect 0 "6 prompts.*2 ranks" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --output "$tmp/o2.jsonl" --slots 2 --prefill-chunk 3
+if cmp -s "$tmp/o1.jsonl" "$tmp/o2.jsonl"; then ok; else bad "2 ranks differ from 1: $(diff "$tmp/o1.jsonl" "$tmp/o2.jsonl" | head -4)"; fi
+expect 0 "6 prompts.*4 ranks" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --output "$tmp/o4.jsonl" --slots 1 --step-rows 16 --prefill-chunk 7 --a2a pairwise
+if cmp -s "$tmp/o1.jsonl" "$tmp/o4.jsonl"; then ok; else bad "4 ranks differ from 1: $(diff "$tmp/o1.jsonl" "$tmp/o4.jsonl" | head -4)"; fi
+
+# the output's shape: one line per prompt (the blank line skipped), in order, ids echoed
+python3 - "$tmp/o1.jsonl" <<'PY' && ok || bad "output lines malformed: $(head -c 600 "$tmp/o1.jsonl")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+assert [r["index"] for r in rows] == list(range(6)), rows
+assert rows[2]["id"] == "long" and rows[3]["id"] == 7 and "id" not in rows[0]
+assert rows[0]["completion_tokens"] == 20 and rows[0]["finish_reason"] == "length"
+assert rows[4]["completion_tokens"] == 0 and rows[4]["text"] == ""
+assert rows[1]["prompt_tokens"] == 0 and rows[5]["prompt_tokens"] == 64
+r = rows[3]
+assert "!" not in r["text"] and "\n" not in r["text"]
+assert (r["finish_reason"] == "stop") == (r["completion_tokens"] < 40), r
+PY
+
+# greedy = moe sample's argmax while prompt + output fit in seq_len (32)
+g=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["text"], end="")' "$tmp/o1.jsonl")
+s=$("$MOE" sample --checkpoint "$tmp/m.ckpt" --prompt "the cat " --length 20 --top-k 1 2>/dev/null)
+if [[ "$s" == "the cat $g" ]]; then ok; else bad "greedy '$g' vs moe sample '$s'"; fi
+
+# bad input: exit 2, the message names the line, nothing written
+printf '{"prompt":"a"}\n{"prompt":"b","temperature":-1}\n' >"$tmp/bad1.jsonl"
+expect 2 "bad1.jsonl line 2: .*temperature" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/bad1.jsonl" --output "$tmp/ob.jsonl"
+printf '{"prompt":"a","colour":"red"}\n' >"$tmp/bad2.jsonl"
+expect 2 "line 1: request: unrecognized key 'colour'" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/bad2.jsonl" --output "$tmp/ob.jsonl"
+printf 'not json\n' >"$tmp/bad3.jsonl"
+expect 2 "line 1" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/bad3.jsonl" --output "$tmp/ob.jsonl"
+printf '\n\n' >"$tmp/empty.jsonl"
+expect 2 "holds no prompt" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/empty.jsonl"
+expect 2 "cannot open --input" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/nope.jsonl"
+expect 2 "nope.ckpt" -- mpi 2 "$MOE" generate --checkpoint "$tmp/nope.ckpt" --input "$tmp/p.jsonl" --output "$tmp/ob.jsonl"
+cp "$tmp/m.ckpt" "$tmp/bad.ckpt"
+printf 'XXXX' | dd of="$tmp/bad.ckpt" bs=1 seek=2000 conv=notrunc 2>/dev/null
+expect 2 "checksum|corrupt|bad" -- "$MOE" generate --checkpoint "$tmp/bad.ckpt" --input "$tmp/p.jsonl" --output "$tmp/ob.jsonl"
+expect 2 "need|memory" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --slots 4096 --max-memory 64M
+if [[ ! -e "$tmp/ob.jsonl" ]]; then ok; else bad "a refused run wrote its output"; fi
+# experts not divisible by the ranks: every rank fails, no hang
+expect 2 "experts \(4\) must be divisible by EP ranks \(3\)" -- mpi 3 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl"
+
+finish generate_cli
