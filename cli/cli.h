@@ -53,10 +53,6 @@ void cli_parse_skew(cli_args *a, const char *opt, moe_skew *out);
 int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print);
 // s as a quoted JSON string (quotes, backslashes and control bytes escaped).
 void cli_json_string(FILE *f, const char *s);
-// n bytes as a quoted JSON string: quotes, backslashes and control bytes
-// escaped, valid UTF-8 kept, each byte of an invalid sequence written as
-// \ufffd (the replacement character: a byte-level model can emit any byte).
-void cli_json_bytes(FILE *f, const char *s, size_t n);
 // Makes `name` the backend of moe_gemm with `threads` threads and
 // `precision` (a moe_precision), after moe_compute_check, and writes a
 // description ("openblas: OpenBLAS ..., fp32, 2 threads") to desc. Returns
@@ -169,5 +165,6 @@ int cmd_calibrate(int argc, char **argv);  // MPI (MOE_CLI_MPI); an error withou
 int cmd_train(int argc, char **argv);     // MPI (MOE_CLI_MPI)
 int cmd_sample(int argc, char **argv);    // one process
 int cmd_generate(int argc, char **argv);  // MPI (MOE_CLI_MPI)
+int cmd_serve(int argc, char **argv);     // MPI (MOE_CLI_MPI)
 
 #endif

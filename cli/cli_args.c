@@ -110,57 +110,6 @@ void cli_json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-// Length of the valid UTF-8 sequence at s (n bytes left), 0 when invalid.
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  size_t len;
-  unsigned cp;
-  if (s[0] < 0x80) return 1;
-  if ((s[0] & 0xE0) == 0xC0) {
-    len = 2;
-    cp = s[0] & 0x1F;
-  } else if ((s[0] & 0xF0) == 0xE0) {
-    len = 3;
-    cp = s[0] & 0x0F;
-  } else if ((s[0] & 0xF8) == 0xF0) {
-    len = 4;
-    cp = s[0] & 0x07;
-  } else {
-    return 0;
-  }
-  if (len > n) return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (s[i] & 0x3F);
-  }
-  const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
-  if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-  return len;
-}
-
-void cli_json_bytes(FILE *f, const char *s, size_t n) {
-  const unsigned char *b = (const unsigned char *)s;
-  fputc('"', f);
-  for (size_t i = 0; i < n;) {
-    if (b[i] == '"' || b[i] == '\\') {
-      fprintf(f, "\\%c", b[i]);
-      i++;
-    } else if (b[i] < 0x20 || b[i] == 0x7F) {
-      fprintf(f, "\\u%04x", b[i]);
-      i++;
-    } else {
-      const size_t len = utf8_len(b + i, n - i);
-      if (len == 0) {
-        fputs("\\ufffd", f);
-        i++;
-      } else {
-        fwrite(b + i, 1, len, f);
-        i += len;
-      }
-    }
-  }
-  fputc('"', f);
-}
-
 int cli_check_skew(const moe_skew *skew, int num_experts, int top_k, int print) {
   if (skew->kind != MOE_SKEW_TRACE) return CLI_OK;
   moe_ctx *ctx = NULL;

@@ -72,7 +72,10 @@ static void write_ready(gen_state *g) {
     fprintf(g->out, "{\"index\":%d", i);
     if (g->reqs[i].id_json) fprintf(g->out, ",\"id\":%s", g->reqs[i].id_json);
     fputs(",\"text\":", g->out);
-    cli_json_bytes(g->out, g->text[i], g->text_len[i]);
+    char *js = moe_infer_json_string(g->text[i], g->text_len[i]);
+    if (js) fputs(js, g->out);
+    if (!js) g->write_failed = 1;
+    moe_free(js);
     fprintf(g->out, ",\"finish_reason\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
             moe_infer_finish_name(r->finish), r->prompt_tokens, r->completion_tokens);
     if (g->timings)
@@ -305,7 +308,8 @@ int cmd_generate(int argc, char **argv) {
       while (submitted < g.n) {
         int64_t id = 0;
         moe_infer_request *r = &g.reqs[submitted];
-        const moe_status s2 = moe_infer_submit(eng, r->prompt, r->prompt_len, &r->params, &cb, &id);
+        const moe_status s2 =
+            moe_infer_submit(eng, NULL, r->prompt, r->prompt_len, &r->params, &cb, &id);
         if (s2 == MOE_STATUS_BUSY) break;
         if (s2 != MOE_STATUS_OK) {
           st = s2;

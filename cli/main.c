@@ -20,6 +20,8 @@ static void usage(FILE *f) {
           "  sample           generate text from a training checkpoint (one sequence)\n"
           "  generate         completions for a JSONL file of prompts: KV cache, continuous\n"
           "                   batching, expert-parallel under mpirun\n"
+          "  serve            an OpenAI-compatible HTTP server (completions, chat, streaming,\n"
+          "                   /metrics) over the same engine\n"
           "  bench layer      time one MoE layer (forward + backward), in one process or\n"
           "                   expert-parallel with the schedules (under mpirun)\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
@@ -111,6 +113,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "train") == 0) return cmd_train(argc, argv);
   if (strcmp(cmd, "sample") == 0) return cmd_sample(argc, argv);
   if (strcmp(cmd, "generate") == 0) return cmd_generate(argc, argv);
+  if (strcmp(cmd, "serve") == 0) return cmd_serve(argc, argv);
   if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
   if (strcmp(cmd, "simulate") == 0) return cmd_simulate(argc, argv);
   if (strcmp(cmd, "roofline") == 0) return cmd_roofline(argc, argv);

@@ -167,8 +167,8 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
   while (submitted < NREQ || moe_infer_pending(e) > 0) {
     while (submitted < NREQ) {
       int64_t id = 0;
-      st = moe_infer_submit(e, prompts[submitted], strlen(prompts[submitted]), &p[submitted], &cb,
-                            &id);
+      st = moe_infer_submit(e, NULL, prompts[submitted], strlen(prompts[submitted]), &p[submitted],
+                            &cb, &id);
       if (st == MOE_STATUS_BUSY) {
         busy++;
         break;
@@ -215,7 +215,7 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
     moe_infer_params_default(&lp);
     lp.max_tokens = 1000;
     int64_t id = 0;
-    TU_CHECK(moe_infer_submit(e, "abc", 3, &lp, &cb, &id) == MOE_STATUS_OK && id == NREQ + 1,
+    TU_CHECK(moe_infer_submit(e, NULL, "abc", 3, &lp, &cb, &id) == MOE_STATUS_OK && id == NREQ + 1,
              "submit long");
     for (int k = 0; k < 4; k++) moe_infer_step(e);
     moe_infer_cancel(e, id);
@@ -231,7 +231,7 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
     moe_infer_params_default(&bp);
     bp.top_p = 0;
     int64_t id = 0;
-    TU_CHECK(moe_infer_submit(e, "x", 1, &bp, NULL, &id) == MOE_STATUS_INVALID_ARG &&
+    TU_CHECK(moe_infer_submit(e, NULL, "x", 1, &bp, NULL, &id) == MOE_STATUS_INVALID_ARG &&
                  strstr(moe_ctx_error(ctx), "top_p"),
              "top_p 0: %s", moe_ctx_error(ctx));
   }
@@ -240,7 +240,8 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
   int64_t id = 0;
   moe_infer_params dp;
   moe_infer_params_default(&dp);
-  TU_CHECK(moe_infer_submit(e, "x", 1, &dp, NULL, &id) == MOE_STATUS_BUSY, "submit after shutdown");
+  TU_CHECK(moe_infer_submit(e, NULL, "x", 1, &dp, NULL, &id) == MOE_STATUS_BUSY,
+           "submit after shutdown");
   moe_gpt_destroy(ref);
   moe_infer_destroy(e);
 }

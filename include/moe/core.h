@@ -25,6 +25,7 @@ const char *moe_version(void);
 // Features compiled into this build (1 or 0).
 int moe_has_mpi(void);
 int moe_has_zfp(void);
+int moe_has_http(void);  // 1 when built with libmicrohttpd (moe serve)
 int moe_has_cuda(void);
 
 // ---- status ---------------------------------------------------------------

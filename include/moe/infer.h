@@ -118,9 +118,11 @@ moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_i
                             int world_size, moe_memory_need *out);
 
 // Rank 0, any thread: queues a request; its id (>= 1) in *id. prompt: bytes
-// (may be empty). BUSY when the queue is full or the engine is shutting
-// down; INVALID_ARG for bad params. Thread-safe against moe_infer_step.
-moe_status moe_infer_submit(moe_infer *e, const char *prompt, size_t prompt_len,
+// (may be empty). BUSY when the queue is full or the engine is shutting down;
+// INVALID_ARG for bad params. The message goes to ctx (each thread its own;
+// NULL: the engine's, for the thread that steps). Thread-safe against
+// moe_infer_step.
+moe_status moe_infer_submit(moe_infer *e, moe_ctx *ctx, const char *prompt, size_t prompt_len,
                             const moe_infer_params *p, const moe_infer_callbacks *cb, int64_t *id);
 // Rank 0, any thread: the request ends with MOE_INFER_FINISH_CANCELLED at the
 // next step (its on_done still comes). Unknown or finished ids: no-op.
@@ -169,7 +171,12 @@ void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
 // Anything else is refused naming the key (as the OpenAI API refuses an
 // unrecognized argument), as are a wrong type, a value out of range
 // (moe_infer_params_validate), a NUL inside a string and malformed JSON.
-enum { MOE_INFER_JSON_ID = 1 };
+// With MOE_INFER_JSON_CHAT the chat completions shape instead: "messages"
+// (required; each {"role": system|user|assistant, "content": string}) in place
+// of "prompt", and "max_completion_tokens" as a synonym of max_tokens; the
+// prompt is the chat template "<role>: <content>\n" per message, then
+// "assistant:" (the model is a byte-level LM without special tokens).
+enum { MOE_INFER_JSON_ID = 1, MOE_INFER_JSON_CHAT = 2 };
 
 typedef struct {
   char *prompt;  // moe_malloc'd, NUL-terminated
@@ -187,6 +194,50 @@ moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t le
                                        const moe_infer_params *defaults, unsigned flags,
                                        moe_infer_request *out);
 void moe_infer_request_free(moe_infer_request *r);
+
+// n bytes as a quoted JSON string (moe_malloc'd; NULL when out of memory):
+// quotes, backslashes and control bytes escaped (\n, \t, \r, else \u00XX),
+// valid UTF-8 kept, each byte of an invalid sequence written as \ufffd (the
+// replacement character: a byte-level model can emit any byte).
+char *moe_infer_json_string(const char *s, size_t n);
+
+// ---- the HTTP server (moe serve) --------------------------------------------
+
+// An OpenAI-compatible HTTP server over an engine, on rank 0 (libmicrohttpd,
+// one thread per connection; docs/inference.md):
+//   POST /v1/completions, POST /v1/chat/completions   (moe_infer_request_from_json;
+//        "stream": true answers with server-sent events, ending "data: [DONE]")
+//   GET /v1/models, GET /health, GET /metrics (Prometheus text format)
+// finish_reason is "stop", "length", or "cancelled" (the server shut down
+// before the request ended). Errors are JSON {"error": {"message", "type",
+// "param", "code"}}: 400 for a bad
+// request, 404 an unknown path, 405 a wrong method, 413 a body over max_body,
+// 503 when the queue is full or the server is shutting down. A streaming
+// client that disconnects has its request cancelled at its next text.
+// The server only queues requests: the thread that owns the engine steps it
+// (moe_infer_wait, moe_infer_step).
+typedef struct {
+  const char *host;     // IPv4 address to listen on ["127.0.0.1"]
+  int port;             // [8080]; 0: any free port (moe_serve_port says which)
+  size_t max_body;      // bytes of a request body at most [1 MiB]
+  int max_connections;  // open connections at most [256]
+  const char *model;    // the model name /v1/models reports and responses carry
+} moe_serve_config;
+void moe_serve_config_default(moe_serve_config *sc);
+
+typedef struct moe_server moe_server;
+// Starts listening (rank 0). UNSUPPORTED in a build without libmicrohttpd;
+// IO when the address cannot be bound (naming it and the reason).
+moe_status moe_serve_start(moe_ctx *ctx, moe_infer *e, const moe_serve_config *sc,
+                           moe_server **out);
+int moe_serve_port(const moe_server *s);
+// From now on new completion requests and /health answer 503 (the requests
+// in flight go on).
+void moe_serve_quiesce(moe_server *s);
+// Closes every connection and frees the server (after moe_infer_shutdown, so
+// that every request has ended): first waits (at most 10 s) for the answers
+// of ended requests to be sent. NULL is a no-op.
+void moe_serve_stop(moe_server *s);
 
 // ---- sampling ----------------------------------------------------------------
 

@@ -311,11 +311,11 @@ const moe_gpt_config *moe_infer_model_config(const moe_infer *e) { return &e->cf
 
 // ---- requests (rank 0) ----------------------------------------------------------------
 
-moe_status moe_infer_submit(moe_infer *e, const char *prompt, size_t prompt_len,
+moe_status moe_infer_submit(moe_infer *e, moe_ctx *ctx, const char *prompt, size_t prompt_len,
                             const moe_infer_params *p, const moe_infer_callbacks *cb, int64_t *id) {
   moe_status st = MOE_STATUS_OK;
   rq *r = NULL;
-  moe_ctx *ctx = e->ctx;
+  if (!ctx) ctx = e->ctx;
   MOE_FAIL_IF(ctx, e->rank != 0, MOE_STATUS_INVALID_ARG, "requests are submitted on rank 0");
   MOE_FAIL_IF(ctx, prompt_len > 0 && !prompt, MOE_STATUS_INVALID_ARG, "prompt must not be NULL");
   MOE_TRY(moe_infer_params_validate(ctx, p));

@@ -47,6 +47,54 @@ done:
   return st;
 }
 
+// The chat template: "<role>: <content>\n" per message, then "assistant:".
+static moe_status chat_prompt(moe_ctx *ctx, const cJSON *msgs, moe_infer_request *r) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1, MOE_STATUS_INVALID_ARG,
+              "'messages' must be a non-empty array of {\"role\", \"content\"} objects");
+  size_t need = strlen("assistant:") + 1;
+  const cJSON *m;
+  int i = 0;
+  cJSON_ArrayForEach(m, msgs) {
+    MOE_FAIL_IF(ctx, !cJSON_IsObject(m), MOE_STATUS_INVALID_ARG,
+                "'messages[%d]' must be an object with \"role\" and \"content\"", i);
+    const cJSON *role = NULL, *content = NULL, *f;
+    cJSON_ArrayForEach(f, m) {
+      if (strcmp(f->string, "role") == 0) {
+        role = f;
+      } else if (strcmp(f->string, "content") == 0) {
+        content = f;
+      } else if (strcmp(f->string, "name") != 0) {
+        MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+                 "'messages[%d]': unrecognized key '%s' (known: role, content, name)", i,
+                 f->string);
+      }
+    }
+    MOE_FAIL_IF(ctx,
+                !cJSON_IsString(role) || (strcmp(role->valuestring, "system") != 0 &&
+                                          strcmp(role->valuestring, "user") != 0 &&
+                                          strcmp(role->valuestring, "assistant") != 0),
+                MOE_STATUS_INVALID_ARG,
+                "'messages[%d].role' must be \"system\", \"user\" or \"assistant\"", i);
+    MOE_FAIL_IF(ctx, !cJSON_IsString(content), MOE_STATUS_INVALID_ARG,
+                "'messages[%d].content' must be a string (content parts are not supported)", i);
+    need += strlen(role->valuestring) + 3 + strlen(content->valuestring);
+    i++;
+  }
+  r->prompt = moe_malloc(need);
+  MOE_FAIL_IF(ctx, !r->prompt, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory");
+  size_t o = 0;
+  cJSON_ArrayForEach(m, msgs) {
+    const char *role = cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring;
+    const char *content = cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring;
+    o += (size_t)snprintf(r->prompt + o, need - o, "%s: %s\n", role, content);
+  }
+  o += (size_t)snprintf(r->prompt + o, need - o, "assistant:");
+  r->prompt_len = o;
+done:
+  return st;
+}
+
 moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t len,
                                        const moe_infer_params *defaults, unsigned flags,
                                        moe_infer_request *out) {
@@ -73,7 +121,13 @@ moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t le
     for (const cJSON *o = root->child; o != it; o = o->next)
       MOE_FAIL_IF(ctx, strcmp(o->string, k) == 0, MOE_STATUS_INVALID_ARG,
                   "request: key '%s' appears twice", k);
-    if (strcmp(k, "prompt") == 0) {
+    const int chat = (flags & MOE_INFER_JSON_CHAT) != 0;
+    if (chat && strcmp(k, "messages") == 0) {
+      MOE_TRY(chat_prompt(ctx, it, &r));
+      have_prompt = 1;
+    } else if (chat && strcmp(k, "max_completion_tokens") == 0) {
+      MOE_TRY(moe_json_get_int(ctx, it, k, &r.params.max_tokens));
+    } else if (!chat && strcmp(k, "prompt") == 0) {
       const char *s = NULL;
       MOE_FAIL_IF(ctx, cJSON_IsArray(it), MOE_STATUS_INVALID_ARG,
                   "'prompt' must be one string (arrays of prompts are not supported: send one "
@@ -123,12 +177,14 @@ moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t le
       MOE_FAIL_IF(ctx, !r.id_json, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory");
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
-               "request: unrecognized key '%s' (known: prompt, max_tokens, temperature, top_p, "
+               "request: unrecognized key '%s' (known: %s, max_tokens, temperature, top_p, "
                "top_k, seed, stop, stream, model, n, user%s)",
-               k, (flags & MOE_INFER_JSON_ID) ? ", id" : "");
+               k, chat ? "messages, max_completion_tokens" : "prompt",
+               (flags & MOE_INFER_JSON_ID) ? ", id" : "");
     }
   }
-  MOE_FAIL_IF(ctx, !have_prompt, MOE_STATUS_INVALID_ARG, "request: 'prompt' is required");
+  MOE_FAIL_IF(ctx, !have_prompt, MOE_STATUS_INVALID_ARG, "request: '%s' is required",
+              (flags & MOE_INFER_JSON_CHAT) ? "messages" : "prompt");
   MOE_TRY(moe_infer_params_validate(ctx, &r.params));
   *out = r;
   memset(&r, 0, sizeof r);

@@ -35,8 +35,9 @@ const char *moe_features(void) {
             !backends[i]->unavailable();  // catalogue: named in the feature list
   }
   snprintf(text, sizeof text,
-           "mpi=%s blas=%s zfp=%s onednn=%s bf16=%s cuda=%s",  // catalogue: feature keys
+           "mpi=%s blas=%s zfp=%s onednn=%s bf16=%s cuda=%s http=%s",  // catalogue: feature keys
            moe_has_mpi() ? "yes" : "no", blas, moe_has_zfp() ? "yes" : "no", dnnl ? "yes" : "no",
-           moe_bf16_native() ? "native" : "emulated", moe_has_cuda() ? "yes" : "no");
+           moe_bf16_native() ? "native" : "emulated", moe_has_cuda() ? "yes" : "no",
+           moe_has_http() ? "yes" : "no");
   return text;
 }

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# `moe serve` end to end, driven over HTTP (tests/serve_client.py): the API and
+# its answers equal to `moe generate`'s for the same requests, streaming, 40
+# concurrent requests, bad requests, a client that disconnects mid-stream,
+# metrics; under mpirun -n 2 the same answers and a full queue (503), stopped
+# by SIGUSR1 to mpirun; SIGTERM during load (the requests in flight end, exit 0, no rank left); bad options
+# and checkpoints (exit 2).
+# Usage: serve_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: serve_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: serve_test.sh path/to/moe path/to/mpiexec}
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+srv=""
+on_exit() {
+  if [[ -n "$srv" ]]; then
+    local tree
+    tree=$(descendants "$srv")
+    # shellcheck disable=SC2086 # one pid per word
+    kill -9 "$srv" $tree 2>/dev/null
+  fi
+}
+
+if ! "$MOE" version | grep -q "http=yes"; then
+  expect 1 "no HTTP server" -- "$MOE" serve --checkpoint x
+  finish serve "(built without libmicrohttpd: only the refusal checked)"
+  exit $?
+fi
+
+python3 - "$tmp/text.txt" <<'PY'
+import random, sys
+random.seed(5)
+w = ["the ", "cat ", "sat ", "on ", "a ", "mat. ", "dog ", "ran ", "far ", "away!\n"]
+open(sys.argv[1], "w").write("".join(random.choice(w) for _ in range(20000)))
+PY
+"$MOE" train --data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --experts 4 \
+  --expert-hidden 32 --batch 8 --steps 40 --eval-every 0 --quiet \
+  --checkpoint "$tmp/tiny" >"$tmp/train.log" 2>&1 || bad "training the test model: $(tail -3 "$tmp/train.log")"
+
+cat >"$tmp/p.jsonl" <<'J'
+{"prompt":"the cat ","max_tokens":20,"temperature":0,"top_k":0,"top_p":1,"seed":0}
+{"prompt":"a dog ran far away!\nthe ","max_tokens":70,"temperature":0.9,"top_k":8,"top_p":1,"seed":3}
+{"prompt":"on a mat. ","max_tokens":40,"stop":["!","\n"],"temperature":0.8,"top_k":0,"top_p":0.9,"seed":5}
+{"prompt":"","max_tokens":10,"temperature":1,"top_k":0,"top_p":1,"seed":7}
+J
+"$MOE" generate --checkpoint "$tmp/tiny" --input "$tmp/p.jsonl" --output "$tmp/gen.jsonl" --quiet ||
+  bad "moe generate failed"
+
+# start_server LOG ARGS...: the server in the background ($srv), its port in $port
+start_server() {
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 &
+  srv=$!
+  port=""
+  for _ in $(seq 1 600); do
+    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$')
+    [[ -n "$port" ]] && return 0
+    kill -0 "$srv" 2>/dev/null || break
+    sleep 0.1
+  done
+  bad "the server did not start: $(cat "$log")"
+  return 1
+}
+
+# stop_server LOG SIGNAL: the signal, then it must exit 0 within 60 s with no
+# process left (Open MPI's singleton helper, orted, goes within seconds)
+stop_server() {
+  local tree rc
+  tree=$(descendants "$srv")
+  kill "-$2" "$srv"
+  for _ in $(seq 1 600); do kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$srv" 2>/dev/null; then
+    bad "the server did not exit within 60 s of SIGTERM"
+    return
+  fi
+  wait "$srv"
+  rc=$?
+  srv=""
+  if [[ $rc -eq 0 ]]; then ok; else bad "the server exited $rc after SIGTERM: $(tail -3 "$1")"; fi
+  for _ in $(seq 1 100); do
+    # shellcheck disable=SC2086 # one pid per word
+    if [[ -z "$tree" ]] || ! ps -p "$(echo $tree | tr ' ' ,)" >/dev/null 2>&1; then break; fi
+    sleep 0.1
+  done
+  # shellcheck disable=SC2086 # one pid per word
+  if [[ -z "$tree" ]] || ! ps -p "$(echo $tree | tr ' ' ,)" >/dev/null 2>&1; then ok; else bad "processes left after SIGTERM: $(ps -o pid,cmd -p "$(echo $tree | tr ' ' ,)")"; fi
+}
+
+expect 0 "usage: moe serve" -- "$MOE" serve --help
+expect 2 "--checkpoint FILE is required" -- "$MOE" serve
+expect 2 "unknown option '--frob'" -- "$MOE" serve --frob
+expect 2 "--port.*must be in" -- "$MOE" serve --checkpoint "$tmp/tiny" --port 70000
+expect 2 "nope" -- "$MOE" serve --checkpoint "$tmp/nope"
+expect 2 "host 'localhost' must be an IPv4 address" -- "$MOE" serve --checkpoint "$tmp/tiny" --host localhost --port 0
+
+# one process: the API
+if start_server "$tmp/s1.log" "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --max-body 4K --slots 8; then
+  if python3 "$here/serve_client.py" "$port" api "$tmp/gen.jsonl" "$tmp/p.jsonl"; then ok; else bad "HTTP checks (1 rank)"; fi
+  # a second server on the same port: refused
+  expect 2 "cannot listen on 127.0.0.1:$port" -- "$MOE" serve --checkpoint "$tmp/tiny" --port "$port"
+  # SIGTERM during load: every request in flight ends with its answer, exit 0
+  python3 "$here/serve_client.py" "$port" load 12 "$tmp/load.txt" &
+  client=$!
+  sleep 1.5
+  stop_server "$tmp/s1.log" TERM
+  wait "$client"
+  n200=$(grep -c '^200 length 300$' "$tmp/load.txt")
+  if [[ $n200 -eq 12 ]]; then ok; else bad "requests in flight at SIGTERM: $(sort "$tmp/load.txt" | uniq -c | tr '\n' ';')"; fi
+  if grep -q "moe serve: stopped: .* requests done (0 cancelled at shutdown)" "$tmp/s1.log"; then ok; else bad "summary: $(tail -2 "$tmp/s1.log")"; fi
+fi
+
+# two ranks: the same answers, a full queue answers 503, SIGTERM to mpirun ends every rank
+# shellcheck disable=SC2086 # OVERSUB is empty or one flag
+if start_server "$tmp/s2.log" "$MPIEXEC" -n 2 $OVERSUB "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --slots 1 --queue 1; then
+  python3 - "$port" "$tmp/gen.jsonl" "$tmp/p.jsonl" <<'PY' && ok || bad "2 ranks: answers differ from moe generate's"
+import http.client, json, sys
+port, gen, prompts = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+for g, q in zip([json.loads(l) for l in open(gen)], [json.loads(l) for l in open(prompts)]):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(q))
+    r = json.loads(c.getresponse().read())
+    assert r["choices"][0]["text"] == g["text"], (r, g)
+PY
+  if python3 "$here/serve_client.py" "$port" busy; then ok; else bad "queue full (2 ranks)"; fi
+  if [[ "$OVERSUB" == "--oversubscribe" ]]; then
+    stop_server "$tmp/s2.log" USR1  # Open MPI's mpirun forwards SIGUSR1 to the ranks
+  else
+    tree=$(descendants "$srv")
+    # shellcheck disable=SC2086 # one pid per word
+    kill -TERM $tree 2>/dev/null  # MPICH's hydra: the ranks themselves
+    stop_server "$tmp/s2.log" CONT
+  fi
+fi
+
+finish serve
