@@ -93,11 +93,26 @@ expect 2 "--checkpoint FILE is required" -- "$MOE" serve
 expect 2 "unknown option '--frob'" -- "$MOE" serve --frob
 expect 2 "--port.*must be in" -- "$MOE" serve --checkpoint "$tmp/tiny" --port 70000
 expect 2 "nope" -- "$MOE" serve --checkpoint "$tmp/nope"
+expect 2 "--output-len: length '0' must be N or A-B with 1 <= A <= B <= 65536" -- "$MOE" bench serve --output-len 0
+expect 2 "--prompt-len: length '5-2'" -- "$MOE" bench serve --prompt-len 5-2
+expect 1 "GET http://127.0.0.1:1/metrics: .*is the server running" -- "$MOE" bench serve --url http://127.0.0.1:1
 expect 2 "host 'localhost' must be an IPv4 address" -- "$MOE" serve --checkpoint "$tmp/tiny" --host localhost --port 0
 
 # one process: the API
 if start_server "$tmp/s1.log" "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --max-body 4K --slots 8; then
   if python3 "$here/serve_client.py" "$port" api "$tmp/gen.jsonl" "$tmp/p.jsonl"; then ok; else bad "HTTP checks (1 rank)"; fi
+  # the load generator against it: every request answered, the table and the JSON
+  expect 0 "\| 8 \| 0 \|" -- "$MOE" bench serve --url "http://127.0.0.1:$port" --requests 8 \
+    --concurrency 4 --output-len 6-10 --prompt-len 4-40 --json "$tmp/bench.json"
+  python3 - "$tmp/bench.json" <<'PY' && ok || bad "bench serve JSON: $(cat "$tmp/bench.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] == 8 and r["failed"] == 0 and r["output_len"] == [6, 10]
+assert 0 < r["ttft_ms"][0] <= r["ttft_ms"][1] <= r["ttft_ms"][2] <= r["latency_ms"][2]
+assert r["tokens_per_s"] > 0 and 0 < r["moe_share"] <= 1.0 and 0 <= r["a2a_share"] <= r["moe_share"]
+PY
+  expect 0 "open loop at 20 requests/s" -- "$MOE" bench serve --url "http://127.0.0.1:$port" \
+    --requests 6 --rate 20 --output-len 4 --chat
   # a second server on the same port: refused
   expect 2 "cannot listen on 127.0.0.1:$port" -- "$MOE" serve --checkpoint "$tmp/tiny" --port "$port"
   # SIGTERM during load: every request in flight ends with its answer, exit 0

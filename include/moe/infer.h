@@ -155,9 +155,14 @@ typedef struct {
   int running, waiting;    // requests in a slot / queued now
   int max_batch_seqs;      // most sequences in one step so far
   double step_ms;          // time in steps (rank 0)
+  double moe_ms;           // of which in the MoE layers' forwards (rank 0)
+  double a2a_ms;           // of which their all-to-alls (the passes' comm tasks, rank 0)
 } moe_infer_stats;
 // Rank 0 (the counters are rank 0's; thread-safe).
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
+// Rank 0: the time in block `block`'s MoE layer forwards and in their
+// all-to-alls so far (ms); 0 for a dense block or one out of range. Thread-safe.
+void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms);
 
 // ---- requests as JSON -------------------------------------------------------
 
@@ -238,6 +243,50 @@ void moe_serve_quiesce(moe_server *s);
 // that every request has ended): first waits (at most 10 s) for the answers
 // of ended requests to be sent. NULL is a no-op.
 void moe_serve_stop(moe_server *s);
+
+// ---- the load generator (moe bench serve) ----------------------------------
+
+// Drives a running `moe serve` over HTTP (libcurl) with streamed completion
+// requests and measures them (src/infer/loadgen.c): open loop (Poisson
+// arrivals at `rate`; latency counted from each request's due time, so
+// waiting for a free worker counts) or closed loop (rate 0: `concurrency`
+// requests in flight). Prompt and output lengths are drawn uniformly from
+// their [min, max]; prompts are seeded pseudo-words; each request asks for
+// exactly its output length (no stop strings).
+typedef struct {
+  const char *url;             // the server ["http://127.0.0.1:8080"]
+  int chat;                    // 1: /v1/chat/completions, else /v1/completions [0]
+  int requests;                // [64]
+  double rate;                 // requests/s, 0: closed loop [0]
+  int concurrency;             // closed loop: in flight; open loop: workers [8]
+  int prompt_min, prompt_max;  // bytes [32, 32]
+  int output_min, output_max;  // tokens [64, 64]
+  double temperature;          // [0.8]
+  uint64_t seed;               // lengths, arrivals and prompts [1]
+  double timeout_s;            // per request [600]
+} moe_loadgen_config;
+void moe_loadgen_config_default(moe_loadgen_config *c);
+// "N" or "A-B" into [*a, *b] within [lo, hi]; INVALID_ARG naming the forms.
+moe_status moe_loadgen_range_parse(moe_ctx *ctx, const char *text, int lo, int hi, int *a, int *b);
+
+typedef struct {
+  int ok, failed;      // requests answered in full / not
+  long fail_codes[8];  // HTTP statuses of the failures (-1: no answer)
+  int fail_counts[8];
+  char first_error[256];
+  double wall_s;
+  int64_t tokens;  // completion tokens (the servers' usage counts)
+  double requests_per_s, tokens_per_s;
+  double ttft_ms[3];     // time to the first token: p50, p95, p99
+  double itl_ms[3];      // gaps between consecutive tokens: p50, p95, p99
+  double latency_ms[3];  // end to end: p50, p95, p99
+} moe_loadgen_result;
+// UNSUPPORTED in a build without libcurl. Failed requests are counted, not errors.
+// (Call it from one thread at a time: it sets libcurl up and down.)
+moe_status moe_loadgen_run(moe_ctx *ctx, const moe_loadgen_config *c, moe_loadgen_result *out);
+// GET url + path into *out (moe_malloc'd, NUL-terminated). IO naming the URL
+// and the reason when it cannot be fetched or the status is not 200.
+moe_status moe_http_get(moe_ctx *ctx, const char *url, const char *path, char **out);
 
 // ---- sampling ----------------------------------------------------------------
 

@@ -41,6 +41,9 @@ typedef struct {
   void *impl[MOE_GPT_MAX_LAYERS];
 } moe_train_ep_user;
 extern const moe_gpt_moe_ops moe_train_ep_ops;
+// The layer of a backend instance (moe_train_ep_user.impl[block]) and when its
+// last forward / backward began (either pointer may be NULL).
+moe_ep_layer *moe_train_ep_layer(void *impl, uint64_t *fwd_start_ns, uint64_t *bwd_start_ns);
 
 typedef struct {
   int step;              // 1-based step just finished

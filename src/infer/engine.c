@@ -88,6 +88,8 @@ struct moe_infer {
   int n_running;
   int64_t next_id;
   int shutting_down;
+  double *layer_ms;        // (2 L): per block, MoE forward and all-to-all ms (step thread)
+  double *layer_ms_pub;    // their copy (under mu)
   moe_infer_stats st;      // the step thread's counters
   moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
 };
@@ -242,6 +244,8 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       e->running_on = moe_calloc((size_t)e->size, sizeof(int));
       e->sample_scr = moe_malloc(2 * V * sizeof(double));
       e->sample_order = moe_malloc(V * sizeof(int));
+      e->layer_ms = moe_calloc(4 * (size_t)e->cfg.n_layer, sizeof(double));
+      e->layer_ms_pub = e->layer_ms ? e->layer_ms + 2 * e->cfg.n_layer : NULL;
     }
     const int ok =
         e->plan && e->mine && e->logits &&
@@ -304,6 +308,7 @@ void moe_infer_destroy(moe_infer *e) {
   moe_free(e->running_on);
   moe_free(e->sample_scr);
   moe_free(e->sample_order);
+  moe_free(e->layer_ms);
   moe_free(e);
 }
 
@@ -403,6 +408,18 @@ int moe_infer_wait(moe_infer *e, int timeout_ms) {
   const int n = e->q_len + e->n_running;
   pthread_mutex_unlock(&e->mu);
   return n > 0;
+}
+
+void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms) {
+  double m = 0, a = 0;
+  if (e->rank == 0 && block >= 0 && block < e->cfg.n_layer && e->layer_ms_pub) {
+    pthread_mutex_lock(&e->mu);
+    m = e->layer_ms_pub[2 * block];
+    a = e->layer_ms_pub[2 * block + 1];
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (moe_ms) *moe_ms = m;
+  if (a2a_ms) *a2a_ms = a;
 }
 
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s) {
@@ -520,6 +537,24 @@ static moe_status run_rows(moe_infer *e, int n) {
   }
   local = moe_gpt_decode(e->model, e->kv, e->mine, mine, e->logits);
   MOE_TRY(moe_comm_agree(ctx, e->world, local, "a decode step"));
+  if (e->rank == 0) {  // the MoE layers' time and their all-to-alls' (the passes' comm tasks)
+    for (int l = 0; l < e->cfg.n_layer; l++) {
+      if (!e->user->impl[l]) continue;
+      const moe_ep_layer *layer = moe_train_ep_layer(e->user->impl[l], NULL, NULL);
+      moe_layer_timing fwd;
+      moe_ep_layer_timing(layer, &fwd, NULL);
+      const moe_task_graph *g = NULL;
+      const moe_task_record *rec = NULL;
+      moe_ep_layer_last_pass(layer, 0, &g, &rec);
+      moe_pass_breakdown bd;
+      memset(&bd, 0, sizeof bd);
+      if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &bd);
+      e->layer_ms[2 * l] += fwd.total_ms;
+      e->layer_ms[2 * l + 1] += (double)bd.comm_ns * 1e-6;
+      e->st.moe_ms += fwd.total_ms;
+      e->st.a2a_ms += (double)bd.comm_ns * 1e-6;
+    }
+  }
   if (e->rank == 0) {
     int at = 0;
     for (int p = 0; p < e->size; p++) {
@@ -686,6 +721,8 @@ done:
   e->st.step_ms += moe_time_ms_since(t0);
   pthread_mutex_lock(&e->mu);
   e->st_pub = e->st;
+  if (e->layer_ms)
+    memcpy(e->layer_ms_pub, e->layer_ms, 2 * (size_t)e->cfg.n_layer * sizeof(double));
   pthread_mutex_unlock(&e->mu);
   return st;
 }

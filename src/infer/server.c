@@ -455,6 +455,21 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
     "# TYPE moe_engine_step_seconds_total counter\nmoe_engine_step_seconds_total %.6f\n",
     es.waiting, es.running, (long long)es.steps, (long long)es.rows, (long long)es.prefill_rows,
     (long long)es.tokens, es.max_batch_seqs, es.step_ms / 1000);
+  P("# HELP moe_engine_moe_seconds_total Time in a block's MoE layer forwards (rank 0).\n"
+    "# TYPE moe_engine_moe_seconds_total counter\n");
+  const int L = moe_infer_model_config(s->engine)->n_layer;
+  for (int l = 0; l < L; l++) {
+    double mm = 0, am = 0;
+    moe_infer_layer_times(s->engine, l, &mm, &am);
+    if (mm > 0) P("moe_engine_moe_seconds_total{block=\"%d\"} %.6f\n", l, mm / 1000);
+  }
+  P("# HELP moe_engine_a2a_seconds_total Time in a block's MoE all-to-alls (rank 0).\n"
+    "# TYPE moe_engine_a2a_seconds_total counter\n");
+  for (int l = 0; l < L; l++) {
+    double mm = 0, am = 0;
+    moe_infer_layer_times(s->engine, l, &mm, &am);
+    if (mm > 0) P("moe_engine_a2a_seconds_total{block=\"%d\"} %.6f\n", l, am / 1000);
+  }
 #undef P
   enum MHD_Result r;
   if (o >= cap) {

@@ -8,8 +8,6 @@
 
 // Bytes the backend's create allocates per block besides the moe_ep_layer.
 size_t moe_train_ep_block_bytes_(void);
-// The layer of a backend instance and when its last forward / backward began.
-moe_ep_layer *moe_train_ep_layer(void *impl, uint64_t *fwd_start_ns, uint64_t *bwd_start_ns);
 
 // A copy of *tc with its 'auto' choices planned from tc->profile (train_plan.c);
 // *pred_ms the planner's forward + backward time of one MoE layer (NAN without
