@@ -34,7 +34,7 @@ layers=(
   "model:model.h data.h checkpoint.h gpt_io.h"
   "measure:measure.h measure_mpi.h"
   "train:train.h"
-  "infer:infer.h"
+  "infer:infer.h infer_request.h"
   "top:moe.h"
 )
 

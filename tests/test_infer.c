@@ -310,6 +310,23 @@ static void test_request_json(moe_ctx *ctx) {
       {"[1]", "request"},
       {"{\"prompt\":5}", "'prompt' must be a string"},
   };
+  // chat: the template, and a message with a key twice (a fuzzer finding:
+  // the prompt was sized with one "content" and written with the other)
+  const char *chat =
+      "{\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+      "{\"role\":\"user\",\"content\":\"hi\"}],\"max_completion_tokens\":7}";
+  TU_CHECK(moe_infer_request_from_json(ctx, chat, strlen(chat), &d, MOE_INFER_JSON_CHAT, &r) ==
+                   MOE_STATUS_OK &&
+               strcmp(r.prompt, "system: be brief\nuser: hi\nassistant:") == 0 &&
+               r.params.max_tokens == 7,
+           "chat template: %s", moe_ctx_error(ctx));
+  moe_infer_request_free(&r);
+  const char *dup =
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"a long one\",\"content\":\"x\"}]}";
+  TU_CHECK(moe_infer_request_from_json(ctx, dup, strlen(dup), &d, MOE_INFER_JSON_CHAT, &r) ==
+                   MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(ctx), "'content' appears twice"),
+           "duplicate content: %s", moe_ctx_error(ctx));
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const moe_status st =
         moe_infer_request_from_json(ctx, bad[i].json, strlen(bad[i].json), &d, 0, &r);

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "moe/core.h"
+#include "moe/infer_request.h"
 #include "moe/model.h"
 #include "moe/parallel.h"
 
@@ -56,22 +57,6 @@ typedef struct {
 // slots 32, step_rows 256, prefill_chunk 64, queue 256, par as
 // moe_parallel_config_default.
 void moe_infer_config_default(moe_infer_config *ic);
-
-#define MOE_INFER_MAX_STOP 4     // stop strings per request
-#define MOE_INFER_STOP_BYTES 64  // bytes of one stop string at most
-
-typedef struct {
-  int max_tokens;      // tokens to generate at most, [0, 1 << 20] [16]
-  double temperature;  // [0, 100]; 0: greedy (the most likely token) [1]
-  int top_k;           // sample among the k most likely; 0: all [0]
-  double top_p;        // nucleus: the smallest set of probability >= top_p, (0, 1] [1]
-  uint64_t seed;       // the draws' RNG stream [0]
-  int n_stop;          // [0, MOE_INFER_MAX_STOP]
-  char stop[MOE_INFER_MAX_STOP][MOE_INFER_STOP_BYTES + 1];  // non-empty, NUL-terminated
-} moe_infer_params;
-void moe_infer_params_default(moe_infer_params *p);
-// INVALID_ARG naming the field and its valid range.
-moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p);
 
 typedef enum {
   MOE_INFER_FINISH_LENGTH = 0,     // max_tokens reached
@@ -164,48 +149,6 @@ void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
 // all-to-alls so far (ms); 0 for a dense block or one out of range. Thread-safe.
 void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms);
 
-// ---- requests as JSON -------------------------------------------------------
-
-// One completion request, as `moe generate` reads a JSONL line and `moe serve`
-// a request body (the OpenAI completions shape). Keys:
-//   prompt (string, required), max_tokens (integer), temperature, top_p
-//   (numbers), top_k (integer; llama.cpp's extension), seed (integer >= 0),
-//   stop (a string or an array of at most MOE_INFER_MAX_STOP strings), stream
-//   (boolean), model (string, kept), n (only 1), user (string, ignored);
-//   with MOE_INFER_JSON_ID also "id" (any JSON value, kept as its JSON text).
-// Anything else is refused naming the key (as the OpenAI API refuses an
-// unrecognized argument), as are a wrong type, a value out of range
-// (moe_infer_params_validate), a NUL inside a string and malformed JSON.
-// With MOE_INFER_JSON_CHAT the chat completions shape instead: "messages"
-// (required; each {"role": system|user|assistant, "content": string}) in place
-// of "prompt", and "max_completion_tokens" as a synonym of max_tokens; the
-// prompt is the chat template "<role>: <content>\n" per message, then
-// "assistant:" (the model is a byte-level LM without special tokens).
-enum { MOE_INFER_JSON_ID = 1, MOE_INFER_JSON_CHAT = 2 };
-
-typedef struct {
-  char *prompt;  // moe_malloc'd, NUL-terminated
-  size_t prompt_len;
-  moe_infer_params params;  // the defaults given, overridden by the keys present
-  int has_seed;             // 1 when "seed" was given
-  int stream;               // "stream": true
-  char model[128];          // "model" ("" when absent; longer names are refused)
-  char *id_json;            // "id" as JSON text (moe_malloc'd), or NULL
-} moe_infer_request;
-
-// Parses json (len bytes; need not be NUL-terminated) into *out over
-// defaults. On error *out holds nothing to free. Free with moe_infer_request_free.
-moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t len,
-                                       const moe_infer_params *defaults, unsigned flags,
-                                       moe_infer_request *out);
-void moe_infer_request_free(moe_infer_request *r);
-
-// n bytes as a quoted JSON string (moe_malloc'd; NULL when out of memory):
-// quotes, backslashes and control bytes escaped (\n, \t, \r, else \u00XX),
-// valid UTF-8 kept, each byte of an invalid sequence written as \ufffd (the
-// replacement character: a byte-level model can emit any byte).
-char *moe_infer_json_string(const char *s, size_t n);
-
 // ---- the HTTP server (moe serve) --------------------------------------------
 
 // An OpenAI-compatible HTTP server over an engine, on rank 0 (libmicrohttpd,
@@ -243,60 +186,6 @@ void moe_serve_quiesce(moe_server *s);
 // that every request has ended): first waits (at most 10 s) for the answers
 // of ended requests to be sent. NULL is a no-op.
 void moe_serve_stop(moe_server *s);
-
-// ---- the load generator (moe bench serve) ----------------------------------
-
-// Drives a running `moe serve` over HTTP (libcurl) with streamed completion
-// requests and measures them (src/infer/loadgen.c): open loop (Poisson
-// arrivals at `rate`; latency counted from each request's due time, so
-// waiting for a free worker counts) or closed loop (rate 0: `concurrency`
-// requests in flight). Prompt and output lengths are drawn uniformly from
-// their [min, max]; prompts are seeded pseudo-words; each request asks for
-// exactly its output length (no stop strings).
-typedef struct {
-  const char *url;             // the server ["http://127.0.0.1:8080"]
-  int chat;                    // 1: /v1/chat/completions, else /v1/completions [0]
-  int requests;                // [64]
-  double rate;                 // requests/s, 0: closed loop [0]
-  int concurrency;             // closed loop: in flight; open loop: workers [8]
-  int prompt_min, prompt_max;  // bytes [32, 32]
-  int output_min, output_max;  // tokens [64, 64]
-  double temperature;          // [0.8]
-  uint64_t seed;               // lengths, arrivals and prompts [1]
-  double timeout_s;            // per request [600]
-} moe_loadgen_config;
-void moe_loadgen_config_default(moe_loadgen_config *c);
-// "N" or "A-B" into [*a, *b] within [lo, hi]; INVALID_ARG naming the forms.
-moe_status moe_loadgen_range_parse(moe_ctx *ctx, const char *text, int lo, int hi, int *a, int *b);
-
-typedef struct {
-  int ok, failed;      // requests answered in full / not
-  long fail_codes[8];  // HTTP statuses of the failures (-1: no answer)
-  int fail_counts[8];
-  char first_error[256];
-  double wall_s;
-  int64_t tokens;  // completion tokens (the servers' usage counts)
-  double requests_per_s, tokens_per_s;
-  double ttft_ms[3];     // time to the first token: p50, p95, p99
-  double itl_ms[3];      // gaps between consecutive tokens: p50, p95, p99
-  double latency_ms[3];  // end to end: p50, p95, p99
-} moe_loadgen_result;
-// UNSUPPORTED in a build without libcurl. Failed requests are counted, not errors.
-// (Call it from one thread at a time: it sets libcurl up and down.)
-moe_status moe_loadgen_run(moe_ctx *ctx, const moe_loadgen_config *c, moe_loadgen_result *out);
-// GET url + path into *out (moe_malloc'd, NUL-terminated). IO naming the URL
-// and the reason when it cannot be fetched or the status is not 200.
-moe_status moe_http_get(moe_ctx *ctx, const char *url, const char *path, char **out);
-
-// ---- sampling ----------------------------------------------------------------
-
-// The next token from logits (V) under p's temperature, top_k and top_p, at
-// u in [0, 1): temperature 0 is the argmax (the first of equal maxima);
-// otherwise softmax(logits / temperature) over the top_k largest (ties at the
-// k-th kept), cut to the smallest prefix (by probability, then index) whose
-// mass reaches top_p, inverted at u. scratch: 2 V doubles + V ints.
-int moe_infer_sample(const float *logits, int v, double temperature, int top_k, double top_p,
-                     double u, double *scratch, int *order);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,7 @@
 #include "moe/data.h"
 #include "moe/expert.h"
 #include "moe/gpt_io.h"
+#include "moe/infer_request.h"
 #include "moe/kernels.h"
 #include "moe/layer.h"
 #include "moe/layer_ops.h"

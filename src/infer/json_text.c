@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "moe/infer.h"
+#include "moe/infer_request.h"
 
 // Length of the valid UTF-8 sequence at s (n bytes left), 0 when invalid.
 static size_t utf8_len(const unsigned char *s, size_t n) {

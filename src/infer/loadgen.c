@@ -20,7 +20,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "moe/infer.h"
+#include "moe/infer_request.h"
 #include "moe_build_config.h"
 
 void moe_loadgen_config_default(moe_loadgen_config *c) {

@@ -1,12 +1,44 @@
 // Completion requests from JSON (moe_infer_request_from_json): the OpenAI
 // completions request shape, strict about keys, types and ranges, so that
 // `moe generate` and `moe serve` refuse the same bad input with the same words.
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/json.h"
-#include "moe/infer.h"
+#include "moe/infer_request.h"
+
+void moe_infer_params_default(moe_infer_params *p) {
+  memset(p, 0, sizeof *p);
+  p->max_tokens = 16;
+  p->temperature = 1.0;
+  p->top_k = 0;
+  p->top_p = 1.0;
+  p->seed = 0;
+}
+
+moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !p, MOE_STATUS_INVALID_ARG, "request parameters must not be NULL");
+  MOE_FAIL_IF(ctx, p->max_tokens < 0 || p->max_tokens > (1 << 20), MOE_STATUS_INVALID_ARG,
+              "max_tokens (%d) must be in [0, %d]", p->max_tokens, 1 << 20);
+  MOE_FAIL_IF(ctx, !(p->temperature >= 0 && p->temperature <= 100), MOE_STATUS_INVALID_ARG,
+              "temperature (%g) must be in [0, 100]", p->temperature);
+  MOE_FAIL_IF(ctx, p->top_k < 0 || p->top_k > 65536, MOE_STATUS_INVALID_ARG,
+              "top_k (%d) must be in [0, 65536] (0: all tokens)", p->top_k);
+  MOE_FAIL_IF(ctx, !(p->top_p > 0 && p->top_p <= 1), MOE_STATUS_INVALID_ARG,
+              "top_p (%g) must be in (0, 1]", p->top_p);
+  MOE_FAIL_IF(ctx, p->n_stop < 0 || p->n_stop > MOE_INFER_MAX_STOP, MOE_STATUS_INVALID_ARG,
+              "stop strings (%d) must be at most %d", p->n_stop, MOE_INFER_MAX_STOP);
+  for (int i = 0; i < p->n_stop; i++) {
+    const size_t n = strnlen(p->stop[i], MOE_INFER_STOP_BYTES + 1);
+    MOE_FAIL_IF(ctx, n < 1 || n > MOE_INFER_STOP_BYTES, MOE_STATUS_INVALID_ARG,
+                "stop string %d must have 1 to %d bytes", i, MOE_INFER_STOP_BYTES);
+  }
+done:
+  return st;
+}
 
 static moe_status get_string(moe_ctx *ctx, const cJSON *it, const char *key, const char **out) {
   moe_status st = MOE_STATUS_OK;
@@ -61,8 +93,12 @@ static moe_status chat_prompt(moe_ctx *ctx, const cJSON *msgs, moe_infer_request
     const cJSON *role = NULL, *content = NULL, *f;
     cJSON_ArrayForEach(f, m) {
       if (strcmp(f->string, "role") == 0) {
+        MOE_FAIL_IF(ctx, role != NULL, MOE_STATUS_INVALID_ARG,
+                    "'messages[%d]': key 'role' appears twice", i);
         role = f;
       } else if (strcmp(f->string, "content") == 0) {
+        MOE_FAIL_IF(ctx, content != NULL, MOE_STATUS_INVALID_ARG,
+                    "'messages[%d]': key 'content' appears twice", i);
         content = f;
       } else if (strcmp(f->string, "name") != 0) {
         MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,

@@ -6,7 +6,7 @@
 // same token on every machine.
 #include <math.h>
 
-#include "moe/infer.h"
+#include "moe/infer_request.h"
 
 // order[lo, hi) sorted by logits descending, then index ascending (stable
 // merge sort through tmp).
