@@ -39,6 +39,7 @@ void moe_serve_config_default(moe_serve_config *sc) {
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 // Latency histogram buckets (seconds), Prometheus style (cumulative on output).
@@ -497,6 +498,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
   if (!cs) {  // the first call: headers only
     cs = moe_calloc(1, sizeof *cs);
     if (!cs) return MHD_NO;
+    // no Nagle: a response goes out in small writes (headers, each streamed
+    // token, the chunked end) that must not wait for the client's delayed ACK
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) {
+      const int one = 1;
+      setsockopt(ci->connect_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
     cs->is_post = post;
     *con_cls = cs;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
