@@ -131,17 +131,18 @@ moe_status moe_infer_follow(moe_infer *e);
 moe_status moe_infer_shutdown(moe_infer *e);
 
 typedef struct {
-  int64_t steps;           // steps with rows
-  int64_t rows;            // rows computed on all ranks (prefill + decode)
-  int64_t prefill_rows;    // of which prompt rows (refills after a context shift included)
-  int64_t tokens;          // tokens sampled
-  int64_t requests_done;   // requests finished (any reason)
-  int64_t context_shifts;  // refills after a sequence reached seq_len
-  int running, waiting;    // requests in a slot / queued now
-  int max_batch_seqs;      // most sequences in one step so far
-  double step_ms;          // time in steps (rank 0)
-  double moe_ms;           // of which in the MoE layers' forwards (rank 0)
-  double a2a_ms;           // of which their all-to-alls (the passes' comm tasks, rank 0)
+  int64_t steps;            // steps with rows
+  int64_t rows;             // rows computed on all ranks (prefill + decode)
+  int64_t prefill_rows;     // of which prompt rows (refills after a context shift included)
+  int64_t tokens;           // tokens sampled
+  int64_t requests_done;    // requests finished (any reason)
+  int64_t context_shifts;   // refills after a sequence reached seq_len
+  int64_t idle_rank_steps;  // steps in which some rank had no rows (it took part anyway)
+  int running, waiting;     // requests in a slot / queued now
+  int max_batch_seqs;       // most sequences in one step so far
+  double step_ms;           // time in steps (rank 0)
+  double moe_ms;            // of which in the MoE layers' forwards (rank 0)
+  double a2a_ms;            // of which their all-to-alls (the passes' comm tasks, rank 0)
 } moe_infer_stats;
 // Rank 0 (the counters are rank 0's; thread-safe).
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);

@@ -531,6 +531,15 @@ static moe_status run_rows(moe_infer *e, int n) {
       at += e->counts[p];
     }
   }
+  if (e->rank == 0 && e->size > 1) {  // a rank without rows in this step?
+    int idle = 0;
+    for (int p = 0; p < e->size && !idle; p++) {
+      int any = 0;
+      for (int i = 0; i < n && !any; i++) any = e->plan[4 * (size_t)i] / slots == p;
+      idle = !any;
+    }
+    e->st.idle_rank_steps += idle;
+  }
   MOE_MPI_TRY_OP(ctx, "infer logits gather",
                  MPI_Gatherv(e->logits, want * e->V, MPI_FLOAT, e->all_logits, e->counts, e->displs,
                              MPI_FLOAT, 0, e->world));

@@ -158,6 +158,11 @@ static enum MHD_Result send_error(moe_server *s, struct MHD_Connection *c, int e
 
 // ---- the request's bytes --------------------------------------------------------------
 
+static void req_append(http_req *q, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 static void req_append(http_req *q, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
