@@ -9,38 +9,39 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: moe generate --checkpoint FILE --input PROMPTS.jsonl [options]\n"
-          "       mpirun -n P moe generate ...   (the MoE layers expert-parallel over P ranks)\n"
-          "\n"
-          "Generates a completion for every line of PROMPTS.jsonl, many at once (continuous\n"
-          "batching with a KV cache), and writes one JSON line per prompt, in input order.\n"
-          "A line is an object with \"prompt\" (string) and optionally \"max_tokens\",\n"
-          "\"temperature\" (0 = greedy), \"top_k\", \"top_p\", \"seed\", \"stop\" (a string or\n"
-          "up to 4) and \"id\" (echoed). Tokens are bytes. The output is the same run to run\n"
-          "and at any rank count for the same seeds (docs/inference.md).\n"
-          "\n"
-          "options:\n"
-          "  --checkpoint FILE   a checkpoint written by 'moe train' (required)\n"
-          "  --input FILE        the prompts, one JSON object per line; '-' reads stdin\n"
-          "                      (required)\n"
-          "  --output FILE       the completions; '-' is stdout [-]\n"
-          "  --max-tokens N      default for lines without max_tokens [64]\n"
-          "  --temperature T     default temperature, [0, 100] [0.8]\n"
-          "  --top-k K           default top-k, 0 = all [40]\n"
-          "  --top-p P           default top-p, (0, 1] [1]\n"
-          "  --seed S            a line without \"seed\" uses S + its line index [1]\n"
-          "  --slots N           sequences decoded at once per rank [32]\n"
-          "  --step-rows N       rows one rank computes per step at most [256]\n"
-          "  --prefill-chunk N   prompt rows of one sequence per step at most [64]\n"
-          "  --a2a NAME          all-to-all algorithm of the MoE layers [mpi]\n"
-          "  --timings           add queue_ms, first_token_ms and total_ms to each line\n"
-          "                      (they vary run to run)\n"
-          "  --quiet             no progress line on stderr\n" CLI_MAX_MEMORY_HELP
-          "\n"
-          "Output line: {\"index\", [\"id\",] \"text\", \"finish_reason\" (length|stop),\n"
-          "\"prompt_tokens\", \"completion_tokens\"}. Prints a throughput summary on stderr.\n"
-          "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
+  fprintf(
+      f,
+      "usage: moe generate --checkpoint FILE --input PROMPTS.jsonl [options]\n"
+      "       mpirun -n P moe generate ...   (the MoE layers expert-parallel over P ranks)\n"
+      "\n"
+      "Generates a completion for every line of PROMPTS.jsonl, many at once (continuous\n"
+      "batching with a KV cache), and writes one JSON line per prompt, in input order.\n"
+      "A line is an object with \"prompt\" (string) and optionally \"max_tokens\",\n"
+      "\"temperature\" (0 = greedy), \"top_k\", \"top_p\", \"seed\", \"stop\" (a string or\n"
+      "up to 4) and \"id\" (echoed). Tokens are bytes. The output is the same run to run\n"
+      "and at any rank count for the same seeds (docs/inference.md).\n"
+      "\n"
+      "options:\n"
+      "  --checkpoint FILE   a checkpoint written by 'moe train' (required)\n"
+      "  --input FILE        the prompts, one JSON object per line; '-' reads stdin\n"
+      "                      (required)\n"
+      "  --output FILE       the completions; '-' is stdout [-]\n"
+      "  --max-tokens N      default for lines without max_tokens [64]\n"
+      "  --temperature T     default temperature, [0, 100] [0.8]\n"
+      "  --top-k K           default top-k, 0 = all [40]\n"
+      "  --top-p P           default top-p, (0, 1] [1]\n"
+      "  --seed S            a line without \"seed\" uses S + its line index [1]\n"
+      "  --slots N           sequences decoded at once per rank [32]\n"
+      "  --step-rows N       rows one rank computes per step at most [256]\n"
+      "  --prefill-chunk N   prompt rows of one sequence per step at most [64]\n"
+      "  --a2a NAME          all-to-all algorithm of the MoE layers [mpi]\n"
+      "  --timings           add queue_ms, first_token_ms and total_ms to each line\n"
+      "                      (they vary run to run)\n"
+      "  --quiet             no progress line on stderr\n" CLI_HANG_TIMEOUT_HELP CLI_MAX_MEMORY_HELP
+      "\n"
+      "Output line: {\"index\", [\"id\",] \"text\", \"finish_reason\" (length|stop),\n"
+      "\"prompt_tokens\", \"completion_tokens\"}. Prints a throughput summary on stderr.\n"
+      "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
 }
 
 #if MOE_CLI_MPI
@@ -163,6 +164,8 @@ int cmd_generate(int argc, char **argv) {
   int quiet = 0, timings = 0, rc = CLI_OK;
   unsigned long long seed = 1;
   size_t max_memory = 0;
+  double hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
+  moe_watchdog *wd = NULL;
   moe_infer_config ic;
   moe_infer_config_default(&ic);
   moe_infer_params defaults;
@@ -203,6 +206,8 @@ int cmd_generate(int argc, char **argv) {
       a2a = a.value;
     } else if (cli_opt(&a, "--max-memory")) {
       cli_parse_size(&a, "--max-memory", &max_memory);
+    } else if (cli_hang_timeout_opt(&a, &hang_timeout)) {
+      // set (or a.bad)
     } else if (cli_flag(&a, "--timings")) {
       timings = 1;
     } else if (cli_flag(&a, "--quiet")) {
@@ -240,6 +245,10 @@ int cmd_generate(int argc, char **argv) {
     cli_error("out of memory");
     MPI_Finalize();
     return CLI_FAILED;
+  }
+  if (cli_watchdog_start(ctx, hang_timeout, rank, &wd) != CLI_OK) {
+    moe_ctx_destroy(ctx);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
   // the prompts first (rank 0), so that a bad line stops everything before any work
   int in_rc = rank == 0 ? read_input(ctx, input, &defaults, seed, &g) : CLI_OK;
@@ -367,6 +376,7 @@ done:
   free(g.text_len);
   free(g.res);
   free(g.done);
+  moe_watchdog_stop(wd);
   moe_infer_destroy(eng);
   moe_ctx_destroy(ctx);
   MPI_Finalize();

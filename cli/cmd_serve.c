@@ -37,7 +37,8 @@ static void usage(FILE *f) {
       "  --max-body SIZE       largest request body (e.g. 64K, 1M); larger get 413 [1M]\n"
       "  --max-connections N   open connections at most [256]\n"
       "  --drain-timeout S     seconds to let requests finish after a signal [30]\n"
-      "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n" CLI_MAX_MEMORY_HELP
+      "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n" CLI_HANG_TIMEOUT_HELP
+          CLI_MAX_MEMORY_HELP
       "\n"
       "Defaults of a request: max_tokens 16, temperature 1, top_p 1, top_k 0 (all),\n"
       "seed 0. Exit status: 0 after a signal, 1 runtime failure, 2 invalid arguments\n"
@@ -68,6 +69,8 @@ int cmd_serve(int argc, char **argv) {
   const char *ckpt = NULL, *a2a = NULL, *model = NULL;
   double drain = 30;
   size_t max_memory = 0;
+  double hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
+  moe_watchdog *wd = NULL;
   int rc = CLI_OK;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
@@ -102,6 +105,8 @@ int cmd_serve(int argc, char **argv) {
       a2a = a.value;
     } else if (cli_opt(&a, "--max-memory")) {
       cli_parse_size(&a, "--max-memory", &max_memory);
+    } else if (cli_hang_timeout_opt(&a, &hang_timeout)) {
+      // set (or a.bad)
     } else {
       if (rank == 0)
         cli_error("serve: unknown option '%s' (see moe serve --help)", cli_args_peek(&a));
@@ -143,6 +148,10 @@ int cmd_serve(int argc, char **argv) {
     cli_error("out of memory");
     MPI_Finalize();
     return CLI_FAILED;
+  }
+  if (cli_watchdog_start(ctx, hang_timeout, rank, &wd) != CLI_OK) {
+    moe_ctx_destroy(ctx);
+    MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
   {  // the memory bound, before anything is allocated
     moe_gpt_ckpt_info info;
@@ -223,6 +232,7 @@ int cmd_serve(int argc, char **argv) {
   fflush(stdout);
 done:
   moe_serve_stop(srv);
+  moe_watchdog_stop(wd);
   moe_infer_destroy(eng);
   moe_ctx_destroy(ctx);
   MPI_Finalize();

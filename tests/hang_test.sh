@@ -6,6 +6,8 @@
 #     training has started ends the job non-zero within 30 s, with a line
 #     naming the stopped rank and the operation the others waited in, and no
 #     process of the job left behind;
+#   - `moe generate` on 2 ranks with --hang-timeout 3: rank 1 SIGSTOPped while
+#     generating ends the job non-zero within 30 s, naming rank 1, no output;
 #   - a rank slower than the timeout (test hook MOE_TEST_SLOW_RANK: rank 1
 #     sleeps 5 s before step 2's gradient all-reduce, where the others wait;
 #     --hang-timeout 1) does not abort: exit 0 with a warning naming it; with
@@ -39,12 +41,12 @@ TINY=(--data "$tmp/text.txt" --layers 2 --d-model 32 --heads 2 --seq-len 32 --ex
 
 # ---- the option ----------------------------------------------------------------------
 # (each command consumes the option; the range check and the help lines are shared)
-for cmd in "train" "bench a2a" "calibrate --out $tmp/p.json" "bench layer --a2a mpi"; do
+for cmd in "train" "bench a2a" "calibrate --out $tmp/p.json" "bench layer --a2a mpi" "generate" "serve"; do
   # shellcheck disable=SC2086
   expect 2 "--hang-timeout \(-1\) must be in \[0, 86400\]" -- "$MOE" $cmd --hang-timeout -1
 done
 expect 2 "--hang-timeout expects a finite number, got 'soon'" -- "$MOE" bench a2a --hang-timeout soon
-for cmd in "train" "bench a2a"; do
+for cmd in "train" "bench a2a" "generate" "serve"; do
   # shellcheck disable=SC2086
   expect 0 "--hang-timeout S +when a rank has waited S seconds" -- "$MOE" $cmd --help
 done
@@ -98,6 +100,47 @@ else
   [[ -z "$left" ]] || bad "processes left behind: $left"
 fi
 cleanup_bg
+
+# ---- a stopped rank in inference (moe generate, 2 ranks) -------------------------------------
+"$MOE" train "${TINY[@]}" --steps 3 --checkpoint "$tmp/tiny.ckpt" >/dev/null 2>&1 || bad "training the inference model"
+for i in $(seq 0 31); do printf '{"prompt":"q %d","max_tokens":100000}\n' "$i"; done >"$tmp/long.jsonl"
+"$MPIEXEC" -n 2 $OVERSUB "$MOE" generate --checkpoint "$tmp/tiny.ckpt" --input "$tmp/long.jsonl" \
+  --output "$tmp/long.out" --hang-timeout 3 >"$tmp/gen.log" 2>&1 &
+bg=$!
+for _ in $(seq 1 300); do  # up to 60 s for the first progress line (2 s into generating)
+  grep -q "generate: .* done" "$tmp/gen.log" && break
+  sleep 0.2
+done
+victim=""
+for p in $(descendants "$bg"); do
+  if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxE "(OMPI_COMM_WORLD_RANK|PMI_RANK)=1"; then
+    victim=$p
+  fi
+done
+if [[ -z "$victim" ]]; then
+  bad "no rank 1 of moe generate to stop (log: $(tail -3 "$tmp/gen.log"))"
+else
+  kill -STOP "$victim"
+  ended=0
+  for _ in $(seq 1 150); do  # up to 30 s
+    if ! kill -0 "$bg" 2>/dev/null; then ended=1; break; fi
+    sleep 0.2
+  done
+  if [[ $ended -eq 1 ]]; then
+    wait "$bg"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then ok; else bad "moe generate with a stopped rank exited 0"; fi
+    if grep -qE "hang watchdog \(no answer\): rank 0 of 2 has waited [0-9.]+ s in '.+'; rank 1 did not answer a probe" "$tmp/gen.log"; then
+      ok
+    else
+      bad "moe generate's hang message: $(grep -i hang "$tmp/gen.log" | head -3)"
+    fi
+    if [[ ! -e "$tmp/long.out" ]]; then ok; else bad "an aborted moe generate left its output"; fi
+  else
+    bad "moe generate with a stopped rank did not end within 30 s"
+  fi
+  cleanup_bg
+fi
 
 # ---- a slow rank ------------------------------------------------------------------------------
 # Slower than the timeout plus the probe's grace (2 s): every probe finds it busy.
