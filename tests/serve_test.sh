@@ -142,9 +142,10 @@ PY
   if [[ "$OVERSUB" == "--oversubscribe" ]]; then
     stop_server "$tmp/s2.log" USR1  # Open MPI's mpirun forwards SIGUSR1 to the ranks
   else
-    tree=$(descendants "$srv")
-    # shellcheck disable=SC2086 # one pid per word
-    kill -TERM $tree 2>/dev/null  # MPICH's hydra: the ranks themselves
+    # MPICH's hydra: SIGTERM to the ranks themselves (not to its proxy)
+    for p in $(descendants "$srv"); do
+      [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == "moe" ]] && kill -TERM "$p" 2>/dev/null
+    done
     stop_server "$tmp/s2.log" CONT
   fi
 fi

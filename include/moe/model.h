@@ -333,10 +333,10 @@ void moe_sample_config_default(moe_sample_config *sc);
 
 // Appends max_new tokens to tokens[0 .. *n) (room for *n + max_new), each
 // sampled from the model's logits at the last position with the context cut
-// to its last S tokens (the whole forward recomputed per token: no KV cache
-// yet); on_token(user, token) after each (may be NULL). *n grows with every
-// token. ctx: the context the model was created with (its errors land there).
-// Errors: arguments, the model's forward.
+// to its last S tokens (the whole forward recomputed per token: the simple
+// reference; moe_gpt_decode and the engine of moe/infer.h use a KV cache); on_token(user, token)
+// after each (may be NULL). *n grows with every token. ctx: the context the model was created with
+// (its errors land there). Errors: arguments, the model's forward.
 moe_status moe_gpt_generate(moe_ctx *ctx, moe_gpt *model, int32_t *tokens, size_t *n, int max_new,
                             const moe_sample_config *sc, void (*on_token)(void *user, int token),
                             void *user);

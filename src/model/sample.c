@@ -1,7 +1,8 @@
 // Sampling from MoE-GPT (moe_sample_logits, moe_gpt_generate): temperature
 // and top-k over the last position's logits, one token at a time. The whole
-// forward is recomputed for every token (no KV cache yet: the inference
-// engine will add one). `moe sample` prints what this generates.
+// forward is recomputed for every token over the last S tokens (the simple
+// reference; the inference engine, src/infer/, decodes with a KV cache and
+// batches many sequences). `moe sample` prints what this generates.
 #include <math.h>
 #include <stdlib.h>
 
