@@ -168,4 +168,13 @@ int cmd_sample(int argc, char **argv);    // one process
 int cmd_generate(int argc, char **argv);  // MPI (MOE_CLI_MPI)
 int cmd_serve(int argc, char **argv);     // MPI (MOE_CLI_MPI)
 
+#if MOE_CLI_MPI
+#include "moe/infer.h"
+// Under mpirun (cli_mpi.c): moe_infer_create over MPI_COMM_WORLD (the memory
+// bound included); on failure rank 0 prints "CMD: <reason>". CLI_OK, CLI_USAGE
+// (bad input, not enough memory) or CLI_FAILED.
+int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const char *cmd,
+                     moe_infer **out);
+#endif
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "moe/comm.h"
+#include "moe/infer.h"
 
 int cli_out_open_root(cli_out *o, const char *path, int rank) {
   int ok = 1;
@@ -44,6 +45,16 @@ int cli_watchdog_start(moe_ctx *ctx, double seconds, int rank, struct moe_watchd
             "the ranks, so --hang-timeout %g aborts any wait that long (slow or hung)\n",
             seconds);
   return CLI_OK;
+}
+
+int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const char *cmd,
+                     moe_infer **out) {
+  const moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, ic, out);
+  if (st == MOE_STATUS_OK) return CLI_OK;
+  if (rank == 0) cli_error("%s: %s", cmd, moe_ctx_error(ctx));
+  return st == MOE_STATUS_OUT_OF_MEMORY || st == MOE_STATUS_INTERNAL || st == MOE_STATUS_COMM
+             ? CLI_FAILED
+             : CLI_USAGE;
 }
 
 #endif

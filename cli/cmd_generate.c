@@ -257,31 +257,10 @@ int cmd_generate(int argc, char **argv) {
     rc = in_rc;
     goto done;
   }
-  // the memory bound, from the checkpoint's config, before anything is allocated
-  {
-    moe_gpt_ckpt_info info;
-    moe_memory_need need;
-    moe_status mst = moe_gpt_ckpt_read_info(ctx, ckpt, &info);
-    if (mst == MOE_STATUS_OK) mst = moe_infer_memory(ctx, &info.model, &ic, world, &need);
-    if (mst == MOE_STATUS_OK) need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
-    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "reading the checkpoint");
-    if (mst == MOE_STATUS_OK)
-      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, max_memory,
-                                  "use fewer --slots or --step-rows, or more ranks");
-    if (mst != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("generate: %s", moe_ctx_error(ctx));
-      rc = mst == MOE_STATUS_OUT_OF_MEMORY || mst == MOE_STATUS_COMM ? CLI_FAILED : CLI_USAGE;
-      goto done;
-    }
-  }
-  moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &eng);
-  if (st != MOE_STATUS_OK) {
-    if (rank == 0) cli_error("generate: %s", moe_ctx_error(ctx));
-    rc = st == MOE_STATUS_OUT_OF_MEMORY || st == MOE_STATUS_INTERNAL || st == MOE_STATUS_COMM
-             ? CLI_FAILED
-             : CLI_USAGE;
-    goto done;
-  }
+  ic.max_memory = max_memory;  // the memory bound: checked by create before it allocates
+  rc = cli_infer_create(ctx, &ic, rank, "generate", &eng);
+  if (rc != CLI_OK) goto done;
+  moe_status st = MOE_STATUS_OK;
   if (cli_out_open_root(&out, strcmp(output, "-") == 0 ? NULL : output, rank) != CLI_OK) {
     rc = CLI_FAILED;
     if (rank == 0) moe_infer_shutdown(eng);

@@ -153,30 +153,10 @@ int cmd_serve(int argc, char **argv) {
     moe_ctx_destroy(ctx);
     MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
-  {  // the memory bound, before anything is allocated
-    moe_gpt_ckpt_info info;
-    moe_memory_need need;
-    moe_status mst = moe_gpt_ckpt_read_info(ctx, ckpt, &info);
-    if (mst == MOE_STATUS_OK) mst = moe_infer_memory(ctx, &info.model, &ic, world, &need);
-    if (mst == MOE_STATUS_OK) need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
-    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "reading the checkpoint");
-    if (mst == MOE_STATUS_OK)
-      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, max_memory,
-                                  "use fewer --slots or --step-rows, or more ranks");
-    if (mst != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("serve: %s", moe_ctx_error(ctx));
-      rc = mst == MOE_STATUS_OUT_OF_MEMORY || mst == MOE_STATUS_COMM ? CLI_FAILED : CLI_USAGE;
-      goto done;
-    }
-  }
-  moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &eng);
-  if (st != MOE_STATUS_OK) {
-    if (rank == 0) cli_error("serve: %s", moe_ctx_error(ctx));
-    rc = st == MOE_STATUS_OUT_OF_MEMORY || st == MOE_STATUS_INTERNAL || st == MOE_STATUS_COMM
-             ? CLI_FAILED
-             : CLI_USAGE;
-    goto done;
-  }
+  ic.max_memory = max_memory;  // the memory bound: checked by create before it allocates
+  rc = cli_infer_create(ctx, &ic, rank, "serve", &eng);
+  if (rc != CLI_OK) goto done;
+  moe_status st = MOE_STATUS_OK;
   // rank 0 listens; every rank learns whether it could
   int listening = 1;
   if (rank == 0) {

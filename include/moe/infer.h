@@ -52,6 +52,7 @@ typedef struct {
   int prefill_chunk;        // prompt rows of one sequence per step at most, [1, step_rows] [64]
   int queue;                // requests waiting for a slot at most, [1, 1 << 20] [256]
   moe_parallel_config par;  // the MoE layers' expert parallelism (ep_size is forced to world)
+  size_t max_memory;        // per rank; 0: the node's available memory (moe_comm_memory_check)
 } moe_infer_config;
 
 // slots 32, step_rows 256, prefill_chunk 64, queue 256, par as
@@ -89,10 +90,12 @@ typedef struct {
 typedef struct moe_infer moe_infer;
 
 // Collective over world: reads the checkpoint on every rank (each its home
-// experts), makes the model on the expert-parallel backend (EP = world) and
-// the KV cache. Errors (a missing or corrupt checkpoint, a config out of range,
-// experts not divisible by the ranks, memory) are agreed: every rank returns
-// the same status, the message naming the problem.
+// experts), checks the memory it needs (moe_infer_memory plus the process
+// baseline, against max_memory) before allocating anything, makes the model
+// on the expert-parallel backend (EP = world) and the KV cache. Errors (a
+// missing or corrupt checkpoint, a config out of range, experts not divisible
+// by the ranks, not enough memory: INVALID_ARG with the numbers) are agreed:
+// every rank returns the same status, the message naming the problem.
 moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config *ic,
                             moe_infer **out);
 void moe_infer_destroy(moe_infer *e);  // NULL is a no-op; not collective

@@ -178,12 +178,14 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
   e->S = info.model.seq_len;
   e->V = info.model.vocab_size;
   e->next_id = 1;
-  local = info.model.moe.num_experts % e->size == 0
-              ? MOE_STATUS_OK
-              : moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                             "the model's %d experts must be divisible by the %d ranks",
-                             info.model.moe.num_experts, e->size);
-  MOE_TRY(moe_comm_agree(ctx, world, local, "the rank count"));
+  {  // the memory bound (it also refuses experts not divisible by the ranks)
+    moe_memory_need need;
+    local = moe_infer_memory(ctx, &info.model, ic, e->size, &need);
+    if (local == MOE_STATUS_OK) need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+    MOE_TRY(moe_comm_agree(ctx, world, local, "the memory estimate"));
+    MOE_TRY(moe_comm_memory_check(ctx, world, &need, ic->max_memory,
+                                  "use fewer --slots or --step-rows, or more ranks"));
+  }
   e->user = moe_calloc(1, sizeof *e->user);
   local = e->user
               ? MOE_STATUS_OK
