@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "moe/infer.h"
+#include "moe/infer_request.h"
 
 static void usage(FILE *f) {
   fprintf(f,

@@ -794,6 +794,32 @@ static void test_balancer_state(void) {
   }
   moe_balancer_state_save(b, bad);
   TU_CHECK(memcmp(st, bad, bytes) == 0, "a refused state leaves the balancer as it was");
+  // the step counter (finding 8): a state of step 2^31 - 1 steps on without
+  // overflowing and saves back the next step; one past 2^53 is refused
+  {
+    const size_t at = 8 + 4 * 8;  // the step, after the magic and the ints
+    memcpy(bad, st, bytes);
+    const uint64_t big = 2147483647u;
+    for (int i = 0; i < 8; i++) bad[at + i] = (uint8_t)(big >> (8 * i));
+    TU_CHECK(moe_balancer_state_load(b, bad, bytes) == MOE_STATUS_OK, "load step 2^31-1: %s",
+             moe_ctx_error(g_ctx));
+    uint8_t rep[N];
+    int64_t flat[N];
+    for (int i = 0; i < N; i++) flat[i] = 5;
+    TU_CHECK(moe_balancer_step(b, flat, rep, NULL) == MOE_STATUS_OK, "step past 2^31-1: %s",
+             moe_ctx_error(g_ctx));
+    moe_balancer_state_save(b, bad);
+    uint64_t got = 0;
+    for (int i = 0; i < 8; i++) got |= (uint64_t)bad[at + i] << (8 * i);
+    TU_CHECK(got == big + 1, "the saved step is 2^31 (got %llu)", (unsigned long long)got);
+    TU_CHECK(moe_balancer_state_load(b, bad, bytes) == MOE_STATUS_OK, "reload step 2^31: %s",
+             moe_ctx_error(g_ctx));
+    const uint64_t over = ((uint64_t)1 << 53) + 1;
+    for (int i = 0; i < 8; i++) bad[at + i] = (uint8_t)(over >> (8 * i));
+    TU_CHECK(moe_balancer_state_load(b, bad, bytes) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "out of range"),
+             "step 2^53+1 refused: %s", moe_ctx_error(g_ctx));
+  }
   free(st);
   free(bad);
   moe_balancer_destroy(a);

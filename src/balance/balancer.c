@@ -14,11 +14,15 @@
 #include "moe/balance.h"
 #include "moe/core.h"
 
+// the most steps a state records (a counter that cannot overflow; 2^53 steps
+// is far past any run)
+#define BALANCER_STEP_MAX ((int64_t)1 << 53)
+
 struct moe_balancer {
   moe_ctx *ctx;
   moe_balance_config cfg;
   int E, P;
-  int step;  // steps seen
+  int64_t step;  // steps seen (a state holds at most BALANCER_STEP_MAX)
   moe_balance_window win;
   int64_t *mean;     // (P, E) the window's mean
   int64_t *rows;     // (P)
@@ -173,7 +177,7 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
   in.predicted_ms = NAN;
   in.chosen = b->cfg.policy;
   const int plan = b->cfg.policy != MOE_BALANCE_NONE && b->step % b->cfg.replan_every == 0;
-  b->step++;
+  if (b->step < BALANCER_STEP_MAX) b->step++;
   if (plan) {
     moe_balance_window_mean(&b->win, b->mean);
     const moe_balance_load load = {E, P, b->mean};
@@ -293,7 +297,7 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
               moe_balancer_state_bytes(b));
   MOE_FAIL_IF(ctx,
               v[5] < 0 || v[5] > v[3] || v[6] < 0 || v[6] >= v[3] ||
-                  (v[5] < v[3] && v[6] != v[5]) || step < 0 || step > INT32_MAX ||
+                  (v[5] < v[3] && v[6] != v[5]) || step < 0 || step > BALANCER_STEP_MAX ||
                   v[7] != b->cfg.cost.model_dim,
               MOE_STATUS_INVALID_ARG,
               "balancer state: out of range (window %d held, next %d, step %lld, model dim %d)",
@@ -330,7 +334,7 @@ moe_status moe_balancer_state_load(moe_balancer *b, const uint8_t *in, size_t by
   }
   // valid: replace the state
   b->cfg.cost = cost;
-  b->step = (int)step;
+  b->step = step;
   b->win.count = v[5];
   b->win.next = v[6];
   memset(b->win.sum, 0, n * sizeof *b->win.sum);
