@@ -4,7 +4,7 @@
 //   moe_log_level_parse, moe_activation_parse, moe_gate_convention_parse,
 //   moe_wait_policy_parse, moe_compressor_find, moe_compressor_get,
 //   moe_a2a_find, moe_schedule_algo_find, moe_expert_kind_find,
-//   moe_cluster_builtin, moe_codec_rate_default.
+//   moe_cluster_builtin, moe_codec_rate_default, moe_skew_parse.
 // Each is checked against a reference computed here: the documented names
 // (the header's list for the fixed enums, the catalogue's own list for the
 // registries). Invariants: the call succeeds exactly when the text is one of
@@ -13,7 +13,11 @@
 // entry (its name reads back through the matching _name function or is the
 // entry's name; a built-in cluster validates); on failure an error status
 // with a message in the context (moe_log_level_parse has no context: its
-// status only).
+// status only). A skew spec (none, uniform, zipf:S, hot:F, trace:FILE with
+// its selectors; the file is not read) that parses prints back to a spec
+// that parses to the same skew and prints the same again; a named one's
+// shares for E experts, top_k K (from the text's length) are each in
+// [0, 1/K] and sum to 1.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,11 +206,63 @@ static void codec_rate(moe_ctx *ctx, const char *text) {
   }
 }
 
+static void skew(moe_ctx *ctx, const char *text) {
+  // the documented forms, but for trace: (its path and selectors: the
+  // invariants below)
+  int want = -1;
+  const char *colon = strchr(text, ':');
+  double v = 0;
+  if (colon) {
+    char *end = NULL;
+    v = strtod(colon + 1, &end);
+    if (end == colon + 1 || *end != '\0' || !isfinite(v)) colon = NULL, want = 0;
+  }
+  const size_t name = colon ? (size_t)(colon - text) : strlen(text);
+  if (strncmp(text, "trace:", 6) == 0) {
+    want = -1;
+  } else if (want != 0) {
+    want = (!colon && (strcmp(text, "none") == 0 || strcmp(text, "uniform") == 0)) ||
+           (colon && name == 4 && strncmp(text, "zipf", 4) == 0 && v > 0 && v <= 10) ||
+           (colon && name == 3 && strncmp(text, "hot", 3) == 0 && v > 0 && v <= 1);
+  }
+  moe_skew s, back;
+  memset(&s, 0, sizeof s);
+  const moe_status st = moe_skew_parse(ctx, text, &s);
+  if (want >= 0) expect(ctx, st, want, "moe_skew_parse", text);
+  if (st != MOE_STATUS_OK) {
+    fuzz_check_failure(ctx, st, "moe_skew_parse");
+    return;
+  }
+  char spec[MOE_SKEW_SPEC_MAX], again[MOE_SKEW_SPEC_MAX];
+  const int n = moe_skew_to_string(&s, spec, sizeof spec);
+  FUZZ_CHECK(n > 0 && (size_t)n < sizeof spec, "'%s' prints %d bytes", text, n);
+  memset(&back, 0, sizeof back);
+  FUZZ_CHECK(moe_skew_parse(ctx, spec, &back) == MOE_STATUS_OK, "'%s' printed as '%s', refused: %s",
+             text, spec, moe_ctx_error(ctx));
+  FUZZ_CHECK(back.kind == s.kind && back.param == s.param && strcmp(back.path, s.path) == 0 &&
+                 back.trace_layer == s.trace_layer && back.trace_first == s.trace_first &&
+                 back.trace_last == s.trace_last,
+             "'%s' printed as '%s' parses to another skew", text, spec);
+  moe_skew_to_string(&back, again, sizeof again);
+  FUZZ_CHECK(strcmp(spec, again) == 0, "'%s' prints '%s', then '%s'", text, spec, again);
+  if (s.kind == MOE_SKEW_TRACE) return;
+  const int E = 1 + (int)(strlen(text) % 64), K = 1 + (int)(strlen(text) % E);
+  double shares[64], sum = 0;
+  FUZZ_CHECK(moe_skew_shares(ctx, &s, E, K, shares) == MOE_STATUS_OK, "'%s' shares: %s", text,
+             moe_ctx_error(ctx));
+  for (int e = 0; e < E; e++) {
+    FUZZ_CHECK(shares[e] >= 0 && shares[e] <= 1.0 / K + 1e-12, "'%s' E %d K %d: share %d = %g",
+               text, E, K, e, shares[e]);
+    sum += shares[e];
+  }
+  FUZZ_CHECK(fabs(sum - 1) < 1e-9, "'%s' E %d K %d: shares sum to %.17g", text, E, K, sum);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   char *text = fuzz_cstr(data + 1, size - 1);
   moe_ctx *ctx = fuzz_ctx();
-  switch (data[0] % 11) {
+  switch (data[0] % 12) {
     case 0:
       log_level(text);
       break;
@@ -237,8 +293,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 9:
       cluster(ctx, text);
       break;
-    default:
+    case 10:
       codec_rate(ctx, text);
+      break;
+    default:
+      skew(ctx, text);
       break;
   }
   moe_ctx_destroy(ctx);

@@ -131,6 +131,12 @@ static void test_skew_shares(void) {
   s.param = 1.2;
   moe_skew_to_string(&s, buf, sizeof buf);
   TU_CHECK(strcmp(buf, "zipf:1.2") == 0, "to_string %s", buf);
+  // a spec prints back to the same value (not %g's 6 digits)
+  moe_skew r;
+  TU_CHECK(moe_skew_parse(ctx, "hot:0.123456789012345678", &s) == MOE_STATUS_OK, "hot parses");
+  moe_skew_to_string(&s, buf, sizeof buf);
+  TU_CHECK(moe_skew_parse(ctx, buf, &r) == MOE_STATUS_OK && r.param == s.param,
+           "hot:0.123456789012345678 prints as %s, which reads back", buf);
   const char *bad[] = {"zipf", "zipf:0",    "zipf:11", "zipf:x", "hot:0",     "hot:1.5",
                        "hot",  "uniform:2", "normal",  "",       "zipf:1.2x", "none:1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

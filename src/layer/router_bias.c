@@ -112,14 +112,24 @@ done:
   return st;
 }
 
+// "name:VALUE" with the shortest of %.15g and %.17g that reads back as the
+// same double, so a printed spec parses to the same skew ("zipf:1.2", not
+// "zipf:1.2000000000000002"; nor %g's 6 digits, which lose the value).
+static int print_param(char *buf, size_t len, const char *name, double v) {
+  char num[32];
+  snprintf(num, sizeof num, "%.15g", v);
+  if (strtod(num, NULL) != v) snprintf(num, sizeof num, "%.17g", v);
+  return snprintf(buf, len, "%s:%s", name, num);
+}
+
 int moe_skew_to_string(const moe_skew *s, char *buf, size_t len) {
   switch (s->kind) {
     case MOE_SKEW_UNIFORM:
       return snprintf(buf, len, "uniform");
     case MOE_SKEW_ZIPF:
-      return snprintf(buf, len, "zipf:%g", s->param);
+      return print_param(buf, len, "zipf", s->param);
     case MOE_SKEW_HOT:
-      return snprintf(buf, len, "hot:%g", s->param);
+      return print_param(buf, len, "hot", s->param);
     case MOE_SKEW_TRACE: {
       char layer[16] = "", steps[32] = "";
       if (s->trace_layer >= 0) snprintf(layer, sizeof layer, "#%d", s->trace_layer);
