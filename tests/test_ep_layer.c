@@ -471,6 +471,102 @@ done:
   moe_ctx_destroy(ctx);
 }
 
+// Frozen parameters (inference): set_placement sends parameters only to the
+// copies it places anew. Seen by changing the home's parameters between two
+// placements (what frozen_params forbids): a kept copy computes with the old
+// ones; one placed again after being dropped, and any copy of an unfrozen
+// layer, with the new ones.
+static void test_frozen_placement(void) {
+  if (g_world < 2) return;
+  const int P = g_world, E = 4 * P, M = 8, T = 6, H = 12;
+  const int e = 0, p = P - 1;  // expert 0 lives on EP rank 0; its copy on the last rank
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.model_dim = M;
+  cfg.hidden_dim = H;
+  cfg.num_experts = E;
+  cfg.capacity_factor = 0.0;
+  cfg.aux_loss_coef = 0.0f;
+  float x[6 * 8], y[6 * 8], y_old[6 * 8], y_new[6 * 8];
+  tu_fill(x, (size_t)T * M, 300 + (uint64_t)g_rank, -1.0f, 1.0f);
+  for (int t = 0; t < T; t++) x[t * M] = 1.0f;  // pull every token to expert 0
+  uint8_t *rep = calloc((size_t)E * P, 1), *none = calloc((size_t)E * P, 1);
+  rep[(size_t)e * P + p] = 1;
+  rep[(size_t)(E - 1) * P + 0] = 1;  // and the last expert's on rank 0
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  for (int frozen = 0; frozen <= 1; frozen++) {
+    moe_layer *ref = NULL;
+    moe_ep_layer *L = NULL;
+    moe_parallel_config pc;
+    moe_parallel_config_default(&pc);
+    pc.ep_size = P;
+    pc.copy_slots = 2;
+    pc.frozen_params = frozen;
+    cfg.tokens = T;
+    TU_CHECK(moe_layer_create(ctx, &cfg, &ref) == MOE_STATUS_OK, "frozen: ref create");
+    TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK,
+             "frozen %d: create: %s", frozen, moe_ctx_error(ctx));
+    if (!ref || !L) {
+      moe_layer_destroy(ref);
+      moe_ep_layer_destroy(L);
+      break;
+    }
+    moe_layer_init_params(ref, 11);
+    moe_ep_layer_init_params(L, 11);
+    moe_layer_tensors rt = moe_layer_get_tensors(ref);
+    moe_ep_tensors t = moe_ep_layer_get_tensors(L);
+    rt.wg[e] = t.wg[e] = 8.0f;
+    TU_CHECK(moe_layer_forward(ref, x, T, y_old, NULL) == MOE_STATUS_OK, "ref old");
+    for (int j = 0; j < M; j++) rt.b2[j] += 0.5f;
+    TU_CHECK(moe_layer_forward(ref, x, T, y_new, NULL) == MOE_STATUS_OK, "ref new");
+    char label[96];
+    TU_CHECK(
+        moe_ep_layer_set_placement(L, rep) == MOE_STATUS_OK && moe_ep_layer_trans_copies(L) == 2,
+        "frozen %d: first placement sends 2 copies (%d): %s", frozen, moe_ep_layer_trans_copies(L),
+        moe_ctx_error(ctx));
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward");
+    snprintf(label, sizeof label, "frozen %d rank %d, first placement", frozen, g_rank);
+    tu_rel_close(label, y, y_old, (size_t)T * M, REL_TOL);
+    if (t.home_first == 0) {
+      for (int j = 0; j < M; j++) t.b2[j] += 0.5f;  // the home changes
+    }
+    TU_CHECK(moe_ep_layer_set_placement(L, rep) == MOE_STATUS_OK &&
+                 moe_ep_layer_trans_copies(L) == (frozen ? 0 : 2),
+             "frozen %d: the same placement again sends %d copies", frozen,
+             moe_ep_layer_trans_copies(L));
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward");
+    snprintf(label, sizeof label, "frozen %d rank %d, placement kept", frozen, g_rank);
+    tu_rel_close(label, y, frozen && g_rank == p ? y_old : y_new, (size_t)T * M, REL_TOL);
+    // dropped, then placed again: sent anew, frozen or not
+    TU_CHECK(moe_ep_layer_set_placement(L, none) == MOE_STATUS_OK &&
+                 moe_ep_layer_trans_copies(L) == 0 &&
+                 moe_ep_layer_set_placement(L, rep) == MOE_STATUS_OK &&
+                 moe_ep_layer_trans_copies(L) == 2,
+             "frozen %d: dropped and placed again: %s", frozen, moe_ctx_error(ctx));
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "forward");
+    snprintf(label, sizeof label, "frozen %d rank %d, placed again", frozen, g_rank);
+    tu_rel_close(label, y, y_new, (size_t)T * M, REL_TOL);
+    moe_ep_layer_destroy(L);
+    moe_layer_destroy(ref);
+  }
+  {  // frozen_params out of range
+    moe_parallel_config pc;
+    moe_parallel_config_default(&pc);
+    pc.ep_size = P;
+    pc.frozen_params = 2;
+    moe_ep_layer *L = NULL;
+    cfg.tokens = T;
+    TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(ctx), "frozen_params (2) must be 0 or 1"),
+             "frozen_params 2 refused: %s", moe_ctx_error(ctx));
+    moe_ep_layer_destroy(L);
+  }
+  free(rep);
+  free(none);
+  moe_ctx_destroy(ctx);
+}
+
 // Every rank must get `want` from create (no hang), with `text` in the message
 // on at least the ranks that detected it.
 static void expect_create_error(const char *what, const moe_layer_config *cfg,
@@ -720,6 +816,7 @@ int main(int argc, char **argv) {
     MPI_Comm_free(&sub);
   }
   test_replica_is_used();
+  test_frozen_placement();
   if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank; with placements
     const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0, 0};
     run_scenario(&sc);

@@ -69,6 +69,14 @@ typedef struct {
   // The same bits as 0. Until the wait, the expert gradients are incomplete
   // and the layer refuses a new backward or placement.
   int defer_agg;
+  // Frozen parameters (inference; with copy_slots): 0 = every set_placement
+  // sends every copy its home's current parameters (training: they change
+  // each step; default); 1 = the home parameters never change while the
+  // layer lives, so set_placement sends them only to the copies it places
+  // anew, and a copy kept from the last placement keeps its own (a
+  // placement re-planned every few steps then moves only what changed). The
+  // caller must not change the home parameters (no optimizer step) while on.
+  int frozen_params;
 } moe_parallel_config;
 
 // Gate specs of the command lines: "plain" (topo 0) or "topo" /
@@ -188,6 +196,9 @@ moe_status moe_ep_layer_set_placement(moe_ep_layer *layer, const uint8_t *replic
 // model's layers placed each step without a collective per layer.
 moe_status moe_ep_layers_set_placement(moe_ep_layer *const *layers, int n,
                                        const uint8_t *const *replicas);
+// Copies the last set_placement sent parameters to, over the EP group (all
+// of them; with pc.frozen_params the new ones only). 0 before any.
+int moe_ep_layer_trans_copies(const moe_ep_layer *layer);
 // Wall time (ms) of the last set_placement's parameter transfer on this rank
 // that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);

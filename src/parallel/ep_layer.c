@@ -83,8 +83,9 @@ static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config
   char text[1024];
   if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
   uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
-  const int ints[8] = {pc->ep_size, pc->ep_strided,        pc->ranks_per_node, pc->grouped_size,
-                       pc->chunks,  pc->compress_backward, pc->copy_slots,     pc->defer_agg};
+  const int ints[9] = {pc->ep_size,      pc->ep_strided, pc->ranks_per_node,
+                       pc->grouped_size, pc->chunks,     pc->compress_backward,
+                       pc->copy_slots,   pc->defer_agg,  pc->frozen_params};
   h = fnv1a(ints, sizeof ints, h);
   h = fnv1a(&pc->topo_gate, sizeof pc->topo_gate, h);
   h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
@@ -173,6 +174,8 @@ static moe_status local_checks(moe_ctx *ctx, int world_size, const moe_layer_con
       cfg->num_experts - cfg->num_experts / pc->ep_size);
   MOE_FAIL_IF(ctx, pc->defer_agg != 0 && pc->defer_agg != 1, MOE_STATUS_INVALID_ARG,
               "defer_agg (%d) must be 0 or 1", pc->defer_agg);
+  MOE_FAIL_IF(ctx, pc->frozen_params != 0 && pc->frozen_params != 1, MOE_STATUS_INVALID_ARG,
+              "frozen_params (%d) must be 0 or 1", pc->frozen_params);
   MOE_FAIL_IF(ctx, !(pc->topo_gate >= 0 && pc->topo_gate <= 1), MOE_STATUS_INVALID_ARG,
               "topology-aware gate ratio W_net/W_local (%g) must be in (0, 1] (0: off)",
               pc->topo_gate);

@@ -85,11 +85,13 @@ moe_status moe_ep_copies_init_(moe_ep_layer *L) {
   const size_t nf = moe_ep_expert_floats_(L);
   L->copy_mem = moe_calloc((size_t)S * 2 * nf, sizeof(float));
   L->slot_expert = moe_malloc((size_t)S * sizeof(int));
+  L->trans_mask = moe_calloc((size_t)L->E * (size_t)L->P, 1);
   L->expert_slot = moe_malloc((size_t)L->E * sizeof(int));
   L->reqs = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Request));
   L->trans_stats = moe_malloc((size_t)4 * L->E * L->P * sizeof(MPI_Status));
   MOE_FAIL_IF(ctx,
-              !L->copy_mem || !L->slot_expert || !L->expert_slot || !L->reqs || !L->trans_stats,
+              !L->copy_mem || !L->slot_expert || !L->trans_mask || !L->expert_slot || !L->reqs ||
+                  !L->trans_stats,
               MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d expert copy slots (%zu floats each)", S,
               2 * nf);
   for (int s = 0; s < S; s++) L->slot_expert[s] = -1;
@@ -116,15 +118,15 @@ done:
 }
 
 // Posts the placement's Trans and marks it pending (done without requests):
-// every home sends each copy its parameters (4 parts; the receives are
-// posted in the same (expert, part) order as the sends).
+// every home sends each copy of trans_mask its parameters (4 parts; the
+// receives are posted in the same (expert, part) order as the sends).
 static moe_status trans_post(moe_ep_layer *L, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
   {
     const int me = L->me, P = L->P;
     const size_t M = (size_t)L->cfg.model_dim, H = (size_t)L->cfg.hidden_dim;
     const size_t n[4] = {M * H, H, H * M, M};
-    const uint8_t *replica = L->placement.replica;
+    const uint8_t *replica = L->trans_mask;  // the same on every rank
     int nr = 0;
     for (int e = 0; e < L->E; e++) {
       const int home = L->placement.home[e];
@@ -196,6 +198,8 @@ void moe_ep_copies_free_(moe_ep_layer *L) {
   }
   moe_free(L->copy_mem);
   moe_free(L->slot_expert);
+  moe_free(L->trans_mask);
+  L->trans_mask = NULL;
   moe_free(L->expert_slot);
   moe_free(L->reqs);
   moe_free(L->trans_stats);
@@ -305,6 +309,10 @@ static moe_status placement_apply(moe_ep_layer *L, const uint8_t *replica) {
   }
   L->n_placed = 0;
   for (size_t i = 0; i < EP; i++) L->n_placed += replica[i] != 0;
+  // the copies that get parameters: every one, or with frozen parameters
+  // the new ones only (a kept copy's slot still holds them)
+  for (size_t i = 0; i < EP; i++)
+    L->trans_mask[i] = replica[i] && (!L->pc.frozen_params || !L->placement.replica[i]);
   for (size_t i = 0; i < EP; i++) L->placement.replica[i] = replica[i] ? 1 : 0;
   // step 3: Trans, posted now: it travels while everything before the
   // next forward's expert tasks runs (in a model, the blocks before it)
@@ -530,6 +538,13 @@ moe_executor_background moe_ep_layer_background(const moe_ep_layer *L, int backw
 }
 
 double moe_ep_layer_trans_wait_ms(const moe_ep_layer *L) { return L ? L->trans_wait_ms : 0.0; }
+
+int moe_ep_layer_trans_copies(const moe_ep_layer *L) {
+  int n = 0;
+  if (!L || !L->trans_mask) return 0;
+  for (size_t i = 0; i < (size_t)L->E * (size_t)L->P; i++) n += L->trans_mask[i] != 0;
+  return n;
+}
 
 double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
   return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;

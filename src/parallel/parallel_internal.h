@@ -122,6 +122,7 @@ struct moe_ep_layer {
   // points into copy_mem and is not freed on its own).
   float *copy_mem;          // (copy_slots, 2 nf)
   int *slot_expert;         // (copy_slots): expert in the slot, -1 free
+  uint8_t *trans_mask;      // (E, EP): the copies the last set_placement sent parameters to
   int *expert_slot;         // (E): slot of expert e's copy here, -1 none
   MPI_Request *reqs;        // Trans requests: at most 4 x (E x P) at once
   MPI_Status *trans_stats;  // their statuses (a real array: MPICH's MPI_STATUSES_IGNORE
