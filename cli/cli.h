@@ -175,6 +175,28 @@ int cmd_serve(int argc, char **argv);     // MPI (MOE_CLI_MPI)
 // (bad input, not enough memory) or CLI_FAILED.
 int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const char *cmd,
                      moe_infer **out);
+// The engine options moe generate and moe serve share (--slots, --step-rows,
+// --prefill-chunk, --a2a, the placement): 1 when the current argument is one
+// of them (consumed into ic; a bad value is printed on rank 0 and sets
+// a->bad), else 0.
+int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, int rank, const char *cmd);
+// Rank 0, after the run: the placement's line ("CMD: placement eplb: ...")
+// on stderr, nothing for uniform placement or one rank.
+void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config *ic,
+                                const char *cmd);
 #endif
+// Their help lines.
+#define CLI_INFER_ENGINE_HELP                                                            \
+  "  --slots N             sequences decoded at once per rank [32]\n"                    \
+  "  --step-rows N         rows one rank computes per step at most [256]\n"              \
+  "  --prefill-chunk N     prompt rows of one sequence per step at most [64]\n"          \
+  "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n"               \
+  "  --placement NAME      where expert copies go (docs/inference.md): uniform (every\n" \
+  "                        expert on its home rank only) or eplb (copies of the\n"       \
+  "                        busiest experts in spare slots, re-planned from the\n"        \
+  "                        observed load; the text is the same) [uniform]\n"             \
+  "  --place-slots N       eplb: expert copies a rank may hold, [1, E - E/ranks] [2]\n"  \
+  "  --place-window N      eplb: steps of load a plan averages [16]\n"                   \
+  "  --place-every N       eplb: re-plan every N steps [16]\n"
 
 #endif

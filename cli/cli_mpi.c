@@ -57,4 +57,50 @@ int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const c
              : CLI_USAGE;
 }
 
+int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, int rank, const char *cmd) {
+  if (cli_opt(a, "--slots")) {
+    cli_parse_int(a, "--slots", 1, 4096, &ic->slots);
+  } else if (cli_opt(a, "--step-rows")) {
+    cli_parse_int(a, "--step-rows", 1, 65536, &ic->step_rows);
+  } else if (cli_opt(a, "--prefill-chunk")) {
+    cli_parse_int(a, "--prefill-chunk", 1, 65536, &ic->prefill_chunk);
+  } else if (cli_opt(a, "--a2a")) {
+    if (strlen(a->value) >= sizeof ic->par.a2a) {
+      if (rank == 0) cli_error("%s: --a2a name '%s' is too long", cmd, a->value);
+      a->bad = 1;
+    } else {
+      snprintf(ic->par.a2a, sizeof ic->par.a2a, "%s", a->value);
+    }
+  } else if (cli_opt(a, "--placement")) {
+    const int p = moe_infer_placement_find(a->value);
+    if (p < 0) {
+      if (rank == 0)
+        cli_error("%s: --placement '%s' is unknown (valid: %s)", cmd, a->value,
+                  moe_infer_placement_names());
+      a->bad = 1;
+    } else {
+      ic->placement = p;
+    }
+  } else if (cli_opt(a, "--place-slots")) {
+    cli_parse_int(a, "--place-slots", 1, 4096, &ic->place_slots);
+  } else if (cli_opt(a, "--place-window")) {
+    cli_parse_int(a, "--place-window", 1, 10000, &ic->place_window);
+  } else if (cli_opt(a, "--place-every")) {
+    cli_parse_int(a, "--place-every", 1, 1 << 20, &ic->place_every);
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config *ic,
+                                const char *cmd) {
+  if (ic->placement == MOE_INFER_PLACE_UNIFORM || s->plans == 0) return;
+  fprintf(stderr,
+          "%s: placement %s: balance ratio %.3f without copies, %.3f as placed (mean over the "
+          "plans); %lld plans, %lld copies sent, %d in force; %.1f ms in placement\n",
+          cmd, moe_infer_placement_name(ic->placement), s->balance_uniform, s->balance_placed,
+          (long long)s->plans, (long long)s->copies_sent, s->copies, s->place_ms);
+}
+
 #endif

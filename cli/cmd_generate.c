@@ -9,39 +9,36 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: moe generate --checkpoint FILE --input PROMPTS.jsonl [options]\n"
-      "       mpirun -n P moe generate ...   (the MoE layers expert-parallel over P ranks)\n"
-      "\n"
-      "Generates a completion for every line of PROMPTS.jsonl, many at once (continuous\n"
-      "batching with a KV cache), and writes one JSON line per prompt, in input order.\n"
-      "A line is an object with \"prompt\" (string) and optionally \"max_tokens\",\n"
-      "\"temperature\" (0 = greedy), \"top_k\", \"top_p\", \"seed\", \"stop\" (a string or\n"
-      "up to 4) and \"id\" (echoed). Tokens are bytes. The output is the same run to run\n"
-      "and at any rank count for the same seeds (docs/inference.md).\n"
-      "\n"
-      "options:\n"
-      "  --checkpoint FILE   a checkpoint written by 'moe train' (required)\n"
-      "  --input FILE        the prompts, one JSON object per line; '-' reads stdin\n"
-      "                      (required)\n"
-      "  --output FILE       the completions; '-' is stdout [-]\n"
-      "  --max-tokens N      default for lines without max_tokens [64]\n"
-      "  --temperature T     default temperature, [0, 100] [0.8]\n"
-      "  --top-k K           default top-k, 0 = all [40]\n"
-      "  --top-p P           default top-p, (0, 1] [1]\n"
-      "  --seed S            a line without \"seed\" uses S + its line index [1]\n"
-      "  --slots N           sequences decoded at once per rank [32]\n"
-      "  --step-rows N       rows one rank computes per step at most [256]\n"
-      "  --prefill-chunk N   prompt rows of one sequence per step at most [64]\n"
-      "  --a2a NAME          all-to-all algorithm of the MoE layers [mpi]\n"
-      "  --timings           add queue_ms, first_token_ms and total_ms to each line\n"
-      "                      (they vary run to run)\n"
-      "  --quiet             no progress line on stderr\n" CLI_HANG_TIMEOUT_HELP CLI_MAX_MEMORY_HELP
-      "\n"
-      "Output line: {\"index\", [\"id\",] \"text\", \"finish_reason\" (length|stop),\n"
-      "\"prompt_tokens\", \"completion_tokens\"}. Prints a throughput summary on stderr.\n"
-      "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
+  fprintf(f,
+          "usage: moe generate --checkpoint FILE --input PROMPTS.jsonl [options]\n"
+          "       mpirun -n P moe generate ...   (the MoE layers expert-parallel over P ranks)\n"
+          "\n"
+          "Generates a completion for every line of PROMPTS.jsonl, many at once (continuous\n"
+          "batching with a KV cache), and writes one JSON line per prompt, in input order.\n"
+          "A line is an object with \"prompt\" (string) and optionally \"max_tokens\",\n"
+          "\"temperature\" (0 = greedy), \"top_k\", \"top_p\", \"seed\", \"stop\" (a string or\n"
+          "up to 4) and \"id\" (echoed). Tokens are bytes. The output is the same run to run\n"
+          "and at any rank count for the same seeds (docs/inference.md).\n"
+          "\n"
+          "options:\n"
+          "  --checkpoint FILE     a checkpoint written by 'moe train' (required)\n"
+          "  --input FILE          the prompts, one JSON object per line; '-' reads stdin\n"
+          "                        (required)\n"
+          "  --output FILE         the completions; '-' is stdout [-]\n"
+          "  --max-tokens N        default for lines without max_tokens [64]\n"
+          "  --temperature T       default temperature, [0, 100] [0.8]\n"
+          "  --top-k K             default top-k, 0 = all [40]\n"
+          "  --top-p P             default top-p, (0, 1] [1]\n"
+          "  --seed S              a line without \"seed\" uses S + its line index "
+          "[1]\n" CLI_INFER_ENGINE_HELP
+          "  --timings             add queue_ms, first_token_ms and total_ms to each line\n"
+          "                        (they vary run to run)\n"
+          "  --quiet               no progress line on stderr\n" CLI_HANG_TIMEOUT_HELP
+              CLI_MAX_MEMORY_HELP
+          "\n"
+          "Output line: {\"index\", [\"id\",] \"text\", \"finish_reason\" (length|stop),\n"
+          "\"prompt_tokens\", \"completion_tokens\"}. Prints a throughput summary on stderr.\n"
+          "Exit status: 0 success, 1 runtime failure, 2 invalid arguments or input.\n");
 }
 
 #if MOE_CLI_MPI
@@ -160,7 +157,7 @@ int cmd_generate(int argc, char **argv) {
   MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const char *ckpt = NULL, *input = NULL, *output = "-", *a2a = NULL;
+  const char *ckpt = NULL, *input = NULL, *output = "-";
   int quiet = 0, timings = 0, rc = CLI_OK;
   unsigned long long seed = 1;
   size_t max_memory = 0;
@@ -196,14 +193,8 @@ int cmd_generate(int argc, char **argv) {
       cli_parse_double(&a, "--top-p", 1e-9, 1, &defaults.top_p);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &seed);
-    } else if (cli_opt(&a, "--slots")) {
-      cli_parse_int(&a, "--slots", 1, 4096, &ic.slots);
-    } else if (cli_opt(&a, "--step-rows")) {
-      cli_parse_int(&a, "--step-rows", 1, 65536, &ic.step_rows);
-    } else if (cli_opt(&a, "--prefill-chunk")) {
-      cli_parse_int(&a, "--prefill-chunk", 1, 65536, &ic.prefill_chunk);
-    } else if (cli_opt(&a, "--a2a")) {
-      a2a = a.value;
+    } else if (cli_infer_engine_opt(&a, &ic, rank, "generate")) {
+      // set (or a.bad)
     } else if (cli_opt(&a, "--max-memory")) {
       cli_parse_size(&a, "--max-memory", &max_memory);
     } else if (cli_hang_timeout_opt(&a, &hang_timeout)) {
@@ -232,7 +223,6 @@ int cmd_generate(int argc, char **argv) {
     MPI_Finalize();
     return CLI_USAGE;
   }
-  if (a2a) snprintf(ic.par.a2a, sizeof ic.par.a2a, "%s", a2a);
   ic.checkpoint = ckpt;
 
   moe_ctx *ctx = NULL;
@@ -344,6 +334,7 @@ int cmd_generate(int argc, char **argv) {
               g.n, (long long)s.tokens, secs, (double)s.tokens / secs, g.n / secs,
               (long long)s.steps, (long long)s.rows, (long long)s.prefill_rows, s.max_batch_seqs,
               (long long)s.context_shifts, world, world == 1 ? "" : "s");
+    if (!quiet) cli_infer_placement_report(&s, &ic, "generate");
   }
 done:
   cli_out_abort(&out);

@@ -10,39 +10,34 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: moe serve --checkpoint FILE [options]\n"
-      "       mpirun -n P moe serve ...   (the MoE layers expert-parallel over P ranks)\n"
-      "\n"
-      "Serves a checkpoint written by 'moe train' over HTTP with the OpenAI API shapes:\n"
-      "  POST /v1/completions        {\"prompt\": ..., \"max_tokens\", \"temperature\",\n"
-      "                              \"top_p\", \"top_k\", \"seed\", \"stop\", \"stream\"}\n"
-      "  POST /v1/chat/completions   {\"messages\": [{\"role\", \"content\"}], ...}\n"
-      "  GET /v1/models, GET /health, GET /metrics (Prometheus text)\n"
-      "\"stream\": true answers with server-sent events. Tokens are bytes. Requests are\n"
-      "batched continuously over KV-cache slots (docs/inference.md). SIGINT or SIGTERM:\n"
-      "new requests get 503, those in flight finish (up to --drain-timeout), exit 0.\n"
-      "\n"
-      "options:\n"
-      "  --checkpoint FILE     the checkpoint (required)\n"
-      "  --host ADDR           IPv4 address to listen on [127.0.0.1]\n"
-      "  --port N              TCP port; 0 picks a free one (printed) [8080]\n"
-      "  --model NAME          the model name of /v1/models and the responses\n"
-      "                        [the checkpoint's file name]\n"
-      "  --slots N             sequences decoded at once per rank [32]\n"
-      "  --step-rows N         rows one rank computes per step at most [256]\n"
-      "  --prefill-chunk N     prompt rows of one sequence per step at most [64]\n"
-      "  --queue N             requests waiting for a slot at most; more get 503 [256]\n"
-      "  --max-body SIZE       largest request body (e.g. 64K, 1M); larger get 413 [1M]\n"
-      "  --max-connections N   open connections at most [256]\n"
-      "  --drain-timeout S     seconds to let requests finish after a signal [30]\n"
-      "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n" CLI_HANG_TIMEOUT_HELP
-          CLI_MAX_MEMORY_HELP
-      "\n"
-      "Defaults of a request: max_tokens 16, temperature 1, top_p 1, top_k 0 (all),\n"
-      "seed 0. Exit status: 0 after a signal, 1 runtime failure, 2 invalid arguments\n"
-      "or input (a missing or corrupt checkpoint, a port in use).\n");
+  fprintf(f,
+          "usage: moe serve --checkpoint FILE [options]\n"
+          "       mpirun -n P moe serve ...   (the MoE layers expert-parallel over P ranks)\n"
+          "\n"
+          "Serves a checkpoint written by 'moe train' over HTTP with the OpenAI API shapes:\n"
+          "  POST /v1/completions        {\"prompt\": ..., \"max_tokens\", \"temperature\",\n"
+          "                              \"top_p\", \"top_k\", \"seed\", \"stop\", \"stream\"}\n"
+          "  POST /v1/chat/completions   {\"messages\": [{\"role\", \"content\"}], ...}\n"
+          "  GET /v1/models, GET /health, GET /metrics (Prometheus text)\n"
+          "\"stream\": true answers with server-sent events. Tokens are bytes. Requests are\n"
+          "batched continuously over KV-cache slots (docs/inference.md). SIGINT or SIGTERM:\n"
+          "new requests get 503, those in flight finish (up to --drain-timeout), exit 0.\n"
+          "\n"
+          "options:\n"
+          "  --checkpoint FILE     the checkpoint (required)\n"
+          "  --host ADDR           IPv4 address to listen on [127.0.0.1]\n"
+          "  --port N              TCP port; 0 picks a free one (printed) [8080]\n"
+          "  --model NAME          the model name of /v1/models and the responses\n"
+          "                        [the checkpoint's file name]\n"
+          "  --queue N             requests waiting for a slot at most; more get 503 [256]\n"
+          "  --max-body SIZE       largest request body (e.g. 64K, 1M); larger get 413 [1M]\n"
+          "  --max-connections N   open connections at most [256]\n"
+          "  --drain-timeout S     seconds to let requests finish after a signal "
+          "[30]\n" CLI_INFER_ENGINE_HELP CLI_HANG_TIMEOUT_HELP CLI_MAX_MEMORY_HELP
+          "\n"
+          "Defaults of a request: max_tokens 16, temperature 1, top_p 1, top_k 0 (all),\n"
+          "seed 0. Exit status: 0 after a signal, 1 runtime failure, 2 invalid arguments\n"
+          "or input (a missing or corrupt checkpoint, a port in use).\n");
 }
 
 #if MOE_CLI_MPI
@@ -66,7 +61,7 @@ int cmd_serve(int argc, char **argv) {
   moe_infer_config_default(&ic);
   moe_serve_config sc;
   moe_serve_config_default(&sc);
-  const char *ckpt = NULL, *a2a = NULL, *model = NULL;
+  const char *ckpt = NULL, *model = NULL;
   double drain = 30;
   size_t max_memory = 0;
   double hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
@@ -87,12 +82,8 @@ int cmd_serve(int argc, char **argv) {
       cli_parse_int(&a, "--port", 0, 65535, &sc.port);
     } else if (cli_opt(&a, "--model")) {
       model = a.value;
-    } else if (cli_opt(&a, "--slots")) {
-      cli_parse_int(&a, "--slots", 1, 4096, &ic.slots);
-    } else if (cli_opt(&a, "--step-rows")) {
-      cli_parse_int(&a, "--step-rows", 1, 65536, &ic.step_rows);
-    } else if (cli_opt(&a, "--prefill-chunk")) {
-      cli_parse_int(&a, "--prefill-chunk", 1, 65536, &ic.prefill_chunk);
+    } else if (cli_infer_engine_opt(&a, &ic, rank, "serve")) {
+      // set (or a.bad)
     } else if (cli_opt(&a, "--queue")) {
       cli_parse_int(&a, "--queue", 1, 1 << 20, &ic.queue);
     } else if (cli_opt(&a, "--max-body")) {
@@ -101,8 +92,6 @@ int cmd_serve(int argc, char **argv) {
       cli_parse_int(&a, "--max-connections", 1, 65536, &sc.max_connections);
     } else if (cli_opt(&a, "--drain-timeout")) {
       cli_parse_double(&a, "--drain-timeout", 0, 86400, &drain);
-    } else if (cli_opt(&a, "--a2a")) {
-      a2a = a.value;
     } else if (cli_opt(&a, "--max-memory")) {
       cli_parse_size(&a, "--max-memory", &max_memory);
     } else if (cli_hang_timeout_opt(&a, &hang_timeout)) {
@@ -127,7 +116,6 @@ int cmd_serve(int argc, char **argv) {
     MPI_Finalize();
     return CLI_USAGE;
   }
-  if (a2a) snprintf(ic.par.a2a, sizeof ic.par.a2a, "%s", a2a);
   ic.checkpoint = ckpt;
   if (!model) {
     const char *slash = strrchr(ckpt, '/');
@@ -210,6 +198,7 @@ int cmd_serve(int argc, char **argv) {
       "generated, %lld steps\n",
       (long long)s.requests_done, cancelled, (long long)s.tokens, (long long)s.steps);
   fflush(stdout);
+  cli_infer_placement_report(&s, &ic, "serve");
 done:
   moe_serve_stop(srv);
   moe_watchdog_stop(wd);

@@ -49,6 +49,16 @@ if cmp -s "$tmp/o1.jsonl" "$tmp/o2.jsonl"; then ok; else bad "2 ranks differ fro
 expect 0 "6 prompts.*4 ranks" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
   --output "$tmp/o4.jsonl" --slots 1 --step-rows 16 --prefill-chunk 7 --a2a pairwise
 if cmp -s "$tmp/o1.jsonl" "$tmp/o4.jsonl"; then ok; else bad "4 ranks differ from 1: $(diff "$tmp/o1.jsonl" "$tmp/o4.jsonl" | head -4)"; fi
+# expert placement: eplb moves expert copies (re-planned every 2 steps) and
+# the text stays the same; a bad name or too many slots: exit 2
+expect 0 "placement eplb: balance ratio .* [1-9][0-9]* plans, [1-9][0-9]* copies sent" -- mpi 4 "$MOE" generate \
+  --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output "$tmp/o4e.jsonl" --slots 2 --placement eplb \
+  --place-slots 3 --place-every 2 --place-window 2
+if cmp -s "$tmp/o1.jsonl" "$tmp/o4e.jsonl"; then ok; else bad "eplb placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4e.jsonl" | head -4)"; fi
+expect 2 "--placement 'lina' is unknown \(valid: uniform, eplb\)" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --placement lina
+expect 2 "placement slots \(4\) must be in \[1, 2\]" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --placement eplb --place-slots 4
 
 # the output's shape: one line per prompt (the blank line skipped), in order, ids echoed
 python3 - "$tmp/o1.jsonl" <<'PY' && ok || bad "output lines malformed: $(head -c 600 "$tmp/o1.jsonl")"

@@ -126,9 +126,12 @@ PY
   if grep -q "moe serve: stopped: .* requests done (0 cancelled at shutdown)" "$tmp/s1.log"; then ok; else bad "summary: $(tail -2 "$tmp/s1.log")"; fi
 fi
 
-# two ranks: the same answers, a full queue answers 503, SIGTERM to mpirun ends every rank
+# two ranks, expert copies placed by eplb (re-planned every 2 steps): the same
+# answers, the placement's metrics, a full queue answers 503, SIGTERM to
+# mpirun ends every rank
 # shellcheck disable=SC2086 # OVERSUB is empty or one flag
-if start_server "$tmp/s2.log" "$MPIEXEC" -n 2 $OVERSUB "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --slots 1 --queue 1; then
+if start_server "$tmp/s2.log" "$MPIEXEC" -n 2 $OVERSUB "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --slots 1 --queue 1 \
+  --placement eplb --place-slots 1 --place-every 2 --place-window 2; then
   python3 - "$port" "$tmp/gen.jsonl" "$tmp/p.jsonl" <<'PY' && ok || bad "2 ranks: answers differ from moe generate's"
 import http.client, json, sys
 port, gen, prompts = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -137,6 +140,16 @@ for g, q in zip([json.loads(l) for l in open(gen)], [json.loads(l) for l in open
     c.request("POST", "/v1/completions", body=json.dumps(q))
     r = json.loads(c.getresponse().read())
     assert r["choices"][0]["text"] == g["text"], (r, g)
+PY
+  python3 - "$port" <<'PY' && ok || bad "2 ranks: placement metrics"
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+c.request("GET", "/metrics")
+m = dict(l.rsplit(" ", 1) for l in c.getresponse().read().decode().splitlines() if l and l[0] != "#")
+assert int(m["moe_placement_plans_total"]) > 0, m
+assert float(m['moe_placement_balance_ratio{copies="none"}']) >= 1.0, m
+assert float(m['moe_placement_balance_ratio{copies="placed"}']) >= 1.0, m
+assert int(m["moe_placement_copies_sent_total"]) >= 0 and float(m["moe_placement_seconds_total"]) > 0, m
 PY
   if python3 "$here/serve_client.py" "$port" busy; then ok; else bad "queue full (2 ranks)"; fi
   if [[ "$OVERSUB" == "--oversubscribe" ]]; then

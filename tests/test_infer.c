@@ -119,7 +119,7 @@ static void make_requests(moe_infer_params *p, const char **prompts) {
   p[9].max_tokens = MAXT;                               // past seq_len: several refills
 }
 
-static void test_engine(moe_ctx *ctx, const char *ckpt) {
+static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
   moe_infer_config ic;
   moe_infer_config_default(&ic);
   ic.checkpoint = ckpt;
@@ -127,6 +127,10 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
   ic.step_rows = 12;
   ic.prefill_chunk = 5;
   ic.queue = 3;
+  ic.placement = placement;  // eplb: re-planned every 2 steps; the text must not change
+  ic.place_slots = 2;
+  ic.place_window = 2;
+  ic.place_every = 2;
   moe_infer *e = NULL;
   moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
   TU_CHECK(st == MOE_STATUS_OK, "create: %s", moe_ctx_error(ctx));
@@ -187,8 +191,8 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
     const size_t wn = reference(ref, prompts[i], &p[i], want, &fin);
     TU_CHECK(c.done_calls[id] == 1, "request %d: on_done called %d times", i, c.done_calls[id]);
     TU_CHECK(c.text_len[id] == wn && memcmp(c.text[id], want, wn) == 0,
-             "request %d (P=%d): engine and reference differ (%zu vs %zu bytes)", i, g_world,
-             c.text_len[id], wn);
+             "request %d (P=%d, placement %s): engine and reference differ (%zu vs %zu bytes)", i,
+             g_world, moe_infer_placement_name(placement), c.text_len[id], wn);
     TU_CHECK(c.res[id].finish == fin, "request %d: finish %s vs %s", i,
              moe_infer_finish_name(c.res[id].finish), moe_infer_finish_name(fin));
     TU_CHECK(c.stream_len[id] == c.text_len[id] &&
@@ -215,6 +219,22 @@ static void test_engine(moe_ctx *ctx, const char *ckpt) {
              (long long)s.steps);
   TU_CHECK(s.max_batch_seqs <= 2 * g_world, "at most %d sequences a step, saw %d", 2 * g_world,
            s.max_batch_seqs);
+  if (placement == MOE_INFER_PLACE_EPLB && g_world > 1) {
+    // every 2 steps a plan per MoE block; some placed copies (the texts above
+    // are the reference's all the same)
+    TU_CHECK(s.plans >= s.steps / 2 && s.copies_sent > 0 && s.balance_uniform >= 1.0 &&
+                 s.balance_placed >= 1.0,
+             "eplb: %lld plans in %lld steps, %lld copies sent, ratio %.3f -> %.3f",
+             (long long)s.plans, (long long)s.steps, (long long)s.copies_sent, s.balance_uniform,
+             s.balance_placed);
+    printf(
+        "eplb P=%d: %lld plans in %lld steps, %lld copies sent, %d in force, ratio %.3f -> "
+        "%.3f\n",
+        g_world, (long long)s.plans, (long long)s.steps, (long long)s.copies_sent, s.copies,
+        s.balance_uniform, s.balance_placed);
+  } else {
+    TU_CHECK(s.plans == 0 && s.copies_sent == 0 && s.copies == 0, "uniform: no placement");
+  }
   // cancellation: a long request, a few steps, cancel
   {
     moe_infer_params lp;
@@ -373,7 +393,8 @@ int main(int argc, char **argv) {
   moe_train_result res;
   TU_CHECK(moe_train_run(ctx, MPI_COMM_WORLD, &tc, &res) == MOE_STATUS_OK, "train: %s",
            moe_ctx_error(ctx));
-  test_engine(ctx, ckpt);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_UNIFORM);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_EPLB);
   // a missing checkpoint fails on every rank, no hang
   {
     moe_infer_config ic;
@@ -386,6 +407,37 @@ int main(int argc, char **argv) {
     ic.prefill_chunk = ic.step_rows + 1;
     TU_CHECK(moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e) == MOE_STATUS_INVALID_ARG,
              "prefill chunk above the rows per step accepted");
+    // placement: an unknown one, a window out of range, too many slots (4
+    // experts: a rank holds 4 - 4/P others; one rank places nothing)
+    moe_infer_config_default(&ic);
+    ic.checkpoint = ckpt;
+    ic.placement = 7;
+    TU_CHECK(moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(ctx), "placement 7 is unknown (valid: uniform, eplb)"),
+             "unknown placement: %s", moe_ctx_error(ctx));
+    ic.placement = MOE_INFER_PLACE_EPLB;
+    ic.place_window = 0;
+    TU_CHECK(moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(ctx), "placement window (0) must be in [1, 10000]"),
+             "placement window 0: %s", moe_ctx_error(ctx));
+    ic.place_window = 16;
+    ic.place_slots = 4;
+    const moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
+    if (g_world > 1) {
+      TU_CHECK(st == MOE_STATUS_INVALID_ARG &&
+                   strstr(moe_ctx_error(ctx), "placement slots (4) must be in [1, "),
+               "4 slots: %s", moe_ctx_error(ctx));
+    } else {
+      TU_CHECK(st == MOE_STATUS_OK, "one rank: slots unused: %s", moe_ctx_error(ctx));
+      if (st == MOE_STATUS_OK) {
+        moe_infer_shutdown(e);
+        moe_infer_destroy(e);
+      }
+    }
+    TU_CHECK(!strcmp(moe_infer_placement_names(), "uniform, eplb") &&
+                 moe_infer_placement_find("eplb") == MOE_INFER_PLACE_EPLB &&
+                 moe_infer_placement_find("lina") == -1 && !moe_infer_placement_name(2),
+             "placement names: %s", moe_infer_placement_names());
   }
   if (g_rank == 0) {
     test_sampler();

@@ -45,6 +45,35 @@
 extern "C" {
 #endif
 
+// Expert placement while serving (docs/inference.md "Expert placement"):
+// which ranks hold copies of which experts, planned from the load the steps
+// observed. A copy computes its own rank's rows for its expert, so a rank that
+// sends a popular expert many rows computes them itself; the tokens, logits
+// and text are the same under every placement (the math is the layer's).
+// One X(ENUM, name) line each: the enum, the names and the lists in messages.
+//   uniform  every expert on its home rank only (block placement; default)
+//   eplb     EPLB's redundant slots: place_slots copies per rank, filled with
+//            the experts of the highest load per copy (moe_balance_plan_eplb)
+//            from the mean load of the last place_window steps, re-planned
+//            every place_every steps (each rank keeps its own rows' window;
+//            they are all-gathered only at a plan); the parameters move only
+//            to copies placed anew (pc.frozen_params)
+#define MOE_INFER_PLACEMENTS(X) \
+  X(UNIFORM, uniform)           \
+  X(EPLB, eplb)
+
+#define MOE_INFER_PLACEMENT_ENUM_(U, l) MOE_INFER_PLACE_##U,
+typedef enum {
+  MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_ENUM_) MOE_INFER_PLACEMENT_COUNT_
+} moe_infer_placement;
+#undef MOE_INFER_PLACEMENT_ENUM_
+// The placement called `name`, or -1 (also for NULL).
+int moe_infer_placement_find(const char *name);
+// Its name, or NULL when out of range.
+const char *moe_infer_placement_name(int placement);
+// "uniform, eplb": every name, in catalogue order (static).
+const char *moe_infer_placement_names(void);
+
 typedef struct {
   const char *checkpoint;   // a moe train checkpoint (any world size it was written at)
   int slots;                // sequences held at once per rank (KV-cache slots), [1, 4096] [32]
@@ -53,10 +82,16 @@ typedef struct {
   int queue;                // requests waiting for a slot at most, [1, 1 << 20] [256]
   moe_parallel_config par;  // the MoE layers' expert parallelism (ep_size is forced to world)
   size_t max_memory;        // per rank; 0: the node's available memory (moe_comm_memory_check)
+  // expert placement (moe_infer_placement); on one rank there is nothing to place
+  int placement;     // [MOE_INFER_PLACE_UNIFORM]
+  int place_slots;   // eplb: copies a rank may hold, [1, E - E/P] [2, at most E - E/P]
+  int place_window;  // eplb: steps of load the plan averages, [1, 10000] [16]
+  int place_every;   // eplb: re-plan every N steps, [1, 1 << 20] [16]
 } moe_infer_config;
 
 // slots 32, step_rows 256, prefill_chunk 64, queue 256, par as
-// moe_parallel_config_default.
+// moe_parallel_config_default, placement uniform (eplb: 2 slots, a window of
+// 16 steps, re-planned every 16).
 void moe_infer_config_default(moe_infer_config *ic);
 
 typedef enum {
@@ -146,6 +181,17 @@ typedef struct {
   double step_ms;           // time in steps (rank 0)
   double moe_ms;            // of which in the MoE layers' forwards (rank 0)
   double a2a_ms;            // of which their all-to-alls (the passes' comm tasks, rank 0)
+  // expert placement (placement other than uniform, on more than one rank;
+  // zeros without). At each plan (every place_every steps, per MoE block),
+  // the balance ratio of the window's mean load (the most rows a rank
+  // computes over the mean; 1 = even) without copies and under the
+  // placement of the last place_every steps; means over the plans.
+  double balance_uniform;  // mean ratio without copies
+  double balance_placed;   // mean ratio under the placement the load ran with
+  int64_t plans;           // plans made (per MoE block)
+  int64_t copies_sent;     // copies whose parameters moved (placed anew)
+  int copies;              // copies in force now, over the MoE blocks
+  double place_ms;  // time in placement (load all-gather, plan, posting the transfer; rank 0)
 } moe_infer_stats;
 // Rank 0 (the counters are rank 0's; thread-safe).
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);

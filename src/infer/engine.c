@@ -21,6 +21,11 @@
 //      on_text with what can no longer be part of a stop string, and on_done
 //      when a request ends.
 // The other ranks wait in moe_infer_follow for the next {STEP, n} or {STOP}.
+// After each step every rank runs the placement step (ic.placement; rank 0
+// after sampling, the others after the step): the MoE blocks' loads in one
+// all-gather, each block's balancer alike on every rank, and when one
+// re-planned, the new placements in one agreement (the parameters travel to
+// the copies placed anew during the next step's earlier work).
 //
 // Threads: rank 0's requests arrive from any thread (moe_infer_submit, _cancel
 // under the queue lock); the slot table belongs to the thread that steps.
@@ -31,6 +36,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "moe/balance.h"
 #include "moe/comm.h"
 #include "moe/gpt_io.h"
 #include "moe/infer.h"
@@ -88,11 +94,46 @@ struct moe_infer {
   int n_running;
   int64_t next_id;
   int shutting_down;
-  double *layer_ms;        // (2 L): per block, MoE forward and all-to-all ms (step thread)
-  double *layer_ms_pub;    // their copy (under mu)
-  moe_infer_stats st;      // the step thread's counters
-  moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
+  double *layer_ms;      // (2 L): per block, MoE forward and all-to-all ms (step thread)
+  double *layer_ms_pub;  // their copy (under mu)
+  // expert placement (ic.placement other than uniform, size > 1; every rank)
+  int n_moe;  // MoE blocks
+  moe_ep_layer *moe_layer[MOE_GPT_MAX_LAYERS];
+  moe_balancer *bal[MOE_GPT_MAX_LAYERS];  // (n_moe)
+  moe_balance_window place_win;           // this rank's (n_moe x E) rows, the last steps
+  int64_t place_steps;                    // steps seen
+  int64_t *place_mine;                    // (n_moe, E): this rank's rows (its window's mean)
+  int64_t *place_all;                     // (P, n_moe, E): every rank's
+  int64_t *place_load;                    // (P, E): one block's
+  uint8_t *place_next;                    // (n_moe, E, P): the balancers' placements
+  uint8_t *place_cur;                     // (n_moe, E, P): the placements in force
+  int64_t *place_rows;                    // (P)
+  moe_infer_stats st;                     // the step thread's counters
+  moe_infer_stats st_pub;                 // their copy at the end of the last step (under mu)
 };
+
+#define MOE_INFER_PLACEMENT_NAME_(U, l) #l,
+static const char *const k_placement_names[] = {MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_NAME_)};
+#undef MOE_INFER_PLACEMENT_NAME_
+#define N_PLACEMENTS ((int)(sizeof k_placement_names / sizeof k_placement_names[0]))
+
+int moe_infer_placement_find(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < N_PLACEMENTS; i++)
+    if (strcmp(name, k_placement_names[i]) == 0) return i;
+  return -1;
+}
+
+const char *moe_infer_placement_name(int placement) {
+  return placement >= 0 && placement < N_PLACEMENTS ? k_placement_names[placement] : NULL;
+}
+
+const char *moe_infer_placement_names(void) {
+#define MOE_INFER_PLACEMENT_LIST_(U, l) ", " #l
+  static const char list[] = MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_LIST_);
+#undef MOE_INFER_PLACEMENT_LIST_
+  return list + 2;  // without the first ", "
+}
 
 void moe_infer_config_default(moe_infer_config *ic) {
   memset(ic, 0, sizeof *ic);
@@ -101,6 +142,10 @@ void moe_infer_config_default(moe_infer_config *ic) {
   ic->prefill_chunk = 64;
   ic->queue = 256;
   moe_parallel_config_default(&ic->par);
+  ic->placement = MOE_INFER_PLACE_UNIFORM;
+  ic->place_slots = 2;
+  ic->place_window = 16;
+  ic->place_every = 16;
 }
 
 const char *moe_infer_finish_name(moe_infer_finish f) {
@@ -127,6 +172,29 @@ static moe_status check_config(moe_ctx *ctx, const moe_infer_config *ic) {
               ic->prefill_chunk, ic->step_rows);
   MOE_FAIL_IF(ctx, ic->queue < 1 || ic->queue > (1 << 20), MOE_STATUS_INVALID_ARG,
               "queue (%d) must be in [1, %d]", ic->queue, 1 << 20);
+  MOE_FAIL_IF(ctx, !moe_infer_placement_name(ic->placement), MOE_STATUS_INVALID_ARG,
+              "placement %d is unknown (valid: %s)", ic->placement, moe_infer_placement_names());
+  if (ic->placement != MOE_INFER_PLACE_UNIFORM) {
+    MOE_FAIL_IF(ctx, ic->place_window < 1 || ic->place_window > 10000, MOE_STATUS_INVALID_ARG,
+                "placement window (%d) must be in [1, 10000] steps", ic->place_window);
+    MOE_FAIL_IF(ctx, ic->place_every < 1 || ic->place_every > (1 << 20), MOE_STATUS_INVALID_ARG,
+                "placement interval (%d) must be in [1, %d] steps", ic->place_every, 1 << 20);
+  }
+done:
+  return st;
+}
+
+// The copy slots per rank the placement needs on P ranks of a model with E
+// experts (0: none), or an error naming the valid range.
+static moe_status place_slots(moe_ctx *ctx, const moe_infer_config *ic, int E, int P, int *out) {
+  moe_status st = MOE_STATUS_OK;
+  *out = 0;
+  if (ic->placement == MOE_INFER_PLACE_UNIFORM || P < 2 || E % P != 0) goto done;
+  MOE_FAIL_IF(ctx, ic->place_slots < 1 || ic->place_slots > E - E / P, MOE_STATUS_INVALID_ARG,
+              "placement slots (%d) must be in [1, %d] (the experts a rank does not hold: %d "
+              "experts on %d ranks)",
+              ic->place_slots, E - E / P, E, P);
+  *out = ic->place_slots;
 done:
   return st;
 }
@@ -146,6 +214,7 @@ moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_i
   lc.tokens = mb * cfg->seq_len;
   moe_parallel_config pc = ic->par;
   pc.ep_size = world_size;
+  MOE_TRY(place_slots(ctx, ic, cfg->moe.num_experts, world_size, &pc.copy_slots));
   moe_memory_need per_moe;
   MOE_TRY(moe_ep_layer_memory(ctx, &lc, &pc, world_size, pc.ranks_per_node, &per_moe));
   MOE_TRY(moe_gpt_memory(ctx, cfg, mb, world_size, &per_moe, 0, out));
@@ -153,6 +222,108 @@ moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_i
   const double rows = (double)world_size * ic->step_rows;
   out->bytes[MOE_MEM_WORKSPACE] +=
       rows * (16.0 + (double)cfg->vocab_size * 4.0 + 8.0) + (double)cfg->vocab_size * 20.0;
+done:
+  return st;
+}
+
+// The balancers of the MoE blocks and their tables (collective: agreed).
+static moe_status placement_init(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  for (int b = 0; b < e->cfg.n_layer; b++)
+    if (e->user->impl[b])
+      e->moe_layer[e->n_moe++] = moe_train_ep_layer(e->user->impl[b], NULL, NULL);
+  if (e->user->par.copy_slots == 0 || e->n_moe == 0) goto done;  // uniform, or one rank
+  {
+    const int E = e->cfg.moe.num_experts, P = e->size, n = e->n_moe;
+    const size_t PE = (size_t)E * (size_t)P;
+    // each plan is made from the window's mean, gathered at the plan: the
+    // balancer holds one matrix and plans whenever it is called
+    moe_balance_config bc;
+    moe_balance_config_default(&bc, MOE_BALANCE_EPLB, e->cfg.d_model, e->cfg.moe.hidden_dim,
+                               e->user->par.copy_slots);
+    bc.window = 1;
+    bc.replan_every = 1;
+    // The model charges each copy a Trans and an Agg per step (training).
+    // Serving sends a copy's parameters once per plan at most and has no
+    // Agg: the bytes are spread over the steps between plans.
+    bc.cost.expert_param_bytes /= 2.0 * e->ic.place_every;
+    for (int i = 0; i < n && local == MOE_STATUS_OK; i++)
+      local = moe_balancer_create(ctx, &bc, E, P, &e->bal[i]);
+    // this rank's rows per expert of every block, the last place_window steps
+    if (local == MOE_STATUS_OK)
+      local = moe_balance_window_init(ctx, &e->place_win, n * E, 1, e->ic.place_window);
+    e->place_mine = moe_calloc((size_t)n * E, sizeof(int64_t));
+    e->place_all = moe_calloc((size_t)n * PE, sizeof(int64_t));
+    e->place_load = moe_calloc(PE, sizeof(int64_t));
+    e->place_next = moe_calloc((size_t)n * PE, 1);
+    e->place_cur = moe_calloc((size_t)n * PE, 1);
+    e->place_rows = moe_calloc((size_t)P, sizeof(int64_t));
+    if (local == MOE_STATUS_OK && !(e->place_mine && e->place_all && e->place_load &&
+                                    e->place_next && e->place_cur && e->place_rows))
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "cannot allocate the placement tables");
+  }
+  MOE_TRY(moe_comm_agree(ctx, e->world, local, "the expert placement"));
+done:
+  return st;
+}
+
+// After a step, on every rank alike: this rank's rows per expert join its
+// window (no communication); every place_every steps (collective) the
+// windows' means are all-gathered, each block's balancer plans from its
+// (P, E) mean load, and the placements are set in one agreement.
+static moe_status placement_step(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  if (!e->bal[0]) goto done;
+  {
+    const uint64_t t0 = moe_time_ns();
+    const int E = e->cfg.moe.num_experts, P = e->size, n = e->n_moe;
+    const size_t PE = (size_t)E * (size_t)P;
+    for (int i = 0; i < n; i++) {
+      const moe_route *r = moe_ep_layer_get_route(e->moe_layer[i]);
+      for (int x = 0; x < E; x++) e->place_mine[(size_t)i * E + x] = r ? r->count[x] : 0;
+    }
+    MOE_TRY(moe_balance_window_push(ctx, &e->place_win, e->place_mine));
+    if (++e->place_steps % e->ic.place_every != 0) goto timed;
+    moe_balance_window_mean(&e->place_win, e->place_mine);
+    MOE_MPI_TRY_OP(ctx, "all-gather of the expert loads",
+                   MPI_Allgather(e->place_mine, n * E, MPI_INT64_T, e->place_all, n * E,
+                                 MPI_INT64_T, e->world));
+    int copies = 0;
+    double uni = 0, placed = 0;
+    for (int i = 0; i < n && local == MOE_STATUS_OK; i++) {
+      for (int p = 0; p < P; p++)  // block i's (P, E) load
+        memcpy(e->place_load + (size_t)p * E, e->place_all + ((size_t)p * n + i) * E,
+               (size_t)E * sizeof(int64_t));
+      const moe_balance_load now = {E, P, e->place_load};
+      local = moe_balance_rows(ctx, &now, e->place_cur + (size_t)i * PE, e->place_rows);
+      if (local != MOE_STATUS_OK) break;
+      placed += moe_balance_ratio(e->place_rows, P);
+      moe_balance_step_info bi;
+      local = moe_balancer_step(e->bal[i], e->place_load, e->place_next + (size_t)i * PE, &bi);
+      uni += bi.ratio_before;
+      copies += bi.copies;
+    }
+    MOE_TRY(moe_comm_agree(ctx, e->world, local, "the expert placement plan"));
+    const uint8_t *next[MOE_GPT_MAX_LAYERS];
+    for (int i = 0; i < n; i++) next[i] = e->place_next + (size_t)i * PE;
+    MOE_TRY(moe_ep_layers_set_placement(e->moe_layer, n, next));
+    memcpy(e->place_cur, e->place_next, (size_t)n * PE);
+    int sent = 0;
+    for (int i = 0; i < n; i++) sent += moe_ep_layer_trans_copies(e->moe_layer[i]);
+    if (e->rank == 0) {
+      const double k = (double)e->st.plans;
+      e->st.balance_uniform = (e->st.balance_uniform * k + uni) / (k + n);
+      e->st.balance_placed = (e->st.balance_placed * k + placed) / (k + n);
+      e->st.plans += n;
+      e->st.copies_sent += sent;
+      e->st.copies = copies;
+    }
+  timed:
+    if (e->rank == 0) e->st.place_ms += moe_time_ms_since(t0);
+  }
 done:
   return st;
 }
@@ -195,7 +366,8 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
   e->user->par = ic->par;
   e->user->par.ep_size = e->size;
   e->user->par.slice_tokens = 0;
-  e->user->par.copy_slots = 0;
+  MOE_TRY(place_slots(ctx, ic, e->cfg.moe.num_experts, e->size, &e->user->par.copy_slots));
+  e->user->par.frozen_params = 1;  // serving: the parameters never change
   MOE_TRY(moe_gpt_create(ctx, &e->cfg, batch_for(ic->step_rows, e->S), &moe_train_ep_ops, e->user,
                          &e->model));
   local = moe_gpt_ckpt_load(ctx, ic->checkpoint, e->model, NULL);
@@ -238,6 +410,7 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       local = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__, "pthread init failed");
   }
   MOE_TRY(moe_comm_agree(ctx, world, local, "loading the model"));
+  MOE_TRY(placement_init(e));
   *out = e;
   e = NULL;
 done:
@@ -265,6 +438,14 @@ void moe_infer_destroy(moe_infer *e) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
   }
+  for (int i = 0; i < e->n_moe; i++) moe_balancer_destroy(e->bal[i]);
+  moe_balance_window_free(&e->place_win);
+  moe_free(e->place_mine);
+  moe_free(e->place_all);
+  moe_free(e->place_load);
+  moe_free(e->place_next);
+  moe_free(e->place_cur);
+  moe_free(e->place_rows);
   moe_gpt_kv_destroy(e->kv);
   moe_gpt_destroy(e->model);
   moe_free(e->user);
@@ -686,6 +867,7 @@ moe_status moe_infer_step(moe_infer *e) {
                                      e->sample_scr, e->sample_order);
     append_token(e, r, tok);
   }
+  MOE_TRY(placement_step(e));  // the followers' comes after their step
   e->st.steps++;
   e->st.rows += n;
   // the rows of a request are consecutive: look at it once, before it may be freed
@@ -747,6 +929,7 @@ moe_status moe_infer_follow(moe_infer *e) {
     MOE_MPI_TRY_OP(ctx, "infer step rows",
                    MPI_Bcast(e->plan, 4 * hdr[1], MPI_INT32_T, 0, e->world));
     MOE_TRY(run_rows(e, hdr[1]));
+    MOE_TRY(placement_step(e));
   }
 done:
   return st;

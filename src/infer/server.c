@@ -476,6 +476,21 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
     moe_infer_layer_times(s->engine, l, &mm, &am);
     if (mm > 0) P("moe_engine_a2a_seconds_total{block=\"%d\"} %.6f\n", l, am / 1000);
   }
+  P("# HELP moe_placement_balance_ratio Mean balance ratio (most rows a rank computed / mean) "
+    "over the steps and MoE blocks, without copies and as placed (placement other than "
+    "uniform).\n# TYPE moe_placement_balance_ratio gauge\n"
+    "moe_placement_balance_ratio{copies=\"none\"} %.6f\n"
+    "moe_placement_balance_ratio{copies=\"placed\"} %.6f\n"
+    "# HELP moe_placement_plans_total Placement plans made (per MoE block).\n"
+    "# TYPE moe_placement_plans_total counter\nmoe_placement_plans_total %lld\n"
+    "# HELP moe_placement_copies_sent_total Expert copies whose parameters moved.\n"
+    "# TYPE moe_placement_copies_sent_total counter\nmoe_placement_copies_sent_total %lld\n"
+    "# HELP moe_placement_copies Expert copies in force, over the MoE blocks.\n"
+    "# TYPE moe_placement_copies gauge\nmoe_placement_copies %d\n"
+    "# HELP moe_placement_seconds_total Time in placement steps (rank 0).\n"
+    "# TYPE moe_placement_seconds_total counter\nmoe_placement_seconds_total %.6f\n",
+    es.balance_uniform, es.balance_placed, (long long)es.plans, (long long)es.copies_sent,
+    es.copies, es.place_ms / 1000);
 #undef P
   enum MHD_Result r;
   if (o >= cap) {
