@@ -334,7 +334,16 @@ int cmd_generate(int argc, char **argv) {
               g.n, (long long)s.tokens, secs, (double)s.tokens / secs, g.n / secs,
               (long long)s.steps, (long long)s.rows, (long long)s.prefill_rows, s.max_batch_seqs,
               (long long)s.context_shifts, world, world == 1 ? "" : "s");
-    if (!quiet) cli_infer_placement_report(&s, &ic, "generate");
+    if (!quiet) {
+      const double q[2] = {0.5, 0.95};
+      double lm[2], am[2];
+      if (moe_infer_layer_quantiles(eng, q, 2, lm, am) > 0)
+        fprintf(stderr,
+                "generate: MoE layer forward p50 %.3f ms, p95 %.3f ms; its all-to-alls p50 %.3f "
+                "ms, p95 %.3f ms (rank 0, per step and MoE block)\n",
+                lm[0], lm[1], am[0], am[1]);
+      cli_infer_placement_report(&s, &ic, "generate");
+    }
   }
 done:
   cli_out_abort(&out);

@@ -198,6 +198,12 @@ void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
 // Rank 0: the time in block `block`'s MoE layer forwards and in their
 // all-to-alls so far (ms); 0 for a dense block or one out of range. Thread-safe.
 void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms);
+// Rank 0: the quantiles q[0..n-1] (in [0, 1]; the nearest-rank sample) of
+// the MoE layer forward times, one sample per step and MoE block (the last
+// 65536), into moe_ms[i], and of their all-to-all times into a2a_ms[i], in
+// ms. Returns the samples used (0: none yet; the outputs are then 0).
+// Thread-safe.
+int moe_infer_layer_quantiles(moe_infer *e, const double *q, int n, double *moe_ms, double *a2a_ms);
 
 // ---- the HTTP server (moe serve) --------------------------------------------
 

@@ -31,8 +31,10 @@
 // under the queue lock); the slot table belongs to the thread that steps.
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -43,6 +45,7 @@
 #include "moe/train.h"
 
 enum { CMD_STEP = 1, CMD_STOP = 2 };
+enum { LAT_CAP = 1 << 16 };  // latency samples kept (the last ones)
 
 typedef struct rq {
   int64_t id;
@@ -96,6 +99,8 @@ struct moe_infer {
   int shutting_down;
   double *layer_ms;      // (2 L): per block, MoE forward and all-to-all ms (step thread)
   double *layer_ms_pub;  // their copy (under mu)
+  float *lat;            // (2, LAT_CAP) ring under mu: MoE forward and all-to-all ms of
+  int64_t lat_n;         // a step's MoE block (rank 0); samples pushed so far
   // expert placement (ic.placement other than uniform, size > 1; every rank)
   int n_moe;  // MoE blocks
   moe_ep_layer *moe_layer[MOE_GPT_MAX_LAYERS];
@@ -389,11 +394,12 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       e->sample_order = moe_malloc(V * sizeof(int));
       e->layer_ms = moe_calloc(4 * (size_t)e->cfg.n_layer, sizeof(double));
       e->layer_ms_pub = e->layer_ms ? e->layer_ms + 2 * e->cfg.n_layer : NULL;
+      e->lat = moe_malloc(2 * (size_t)LAT_CAP * sizeof(float));
     }
-    const int ok =
-        e->plan && e->mine && e->logits &&
-        (e->rank != 0 || (e->all_logits && e->counts && e->displs && e->slot_rq && e->row_rq &&
-                          e->running_on && e->sample_scr && e->sample_order));
+    const int ok = e->plan && e->mine && e->logits &&
+                   (e->rank != 0 ||
+                    (e->all_logits && e->counts && e->displs && e->slot_rq && e->row_rq &&
+                     e->running_on && e->sample_scr && e->sample_order && e->layer_ms && e->lat));
     if (!ok)
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "cannot allocate the engine's step buffers");
@@ -461,6 +467,7 @@ void moe_infer_destroy(moe_infer *e) {
   moe_free(e->sample_scr);
   moe_free(e->sample_order);
   moe_free(e->layer_ms);
+  moe_free(e->lat);
   moe_free(e);
 }
 
@@ -560,6 +567,37 @@ int moe_infer_wait(moe_infer *e, int timeout_ms) {
   const int n = e->q_len + e->n_running;
   pthread_mutex_unlock(&e->mu);
   return n > 0;
+}
+
+static int cmp_float(const void *a, const void *b) {
+  const float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+int moe_infer_layer_quantiles(moe_infer *e, const double *q, int n, double *moe_ms,
+                              double *a2a_ms) {
+  for (int i = 0; i < n; i++) moe_ms[i] = a2a_ms[i] = 0.0;
+  if (e->rank != 0 || !e->lat || n < 1) return 0;
+  pthread_mutex_lock(&e->mu);
+  const size_t k = (size_t)(e->lat_n < LAT_CAP ? e->lat_n : LAT_CAP);
+  float *v = k ? moe_malloc(2 * k * sizeof(float)) : NULL;
+  if (v) {
+    memcpy(v, e->lat, k * sizeof(float));
+    memcpy(v + k, e->lat + LAT_CAP, k * sizeof(float));
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (!v) return 0;
+  qsort(v, k, sizeof(float), cmp_float);
+  qsort(v + k, k, sizeof(float), cmp_float);
+  for (int i = 0; i < n; i++) {  // the nearest rank: the smallest sample with >= q of them
+    const double qi = q[i] < 0 ? 0 : q[i] > 1 ? 1 : q[i];
+    size_t r = (size_t)ceil(qi * (double)k);
+    r = r < 1 ? 0 : r - 1;
+    moe_ms[i] = v[r];
+    a2a_ms[i] = v[k + r];
+  }
+  moe_free(v);
+  return (int)k;
 }
 
 void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms) {
@@ -705,6 +743,11 @@ static moe_status run_rows(moe_infer *e, int n) {
       e->layer_ms[2 * l + 1] += (double)bd.comm_ns * 1e-6;
       e->st.moe_ms += fwd.total_ms;
       e->st.a2a_ms += (double)bd.comm_ns * 1e-6;
+      pthread_mutex_lock(&e->mu);
+      const size_t at = (size_t)(e->lat_n++ % LAT_CAP);
+      e->lat[at] = (float)fwd.total_ms;
+      e->lat[LAT_CAP + at] = (float)((double)bd.comm_ns * 1e-6);
+      pthread_mutex_unlock(&e->mu);
     }
   }
   if (e->rank == 0) {

@@ -403,7 +403,7 @@ static enum MHD_Result completion(moe_server *s, struct MHD_Connection *c, int e
 static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
   moe_infer_stats es;
   moe_infer_get_stats(s->engine, &es);
-  size_t cap = 16384, o = 0;
+  size_t cap = 65536, o = 0;
   char *b = moe_malloc(cap);
   if (!b) return send_error(s, c, EP_METRICS, 503, "server_error", "out of memory");
 #define P(...) o += (size_t)snprintf(b + o, o < cap ? cap - o : 0, __VA_ARGS__)
@@ -475,6 +475,21 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
     double mm = 0, am = 0;
     moe_infer_layer_times(s->engine, l, &mm, &am);
     if (mm > 0) P("moe_engine_a2a_seconds_total{block=\"%d\"} %.6f\n", l, am / 1000);
+  }
+  {
+    const double q[3] = {0.5, 0.95, 0.99};
+    double lm[3], am[3];
+    const int k = moe_infer_layer_quantiles(s->engine, q, 3, lm, am);
+    P("# HELP moe_engine_moe_layer_seconds A MoE layer's forward per step and block (rank 0; "
+      "the last 65536).\n# TYPE moe_engine_moe_layer_seconds summary\n");
+    for (int i = 0; i < 3 && k > 0; i++)
+      P("moe_engine_moe_layer_seconds{quantile=\"%g\"} %.6f\n", q[i], lm[i] / 1000);
+    P("moe_engine_moe_layer_seconds_count %d\n", k);
+    P("# HELP moe_engine_a2a_layer_seconds Its all-to-alls per step and block (rank 0; the last "
+      "65536).\n# TYPE moe_engine_a2a_layer_seconds summary\n");
+    for (int i = 0; i < 3 && k > 0; i++)
+      P("moe_engine_a2a_layer_seconds{quantile=\"%g\"} %.6f\n", q[i], am[i] / 1000);
+    P("moe_engine_a2a_layer_seconds_count %d\n", k);
   }
   P("# HELP moe_placement_balance_ratio Mean balance ratio (most rows a rank computed / mean) "
     "over the steps and MoE blocks, without copies and as placed (placement other than "
