@@ -30,7 +30,7 @@ layers=(
   "sched:sched.h"
   "perf:perf.h"
   "parallel:parallel.h"
-  "balance:balance.h"
+  "balance:balance.h paths.h"
   "model:model.h data.h checkpoint.h gpt_io.h"
   "measure:measure.h measure_mpi.h"
   "train:train.h"

@@ -19,6 +19,7 @@
 #include "moe/layer_ops.h"
 #include "moe/measure.h"
 #include "moe/model.h"
+#include "moe/paths.h"
 #include "moe/perf.h"
 #include "moe/progress.h"
 #include "moe/sched.h"
