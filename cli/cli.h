@@ -179,7 +179,19 @@ int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const c
 // --prefill-chunk, --a2a, the placement): 1 when the current argument is one
 // of them (consumed into ic; a bad value is printed on rank 0 and sets
 // a->bad), else 0.
-int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, int rank, const char *cmd);
+int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, const char **record_file, int rank,
+                         const char *cmd);
+// Collective, on every rank once the engine has stopped (rank 0 after
+// moe_infer_shutdown, the others after moe_infer_follow returned OK): with
+// record_file, the ranks' path profiles merged on rank 0, which writes them
+// to it (atomically; only when `keep`: a failed run gathers them all the same,
+// so that no rank waits, and writes nothing) with a line on stderr. CLI_OK, or
+// CLI_FAILED (printed on rank 0). Nothing without record_file.
+int cli_infer_paths_write(moe_ctx *ctx, moe_infer *eng, const char *record_file, int rank, int keep,
+                          const char *cmd);
+// Rank 0: with ic->paths, each MoE block's estimation accuracy and fine-tune
+// rate on stderr.
+void cli_infer_paths_report(moe_infer *eng, const moe_infer_config *ic, const char *cmd);
 // Rank 0, after the run: the placement's line ("CMD: placement eplb: ...")
 // on stderr, nothing for uniform placement or one rank.
 void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config *ic,
@@ -197,6 +209,12 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
   "                        observed load; the text is the same) [uniform]\n"             \
   "  --place-slots N       eplb: expert copies a rank may hold, [1, E - E/ranks] [2]\n"  \
   "  --place-window N      eplb: steps of load a plan averages [16]\n"                   \
-  "  --place-every N       eplb: re-plan every N steps [16]\n"
+  "  --place-every N       eplb: re-plan every N steps [16]\n"                           \
+  "  --record-paths FILE   record a path profile of the run's tokens (Lina: the\n"       \
+  "                        next MoE block's choices per path of earlier choices)\n"      \
+  "  --path-len L          its path length, [1, 8] [3]\n"                                \
+  "  --max-paths N         its paths per MoE block at most [4096]\n"                     \
+  "  --paths FILE          a recorded profile: report how well it estimates each\n"      \
+  "                        step's expert popularity (Lina's accuracy, fine-tune rate)\n"
 
 #endif

@@ -57,7 +57,8 @@ int cli_infer_create(moe_ctx *ctx, const moe_infer_config *ic, int rank, const c
              : CLI_USAGE;
 }
 
-int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, int rank, const char *cmd) {
+int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, const char **record_file, int rank,
+                         const char *cmd) {
   if (cli_opt(a, "--slots")) {
     cli_parse_int(a, "--slots", 1, 4096, &ic->slots);
   } else if (cli_opt(a, "--step-rows")) {
@@ -87,6 +88,15 @@ int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, int rank, const char
     cli_parse_int(a, "--place-window", 1, 10000, &ic->place_window);
   } else if (cli_opt(a, "--place-every")) {
     cli_parse_int(a, "--place-every", 1, 1 << 20, &ic->place_every);
+  } else if (cli_opt(a, "--record-paths")) {
+    *record_file = a->value;
+    ic->record_paths = 1;
+  } else if (cli_opt(a, "--path-len")) {
+    cli_parse_int(a, "--path-len", 1, MOE_PATHS_MAX_LEN, &ic->path_len);
+  } else if (cli_opt(a, "--max-paths")) {
+    cli_parse_int(a, "--max-paths", 1, 1 << 20, &ic->max_paths);
+  } else if (cli_opt(a, "--paths")) {
+    ic->paths = a->value;
   } else {
     return 0;
   }
@@ -101,6 +111,67 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
           "plans); %lld plans, %lld copies sent, %d in force; %.1f ms in placement\n",
           cmd, moe_infer_placement_name(ic->placement), s->balance_uniform, s->balance_placed,
           (long long)s->plans, (long long)s->copies_sent, s->copies, s->place_ms);
+}
+
+int cli_infer_paths_write(moe_ctx *ctx, moe_infer *eng, const char *record_file, int rank, int keep,
+                          const char *cmd) {
+  if (!record_file) return CLI_OK;
+  char *text = NULL;
+  const moe_status st = moe_infer_paths_json(eng, &text);
+  if (st != MOE_STATUS_OK) {
+    if (rank == 0) cli_error("%s: the path profile: %s", cmd, moe_ctx_error(ctx));
+    moe_free(text);
+    return CLI_FAILED;
+  }
+  int rc = CLI_OK;
+  if (rank == 0 && keep) {
+    cli_out o;
+    rc = cli_out_open(&o, record_file);
+    if (rc == CLI_OK) {
+      if (fputs(text, o.f) < 0) {
+        cli_error("%s: writing %s failed", cmd, record_file);
+        cli_out_abort(&o);
+        rc = CLI_FAILED;
+      } else {
+        rc = cli_out_commit(&o);
+      }
+    }
+    moe_path_profile *p = NULL;
+    if (rc == CLI_OK && moe_path_profile_from_json(ctx, text, strlen(text), &p) == MOE_STATUS_OK) {
+      const moe_path_profile_stats ps = moe_path_profile_get_stats(p);
+      fprintf(stderr,
+              "%s: path profile %s: %lld tokens, %lld paths over the MoE blocks, %lld tokens of "
+              "paths not kept (--max-paths)\n",
+              cmd, record_file, (long long)ps.tokens, (long long)ps.paths, (long long)ps.unkept);
+    }
+    moe_path_profile_destroy(p);
+  }
+  moe_free(text);
+  return rc;
+}
+
+void cli_infer_paths_report(moe_infer *eng, const moe_infer_config *ic, const char *cmd) {
+  if (!ic->paths) return;
+  const moe_gpt_config *mc = moe_infer_model_config(eng);
+  int64_t te = 0, ta = 0, tf = 0;
+  for (int b = 0; b < mc->n_layer; b++) {
+    int64_t ev = 0, ac = 0, ft = 0;
+    moe_infer_path_stats(eng, b, &ev, &ac, &ft);
+    if (ev == 0) continue;
+    fprintf(stderr,
+            "%s: paths %s, block %d: estimated top-%d equal to the gate's in %.1f%% of %lld "
+            "steps (accuracy), as a set in %.1f%% (fine-tune rate %.1f%%)\n",
+            cmd, ic->paths, b,
+            2 * mc->moe.top_k < mc->moe.num_experts ? 2 * mc->moe.top_k : mc->moe.num_experts,
+            100.0 * (double)ac / (double)ev, (long long)ev, 100.0 * (double)(ev - ft) / (double)ev,
+            100.0 * (double)ft / (double)ev);
+    te += ev;
+    ta += ac;
+    tf += ft;
+  }
+  if (te > 0)
+    fprintf(stderr, "%s: paths %s, all MoE blocks: accuracy %.1f%%, fine-tune rate %.1f%%\n", cmd,
+            ic->paths, 100.0 * (double)ta / (double)te, 100.0 * (double)tf / (double)te);
 }
 
 #endif

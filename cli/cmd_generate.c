@@ -157,7 +157,7 @@ int cmd_generate(int argc, char **argv) {
   MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const char *ckpt = NULL, *input = NULL, *output = "-";
+  const char *ckpt = NULL, *input = NULL, *output = "-", *record_file = NULL;
   int quiet = 0, timings = 0, rc = CLI_OK;
   unsigned long long seed = 1;
   size_t max_memory = 0;
@@ -193,7 +193,7 @@ int cmd_generate(int argc, char **argv) {
       cli_parse_double(&a, "--top-p", 1e-9, 1, &defaults.top_p);
     } else if (cli_opt(&a, "--seed")) {
       cli_parse_u64(&a, "--seed", &seed);
-    } else if (cli_infer_engine_opt(&a, &ic, rank, "generate")) {
+    } else if (cli_infer_engine_opt(&a, &ic, &record_file, rank, "generate")) {
       // set (or a.bad)
     } else if (cli_opt(&a, "--max-memory")) {
       cli_parse_size(&a, "--max-memory", &max_memory);
@@ -253,7 +253,10 @@ int cmd_generate(int argc, char **argv) {
   moe_status st = MOE_STATUS_OK;
   if (cli_out_open_root(&out, strcmp(output, "-") == 0 ? NULL : output, rank) != CLI_OK) {
     rc = CLI_FAILED;
-    if (rank == 0) moe_infer_shutdown(eng);
+    if (rank == 0 && moe_infer_shutdown(eng) == MOE_STATUS_OK)
+      cli_infer_paths_write(ctx, eng, record_file, rank, 0, "generate");
+    else if (rank != 0 && moe_infer_follow(eng) == MOE_STATUS_OK)
+      cli_infer_paths_write(ctx, eng, record_file, rank, 0, "generate");
     goto done;
   }
   if (rank != 0) {
@@ -261,6 +264,8 @@ int cmd_generate(int argc, char **argv) {
     if (st != MOE_STATUS_OK) {
       cli_error("rank %d: generate: %s", rank, moe_ctx_error(ctx));
       rc = CLI_FAILED;
+    } else {
+      rc = cli_infer_paths_write(ctx, eng, record_file, rank, 1, "generate");
     }
     goto done;
   }
@@ -273,14 +278,15 @@ int cmd_generate(int argc, char **argv) {
     g.done = calloc((size_t)g.n, sizeof *g.done);
     if (!g.text || !g.text_len || !g.res || !g.done) {
       cli_error("out of memory");
-      moe_infer_shutdown(eng);
+      if (moe_infer_shutdown(eng) == MOE_STATUS_OK)
+        cli_infer_paths_write(ctx, eng, record_file, rank, 0, "generate");
       rc = CLI_FAILED;
       goto done;
     }
     moe_infer_callbacks cb = {NULL, on_done, &g};
     const uint64_t t0 = moe_time_ns();
     double last_print = 0;
-    int submitted = 0;
+    int submitted = 0, step_failed = 0;
     st = MOE_STATUS_OK;
     while (st == MOE_STATUS_OK && (submitted < g.n || moe_infer_pending(eng) > 0)) {
       while (submitted < g.n) {
@@ -296,7 +302,10 @@ int cmd_generate(int argc, char **argv) {
         if (submitted == 0) g.first_id = id;
         submitted++;
       }
-      if (st == MOE_STATUS_OK) st = moe_infer_step(eng);
+      if (st == MOE_STATUS_OK) {
+        st = moe_infer_step(eng);
+        step_failed = st != MOE_STATUS_OK;  // agreed: the followers failed too
+      }
       const double el = moe_time_ms_since(t0) / 1000;
       if (!quiet && el - last_print >= 2.0) {
         moe_infer_stats s;
@@ -310,6 +319,13 @@ int cmd_generate(int argc, char **argv) {
     if (st == MOE_STATUS_OK) st = stop_st;
     if (st != MOE_STATUS_OK) {
       cli_error("generate: %s", moe_ctx_error(ctx));
+      rc = CLI_FAILED;
+      // the followers stopped without a failed step: they gather the profile
+      if (!step_failed && stop_st == MOE_STATUS_OK)
+        cli_infer_paths_write(ctx, eng, record_file, rank, 0, "generate");
+      goto done;
+    }
+    if (cli_infer_paths_write(ctx, eng, record_file, rank, 1, "generate") != CLI_OK) {
       rc = CLI_FAILED;
       goto done;
     }
@@ -343,6 +359,7 @@ int cmd_generate(int argc, char **argv) {
                 "ms, p95 %.3f ms (rank 0, per step and MoE block)\n",
                 lm[0], lm[1], am[0], am[1]);
       cli_infer_placement_report(&s, &ic, "generate");
+      cli_infer_paths_report(eng, &ic, "generate");
     }
   }
 done:

@@ -61,7 +61,7 @@ int cmd_serve(int argc, char **argv) {
   moe_infer_config_default(&ic);
   moe_serve_config sc;
   moe_serve_config_default(&sc);
-  const char *ckpt = NULL, *model = NULL;
+  const char *ckpt = NULL, *model = NULL, *record_file = NULL;
   double drain = 30;
   size_t max_memory = 0;
   double hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
@@ -82,7 +82,7 @@ int cmd_serve(int argc, char **argv) {
       cli_parse_int(&a, "--port", 0, 65535, &sc.port);
     } else if (cli_opt(&a, "--model")) {
       model = a.value;
-    } else if (cli_infer_engine_opt(&a, &ic, rank, "serve")) {
+    } else if (cli_infer_engine_opt(&a, &ic, &record_file, rank, "serve")) {
       // set (or a.bad)
     } else if (cli_opt(&a, "--queue")) {
       cli_parse_int(&a, "--queue", 1, 1 << 20, &ic.queue);
@@ -165,6 +165,8 @@ int cmd_serve(int argc, char **argv) {
     if (st != MOE_STATUS_OK) {
       cli_error("rank %d: serve: %s", rank, moe_ctx_error(ctx));
       rc = CLI_FAILED;
+    } else {
+      rc = cli_infer_paths_write(ctx, eng, record_file, rank, 1, "serve");
     }
     goto done;
   }
@@ -184,9 +186,13 @@ int cmd_serve(int argc, char **argv) {
   moe_infer_get_stats(eng, &s);
   const int cancelled = s.running + s.waiting;
   const moe_status stop_st = moe_infer_shutdown(eng);
-  if (st == MOE_STATUS_OK) st = stop_st;
   moe_serve_stop(srv);
   srv = NULL;
+  // the followers gather the path profile unless a step failed (on every rank alike)
+  if (st == MOE_STATUS_OK && stop_st == MOE_STATUS_OK &&
+      cli_infer_paths_write(ctx, eng, record_file, rank, 1, "serve") != CLI_OK)
+    rc = CLI_FAILED;
+  if (st == MOE_STATUS_OK) st = stop_st;
   if (st != MOE_STATUS_OK) {
     cli_error("serve: %s", moe_ctx_error(ctx));
     rc = CLI_FAILED;
@@ -199,6 +205,7 @@ int cmd_serve(int argc, char **argv) {
       (long long)s.requests_done, cancelled, (long long)s.tokens, (long long)s.steps);
   fflush(stdout);
   cli_infer_placement_report(&s, &ic, "serve");
+  cli_infer_paths_report(eng, &ic, "serve");
 done:
   moe_serve_stop(srv);
   moe_watchdog_stop(wd);

@@ -60,6 +60,49 @@ expect 2 "--placement 'lina' is unknown \(valid: uniform, eplb\)" -- "$MOE" gene
 expect 2 "placement slots \(4\) must be in \[1, 2\]" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
   --input "$tmp/p.jsonl" --placement eplb --place-slots 4
 
+# Lina's path profiles: recorded at 1 and 4 ranks, the same profile (the same
+# tokens, routed alike; only the order of first sight differs); a recorded
+# profile estimates each step's popularity (the report); bad input: exit 2
+expect 0 "path profile .*p1.json: [1-9][0-9]* tokens, [1-9][0-9]* paths" -- "$MOE" generate \
+  --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output "$tmp/op1.jsonl" --record-paths "$tmp/p1.json" --path-len 2
+expect 0 "path profile .*p4.json" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --output "$tmp/op4.jsonl" --slots 2 --record-paths "$tmp/p4.json" --path-len 2
+python3 - "$tmp/p1.json" "$tmp/p4.json" <<'PY' && ok || bad "path profiles at 1 and 4 ranks differ"
+import json, sys
+def canon(f):
+    d = json.load(open(f))
+    assert d["format"] == "libmoe-paths" and d["path_len"] == 2 and d["num_experts"] == 4
+    blocks = [(b["tokens"], b["unkept"], b["marginal"],
+               sorted((tuple(p["path"]), p["tokens"], tuple(p["counts"])) for p in b["paths"]))
+              for b in d["blocks"]]
+    # every token's choices: the block's marginal sums to tokens x top_k (dropless)
+    for b in d["blocks"]:
+        assert sum(b["marginal"]) == b["tokens"] * d["top_k"], b
+        assert sum(p["tokens"] for p in b["paths"]) == b["tokens"]
+    return blocks
+a, b = canon(sys.argv[1]), canon(sys.argv[2])
+assert a == b, (a, b)
+PY
+expect 0 "paths .*p1.json, all MoE blocks: accuracy [0-9.]+%, fine-tune rate [0-9.]+%" -- mpi 2 "$MOE" generate \
+  --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output /dev/null --paths "$tmp/p1.json"
+expect 2 "--path-len.*must be in \[1, 8\]" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --record-paths "$tmp/px.json" --path-len 9
+python3 - "$tmp/p1.json" "$tmp/p8.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["num_experts"] = 8
+for b in d["blocks"]:
+    b["marginal"] = b["marginal"] + [0] * 4
+    for p in b["paths"]:
+        p["counts"] = p["counts"] + [0] * 4
+json.dump(d, open(sys.argv[2], "w"))
+PY
+expect 2 "path profile .*p8.json: of [0-9]+ MoE blocks of 8 experts, top_k 2; this model has [0-9]+, 4, 2" -- \
+  mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --paths "$tmp/p8.json"
+printf '{"format":"libmoe-paths","version":1}' >"$tmp/pbad.json"
+expect 2 "pbad.json: path profile: \"moe_blocks\" is missing" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --paths "$tmp/pbad.json"
+
 # the output's shape: one line per prompt (the blank line skipped), in order, ids echoed
 python3 - "$tmp/o1.jsonl" <<'PY' && ok || bad "output lines malformed: $(head -c 600 "$tmp/o1.jsonl")"
 import json, sys

@@ -40,6 +40,7 @@
 #include "moe/infer_request.h"
 #include "moe/model.h"
 #include "moe/parallel.h"
+#include "moe/paths.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -87,6 +88,13 @@ typedef struct {
   int place_slots;   // eplb: copies a rank may hold, [1, E - E/P] [2, at most E - E/P]
   int place_window;  // eplb: steps of load the plan averages, [1, 10000] [16]
   int place_every;   // eplb: re-plan every N steps, [1, 1 << 20] [16]
+  // Lina's expert paths (include/moe/paths.h; docs/inference.md "Path profiles")
+  int record_paths;   // 1: record a path profile of every step's tokens (moe_infer_paths_json)
+  int path_len;       // its path length l, [1, MOE_PATHS_MAX_LEN] [3]
+  int max_paths;      // its paths per MoE block at most, [1, 1 << 20] [4096]
+  const char *paths;  // a recorded profile (NULL: none): every step, each MoE block's
+                      // popularity estimated from it is checked against its gate's
+                      // (Lina's phase-2 test; stats path_*)
 } moe_infer_config;
 
 // slots 32, step_rows 256, prefill_chunk 64, queue 256, par as
@@ -192,12 +200,27 @@ typedef struct {
   int64_t copies_sent;     // copies whose parameters moved (placed anew)
   int copies;              // copies in force now, over the MoE blocks
   double place_ms;  // time in placement (load all-gather, plan, posting the transfer; rank 0)
+  // ic.paths: over the steps and MoE blocks with tokens, each step's
+  // estimated popularity (moe_path_profile_estimate over the step's tokens)
+  // against the gate's actual choices: the top-2K experts (K = top_k, at most
+  // E) as ordered lists equal (Lina's estimation accuracy) and as sets
+  // different (Lina's phase 2 would re-plan: its fine-tune rate)
+  int64_t path_evals, path_accurate, path_finetune;
 } moe_infer_stats;
 // Rank 0 (the counters are rank 0's; thread-safe).
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
 // Rank 0: the time in block `block`'s MoE layer forwards and in their
 // all-to-alls so far (ms); 0 for a dense block or one out of range. Thread-safe.
 void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms);
+// Rank 0: block `block`'s path statistics (as moe_infer_stats' path_*; zeros
+// for a dense block, one out of range, or without ic.paths). Thread-safe.
+void moe_infer_path_stats(moe_infer *e, int block, int64_t *evals, int64_t *accurate,
+                          int64_t *finetune);
+// With ic.record_paths, after moe_infer_shutdown on rank 0 and
+// moe_infer_follow's return on the others (collective): every rank's profile
+// merged on rank 0, as moe_path_profile_to_json's text into *out (rank 0;
+// NULL elsewhere; free with moe_free). INVALID_ARG without record_paths.
+moe_status moe_infer_paths_json(moe_infer *e, char **out);
 // Rank 0: the quantiles q[0..n-1] (in [0, 1]; the nearest-rank sample) of
 // the MoE layer forward times, one sample per step and MoE block (the last
 // 65536), into moe_ms[i], and of their all-to-all times into a2a_ms[i], in

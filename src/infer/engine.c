@@ -31,6 +31,7 @@
 // under the queue lock); the slot table belongs to the thread that steps.
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -113,8 +114,14 @@ struct moe_infer {
   uint8_t *place_next;                    // (n_moe, E, P): the balancers' placements
   uint8_t *place_cur;                     // (n_moe, E, P): the placements in force
   int64_t *place_rows;                    // (P)
-  moe_infer_stats st;                     // the step thread's counters
-  moe_infer_stats st_pub;                 // their copy at the end of the last step (under mu)
+  // Lina's expert paths (every rank; ic.record_paths, ic.paths)
+  moe_path_profile *rec;   // this rank's recorded profile
+  moe_path_profile *prof;  // the loaded one
+  double *path_buf;        // (2, n_moe, E): the step's estimated and actual popularity
+  int64_t *path_cnt;       // rank 0: (n_moe, 3) evals, accurate, fine-tune (step thread)
+  int64_t *path_cnt_pub;   // their copy (under mu)
+  moe_infer_stats st;      // the step thread's counters
+  moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
 };
 
 #define MOE_INFER_PLACEMENT_NAME_(U, l) #l,
@@ -151,6 +158,8 @@ void moe_infer_config_default(moe_infer_config *ic) {
   ic->place_slots = 2;
   ic->place_window = 16;
   ic->place_every = 16;
+  ic->path_len = MOE_PATHS_DEFAULT_LEN;
+  ic->max_paths = MOE_PATHS_DEFAULT_MAX;
 }
 
 const char *moe_infer_finish_name(moe_infer_finish f) {
@@ -184,6 +193,12 @@ static moe_status check_config(moe_ctx *ctx, const moe_infer_config *ic) {
                 "placement window (%d) must be in [1, 10000] steps", ic->place_window);
     MOE_FAIL_IF(ctx, ic->place_every < 1 || ic->place_every > (1 << 20), MOE_STATUS_INVALID_ARG,
                 "placement interval (%d) must be in [1, %d] steps", ic->place_every, 1 << 20);
+  }
+  if (ic->record_paths) {
+    MOE_FAIL_IF(ctx, ic->path_len < 1 || ic->path_len > MOE_PATHS_MAX_LEN, MOE_STATUS_INVALID_ARG,
+                "path length (%d) must be in [1, %d]", ic->path_len, MOE_PATHS_MAX_LEN);
+    MOE_FAIL_IF(ctx, ic->max_paths < 1 || ic->max_paths > (1 << 20), MOE_STATUS_INVALID_ARG,
+                "paths per MoE block (%d) must be in [1, %d]", ic->max_paths, 1 << 20);
   }
 done:
   return st;
@@ -224,6 +239,13 @@ moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_i
   MOE_TRY(moe_ep_layer_memory(ctx, &lc, &pc, world_size, pc.ranks_per_node, &per_moe));
   MOE_TRY(moe_gpt_memory(ctx, cfg, mb, world_size, &per_moe, 0, out));
   out->bytes[MOE_MEM_ACTIVATIONS] += (double)moe_gpt_kv_bytes(cfg, ic->slots, ic->step_rows);
+  if (ic->record_paths) {  // the profile (bounded by max_paths), twice while merging
+    int nb = 0;
+    for (int b = 0; b < cfg->n_layer; b++) nb += moe_gpt_block_is_moe(cfg, b);
+    const moe_path_config pc2 = {nb > 0 ? nb : 1, cfg->moe.num_experts, cfg->moe.top_k,
+                                 ic->path_len, ic->max_paths};
+    out->bytes[MOE_MEM_WORKSPACE] += 2.0 * (double)moe_path_profile_bytes(&pc2);
+  }
   const double rows = (double)world_size * ic->step_rows;
   out->bytes[MOE_MEM_WORKSPACE] +=
       rows * (16.0 + (double)cfg->vocab_size * 4.0 + 8.0) + (double)cfg->vocab_size * 20.0;
@@ -333,6 +355,156 @@ done:
   return st;
 }
 
+// The path profiles: recording, or the one to check estimates against
+// (collective: agreed; the loaded one must be of this model's shape).
+static moe_status paths_init(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  const int E = e->cfg.moe.num_experts, K = e->cfg.moe.top_k, n = e->n_moe;
+  if (!e->ic.record_paths && !e->ic.paths) goto done;
+  if (n == 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "path profiles need MoE blocks; this model has none");
+  } else if (e->ic.record_paths) {
+    const moe_path_config pc = {n, E, K, e->ic.path_len, e->ic.max_paths};
+    local = moe_path_profile_create(ctx, &pc, &e->rec);
+  }
+  if (local == MOE_STATUS_OK && e->ic.paths) {
+    local = moe_path_profile_load(ctx, e->ic.paths, &e->prof);
+    const moe_path_config *c = local == MOE_STATUS_OK ? moe_path_profile_config(e->prof) : NULL;
+    if (c && (c->n_blocks != n || c->num_experts != E || c->top_k != K))
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "path profile %s: of %d MoE blocks of %d experts, top_k %d; this "
+                           "model has %d, %d, %d",
+                           e->ic.paths, c->n_blocks, c->num_experts, c->top_k, n, E, K);
+    if (local == MOE_STATUS_OK) {
+      e->path_buf = moe_calloc(2 * (size_t)n * E, sizeof(double));
+      if (e->rank == 0) {
+        e->path_cnt = moe_calloc(6 * (size_t)n, sizeof(int64_t));
+        e->path_cnt_pub = e->path_cnt ? e->path_cnt + 3 * n : NULL;
+      }
+      if (!e->path_buf || (e->rank == 0 && !e->path_cnt))
+        local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                             "cannot allocate the path statistics");
+    }
+  }
+  MOE_TRY(moe_comm_agree(ctx, e->world, local, "the path profiles"));
+done:
+  return st;
+}
+
+// After a step, on every rank: its tokens' choices join the recorded
+// profile; with a loaded one, each block's estimated and actual popularity
+// are summed over the ranks (one all-reduce) and rank 0 compares their top-2K.
+static moe_status paths_step(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  if (!e->rec && !e->prof) goto done;
+  {
+    const int E = e->cfg.moe.num_experts, K = e->cfg.moe.top_k, n = e->n_moe;
+    const int32_t *choices[MOE_GPT_MAX_LAYERS];
+    int T = -1;
+    for (int i = 0; i < n; i++) {
+      const moe_route *r = moe_ep_layer_get_route(e->moe_layer[i]);
+      choices[i] = r->expert;
+      T = T < 0 || r->tokens < T ? r->tokens : T;  // the same rows in every block
+    }
+    if (T < 0) T = 0;
+    if (e->rec) MOE_TRY(moe_path_profile_add(e->rec, choices, T));
+    if (!e->prof) goto done;
+    double *est = e->path_buf, *act = e->path_buf + (size_t)n * E;
+    for (int i = 0; i < n; i++) {
+      MOE_TRY(moe_path_profile_estimate(e->prof, i, choices, T, est + (size_t)i * E, NULL));
+      const moe_route *r = moe_ep_layer_get_route(e->moe_layer[i]);
+      for (int x = 0; x < E; x++) act[(size_t)i * E + x] = T > 0 ? (double)r->count_all[x] : 0.0;
+    }
+    MOE_MPI_TRY_OP(
+        ctx, "sum of the estimated expert popularity",
+        MPI_Allreduce(MPI_IN_PLACE, e->path_buf, 2 * n * E, MPI_DOUBLE, MPI_SUM, e->world));
+    if (e->rank != 0) goto done;
+    const int m = 2 * K < E ? 2 * K : E;
+    int te[2 * 64 + 2], ta[2 * 64 + 2];
+    int mm = m < 2 * 64 ? m : 2 * 64;
+    for (int i = 0; i < n; i++) {
+      double any = 0;
+      for (int x = 0; x < E; x++) any += act[(size_t)i * E + x];
+      if (any <= 0) continue;
+      moe_path_top(est + (size_t)i * E, E, mm, te);
+      moe_path_top(act + (size_t)i * E, E, mm, ta);
+      int ordered = 1, sets = 1;
+      for (int j = 0; j < mm; j++) {
+        ordered &= te[j] == ta[j];
+        int in = 0;
+        for (int q = 0; q < mm && !in; q++) in = te[j] == ta[q];
+        sets &= in;
+      }
+      e->path_cnt[3 * i] += 1;
+      e->path_cnt[3 * i + 1] += ordered;
+      e->path_cnt[3 * i + 2] += !sets;
+      e->st.path_evals += 1;
+      e->st.path_accurate += ordered;
+      e->st.path_finetune += !sets;
+    }
+  }
+done:
+  return st;
+}
+
+moe_status moe_infer_paths_json(moe_infer *e, char **out) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  char *mine = NULL, *all = NULL;
+  int *lens = NULL, *displs = NULL;
+  moe_path_profile *other = NULL;
+  MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
+  *out = NULL;
+  MOE_FAIL_IF(ctx, !e->rec, MOE_STATUS_INVALID_ARG,
+              "the engine records no path profile (moe_infer_config.record_paths)");
+  local = moe_path_profile_to_json(ctx, e->rec, &mine);
+  MOE_TRY(moe_comm_agree(ctx, e->world, local, "the path profiles' text"));
+  {
+    const size_t n = strlen(mine);
+    MOE_FAIL_IF(ctx, n > (size_t)INT_MAX / 2, MOE_STATUS_INVALID_ARG,
+                "a path profile of %zu bytes is too large to gather", n);
+    int len = (int)n;
+    if (e->rank == 0) {
+      lens = moe_calloc((size_t)e->size, sizeof(int));
+      displs = moe_calloc((size_t)e->size, sizeof(int));
+    }
+    MOE_MPI_TRY_OP(ctx, "gather of the path profiles' sizes",
+                   MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, e->world));
+    size_t total = 0;
+    if (e->rank == 0 && lens && displs) {
+      for (int p = 0; p < e->size; p++) {
+        displs[p] = (int)total;
+        total += (size_t)lens[p];
+      }
+      if (total <= (size_t)INT_MAX) all = moe_malloc(total + 1);
+    }
+    local = e->rank != 0 || all ? MOE_STATUS_OK
+                                : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                               "cannot gather %zu bytes of path profiles", total);
+    MOE_TRY(moe_comm_agree(ctx, e->world, local, "gathering the path profiles"));
+    MOE_MPI_TRY_OP(ctx, "gather of the path profiles",
+                   MPI_Gatherv(mine, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, e->world));
+    if (e->rank != 0) goto done;
+    for (int p = 1; p < e->size; p++) {
+      MOE_TRY(moe_path_profile_from_json(ctx, all + displs[p], (size_t)lens[p], &other));
+      MOE_TRY(moe_path_profile_merge(ctx, e->rec, other));
+      moe_path_profile_destroy(other);
+      other = NULL;
+    }
+    MOE_TRY(moe_path_profile_to_json(ctx, e->rec, out));
+  }
+done:
+  moe_path_profile_destroy(other);
+  moe_free(mine);
+  moe_free(all);
+  moe_free(lens);
+  moe_free(displs);
+  return st;
+}
+
 moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config *ic,
                             moe_infer **out) {
   moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
@@ -417,6 +589,7 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
   }
   MOE_TRY(moe_comm_agree(ctx, world, local, "loading the model"));
   MOE_TRY(placement_init(e));
+  MOE_TRY(paths_init(e));
   *out = e;
   e = NULL;
 done:
@@ -445,6 +618,10 @@ void moe_infer_destroy(moe_infer *e) {
     pthread_cond_destroy(&e->cv);
   }
   for (int i = 0; i < e->n_moe; i++) moe_balancer_destroy(e->bal[i]);
+  moe_path_profile_destroy(e->rec);
+  moe_path_profile_destroy(e->prof);
+  moe_free(e->path_buf);
+  moe_free(e->path_cnt);
   moe_balance_window_free(&e->place_win);
   moe_free(e->place_mine);
   moe_free(e->place_all);
@@ -910,7 +1087,8 @@ moe_status moe_infer_step(moe_infer *e) {
                                      e->sample_scr, e->sample_order);
     append_token(e, r, tok);
   }
-  MOE_TRY(placement_step(e));  // the followers' comes after their step
+  MOE_TRY(placement_step(e));  // the followers' come after their step
+  MOE_TRY(paths_step(e));
   e->st.steps++;
   e->st.rows += n;
   // the rows of a request are consecutive: look at it once, before it may be freed
@@ -928,8 +1106,26 @@ done:
   e->st_pub = e->st;
   if (e->layer_ms)
     memcpy(e->layer_ms_pub, e->layer_ms, 2 * (size_t)e->cfg.n_layer * sizeof(double));
+  if (e->path_cnt) memcpy(e->path_cnt_pub, e->path_cnt, 3 * (size_t)e->n_moe * sizeof(int64_t));
   pthread_mutex_unlock(&e->mu);
   return st;
+}
+
+void moe_infer_path_stats(moe_infer *e, int block, int64_t *evals, int64_t *accurate,
+                          int64_t *finetune) {
+  int64_t v[3] = {0, 0, 0};
+  int i = -1;  // the block's index among the MoE blocks
+  if (e->rank == 0 && e->path_cnt_pub && block >= 0 && block < e->cfg.n_layer &&
+      e->user->impl[block]) {
+    i = 0;
+    for (int b = 0; b < block; b++) i += e->user->impl[b] != NULL;
+    pthread_mutex_lock(&e->mu);
+    memcpy(v, e->path_cnt_pub + 3 * i, sizeof v);
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (evals) *evals = v[0];
+  if (accurate) *accurate = v[1];
+  if (finetune) *finetune = v[2];
 }
 
 moe_status moe_infer_run(moe_infer *e) {
@@ -973,6 +1169,7 @@ moe_status moe_infer_follow(moe_infer *e) {
                    MPI_Bcast(e->plan, 4 * hdr[1], MPI_INT32_T, 0, e->world));
     MOE_TRY(run_rows(e, hdr[1]));
     MOE_TRY(placement_step(e));
+    MOE_TRY(paths_step(e));
   }
 done:
   return st;
