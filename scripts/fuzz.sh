@@ -63,7 +63,7 @@ run_one() {
   cp -r "fuzz/corpus/$h/." "$d/corpus/"
   local dict=()
   case "$h" in
-    layer_config | gpt_config | cluster | profile | layer_samples | gpt_ckpt | trace) dict=(-dict="$json_dict") ;;
+    layer_config | gpt_config | cluster | profile | layer_samples | gpt_ckpt | trace | paths) dict=(-dict="$json_dict") ;;
   esac
   local rc=0
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \

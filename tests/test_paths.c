@@ -201,6 +201,24 @@ static void test_json(void) {
            "round trip differs");
   moe_path_profile_destroy(r);
   r = NULL;
+  // a path ending in a choice outside the experts (finding: its digit was the
+  // base, so [6, 6, -1] was written back as [7, -1, -1])
+  {
+    moe_path_profile *d = make(4, 8, 1, 3, 8), *e = NULL;
+    int32_t c0[1] = {6}, c1[1] = {6}, c2[1] = {-1}, c3[1] = {4};
+    const int32_t *cc[4] = {c0, c1, c2, c3};
+    char *a = NULL, *b = NULL;
+    TU_CHECK(d && moe_path_profile_add(d, cc, 1) == MOE_STATUS_OK &&
+                 moe_path_profile_to_json(ctx, d, &a) == MOE_STATUS_OK &&
+                 strstr(a, "\"path\":[6,6,-1]") &&
+                 moe_path_profile_from_json(ctx, a, strlen(a), &e) == MOE_STATUS_OK &&
+                 moe_path_profile_to_json(ctx, e, &b) == MOE_STATUS_OK && strcmp(a, b) == 0,
+             "a path with -1 round trips: %s", a ? a : "");
+    moe_free(a);
+    moe_free(b);
+    moe_path_profile_destroy(d);
+    moe_path_profile_destroy(e);
+  }
   // a file
   char path[64];
   snprintf(path, sizeof path, "/tmp/test_paths_%d.json", (int)getpid());

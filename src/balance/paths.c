@@ -1,8 +1,9 @@
 // Lina's expert paths (include/moe/paths.h): the profile's tables, adding and
 // merging counts, the popularity estimate, JSON.
 //
-// A path of up to l first choices is a key sum_i (c_i + 1) (E + 1)^i (digit 0
-// = the step is absent, E + 1 - 1 = E for a first choice outside [0, E));
+// A path of up to l first choices is a key, the digits c_i + 1 in base E + 2
+// (digits 1 .. E: experts 0 .. E - 1; E + 1: a first choice outside [0, E);
+// 0 does not occur, so paths of different lengths never share a key);
 // each block has an open-addressing table of 2 x max_paths slots (a power of
 // two) from key to entry, and entries in order of first sight: the key and E
 // counts. Everything is allocated at create.
@@ -120,7 +121,7 @@ const moe_path_config *moe_path_profile_config(const moe_path_profile *p) {
 
 // The path key of token t at block b.
 static uint64_t path_key(const moe_path_config *c, int b, const int32_t *const *choices, int t) {
-  const uint64_t base = (uint64_t)c->num_experts + 1;
+  const uint64_t base = (uint64_t)c->num_experts + 2;
   uint64_t key = 0;
   const int first = b - c->path_len > 0 ? b - c->path_len : 0;
   for (int i = first; i < b; i++) {
@@ -275,7 +276,7 @@ moe_path_profile_stats moe_path_profile_get_stats(const moe_path_profile *p) {
 // experts), into out (its length returned).
 static int key_path(const moe_path_config *c, int b, uint64_t key, int *out) {
   const int len = b < c->path_len ? b : c->path_len;
-  const uint64_t base = (uint64_t)c->num_experts + 1;
+  const uint64_t base = (uint64_t)c->num_experts + 2;
   for (int i = len - 1; i >= 0; i--) {
     const int d = (int)(key % base) - 1;
     out[i] = d == c->num_experts ? -1 : d;
@@ -428,7 +429,11 @@ moe_status moe_path_profile_from_json(moe_ctx *ctx, const char *text, size_t len
     MOE_TRY(get_int(ctx, root, "max_paths", 1, 1 << 20, &m));
     const moe_path_config c = {(int)nb, (int)E, (int)K, (int)l, (int)m};
     moe_status cs = moe_path_profile_create(ctx, &c, &p);
-    if (cs == MOE_STATUS_INVALID_ARG) cs = MOE_STATUS_BAD_FORMAT;
+    if (cs == MOE_STATUS_INVALID_ARG) {  // a config out of range: the file's fault
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", moe_ctx_error(ctx));
+      cs = moe_error_at(ctx, MOE_STATUS_BAD_FORMAT, __FILE__, __LINE__, "%s", msg);
+    }
     MOE_TRY(cs);
     const cJSON *blocks = cJSON_GetObjectItemCaseSensitive(root, "blocks");
     MOE_FAIL_IF(ctx, !cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != c.n_blocks,
@@ -461,7 +466,7 @@ moe_status moe_path_profile_from_json(moe_ctx *ctx, const char *text, size_t len
         int64_t steps[MOE_PATHS_MAX_LEN];
         MOE_TRY(get_ints(ctx, cJSON_GetObjectItemCaseSensitive(e, "path"), plen, -1,
                          c.num_experts - 1, "path", b, steps));
-        const uint64_t base = (uint64_t)c.num_experts + 1;
+        const uint64_t base = (uint64_t)c.num_experts + 2;
         uint64_t key = 0;
         for (int s = 0; s < plen; s++)
           key = key * base + (steps[s] < 0 ? (uint64_t)c.num_experts : (uint64_t)steps[s]) + 1;
