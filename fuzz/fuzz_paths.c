@@ -65,8 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     for (int b = 0; b < c->n_blocks; b++) free(ch[b]);
     free(pop);
-    FUZZ_CHECK(moe_path_profile_merge(ctx, q, p) == MOE_STATUS_OK, "merge: %s",
-               moe_ctx_error(ctx));
+    FUZZ_CHECK(moe_path_profile_merge(ctx, q, p) == MOE_STATUS_OK, "merge: %s", moe_ctx_error(ctx));
     const moe_path_profile_stats s2 = moe_path_profile_get_stats(q);
     FUZZ_CHECK(s2.tokens == 2 * s.tokens, "merged tokens %lld, from %lld", (long long)s2.tokens,
                (long long)s.tokens);

@@ -923,6 +923,47 @@ static void test_auto(void) {
   moe_balancer_destroy(b);
 }
 
+// Lina's allocation by hand. E = P = 4, slots 1: expert 0 (home 0) has 60 of
+// 80 rows: d = round(4 x 0.75) = 3, two copies, to ranks 1 and 2 (30 rows
+// each; the tie goes to the lower rank first), none to rank 3 (it sends
+// none); expert 3 (20 rows): d = 1, no copy. E = 8, P = 4, slots 1: experts 0
+// and 4 each need one copy; expert 0 (first: the lower index) takes rank 1's
+// slot, and expert 4 (home 2) finds no free rank that sends it rows.
+static void test_lina(void) {
+  {
+    const int64_t c[16] = {0, 0, 0, 0, 30, 0, 0, 0, 30, 0, 0, 0, 0, 0, 0, 20};
+    const moe_balance_load l = {4, 4, c};
+    uint8_t r[16];
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 1, r) == MOE_STATUS_OK, "lina 4x4");
+    const uint8_t want[16] = {0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    TU_CHECK(memcmp(r, want, 16) == 0, "lina 4x4 placement");
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 0, r) == MOE_STATUS_OK &&
+                 memcmp(r, (uint8_t[16]){0}, 16) == 0,
+             "no slots: no copy");
+  }
+  {
+    int64_t c[32] = {0};
+    c[1 * 8 + 0] = c[1 * 8 + 4] = c[2 * 8 + 0] = c[2 * 8 + 4] = 40;
+    const moe_balance_load l = {8, 4, c};
+    uint8_t r[32];
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 1, r) == MOE_STATUS_OK, "lina 8x4");
+    int n = 0;
+    for (int i = 0; i < 32; i++) n += r[i];
+    TU_CHECK(n == 1 && r[0 * 4 + 1] == 1, "lina 8x4: one copy, expert 0 on rank 1 (%d copies)", n);
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 7, r) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "lina's slots (7) must be in [0, 6]"),
+             "lina slots 7: %s", moe_ctx_error(g_ctx));
+  }
+  {  // no load: no copy
+    const int64_t c[4] = {0, 0, 0, 0};
+    const moe_balance_load l = {2, 2, c};
+    uint8_t r[4] = {1, 1, 1, 1};
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 1, r) == MOE_STATUS_OK &&
+                 memcmp(r, (uint8_t[4]){0}, 4) == 0,
+             "lina, no load");
+  }
+}
+
 int main(void) {
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) return 2;
   test_rows();
@@ -938,6 +979,7 @@ int main(void) {
   test_balancer_state();
   test_simulate();
   test_auto();
+  test_lina();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_balance");
 }

@@ -119,6 +119,54 @@ static void make_requests(moe_infer_params *p, const char **prompts) {
   p[9].max_tokens = MAXT;                               // past seq_len: several refills
 }
 
+static char paths_file[300];
+
+// Records a path profile of the test's requests (every rank's tokens,
+// merged on rank 0, written to paths_file) for the lina placement.
+static void record_profile(moe_ctx *ctx, const char *ckpt) {
+  moe_infer_config ic;
+  moe_infer_config_default(&ic);
+  ic.checkpoint = ckpt;
+  ic.slots = 2;
+  ic.step_rows = 12;
+  ic.prefill_chunk = 5;
+  ic.record_paths = 1;
+  ic.path_len = 2;
+  moe_infer *e = NULL;
+  moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
+  TU_CHECK(st == MOE_STATUS_OK, "record: create: %s", moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) return;
+  if (g_rank == 0) {
+    moe_infer_params p[NREQ];
+    const char *prompts[NREQ];
+    make_requests(p, prompts);
+    for (int i = 0; i < NREQ; i++) {
+      int64_t id = 0;
+      while (moe_infer_submit(e, NULL, prompts[i], strlen(prompts[i]), &p[i], NULL, &id) ==
+             MOE_STATUS_BUSY)
+        moe_infer_step(e);
+    }
+    TU_CHECK(moe_infer_run(e) == MOE_STATUS_OK && moe_infer_shutdown(e) == MOE_STATUS_OK,
+             "record: run: %s", moe_ctx_error(ctx));
+  } else {
+    TU_CHECK(moe_infer_follow(e) == MOE_STATUS_OK, "record: follow");
+  }
+  char *text = NULL;
+  TU_CHECK(moe_infer_paths_json(e, &text) == MOE_STATUS_OK, "record: paths: %s",
+           moe_ctx_error(ctx));
+  if (g_rank == 0) {
+    TU_CHECK(text && strstr(text, "\"libmoe-paths\""), "record: the profile's text");
+    FILE *f = fopen(paths_file, "w");
+    if (f && text) fputs(text, f);
+    if (f) fclose(f);
+  } else {
+    TU_CHECK(!text, "record: text on rank %d", g_rank);
+  }
+  moe_free(text);
+  moe_infer_destroy(e);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
   moe_infer_config ic;
   moe_infer_config_default(&ic);
@@ -131,6 +179,7 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
   ic.place_slots = 2;
   ic.place_window = 2;
   ic.place_every = 2;
+  if (placement == MOE_INFER_PLACE_LINA) ic.paths = paths_file;  // its phase-1 estimates
   moe_infer *e = NULL;
   moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
   TU_CHECK(st == MOE_STATUS_OK, "create: %s", moe_ctx_error(ctx));
@@ -219,7 +268,18 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
              (long long)s.steps);
   TU_CHECK(s.max_batch_seqs <= 2 * g_world, "at most %d sequences a step, saw %d", 2 * g_world,
            s.max_batch_seqs);
-  if (placement == MOE_INFER_PLACE_EPLB && g_world > 1) {
+  if (placement == MOE_INFER_PLACE_LINA && g_world > 1) {
+    // a plan before every MoE block's forward of every step; the path
+    // statistics come with the profile
+    TU_CHECK(s.plans >= s.steps && s.path_evals > 0 && s.path_accurate <= s.path_evals,
+             "lina: %lld plans in %lld steps, %lld path checks", (long long)s.plans,
+             (long long)s.steps, (long long)s.path_evals);
+    printf(
+        "lina P=%d: %lld plans in %lld steps, %lld copies sent, ratio %.3f -> %.3f, estimate "
+        "accurate in %lld of %lld\n",
+        g_world, (long long)s.plans, (long long)s.steps, (long long)s.copies_sent,
+        s.balance_uniform, s.balance_placed, (long long)s.path_accurate, (long long)s.path_evals);
+  } else if (placement == MOE_INFER_PLACE_EPLB && g_world > 1) {
     // every 2 steps a plan per MoE block; some placed copies (the texts above
     // are the reference's all the same)
     TU_CHECK(s.plans >= s.steps / 2 && s.copies_sent > 0 && s.balance_uniform >= 1.0 &&
@@ -395,6 +455,9 @@ int main(int argc, char **argv) {
            moe_ctx_error(ctx));
   test_engine(ctx, ckpt, MOE_INFER_PLACE_UNIFORM);
   test_engine(ctx, ckpt, MOE_INFER_PLACE_EPLB);
+  snprintf(paths_file, sizeof paths_file, "%s.paths.json", ckpt);
+  record_profile(ctx, ckpt);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_LINA);
   // a missing checkpoint fails on every rank, no hang
   {
     moe_infer_config ic;
@@ -413,7 +476,7 @@ int main(int argc, char **argv) {
     ic.checkpoint = ckpt;
     ic.placement = 7;
     TU_CHECK(moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e) == MOE_STATUS_INVALID_ARG &&
-                 strstr(moe_ctx_error(ctx), "placement 7 is unknown (valid: uniform, eplb)"),
+                 strstr(moe_ctx_error(ctx), "placement 7 is unknown (valid: uniform, eplb, lina)"),
              "unknown placement: %s", moe_ctx_error(ctx));
     ic.placement = MOE_INFER_PLACE_EPLB;
     ic.place_window = 0;
@@ -434,15 +497,23 @@ int main(int argc, char **argv) {
         moe_infer_destroy(e);
       }
     }
-    TU_CHECK(!strcmp(moe_infer_placement_names(), "uniform, eplb") &&
+    TU_CHECK(!strcmp(moe_infer_placement_names(), "uniform, eplb, lina") &&
                  moe_infer_placement_find("eplb") == MOE_INFER_PLACE_EPLB &&
-                 moe_infer_placement_find("lina") == -1 && !moe_infer_placement_name(2),
+                 moe_infer_placement_find("lina") == MOE_INFER_PLACE_LINA &&
+                 moe_infer_placement_find("x") == -1 && !moe_infer_placement_name(3),
              "placement names: %s", moe_infer_placement_names());
+    moe_infer_config_default(&ic);
+    ic.checkpoint = ckpt;
+    ic.placement = MOE_INFER_PLACE_LINA;
+    TU_CHECK(moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(ctx), "placement lina estimates"),
+             "lina without a profile: %s", moe_ctx_error(ctx));
   }
   if (g_rank == 0) {
     test_sampler();
     test_request_json(ctx);
     remove(ckpt);
+    remove(paths_file);
   }
   moe_ctx_destroy(ctx);
   const int rc = tu_finish("test_infer");

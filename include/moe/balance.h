@@ -206,6 +206,20 @@ moe_status moe_balance_plan_eplb(moe_ctx *ctx, const moe_balance_load *load,
                                  const moe_balance_cost *cost, moe_balance_model model, int slots,
                                  uint8_t *replica, double *ms);
 
+// Lina's resource allocation (ATC'23, section 5, inference; [R] on this
+// mechanism): expert e gets d_e = round(P x its share of the load), at least 1
+// and at most P, devices (Lina eq. 1: n_e = N x estimated share); the
+// unpopular ones stay on their homes, packed E/P per rank as the homes are
+// (Lina's first-fit-decreasing packing of the rest, at most 4 per device:
+// the block placement already packs them). A popular expert's d_e - 1
+// copies go to the ranks that send it the most rows (ties: lowest rank),
+// among those with a free slot (at most `slots` copies per rank, 0 <= slots
+// <= E - E/P), not its home, and sending it rows; experts are served in
+// descending d_e, then total load, then index. No time model: the copies
+// are the allocation. INVALID_ARG for a bad load or slots out of range.
+moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int slots,
+                                 uint8_t *replica);
+
 // `auto`: the plans of shadow, prophet and eplb (each fitted to `slots`
 // copies per rank, as moe_balancer does; prophet and eplb planned with
 // `model`, or eq 6 when it is FasterMoE's) and no copies, evaluated under

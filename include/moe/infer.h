@@ -59,9 +59,21 @@ extern "C" {
 //            every place_every steps (each rank keeps its own rows' window;
 //            they are all-gathered only at a plan); the parameters move only
 //            to copies placed anew (pc.frozen_params)
+//   lina     Lina's phase 1 (ATC'23): before each MoE block's forward of a
+//            step, its popularity is estimated from the step's tokens' paths
+//            (the profile given as `paths`: every rank estimates its own
+//            tokens, one all-gather), copies are allocated from that
+//            estimate as Lina does (moe_balance_plan_lina: an expert with
+//            share s of the rows gets round(P s) ranks; place_slots per rank)
+//            and placed when the plan changed; the first block uses the
+//            profile's marginal.
+//            Phase 2 (re-planning after the gate when its top-2K differs)
+//            is not built yet: the stats path_finetune count how often it
+//            would run.
 #define MOE_INFER_PLACEMENTS(X) \
   X(UNIFORM, uniform)           \
-  X(EPLB, eplb)
+  X(EPLB, eplb)                 \
+  X(LINA, lina)
 
 #define MOE_INFER_PLACEMENT_ENUM_(U, l) MOE_INFER_PLACE_##U,
 typedef enum {
@@ -72,7 +84,7 @@ typedef enum {
 int moe_infer_placement_find(const char *name);
 // Its name, or NULL when out of range.
 const char *moe_infer_placement_name(int placement);
-// "uniform, eplb": every name, in catalogue order (static).
+// "uniform, eplb, lina": every name, in catalogue order (static).
 const char *moe_infer_placement_names(void);
 
 typedef struct {
@@ -196,7 +208,7 @@ typedef struct {
   // placement of the last place_every steps; means over the plans.
   double balance_uniform;  // mean ratio without copies
   double balance_placed;   // mean ratio under the placement the load ran with
-  int64_t plans;           // plans made (per MoE block)
+  int64_t plans;           // plans made (per MoE block; lina: per step and MoE block)
   int64_t copies_sent;     // copies whose parameters moved (placed anew)
   int copies;              // copies in force now, over the MoE blocks
   double place_ms;  // time in placement (load all-gather, plan, posting the transfer; rank 0)

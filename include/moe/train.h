@@ -39,6 +39,13 @@ typedef struct {
   MPI_Comm world;
   moe_parallel_config par;
   void *impl[MOE_GPT_MAX_LAYERS];
+  // Optional (NULL: none): called on every rank just before block `block`'s
+  // MoE forward of `tokens` tokens (this rank's), at the same point of the
+  // model's forward on every rank, so it may make collective calls (the
+  // inference engine places expert copies there: Lina's phase 1). A status
+  // other than OK fails the forward.
+  moe_status (*pre_forward)(void *arg, int block, int tokens);
+  void *pre_forward_arg;
 } moe_train_ep_user;
 extern const moe_gpt_moe_ops moe_train_ep_ops;
 // The layer of a backend instance (moe_train_ep_user.impl[block]) and when its

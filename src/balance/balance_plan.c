@@ -9,6 +9,7 @@
 // Cost: shadow O(E (log E + P)) loads; prophet O(E P) per step, at most E/P x P
 // steps per n, P - 1 values of n with n = -1; eplb O(E P) per copy, at most
 // slots x P copies.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -405,6 +406,73 @@ moe_status moe_balance_plan_eplb(moe_ctx *ctx, const moe_balance_load *load,
   for (size_t k = 0; k < best; k++)
     replica[(size_t)seq[2 * k] * (size_t)P + (size_t)seq[2 * k + 1]] = 1;
   if (ms) *ms = t_best;
+done:
+  moe_free(mem);
+  return st;
+}
+
+// ---- Lina -------------------------------------------------------------------------------
+
+typedef struct {
+  int64_t devices, total;
+  int index;
+} lina_need;
+
+// devices descending, then total descending, then index ascending
+static int by_need(const void *a, const void *b) {
+  const lina_need *x = a, *y = b;
+  if (x->devices != y->devices) return x->devices > y->devices ? -1 : 1;
+  if (x->total != y->total) return x->total > y->total ? -1 : 1;
+  return (x->index > y->index) - (x->index < y->index);
+}
+
+moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int slots,
+                                 uint8_t *replica) {
+  moe_status st = MOE_STATUS_OK;
+  void *mem = NULL;
+  MOE_TRY(moe_balance_check(ctx, load, NULL));
+  MOE_FAIL_IF(ctx, !replica, MOE_STATUS_INVALID_ARG, "balance: replica must not be NULL");
+  {
+    const int E = load->num_experts, P = load->num_ranks, per_rank = E / P;
+    MOE_FAIL_IF(ctx, slots < 0 || slots > E - per_rank, MOE_STATUS_INVALID_ARG,
+                "balance: lina's slots (%d) must be in [0, %d] (E - E/P, the experts a rank "
+                "does not hold)",
+                slots, E - per_rank);
+    memset(replica, 0, (size_t)E * (size_t)P);
+    mem = moe_malloc((size_t)E * sizeof(int64_t) + (size_t)E * sizeof(lina_need) +
+                     (size_t)P * sizeof(keyed) + (size_t)P * sizeof(int));
+    MOE_FAIL_IF(ctx, !mem, MOE_STATUS_OUT_OF_MEMORY, "balance: lina: out of memory");
+    int64_t *totals = mem;
+    lina_need *order = (lina_need *)(totals + E);
+    keyed *ranks = (keyed *)(order + E);
+    int *used = (int *)(ranks + P);
+    expert_totals(load, totals);
+    int64_t all = 0;
+    for (int e = 0; e < E; e++) all += totals[e];
+    if (all == 0 || slots == 0 || P < 2) goto done;
+    for (int p = 0; p < P; p++) used[p] = 0;
+    for (int e = 0; e < E; e++) {  // d_e = round(P x share) in [1, P]
+      int64_t de = (int64_t)floor((double)P * (double)totals[e] / (double)all + 0.5);
+      order[e].devices = de < 1 ? 1 : de > P ? P : de;
+      order[e].total = totals[e];
+      order[e].index = e;
+    }
+    qsort(order, (size_t)E, sizeof *order, by_need);
+    for (int k = 0; k < E && order[k].devices > 1; k++) {  // descending: the rest need none
+      const int e = order[k].index, home = moe_balance_home(E, P, e);
+      int need = (int)order[k].devices - 1, n = 0;
+      for (int p = 0; p < P; p++) {
+        if (p == home || used[p] >= slots || count_at(load, p, e) <= 0) continue;
+        ranks[n].key = count_at(load, p, e);
+        ranks[n++].index = p;
+      }
+      qsort(ranks, (size_t)n, sizeof *ranks, by_key_desc);
+      for (int j = 0; j < n && need > 0; j++, need--) {
+        replica[(size_t)e * P + ranks[j].index] = 1;
+        used[ranks[j].index]++;
+      }
+    }
+  }
 done:
   moe_free(mem);
   return st;

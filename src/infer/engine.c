@@ -114,6 +114,12 @@ struct moe_infer {
   uint8_t *place_next;                    // (n_moe, E, P): the balancers' placements
   uint8_t *place_cur;                     // (n_moe, E, P): the placements in force
   int64_t *place_rows;                    // (P)
+  int moe_index[MOE_GPT_MAX_LAYERS];      // block -> its index among the MoE blocks
+  // lina (every rank): per MoE block before its forward
+  double *lina_send;    // (2E): this rank's estimate; its rows of the last block
+  double *lina_all;     // (P, 2E)
+  int64_t *lina_load;   // (P, E)
+  int64_t lina_ratios;  // ratios summed into balance_uniform / _placed (rank 0)
   // Lina's expert paths (every rank; ic.record_paths, ic.paths)
   moe_path_profile *rec;   // this rank's recorded profile
   moe_path_profile *prof;  // the loaded one
@@ -188,6 +194,9 @@ static moe_status check_config(moe_ctx *ctx, const moe_infer_config *ic) {
               "queue (%d) must be in [1, %d]", ic->queue, 1 << 20);
   MOE_FAIL_IF(ctx, !moe_infer_placement_name(ic->placement), MOE_STATUS_INVALID_ARG,
               "placement %d is unknown (valid: %s)", ic->placement, moe_infer_placement_names());
+  MOE_FAIL_IF(ctx, ic->placement == MOE_INFER_PLACE_LINA && !ic->paths, MOE_STATUS_INVALID_ARG,
+              "placement lina estimates each MoE block's popularity from a path profile: give "
+              "one (--paths FILE, recorded with --record-paths)");
   if (ic->placement != MOE_INFER_PLACE_UNIFORM) {
     MOE_FAIL_IF(ctx, ic->place_window < 1 || ic->place_window > 10000, MOE_STATUS_INVALID_ARG,
                 "placement window (%d) must be in [1, 10000] steps", ic->place_window);
@@ -253,15 +262,99 @@ done:
   return st;
 }
 
+// Lina's phase 1, on every rank before MoE block `block`'s forward of this
+// rank's `tokens` rows (collective): this rank's estimate of the block's
+// popularity from its tokens' paths (their choices at the earlier MoE blocks
+// of this step) and its rows of the previous MoE block, all-gathered; the
+// previous block's balance ratios (rank 0's stats); the plan for this block
+// from the estimated (ranks x experts) load, placed when it changed.
+static moe_status lina_pre_forward(void *arg, int block, int tokens) {
+  moe_status st = MOE_STATUS_OK;
+  moe_infer *e = arg;
+  moe_ctx *ctx = e->ctx;
+  const int i = block >= 0 && block < e->cfg.n_layer ? e->moe_index[block] : -1;
+  if (i < 0 || !e->prof) goto done;
+  {
+    const uint64_t t0 = moe_time_ns();
+    const int E = e->cfg.moe.num_experts, P = e->size;
+    const size_t PE = (size_t)E * (size_t)P;
+    const int32_t *choices[MOE_GPT_MAX_LAYERS];
+    for (int j = 0; j < i; j++) choices[j] = moe_ep_layer_get_route(e->moe_layer[j])->expert;
+    MOE_TRY(moe_path_profile_estimate(e->prof, i, choices, tokens, e->lina_send, NULL));
+    const moe_route *prev = i > 0 ? moe_ep_layer_get_route(e->moe_layer[i - 1]) : NULL;
+    for (int x = 0; x < E; x++) e->lina_send[E + x] = prev ? (double)prev->count[x] : 0.0;
+    MOE_MPI_TRY_OP(
+        ctx, "all-gather of the estimated expert popularity",
+        MPI_Allgather(e->lina_send, 2 * E, MPI_DOUBLE, e->lina_all, 2 * E, MPI_DOUBLE, e->world));
+    if (i > 0 && e->rank == 0) {  // the previous block's ratios, as it ran
+      for (int p = 0; p < P; p++)
+        for (int x = 0; x < E; x++)
+          e->lina_load[(size_t)p * E + x] = (int64_t)e->lina_all[(size_t)p * 2 * E + E + x];
+      const moe_balance_load done_load = {E, P, e->lina_load};
+      double r[2] = {0, 0};
+      for (int k = 0; k < 2 && st == MOE_STATUS_OK; k++) {
+        st = moe_balance_rows(ctx, &done_load, k ? e->place_cur + (size_t)(i - 1) * PE : NULL,
+                              e->place_rows);
+        r[k] = moe_balance_ratio(e->place_rows, P);
+      }
+      MOE_TRY(st);
+      const double n = (double)e->lina_ratios;
+      e->st.balance_uniform = (e->st.balance_uniform * n + r[0]) / (n + 1);
+      e->st.balance_placed = (e->st.balance_placed * n + r[1]) / (n + 1);
+      e->lina_ratios++;
+    }
+    for (int p = 0; p < P; p++)  // the estimate as a load (expected rows, rounded)
+      for (int x = 0; x < E; x++)
+        e->lina_load[(size_t)p * E + x] = llround(e->lina_all[(size_t)p * 2 * E + x]);
+    const moe_balance_load est = {E, P, e->lina_load};
+    // the same inputs on every rank: the same plan, or the same error
+    MOE_TRY(moe_balance_plan_lina(ctx, &est, e->user->par.copy_slots, e->place_next));
+    uint8_t *cur = e->place_cur + (size_t)i * PE;
+    int sent = 0;
+    if (memcmp(cur, e->place_next, PE) != 0) {
+      MOE_TRY(moe_ep_layer_set_placement(e->moe_layer[i], e->place_next));
+      memcpy(cur, e->place_next, PE);
+      sent = moe_ep_layer_trans_copies(e->moe_layer[i]);
+    }
+    if (e->rank == 0) {
+      int copies = 0;
+      for (size_t k = 0; k < (size_t)e->n_moe * PE; k++) copies += e->place_cur[k] != 0;
+      e->st.plans++;
+      e->st.copies_sent += sent;
+      e->st.copies = copies;
+      e->st.place_ms += moe_time_ms_since(t0);
+    }
+  }
+done:
+  return st;
+}
+
 // The balancers of the MoE blocks and their tables (collective: agreed).
 static moe_status placement_init(moe_infer *e) {
   moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
   moe_ctx *ctx = e->ctx;
-  for (int b = 0; b < e->cfg.n_layer; b++)
+  for (int b = 0; b < e->cfg.n_layer; b++) {
+    e->moe_index[b] = e->user->impl[b] ? e->n_moe : -1;
     if (e->user->impl[b])
       e->moe_layer[e->n_moe++] = moe_train_ep_layer(e->user->impl[b], NULL, NULL);
+  }
   if (e->user->par.copy_slots == 0 || e->n_moe == 0) goto done;  // uniform, or one rank
-  {
+  if (e->ic.placement == MOE_INFER_PLACE_LINA) {
+    const int E = e->cfg.moe.num_experts, P = e->size;
+    const size_t PE = (size_t)E * (size_t)P;
+    e->lina_send = moe_calloc(2 * (size_t)E, sizeof(double));
+    e->lina_all = moe_calloc(2 * PE, sizeof(double));
+    e->lina_load = moe_calloc(PE, sizeof(int64_t));
+    e->place_next = moe_calloc(PE, 1);
+    e->place_cur = moe_calloc((size_t)e->n_moe * PE, 1);
+    e->place_rows = moe_calloc((size_t)P, sizeof(int64_t));
+    if (!(e->lina_send && e->lina_all && e->lina_load && e->place_next && e->place_cur &&
+          e->place_rows))
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "cannot allocate the placement tables");
+    e->user->pre_forward = lina_pre_forward;  // the profile is loaded by paths_init
+    e->user->pre_forward_arg = e;
+  } else {
     const int E = e->cfg.moe.num_experts, P = e->size, n = e->n_moe;
     const size_t PE = (size_t)E * (size_t)P;
     // each plan is made from the window's mean, gathered at the plan: the
@@ -629,6 +722,9 @@ void moe_infer_destroy(moe_infer *e) {
   moe_free(e->place_next);
   moe_free(e->place_cur);
   moe_free(e->place_rows);
+  moe_free(e->lina_send);
+  moe_free(e->lina_all);
+  moe_free(e->lina_load);
   moe_gpt_kv_destroy(e->kv);
   moe_gpt_destroy(e->model);
   moe_free(e->user);

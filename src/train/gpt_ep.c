@@ -11,6 +11,8 @@
 
 typedef struct {
   moe_ep_layer *layer;
+  moe_train_ep_user *user;
+  int block;
   uint64_t fwd_start_ns, bwd_start_ns;
 } ep_ffn;
 
@@ -28,6 +30,8 @@ static moe_status ep_create(void *user, moe_ctx *ctx, const moe_layer_config *cf
                                      "MoE block %d: out of memory", block);
   MOE_TRY(moe_comm_agree(ctx, u->world, mine, "MoE block allocation"));
   MOE_TRY(moe_ep_layer_create(ctx, u->world, cfg, &u->par, &f->layer));
+  f->user = u;
+  f->block = block;
   u->impl[block] = f;
   *impl = f;
   f = NULL;
@@ -70,6 +74,10 @@ static moe_gpt_moe_tensors ep_tensors(void *impl) {
 static moe_status ep_forward(void *impl, const float *x, int tokens, float *y,
                              moe_layer_stats *stats) {
   ep_ffn *f = impl;
+  if (f->user->pre_forward) {
+    const moe_status st = f->user->pre_forward(f->user->pre_forward_arg, f->block, tokens);
+    if (st != MOE_STATUS_OK) return st;
+  }
   f->fwd_start_ns = moe_time_ns();
   return moe_ep_layer_forward(f->layer, x, tokens, y, stats);
 }
