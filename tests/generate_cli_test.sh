@@ -55,8 +55,10 @@ expect 0 "placement eplb: balance ratio .* [1-9][0-9]* plans, [1-9][0-9]* copies
   --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output "$tmp/o4e.jsonl" --slots 2 --placement eplb \
   --place-slots 3 --place-every 2 --place-window 2
 if cmp -s "$tmp/o1.jsonl" "$tmp/o4e.jsonl"; then ok; else bad "eplb placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4e.jsonl" | head -4)"; fi
-expect 2 "--placement 'lina' is unknown \(valid: uniform, eplb\)" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" \
-  --input "$tmp/p.jsonl" --placement lina
+expect 2 "--placement 'frob' is unknown \(valid: uniform, eplb, lina\)" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --placement frob
+expect 2 "placement lina estimates each MoE block's popularity from a path profile" -- "$MOE" generate \
+  --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --placement lina
 expect 2 "placement slots \(4\) must be in \[1, 2\]" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
   --input "$tmp/p.jsonl" --placement eplb --place-slots 4
 
@@ -83,6 +85,9 @@ def canon(f):
 a, b = canon(sys.argv[1]), canon(sys.argv[2])
 assert a == b, (a, b)
 PY
+expect 0 "placement lina: balance ratio .* [1-9][0-9]* plans" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --output "$tmp/o4l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 3
+if cmp -s "$tmp/o1.jsonl" "$tmp/o4l.jsonl"; then ok; else bad "lina placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4l.jsonl" | head -4)"; fi
 expect 0 "paths .*p1.json, all MoE blocks: accuracy [0-9.]+%, fine-tune rate [0-9.]+%" -- mpi 2 "$MOE" generate \
   --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output /dev/null --paths "$tmp/p1.json"
 expect 2 "--path-len.*must be in \[1, 8\]" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \

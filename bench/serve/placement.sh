@@ -10,6 +10,8 @@
 #                        root; brought up once, always torn down); empty: plain
 #                        mpirun on this host [empty]
 #   PLACE="--place-slots 2 --place-every 16 --place-window 16"  eplb's options
+#   PATHS=FILE           a path profile (moe generate --record-paths): adds
+#                        lina (--paths FILE and PLACE's --place-slots)
 # Prints a table of medians over the rounds: tokens/s, the MoE layer
 # forward's p50 / p95 (rank 0, one sample per step and MoE block), its
 # all-to-alls' p50 / p95, the balance ratio without copies and as placed, and
@@ -59,11 +61,14 @@ run() { # run OUT LOG ARGS...: moe generate on the ranks
   fi
 }
 placements=(uniform eplb)
+[[ -z ${PATHS:-} ]] || placements+=(lina)
+slots=$(echo "$place" | sed -n 's/.*--place-slots \([0-9]*\).*/\1/p')
 for _ in $(seq "$rounds"); do
   for pl in "${placements[@]}"; do
     extra=()
     # shellcheck disable=SC2206 # options split on purpose
-    [[ $pl == uniform ]] || extra=($place)
+    [[ $pl != eplb ]] || extra=($place)
+    [[ $pl != lina ]] || extra=(--paths "$(realpath "$PATHS")" --place-slots "${slots:-2}")
     run "$tmp/out.$pl" "$tmp/log" --placement "$pl" "${extra[@]}" ||
       { echo "placement.sh: moe generate --placement $pl failed:" >&2; tail -5 "$tmp/log" >&2; exit 1; }
     if ! cmp -s "$tmp/out.uniform" "$tmp/out.$pl"; then
@@ -83,6 +88,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 where="plain mpirun on this host"
 [[ -z $cluster_flags ]] || where="the emulated cluster ($cluster_flags)"
 echo "moe generate, $prompts prompts x $tokens tokens, $ranks ranks on $where; eplb: $place;"
+[[ -z ${PATHS:-} ]] || echo "lina: --paths $PATHS --place-slots ${slots:-2};"
 echo "medians of $rounds interleaved rounds ($cpu); the text is identical under every placement"
 echo
 echo "| placement | tokens/s | MoE layer p50 ms | p95 ms | all-to-all p50 ms | p95 ms | balance ratio (none -> placed) | p95 vs uniform |"
