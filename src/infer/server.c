@@ -491,6 +491,20 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
       P("moe_engine_a2a_layer_seconds{quantile=\"%g\"} %.6f\n", q[i], am[i] / 1000);
     P("moe_engine_a2a_layer_seconds_count %d\n", k);
   }
+  P("# HELP moe_path_checks_total Steps whose estimated popularity (--paths) was checked "
+    "against the gate, per block.\n# TYPE moe_path_checks_total counter\n"
+    "# HELP moe_path_accurate_total Of those, with the estimated top-2K equal to the gate's "
+    "(Lina's accuracy).\n# TYPE moe_path_accurate_total counter\n"
+    "# HELP moe_path_finetune_total Of those, with another set of top-2K experts (Lina's phase "
+    "2 would re-plan).\n# TYPE moe_path_finetune_total counter\n");
+  for (int l = 0; l < L; l++) {
+    int64_t ev = 0, ac = 0, ft = 0;
+    moe_infer_path_stats(s->engine, l, &ev, &ac, &ft);
+    if (ev > 0)
+      P("moe_path_checks_total{block=\"%d\"} %lld\nmoe_path_accurate_total{block=\"%d\"} "
+        "%lld\nmoe_path_finetune_total{block=\"%d\"} %lld\n",
+        l, (long long)ev, l, (long long)ac, l, (long long)ft);
+  }
   P("# HELP moe_placement_balance_ratio Mean balance ratio (most rows a rank computed / mean) "
     "over the steps and MoE blocks, without copies and as placed (placement other than "
     "uniform).\n# TYPE moe_placement_balance_ratio gauge\n"
