@@ -296,11 +296,13 @@ static void test_json(void) {
   moe_free(j2);
   moe_path_profile_destroy(p);
   // config errors
-  const moe_path_config cs[] = {
-      {0, 4, 1, 3, 16}, {2, 4, 5, 3, 16}, {2, 4, 1, 9, 16}, {2, 60000, 1, 8, 16}, {2, 4, 1, 3, 0}};
-  const char *words[] = {"MoE blocks (0)", "top_k (5)", "path length (9)", "63-bit key",
-                         "paths per block (0)"};
-  for (int i = 0; i < 5; i++) {
+  // the last: finding 11, a config of 26 blocks x 4096 paths x 65535 experts
+  const moe_path_config cs[] = {{0, 4, 1, 3, 16},     {2, 4, 5, 3, 16}, {2, 4, 1, 9, 16},
+                                {2, 60000, 1, 8, 16}, {2, 4, 1, 3, 0},  {26, 65535, 1, 1, 4096}};
+  const char *words[] = {"MoE blocks (0)",      "top_k (5)",
+                         "path length (9)",     "63-bit key",
+                         "paths per block (0)", "more than the 256 MiB a profile may take"};
+  for (int i = 0; i < 6; i++) {
     TU_CHECK(moe_path_profile_create(ctx, &cs[i], &r) == MOE_STATUS_INVALID_ARG && !r &&
                  strstr(moe_ctx_error(ctx), words[i]),
              "config %d: %s", i, moe_ctx_error(ctx));

@@ -131,6 +131,18 @@ static void test_skew_shares(void) {
   s.param = 1.2;
   moe_skew_to_string(&s, buf, sizeof buf);
   TU_CHECK(strcmp(buf, "zipf:1.2") == 0, "to_string %s", buf);
+  // a subnormal hot share: the cap spreads the excess exactly (finding 10:
+  // excess x share before the division lost 1e-8 of the sum)
+  {
+    moe_skew h;
+    double q[12], sum = 0;
+    TU_CHECK(moe_skew_parse(ctx, "hot:1e-315", &h) == MOE_STATUS_OK &&
+                 moe_skew_shares(ctx, &h, 12, 12, q) == MOE_STATUS_OK,
+             "hot:1e-315 with E = K = 12");
+    for (int e = 0; e < 12; e++) sum += q[e];
+    TU_CHECK(fabs(sum - 1.0) < 1e-12 && fabs(q[0] - 1.0 / 12) < 1e-15, "sum %.17g, share 0 %.17g",
+             sum, q[0]);
+  }
   // a spec prints back to the same value (not %g's 6 digits)
   moe_skew r;
   TU_CHECK(moe_skew_parse(ctx, "hot:0.123456789012345678", &s) == MOE_STATUS_OK, "hot parses");

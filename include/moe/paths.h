@@ -30,6 +30,7 @@ extern "C" {
 #define MOE_PATHS_MAX_BLOCKS 64  // MoE blocks a profile covers at most
 #define MOE_PATHS_DEFAULT_LEN 3  // Lina's l
 #define MOE_PATHS_DEFAULT_MAX 4096
+#define MOE_PATHS_MAX_BYTES ((size_t)256 << 20)  // the most one profile may allocate
 
 typedef struct {
   int n_blocks;     // MoE blocks, [1, MOE_PATHS_MAX_BLOCKS]
@@ -41,7 +42,8 @@ typedef struct {
 
 typedef struct moe_path_profile moe_path_profile;
 
-// INVALID_ARG naming the field and its range; OUT_OF_MEMORY. Allocates
+// INVALID_ARG naming the field and its range, or when the profile would
+// allocate more than MOE_PATHS_MAX_BYTES (256 MiB); OUT_OF_MEMORY. Allocates
 // n_blocks x max_paths x (E x 8 + 24) bytes and the tables (moe_path_profile_bytes).
 moe_status moe_path_profile_create(moe_ctx *ctx, const moe_path_config *cfg,
                                    moe_path_profile **out);

@@ -59,6 +59,12 @@ static moe_status check_config(moe_ctx *ctx, const moe_path_config *c) {
   }
   MOE_FAIL_IF(ctx, c->max_paths < 1 || c->max_paths > (1 << 20), MOE_STATUS_INVALID_ARG,
               "path profile: paths per block (%d) must be in [1, %d]", c->max_paths, 1 << 20);
+  // finding 11: a file's config alone could ask for gigabytes
+  MOE_FAIL_IF(ctx, moe_path_profile_bytes(c) > MOE_PATHS_MAX_BYTES, MOE_STATUS_INVALID_ARG,
+              "path profile: %d blocks x %d paths x %d experts need %.1f MiB, more than the %zu "
+              "MiB a profile may take (lower the paths per block)",
+              c->n_blocks, c->max_paths, c->num_experts,
+              (double)moe_path_profile_bytes(c) / (1 << 20), MOE_PATHS_MAX_BYTES >> 20);
 done:
   return st;
 }

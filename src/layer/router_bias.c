@@ -162,7 +162,9 @@ static void cap_shares(double *p, int E, int K) {
     }
     if (excess <= 0.0 || n_free == 0) return;
     for (int e = 0; e < E; e++)
-      if (p[e] < cap) p[e] += free_sum > 0.0 ? excess * p[e] / free_sum : excess / n_free;
+      // the ratio first: excess x p[e] of a tiny (subnormal) share would lose
+      // its precision before the division (finding 10)
+      if (p[e] < cap) p[e] += free_sum > 0.0 ? excess * (p[e] / free_sum) : excess / n_free;
   }
 }
 
