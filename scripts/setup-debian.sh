@@ -13,6 +13,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config clang clang-format libclang-rt-dev git
       openmpi-bin libopenmpi-dev mpich libmpich-dev libopenblas-dev libzfp-dev libcjson-dev libdnnl-dev
+      ocl-icd-opencl-dev
       libmicrohttpd-dev libcurl4-openssl-dev curl gnuplot-nox iproute2 fortunes)
 for a in "$@"; do
   case "$a" in
