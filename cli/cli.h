@@ -208,11 +208,13 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
   "                        only), eplb (copies of the busiest experts in spare\n"      \
   "                        slots, re-planned from the observed load) or lina\n"        \
   "                        (before each MoE block, copies for the popularity the\n"    \
-  "                        --paths profile estimates) [uniform]\n"                     \
+  "                        --paths profile estimates; after the gate, re-planned\n"    \
+  "                        when the estimated top-2K experts missed) [uniform]\n"      \
   "  --place-slots N       eplb, lina: expert copies a rank may hold,\n"               \
   "                        [1, E - E/ranks] [2]\n"                                     \
   "  --place-window N      eplb: steps of load a plan averages [16]\n"                 \
   "  --place-every N       eplb: re-plan every N steps [16]\n"                         \
+  "  --place-replan on|off lina: phase 2, the re-plan after the gate [on]\n"           \
   "  --record-paths FILE   record a path profile of the run's tokens (Lina: the\n"     \
   "                        next MoE block's choices per path of earlier choices)\n"    \
   "  --path-len L          its path length, [1, 8] [3]\n"                              \

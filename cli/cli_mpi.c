@@ -88,6 +88,8 @@ int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, const char **record_
     cli_parse_int(a, "--place-window", 1, 10000, &ic->place_window);
   } else if (cli_opt(a, "--place-every")) {
     cli_parse_int(a, "--place-every", 1, 1 << 20, &ic->place_every);
+  } else if (cli_opt(a, "--place-replan")) {
+    cli_parse_on_off(a, "--place-replan", &ic->place_phase2);
   } else if (cli_opt(a, "--record-paths")) {
     *record_file = a->value;
     ic->record_paths = 1;
@@ -111,6 +113,9 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
           "plans); %lld plans, %lld copies sent, %d in force; %.1f ms in placement\n",
           cmd, moe_infer_placement_name(ic->placement), s->balance_uniform, s->balance_placed,
           (long long)s->plans, (long long)s->copies_sent, s->copies, s->place_ms);
+  if (ic->placement == MOE_INFER_PLACE_LINA && ic->place_phase2)
+    fprintf(stderr, "%s: lina phase 2: %lld re-plans (the estimated top-2K missed), %.1f ms\n", cmd,
+            (long long)s->replans, s->replan_ms);
 }
 
 int cli_infer_paths_write(moe_ctx *ctx, moe_infer *eng, const char *record_file, int rank, int keep,

@@ -85,9 +85,16 @@ def canon(f):
 a, b = canon(sys.argv[1]), canon(sys.argv[2])
 assert a == b, (a, b)
 PY
-expect 0 "placement lina: balance ratio .* [1-9][0-9]* plans" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+expect 0 "lina phase 2: [0-9]+ re-plans" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
   --input "$tmp/p.jsonl" --output "$tmp/o4l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 3
 if cmp -s "$tmp/o1.jsonl" "$tmp/o4l.jsonl"; then ok; else bad "lina placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4l.jsonl" | head -4)"; fi
+# phase 1 only (no re-plan after the gate): the same text, no re-plan reported
+expect 0 "placement lina: balance ratio .* [1-9][0-9]* plans" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --output "$tmp/o2l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" \
+  --place-slots 1 --place-replan off
+if cmp -s "$tmp/o1.jsonl" "$tmp/o2l.jsonl"; then ok; else bad "lina phase 1 changed the text"; fi
+expect 2 "--place-replan.*on.*off" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --placement lina --paths "$tmp/p1.json" --place-replan maybe
 expect 0 "paths .*p1.json, all MoE blocks: accuracy [0-9.]+%, fine-tune rate [0-9.]+%" -- mpi 2 "$MOE" generate \
   --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --output /dev/null --paths "$tmp/p1.json"
 expect 2 "--path-len.*must be in \[1, 8\]" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \

@@ -954,6 +954,21 @@ static void test_lina(void) {
                  strstr(moe_ctx_error(g_ctx), "lina's slots (7) must be in [0, 6]"),
              "lina slots 7: %s", moe_ctx_error(g_ctx));
   }
+  {  // a copy that would leave its rank busier than the home was is not placed:
+     // rank 1 is home of expert 1 (50 rows, all from rank 0) and sends expert
+     // 0 (home 0, 60 rows) 40: 50 + 40 > 60, so expert 0's second device goes
+     // to rank 3 (20 rows); expert 1's copy on rank 0 (60 - 20 + 50 > 50) is
+     // not placed either
+    int64_t c[16] = {0};
+    c[1 * 4 + 0] = 40;
+    c[3 * 4 + 0] = 20;
+    c[0 * 4 + 1] = 50;
+    const moe_balance_load l = {4, 4, c};
+    uint8_t r[16];
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 1, r) == MOE_STATUS_OK, "lina, busy rank");
+    const uint8_t want[16] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    TU_CHECK(memcmp(r, want, 16) == 0, "lina: the copy skips the rank it would overload");
+  }
   {  // no load: no copy
     const int64_t c[4] = {0, 0, 0, 0};
     const moe_balance_load l = {2, 2, c};

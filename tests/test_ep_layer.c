@@ -476,6 +476,105 @@ done:
 // placements (what frozen_params forbids): a kept copy computes with the old
 // ones; one placed again after being dropped, and any copy of an unfrozen
 // layer, with the new ones.
+// The gate hook (Lina's phase 2): called after the gate with the world's
+// choices per expert, it places a copy before the dispatch, and the output
+// is the single-process layer's; an error in it fails the forward on every
+// rank (no hang).
+typedef struct {
+  const uint8_t *rep;
+  int calls;
+  int64_t rows_sum;
+  double rows[64];
+  int fail;
+} hook_state;
+
+static moe_status gate_hook(void *arg, moe_ep_layer *L, int tokens, const double *rows) {
+  hook_state *h = arg;
+  const int E = moe_ep_layer_get_placement(L)->num_experts;
+  h->calls++;
+  h->rows_sum = 0;
+  for (int e = 0; e < E; e++) {
+    h->rows[e] = rows[e];
+    h->rows_sum += (int64_t)rows[e];
+  }
+  (void)tokens;
+  if (h->fail) return MOE_STATUS_INVALID_ARG;
+  return h->rep ? moe_ep_layer_set_placement(L, h->rep) : MOE_STATUS_OK;
+}
+
+static void test_gate_hook(void) {
+  if (g_world < 2) return;
+  const int P = g_world, E = 2 * P, M = 8, T = 6, H = 12, K = 2;
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.model_dim = M;
+  cfg.hidden_dim = H;
+  cfg.num_experts = E;
+  cfg.top_k = K;
+  cfg.capacity_factor = 0.0;
+  cfg.tokens = T;
+  float x[6 * 8], y[6 * 8], y_ref[6 * 8];
+  tu_fill(x, (size_t)T * M, 500 + (uint64_t)g_rank, -1.0f, 1.0f);
+  for (int t = 0; t < T; t++) x[t * M] = 1.0f;  // pull every token to expert 0
+  uint8_t *rep = calloc((size_t)E * P, 1);
+  for (int p = 1; p < P; p++) rep[p] = 1;  // expert 0 (home: rank 0) copied on every other rank
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer *ref = NULL;
+  moe_ep_layer *L = NULL;
+  moe_parallel_config pc;
+  moe_parallel_config_default(&pc);
+  pc.ep_size = P;
+  pc.copy_slots = 1;
+  pc.frozen_params = 1;
+  TU_CHECK(moe_layer_create(ctx, &cfg, &ref) == MOE_STATUS_OK, "hook: ref create");
+  TU_CHECK(moe_ep_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L) == MOE_STATUS_OK,
+           "hook: create: %s", moe_ctx_error(ctx));
+  if (ref && L) {
+    moe_layer_init_params(ref, 13);
+    moe_ep_layer_init_params(L, 13);
+    moe_layer_get_tensors(ref).wg[0] = 8.0f;
+    moe_ep_layer_get_tensors(L).wg[0] = 8.0f;
+    TU_CHECK(moe_layer_forward(ref, x, T, y_ref, NULL) == MOE_STATUS_OK, "hook: ref forward");
+    hook_state h = {rep, 0, 0, {0}, 0};
+    moe_ep_layer_set_gate_hook(L, gate_hook, &h);
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK, "hook: forward: %s",
+             moe_ctx_error(ctx));
+    char label[64];
+    snprintf(label, sizeof label, "hook rank %d, copy placed after the gate", g_rank);
+    tu_rel_close(label, y, y_ref, (size_t)T * M, REL_TOL);
+    // the rows are the world's choices: every rank's count_all, summed
+    const moe_route *r = moe_ep_layer_get_route(L);
+    int64_t mine[64] = {0}, all[64] = {0};
+    for (int e = 0; e < E; e++) mine[e] = r->count_all[e];
+    MPI_Allreduce(mine, all, E, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+    int same = h.calls == 1 && h.rows_sum == (int64_t)P * T * K;
+    for (int e = 0; e < E; e++) same &= (int64_t)h.rows[e] == all[e];
+    TU_CHECK(same, "hook rank %d: %d calls, rows sum %lld (want 1 call, %d x %d x %d)", g_rank,
+             h.calls, (long long)h.rows_sum, P, T, K);
+    TU_CHECK(
+        moe_ep_layer_get_placement(L)->replica[1] == 1 && moe_ep_layer_trans_copies(L) == P - 1,
+        "hook: the placement set in the hook is in force (%d copies sent)",
+        moe_ep_layer_trans_copies(L));
+    // the rows of expert 0 were computed by the copies: rank 0 received none
+    // from the others (its home rows are its own T)
+    // a failing hook fails the forward on every rank, and the next one runs
+    h.fail = 1;
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) != MOE_STATUS_OK, "hook: failure reported");
+    h.fail = 0;
+    moe_ep_layer_set_gate_hook(L, NULL, &h);
+    const int calls = h.calls;
+    TU_CHECK(moe_ep_layer_forward(L, x, T, y, NULL) == MOE_STATUS_OK && h.calls == calls,
+             "hook removed: forward runs without it: %s", moe_ctx_error(ctx));
+    snprintf(label, sizeof label, "hook rank %d, after a failed hook", g_rank);
+    tu_rel_close(label, y, y_ref, (size_t)T * M, REL_TOL);
+  }
+  moe_ep_layer_destroy(L);
+  moe_layer_destroy(ref);
+  moe_ctx_destroy(ctx);
+  free(rep);
+}
+
 static void test_frozen_placement(void) {
   if (g_world < 2) return;
   const int P = g_world, E = 4 * P, M = 8, T = 6, H = 12;
@@ -817,6 +916,7 @@ int main(int argc, char **argv) {
   }
   test_replica_is_used();
   test_frozen_placement();
+  test_gate_hook();
   if (g_world == 4) {  // DP 2 x EP 2 with replicas and a zero-token rank; with placements
     const scenario sc = {2, 1, 0, "pairwise", 0.0, 1, 0, 1, MOE_ACT_GELU, 0, 0};
     run_scenario(&sc);

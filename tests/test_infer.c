@@ -167,7 +167,7 @@ static void record_profile(moe_ctx *ctx, const char *ckpt) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
+static void test_engine(moe_ctx *ctx, const char *ckpt, int placement, int phase2) {
   moe_infer_config ic;
   moe_infer_config_default(&ic);
   ic.checkpoint = ckpt;
@@ -180,6 +180,7 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
   ic.place_window = 2;
   ic.place_every = 2;
   if (placement == MOE_INFER_PLACE_LINA) ic.paths = paths_file;  // its phase-1 estimates
+  ic.place_phase2 = phase2;
   moe_infer *e = NULL;
   moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
   TU_CHECK(st == MOE_STATUS_OK, "create: %s", moe_ctx_error(ctx));
@@ -274,11 +275,18 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement) {
     TU_CHECK(s.plans >= s.steps && s.path_evals > 0 && s.path_accurate <= s.path_evals,
              "lina: %lld plans in %lld steps, %lld path checks", (long long)s.plans,
              (long long)s.steps, (long long)s.path_evals);
+    // phase 2 re-plans exactly when the path statistics count a fine-tune
+    // (the same test on the same estimates: the top-2K sets differ); a
+    // re-plan is a plan of its own; without phase 2 none
+    TU_CHECK(phase2 ? s.replans == s.path_finetune && s.replans > 0 : s.replans == 0,
+             "lina phase 2 %s: %lld re-plans, %lld fine-tunes counted", phase2 ? "on" : "off",
+             (long long)s.replans, (long long)s.path_finetune);
     printf(
-        "lina P=%d: %lld plans in %lld steps, %lld copies sent, ratio %.3f -> %.3f, estimate "
-        "accurate in %lld of %lld\n",
-        g_world, (long long)s.plans, (long long)s.steps, (long long)s.copies_sent,
-        s.balance_uniform, s.balance_placed, (long long)s.path_accurate, (long long)s.path_evals);
+        "lina P=%d phase 2 %s: %lld plans (%lld re-plans) in %lld steps, %lld copies sent, ratio "
+        "%.3f -> %.3f, estimate accurate in %lld of %lld\n",
+        g_world, phase2 ? "on" : "off", (long long)s.plans, (long long)s.replans,
+        (long long)s.steps, (long long)s.copies_sent, s.balance_uniform, s.balance_placed,
+        (long long)s.path_accurate, (long long)s.path_evals);
   } else if (placement == MOE_INFER_PLACE_EPLB && g_world > 1) {
     // every 2 steps a plan per MoE block; some placed copies (the texts above
     // are the reference's all the same)
@@ -442,7 +450,8 @@ int main(int argc, char **argv) {
   tc.model.n_head = 2;
   tc.model.d_model = 16;
   tc.model.dense_hidden = 32;
-  tc.model.moe.num_experts = 4;
+  tc.model.moe_every = 1;        // 2 MoE blocks: lina's phase 1 of the second one
+  tc.model.moe.num_experts = 8;  // overlaps the first; top-2K (4) of 8: phase 2 can miss
   tc.model.moe.top_k = 2;
   tc.model.moe.hidden_dim = 24;
   tc.batch = 8;
@@ -453,11 +462,12 @@ int main(int argc, char **argv) {
   moe_train_result res;
   TU_CHECK(moe_train_run(ctx, MPI_COMM_WORLD, &tc, &res) == MOE_STATUS_OK, "train: %s",
            moe_ctx_error(ctx));
-  test_engine(ctx, ckpt, MOE_INFER_PLACE_UNIFORM);
-  test_engine(ctx, ckpt, MOE_INFER_PLACE_EPLB);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_UNIFORM, 1);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_EPLB, 1);
   snprintf(paths_file, sizeof paths_file, "%s.paths.json", ckpt);
   record_profile(ctx, ckpt);
-  test_engine(ctx, ckpt, MOE_INFER_PLACE_LINA);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_LINA, 1);
+  test_engine(ctx, ckpt, MOE_INFER_PLACE_LINA, 0);
   // a missing checkpoint fails on every rank, no hang
   {
     moe_infer_config ic;
@@ -484,12 +494,12 @@ int main(int argc, char **argv) {
                  strstr(moe_ctx_error(ctx), "placement window (0) must be in [1, 10000]"),
              "placement window 0: %s", moe_ctx_error(ctx));
     ic.place_window = 16;
-    ic.place_slots = 4;
+    ic.place_slots = 8;  // E: more than the E - E/P experts a rank does not hold
     const moe_status st = moe_infer_create(ctx, MPI_COMM_WORLD, &ic, &e);
     if (g_world > 1) {
       TU_CHECK(st == MOE_STATUS_INVALID_ARG &&
-                   strstr(moe_ctx_error(ctx), "placement slots (4) must be in [1, "),
-               "4 slots: %s", moe_ctx_error(ctx));
+                   strstr(moe_ctx_error(ctx), "placement slots (8) must be in [1, "),
+               "8 slots: %s", moe_ctx_error(ctx));
     } else {
       TU_CHECK(st == MOE_STATUS_OK, "one rank: slots unused: %s", moe_ctx_error(ctx));
       if (st == MOE_STATUS_OK) {

@@ -214,9 +214,11 @@ moe_status moe_balance_plan_eplb(moe_ctx *ctx, const moe_balance_load *load,
 // the block placement already packs them). A popular expert's d_e - 1
 // copies go to the ranks that send it the most rows (ties: lowest rank),
 // among those with a free slot (at most `slots` copies per rank, 0 <= slots
-// <= E - E/P), not its home, and sending it rows; experts are served in
-// descending d_e, then total load, then index. No time model: the copies
-// are the allocation. INVALID_ARG for a bad load or slots out of range.
+// <= E - E/P), not its home, sending it rows, and left computing no more
+// rows than its home does before the copy (a copy never makes the busier of
+// the two busier: rows counted under the copies placed so far); experts are
+// served in descending d_e, then total load, then index. No time model: the
+// copies are the allocation. INVALID_ARG for a bad load or slots out of range.
 moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int slots,
                                  uint8_t *replica);
 

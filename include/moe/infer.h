@@ -100,6 +100,8 @@ typedef struct {
   int place_slots;   // eplb: copies a rank may hold, [1, E - E/P] [2, at most E - E/P]
   int place_window;  // eplb: steps of load the plan averages, [1, 10000] [16]
   int place_every;   // eplb: re-plan every N steps, [1, 1 << 20] [16]
+  int place_phase2;  // lina: 1 = Lina's phase 2 (re-plan after the gate when the estimate
+                     // missed), 0 = phase 1 only, {0, 1} [1]
   // Lina's expert paths (include/moe/paths.h; docs/inference.md "Path profiles")
   int record_paths;   // 1: record a path profile of every step's tokens (moe_infer_paths_json)
   int path_len;       // its path length l, [1, MOE_PATHS_MAX_LEN] [3]
@@ -211,7 +213,10 @@ typedef struct {
   int64_t plans;           // plans made (per MoE block; lina: per step and MoE block)
   int64_t copies_sent;     // copies whose parameters moved (placed anew)
   int copies;              // copies in force now, over the MoE blocks
-  double place_ms;  // time in placement (load all-gather, plan, posting the transfer; rank 0)
+  double place_ms;   // time in placement (load all-gather, plan, posting the transfer; rank 0)
+  int64_t replans;   // lina: Lina's phase-2 re-plans (the actual top-2K experts were not
+                     // the estimated ones, as sets), per step and MoE block
+  double replan_ms;  // of place_ms, in them
   // ic.paths: over the steps and MoE blocks with tokens, each step's
   // estimated popularity (moe_path_profile_estimate over the step's tokens)
   // against the gate's actual choices: the top-2K experts (K = top_k, at most

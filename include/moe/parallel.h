@@ -199,6 +199,18 @@ moe_status moe_ep_layers_set_placement(moe_ep_layer *const *layers, int n,
 // Copies the last set_placement sent parameters to, over the EP group (all
 // of them; with pc.frozen_params the new ones only). 0 before any.
 int moe_ep_layer_trans_copies(const moe_ep_layer *layer);
+
+// A hook inside moe_ep_layer_forward, on every rank after the gate and the
+// all-reduce of its statistics and before the dispatch (Lina's phase 2,
+// src/infer/engine.c). rows[e] = expert e's choices (all top_k, before the
+// capacity's drops) summed over the world, the same on every rank; tokens =
+// this rank's. It runs as part of the collective forward: it may make
+// collectives and set this layer's placement (moe_ep_layer_set_placement),
+// which the dispatch then uses; an error fails the forward and must be the
+// same on every rank. NULL removes it.
+typedef moe_status (*moe_ep_gate_hook)(void *arg, moe_ep_layer *layer, int tokens,
+                                       const double *rows);
+void moe_ep_layer_set_gate_hook(moe_ep_layer *layer, moe_ep_gate_hook hook, void *arg);
 // Wall time (ms) of the last set_placement's parameter transfer on this rank
 // that no compute hid: posting it, plus waiting for it in the forward.
 double moe_ep_layer_trans_ms(const moe_ep_layer *layer);

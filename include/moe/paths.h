@@ -75,6 +75,13 @@ moe_status moe_path_profile_estimate(const moe_path_profile *p, int block,
 // The m most popular experts (descending; ties: lowest index) into top (m <=
 // E).
 void moe_path_top(const double *pop, int num_experts, int m, int *top);
+// The top-m experts of an estimate and of the actual popularity compared
+// (Lina's phase-2 test; m is capped at MOE_PATHS_MAX_TOP): *ordered = 1 when
+// the lists are equal in order (its estimation accuracy), *same_set = 1 when
+// they hold the same experts (else phase 2 re-plans: its fine-tune).
+#define MOE_PATHS_MAX_TOP 128
+void moe_path_compare(const double *est, const double *act, int num_experts, int m, int *ordered,
+                      int *same_set);
 
 typedef struct {
   int64_t tokens;  // tokens added (block 0's count)

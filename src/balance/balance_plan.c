@@ -440,17 +440,20 @@ moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int
                 slots, E - per_rank);
     memset(replica, 0, (size_t)E * (size_t)P);
     mem = moe_malloc((size_t)E * sizeof(int64_t) + (size_t)E * sizeof(lina_need) +
-                     (size_t)P * sizeof(keyed) + (size_t)P * sizeof(int));
+                     (size_t)P * sizeof(keyed) + (size_t)P * sizeof(int) +
+                     (size_t)P * sizeof(int64_t));
     MOE_FAIL_IF(ctx, !mem, MOE_STATUS_OUT_OF_MEMORY, "balance: lina: out of memory");
     int64_t *totals = mem;
     lina_need *order = (lina_need *)(totals + E);
     keyed *ranks = (keyed *)(order + E);
     int *used = (int *)(ranks + P);
+    int64_t *rows = (int64_t *)(used + P);  // each rank's rows under the copies so far
     expert_totals(load, totals);
     int64_t all = 0;
     for (int e = 0; e < E; e++) all += totals[e];
     if (all == 0 || slots == 0 || P < 2) goto done;
-    for (int p = 0; p < P; p++) used[p] = 0;
+    for (int p = 0; p < P; p++) used[p] = 0, rows[p] = 0;
+    for (int e = 0; e < E; e++) rows[moe_balance_home(E, P, e)] += totals[e];
     for (int e = 0; e < E; e++) {  // d_e = round(P x share) in [1, P]
       int64_t de = (int64_t)floor((double)P * (double)totals[e] / (double)all + 0.5);
       order[e].devices = de < 1 ? 1 : de > P ? P : de;
@@ -467,9 +470,15 @@ moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int
         ranks[n++].index = p;
       }
       qsort(ranks, (size_t)n, sizeof *ranks, by_key_desc);
-      for (int j = 0; j < n && need > 0; j++, need--) {
-        replica[(size_t)e * P + ranks[j].index] = 1;
-        used[ranks[j].index]++;
+      for (int j = 0; j < n && need > 0; j++) {
+        const int p = ranks[j].index;
+        const int64_t c = ranks[j].key;
+        if (rows[p] + c > rows[home]) continue;  // p would compute more than the home did
+        replica[(size_t)e * P + p] = 1;
+        used[p]++;
+        rows[p] += c;
+        rows[home] -= c;
+        need--;
       }
     }
   }

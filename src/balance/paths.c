@@ -265,6 +265,24 @@ void moe_path_top(const double *pop, int E, int m, int *top) {
   }
 }
 
+void moe_path_compare(const double *est, const double *act, int E, int m, int *ordered,
+                      int *same_set) {
+  int te[MOE_PATHS_MAX_TOP], ta[MOE_PATHS_MAX_TOP];
+  m = m < E ? m : E;
+  m = m < MOE_PATHS_MAX_TOP ? m : MOE_PATHS_MAX_TOP;
+  moe_path_top(est, E, m, te);
+  moe_path_top(act, E, m, ta);
+  int o = 1, s = 1;
+  for (int j = 0; j < m; j++) {
+    o &= te[j] == ta[j];
+    int in = 0;
+    for (int q = 0; q < m && !in; q++) in = te[j] == ta[q];
+    s &= in;
+  }
+  *ordered = o;
+  *same_set = s;
+}
+
 moe_path_profile_stats moe_path_profile_get_stats(const moe_path_profile *p) {
   moe_path_profile_stats s = {0, 0, 0};
   if (!p) return s;

@@ -116,10 +116,14 @@ struct moe_infer {
   int64_t *place_rows;                    // (P)
   int moe_index[MOE_GPT_MAX_LAYERS];      // block -> its index among the MoE blocks
   // lina (every rank): per MoE block before its forward
-  double *lina_send;    // (2E): this rank's estimate; its rows of the last block
-  double *lina_all;     // (P, 2E)
-  int64_t *lina_load;   // (P, E)
-  int64_t lina_ratios;  // ratios summed into balance_uniform / _placed (rank 0)
+  double *lina_send;     // (2E + 1): this rank's estimate; its rows of the last block; failed
+  double *lina_all;      // (P, 2E + 1)
+  double *lina_est;      // (n_moe, E): each block's estimate summed over the ranks (phase 2)
+  uint8_t *lina_have;    // (n_moe): lina_est holds this step's estimate
+  MPI_Request lina_req;  // phase 1 of block lina_next, all-gathering (overlapped)
+  int lina_next;         // -1: none in flight
+  int64_t *lina_load;    // (P, E)
+  int64_t lina_ratios;   // ratios summed into balance_uniform / _placed (rank 0)
   // Lina's expert paths (every rank; ic.record_paths, ic.paths)
   moe_path_profile *rec;   // this rank's recorded profile
   moe_path_profile *prof;  // the loaded one
@@ -164,6 +168,7 @@ void moe_infer_config_default(moe_infer_config *ic) {
   ic->place_slots = 2;
   ic->place_window = 16;
   ic->place_every = 16;
+  ic->place_phase2 = 1;
   ic->path_len = MOE_PATHS_DEFAULT_LEN;
   ic->max_paths = MOE_PATHS_DEFAULT_MAX;
 }
@@ -203,6 +208,8 @@ static moe_status check_config(moe_ctx *ctx, const moe_infer_config *ic) {
     MOE_FAIL_IF(ctx, ic->place_every < 1 || ic->place_every > (1 << 20), MOE_STATUS_INVALID_ARG,
                 "placement interval (%d) must be in [1, %d] steps", ic->place_every, 1 << 20);
   }
+  MOE_FAIL_IF(ctx, ic->place_phase2 != 0 && ic->place_phase2 != 1, MOE_STATUS_INVALID_ARG,
+              "place_phase2 (%d) must be 0 or 1", ic->place_phase2);
   if (ic->record_paths) {
     MOE_FAIL_IF(ctx, ic->path_len < 1 || ic->path_len > MOE_PATHS_MAX_LEN, MOE_STATUS_INVALID_ARG,
                 "path length (%d) must be in [1, %d]", ic->path_len, MOE_PATHS_MAX_LEN);
@@ -262,12 +269,65 @@ done:
   return st;
 }
 
-// Lina's phase 1, on every rank before MoE block `block`'s forward of this
-// rank's `tokens` rows (collective): this rank's estimate of the block's
-// popularity from its tokens' paths (their choices at the earlier MoE blocks
-// of this step) and its rows of the previous MoE block, all-gathered; the
-// previous block's balance ratios (rank 0's stats); the plan for this block
-// from the estimated (ranks x experts) load, placed when it changed.
+// Lina's placement (ic.placement lina; every rank alike). Phase 1 of MoE
+// block i: every rank estimates its own tokens' popularity for the block
+// from their choices at the earlier MoE blocks of the step
+// (moe_path_profile_estimate; block 0: the profile's marginal) and the
+// estimates are all-gathered; every rank plans the same allocation from the
+// (ranks x E) estimated load and places it when it changed. For blocks
+// after the first the all-gather is posted right after the previous block's
+// gate (lina_gate_hook) and completes during that block's all-to-all and
+// expert work and this block's attention; it is waited for before this
+// block's forward (lina_pre_forward). Phase 2 (lina_gate_hook, after block
+// i's gate): when the actual top-2K experts are not the estimated ones (as
+// sets), block i is re-planned from the actual (ranks x E) load before the
+// dispatch (blocking), counted as a re-plan.
+
+// This rank's part of block i's phase 1 into lina_send: the estimate (E), its
+// rows of block i - 1 (E, for the balance ratios) and a failure flag (1: the
+// error is in this rank's ctx), so that every rank posts the all-gather.
+static void lina_local(moe_infer *e, int i, int tokens) {
+  const int E = e->cfg.moe.num_experts;
+  const int32_t *choices[MOE_GPT_MAX_LAYERS] = {0};
+  for (int j = 0; j < i; j++) choices[j] = moe_ep_layer_get_route(e->moe_layer[j])->expert;
+  const moe_status est = moe_path_profile_estimate(e->prof, i, choices, tokens, e->lina_send, NULL);
+  const moe_route *prev = i > 0 ? moe_ep_layer_get_route(e->moe_layer[i - 1]) : NULL;
+  for (int x = 0; x < E; x++) e->lina_send[E + x] = prev ? (double)prev->count[x] : 0.0;
+  e->lina_send[2 * E] = est == MOE_STATUS_OK ? 0.0 : 1.0;
+}
+
+// Block i's plan from the (ranks x E) load in lina_load; placed when it
+// differs from the block's current one. *sent: the copies that got parameters.
+static moe_status lina_place(moe_infer *e, int i, int *sent) {
+  moe_status st = MOE_STATUS_OK;
+  const int E = e->cfg.moe.num_experts, P = e->size;
+  const size_t PE = (size_t)E * (size_t)P;
+  const moe_balance_load load = {E, P, e->lina_load};
+  *sent = 0;
+  // the same inputs on every rank: the same plan, or the same error
+  MOE_TRY(moe_balance_plan_lina(e->ctx, &load, e->user->par.copy_slots, e->place_next));
+  uint8_t *cur = e->place_cur + (size_t)i * PE;
+  if (memcmp(cur, e->place_next, PE) != 0) {
+    MOE_TRY(moe_ep_layer_set_placement(e->moe_layer[i], e->place_next));
+    memcpy(cur, e->place_next, PE);
+    *sent = moe_ep_layer_trans_copies(e->moe_layer[i]);
+  }
+done:
+  return st;
+}
+
+// Rank 0's counters after a placement step of t0's.
+static void lina_count(moe_infer *e, int sent, uint64_t t0) {
+  if (e->rank != 0) return;
+  const size_t PE = (size_t)e->cfg.moe.num_experts * (size_t)e->size;
+  int copies = 0;
+  for (size_t k = 0; k < (size_t)e->n_moe * PE; k++) copies += e->place_cur[k] != 0;
+  e->st.plans++;
+  e->st.copies_sent += sent;
+  e->st.copies = copies;
+  e->st.place_ms += moe_time_ms_since(t0);
+}
+
 static moe_status lina_pre_forward(void *arg, int block, int tokens) {
   moe_status st = MOE_STATUS_OK;
   moe_infer *e = arg;
@@ -276,20 +336,31 @@ static moe_status lina_pre_forward(void *arg, int block, int tokens) {
   if (i < 0 || !e->prof) goto done;
   {
     const uint64_t t0 = moe_time_ns();
-    const int E = e->cfg.moe.num_experts, P = e->size;
+    const int E = e->cfg.moe.num_experts, P = e->size, W = 2 * E + 1;
     const size_t PE = (size_t)E * (size_t)P;
-    const int32_t *choices[MOE_GPT_MAX_LAYERS];
-    for (int j = 0; j < i; j++) choices[j] = moe_ep_layer_get_route(e->moe_layer[j])->expert;
-    MOE_TRY(moe_path_profile_estimate(e->prof, i, choices, tokens, e->lina_send, NULL));
-    const moe_route *prev = i > 0 ? moe_ep_layer_get_route(e->moe_layer[i - 1]) : NULL;
-    for (int x = 0; x < E; x++) e->lina_send[E + x] = prev ? (double)prev->count[x] : 0.0;
-    MOE_MPI_TRY_OP(
-        ctx, "all-gather of the estimated expert popularity",
-        MPI_Allgather(e->lina_send, 2 * E, MPI_DOUBLE, e->lina_all, 2 * E, MPI_DOUBLE, e->world));
+    if (e->lina_req != MPI_REQUEST_NULL) {  // posted after the last block's gate
+      MOE_MPI_TRY_OP(ctx, "all-gather of the estimated expert popularity (wait)",
+                     MPI_Wait(&e->lina_req, MPI_STATUS_IGNORE));
+      if (e->lina_next != i) e->lina_next = -1;  // a step that failed part-way: not this block's
+    }
+    if (e->lina_next != i) {  // block 0, or nothing in flight: estimate and gather now
+      lina_local(e, i, tokens);
+      MOE_MPI_TRY_OP(
+          ctx, "all-gather of the estimated expert popularity",
+          MPI_Allgather(e->lina_send, W, MPI_DOUBLE, e->lina_all, W, MPI_DOUBLE, e->world));
+    }
+    e->lina_next = -1;
+    for (int p = 0; p < P; p++)  // a rank's estimate failed: every rank fails, no hang
+      if (e->lina_all[(size_t)p * W + 2 * E] != 0.0) {
+        if (p == e->rank) goto done_err;  // the message is in this rank's ctx
+        MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+                 "MoE block %d: rank %d failed estimating its popularity (see its error)", block,
+                 p);
+      }
     if (i > 0 && e->rank == 0) {  // the previous block's ratios, as it ran
       for (int p = 0; p < P; p++)
         for (int x = 0; x < E; x++)
-          e->lina_load[(size_t)p * E + x] = (int64_t)e->lina_all[(size_t)p * 2 * E + E + x];
+          e->lina_load[(size_t)p * E + x] = (int64_t)e->lina_all[(size_t)p * W + E + x];
       const moe_balance_load done_load = {E, P, e->lina_load};
       double r[2] = {0, 0};
       for (int k = 0; k < 2 && st == MOE_STATUS_OK; k++) {
@@ -303,26 +374,61 @@ static moe_status lina_pre_forward(void *arg, int block, int tokens) {
       e->st.balance_placed = (e->st.balance_placed * n + r[1]) / (n + 1);
       e->lina_ratios++;
     }
+    double *est = e->lina_est + (size_t)i * E;  // summed over the ranks (phase 2's)
+    for (int x = 0; x < E; x++) est[x] = 0.0;
     for (int p = 0; p < P; p++)  // the estimate as a load (expected rows, rounded)
-      for (int x = 0; x < E; x++)
-        e->lina_load[(size_t)p * E + x] = llround(e->lina_all[(size_t)p * 2 * E + x]);
-    const moe_balance_load est = {E, P, e->lina_load};
-    // the same inputs on every rank: the same plan, or the same error
-    MOE_TRY(moe_balance_plan_lina(ctx, &est, e->user->par.copy_slots, e->place_next));
-    uint8_t *cur = e->place_cur + (size_t)i * PE;
+      for (int x = 0; x < E; x++) {
+        const double v = e->lina_all[(size_t)p * W + x];
+        e->lina_load[(size_t)p * E + x] = llround(v);
+        est[x] += v;
+      }
+    e->lina_have[i] = 1;
     int sent = 0;
-    if (memcmp(cur, e->place_next, PE) != 0) {
-      MOE_TRY(moe_ep_layer_set_placement(e->moe_layer[i], e->place_next));
-      memcpy(cur, e->place_next, PE);
-      sent = moe_ep_layer_trans_copies(e->moe_layer[i]);
+    MOE_TRY(lina_place(e, i, &sent));
+    lina_count(e, sent, t0);
+  }
+done:
+  return st;
+done_err:
+  return MOE_STATUS_INVALID_ARG;
+}
+
+// After MoE block i's gate (the layer's gate hook; rows: the world's choices
+// per expert): phase 2 of block i, then phase 1 of block i + 1 posted.
+static moe_status lina_gate_hook(void *arg, moe_ep_layer *L, int tokens, const double *rows) {
+  moe_status st = MOE_STATUS_OK;
+  moe_infer *e = arg;
+  moe_ctx *ctx = e->ctx;
+  int i = 0;
+  while (i < e->n_moe && e->moe_layer[i] != L) i++;
+  if (i == e->n_moe || !e->prof) goto done;
+  {
+    const int E = e->cfg.moe.num_experts, K = e->cfg.moe.top_k, W = 2 * E + 1;
+    double any = 0;
+    for (int x = 0; x < E; x++) any += rows[x];
+    if (e->ic.place_phase2 && e->lina_have[i] && any > 0) {
+      // the same sums on every rank: the same decision
+      int ordered = 0, same = 0;
+      moe_path_compare(e->lina_est + (size_t)i * E, rows, E, 2 * K, &ordered, &same);
+      if (!same) {
+        const uint64_t t0 = moe_time_ns();
+        MOE_TRY(moe_ep_layer_load(L, e->lina_load));  // the actual (ranks x E) rows
+        int sent = 0;
+        MOE_TRY(lina_place(e, i, &sent));
+        if (e->rank == 0) {
+          e->st.replans++;
+          e->st.replan_ms += moe_time_ms_since(t0);
+        }
+        lina_count(e, sent, t0);
+      }
     }
-    if (e->rank == 0) {
-      int copies = 0;
-      for (size_t k = 0; k < (size_t)e->n_moe * PE; k++) copies += e->place_cur[k] != 0;
-      e->st.plans++;
-      e->st.copies_sent += sent;
-      e->st.copies = copies;
-      e->st.place_ms += moe_time_ms_since(t0);
+    e->lina_have[i] = 0;
+    if (i + 1 < e->n_moe) {  // phase 1 of the next block, overlapped
+      lina_local(e, i + 1, tokens);
+      MOE_MPI_TRY_OP(ctx, "all-gather of the estimated expert popularity (posted)",
+                     MPI_Iallgather(e->lina_send, W, MPI_DOUBLE, e->lina_all, W, MPI_DOUBLE,
+                                    e->world, &e->lina_req));
+      e->lina_next = i + 1;
     }
   }
 done:
@@ -342,18 +448,22 @@ static moe_status placement_init(moe_infer *e) {
   if (e->ic.placement == MOE_INFER_PLACE_LINA) {
     const int E = e->cfg.moe.num_experts, P = e->size;
     const size_t PE = (size_t)E * (size_t)P;
-    e->lina_send = moe_calloc(2 * (size_t)E, sizeof(double));
-    e->lina_all = moe_calloc(2 * PE, sizeof(double));
+    e->lina_send = moe_calloc(2 * (size_t)E + 1, sizeof(double));
+    e->lina_all = moe_calloc((2 * (size_t)E + 1) * (size_t)P, sizeof(double));
+    e->lina_est = moe_calloc((size_t)e->n_moe * E, sizeof(double));
+    e->lina_have = moe_calloc((size_t)e->n_moe, 1);
     e->lina_load = moe_calloc(PE, sizeof(int64_t));
     e->place_next = moe_calloc(PE, 1);
     e->place_cur = moe_calloc((size_t)e->n_moe * PE, 1);
     e->place_rows = moe_calloc((size_t)P, sizeof(int64_t));
-    if (!(e->lina_send && e->lina_all && e->lina_load && e->place_next && e->place_cur &&
-          e->place_rows))
+    if (!(e->lina_send && e->lina_all && e->lina_est && e->lina_have && e->lina_load &&
+          e->place_next && e->place_cur && e->place_rows))
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "cannot allocate the placement tables");
     e->user->pre_forward = lina_pre_forward;  // the profile is loaded by paths_init
     e->user->pre_forward_arg = e;
+    for (int i = 0; i < e->n_moe; i++)
+      moe_ep_layer_set_gate_hook(e->moe_layer[i], lina_gate_hook, e);
   } else {
     const int E = e->cfg.moe.num_experts, P = e->size, n = e->n_moe;
     const size_t PE = (size_t)E * (size_t)P;
@@ -515,22 +625,12 @@ static moe_status paths_step(moe_infer *e) {
         ctx, "sum of the estimated expert popularity",
         MPI_Allreduce(MPI_IN_PLACE, e->path_buf, 2 * n * E, MPI_DOUBLE, MPI_SUM, e->world));
     if (e->rank != 0) goto done;
-    const int m = 2 * K < E ? 2 * K : E;
-    int te[2 * 64 + 2], ta[2 * 64 + 2];
-    int mm = m < 2 * 64 ? m : 2 * 64;
     for (int i = 0; i < n; i++) {
       double any = 0;
       for (int x = 0; x < E; x++) any += act[(size_t)i * E + x];
       if (any <= 0) continue;
-      moe_path_top(est + (size_t)i * E, E, mm, te);
-      moe_path_top(act + (size_t)i * E, E, mm, ta);
-      int ordered = 1, sets = 1;
-      for (int j = 0; j < mm; j++) {
-        ordered &= te[j] == ta[j];
-        int in = 0;
-        for (int q = 0; q < mm && !in; q++) in = te[j] == ta[q];
-        sets &= in;
-      }
+      int ordered = 0, sets = 0;
+      moe_path_compare(est + (size_t)i * E, act + (size_t)i * E, E, 2 * K, &ordered, &sets);
       e->path_cnt[3 * i] += 1;
       e->path_cnt[3 * i + 1] += ordered;
       e->path_cnt[3 * i + 2] += !sets;
@@ -605,6 +705,10 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
   MOE_FAIL_IF(ctx, !out, MOE_STATUS_INVALID_ARG, "out must not be NULL");
   *out = NULL;
   e = moe_calloc(1, sizeof *e);
+  if (e) {
+    e->lina_req = MPI_REQUEST_NULL;
+    e->lina_next = -1;
+  }
   local = e ? check_config(ctx, ic)
             : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory");
   moe_gpt_ckpt_info info;
@@ -710,6 +814,8 @@ void moe_infer_destroy(moe_infer *e) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
   }
+  if (e->lina_req != MPI_REQUEST_NULL)  // a step that failed after posting (every rank did)
+    MPI_Wait(&e->lina_req, MPI_STATUS_IGNORE);
   for (int i = 0; i < e->n_moe; i++) moe_balancer_destroy(e->bal[i]);
   moe_path_profile_destroy(e->rec);
   moe_path_profile_destroy(e->prof);
@@ -724,6 +830,8 @@ void moe_infer_destroy(moe_infer *e) {
   moe_free(e->place_rows);
   moe_free(e->lina_send);
   moe_free(e->lina_all);
+  moe_free(e->lina_est);
+  moe_free(e->lina_have);
   moe_free(e->lina_load);
   moe_gpt_kv_destroy(e->kv);
   moe_gpt_destroy(e->model);

@@ -517,9 +517,11 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
     "# HELP moe_placement_copies Expert copies in force, over the MoE blocks.\n"
     "# TYPE moe_placement_copies gauge\nmoe_placement_copies %d\n"
     "# HELP moe_placement_seconds_total Time in placement steps (rank 0).\n"
-    "# TYPE moe_placement_seconds_total counter\nmoe_placement_seconds_total %.6f\n",
+    "# TYPE moe_placement_seconds_total counter\nmoe_placement_seconds_total %.6f\n"
+    "# HELP moe_placement_replans_total Lina's phase-2 re-plans (the estimated top-2K experts "
+    "missed).\n# TYPE moe_placement_replans_total counter\nmoe_placement_replans_total %lld\n",
     es.balance_uniform, es.balance_placed, (long long)es.plans, (long long)es.copies_sent,
-    es.copies, es.place_ms / 1000);
+    es.copies, es.place_ms / 1000, (long long)es.replans);
 #undef P
   enum MHD_Result r;
   if (o >= cap) {

@@ -205,7 +205,7 @@ static moe_status alloc_tables(moe_ctx *ctx, moe_ep_layer *L) {
   }
   L->cnt_send = moe_calloc(P * (E + 1), sizeof(int));
   L->cnt_recv = moe_calloc(P * (E + 1), sizeof(int));
-  L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1, sizeof(double));
+  L->stats = moe_calloc(MOE_LOSS_STATS(E) + 1 + E, sizeof(double));
   MOE_FAIL_IF(ctx, !L->cnt_send || !L->cnt_recv || !L->stats, MOE_STATUS_OUT_OF_MEMORY,
               "cannot allocate count tables for %zu ranks", P);
   if (L->pc.slice_tokens > 0) {
@@ -383,7 +383,7 @@ moe_status moe_ep_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         F(E) /* router_bias, in the parameter arena */ + A(sizeof(moe_ep_layer)) +
         A((size_t)world_size * 8) + A((size_t)world_size * 4) +
         (double)moe_placement_bytes((int)E, P) + 9 * A(E * sizeof(float *)) +
-        2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1) * sizeof(double)) +
+        2 * A((size_t)P * (E + 1) * sizeof(int)) + A((MOE_LOSS_STATS(E) + 1 + E) * sizeof(double)) +
         (double)moe_route_bytes(cfg->tokens, cfg->top_k, (int)E, (int)R) + 3 * A(n3 * sizeof(int)) +
         3 * A(n3 * sizeof(size_t)) + 10 * A(n2 * sizeof(size_t)) + 2 * A(r * E * sizeof(size_t)) +
         2 * A(r * sizeof(size_t)) + 2 * A((r + 1) * sizeof(size_t)) +

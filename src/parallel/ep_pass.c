@@ -728,8 +728,11 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
     memset(L->stats, 0, ns * sizeof(double));
   }
   L->stats[ns] = local == MOE_STATUS_OK ? 0.0 : 1.0;
-  MOE_MPI_TRY_OP(ctx, "all-reduce of the routing statistics",
-                 MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1, MPI_DOUBLE, MPI_SUM, L->world));
+  for (int e = 0; e < L->E; e++)  // the choices per expert (the gate hook's)
+    L->stats[ns + 1 + (size_t)e] = local == MOE_STATUS_OK ? (double)L->route.count_all[e] : 0.0;
+  MOE_MPI_TRY_OP(
+      ctx, "all-reduce of the routing statistics",
+      MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)ns + 1 + L->E, MPI_DOUBLE, MPI_SUM, L->world));
   if (local != MOE_STATUS_OK) {
     st = local;
     goto done;
@@ -739,6 +742,7 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   if (L->pc.slice_tokens > 0) MOE_TRY(ordered_gate_sums(L, &gb, tokens));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
   tm->gate_ms = moe_time_ms_since(t0);
+  if (L->gate_hook) MOE_TRY(L->gate_hook(L->gate_hook_arg, L, tokens, L->stats + ns + 1));
 
   // step 2: dispatch, counts exchange and chunk plan (agreed: its checks and
   // buffer growth can fail on one rank), pack
@@ -894,6 +898,12 @@ void moe_ep_layer_last_pass(const moe_ep_layer *L, int backward, const moe_task_
 
 const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *L, int backward) {
   return L ? &L->order[backward ? 1 : 0] : NULL;
+}
+
+void moe_ep_layer_set_gate_hook(moe_ep_layer *L, moe_ep_gate_hook hook, void *arg) {
+  if (!L) return;
+  L->gate_hook = hook;
+  L->gate_hook_arg = hook ? arg : NULL;
 }
 
 int moe_ep_layer_chunks(const moe_ep_layer *L) { return L ? L->r : 0; }

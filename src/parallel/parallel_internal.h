@@ -82,8 +82,10 @@ struct moe_ep_layer {
   int recv_rows;
   // counts exchange: (P, E + 1) ints, rows per expert then the sender's capacity
   int *cnt_send, *cnt_recv;
-  moe_ep_chunk_plan plan;  // of the last forward (the backward reuses it)
-  double *stats;           // MOE_LOSS_STATS(E) + 1 (error flag)
+  moe_ep_chunk_plan plan;      // of the last forward (the backward reuses it)
+  double *stats;               // MOE_LOSS_STATS(E) + 1 (error flag) + E (choices per expert)
+  moe_ep_gate_hook gate_hook;  // after the gate, before the dispatch (NULL: none)
+  void *gate_hook_arg;
   // fixed-order sums (pc.slice_tokens > 0): per-slice gate sums (slices, E + 1)
   // and the pairwise sum of the gate's weight gradient over slices
   double *slice_sums;  // (max_slices + 1, E + 1): the last row is the total
