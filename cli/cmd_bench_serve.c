@@ -2,12 +2,20 @@
 // library's moe_loadgen_run): throughput, time to first token, inter-token
 // latency and end-to-end latency percentiles, and each MoE block's
 // all-to-all share of the engine's step time (from the server's /metrics),
-// as a table and optionally JSON.
+// as a table and optionally JSON. With --placement LIST and --launch CMD it
+// starts the server once per expert placement (CMD --placement NAME), runs
+// the same load against each and compares them in one table.
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "moe/infer_request.h"
@@ -34,8 +42,21 @@ static void usage(FILE *f) {
           "  --seed S            lengths, arrivals and prompts [1]\n"
           "  --json FILE         also write the results as JSON\n"
           "\n"
+          "Comparing expert placements under the same load (docs/inference.md):\n"
+          "  --placement LIST    comma-separated placements (%s): for each,\n"
+          "                      start --launch CMD with '--placement NAME' appended, wait\n"
+          "                      for --url's /health, run the load (same seed), read\n"
+          "                      /metrics (MoE layer and all-to-all p50/p95, balance\n"
+          "                      ratios, phase-2 re-plans), stop the server (SIGTERM)\n"
+          "  --launch CMD        the server command, run with /bin/sh -c; it must listen\n"
+          "                      at --url, e.g. \"mpirun -n 4 moe serve --checkpoint C\n"
+          "                      --paths P --port 8080\"\n"
+          "  --rounds N          rounds, the placements interleaved in each; medians [1]\n"
+          "  --launch-timeout S  seconds a server may take to answer /health [300]\n"
+          "\n"
           "Exit status: 0 when every request was answered, 1 when some failed or the\n"
-          "server cannot be reached, 2 invalid arguments.\n");
+          "server cannot be reached, 2 invalid arguments.\n",
+          moe_infer_placement_names());
 }
 
 // One metric's value from a Prometheus text (the line "NAME VALUE"); NAN when absent.
@@ -47,10 +68,226 @@ static double metric(const char *text, const char *name) {
   return NAN;
 }
 
+// ---- comparing placements (--placement LIST --launch CMD) ------------------------------
+
+#define MAX_PLACEMENTS 8
+#define MAX_ROUNDS 64
+
+typedef struct {
+  moe_loadgen_result r;
+  double moe_ms[2], a2a_ms[2];  // the server's MoE layer forward and all-to-all p50, p95
+  double bal[2];                // balance ratio without copies, as placed
+  double plans, replans, copies_sent;
+} run_row;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+// 1 when url answers /health.
+static int healthy(moe_ctx *ctx, const char *url) {
+  char *out = NULL;
+  const int ok = moe_http_get(ctx, url, "/health", &out) == MOE_STATUS_OK;
+  moe_free(out);
+  return ok;
+}
+
+// SIGTERM to the server's process group (moe serve drains and exits 0);
+// SIGKILL after 60 s; then waits until url stops answering (at most 30 s).
+static void stop_server(moe_ctx *ctx, pid_t pid, const char *url) {
+  if (pid <= 0) return;
+  kill(-pid, SIGTERM);
+  int status = 0;
+  const double t0 = now_s();
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (now_s() - t0 > 60) {
+      cli_error("bench serve: the server did not stop in 60 s after SIGTERM: killing it");
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    sleep_ms(50);
+  }
+  for (int i = 0; i < 300 && healthy(ctx, url); i++) sleep_ms(100);
+}
+
+// Starts `cmd --placement name` (sh -c, its own process group, its stdout to
+// our stderr) and waits until url answers /health. CLI_OK with *pid, or
+// CLI_FAILED (the server exited, or did not answer within timeout_s).
+static int start_server(moe_ctx *ctx, const char *cmd, const char *name, const char *url,
+                        double timeout_s, pid_t *pid) {
+  *pid = -1;
+  if (healthy(ctx, url)) {
+    cli_error(
+        "bench serve: a server already answers at %s; stop it (or give another --url) "
+        "before --launch starts one per placement",
+        url);
+    return CLI_FAILED;
+  }
+  const size_t n = strlen(cmd) + strlen(name) + 32;
+  char *full = malloc(n);
+  if (!full) {
+    cli_error("bench serve: out of memory");
+    return CLI_FAILED;
+  }
+  snprintf(full, n, "%s --placement %s", cmd, name);
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t p = fork();
+  if (p < 0) {
+    cli_error("bench serve: cannot start the server: %s", strerror(errno));
+    free(full);
+    return CLI_FAILED;
+  }
+  if (p == 0) {
+    setpgid(0, 0);
+    dup2(2, 1);
+    execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+    _exit(127);
+  }
+  setpgid(p, p);
+  fprintf(stderr, "bench serve: started %s (pid %d)\n", full, (int)p);
+  free(full);
+  *pid = p;
+  const double t0 = now_s();
+  for (;;) {
+    int status = 0;
+    if (waitpid(p, &status, WNOHANG) == p) {
+      *pid = -1;
+      cli_error("bench serve: the server (placement %s) exited (%s %d) before answering %s/health",
+                name, WIFEXITED(status) ? "status" : "signal",
+                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), url);
+      return CLI_FAILED;
+    }
+    if (healthy(ctx, url)) return CLI_OK;
+    if (now_s() - t0 > timeout_s) {
+      cli_error(
+          "bench serve: the server (placement %s) did not answer %s/health within %.0f s "
+          "(--launch-timeout)",
+          name, url, timeout_s);
+      stop_server(ctx, p, url);
+      *pid = -1;
+      return CLI_FAILED;
+    }
+    sleep_ms(200);
+  }
+}
+
+// The load against a fresh server, and its /metrics afterwards.
+static int run_placement(moe_ctx *ctx, const moe_loadgen_config *c, run_row *row) {
+  char *m = NULL;
+  if (moe_loadgen_run(ctx, c, &row->r) != MOE_STATUS_OK ||
+      moe_http_get(ctx, c->url, "/metrics", &m) != MOE_STATUS_OK) {
+    cli_error("bench serve: %s", moe_ctx_error(ctx));
+    return CLI_FAILED;
+  }
+  row->moe_ms[0] = 1e3 * metric(m, "moe_engine_moe_layer_seconds{quantile=\"0.5\"}");
+  row->moe_ms[1] = 1e3 * metric(m, "moe_engine_moe_layer_seconds{quantile=\"0.95\"}");
+  row->a2a_ms[0] = 1e3 * metric(m, "moe_engine_a2a_layer_seconds{quantile=\"0.5\"}");
+  row->a2a_ms[1] = 1e3 * metric(m, "moe_engine_a2a_layer_seconds{quantile=\"0.95\"}");
+  row->bal[0] = metric(m, "moe_placement_balance_ratio{copies=\"none\"}");
+  row->bal[1] = metric(m, "moe_placement_balance_ratio{copies=\"placed\"}");
+  row->plans = metric(m, "moe_placement_plans_total");
+  row->replans = metric(m, "moe_placement_replans_total");
+  row->copies_sent = metric(m, "moe_placement_copies_sent_total");
+  moe_free(m);
+  return row->r.failed > 0 ? CLI_FAILED : CLI_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// The median of n values at stride (NAN when any is NAN).
+static double median_of(const double *v, int n, size_t stride) {
+  double t[MAX_ROUNDS];
+  for (int i = 0; i < n; i++) {
+    t[i] = *(const double *)((const char *)v + (size_t)i * stride);
+    if (isnan(t[i])) return NAN;
+  }
+  qsort(t, (size_t)n, sizeof t[0], cmp_double);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const char *launch,
+                              char names[][32], int n, int rounds, double timeout_s, FILE *jf) {
+  static run_row rows[MAX_ROUNDS][MAX_PLACEMENTS];
+  int rc = CLI_OK;
+  for (int k = 0; k < rounds && rc == CLI_OK; k++) {
+    for (int i = 0; i < n && rc == CLI_OK; i++) {
+      pid_t pid = -1;
+      rc = start_server(ctx, launch, names[i], c->url, timeout_s, &pid);
+      if (rc == CLI_OK) {
+        fprintf(stderr, "bench serve: round %d of %d, placement %s: %d requests\n", k + 1, rounds,
+                names[i], c->requests);
+        rc = run_placement(ctx, c, &rows[k][i]);
+      }
+      stop_server(ctx, pid, c->url);
+    }
+  }
+  if (rc != CLI_OK) return rc;
+  printf("moe bench serve: placements compared under the same load: %s%s, %d requests, %s", c->url,
+         c->chat ? "/v1/chat/completions" : "/v1/completions", c->requests,
+         c->rate > 0 ? "open loop" : "closed loop");
+  if (c->rate > 0)
+    printf(" at %.3g requests/s", c->rate);
+  else
+    printf(" with %d in flight", c->concurrency);
+  printf(", prompt %d-%d bytes, output %d-%d tokens; %d round(s), medians\n\n", c->prompt_min,
+         c->prompt_max, c->output_min, c->output_max, rounds);
+  printf(
+      "| placement | tokens/s | TTFT p50 ms | TTFT p95 ms | end to end p50 ms | p95 ms | MoE "
+      "layer p50 ms | p95 ms | all-to-all p50 ms | p95 ms | balance ratio (none -> placed) | "
+      "re-plans | MoE p95 vs %s |\n",
+      names[0]);
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const size_t st = sizeof rows[0];
+  double base = NAN;
+  for (int i = 0; i < n; i++) {
+#define MED(field) median_of(&rows[0][i].field, rounds, st)
+    const double tok = MED(r.tokens_per_s), t50 = MED(r.ttft_ms[0]), t95 = MED(r.ttft_ms[1]);
+    const double e50 = MED(r.latency_ms[0]), e95 = MED(r.latency_ms[1]);
+    const double m50 = MED(moe_ms[0]), m95 = MED(moe_ms[1]), a50 = MED(a2a_ms[0]),
+                 a95 = MED(a2a_ms[1]);
+    const double b0 = MED(bal[0]), b1 = MED(bal[1]), rp = MED(replans);
+#undef MED
+    if (i == 0) base = m95;
+    char bal[48] = "-", rep[24] = "-";
+    if (!isnan(b0) && !isnan(b1) && (b0 > 0 || b1 > 0))
+      snprintf(bal, sizeof bal, "%.2f -> %.2f", b0, b1);
+    if (!isnan(rp) && strcmp(names[i], "lina") == 0) snprintf(rep, sizeof rep, "%.0f", rp);
+    printf(
+        "| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2fx |\n",
+        names[i], tok, t50, t95, e50, e95, m50, m95, a50, a95, bal, rep, base / m95);
+    if (jf)
+      fprintf(jf,
+              "{\"placement\":\"%s\",\"rounds\":%d,\"tokens_per_s\":%.3f,\"ttft_ms\":[%.3f,%.3f],"
+              "\"latency_ms\":[%.3f,%.3f],\"moe_layer_ms\":[%.4f,%.4f],\"a2a_layer_ms\":[%.4f,"
+              "%.4f],\"balance_ratio\":[%.4f,%.4f],\"replans\":%.0f}\n",
+              names[i], rounds, tok, t50, t95, e50, e95, m50, m95, a50, a95, isnan(b0) ? 0 : b0,
+              isnan(b1) ? 0 : b1, isnan(rp) ? 0 : rp);
+  }
+  printf(
+      "\n(MoE layer and all-to-all times: the server's rank 0, one sample per step and MoE "
+      "block, from its /metrics; each placement ran on a fresh server.)\n");
+  return rc;
+}
+
 int cmd_bench_serve(int argc, char **argv) {
   moe_loadgen_config c;
   moe_loadgen_config_default(&c);
-  const char *json = NULL;
+  const char *json = NULL, *launch = NULL;
+  char place[MAX_PLACEMENTS][32];
+  int n_place = 0, rounds = 1;
+  double launch_timeout = 300;
   unsigned long long seed = 1;
   moe_ctx *ctx = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
@@ -93,10 +330,48 @@ int cmd_bench_serve(int argc, char **argv) {
       cli_parse_u64(&a, "--seed", &seed);
     } else if (cli_opt(&a, "--json")) {
       json = a.value;
+    } else if (cli_opt(&a, "--placement")) {
+      n_place = 0;
+      const char *p = a.value;
+      while (*p && !a.bad) {
+        const char *q = strchr(p, ',');
+        const size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (n_place == MAX_PLACEMENTS || len == 0 || len >= sizeof place[0]) {
+          cli_error("bench serve: --placement '%s': at most %d comma-separated names (valid: %s)",
+                    a.value, MAX_PLACEMENTS, moe_infer_placement_names());
+          a.bad = 1;
+          break;
+        }
+        memcpy(place[n_place], p, len);
+        place[n_place][len] = '\0';
+        if (moe_infer_placement_find(place[n_place]) < 0) {
+          cli_error("bench serve: --placement '%s' is unknown (valid: %s)", place[n_place],
+                    moe_infer_placement_names());
+          a.bad = 1;
+        }
+        n_place++;
+        p = q ? q + 1 : p + len;
+      }
+      if (n_place == 0 && !a.bad) {
+        cli_error("bench serve: --placement needs names (valid: %s)", moe_infer_placement_names());
+        a.bad = 1;
+      }
+    } else if (cli_opt(&a, "--launch")) {
+      launch = a.value;
+    } else if (cli_opt(&a, "--rounds")) {
+      cli_parse_int(&a, "--rounds", 1, MAX_ROUNDS, &rounds);
+    } else if (cli_opt(&a, "--launch-timeout")) {
+      cli_parse_double(&a, "--launch-timeout", 1, 86400, &launch_timeout);
     } else {
       cli_error("bench serve: unknown option '%s' (see moe bench serve --help)", cli_args_peek(&a));
       a.bad = 1;
     }
+  }
+  if (!a.bad && (n_place > 0) != (launch != NULL)) {
+    cli_error(
+        "bench serve: --placement and --launch go together (the command that starts the "
+        "server once per placement)");
+    a.bad = 1;
   }
   if (a.bad) {
     moe_ctx_destroy(ctx);
@@ -109,8 +384,14 @@ int cmd_bench_serve(int argc, char **argv) {
     moe_ctx_destroy(ctx);
     return CLI_FAILED;
   }
-  // the server's counters before and after (its step time and each block's all-to-all)
   char *m0 = NULL, *m1 = NULL;
+  if (n_place > 0) {
+    signal(SIGPIPE, SIG_IGN);
+    rc = compare_placements(ctx, &c, launch, place, n_place, rounds, launch_timeout, jo.f);
+    if (jo.f && rc == CLI_OK && cli_out_commit(&jo) != CLI_OK) rc = CLI_FAILED;
+    goto done;
+  }
+  // the server's counters before and after (its step time and each block's all-to-all)
   if (moe_http_get(ctx, c.url, "/metrics", &m0) != MOE_STATUS_OK) {
     cli_error("bench serve: %s", moe_ctx_error(ctx));
     rc = CLI_FAILED;

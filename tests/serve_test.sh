@@ -163,4 +163,30 @@ PY
   fi
 fi
 
+# moe bench serve --placement: a fresh 2-rank server per placement (--launch),
+# the same load against each, one table; bad arguments refused
+bport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck disable=SC2086 # OVERSUB is empty or one flag
+out=$("$MOE" bench serve --url "http://127.0.0.1:$bport" --requests 6 --concurrency 3 --output-len 8 \
+  --placement uniform,eplb --launch "$MPIEXEC -n 2 $OVERSUB $MOE serve --checkpoint $tmp/tiny --port $bport \
+  --slots 2 --place-slots 1 --place-every 2 --place-window 2" --json "$tmp/place.json" 2>"$tmp/place.log")
+rc=$?
+if [[ $rc -eq 0 ]] && grep -qE '^\| uniform \| [0-9]+ .*\| 1\.00x \|$' <<<"$out" &&
+  grep -qE '^\| eplb \| [0-9]+ .*\| [0-9.]+ -> [0-9.]+ \| - \| [0-9.]+x \|$' <<<"$out" &&
+  [[ $(grep -c '"placement"' "$tmp/place.json") -eq 2 ]]; then
+  ok
+else
+  bad "bench serve --placement (exit $rc): $out $(tail -5 "$tmp/place.log")"
+fi
+if python3 -c "import socket; socket.create_connection(('127.0.0.1', $bport), 1)" 2>/dev/null; then
+  bad "bench serve --placement left a server on port $bport"
+else
+  ok
+fi
+expect 2 "--placement 'frob' is unknown \(valid: uniform, eplb, lina\)" -- "$MOE" bench serve \
+  --placement uniform,frob --launch true
+expect 2 "--placement and --launch go together" -- "$MOE" bench serve --placement uniform
+expect 1 "exited \(status 3\) before answering" -- "$MOE" bench serve --url "http://127.0.0.1:$bport" \
+  --placement uniform --launch "exit 3; :"
+
 finish serve

@@ -46,46 +46,7 @@
 extern "C" {
 #endif
 
-// Expert placement while serving (docs/inference.md "Expert placement"):
-// which ranks hold copies of which experts, planned from the load the steps
-// observed. A copy computes its own rank's rows for its expert, so a rank that
-// sends a popular expert many rows computes them itself; the tokens, logits
-// and text are the same under every placement (the math is the layer's).
-// One X(ENUM, name) line each: the enum, the names and the lists in messages.
-//   uniform  every expert on its home rank only (block placement; default)
-//   eplb     EPLB's redundant slots: place_slots copies per rank, filled with
-//            the experts of the highest load per copy (moe_balance_plan_eplb)
-//            from the mean load of the last place_window steps, re-planned
-//            every place_every steps (each rank keeps its own rows' window;
-//            they are all-gathered only at a plan); the parameters move only
-//            to copies placed anew (pc.frozen_params)
-//   lina     Lina's phase 1 (ATC'23): before each MoE block's forward of a
-//            step, its popularity is estimated from the step's tokens' paths
-//            (the profile given as `paths`: every rank estimates its own
-//            tokens, one all-gather), copies are allocated from that
-//            estimate as Lina does (moe_balance_plan_lina: an expert with
-//            share s of the rows gets round(P s) ranks; place_slots per rank)
-//            and placed when the plan changed; the first block uses the
-//            profile's marginal.
-//            Phase 2 (re-planning after the gate when its top-2K differs)
-//            is not built yet: the stats path_finetune count how often it
-//            would run.
-#define MOE_INFER_PLACEMENTS(X) \
-  X(UNIFORM, uniform)           \
-  X(EPLB, eplb)                 \
-  X(LINA, lina)
-
-#define MOE_INFER_PLACEMENT_ENUM_(U, l) MOE_INFER_PLACE_##U,
-typedef enum {
-  MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_ENUM_) MOE_INFER_PLACEMENT_COUNT_
-} moe_infer_placement;
-#undef MOE_INFER_PLACEMENT_ENUM_
-// The placement called `name`, or -1 (also for NULL).
-int moe_infer_placement_find(const char *name);
-// Its name, or NULL when out of range.
-const char *moe_infer_placement_name(int placement);
-// "uniform, eplb, lina": every name, in catalogue order (static).
-const char *moe_infer_placement_names(void);
+// Expert placements (MOE_INFER_PLACEMENTS): in moe/infer_request.h.
 
 typedef struct {
   const char *checkpoint;   // a moe train checkpoint (any world size it was written at)

@@ -134,29 +134,6 @@ struct moe_infer {
   moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
 };
 
-#define MOE_INFER_PLACEMENT_NAME_(U, l) #l,
-static const char *const k_placement_names[] = {MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_NAME_)};
-#undef MOE_INFER_PLACEMENT_NAME_
-#define N_PLACEMENTS ((int)(sizeof k_placement_names / sizeof k_placement_names[0]))
-
-int moe_infer_placement_find(const char *name) {
-  if (!name) return -1;
-  for (int i = 0; i < N_PLACEMENTS; i++)
-    if (strcmp(name, k_placement_names[i]) == 0) return i;
-  return -1;
-}
-
-const char *moe_infer_placement_name(int placement) {
-  return placement >= 0 && placement < N_PLACEMENTS ? k_placement_names[placement] : NULL;
-}
-
-const char *moe_infer_placement_names(void) {
-#define MOE_INFER_PLACEMENT_LIST_(U, l) ", " #l
-  static const char list[] = MOE_INFER_PLACEMENTS(MOE_INFER_PLACEMENT_LIST_);
-#undef MOE_INFER_PLACEMENT_LIST_
-  return list + 2;  // without the first ", "
-}
-
 void moe_infer_config_default(moe_infer_config *ic) {
   memset(ic, 0, sizeof *ic);
   ic->slots = 32;
