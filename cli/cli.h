@@ -198,29 +198,32 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
                                 const char *cmd);
 #endif
 // Their help lines.
-#define CLI_INFER_ENGINE_HELP                                                          \
-  "  --slots N             sequences decoded at once per rank [32]\n"                  \
-  "  --step-rows N         rows one rank computes per step at most [256]\n"            \
-  "  --prefill-chunk N     prompt rows of one sequence per step at most [64]\n"        \
-  "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n"             \
-  "  --placement NAME      where expert copies go (docs/inference.md; the text is\n"   \
-  "                        the same): uniform (every expert on its home rank\n"        \
-  "                        only), eplb (copies of the busiest experts in spare\n"      \
-  "                        slots, re-planned from the observed load) or lina\n"        \
-  "                        (before each MoE block, copies for the popularity the\n"    \
-  "                        --paths profile estimates; after the gate, re-planned\n"    \
-  "                        when the estimated top-2K experts missed) [uniform]\n"      \
-  "  --place-slots N       eplb, lina: expert copies a rank may hold,\n"               \
-  "                        [1, E - E/ranks] [2]\n"                                     \
-  "  --place-window N      eplb: steps of load a plan averages [16]\n"                 \
-  "  --place-every N       eplb: re-plan every N steps [16]\n"                         \
-  "  --place-replan on|off lina: phase 2, the re-plan after the gate [on]\n"           \
-  "  --record-paths FILE   record a path profile of the run's tokens (Lina: the\n"     \
-  "                        next MoE block's choices per path of earlier choices)\n"    \
-  "  --path-len L          its path length, [1, 8] [3]\n"                              \
-  "  --max-paths N         its paths per MoE block at most (a profile takes at most\n" \
-  "                        256 MiB) [4096]\n"                                          \
-  "  --paths FILE          a recorded profile: report how well it estimates each\n"    \
-  "                        step's expert popularity (Lina's accuracy, fine-tune rate)\n"
+#define CLI_INFER_ENGINE_HELP                                                            \
+  "  --slots N             sequences decoded at once per rank [32]\n"                    \
+  "  --step-rows N         rows one rank computes per step at most [256]\n"              \
+  "  --prefill-chunk N     prompt rows of one sequence per step at most [64]\n"          \
+  "  --a2a NAME            all-to-all algorithm of the MoE layers [mpi]\n"               \
+  "  --placement NAME      where expert copies go (docs/inference.md; the text is\n"     \
+  "                        the same): uniform (every expert on its home rank\n"          \
+  "                        only), eplb (copies of the busiest experts in spare\n"        \
+  "                        slots, re-planned from the observed load) or lina\n"          \
+  "                        (before each MoE block, copies for the popularity the\n"      \
+  "                        --paths profile estimates; after the gate, re-planned\n"      \
+  "                        when the estimated top-2K experts missed) [uniform]\n"        \
+  "  --place-slots N       eplb, lina: expert copies a rank may hold,\n"                 \
+  "                        [1, E - E/ranks] [2]\n"                                       \
+  "  --place-window N      eplb: steps of load a plan averages [16]\n"                   \
+  "  --place-every N       eplb: re-plan every N steps [16]\n"                           \
+  "  --place-replan on|off lina: phase 2, the re-plan after the gate [on]\n"             \
+  "  --record-paths FILE   record a path profile of the run's tokens (Lina: the\n"       \
+  "                        next MoE block's choices per path of earlier choices)\n"      \
+  "  --path-len L          its path length, [1, 8] [3]\n"                                \
+  "  --max-paths N         its paths per MoE block at most (a profile takes at most\n"   \
+  "                        256 MiB) [4096]\n"                                            \
+  "  --paths FILE          a recorded profile: report how well it estimates each\n"      \
+  "                        step's expert popularity (Lina's accuracy, fine-tune rate)\n" \
+  "  --routing-trace FILE  write every step's rows per MoE block and rank (and with\n"   \
+  "                        --paths the estimated popularity) as moe train does; moe\n"   \
+  "                        simulate --lina replays it\n"
 
 #endif

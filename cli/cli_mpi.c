@@ -97,6 +97,8 @@ int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, const char **record_
     cli_parse_int(a, "--path-len", 1, MOE_PATHS_MAX_LEN, &ic->path_len);
   } else if (cli_opt(a, "--max-paths")) {
     cli_parse_int(a, "--max-paths", 1, 1 << 20, &ic->max_paths);
+  } else if (cli_opt(a, "--routing-trace")) {
+    ic->routing_trace = a->value;
   } else if (cli_opt(a, "--paths")) {
     ic->paths = a->value;
   } else {

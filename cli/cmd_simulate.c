@@ -37,6 +37,9 @@ typedef struct {
   int bal[8], n_bal;
   moe_skew skew;      // --skew [zipf:1.2 with --balance]
   int balance_slots;  // --balance-slots, -1: E / devices
+  // --lina: Lina's inference scheduling replayed on a serving trace
+  const char *lina_trace;
+  moe_lina_sim_config lina;
 } sim_opts;
 
 typedef struct {
@@ -102,7 +105,24 @@ static void simulate_usage(FILE *f) {
           "  --skew SPEC            the expert popularity every device routes with:\n"
           "                         uniform, zipf:S, hot:F, trace:FILE[#LAYER][@A-B]\n"
           "                         (a moe train --routing-trace file) [zipf:1.2]\n"
-          "  --balance-slots N      copy slots per device, 0..E-E/devices [E/devices]\n",
+          "  --balance-slots N      copy slots per device, 0..E-E/devices [E/devices]\n"
+          "\n"
+          "Lina's inference scheduling (instead of the schedules; docs/inference.md):\n"
+          "  --lina TRACE           replay a serving trace (moe generate --paths P\n"
+          "                         --routing-trace TRACE): per step and MoE block, the\n"
+          "                         layer's forward with Lina's devices per expert from the\n"
+          "                         actual popularity (ideal), from the path estimate (phase\n"
+          "                         1), corrected after the gate (two phases), and static;\n"
+          "                         p50/p95 over the steps, normalised to ideal (Lina's\n"
+          "                         Table 5). Uses --tokens, --model, --hidden; the trace\n"
+          "                         gives E and K [cluster lina-4x4-a100]\n"
+          "  --lina-from-block B    skip the MoE blocks before B (Lina schedules from its\n"
+          "                         4th layer) [0]\n"
+          "  --lina-pack N          experts a device serves at most [4]\n"
+          "  --lina-replan-ms X     a re-plan's blocking cost; the phase-2 check's too\n"
+          "                         with --lina-check-ms [a small collective on the cluster]\n"
+          "  --lina-check-ms X      phase 2's check on every step [the same collective]\n"
+          "  --act-bytes N          bytes of an activation on the wire [2: fp16]\n",
           moe_balance_policy_names());
 }
 
@@ -181,6 +201,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   o->skew.kind = MOE_SKEW_ZIPF;
   o->skew.param = 1.2;
   o->balance_slots = -1;
+  moe_lina_sim_config_default(&o->lina);
   snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");   // catalogue: default
   snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");  // catalogue: default
   o->n_a2a = 2;
@@ -280,6 +301,18 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       cli_parse_skew(&a, "--skew", &o->skew);
     } else if (!o->roofline && cli_opt(&a, "--balance-slots")) {
       cli_parse_int(&a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
+    } else if (!o->roofline && cli_opt(&a, "--lina")) {
+      o->lina_trace = a.value;
+    } else if (!o->roofline && cli_opt(&a, "--lina-from-block")) {
+      cli_parse_int(&a, "--lina-from-block", 0, 255, &o->lina.from_block);
+    } else if (!o->roofline && cli_opt(&a, "--lina-pack")) {
+      cli_parse_int(&a, "--lina-pack", 1, 65536, &o->lina.max_pack);
+    } else if (!o->roofline && cli_opt(&a, "--lina-replan-ms")) {
+      cli_parse_double(&a, "--lina-replan-ms", 0, 1e6, &o->lina.replan_ms);
+    } else if (!o->roofline && cli_opt(&a, "--lina-check-ms")) {
+      cli_parse_double(&a, "--lina-check-ms", 0, 1e6, &o->lina.check_ms);
+    } else if (!o->roofline && cli_opt(&a, "--act-bytes")) {
+      cli_parse_int(&a, "--act-bytes", 1, 8, &o->lina.act_bytes);
     } else {
       cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -483,6 +516,54 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
   return rc;
 }
 
+// --lina: Lina's scheduling replayed on a serving trace, beside Table 5.
+static int simulate_lina(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) {
+  moe_routing_trace_data tr;
+  moe_lina_sim_result r;
+  if (moe_routing_trace_load(ctx, o->lina_trace, &tr) != MOE_STATUS_OK) {
+    cli_error("--lina: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  o->lina.tokens = o->cfg.tokens;
+  o->lina.model_dim = o->cfg.model_dim;
+  o->lina.hidden_dim = o->cfg.hidden_dim;
+  const moe_status st = moe_lina_simulate(ctx, c, &o->lina, &tr, &r);
+  const int E = tr.experts, K = tr.top_k, lines = tr.n;
+  moe_routing_trace_data_free(&tr);
+  if (st != MOE_STATUS_OK) {
+    cli_error("--lina: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  moe_balance_cost cost;
+  moe_balance_cost_of_cluster(c, o->cfg.model_dim, o->cfg.hidden_dim, &cost);
+  printf(
+      "moe simulate --lina: %s (%d x %d %s), trace %s (%d lines; E=%d, K=%d), T=%d per "
+      "device, M=%d, H=%d, %d-byte activations, at most %d experts a device, from MoE block "
+      "%d\n",
+      c->name, c->nodes, c->devices_per_node, c->device, o->lina_trace, lines, E, K, o->cfg.tokens,
+      o->cfg.model_dim, o->cfg.hidden_dim, o->lina.act_bytes, o->lina.max_pack, o->lina.from_block);
+  printf(
+      "rates: GEMM %.2f TFLOP/s per device, %.2f GB/s per device; phase-2 check %.3f ms, "
+      "re-plan %.3f ms\n\n",
+      cost.flops_per_s / 1e12, cost.net_bytes_per_s / 1e9, r.check_ms, r.replan_ms);
+  static const char *const names[MOE_LINA_SCENARIOS] = {"ideal", "static", "lina phase 1",
+                                                        "lina (two phases)"};
+  printf("| scenario | p50 ms | p95 ms | p50 / ideal | p95 / ideal |\n|---|---|---|---|---|\n");
+  for (int s = 0; s < MOE_LINA_SCENARIOS; s++)
+    printf("| %s | %.3f | %.3f | %.2f | %.2f |\n", names[s], r.p50[s], r.p95[s],
+           r.p50[s] / r.p50[MOE_LINA_IDEAL], r.p95[s] / r.p95[MOE_LINA_IDEAL]);
+  printf(
+      "\n%d samples (MoE block steps): estimate accuracy %.1f%% (top-%d equal in order), "
+      "fine-tune rate %.1f%% (not equal as sets: phase 2 re-plans)\n",
+      r.samples, 100 * r.accuracy, 2 * K < E ? 2 * K : E, 100 * r.finetune);
+  printf(
+      "Lina Table 5 (16 A100s; two phases, normalised to ideal): l=1: p50 1.41 / 1.34, p95 "
+      "1.32 / 1.35, fine-tune 76.5%% / 71.3%%, accuracy 31.6%% / 28.3%% (TXL / BERT); l=3: "
+      "1.16 / 1.07, 1.04 / 1.04, 25.7%% / 32.2%%, 60.4%% / 63.5%%; l=6: 1.19 / 1.09, 1.11 / "
+      "1.11, 22.5%% / 27.1%%, 71.4%% / 66.0%%\n");
+  return CLI_OK;
+}
+
 static int simulate_main(int argc, char **argv, int roofline);
 
 int cmd_simulate(int argc, char **argv) { return simulate_main(argc, argv, 0); }
@@ -508,6 +589,11 @@ static int simulate_main(int argc, char **argv, int roofline) {
     moe_ctx_destroy(ctx);
     return CLI_OK;
   }
+  if (o.lina_trace && o.n_bal > 0) {
+    cli_error("--lina and --balance are two different simulations: give one");
+    return CLI_USAGE;
+  }
+  if (o.lina_trace && !o.cluster_set) o.cluster = "lina-4x4-a100";  // Lina's testbed
   moe_ctx *ctx = NULL;
   sim_row *rows = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
@@ -551,6 +637,10 @@ static int simulate_main(int argc, char **argv, int roofline) {
   if (moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {
     cli_error("%s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
+    goto done;
+  }
+  if (o.lina_trace) {
+    rc = simulate_lina(ctx, &o, &c);
     goto done;
   }
   if (o.n_bal > 0) {

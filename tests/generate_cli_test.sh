@@ -88,6 +88,31 @@ PY
 expect 0 "lina phase 2: [0-9]+ re-plans" -- mpi 4 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
   --input "$tmp/p.jsonl" --output "$tmp/o4l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 3
 if cmp -s "$tmp/o1.jsonl" "$tmp/o4l.jsonl"; then ok; else bad "lina placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4l.jsonl" | head -4)"; fi
+# a serving trace with the estimates, replayed by moe simulate --lina
+expect 0 "lina phase 2" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
+  --output /dev/null --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 1 \
+  --routing-trace "$tmp/rt.jsonl"
+python3 - "$tmp/rt.jsonl" "$tmp/p1.json" <<'PY' && ok || bad "serving trace: $(head -c 300 "$tmp/rt.jsonl")"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+h, body = lines[0], lines[1:]
+prof = json.load(open(sys.argv[2]))
+assert h["format"] == "libmoe-routing-trace" and h["ranks"] == 2, h
+nb = len(h["moe_layers"])
+assert len(body) % nb == 0 and len(body) > 0, len(body)
+for l in body:
+    assert len(l["counts"]) == 2 and all(len(r) == h["experts"] for r in l["counts"]), l
+    assert len(l["estimate"]) == h["experts"], l
+    # the estimate counts every top_k choice of the step's tokens, as the rows do
+    rows = sum(map(sum, l["counts"]))
+    assert abs(sum(l["estimate"]) - rows) <= 1e-3 * max(1, rows), (sum(l["estimate"]), rows)
+PY
+expect 0 "\| lina \(two phases\) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|" -- "$MOE" simulate \
+  --lina "$tmp/rt.jsonl" --tokens 256 --model 64 --hidden 128
+expect 0 "fine-tune rate [0-9.]+%" -- "$MOE" simulate --lina "$tmp/rt.jsonl" --lina-from-block 1
+expect 2 "--lina: cannot open the routing trace '/nonexistent.jsonl'" -- "$MOE" simulate --lina /nonexistent.jsonl
+expect 2 "--lina and --balance are two different simulations" -- "$MOE" simulate --lina "$tmp/rt.jsonl" \
+  --balance all
 # phase 1 only (no re-plan after the gate): the same text, no re-plan reported
 expect 0 "placement lina: balance ratio .* [1-9][0-9]* plans" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
   --input "$tmp/p.jsonl" --output "$tmp/o2l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" \

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "balance/balance_internal.h"
 #include "moe/balance.h"
@@ -979,6 +980,166 @@ static void test_lina(void) {
   }
 }
 
+// Lina's inference scheduling replayed (moe_lina_allocate, moe_lina_layer_ms,
+// moe_lina_simulate, moe_routing_trace_load) on hand-worked cases.
+static void test_lina_sim(void) {
+  {  // eq. 1 and first-fit-decreasing: n = (2, 1, 0.6, 0.4) on 4 devices
+    const double pop[4] = {20, 10, 6, 4};
+    uint8_t on[16];
+    TU_CHECK(moe_lina_allocate(g_ctx, pop, 4, 4, 4, on) == MOE_STATUS_OK, "lina allocate");
+    // expert 0: devices 0 and 1; expert 1: device 2; experts 2 and 3 packed on device 3
+    const uint8_t want[16] = {1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1};
+    TU_CHECK(bitmap_is(on, want, 16), "lina allocate: popular own devices, the rest packed");
+    // at most 1 expert a device: expert 3 fits nowhere with room, so it goes
+    // to the least loaded device of all (3, at 0.6)
+    TU_CHECK(moe_lina_allocate(g_ctx, pop, 4, 4, 1, on) == MOE_STATUS_OK && bitmap_is(on, want, 16),
+             "lina allocate, pack 1: the least loaded device of all");
+    // FFD of n = (0.5, 0.3 x 5) on 2 devices (none popular): device 0 takes
+    // experts 0, 1 (0.8); 2 does not fit there, device 1 takes 2, 3, 4 (0.9);
+    // 5 fits nowhere: the least loaded with room, device 0
+    const double pk[6] = {0.5, 0.3, 0.3, 0.3, 0.3, 0.3};
+    uint8_t o2[12];
+    TU_CHECK(moe_lina_allocate(g_ctx, pk, 6, 2, 4, o2) == MOE_STATUS_OK, "lina FFD");
+    const uint8_t w2[12] = {1, 0, 1, 0, 0, 1, 0, 1, 0, 1, 1, 0};
+    print_bitmap("lina FFD", o2, 6, 2);
+    TU_CHECK(bitmap_is(o2, w2, 12), "lina FFD packing on 2 devices");
+    // an expert nobody chose goes to the least loaded device
+    const double hot[4] = {4, 0, 0, 0};
+    TU_CHECK(moe_lina_allocate(g_ctx, hot, 4, 4, 4, on) == MOE_STATUS_OK, "lina hot");
+    const uint8_t wh[16] = {1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0};
+    TU_CHECK(bitmap_is(on, wh, 16), "lina: one hot expert on every device, the others spread");
+    TU_CHECK(moe_lina_allocate(g_ctx, pop, 4, 2, 1, on) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "at most 1 experts a device cannot hold 4"),
+             "lina allocate: no room: %s", moe_ctx_error(g_ctx));
+    const double bad[4] = {1, -1, 0, 0};
+    TU_CHECK(moe_lina_allocate(g_ctx, bad, 4, 4, 4, on) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "popularity of expert 1 (-1)"),
+             "lina allocate: negative popularity: %s", moe_ctx_error(g_ctx));
+  }
+  {  // the layer's time: most rows 300 (>= 200 sent): 300 x 4 x 10 x 25 / 1e12 s of
+     // GEMM, 2 x 300 x (1 - 1/2) x 10 x 2 / 1e9 s of all-to-all
+    moe_balance_cost cost;
+    moe_balance_cost_default(&cost, 10, 25);
+    cost.flops_per_s = 1e12;
+    cost.net_bytes_per_s = 1e9;
+    cost.act_bytes = 2;
+    const uint8_t on[4] = {1, 0, 0, 1};
+    const double rows[2] = {300, 100};
+    const double ms = moe_lina_layer_ms(on, rows, 2, 2, 200, &cost);
+    TU_CHECK(near(ms, 1e3 * (300 * 4 * 10 * 25 / 1e12 + 2 * 150 * 10 * 2 / 1e9)),
+             "lina layer ms %.9f", ms);
+    const uint8_t both[4] = {1, 1, 1, 1};  // each expert split over both: 200 rows each
+    TU_CHECK(near(moe_lina_layer_ms(both, rows, 2, 2, 200, &cost),
+                  1e3 * (200 * 4 * 10 * 25 / 1e12 + 2 * 100 * 10 * 2 / 1e9)),
+             "lina layer ms, split experts");
+  }
+  {  // a two-step trace: step 1's estimate is exact, step 2's misses (top-2
+     // {0, 1} against {3, 2}): ideal is the same at both steps (a permutation),
+     // two phases = ideal + check at 1, + check + re-plan at 2; phase 1 = ideal
+     // at 1 and the wrong allocation's time at 2
+    char path[96];
+    snprintf(path, sizeof path, "/tmp/moe_test_lina_%d.jsonl", (int)getpid());
+    FILE *f = fopen(path, "w");
+    TU_CHECK(f != NULL, "trace file");
+    if (!f) return;
+    fputs(
+        "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": 1, \"experts\": 4, "
+        "\"top_k\": 1, \"tokens_per_rank\": 100, \"moe_layers\": [1, 3]}\n",
+        f);
+    fputs(
+        "{\"step\": 1, \"layer\": 1, \"counts\": [[50, 30, 15, 5]], \"estimate\": [50, 30, 15, "
+        "5]}\n",
+        f);
+    fputs(
+        "{\"step\": 2, \"layer\": 3, \"counts\": [[5, 15, 30, 50]], \"estimate\": [50, 30, 15, "
+        "5]}\n",
+        f);
+    fputs("{\"step\": 3, \"layer\": 1, \"counts\": [[5, 15, 30, 50]]}\n", f);  // no estimate
+    fclose(f);
+    moe_routing_trace_data tr;
+    TU_CHECK(moe_routing_trace_load(g_ctx, path, &tr) == MOE_STATUS_OK && tr.n == 3 &&
+                 tr.with_estimate == 2 && tr.experts == 4 && tr.n_layers == 2 &&
+                 tr.layers[1] == 3 && tr.rows[4 + 3] == 50 && isnan(tr.estimate[8]),
+             "trace load: %s", moe_ctx_error(g_ctx));
+    moe_cluster cl;
+    TU_CHECK(moe_cluster_builtin(g_ctx, "lina-4x4-a100", &cl) == MOE_STATUS_OK, "cluster");
+    moe_lina_sim_config c;
+    moe_lina_sim_config_default(&c);
+    c.check_ms = 1;
+    c.replan_ms = 10;
+    moe_lina_sim_result r;
+    TU_CHECK(moe_lina_simulate(g_ctx, &cl, &c, &tr, &r) == MOE_STATUS_OK, "lina simulate: %s",
+             moe_ctx_error(g_ctx));
+    moe_balance_cost cost;
+    moe_balance_cost_of_cluster(&cl, c.model_dim, c.hidden_dim, &cost);
+    cost.act_bytes = c.act_bytes;
+    const int D = 16;
+    const double R = D * c.tokens * 1.0;
+    double act[4], est[4];
+    for (int e = 0; e < 4; e++) act[e] = R * tr.rows[4 + e] / 100, est[e] = tr.estimate[e];
+    uint8_t on[64];
+    moe_lina_allocate(g_ctx, act, 4, D, 4, on);
+    const double ideal = moe_lina_layer_ms(on, act, 4, D, c.tokens, &cost);
+    moe_lina_allocate(g_ctx, est, 4, D, 4, on);
+    const double wrong = moe_lina_layer_ms(on, act, 4, D, c.tokens, &cost);
+    TU_CHECK(r.samples == 2 && near(r.accuracy, 0.5) && near(r.finetune, 0.5),
+             "lina simulate: %d samples, accuracy %g, fine-tune %g", r.samples, r.accuracy,
+             r.finetune);
+    TU_CHECK(wrong > ideal * 1.5, "the missed estimate's allocation is slower (%g vs %g ms)", wrong,
+             ideal);
+    TU_CHECK(near(r.p50[MOE_LINA_IDEAL], ideal) && near(r.p95[MOE_LINA_IDEAL], ideal) &&
+                 near(r.p50[MOE_LINA_PHASE1], ideal) && near(r.p95[MOE_LINA_PHASE1], wrong) &&
+                 near(r.p50[MOE_LINA_TWO_PHASE], ideal + 1) &&
+                 near(r.p95[MOE_LINA_TWO_PHASE], ideal + 11),
+             "lina simulate: ideal %g/%g, phase 1 %g/%g, two phases %g/%g (want %g, %g/%g, "
+             "%g/%g)",
+             r.p50[0], r.p95[0], r.p50[2], r.p95[2], r.p50[3], r.p95[3], ideal, ideal, wrong,
+             ideal + 1, ideal + 11);
+    // static: each expert on 4 of the 16 devices; the busiest (50%) sets it
+    TU_CHECK(r.p50[MOE_LINA_UNIFORM] > ideal, "static slower than ideal");
+    c.from_block = 1;  // only the layer-3 line
+    TU_CHECK(moe_lina_simulate(g_ctx, &cl, &c, &tr, &r) == MOE_STATUS_OK && r.samples == 1 &&
+                 near(r.finetune, 1.0),
+             "lina simulate from block 1: %d samples", r.samples);
+    c.from_block = 2;
+    TU_CHECK(moe_lina_simulate(g_ctx, &cl, &c, &tr, &r) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "no line with an estimate"),
+             "lina simulate past the blocks: %s", moe_ctx_error(g_ctx));
+    tr.with_estimate = 0;
+    TU_CHECK(moe_lina_simulate(g_ctx, &cl, &c, &tr, &r) == MOE_STATUS_INVALID_ARG &&
+                 strstr(moe_ctx_error(g_ctx), "holds no estimates"),
+             "lina simulate without estimates: %s", moe_ctx_error(g_ctx));
+    moe_routing_trace_data_free(&tr);
+    // malformed estimates are named by line
+    f = fopen(path, "w");
+    if (f) {
+      fputs(
+          "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": 1, \"experts\": "
+          "2, \"top_k\": 1, \"tokens_per_rank\": 10, \"moe_layers\": [0]}\n"
+          "{\"step\": 1, \"layer\": 0, \"counts\": [[5, 5]], \"estimate\": [1]}\n",
+          f);
+      fclose(f);
+    }
+    TU_CHECK(moe_routing_trace_load(g_ctx, path, &tr) == MOE_STATUS_BAD_FORMAT &&
+                 strstr(moe_ctx_error(g_ctx), "line 2: \"estimate\" must be 2 numbers") &&
+                 tr.n == 0 && !tr.rows,
+             "trace load: short estimate: %s", moe_ctx_error(g_ctx));
+    f = fopen(path, "w");
+    if (f) {
+      fputs(
+          "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": 1, \"experts\": "
+          "2, \"top_k\": 1, \"tokens_per_rank\": 10, \"moe_layers\": [0]}\n"
+          "{\"step\": 1, \"layer\": 0, \"counts\": [[5, 5]], \"estimate\": [1, -2]}\n",
+          f);
+      fclose(f);
+    }
+    TU_CHECK(moe_routing_trace_load(g_ctx, path, &tr) == MOE_STATUS_BAD_FORMAT &&
+                 strstr(moe_ctx_error(g_ctx), "finite number >= 0"),
+             "trace load: negative estimate: %s", moe_ctx_error(g_ctx));
+    remove(path);
+  }
+}
+
 int main(void) {
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) return 2;
   test_rows();
@@ -995,6 +1156,7 @@ int main(void) {
   test_simulate();
   test_auto();
   test_lina();
+  test_lina_sim();
   moe_ctx_destroy(g_ctx);
   return tu_finish("test_balance");
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Expert placement while serving: `moe generate` on P ranks with every
-# placement (uniform, eplb), interleaved rounds, the same prompts; the text
+# placement (uniform, eplb; with PATHS lina, and lina-p1: lina with phase 1
+# only, --place-replan off), interleaved rounds, the same prompts; the text
 # must be byte-identical under every placement (the script fails otherwise).
 #   bash bench/serve/placement.sh CHECKPOINT [ROUNDS] [PROMPTS] [TOKENS] [MOE]
 # Environment:
@@ -11,7 +12,7 @@
 #                        mpirun on this host [empty]
 #   PLACE="--place-slots 2 --place-every 16 --place-window 16"  eplb's options
 #   PATHS=FILE           a path profile (moe generate --record-paths): adds
-#                        lina (--paths FILE and PLACE's --place-slots)
+#                        lina and lina-p1 (--paths FILE and PLACE's --place-slots)
 # Prints a table of medians over the rounds: tokens/s, the MoE layer
 # forward's p50 / p95 (rank 0, one sample per step and MoE block), its
 # all-to-alls' p50 / p95, the balance ratio without copies and as placed, and
@@ -61,15 +62,16 @@ run() { # run OUT LOG ARGS...: moe generate on the ranks
   fi
 }
 placements=(uniform eplb)
-[[ -z ${PATHS:-} ]] || placements+=(lina)
+[[ -z ${PATHS:-} ]] || placements+=(lina lina-p1)
 slots=$(echo "$place" | sed -n 's/.*--place-slots \([0-9]*\).*/\1/p')
 for _ in $(seq "$rounds"); do
   for pl in "${placements[@]}"; do
     extra=()
     # shellcheck disable=SC2206 # options split on purpose
     [[ $pl != eplb ]] || extra=($place)
-    [[ $pl != lina ]] || extra=(--paths "$(realpath "$PATHS")" --place-slots "${slots:-2}")
-    run "$tmp/out.$pl" "$tmp/log" --placement "$pl" "${extra[@]}" ||
+    [[ $pl != lina* ]] || extra=(--paths "$(realpath "$PATHS")" --place-slots "${slots:-2}")
+    [[ $pl != lina-p1 ]] || extra+=(--place-replan off)
+    run "$tmp/out.$pl" "$tmp/log" --placement "${pl%-p1}" "${extra[@]}" ||
       { echo "placement.sh: moe generate --placement $pl failed:" >&2; tail -5 "$tmp/log" >&2; exit 1; }
     if ! cmp -s "$tmp/out.uniform" "$tmp/out.$pl"; then
       echo "placement.sh: the text under $pl differs from uniform's" >&2
@@ -79,8 +81,10 @@ for _ in $(seq "$rounds"); do
       / tokens\/s, / { for (i = 1; i <= NF; i++) if ($(i + 1) == "tokens/s,") tps = $i }
       /MoE layer forward p50/ { gsub(/[,;]/, ""); lp50 = $6; lp95 = $9; ap50 = $14; ap95 = $17 }
       /placement .*: balance ratio/ { gsub(/[,;]/, ""); un = $6; pd = $9 }
+      /lina phase 2: / { for (i = 1; i <= NF; i++) if ($(i + 1) == "re-plans") rp = $i }
       END { if (un == "") { un = "-"; pd = "-" }
-            print pl, tps, lp50, lp95, ap50, ap95, un, pd }' "$tmp/log" >>"$tmp/rows"
+            if (rp == "") rp = "-"
+            print pl, tps, lp50, lp95, ap50, ap95, un, pd, rp }' "$tmp/log" >>"$tmp/rows"
   done
 done
 median() { sort -g | awk '{a[NR]=$1} END {if (NR) print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
@@ -88,21 +92,22 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 where="plain mpirun on this host"
 [[ -z $cluster_flags ]] || where="the emulated cluster ($cluster_flags)"
 echo "moe generate, $prompts prompts x $tokens tokens, $ranks ranks on $where; eplb: $place;"
-[[ -z ${PATHS:-} ]] || echo "lina: --paths $PATHS --place-slots ${slots:-2};"
+[[ -z ${PATHS:-} ]] || echo "lina: --paths $PATHS --place-slots ${slots:-2} (lina-p1: --place-replan off);"
 echo "medians of $rounds interleaved rounds ($cpu); the text is identical under every placement"
 echo
-echo "| placement | tokens/s | MoE layer p50 ms | p95 ms | all-to-all p50 ms | p95 ms | balance ratio (none -> placed) | p95 vs uniform |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| placement | tokens/s | MoE layer p50 ms | p95 ms | all-to-all p50 ms | p95 ms | balance ratio (none -> placed) | re-plans | p95 vs uniform |"
+echo "|---|---|---|---|---|---|---|---|---|"
 declare -A med
 for pl in "${placements[@]}"; do
-  for c in 2 3 4 5 6 7 8; do
+  for c in 2 3 4 5 6 7 8 9; do
     med[$pl.$c]=$(awk -v pl="$pl" -v c="$c" '$1 == pl && $c != "-" {print $c}' "$tmp/rows" | median)
   done
 done
 for pl in "${placements[@]}"; do
   awk -v pl="$pl" -v t="${med[$pl.2]}" -v l50="${med[$pl.3]}" -v l95="${med[$pl.4]}" \
     -v a50="${med[$pl.5]}" -v a95="${med[$pl.6]}" -v un="${med[$pl.7]}" -v pd="${med[$pl.8]}" \
-    -v u95="${med[uniform.4]}" 'BEGIN {
+    -v rp="${med[$pl.9]}" -v u95="${med[uniform.4]}" 'BEGIN {
       ratio = (un == "") ? "-" : sprintf("%.2f -> %.2f", un, pd)
-      printf "| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %.2fx |\n", pl, t, l50, l95, a50, a95, ratio, u95 / l95 }'
+      if (rp == "") rp = "-"
+      printf "| %s | %.0f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2fx |\n", pl, t, l50, l95, a50, a95, ratio, rp, u95 / l95 }'
 done

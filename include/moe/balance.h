@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "moe/core.h"
+#include "moe/layer.h"
 #include "moe/perf.h"
 
 #ifdef __cplusplus
@@ -350,6 +351,73 @@ void moe_balance_cost_of_cluster(const moe_cluster *cl, int model_dim, int hidde
 moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_layer_config *cfg,
                                 const double *shares, const int *policies, int n, int slots,
                                 moe_balance_sim_result *out);
+
+// ---- Lina's inference scheduling, replayed (moe simulate --lina) ------------------------
+//
+// Lina (ATC'23, section 5) gives each MoE layer's experts devices in
+// proportion to their popularity in the batch, estimated before the gate
+// from the tokens' expert paths (phase 1), and re-plans from the actual
+// popularity when the gate's top-2K experts are not the estimated (phase 2).
+
+// Lina's allocation of E experts on D devices from a popularity pop (E,
+// finite, >= 0, any scale): n_e = D x pop_e / sum (eq. 1). Experts with
+// n_e >= 1, in descending n_e, get round(n_e) devices of their own (at least
+// 1, leaving one for every such expert after it); the rest are packed on the
+// remaining devices by first-fit-decreasing of n_e (capacity 1, at most
+// max_pack experts a device); one that fits nowhere, and an expert of
+// popularity 0, goes to the device of least n, then fewest experts, then
+// lowest index, among those with room [R: Lina says "a random device"]; if
+// the popular experts' devices left none with room, among all (max_pack
+// exceeded). on (E, D) = 1 where device
+// d serves expert e; an expert's rows are split evenly over its devices.
+// INVALID_ARG for E or D out of [1, 65536], max_pack x D < E, or a bad pop.
+moe_status moe_lina_allocate(moe_ctx *ctx, const double *pop, int num_experts, int devices,
+                             int max_pack, uint8_t *on);
+// The modelled forward of the MoE layer (inference) in ms when expert e has
+// rows[e] rows on the cluster split evenly over its devices in on (E, D) and
+// every device sends rows_per_device rows: with L = the most rows a device
+// computes, 4 M H L / flops_per_s + 2 x max(L, rows_per_device) (1 - 1/D) M
+// act_bytes / net_bytes_per_s (the experts' two GEMMs; dispatch and combine,
+// all but a device's own share remote).
+double moe_lina_layer_ms(const uint8_t *on, const double *rows, int num_experts, int devices,
+                         double rows_per_device, const moe_balance_cost *cost);
+
+enum {
+  MOE_LINA_IDEAL = 0,  // allocated from the actual popularity, no scheduling cost
+  MOE_LINA_UNIFORM,    // the static placement (E/D experts a device, or D/E devices an expert)
+  MOE_LINA_PHASE1,     // allocated from the estimate only
+  MOE_LINA_TWO_PHASE,  // phase 1, checked after the gate (check_ms); a miss re-planned from
+                       // the actual popularity (+ replan_ms)
+  MOE_LINA_SCENARIOS
+};
+
+typedef struct {
+  int tokens;                 // tokens per device and step [1024]
+  int model_dim, hidden_dim;  // M, H [1024, 4096]
+  int act_bytes;              // bytes of an activation on the wire [2: fp16]
+  int max_pack;               // experts a device serves at most (Lina: 4) [4]
+  double check_ms;            // phase 2's check; < 0: a small collective on the cluster [-1]
+  double replan_ms;           // a re-plan's blocking cost; < 0: the same collective [-1]
+  int from_block;             // MoE blocks before this one are not replayed [0]
+} moe_lina_sim_config;
+void moe_lina_sim_config_default(moe_lina_sim_config *c);
+
+typedef struct {
+  int devices, samples;        // the cluster's devices; trace lines replayed
+  double accuracy;             // fraction whose estimated top-2K equals the gate's, in order
+  double finetune;             // fraction whose top-2K differ as sets (phase 2 re-plans)
+  double check_ms, replan_ms;  // the costs used
+  double p50[MOE_LINA_SCENARIOS], p95[MOE_LINA_SCENARIOS];  // the layer's ms over the samples
+} moe_lina_sim_result;
+
+// Replays every line of a serving trace that has an estimate, from MoE block
+// from_block on, on the cluster's D devices: the step's actual shares of the
+// choices scaled to D x tokens x top_k rows, each scenario's allocation, its
+// layer time (moe_lina_layer_ms with the cluster's rates). INVALID_ARG for a
+// trace without estimates or lines, a config out of range, or a static
+// placement E and D do not allow.
+moe_status moe_lina_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_lina_sim_config *c,
+                             const moe_routing_trace_data *trace, moe_lina_sim_result *out);
 
 #ifdef __cplusplus
 }

@@ -64,12 +64,16 @@ typedef struct {
   int place_phase2;  // lina: 1 = Lina's phase 2 (re-plan after the gate when the estimate
                      // missed), 0 = phase 1 only, {0, 1} [1]
   // Lina's expert paths (include/moe/paths.h; docs/inference.md "Path profiles")
-  int record_paths;   // 1: record a path profile of every step's tokens (moe_infer_paths_json)
-  int path_len;       // its path length l, [1, MOE_PATHS_MAX_LEN] [3]
-  int max_paths;      // its paths per MoE block at most, [1, 1 << 20] [4096]
-  const char *paths;  // a recorded profile (NULL: none): every step, each MoE block's
-                      // popularity estimated from it is checked against its gate's
-                      // (Lina's phase-2 test; stats path_*)
+  int record_paths;  // 1: record a path profile of every step's tokens (moe_infer_paths_json)
+  int path_len;      // its path length l, [1, MOE_PATHS_MAX_LEN] [3]
+  int max_paths;     // its paths per MoE block at most, [1, 1 << 20] [4096]
+  const char *routing_trace;  // rank 0 writes every step's routing here (NULL: none): the
+                              // (ranks x E) rows per MoE block as moe train --routing-trace
+                              // does, with `paths` each block's estimated popularity too
+                              // ("estimate"); read by moe simulate --lina
+  const char *paths;          // a recorded profile (NULL: none): every step, each MoE block's
+                              // popularity estimated from it is checked against its gate's
+                              // (Lina's phase-2 test; stats path_*)
 } moe_infer_config;
 
 // slots 32, step_rows 256, prefill_chunk 64, queue 256, par as

@@ -282,6 +282,25 @@ moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *skew, int num_experts, 
 moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *trace, int num_experts, int top_k,
                                     double *shares, int *lines_read);
 
+// A whole routing trace (moe simulate --lina): every body line's rows per
+// expert summed over the source ranks, and its "estimate" (the popularity a
+// path profile estimated for it: moe generate / moe serve --routing-trace
+// with --paths) when present.
+#define MOE_ROUTING_TRACE_MAX_VALUES ((size_t)1 << 26)  // lines x experts x 2 at most
+typedef struct {
+  int ranks, experts, top_k, tokens_per_rank;  // the header's
+  int layers[256], n_layers;                   // its moe_layers
+  int n, cap;                                  // lines read; allocated
+  int with_estimate;                           // lines with an estimate
+  int *step, *layer;                           // (n)
+  double *rows;      // (n, experts): the kept rows per expert, every source rank's
+  double *estimate;  // (n, experts): the estimate; estimate[i * experts] = NAN when absent
+} moe_routing_trace_data;
+// BAD_FORMAT naming the line for a malformed file, IO when unreadable,
+// INVALID_ARG beyond MOE_ROUTING_TRACE_MAX_VALUES; *out zeroed on error.
+moe_status moe_routing_trace_load(moe_ctx *ctx, const char *path, moe_routing_trace_data *out);
+void moe_routing_trace_data_free(moe_routing_trace_data *d);
+
 #define MOE_ROUTER_FIT_ITERS 200  // most iterations of moe_router_bias_fit
 #define MOE_ROUTER_FIT_TOL 0.005  // total variation at which it stops
 

@@ -35,6 +35,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -130,8 +131,12 @@ struct moe_infer {
   double *path_buf;        // (2, n_moe, E): the step's estimated and actual popularity
   int64_t *path_cnt;       // rank 0: (n_moe, 3) evals, accurate, fine-tune (step thread)
   int64_t *path_cnt_pub;   // their copy (under mu)
-  moe_infer_stats st;      // the step thread's counters
-  moe_infer_stats st_pub;  // their copy at the end of the last step (under mu)
+  // the routing trace (ic.routing_trace): rank 0's file, every rank's rows
+  FILE *trace;
+  int64_t trace_step;
+  int32_t *trace_mine, *trace_all;  // (n_moe, E); rank 0: (P, n_moe, E)
+  moe_infer_stats st;               // the step thread's counters
+  moe_infer_stats st_pub;           // their copy at the end of the last step (under mu)
 };
 
 void moe_infer_config_default(moe_infer_config *ic) {
@@ -620,6 +625,103 @@ done:
   return st;
 }
 
+// The routing trace (ic.routing_trace; collective: agreed): rank 0 opens the
+// file and writes the header (the format of moe train --routing-trace, with
+// tokens_per_rank = step_rows, the most rows a rank computes in a step).
+static moe_status trace_init(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  const int E = e->cfg.moe.num_experts, n = e->n_moe;
+  if (!e->ic.routing_trace) goto done;
+  if (n == 0) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "a routing trace needs MoE blocks; this model has none");
+  } else {
+    e->trace_mine = moe_calloc((size_t)n * E, sizeof(int32_t));
+    if (e->rank == 0) e->trace_all = moe_calloc((size_t)e->size * n * E, sizeof(int32_t));
+    if (!e->trace_mine || (e->rank == 0 && !e->trace_all))
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "cannot allocate the routing trace's counts");
+  }
+  if (local == MOE_STATUS_OK && e->rank == 0) {
+    e->trace = fopen(e->ic.routing_trace, "w");
+    if (!e->trace) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "cannot open the routing trace '%s': %s", e->ic.routing_trace,
+                           strerror(errno));
+    } else {
+      fprintf(e->trace,
+              "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": %d, "
+              "\"experts\": %d, \"top_k\": %d, \"tokens_per_rank\": %d, \"moe_layers\": [",
+              e->size, E, e->cfg.moe.top_k, e->ic.step_rows);
+      for (int b = 0, first = 1; b < e->cfg.n_layer; b++)
+        if (e->moe_index[b] >= 0) {
+          fprintf(e->trace, "%s%d", first ? "" : ", ", b);
+          first = 0;
+        }
+      fprintf(e->trace, "]}\n");
+      if (fflush(e->trace) != 0)
+        local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
+                             "cannot write the routing trace '%s': %s", e->ic.routing_trace,
+                             strerror(errno));
+    }
+  }
+  MOE_TRY(moe_comm_agree(ctx, e->world, local, "opening the routing trace"));
+done:
+  return st;
+}
+
+// After a step (collective when tracing): every rank's rows per expert of
+// every MoE block gathered to rank 0, one line per block; with a path
+// profile, the step's estimate summed over the ranks (paths_step's). A
+// write error makes rank 0 warn and stop writing; serving goes on.
+static moe_status trace_step(moe_infer *e) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = e->ctx;
+  if (!e->trace_mine) goto done;
+  {
+    const int E = e->cfg.moe.num_experts, n = e->n_moe, P = e->size;
+    for (int i = 0; i < n; i++) {
+      const moe_route *r = moe_ep_layer_get_route(e->moe_layer[i]);
+      for (int x = 0; x < E; x++)
+        e->trace_mine[(size_t)i * E + x] = r->tokens > 0 ? r->count[x] : 0;
+    }
+    MOE_MPI_TRY_OP(ctx, "gather of the routing counts",
+                   MPI_Gather(e->trace_mine, n * E, MPI_INT32_T, e->trace_all, n * E, MPI_INT32_T,
+                              0, e->world));
+    e->trace_step++;
+    if (e->rank != 0 || !e->trace) goto done;
+    for (int i = 0; i < n; i++) {
+      int block = 0;
+      while (block < e->cfg.n_layer && e->moe_index[block] != i) block++;
+      fprintf(e->trace, "{\"step\": %lld, \"layer\": %d, \"counts\": [", (long long)e->trace_step,
+              block);
+      for (int p = 0; p < P; p++) {
+        fputs(p ? ", [" : "[", e->trace);
+        for (int x = 0; x < E; x++)
+          fprintf(e->trace, "%s%d", x ? ", " : "", (int)e->trace_all[((size_t)p * n + i) * E + x]);
+        fputc(']', e->trace);
+      }
+      fputc(']', e->trace);
+      if (e->prof) {  // paths_step's sums (it runs first)
+        fputs(", \"estimate\": [", e->trace);
+        for (int x = 0; x < E; x++)
+          fprintf(e->trace, "%s%.6g", x ? ", " : "", e->path_buf[(size_t)i * E + x]);
+        fputc(']', e->trace);
+      }
+      fputs("}\n", e->trace);
+    }
+    if (ferror(e->trace) || fflush(e->trace) != 0) {
+      MOE_WARN("routing trace '%s': %s; no more lines are written", e->ic.routing_trace,
+               strerror(errno));
+      fclose(e->trace);
+      e->trace = NULL;
+    }
+  }
+done:
+  return st;
+}
+
 moe_status moe_infer_paths_json(moe_infer *e, char **out) {
   moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
   moe_ctx *ctx = e->ctx;
@@ -764,6 +866,7 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
   MOE_TRY(moe_comm_agree(ctx, world, local, "loading the model"));
   MOE_TRY(placement_init(e));
   MOE_TRY(paths_init(e));
+  MOE_TRY(trace_init(e));
   *out = e;
   e = NULL;
 done:
@@ -794,6 +897,9 @@ void moe_infer_destroy(moe_infer *e) {
   if (e->lina_req != MPI_REQUEST_NULL)  // a step that failed after posting (every rank did)
     MPI_Wait(&e->lina_req, MPI_STATUS_IGNORE);
   for (int i = 0; i < e->n_moe; i++) moe_balancer_destroy(e->bal[i]);
+  if (e->trace) fclose(e->trace);
+  moe_free(e->trace_mine);
+  moe_free(e->trace_all);
   moe_path_profile_destroy(e->rec);
   moe_path_profile_destroy(e->prof);
   moe_free(e->path_buf);
@@ -1270,6 +1376,7 @@ moe_status moe_infer_step(moe_infer *e) {
   }
   MOE_TRY(placement_step(e));  // the followers' come after their step
   MOE_TRY(paths_step(e));
+  MOE_TRY(trace_step(e));
   e->st.steps++;
   e->st.rows += n;
   // the rows of a request are consecutive: look at it once, before it may be freed
@@ -1351,6 +1458,7 @@ moe_status moe_infer_follow(moe_infer *e) {
     MOE_TRY(run_rows(e, hdr[1]));
     MOE_TRY(placement_step(e));
     MOE_TRY(paths_step(e));
+    MOE_TRY(trace_step(e));
   }
 done:
   return st;

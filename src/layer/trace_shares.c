@@ -11,6 +11,7 @@
 // (router_bias.c).
 #define _POSIX_C_SOURCE 200809L  // getline
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,19 +126,19 @@ done:
   return st;
 }
 
-moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *sel, int E, int K, double *shares,
-                                    int *lines_read) {
+// Reads the trace at path line by line: the header (its experts and top_k
+// must be E and K when E > 0), then fn for every non-blank body line.
+typedef moe_status (*line_fn)(moe_ctx *ctx, const char *path, int lineno, const char *line,
+                              const trace_header *h, void *arg);
+
+static moe_status scan_trace(moe_ctx *ctx, const char *path, int E, int K, trace_header *h,
+                             line_fn fn, void *arg) {
   moe_status st = MOE_STATUS_OK;
-  const char *path = sel ? sel->path : NULL;
   FILE *f = NULL;
   char *line = NULL;
   size_t cap = 0;
-  double *sums = NULL;
-  trace_header h;
-  memset(&h, 0, sizeof h);
-  int lineno = 0, body = 0;
-  MOE_FAIL_IF(ctx, !sel || sel->kind != MOE_SKEW_TRACE || !shares, MOE_STATUS_INVALID_ARG,
-              "a trace skew and shares must be given");
+  memset(h, 0, sizeof *h);
+  int lineno = 0;
   f = fopen(path, "r");
   MOE_FAIL_IF(ctx, !f, MOE_STATUS_IO, "cannot open the routing trace '%s': %s", path,
               strerror(errno));
@@ -154,32 +155,151 @@ moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *sel, int E, in
     MOE_FAIL_IF(ctx, strlen(line) != (size_t)n, MOE_STATUS_BAD_FORMAT, "%s line %d: a NUL byte",
                 path, lineno);
     if (lineno == 1) {
-      MOE_TRY(parse_header(ctx, path, line, &h));
-      MOE_FAIL_IF(ctx, h.experts != E || h.top_k != K, MOE_STATUS_INVALID_ARG,
+      MOE_TRY(parse_header(ctx, path, line, h));
+      MOE_FAIL_IF(ctx, E > 0 && (h->experts != E || h->top_k != K), MOE_STATUS_INVALID_ARG,
                   "routing trace '%s' was recorded with %d experts and top_k %d; this layer has "
                   "%d experts and top_k %d",
-                  path, h.experts, h.top_k, E, K);
-      sums = moe_calloc((size_t)E, sizeof(double));
-      MOE_FAIL_IF(ctx, !sums, MOE_STATUS_OUT_OF_MEMORY, "routing trace: out of memory");
+                  path, h->experts, h->top_k, E, K);
       continue;
     }
     if (n == 0 || (n == 1 && line[0] == '\n')) continue;  // a blank line
-    int used = 0;
-    MOE_TRY(add_line(ctx, path, lineno, line, &h, sel, sums, &used));
-    body += used;
+    MOE_TRY(fn(ctx, path, lineno, line, h, arg));
   }
   MOE_FAIL_IF(ctx, lineno == 0, MOE_STATUS_BAD_FORMAT, "%s: empty (no header line)", path);
-  double total = 0;
-  for (int e = 0; e < E; e++) total += sums[e];
-  MOE_FAIL_IF(ctx, body == 0 || !(total > 0), MOE_STATUS_INVALID_ARG,
-              "%s: no routed rows in the lines selected (%d lines of layer %d, steps %d-%d; -1 "
-              "and 0: all)",
-              path, body, sel->trace_layer, sel->trace_first, sel->trace_last);
-  for (int e = 0; e < E; e++) shares[e] = sums[e] / total;
-  if (lines_read) *lines_read = body;
 done:
   if (f) fclose(f);
   free(line);  // getline's allocator
-  moe_free(sums);
   return st;
+}
+
+typedef struct {
+  const moe_skew *sel;
+  double *sums;
+  int body;
+} shares_arg;
+
+static moe_status shares_line(moe_ctx *ctx, const char *path, int lineno, const char *line,
+                              const trace_header *h, void *arg) {
+  shares_arg *a = arg;
+  int used = 0;
+  const moe_status st = add_line(ctx, path, lineno, line, h, a->sel, a->sums, &used);
+  a->body += used;
+  return st;
+}
+
+moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *sel, int E, int K, double *shares,
+                                    int *lines_read) {
+  moe_status st = MOE_STATUS_OK;
+  trace_header h;
+  shares_arg a = {sel, NULL, 0};
+  MOE_FAIL_IF(ctx, !sel || sel->kind != MOE_SKEW_TRACE || !shares || E < 1, MOE_STATUS_INVALID_ARG,
+              "a trace skew, shares and experts >= 1 must be given");
+  a.sums = moe_calloc((size_t)E, sizeof(double));
+  MOE_FAIL_IF(ctx, !a.sums, MOE_STATUS_OUT_OF_MEMORY, "routing trace: out of memory");
+  MOE_TRY(scan_trace(ctx, sel->path, E, K, &h, shares_line, &a));
+  double total = 0;
+  for (int e = 0; e < E; e++) total += a.sums[e];
+  MOE_FAIL_IF(ctx, a.body == 0 || !(total > 0), MOE_STATUS_INVALID_ARG,
+              "%s: no routed rows in the lines selected (%d lines of layer %d, steps %d-%d; -1 "
+              "and 0: all)",
+              sel->path, a.body, sel->trace_layer, sel->trace_first, sel->trace_last);
+  for (int e = 0; e < E; e++) shares[e] = a.sums[e] / total;
+  if (lines_read) *lines_read = a.body;
+done:
+  moe_free(a.sums);
+  return st;
+}
+
+// ---- every line (moe simulate --lina) --------------------------------------------------
+
+// *p grown from old to bytes (contents kept); 0 when out of memory (*p unchanged).
+static int grow(void **p, size_t old, size_t bytes) {
+  void *n = moe_malloc(bytes);
+  if (!n) return 0;
+  if (*p && old) memcpy(n, *p, old);
+  moe_free(*p);
+  *p = n;
+  return 1;
+}
+
+static moe_status load_line(moe_ctx *ctx, const char *path, int lineno, const char *line,
+                            const trace_header *h, void *arg) {
+  moe_status st = MOE_STATUS_OK;
+  moe_routing_trace_data *d = arg;
+  cJSON *root = NULL;
+  const size_t E = (size_t)h->experts;
+  if (d->n == d->cap) {  // grow (bounded)
+    MOE_FAIL_IF(ctx, (size_t)d->n >= MOE_ROUTING_TRACE_MAX_VALUES / (2 * E), MOE_STATUS_INVALID_ARG,
+                "%s: more than %zu lines of %zu experts (a trace read whole holds at most %zu "
+                "values)",
+                path, MOE_ROUTING_TRACE_MAX_VALUES / (2 * E), E, MOE_ROUTING_TRACE_MAX_VALUES);
+    const size_t old = (size_t)d->cap, cap = old ? 2 * old : 64;
+    const int ok =
+        grow((void **)&d->rows, old * E * sizeof(double), cap * E * sizeof(double)) &&
+        grow((void **)&d->estimate, old * E * sizeof(double), cap * E * sizeof(double)) &&
+        grow((void **)&d->layer, old * sizeof(int), cap * sizeof(int)) &&
+        grow((void **)&d->step, old * sizeof(int), cap * sizeof(int));
+    MOE_FAIL_IF(ctx, !ok, MOE_STATUS_OUT_OF_MEMORY, "routing trace: out of memory at line %d",
+                lineno);
+    d->cap = (int)cap;
+  }
+  double *rows = d->rows + (size_t)d->n * E, *est = d->estimate + (size_t)d->n * E;
+  for (size_t e = 0; e < E; e++) rows[e] = 0.0;
+  const moe_skew all = {.kind = MOE_SKEW_TRACE, .trace_layer = -1};
+  int used = 0;
+  MOE_TRY(add_line(ctx, path, lineno, line, h, &all, rows, &used));
+  char what[64];
+  snprintf(what, sizeof what, "routing trace line %d", lineno);
+  MOE_TRY(moe_json_parse_object(ctx, line, what, &root));
+  MOE_TRY(
+      moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "step"), what, &d->step[d->n]));
+  MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "layer"), what,
+                           &d->layer[d->n]));
+  const cJSON *e_arr = cJSON_GetObjectItemCaseSensitive(root, "estimate");
+  if (!e_arr) {
+    est[0] = NAN;  // none
+  } else {
+    MOE_FAIL_IF(ctx, !cJSON_IsArray(e_arr) || (size_t)cJSON_GetArraySize(e_arr) != E,
+                MOE_STATUS_BAD_FORMAT, "%s line %d: \"estimate\" must be %zu numbers (experts)",
+                path, lineno, E);
+    size_t e = 0;
+    const cJSON *v = NULL;
+    cJSON_ArrayForEach(v, e_arr) {
+      MOE_FAIL_IF(ctx, !cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0,
+                  MOE_STATUS_BAD_FORMAT,
+                  "%s line %d: an \"estimate\" entry must be a finite number >= 0", path, lineno);
+      est[e++] = v->valuedouble;
+    }
+    d->with_estimate++;
+  }
+  d->n++;
+done:
+  cJSON_Delete(root);
+  return st;
+}
+
+moe_status moe_routing_trace_load(moe_ctx *ctx, const char *path, moe_routing_trace_data *out) {
+  moe_status st = MOE_STATUS_OK;
+  trace_header h;
+  MOE_FAIL_IF(ctx, !path || !out, MOE_STATUS_INVALID_ARG, "a path and an output must be given");
+  memset(out, 0, sizeof *out);
+  st = scan_trace(ctx, path, 0, 0, &h, load_line, out);
+  out->ranks = h.ranks;
+  out->experts = h.experts;
+  out->top_k = h.top_k;
+  out->tokens_per_rank = h.tokens;
+  out->n_layers = h.n_layers;
+  memcpy(out->layers, h.layers, sizeof out->layers);
+  if (st != MOE_STATUS_OK) moe_routing_trace_data_free(out);
+done:
+  return st;
+}
+
+void moe_routing_trace_data_free(moe_routing_trace_data *d) {
+  if (!d) return;
+  moe_free(d->rows);
+  moe_free(d->estimate);
+  moe_free(d->layer);
+  moe_free(d->step);
+  memset(d, 0, sizeof *d);
 }
