@@ -13,7 +13,12 @@
 //   - on success: at least one count line was used; every share is in
 //     [0, 1] and they sum to 1; moe_skew_shares then caps them: every share
 //     in [0, 1/K], summing to 1, and equal to the raw ones where none needed
-//     the cap.
+//     the cap;
+//   - the whole trace read (moe_routing_trace_load, moe simulate --lina): on
+//     failure an error status, a message and nothing held; on success its
+//     lines' rows are counts (whole, >= 0, within the header's bounds) and
+//     every estimate is absent or finite and >= 0; where the shares' read
+//     succeeded with every line selected, the lines summed give its shares.
 #include <math.h>
 #include <string.h>
 
@@ -64,6 +69,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       sum += capped[e];
     }
     FUZZ_CHECK(fabs(sum - 1) < 1e-9, "capped shares sum to %.17g", sum);
+  }
+  moe_routing_trace_data tr;
+  const moe_status sl = moe_routing_trace_load(ctx, path, &tr);
+  if (sl != MOE_STATUS_OK) {
+    fuzz_check_failure(ctx, sl, "moe_routing_trace_load");
+    FUZZ_CHECK(tr.n == 0 && !tr.rows && !tr.estimate, "a failed load holds %d lines", tr.n);
+  } else {
+    const int TE = tr.experts;
+    double sums[16] = {0};
+    for (int i = 0; i < tr.n; i++) {
+      for (int e = 0; e < TE; e++) {
+        const double v = tr.rows[(size_t)i * TE + e];
+        FUZZ_CHECK(v >= 0 && v == floor(v) && v <= (double)tr.ranks * tr.tokens_per_rank,
+                   "line %d expert %d: rows %g", i, e, v);
+        if (e < 16) sums[e] += v;
+      }
+      const double *est = tr.estimate + (size_t)i * TE;
+      if (!isnan(est[0]))
+        for (int e = 0; e < TE; e++)
+          FUZZ_CHECK(isfinite(est[e]) && est[e] >= 0, "line %d estimate %d: %g", i, e, est[e]);
+    }
+    if (st == MOE_STATUS_OK && layer == 7 && !ranged && TE == E) {
+      double tot = 0;
+      for (int e = 0; e < E; e++) tot += sums[e];
+      for (int e = 0; e < E; e++)
+        FUZZ_CHECK(fabs(sums[e] / tot - raw[e]) < 1e-9, "expert %d: %g whole, %g as shares", e,
+                   sums[e] / tot, raw[e]);
+    }
+    moe_routing_trace_data_free(&tr);
   }
   moe_ctx_destroy(ctx);
   return 0;
