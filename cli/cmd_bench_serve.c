@@ -6,6 +6,7 @@
 // starts the server once per expert placement (CMD --placement NAME), runs
 // the same load against each and compares them in one table.
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -99,16 +100,49 @@ static int healthy(moe_ctx *ctx, const char *url) {
   return ok;
 }
 
-// SIGTERM to the server's process group (moe serve drains and exits 0);
-// SIGKILL after 60 s; then waits until url stops answering (at most 30 s).
+// sig to every descendant of pid (Linux /proc: a launcher such as MPICH's
+// hydra may start the ranks outside its process group), depth-first.
+static void signal_tree(pid_t pid, int sig, int depth) {
+  if (depth > 8) return;
+  DIR *d = opendir("/proc");
+  if (!d) return;
+  struct dirent *de;
+  pid_t kids[256];
+  int n = 0;
+  while ((de = readdir(d)) != NULL && n < 256) {
+    const long p = strtol(de->d_name, NULL, 10);
+    if (p <= 0) continue;
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", p);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    const size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = '\0';
+    const char *rp = strrchr(buf, ')');  // after the command name: " S ppid ..."
+    long ppid = -1;
+    if (rp && sscanf(rp + 1, " %*c %ld", &ppid) == 1 && ppid == (long)pid) kids[n++] = (pid_t)p;
+  }
+  closedir(d);
+  for (int i = 0; i < n; i++) {
+    signal_tree(kids[i], sig, depth + 1);
+    kill(kids[i], sig);
+  }
+}
+
+// SIGTERM to the server's process group and its descendants (moe serve
+// drains and exits 0); SIGKILL after 60 s; then waits until url stops
+// answering (at most 30 s).
 static void stop_server(moe_ctx *ctx, pid_t pid, const char *url) {
   if (pid <= 0) return;
+  signal_tree(pid, SIGTERM, 0);
   kill(-pid, SIGTERM);
   int status = 0;
   const double t0 = now_s();
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (now_s() - t0 > 60) {
       cli_error("bench serve: the server did not stop in 60 s after SIGTERM: killing it");
+      signal_tree(pid, SIGKILL, 0);
       kill(-pid, SIGKILL);
       waitpid(pid, &status, 0);
       break;
