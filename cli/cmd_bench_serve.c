@@ -182,7 +182,9 @@ static int start_server(moe_ctx *ctx, const char *cmd, const char *name, const c
   }
   if (p == 0) {
     setpgid(0, 0);
+    signal(SIGPIPE, SIG_DFL);  // ignored here: not for the server
     dup2(2, 1);
+    for (int fd = 3; fd < 1024; fd++) close(fd);  // ours (the JSON file): not the server's
     execl("/bin/sh", "sh", "-c", full, (char *)NULL);
     _exit(127);
   }
@@ -232,7 +234,12 @@ static int run_placement(moe_ctx *ctx, const moe_loadgen_config *c, run_row *row
   row->replans = metric(m, "moe_placement_replans_total");
   row->copies_sent = metric(m, "moe_placement_copies_sent_total");
   moe_free(m);
-  return row->r.failed > 0 ? CLI_FAILED : CLI_OK;
+  if (row->r.failed > 0) {  // counted, reported; the comparison goes on
+    cli_error("bench serve: %d of %d requests failed (first: %s)", row->r.failed, c->requests,
+              row->r.first_error);
+    return CLI_FAILED;
+  }
+  return CLI_OK;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -255,6 +262,7 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
                               char names[][32], int n, int rounds, double timeout_s, FILE *jf) {
   static run_row rows[MAX_ROUNDS][MAX_PLACEMENTS];
   int rc = CLI_OK;
+  int failed = 0;  // failed requests: reported, the table still printed
   for (int k = 0; k < rounds && rc == CLI_OK; k++) {
     for (int i = 0; i < n && rc == CLI_OK; i++) {
       pid_t pid = -1;
@@ -262,7 +270,11 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
       if (rc == CLI_OK) {
         fprintf(stderr, "bench serve: round %d of %d, placement %s: %d requests\n", k + 1, rounds,
                 names[i], c->requests);
-        rc = run_placement(ctx, c, &rows[k][i]);
+        const int r = run_placement(ctx, c, &rows[k][i]);
+        if (r != CLI_OK && rows[k][i].r.failed > 0)
+          failed = 1;
+        else
+          rc = r;
       }
       stop_server(ctx, pid, c->url);
     }
@@ -298,21 +310,32 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
     if (!isnan(b0) && !isnan(b1) && (b0 > 0 || b1 > 0))
       snprintf(bal, sizeof bal, "%.2f -> %.2f", b0, b1);
     if (!isnan(rp) && strcmp(names[i], "lina") == 0) snprintf(rep, sizeof rep, "%.0f", rp);
-    printf(
-        "| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %.2fx |\n",
-        names[i], tok, t50, t95, e50, e95, m50, m95, a50, a95, bal, rep, base / m95);
-    if (jf)
-      fprintf(jf,
-              "{\"placement\":\"%s\",\"rounds\":%d,\"tokens_per_s\":%.3f,\"ttft_ms\":[%.3f,%.3f],"
-              "\"latency_ms\":[%.3f,%.3f],\"moe_layer_ms\":[%.4f,%.4f],\"a2a_layer_ms\":[%.4f,"
-              "%.4f],\"balance_ratio\":[%.4f,%.4f],\"replans\":%.0f}\n",
-              names[i], rounds, tok, t50, t95, e50, e95, m50, m95, a50, a95, isnan(b0) ? 0 : b0,
-              isnan(b1) ? 0 : b1, isnan(rp) ? 0 : rp);
+    char vs[24] = "-";
+    if (!isnan(base) && m95 > 0) snprintf(vs, sizeof vs, "%.2fx", base / m95);
+    printf("| %s | %.0f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |\n",
+           names[i], tok, t50, t95, e50, e95, m50, m95, a50, a95, bal, rep, vs);
+    if (jf) {  // a value the server did not report is null
+      const double v[12] = {tok, t50, t95, e50, e95, m50, m95, a50, a95, b0, b1, rp};
+      static const char *const keys[12] = {
+          "tokens_per_s",     "ttft_p50_ms",      "ttft_p95_ms",      "latency_p50_ms",
+          "latency_p95_ms",   "moe_layer_p50_ms", "moe_layer_p95_ms", "a2a_layer_p50_ms",
+          "a2a_layer_p95_ms", "balance_none",     "balance_placed",   "replans"};
+      fprintf(jf, "{\"placement\":\"%s\",\"rounds\":%d", names[i], rounds);
+      for (int k = 0; k < 12; k++) {
+        if (isnan(v[k]))
+          fprintf(jf, ",\"%s\":null", keys[k]);
+        else
+          fprintf(jf, ",\"%s\":%.6g", keys[k], v[k]);
+      }
+      fprintf(jf, "}\n");
+    }
   }
   printf(
       "\n(MoE layer and all-to-all times: the server's rank 0, one sample per step and MoE "
       "block, from its /metrics; each placement ran on a fresh server.)\n");
-  return rc;
+  if (failed)
+    printf("\nsome requests failed (see the errors above): the table counts the answered ones\n");
+  return failed ? CLI_FAILED : rc;
 }
 
 int cmd_bench_serve(int argc, char **argv) {
@@ -367,28 +390,31 @@ int cmd_bench_serve(int argc, char **argv) {
     } else if (cli_opt(&a, "--placement")) {
       n_place = 0;
       const char *p = a.value;
-      while (*p && !a.bad) {
+      for (;;) {
         const char *q = strchr(p, ',');
         const size_t len = q ? (size_t)(q - p) : strlen(p);
-        if (n_place == MAX_PLACEMENTS || len == 0 || len >= sizeof place[0]) {
-          cli_error("bench serve: --placement '%s': at most %d comma-separated names (valid: %s)",
-                    a.value, MAX_PLACEMENTS, moe_infer_placement_names());
-          a.bad = 1;
-          break;
-        }
-        memcpy(place[n_place], p, len);
-        place[n_place][len] = '\0';
-        if (moe_infer_placement_find(place[n_place]) < 0) {
+        if (len == 0) {
+          cli_error("bench serve: --placement '%s': an empty name (valid: %s)", a.value,
+                    moe_infer_placement_names());
+        } else if (n_place == MAX_PLACEMENTS) {
+          cli_error("bench serve: --placement '%s': at most %d names", a.value, MAX_PLACEMENTS);
+        } else if (len >= sizeof place[0]) {
+          cli_error("bench serve: --placement: a name of %zu characters (valid: %s)", len,
+                    moe_infer_placement_names());
+        } else {
+          memcpy(place[n_place], p, len);
+          place[n_place][len] = '\0';
+          if (moe_infer_placement_find(place[n_place]) >= 0) {
+            n_place++;
+            if (!q) break;
+            p = q + 1;
+            continue;
+          }
           cli_error("bench serve: --placement '%s' is unknown (valid: %s)", place[n_place],
                     moe_infer_placement_names());
-          a.bad = 1;
         }
-        n_place++;
-        p = q ? q + 1 : p + len;
-      }
-      if (n_place == 0 && !a.bad) {
-        cli_error("bench serve: --placement needs names (valid: %s)", moe_infer_placement_names());
         a.bad = 1;
+        break;
       }
     } else if (cli_opt(&a, "--launch")) {
       launch = a.value;

@@ -119,8 +119,8 @@ static void simulate_usage(FILE *f) {
           "  --lina-from-block B    skip the MoE blocks before B (Lina schedules from its\n"
           "                         4th layer) [0]\n"
           "  --lina-pack N          experts a device serves at most [4]\n"
-          "  --lina-replan-ms X     a re-plan's blocking cost; the phase-2 check's too\n"
-          "                         with --lina-check-ms [a small collective on the cluster]\n"
+          "  --lina-replan-ms X     a re-plan's blocking cost [a small collective on the\n"
+          "                         cluster: log2(devices) latencies plus the bytes]\n"
           "  --lina-check-ms X      phase 2's check on every step [the same collective]\n"
           "  --act-bytes N          bytes of an activation on the wire [2: fp16]\n",
           moe_balance_policy_names());

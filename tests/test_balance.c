@@ -970,6 +970,17 @@ static void test_lina(void) {
     const uint8_t want[16] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     TU_CHECK(memcmp(r, want, 16) == 0, "lina: the copy skips the rank it would overload");
   }
+  {  // an odd rank count (its tables' alignment; UBSan): expert 0 (home 0) gets
+     // all 3 devices: copies on ranks 1 (30 rows, 30 <= 40) and 2 (10 <= 10)
+    int64_t c[9] = {0};
+    c[1 * 3 + 0] = 30;
+    c[2 * 3 + 0] = 10;
+    const moe_balance_load l = {3, 3, c};
+    uint8_t r[9];
+    const uint8_t want[9] = {0, 1, 1, 0, 0, 0, 0, 0, 0};
+    TU_CHECK(moe_balance_plan_lina(g_ctx, &l, 1, r) == MOE_STATUS_OK && memcmp(r, want, 9) == 0,
+             "lina on 3 ranks");
+  }
   {  // no load: no copy
     const int64_t c[4] = {0, 0, 0, 0};
     const moe_balance_load l = {2, 2, c};

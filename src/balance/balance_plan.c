@@ -446,8 +446,8 @@ moe_status moe_balance_plan_lina(moe_ctx *ctx, const moe_balance_load *load, int
     int64_t *totals = mem;
     lina_need *order = (lina_need *)(totals + E);
     keyed *ranks = (keyed *)(order + E);
-    int *used = (int *)(ranks + P);
-    int64_t *rows = (int64_t *)(used + P);  // each rank's rows under the copies so far
+    int64_t *rows = (int64_t *)(ranks + P);  // each rank's rows under the copies so far
+    int *used = (int *)(rows + P);           // (after the 8-byte ones: aligned for any P)
     expert_totals(load, totals);
     int64_t all = 0;
     for (int e = 0; e < E; e++) all += totals[e];

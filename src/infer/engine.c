@@ -117,14 +117,15 @@ struct moe_infer {
   int64_t *place_rows;                    // (P)
   int moe_index[MOE_GPT_MAX_LAYERS];      // block -> its index among the MoE blocks
   // lina (every rank): per MoE block before its forward
-  double *lina_send;     // (2E + 1): this rank's estimate; its rows of the last block; failed
-  double *lina_all;      // (P, 2E + 1)
-  double *lina_est;      // (n_moe, E): each block's estimate summed over the ranks (phase 2)
-  uint8_t *lina_have;    // (n_moe): lina_est holds this step's estimate
-  MPI_Request lina_req;  // phase 1 of block lina_next, all-gathering (overlapped)
-  int lina_next;         // -1: none in flight
-  int64_t *lina_load;    // (P, E)
-  int64_t lina_ratios;   // ratios summed into balance_uniform / _placed (rank 0)
+  double *lina_send;       // (2E + 1): this rank's estimate; its rows of the last block; failed
+  double *lina_all;        // (P, 2E + 1)
+  double *lina_est;        // (n_moe, E): each block's estimate summed over the ranks (phase 2)
+  uint8_t *lina_have;      // (n_moe): lina_est holds this step's estimate
+  MPI_Request lina_req;    // phase 1 of block lina_next, all-gathering (overlapped)
+  int lina_next;           // -1: none in flight
+  moe_status lina_est_st;  // this rank's last estimate (its error is in ctx)
+  int64_t *lina_load;      // (P, E)
+  int64_t lina_ratios;     // ratios summed into balance_uniform / _placed (rank 0)
   // Lina's expert paths (every rank; ic.record_paths, ic.paths)
   moe_path_profile *rec;   // this rank's recorded profile
   moe_path_profile *prof;  // the loaded one
@@ -276,6 +277,7 @@ static void lina_local(moe_infer *e, int i, int tokens) {
   const moe_route *prev = i > 0 ? moe_ep_layer_get_route(e->moe_layer[i - 1]) : NULL;
   for (int x = 0; x < E; x++) e->lina_send[E + x] = prev ? (double)prev->count[x] : 0.0;
   e->lina_send[2 * E] = est == MOE_STATUS_OK ? 0.0 : 1.0;
+  e->lina_est_st = est;
 }
 
 // Block i's plan from the (ranks x E) load in lina_load; placed when it
@@ -372,7 +374,7 @@ static moe_status lina_pre_forward(void *arg, int block, int tokens) {
 done:
   return st;
 done_err:
-  return MOE_STATUS_INVALID_ARG;
+  return e->lina_est_st;
 }
 
 // After MoE block i's gate (the layer's gate hook; rows: the world's choices
@@ -606,6 +608,9 @@ static moe_status paths_step(moe_infer *e) {
     MOE_MPI_TRY_OP(
         ctx, "sum of the estimated expert popularity",
         MPI_Allreduce(MPI_IN_PLACE, e->path_buf, 2 * n * E, MPI_DOUBLE, MPI_SUM, e->world));
+    // under lina, the estimates its phase 2 tested (the same values, summed in
+    // rank order on every rank: the counted fine-tunes are its re-plans)
+    if (e->lina_est) memcpy(est, e->lina_est, (size_t)n * E * sizeof(double));
     if (e->rank != 0) goto done;
     for (int i = 0; i < n; i++) {
       double any = 0;
@@ -711,9 +716,10 @@ static moe_status trace_step(moe_infer *e) {
       }
       fputs("}\n", e->trace);
     }
+    errno = 0;
     if (ferror(e->trace) || fflush(e->trace) != 0) {
       MOE_WARN("routing trace '%s': %s; no more lines are written", e->ic.routing_trace,
-               strerror(errno));
+               errno ? strerror(errno) : "write error");
       fclose(e->trace);
       e->trace = NULL;
     }

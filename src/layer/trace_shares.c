@@ -233,7 +233,8 @@ static moe_status load_line(moe_ctx *ctx, const char *path, int lineno, const ch
                 "%s: more than %zu lines of %zu experts (a trace read whole holds at most %zu "
                 "values)",
                 path, MOE_ROUTING_TRACE_MAX_VALUES / (2 * E), E, MOE_ROUTING_TRACE_MAX_VALUES);
-    const size_t old = (size_t)d->cap, cap = old ? 2 * old : 64;
+    const size_t old = (size_t)d->cap, most = MOE_ROUTING_TRACE_MAX_VALUES / (2 * E);
+    const size_t cap = old ? (2 * old < most ? 2 * old : most) : (64 < most ? 64 : most);
     const int ok =
         grow((void **)&d->rows, old * E * sizeof(double), cap * E * sizeof(double)) &&
         grow((void **)&d->estimate, old * E * sizeof(double), cap * E * sizeof(double)) &&

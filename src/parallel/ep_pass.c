@@ -742,7 +742,10 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   if (L->pc.slice_tokens > 0) MOE_TRY(ordered_gate_sums(L, &gb, tokens));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
   tm->gate_ms = moe_time_ms_since(t0);
-  if (L->gate_hook) MOE_TRY(L->gate_hook(L->gate_hook_arg, L, tokens, L->stats + ns + 1));
+  if (L->gate_hook)  // agreed: a rank whose hook failed after its collectives stops them all
+    MOE_TRY(moe_comm_agree(ctx, L->world,
+                           L->gate_hook(L->gate_hook_arg, L, tokens, L->stats + ns + 1),
+                           "forward (gate hook)"));
 
   // step 2: dispatch, counts exchange and chunk plan (agreed: its checks and
   // buffer growth can fail on one rank), pack
