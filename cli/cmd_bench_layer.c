@@ -69,6 +69,7 @@ void cli_bench_layer_usage(FILE *f) {
 }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
+  memset(o, 0, sizeof *o);  // every option not set below: 0 (precision: fp32)
   moe_layer_config_default(&o->cfg);
   o->cfg.tokens = 4096;
   o->cfg.model_dim = 1024;
