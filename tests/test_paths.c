@@ -58,6 +58,20 @@ static void test_hand(void) {
   moe_path_top(tie, 4, 3, top);
   TU_CHECK(top[0] == 1 && top[1] == 2 && top[2] == 0, "top with ties: %d %d %d", top[0], top[1],
            top[2]);
+  {  // Lina's phase-2 test (the re-plan trigger) on hand cases, top-2 of 4
+    const double est[4] = {5, 4, 1, 0};
+    const double same[4] = {50, 40, 3, 2}, swapped[4] = {4, 5, 1, 0}, other[4] = {5, 0, 1, 4};
+    int ordered = -1, set = -1;
+    moe_path_compare(est, same, 4, 2, &ordered, &set);
+    TU_CHECK(ordered == 1 && set == 1, "compare: the same top-2 in order: %d %d", ordered, set);
+    moe_path_compare(est, swapped, 4, 2, &ordered, &set);
+    TU_CHECK(ordered == 0 && set == 1, "compare: swapped: not accurate, no re-plan: %d %d", ordered,
+             set);
+    moe_path_compare(est, other, 4, 2, &ordered, &set);
+    TU_CHECK(ordered == 0 && set == 0, "compare: another expert: re-plan: %d %d", ordered, set);
+    moe_path_compare(est, other, 4, 9, &ordered, &set);  // m capped at E: every expert
+    TU_CHECK(ordered == 0 && set == 1, "compare: top-E sets are always equal: %d %d", ordered, set);
+  }
   const moe_path_profile_stats s = moe_path_profile_get_stats(p);
   TU_CHECK(s.tokens == T && s.paths == 1 + 4 && s.unkept == 0, "stats %lld %lld %lld",
            (long long)s.tokens, (long long)s.paths, (long long)s.unkept);
