@@ -194,8 +194,8 @@ int cli_infer_paths_write(moe_ctx *ctx, moe_infer *eng, const char *record_file,
 void cli_infer_paths_report(moe_infer *eng, const moe_infer_config *ic, const char *cmd);
 // Rank 0, after the run: the placement's line ("CMD: placement eplb: ...")
 // on stderr, nothing for uniform placement or one rank.
-void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config *ic,
-                                const char *cmd);
+void cli_infer_placement_report(moe_infer *eng, const moe_infer_stats *s,
+                                const moe_infer_config *ic, const char *cmd);
 #endif
 // Their help lines.
 #define CLI_INFER_ENGINE_HELP                                                            \

@@ -107,8 +107,8 @@ int cli_infer_engine_opt(cli_args *a, moe_infer_config *ic, const char **record_
   return 1;
 }
 
-void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config *ic,
-                                const char *cmd) {
+void cli_infer_placement_report(moe_infer *eng, const moe_infer_stats *s,
+                                const moe_infer_config *ic, const char *cmd) {
   if (ic->placement == MOE_INFER_PLACE_UNIFORM || s->plans == 0) return;
   fprintf(stderr,
           "%s: placement %s: balance ratio %.3f without copies, %.3f as placed (mean over the "
@@ -118,6 +118,14 @@ void cli_infer_placement_report(const moe_infer_stats *s, const moe_infer_config
   if (ic->placement == MOE_INFER_PLACE_LINA && ic->place_phase2)
     fprintf(stderr, "%s: lina phase 2: %lld re-plans (the estimated top-2K missed), %.1f ms\n", cmd,
             (long long)s->replans, s->replan_ms);
+  const moe_gpt_config *mc = moe_infer_model_config(eng);
+  fprintf(stderr, "%s: placement time per MoE block:", cmd);
+  for (int b = 0; b < mc->n_layer; b++) {
+    double mm = 0, pm = 0;
+    moe_infer_layer_times(eng, b, &mm, NULL, &pm);
+    if (mm > 0) fprintf(stderr, " %d: %.1f ms", b, pm);
+  }
+  fputc('\n', stderr);
 }
 
 int cli_infer_paths_write(moe_ctx *ctx, moe_infer *eng, const char *record_file, int rank, int keep,

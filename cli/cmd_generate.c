@@ -358,7 +358,7 @@ int cmd_generate(int argc, char **argv) {
                 "generate: MoE layer forward p50 %.3f ms, p95 %.3f ms; its all-to-alls p50 %.3f "
                 "ms, p95 %.3f ms (rank 0, per step and MoE block)\n",
                 lm[0], lm[1], am[0], am[1]);
-      cli_infer_placement_report(&s, &ic, "generate");
+      cli_infer_placement_report(eng, &s, &ic, "generate");
       cli_infer_paths_report(eng, &ic, "generate");
     }
   }

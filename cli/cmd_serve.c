@@ -204,7 +204,7 @@ int cmd_serve(int argc, char **argv) {
       "generated, %lld steps\n",
       (long long)s.requests_done, cancelled, (long long)s.tokens, (long long)s.steps);
   fflush(stdout);
-  cli_infer_placement_report(&s, &ic, "serve");
+  cli_infer_placement_report(eng, &s, &ic, "serve");
   cli_infer_paths_report(eng, &ic, "serve");
 done:
   moe_serve_stop(srv);

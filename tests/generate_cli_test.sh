@@ -89,8 +89,8 @@ expect 0 "lina phase 2: [0-9]+ re-plans" -- mpi 4 "$MOE" generate --checkpoint "
   --input "$tmp/p.jsonl" --output "$tmp/o4l.jsonl" --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 3
 if cmp -s "$tmp/o1.jsonl" "$tmp/o4l.jsonl"; then ok; else bad "lina placement changed the text: $(diff "$tmp/o1.jsonl" "$tmp/o4l.jsonl" | head -4)"; fi
 # a serving trace with the estimates, replayed by moe simulate --lina
-expect 0 "lina phase 2" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" \
-  --output /dev/null --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 1 \
+expect 0 "placement time per MoE block: [0-9]+: [0-9.]+ ms" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --output /dev/null --slots 2 --placement lina --paths "$tmp/p1.json" --place-slots 1 \
   --routing-trace "$tmp/rt.jsonl"
 python3 - "$tmp/rt.jsonl" "$tmp/p1.json" <<'PY' && ok || bad "serving trace: $(head -c 300 "$tmp/rt.jsonl")"
 import json, sys

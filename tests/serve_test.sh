@@ -150,6 +150,8 @@ assert int(m["moe_placement_plans_total"]) > 0, m
 assert float(m['moe_placement_balance_ratio{copies="none"}']) >= 1.0, m
 assert float(m['moe_placement_balance_ratio{copies="placed"}']) >= 1.0, m
 assert int(m["moe_placement_copies_sent_total"]) >= 0 and float(m["moe_placement_seconds_total"]) > 0, m
+place = [float(v) for k, v in m.items() if k.startswith("moe_engine_place_seconds_total{block=")]
+assert place and all(v >= 0 for v in place) and sum(place) > 0, place
 PY
   if python3 "$here/serve_client.py" "$port" busy; then ok; else bad "queue full (2 ranks)"; fi
   if [[ "$OVERSUB" == "--oversubscribe" ]]; then

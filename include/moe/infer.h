@@ -191,9 +191,12 @@ typedef struct {
 } moe_infer_stats;
 // Rank 0 (the counters are rank 0's; thread-safe).
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s);
-// Rank 0: the time in block `block`'s MoE layer forwards and in their
-// all-to-alls so far (ms); 0 for a dense block or one out of range. Thread-safe.
-void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms);
+// Rank 0: the time in block `block`'s MoE layer forwards, in their
+// all-to-alls and in its placement (lina: its phase 1 and 2; eplb: each
+// plan's time spread evenly over the blocks) so far (ms; any pointer may be
+// NULL); 0 for a dense block or one out of range. Thread-safe.
+void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms,
+                           double *place_ms);
 // Rank 0: block `block`'s path statistics (as moe_infer_stats' path_*; zeros
 // for a dense block, one out of range, or without ic.paths). Thread-safe.
 void moe_infer_path_stats(moe_infer *e, int block, int64_t *evals, int64_t *accurate,

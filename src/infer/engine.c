@@ -99,7 +99,7 @@ struct moe_infer {
   int n_running;
   int64_t next_id;
   int shutting_down;
-  double *layer_ms;      // (2 L): per block, MoE forward and all-to-all ms (step thread)
+  double *layer_ms;      // (3 L): per block, MoE forward, all-to-all and placement ms (step thread)
   double *layer_ms_pub;  // their copy (under mu)
   float *lat;            // (2, LAT_CAP) ring under mu: MoE forward and all-to-all ms of
   int64_t lat_n;         // a step's MoE block (rank 0); samples pushed so far
@@ -300,16 +300,19 @@ done:
   return st;
 }
 
-// Rank 0's counters after a placement step of t0's.
-static void lina_count(moe_infer *e, int sent, uint64_t t0) {
+// Rank 0's counters after a placement step of t0's for MoE block i.
+static void lina_count(moe_infer *e, int i, int sent, uint64_t t0) {
   if (e->rank != 0) return;
+  const double ms = moe_time_ms_since(t0);
+  for (int b = 0; b < e->cfg.n_layer && e->layer_ms; b++)
+    if (e->moe_index[b] == i) e->layer_ms[3 * b + 2] += ms;
   const size_t PE = (size_t)e->cfg.moe.num_experts * (size_t)e->size;
   int copies = 0;
   for (size_t k = 0; k < (size_t)e->n_moe * PE; k++) copies += e->place_cur[k] != 0;
   e->st.plans++;
   e->st.copies_sent += sent;
   e->st.copies = copies;
-  e->st.place_ms += moe_time_ms_since(t0);
+  e->st.place_ms += ms;
 }
 
 static moe_status lina_pre_forward(void *arg, int block, int tokens) {
@@ -369,7 +372,7 @@ static moe_status lina_pre_forward(void *arg, int block, int tokens) {
     e->lina_have[i] = 1;
     int sent = 0;
     MOE_TRY(lina_place(e, i, &sent));
-    lina_count(e, sent, t0);
+    lina_count(e, i, sent, t0);
   }
 done:
   return st;
@@ -403,7 +406,7 @@ static moe_status lina_gate_hook(void *arg, moe_ep_layer *L, int tokens, const d
           e->st.replans++;
           e->st.replan_ms += moe_time_ms_since(t0);
         }
-        lina_count(e, sent, t0);
+        lina_count(e, i, sent, t0);
       }
     }
     e->lina_have[i] = 0;
@@ -536,7 +539,12 @@ static moe_status placement_step(moe_infer *e) {
       e->st.copies = copies;
     }
   timed:
-    if (e->rank == 0) e->st.place_ms += moe_time_ms_since(t0);
+    if (e->rank == 0) {  // one plan for every block: its time spread over them evenly
+      const double ms = moe_time_ms_since(t0);
+      e->st.place_ms += ms;
+      for (int b = 0; b < e->cfg.n_layer && e->layer_ms; b++)
+        if (e->moe_index[b] >= 0) e->layer_ms[3 * b + 2] += ms / n;
+    }
   }
 done:
   return st;
@@ -846,8 +854,8 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       e->running_on = moe_calloc((size_t)e->size, sizeof(int));
       e->sample_scr = moe_malloc(2 * V * sizeof(double));
       e->sample_order = moe_malloc(V * sizeof(int));
-      e->layer_ms = moe_calloc(4 * (size_t)e->cfg.n_layer, sizeof(double));
-      e->layer_ms_pub = e->layer_ms ? e->layer_ms + 2 * e->cfg.n_layer : NULL;
+      e->layer_ms = moe_calloc(6 * (size_t)e->cfg.n_layer, sizeof(double));
+      e->layer_ms_pub = e->layer_ms ? e->layer_ms + 3 * e->cfg.n_layer : NULL;
       e->lat = moe_malloc(2 * (size_t)LAT_CAP * sizeof(float));
     }
     const int ok = e->plan && e->mine && e->logits &&
@@ -1070,16 +1078,19 @@ int moe_infer_layer_quantiles(moe_infer *e, const double *q, int n, double *moe_
   return (int)k;
 }
 
-void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms) {
-  double m = 0, a = 0;
+void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms,
+                           double *place_ms) {
+  double m = 0, a = 0, pl = 0;
   if (e->rank == 0 && block >= 0 && block < e->cfg.n_layer && e->layer_ms_pub) {
     pthread_mutex_lock(&e->mu);
-    m = e->layer_ms_pub[2 * block];
-    a = e->layer_ms_pub[2 * block + 1];
+    m = e->layer_ms_pub[3 * block];
+    a = e->layer_ms_pub[3 * block + 1];
+    pl = e->layer_ms_pub[3 * block + 2];
     pthread_mutex_unlock(&e->mu);
   }
   if (moe_ms) *moe_ms = m;
   if (a2a_ms) *a2a_ms = a;
+  if (place_ms) *place_ms = pl;
 }
 
 void moe_infer_get_stats(moe_infer *e, moe_infer_stats *s) {
@@ -1209,8 +1220,8 @@ static moe_status run_rows(moe_infer *e, int n) {
       moe_pass_breakdown bd;
       memset(&bd, 0, sizeof bd);
       if (g && rec) moe_pass_breakdown_compute(rec, g->n_tasks, &bd);
-      e->layer_ms[2 * l] += fwd.total_ms;
-      e->layer_ms[2 * l + 1] += (double)bd.comm_ns * 1e-6;
+      e->layer_ms[3 * l] += fwd.total_ms;
+      e->layer_ms[3 * l + 1] += (double)bd.comm_ns * 1e-6;
       e->st.moe_ms += fwd.total_ms;
       e->st.a2a_ms += (double)bd.comm_ns * 1e-6;
       pthread_mutex_lock(&e->mu);
@@ -1399,7 +1410,7 @@ done:
   pthread_mutex_lock(&e->mu);
   e->st_pub = e->st;
   if (e->layer_ms)
-    memcpy(e->layer_ms_pub, e->layer_ms, 2 * (size_t)e->cfg.n_layer * sizeof(double));
+    memcpy(e->layer_ms_pub, e->layer_ms, 3 * (size_t)e->cfg.n_layer * sizeof(double));
   if (e->path_cnt) memcpy(e->path_cnt_pub, e->path_cnt, 3 * (size_t)e->n_moe * sizeof(int64_t));
   pthread_mutex_unlock(&e->mu);
   return st;

@@ -466,15 +466,22 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
   const int L = moe_infer_model_config(s->engine)->n_layer;
   for (int l = 0; l < L; l++) {
     double mm = 0, am = 0;
-    moe_infer_layer_times(s->engine, l, &mm, &am);
+    moe_infer_layer_times(s->engine, l, &mm, &am, NULL);
     if (mm > 0) P("moe_engine_moe_seconds_total{block=\"%d\"} %.6f\n", l, mm / 1000);
   }
   P("# HELP moe_engine_a2a_seconds_total Time in a block's MoE all-to-alls (rank 0).\n"
     "# TYPE moe_engine_a2a_seconds_total counter\n");
   for (int l = 0; l < L; l++) {
     double mm = 0, am = 0;
-    moe_infer_layer_times(s->engine, l, &mm, &am);
+    moe_infer_layer_times(s->engine, l, &mm, &am, NULL);
     if (mm > 0) P("moe_engine_a2a_seconds_total{block=\"%d\"} %.6f\n", l, am / 1000);
+  }
+  P("# HELP moe_engine_place_seconds_total Time in a block's expert placement (rank 0; eplb: "
+    "each plan spread evenly over the blocks).\n# TYPE moe_engine_place_seconds_total counter\n");
+  for (int l = 0; l < L; l++) {
+    double mm = 0, pm = 0;
+    moe_infer_layer_times(s->engine, l, &mm, NULL, &pm);
+    if (mm > 0) P("moe_engine_place_seconds_total{block=\"%d\"} %.6f\n", l, pm / 1000);
   }
   {
     const double q[3] = {0.5, 0.95, 0.99};
