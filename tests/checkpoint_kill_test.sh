@@ -34,11 +34,15 @@ size=$(stat -c %s "$ckpt")
 [[ $size -gt 2000 ]] || bad "checkpoint unexpectedly small ($size bytes)"
 
 for at in 0 10 64 100 1000 $((size / 2)) $((size - 100)) $((size - 17)) $((size - 1)) $size; do
-  MOE_CKPT_TEST_PAUSE_AFTER_BYTES=$at "$BIN" --write "$ckpt" 2 2>"$tmp/err" &
+  # A new file per kill point: the grep below may run before the writer's
+  # redirection has truncated a reused one, and see the last writer's pause.
+  err=$tmp/err.$at
+  rm -f "$err"
+  MOE_CKPT_TEST_PAUSE_AFTER_BYTES=$at "$BIN" --write "$ckpt" 2 2>"$err" &
   pid=$!
   paused=0
   for _ in $(seq 1 50); do  # at most 50 x 0.2 s
-    if grep -q "moe_ckpt: paused" "$tmp/err"; then
+    if grep -q "moe_ckpt: paused" "$err" 2>/dev/null; then
       paused=1
       break
     fi
@@ -50,7 +54,7 @@ for at in 0 10 64 100 1000 $((size / 2)) $((size - 100)) $((size - 17)) $((size 
   killed_pid=$pid
   pid=""
   if [[ $paused -ne 1 ]]; then
-    bad "writer did not pause at byte $at: $(head -3 "$tmp/err")"
+    bad "writer did not pause at byte $at: $(head -3 "$err" 2>/dev/null)"
     continue
   fi
   ok
