@@ -118,6 +118,11 @@ static void usage(FILE *f) {
       "                        every router bias moves by RATE toward even expert load\n"
       "                        (changes routing; saved in checkpoints); 0..1, 0 = off\n"
       "                        (DeepSeek-V3 used 0.001) [0]\n"
+      "  --grad-bucket-mb MB   sum the dense gradients over the ranks in buckets of about\n"
+      "                        MB MiB, each as soon as the backward has finished its\n"
+      "                        tensors (a thread, overlapped with the rest of the\n"
+      "                        backward; same losses, bitwise when deterministic);\n"
+      "                        0..4096, 0 = one packed all-reduce after the backward [0]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -306,6 +311,8 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     double rate = 0;
     cli_parse_double(a, "--router-bias-update", 0, 1, &rate);
     tc->router_bias_rate = (float)rate;
+  } else if (cli_opt(a, "--grad-bucket-mb")) {
+    cli_parse_double(a, "--grad-bucket-mb", 0, 4096, &tc->grad_bucket_mb);
   } else {
     return 0;
   }
@@ -543,6 +550,13 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                : "");
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  if (world > 1) {
+    char how[64] = "one packed all-reduce after the backward";
+    if (tc->grad_bucket_mb > 0)
+      snprintf(how, sizeof how, "buckets of %g MiB during the backward", tc->grad_bucket_mb);
+    printf("  dense gradients' sum (%s): median %.2f ms per step not hidden\n", how,
+           r->grad_wait_ms);
+  }
   if (tc->balance.policy != MOE_BALANCE_NONE)
     printf(
         "  balance: %s, mean over steps and MoE layers: balance ratio %.3f without copies, "

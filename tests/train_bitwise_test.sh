@@ -3,6 +3,8 @@
 # 1, 2 and 4 ranks gives byte-identical checkpoints (parameters and AdamW
 # state) and identical per-step losses and gradient norms, also with the
 # router-bias update; the summary says so,
+# also with the dense gradients summed in buckets during the backward
+# (--grad-bucket-mb: a tensor per bucket, several, one);
 # and names the reason when a run cannot be bitwise (B/P not a power of two,
 # --deterministic off).
 # Usage: train_bitwise_test.sh path/to/moe path/to/mpiexec [STEPS]
@@ -27,9 +29,20 @@ done
 for p in 2 4; do
   cmp -s "$tmp/c1.bin" "$tmp/c$p.bin" || bad "P=$p: checkpoint differs from 1 rank's"
   # losses and norms as printed (9 digits) and the whole JSON lines minus timings
-  strip() { sed -E 's/"(tokens_per_s|a2a_share|time_s|exposed_share|step_ms|moe_pass_ms)":[^,}]*,?//g' "$1"; }
+  strip() { sed -E 's/"(tokens_per_s|a2a_share|time_s|exposed_share|step_ms|moe_pass_ms|grad_wait_ms)":[^,}]*,?//g' "$1"; }
   diff <(strip "$tmp/m1.jsonl") <(strip "$tmp/m$p.jsonl") >/dev/null ||
     bad "P=$p: per-step metrics (loss, aux, grad_norm, lr) differ from 1 rank's"
+done
+# Gradient buckets overlapped with the backward: the same bits (the fixed-order
+# sum is elementwise), at 2 and 4 ranks, from a tensor per bucket to one bucket.
+for spec in "2 0.000001" "2 0.05" "4 0.02" "4 4096"; do
+  read -r p mb <<<"$spec"
+  timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${RUN[@]}" --grad-bucket-mb "$mb" \
+    --checkpoint "$tmp/g$p-$mb.bin" >"$tmp/gout$p-$mb" 2>&1 ||
+    { bad "buckets $mb MiB P=$p: moe train failed"; cat "$tmp/gout$p-$mb" >&2; continue; }
+  cmp -s "$tmp/c1.bin" "$tmp/g$p-$mb.bin" || bad "buckets $mb MiB P=$p: checkpoint differs from 1 rank's"
+  grep -qE "dense gradients. sum \(buckets of [0-9.e+-]+ MiB during the backward\)" "$tmp/gout$p-$mb" ||
+    bad "buckets $mb MiB P=$p: the summary does not name the buckets"
 done
 # DeepSeek-V3's router-bias update at its paper's rate: also bitwise across
 # rank counts (checkpoints hold the biases), and not the plain run.

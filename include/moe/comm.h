@@ -280,6 +280,71 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, moe_fixed_sum *fs, float *buf, size
 moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
                                   MPI_Comm comm, const char *what);
 
+// ---- gradient buckets overlapped with the backward (src/comm/grad_reducer.c) --------
+
+// Sums a fixed list of gradient tensors over the ranks of a communicator, bucket
+// by bucket, while the caller still computes: the caller marks each tensor
+// ready as soon as its gradient is final (moe_grad_reducer_ready), a thread of
+// the reducer sums each bucket once all its tensors are marked, and
+// moe_grad_reducer_finish waits for the last bucket and writes the sums back.
+// The tensors are given in the order they become final (the reverse of the
+// forward); a bucket is a run of whole tensors of at least bucket_bytes, so a
+// bucket is ready once its last tensor is. Buckets are summed in order, one at
+// a time, each in micro-ops of at most micro_op_bytes that never span two
+// buckets, on a duplicate of the communicator (no message meets the caller's).
+typedef struct {
+  size_t bucket_bytes;    // a bucket closes once it holds this many bytes (a tensor is
+                          // never split); 0: one bucket of everything. Default 25 MiB
+  size_t micro_op_bytes;  // floats summed per MPI operation, in bytes; 0: a bucket per
+                          // operation (at most 2^28 floats). Default 0
+  int deterministic;      // 1 (default): moe_allreduce_fixed's order, so the sums have the
+                          // bits of one moe_allreduce_fixed of all tensors packed, whatever
+                          // the buckets and micro-ops; 0: MPI_Iallreduce (MPI's order)
+  int overlap;            // 1 (default): the thread sums buckets during the backward (needs
+                          // MPI_THREAD_MULTIPLE); 0: everything in finish, on the caller's thread
+} moe_grad_reducer_config;
+void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg);
+
+// One MPI operation of the last step (times from that step's first mark).
+typedef struct {
+  int bucket;
+  size_t first, count;  // floats [first, first + count) of the packed tensors
+  uint64_t start_ns, end_ns;
+} moe_grad_op_record;
+
+typedef struct moe_grad_reducer moe_grad_reducer;
+
+// Collective over comm: every rank passes the same n, sizes and config (else
+// INVALID_ARG on every rank); overlap with more than one rank needs
+// MPI_THREAD_MULTIPLE (else INVALID_ARG naming the level). grads[i] (numel[i]
+// floats) must stay valid until destroy. config NULL: the defaults. Allocates
+// one packed copy of the tensors (and, deterministic, a micro-op's receive
+// buffer on ranks that add a partner's sum).
+moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *const *grads,
+                                   const size_t *numel, const moe_grad_reducer_config *config,
+                                   moe_grad_reducer **out);
+// Stops the thread (a bucket in progress is finished first). NULL: no-op.
+void moe_grad_reducer_destroy(moe_grad_reducer *r);
+// Tensor i's gradient is final this step: copied now into the packed buffer;
+// the tensor's bucket starts once all its tensors are marked. Each tensor at
+// most once per step (else INVALID_ARG). The caller's thread; no MPI call.
+moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i);
+// Marks the tensors not marked yet (in order), waits for every bucket's sum
+// (marked for the hang watchdog), writes the sums into the tensors and starts
+// the next step. A failure of the thread's MPI calls is returned here.
+moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx);
+int moe_grad_reducer_buckets(const moe_grad_reducer *r);
+// Buckets of this step summed so far (any thread; the caller's progress check).
+int moe_grad_reducer_done(moe_grad_reducer *r);
+// Bucket b: its floats [first, first + count) of the packed tensors and its tensor count.
+void moe_grad_reducer_bucket(const moe_grad_reducer *r, int b, size_t *first, size_t *count,
+                             int *tensors);
+// The last finished step's operations, in the order they ran (valid until the
+// next step's first mark).
+const moe_grad_op_record *moe_grad_reducer_records(const moe_grad_reducer *r, int *n);
+// How long the last finish waited for sums (ms): the reduction not hidden.
+double moe_grad_reducer_wait_ms(const moe_grad_reducer *r);
+
 // The memory bound under MPI: every rank passes its own need (its baseline
 // included); its limit is max_memory when > 0 (--max-memory, per rank), else
 // the memory available on its node (moe_memory_available) divided by the

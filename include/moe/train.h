@@ -83,6 +83,10 @@ typedef struct {
   // expert's kept rows over the mean per expert; 1 = even) and the largest
   // |router bias| after the update
   double expert_load_ratio, router_bias_max;
+  // the time rank 0 waited after its backward for the dense gradients' sum
+  // (the whole all-reduce without buckets; the part the backward did not
+  // hide with them), ms
+  double grad_wait_ms;
 } moe_train_step_info;
 
 typedef struct {
@@ -176,6 +180,15 @@ typedef struct {
   // Experts are then chosen by logits + bias and weighed without it. The
   // bias is saved in checkpoints. 0 (default): off. Range [0, 1].
   float router_bias_rate;
+  // The dense gradients' sum over the world (docs/training.md "Gradient
+  // buckets"): > 0: buckets of about this many MiB, in the order the backward
+  // finishes the tensors, each summed by a thread (moe_grad_reducer) as soon as
+  // its tensors are final, while the backward goes on; needs
+  // MPI_THREAD_MULTIPLE. 0 (default): one packed all-reduce after the
+  // backward. The same bits either way when deterministic (the fixed-order
+  // sum is elementwise); otherwise MPI's order may differ in the last bits.
+  // Range [0, 4096].
+  double grad_bucket_mb;
 } moe_train_config;
 
 // The planners' rates in deterministic training without a profile: one CPU
@@ -286,6 +299,7 @@ typedef struct {
   // topology-aware gate (par.topo_gate > 0): the mean over the steps of the
   // share of the world's T x K choices per MoE layer that were re-selected
   double rerouted_share;
+  double grad_wait_ms;  // median of the steps' grad_wait_ms (0 on one rank)
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

@@ -762,6 +762,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
   memset(m->dresid, 0, NM * sizeof(float));
   layernorm_backward(m, m->dresid, m->dlnf_g, m->dlnf_b, m->dln, m->resid[c->n_layer], m->lnf_mean,
                      m->lnf_rstd, m->lnf_g, N, M);
+  if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, c->n_layer));
 
   // step 3: blocks in reverse; dresid holds dL/dx_{l+1}, then dL/dresid2, then dL/dx_l
   for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -789,6 +790,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
     layernorm_backward(m, m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
                        blk->ln1_rstd, p->ln1_g, N, M);
+    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, l));
   }
 
   // step 4: embeddings (deterministic: per sequence, with the head's dwte, as
@@ -814,6 +816,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     const float *root = moe_pairwise_result(&m->pw);
     moe_add_inplace(m->dwte, root, VM);
     moe_add_inplace(m->dwpe, root + VM, (size_t)s * M);
+    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, -1));
     goto done;
   }
   for (int i = 0; i < N; i++) {
@@ -824,6 +827,13 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       pe[j] += d[j];
     }
   }
+  if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, -1));
 done:
   return st;
+}
+
+void moe_gpt_set_grad_hook(moe_gpt *m, moe_gpt_grad_hook fn, void *user) {
+  if (!m) return;
+  m->grad_hook = fn;
+  m->grad_hook_user = user;
 }

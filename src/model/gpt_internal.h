@@ -37,6 +37,8 @@ struct moe_gpt {
   int max_batch;
   const moe_gpt_moe_ops *ops;
   void *ops_user;
+  moe_gpt_grad_hook grad_hook;  // moe_gpt_set_grad_hook (NULL: none)
+  void *grad_hook_user;
   int n_blocks_created;  // backends created (for destroy)
   gpt_block *blocks;     // (L)
   // parameter table

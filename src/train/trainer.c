@@ -149,9 +149,14 @@ typedef struct {
   moe_gpt *model;
   moe_optim *opt;
   int32_t *tokens, *targets;  // (bl, S)
-  float *dense_buf;           // packed dense gradients
+  float *dense_buf;           // packed dense gradients (without buckets)
   moe_fixed_sum dense_fixed;  // deterministic: their fixed-order all-reduce's receive buffer
   size_t dense_n;
+  // tc->grad_bucket_mb > 0 (several ranks): the dense gradients' buckets, and
+  // for each event of the model's grad hook (block + 1: 0 for wte/wpe, b + 1
+  // for block b, n_layer + 1 for lnf) its tensors' range in the reducer's order
+  moe_grad_reducer *grad_red;
+  int grad_first[MOE_GPT_MAX_LAYERS + 2], grad_count[MOE_GPT_MAX_LAYERS + 2];
   MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
   double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
   int expert_sq_n;
@@ -305,6 +310,58 @@ done:
 }
 
 // ---- gradients -------------------------------------------------------------------------------
+
+// The model's grad hook: the event's tensors go to the buckets.
+static moe_status grad_ready(void *user, int block) {
+  moe_status st = MOE_STATUS_OK;
+  run_state *r = user;
+  const int ev = block + 1;
+  for (int k = 0; k < r->grad_count[ev]; k++)
+    MOE_TRY(moe_grad_reducer_ready(r->grad_red, r->ctx, r->grad_first[ev] + k));
+done:
+  return st;
+}
+
+// The buckets of tc->grad_bucket_mb: the dense tensors in the order the
+// backward finishes them (lnf, the blocks from the last, then wte and wpe).
+static moe_status grad_buckets_create(run_state *r) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const int n = moe_gpt_num_params(r->model), L = r->tc->model.n_layer;
+  float **grads = moe_calloc((size_t)n, sizeof *grads);
+  size_t *numel = moe_calloc((size_t)n, sizeof *numel);
+  MOE_TRY(agree(r,
+                grads && numel ? MOE_STATUS_OK
+                               : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                              "gradient buckets: out of memory"),
+                "gradient buckets"));
+  int k = 0;
+  for (int ev = L + 1; ev >= 0; ev--) {
+    r->grad_first[ev] = k;
+    for (int i = 0; i < n; i++) {
+      const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+      if (p.kind != MOE_GPT_PARAM_DENSE) continue;
+      const int lnf = p.block < 0 && strncmp(p.name, "lnf.", 4) == 0;
+      const int e = lnf ? L + 1 : p.block + 1;
+      if (e != ev) continue;
+      grads[k] = p.grad;
+      numel[k++] = p.numel;
+    }
+    r->grad_count[ev] = k - r->grad_first[ev];
+  }
+  moe_grad_reducer_config gc;
+  moe_grad_reducer_config_default(&gc);
+  gc.bucket_bytes = (size_t)(r->tc->grad_bucket_mb * 1048576.0);
+  if (gc.bucket_bytes < sizeof(float)) gc.bucket_bytes = sizeof(float);  // a tensor per bucket
+  gc.deterministic = r->tc->deterministic;
+  gc.overlap = 1;
+  MOE_TRY(moe_grad_reducer_create(ctx, r->world, k, grads, numel, &gc, &r->grad_red));
+  moe_gpt_set_grad_hook(r->model, grad_ready, r);
+done:
+  moe_free(grads);
+  moe_free(numel);
+  return st;
+}
 
 // Sums the dense gradients over the world, packed into one buffer.
 static moe_status allreduce_dense(run_state *r) {
@@ -738,12 +795,14 @@ static moe_status setup(run_state *r, int *start_step) {
       const moe_gpt_param p = moe_gpt_get_param(r->model, i);
       if (p.kind == MOE_GPT_PARAM_DENSE) r->dense_n += p.numel;
     }
-    r->dense_buf = moe_malloc(r->dense_n * sizeof(float));
-    if (!r->tokens || !r->targets || (r->dense_n && !r->dense_buf))
+    const int buckets = tc->grad_bucket_mb > 0 && r->size > 1 && r->dense_n > 0;
+    if (!buckets) r->dense_buf = moe_malloc(r->dense_n * sizeof(float));
+    if (!r->tokens || !r->targets || (r->dense_n && !buckets && !r->dense_buf))
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "training buffers: out of memory");
   }
   MOE_TRY(agree(r, local, "optimizer and buffers"));
+  if (tc->grad_bucket_mb > 0 && r->size > 1 && r->dense_n > 0) MOE_TRY(grad_buckets_create(r));
 
   // The EP group (for the expert part of the gradient norm and checkpoint gathers).
   r->ep_comm = MPI_COMM_NULL;
@@ -806,6 +865,7 @@ static void teardown(run_state *r) {
   moe_free(r->bias_load);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
+  moe_grad_reducer_destroy(r->grad_red);
   moe_free(r->expert_sq);
   moe_free(r->targets);
   moe_free(r->tokens);
@@ -1023,7 +1083,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   r.tc = tc;
   MPI_Comm_rank(world, &r.rank);
   MPI_Comm_size(world, &r.size);
-  double *tps = NULL, *a2a = NULL, *exposed = NULL, *pass_ms = NULL;
+  double *tps = NULL, *a2a = NULL, *exposed = NULL, *pass_ms = NULL, *grad_wait = NULL;
   int n_timed = 0, start = 1;
   memset(out, 0, sizeof *out);
   out->first_val_loss = out->final_val_loss = NAN;
@@ -1064,9 +1124,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   a2a = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *a2a);
   exposed = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *exposed);
   pass_ms = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *pass_ms);
+  grad_wait = moe_calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *grad_wait);
   MOE_TRY(
       agree(&r,
-            tps && a2a && exposed && pass_ms
+            tps && a2a && exposed && pass_ms && grad_wait
                 ? MOE_STATUS_OK
                 : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__, "out of memory"),
             "allocation"));
@@ -1100,12 +1161,19 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         if (r.user->impl[b])
           MOE_TRY(moe_ep_layer_grads_wait(moe_train_ep_layer(r.user->impl[b], NULL, NULL)));
     test_slow_rank(&r, step);
-    MOE_TRY(allreduce_dense(&r));
+    const uint64_t t_red = moe_time_ns();
+    if (r.grad_red) {
+      MOE_TRY(moe_grad_reducer_finish(r.grad_red, ctx));
+    } else {
+      MOE_TRY(allreduce_dense(&r));
+    }
+    const double grad_wait_ms = (double)(moe_time_ns() - t_red) / 1e6;
     double norm = 0;
     MOE_TRY(grad_norm(&r, &norm));
     const float lr = moe_optim_step(r.opt, r.model, moe_optim_clip_scale(&tc->optim, norm));
     moe_train_step_info info;
     memset(&info, 0, sizeof info);
+    info.grad_wait_ms = grad_wait_ms;
     if (tc->balance.policy != MOE_BALANCE_NONE)  // this step's Trans and Agg not hidden
       for (int b = 0; b < tc->model.n_layer; b++) {
         if (!r.user->impl[b]) continue;
@@ -1188,6 +1256,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       a2a[n_timed] = info.a2a_share;
       exposed[n_timed] = info.exposed_share;
       pass_ms[n_timed] = info.moe_pass_ms;
+      grad_wait[n_timed] = info.grad_wait_ms;
       n_timed++;
     }
     const double elapsed = (double)(moe_time_ns() - t_begin) * 1e-9;
@@ -1200,6 +1269,10 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         double vals[16] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
                            step_s * 1e3};
         int n_vals = 5;
+        if (r.size > 1) {  // the dense gradients' sum not hidden by the backward
+          names[n_vals] = "grad_wait_ms";
+          vals[n_vals++] = info.grad_wait_ms;
+        }
         // a dense model has no MoE pass; the balance values only when balancing,
         // the router-bias ones only with its update
         if (!isnan(info.moe_pass_ms)) {
@@ -1248,12 +1321,14 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->tokens_per_s = median(tps, n_timed);
   out->a2a_share = median(a2a, n_timed);
   out->exposed_share = median(exposed, n_timed);
+  out->grad_wait_ms = median(grad_wait, n_timed);
   out->moe_pass_ms = n_timed > 0 && !isnan(pass_ms[0]) ? median(pass_ms, n_timed) : NAN;
 done:
   moe_free(tps);
   moe_free(a2a);
   moe_free(exposed);
   moe_free(pass_ms);
+  moe_free(grad_wait);
   teardown(&r);
   return st;
 }
