@@ -284,14 +284,19 @@ moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, 
 
 // Sums a fixed list of gradient tensors over the ranks of a communicator, bucket
 // by bucket, while the caller still computes: the caller marks each tensor
-// ready as soon as its gradient is final (moe_grad_reducer_ready), a thread of
-// the reducer sums each bucket once all its tensors are marked, and
-// moe_grad_reducer_finish waits for the last bucket and writes the sums back.
-// The tensors are given in the order they become final (the reverse of the
-// forward); a bucket is a run of whole tensors of at least bucket_bytes, so a
-// bucket is ready once its last tensor is. Buckets are summed in order, one at
-// a time, each in micro-ops of at most micro_op_bytes that never span two
-// buckets, on a duplicate of the communicator (no message meets the caller's).
+// ready as soon as its gradient is final (moe_grad_reducer_ready), a bucket's
+// sum starts once all its tensors are marked, and moe_grad_reducer_finish
+// waits for the last bucket and writes the sums back. The tensors are given in
+// the order they become final (the reverse of the forward); a bucket is a run
+// of whole tensors of at least bucket_bytes, so a bucket is ready once its last
+// tensor is. Buckets are summed in order, in micro-ops of at most
+// micro_op_bytes that never span two buckets, one in flight at a time, on a
+// duplicate of the communicator (no message meets the caller's). The reducer
+// has no thread: its non-blocking MPI operations advance when a mark, a
+// moe_grad_reducer_progress call (e.g. from a communication stream that would
+// otherwise wait) or finish tests them, so its MPI calls never run beside
+// another thread's (MPI_THREAD_SERIALIZED is enough when those calls come
+// from several threads one at a time).
 typedef struct {
   size_t bucket_bytes;    // a bucket closes once it holds this many bytes (a tensor is
                           // never split); 0: one bucket of everything. Default 25 MiB
@@ -300,8 +305,8 @@ typedef struct {
   int deterministic;      // 1 (default): moe_allreduce_fixed's order, so the sums have the
                           // bits of one moe_allreduce_fixed of all tensors packed, whatever
                           // the buckets and micro-ops; 0: MPI_Iallreduce (MPI's order)
-  int overlap;            // 1 (default): the thread sums buckets during the backward (needs
-                          // MPI_THREAD_MULTIPLE); 0: everything in finish, on the caller's thread
+  int overlap;            // 1 (default): marks and progress calls start and advance the
+                          // sums; 0: everything in finish (marks only copy)
 } moe_grad_reducer_config;
 void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg);
 
@@ -315,26 +320,33 @@ typedef struct {
 typedef struct moe_grad_reducer moe_grad_reducer;
 
 // Collective over comm: every rank passes the same n, sizes and config (else
-// INVALID_ARG on every rank); overlap with more than one rank needs
-// MPI_THREAD_MULTIPLE (else INVALID_ARG naming the level). grads[i] (numel[i]
-// floats) must stay valid until destroy. config NULL: the defaults. Allocates
+// INVALID_ARG on every rank). grads[i] (numel[i] floats) must stay valid until
+// destroy. config NULL: the defaults. Allocates
 // one packed copy of the tensors (and, deterministic, a micro-op's receive
 // buffer on ranks that add a partner's sum).
 moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *const *grads,
                                    const size_t *numel, const moe_grad_reducer_config *config,
                                    moe_grad_reducer **out);
-// Stops the thread (a bucket in progress is finished first). NULL: no-op.
+// NULL: no-op. Between steps (an operation left in flight by a failure is cancelled).
 void moe_grad_reducer_destroy(moe_grad_reducer *r);
-// Tensor i's gradient is final this step: copied now into the packed buffer;
-// the tensor's bucket starts once all its tensors are marked. Each tensor at
-// most once per step (else INVALID_ARG). The caller's thread; no MPI call.
+// Tensor i's gradient is final this step: copied now into the packed buffer
+// (the caller may reuse the tensor until finish); with overlap, then
+// progresses like moe_grad_reducer_progress. Each tensor at most once per step
+// (else INVALID_ARG).
 moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i);
-// Marks the tensors not marked yet (in order), waits for every bucket's sum
-// (marked for the hang watchdog), writes the sums into the tensors and starts
-// the next step. A failure of the thread's MPI calls is returned here.
+// Tests the micro-op in flight, starts the next ones whose buckets are ready,
+// never waits. *all_done (may be NULL): 1 when nothing is in flight and
+// nothing marked waits to be summed (until the next mark). Any thread, one at
+// a time with the reducer's other calls and with other MPI calls unless MPI
+// gives MPI_THREAD_MULTIPLE (a call that finds another in progress returns at
+// once with *all_done 0). A failure is kept and returned by finish too.
+moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done);
+// Marks the tensors not marked yet (in order), progresses and waits (MPI_Wait
+// on each request, marked for the hang watchdog) until every bucket is summed, writes
+// the sums into the tensors and starts the next step.
 moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx);
 int moe_grad_reducer_buckets(const moe_grad_reducer *r);
-// Buckets of this step summed so far (any thread; the caller's progress check).
+// Buckets of this step summed so far.
 int moe_grad_reducer_done(moe_grad_reducer *r);
 // Bucket b: its floats [first, first + count) of the packed tensors and its tensor count.
 void moe_grad_reducer_bucket(const moe_grad_reducer *r, int b, size_t *first, size_t *count,

@@ -182,12 +182,12 @@ typedef struct {
   float router_bias_rate;
   // The dense gradients' sum over the world (docs/training.md "Gradient
   // buckets"): > 0: buckets of about this many MiB, in the order the backward
-  // finishes the tensors, each summed by a thread (moe_grad_reducer) as soon as
-  // its tensors are final, while the backward goes on; needs
-  // MPI_THREAD_MULTIPLE. 0 (default): one packed all-reduce after the
-  // backward. The same bits either way when deterministic (the fixed-order
-  // sum is elementwise); otherwise MPI's order may differ in the last bits.
-  // Range [0, 4096].
+  // finishes the tensors, each started as soon as its tensors are final and
+  // advanced while the backward goes on (moe_grad_reducer: at each block's end
+  // and by the MoE layers' comm streams whenever they would wait). 0
+  // (default): one packed all-reduce after the backward. The same bits either way when
+  // deterministic (the fixed-order sum is elementwise); otherwise MPI's order may differ in the
+  // last bits. Range [0, 4096].
   double grad_bucket_mb;
 } moe_train_config;
 

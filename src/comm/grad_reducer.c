@@ -10,14 +10,24 @@
 // communicator of its own (a duplicate of the caller's), so the reducer's
 // messages never meet the caller's.
 //
-// The thread: it waits (condition variable) until the next bucket's tensors
-// are all marked ready, then reduces it with non-blocking MPI calls that it
-// tests with back-off sleeps (5 us doubling to 50 us), so it does not take a
-// core from the backward it overlaps. finish waits for the last bucket, then
-// copies the sums back into the tensors.
+// No thread of its own: the sums are non-blocking MPI operations (one micro-op
+// in flight) that moe_grad_reducer_progress tests and advances without
+// waiting. The caller's marks and progress calls advance them (the trainer's:
+// after each block of the backward and between its kernels), and so can a
+// communication stream whenever it would wait (the MoE layers'
+// executors, moe_ep_layer_set_background_extra: Lina's "all-reduce fills the
+// all-to-all's gaps"), so every MPI call stays on one thread at a time (a
+// thread of the reducer calling MPI beside the all-to-alls stalled Open MPI's
+// TCP transport for tens of seconds on the emulated cluster). finish
+// waits for the rest request by request (MPI_Wait, which progresses it without
+// pause), then copies the sums back into the tensors. The buckets' sum of
+// messages is that of one moe_allreduce_fixed per bucket, which for a few large
+// buckets is slower than one packed call (docs/lina.md).
 //
 // The sums: deterministic, the binomial tree of moe_allreduce_fixed (rank r
-// adds rank r + d's partial sum after its own) then a broadcast from rank 0, on
+// adds rank r + d's partial sum after its own) then a binomial broadcast from
+// rank 0 (point-to-point: with MPI_Ibcast instead, the wait for 4 MiB buckets
+// of a 12 MiB model was about 115 ms against 80 ms, on the emulated cluster), on
 // each element independently, so the bits equal one moe_allreduce_fixed call on
 // the whole packed buffer whatever the buckets and micro-ops. Otherwise
 // MPI_Iallreduce per micro-op: MPI chooses the order, which may differ from
@@ -37,10 +47,19 @@
 #include "moe/kernels.h"
 
 #define GR_TAG 43
-#define GR_POLL_MIN_NS 5000u
-#define GR_POLL_MAX_NS 50000u
 // MPI counts are int; a micro-op never exceeds this many floats.
 #define GR_MAX_OP ((size_t)1 << 28)
+
+typedef enum {
+  OP_IDLE = 0,
+  OP_TREE,       // the sum's tree at distance d: post the next request
+  OP_RECV,       // receiving rank + d's partial sum
+  OP_SEND,       // sending ours to rank - d
+  OP_BTREE,      // the broadcast's tree at distance d (from the largest down)
+  OP_BRECV,      // receiving the sum from rank - d
+  OP_BSEND,      // sending the sum to rank + d
+  OP_ALLREDUCE,  // MPI_Iallreduce
+} op_phase;
 
 struct moe_grad_reducer {
   moe_grad_reducer_config cfg;
@@ -52,126 +71,162 @@ struct moe_grad_reducer {
   int *bucket_of;        // (n) the bucket of each tensor
   int n_buckets;         //
   size_t *b_first;       // (n_buckets + 1) buckets' first floats in buf; [n_buckets] = total
-  int *b_tensors;        // (n_buckets) tensors per bucket
+  int *b_tensors;        // (n_buckets + 1) tensors per bucket
   size_t total, op_max;  // floats in buf; floats per micro-op
   float *buf;            // (total) the packed gradients
   float *tmp;            // (largest micro-op) deterministic, receiving ranks: a partner's sum
 
-  // ---- step state, under mu
+  // ---- the step, under mu (progress may be called from a comm stream's background)
   pthread_mutex_t mu;
-  pthread_cond_t cv_ready;  // thread: a tensor became ready, or shutdown
-  pthread_cond_t cv_done;   // caller: a bucket finished, or the thread failed
-  int *pending;             // (n_buckets) tensors not yet marked this step
-  unsigned char *marked;    // (n) marked this step
-  int next;                 // the bucket the thread reduces next (n_buckets: all done)
-  int shutdown;
-  moe_status fail;  // the thread's first failure (then it reduces nothing more)
+  int mu_ready;
+  int *pending;           // (n_buckets + 1) tensors not yet marked this step
+  unsigned char *marked;  // (n) marked this step
+  int next;               // the bucket summed now or next (n_buckets: all done)
+  size_t at;              // its next micro-op's first float
+  // the micro-op in flight: floats [op_first, op_first + op_count), its phase,
+  // the tree distance, its request
+  op_phase phase;
+  size_t op_first, op_count;
+  int d;
+  MPI_Request req;
+  uint64_t op_start;
+  moe_status fail;  // the first failure (then nothing more is summed)
   char fail_msg[512];
   uint64_t t0;  // the step's first mark
-  int thread_started, sync_ready;
-  pthread_t thread;
-  moe_ctx *tctx;  // the thread's context (its MPI errors)
 
-  // ---- the last step's micro-ops (written by the reducing thread; read after finish)
+  // ---- the last step's micro-ops
   moe_grad_op_record *rec;  // (rec_cap)
   int rec_cap, rec_n;
   double finish_wait_ms;
 };
 
-static void sleep_ns(uint32_t ns) {
-  const struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-  nanosleep(&ts, NULL);
-}
-
-// Completes req by testing it with back-off sleeps.
-static moe_status wait_req(moe_ctx *ctx, MPI_Request *req) {
+// Posts the micro-op's next request, or finishes it (phase OP_IDLE). mu held.
+static moe_status op_advance(moe_grad_reducer *r, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
-  uint32_t pause = GR_POLL_MIN_NS;
+  float *x = r->buf + r->op_first;
+  const int c = (int)r->op_count;
   for (;;) {
-    int flag = 0;
-    MOE_MPI_TRY(ctx, MPI_Test(req, &flag, MPI_STATUS_IGNORE));
-    if (flag) break;
-    sleep_ns(pause);
-    pause = pause >= GR_POLL_MAX_NS / 2 ? GR_POLL_MAX_NS : 2 * pause;
-  }
-done:
-  return st;
-}
-
-// Sums x (c floats, c <= GR_MAX_OP) over the ranks, in place.
-static moe_status reduce_op(moe_grad_reducer *r, moe_ctx *ctx, float *x, size_t c) {
-  moe_status st = MOE_STATUS_OK;
-  MPI_Request req = MPI_REQUEST_NULL;
-  if (!r->cfg.deterministic) {
-    MOE_MPI_TRY(ctx, MPI_Iallreduce(MPI_IN_PLACE, x, (int)c, MPI_FLOAT, MPI_SUM, r->comm, &req));
-    MOE_TRY(wait_req(ctx, &req));
-    goto done;
-  }
-  // moe_allreduce_fixed's tree: at distance d, rank r (a multiple of 2d) adds
-  // rank r + d's partial sum after its own
-  for (int d = 1; d < r->size; d *= 2) {
-    if (r->rank % (2 * d) == 0) {
-      if (r->rank + d < r->size) {
-        MOE_MPI_TRY(ctx, MPI_Irecv(r->tmp, (int)c, MPI_FLOAT, r->rank + d, GR_TAG, r->comm, &req));
-        MOE_TRY(wait_req(ctx, &req));
-        moe_add_inplace(x, r->tmp, c);
+    if (r->phase == OP_TREE) {  // moe_allreduce_fixed's tree, distance d
+      if (r->d >= r->size) {    // the sum is on rank 0: the broadcast's tree
+        r->d = 1;
+        while (r->d * 2 < r->size) r->d *= 2;
+        r->phase = OP_BTREE;
+        continue;
       }
-    } else {
-      MOE_MPI_TRY(ctx, MPI_Isend(x, (int)c, MPI_FLOAT, r->rank - d, GR_TAG, r->comm, &req));
-      MOE_TRY(wait_req(ctx, &req));
-      break;
+      if (r->rank % (2 * r->d) != 0) {
+        MOE_MPI_TRY(ctx, MPI_Isend(x, c, MPI_FLOAT, r->rank - r->d, GR_TAG, r->comm, &r->req));
+        r->phase = OP_SEND;
+        break;
+      }
+      if (r->rank + r->d < r->size) {
+        MOE_MPI_TRY(ctx, MPI_Irecv(r->tmp, c, MPI_FLOAT, r->rank + r->d, GR_TAG, r->comm, &r->req));
+        r->phase = OP_RECV;
+        break;
+      }
+      r->d *= 2;
+      continue;
     }
-  }
-  MOE_MPI_TRY(ctx, MPI_Ibcast(x, (int)c, MPI_FLOAT, 0, r->comm, &req));
-  MOE_TRY(wait_req(ctx, &req));
-done:
-  return st;
-}
-
-// Reduces bucket b in micro-ops, recording each.
-static moe_status reduce_bucket(moe_grad_reducer *r, moe_ctx *ctx, int b) {
-  moe_status st = MOE_STATUS_OK;
-  const size_t end = r->b_first[b + 1];
-  for (size_t i = r->b_first[b]; i < end;) {
-    const size_t c = end - i < r->op_max ? end - i : r->op_max;
-    const uint64_t t_start = moe_time_ns();
-    MOE_TRY(reduce_op(r, ctx, r->buf + i, c));
+    if (r->phase == OP_RECV) {  // rank + d's partial sum after our own
+      moe_add_inplace(x, r->tmp, r->op_count);
+      r->d *= 2;
+      r->phase = OP_TREE;
+      continue;
+    }
+    if (r->phase == OP_SEND) {  // our part is sent: the sum comes by the broadcast
+      r->d = r->size;
+      r->phase = OP_TREE;
+      continue;
+    }
+    if (r->phase == OP_BTREE) {  // binomial broadcast from rank 0, distance d
+      if (r->d < 1) goto op_done;
+      if (r->rank % (2 * r->d) == r->d) {  // from rank - d (the level of our lowest bit)
+        MOE_MPI_TRY(ctx, MPI_Irecv(x, c, MPI_FLOAT, r->rank - r->d, GR_TAG + 1, r->comm, &r->req));
+        r->phase = OP_BRECV;
+        break;
+      }
+      if (r->rank % (2 * r->d) == 0 && r->rank + r->d < r->size) {
+        MOE_MPI_TRY(ctx, MPI_Isend(x, c, MPI_FLOAT, r->rank + r->d, GR_TAG + 1, r->comm, &r->req));
+        r->phase = OP_BSEND;
+        break;
+      }
+      r->d /= 2;
+      continue;
+    }
+    if (r->phase == OP_BRECV || r->phase == OP_BSEND) {
+      r->d /= 2;
+      r->phase = OP_BTREE;
+      continue;
+    }
+  op_done:
+    // the broadcast's tree or MPI_Iallreduce completed: the micro-op is done
     if (r->rec_n < r->rec_cap) {
       moe_grad_op_record *q = &r->rec[r->rec_n++];
-      q->bucket = b;
-      q->first = i;
-      q->count = c;
-      q->start_ns = t_start - r->t0;
+      q->bucket = r->next;
+      q->first = r->op_first;
+      q->count = r->op_count;
+      q->start_ns = r->op_start - r->t0;
       q->end_ns = moe_time_ns() - r->t0;
     }
-    i += c;
+    r->phase = OP_IDLE;
+    r->at = r->op_first + r->op_count;
+    if (r->at >= r->b_first[r->next + 1]) r->next++;
+    break;
   }
 done:
   return st;
 }
 
-// The thread: bucket after bucket, each once all its tensors are marked.
-static void *reducer_main(void *arg) {
-  moe_grad_reducer *r = arg;
-  pthread_mutex_lock(&r->mu);
+// Makes what progress it can without waiting. mu held.
+static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
+  moe_status st = MOE_STATUS_OK;
+  if (r->fail != MOE_STATUS_OK) return r->fail;
   for (;;) {
-    while (!r->shutdown && (r->next >= r->n_buckets || r->pending[r->next] > 0 || r->fail))
-      pthread_cond_wait(&r->cv_ready, &r->mu);
-    if (r->shutdown) break;
-    const int b = r->next;
-    pthread_mutex_unlock(&r->mu);
-    const moe_status st = reduce_bucket(r, r->tctx, b);
-    pthread_mutex_lock(&r->mu);
-    if (st != MOE_STATUS_OK) {
-      r->fail = st;
-      snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(r->tctx));
-    } else {
-      r->next = b + 1;
+    if (r->phase != OP_IDLE) {
+      int flag = 0;
+      MOE_MPI_TRY(ctx, MPI_Test(&r->req, &flag, MPI_STATUS_IGNORE));
+      if (!flag) break;
+      MOE_TRY(op_advance(r, ctx));
+      continue;
     }
-    pthread_cond_broadcast(&r->cv_done);
+    if (r->next >= r->n_buckets || r->pending[r->next] > 0) break;  // nothing ready
+    // the next micro-op of bucket `next`
+    if (r->at < r->b_first[r->next]) r->at = r->b_first[r->next];
+    const size_t left = r->b_first[r->next + 1] - r->at;
+    r->op_first = r->at;
+    r->op_count = left < r->op_max ? left : r->op_max;
+    r->op_start = moe_time_ns();
+    if (r->cfg.deterministic) {
+      r->phase = OP_TREE;
+      r->d = 1;
+      MOE_TRY(op_advance(r, ctx));
+    } else {
+      MOE_MPI_TRY(ctx, MPI_Iallreduce(MPI_IN_PLACE, r->buf + r->op_first, (int)r->op_count,
+                                      MPI_FLOAT, MPI_SUM, r->comm, &r->req));
+      r->phase = OP_ALLREDUCE;
+    }
   }
+done:
+  if (st != MOE_STATUS_OK && r->fail == MOE_STATUS_OK) {
+    r->fail = st;
+    snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
+  }
+  return st;
+}
+
+moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done) {
+  moe_status st = MOE_STATUS_OK;
+  if (all_done) *all_done = 1;
+  if (!r || r->size == 1 || r->total == 0 || !r->cfg.overlap) return st;
+  if (pthread_mutex_trylock(&r->mu) != 0) {  // another stream is at it
+    if (all_done) *all_done = 0;
+    return st;
+  }
+  st = progress_locked(r, ctx);
+  // done for now: nothing in flight and nothing ready to start
+  if (all_done)
+    *all_done = r->phase == OP_IDLE && (r->next >= r->n_buckets || r->pending[r->next] > 0);
   pthread_mutex_unlock(&r->mu);
-  return NULL;
+  return st;
 }
 
 void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg) {
@@ -183,20 +238,12 @@ void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg) {
 
 void moe_grad_reducer_destroy(moe_grad_reducer *r) {
   if (!r) return;
-  if (r->thread_started) {
-    pthread_mutex_lock(&r->mu);
-    r->shutdown = 1;
-    pthread_cond_broadcast(&r->cv_ready);
-    pthread_mutex_unlock(&r->mu);
-    pthread_join(r->thread, NULL);
+  if (r->phase != OP_IDLE && r->req != MPI_REQUEST_NULL) {  // abandoned after a failure
+    MPI_Cancel(&r->req);
+    MPI_Request_free(&r->req);
   }
-  if (r->sync_ready) {
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv_ready);
-    pthread_cond_destroy(&r->cv_done);
-  }
+  if (r->mu_ready) pthread_mutex_destroy(&r->mu);
   if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
-  moe_ctx_destroy(r->tctx);
   moe_free(r->grads);
   moe_free(r->numel);
   moe_free(r->off);
@@ -211,11 +258,12 @@ void moe_grad_reducer_destroy(moe_grad_reducer *r) {
   moe_free(r);
 }
 
-// Resets the step state (mu held or no thread yet).
+// Starts the next step (mu held).
 static void reset_step(moe_grad_reducer *r) {
   for (int b = 0; b < r->n_buckets; b++) r->pending[b] = r->b_tensors[b];
   memset(r->marked, 0, (size_t)r->n);
   r->next = 0;
+  r->at = 0;
   r->t0 = 0;
 }
 
@@ -236,13 +284,14 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   r = moe_calloc(1, sizeof *r);
   MOE_FAIL_IF(ctx, !r, MOE_STATUS_OUT_OF_MEMORY, "gradient reducer: out of memory");
   r->comm = MPI_COMM_NULL;
+  r->req = MPI_REQUEST_NULL;
   r->cfg = cfg;
   r->n = n;
   MPI_Comm_rank(comm, &r->rank);
   MPI_Comm_size(comm, &r->size);
 
-  // step 1: what the ranks must agree on: the tensor count and sizes, the
-  // options (a hash of them; max and min of it) and, to overlap, the thread level
+  // step 1: the ranks agree on the tensor count and sizes and the options (a
+  // hash of them: its max and min over the ranks)
   uint64_t h = 1469598103934665603ull;
 #define MIX(v)             \
   do {                     \
@@ -259,18 +308,10 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   unsigned long long ext[2] = {(unsigned long long)h, ~(unsigned long long)h};
   MOE_MPI_TRY_OP(ctx, "agreement: gradient buckets",
                  MPI_Allreduce(MPI_IN_PLACE, ext, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
-  int level = MPI_THREAD_SINGLE;
-  MPI_Query_thread(&level);
-  if (ext[0] != ~ext[1]) {
+  if (ext[0] != ~ext[1])
     mine = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                         "gradient reducer: the ranks pass different tensors or options; every "
                         "rank must pass the same");
-  } else if (cfg.overlap && r->size > 1 && level < MPI_THREAD_MULTIPLE) {
-    mine = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                        "gradient reducer: overlapping the backward needs MPI_THREAD_MULTIPLE "
-                        "(MPI_Init_thread gave level %d); reduce after the backward instead",
-                        level);
-  }
   MOE_TRY(moe_comm_agree(ctx, comm, mine, "gradient buckets"));
 
   // step 2: the layout
@@ -304,7 +345,7 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
         in_bucket = 0;
       }
     }
-    if (in_bucket > 0 || (n > 0 && r->b_tensors[r->n_buckets] > 0)) r->n_buckets++;
+    if (r->b_tensors[r->n_buckets] > 0) r->n_buckets++;
     r->b_first[r->n_buckets] = r->total;
     size_t largest = 0;
     for (int b = 0; b < r->n_buckets; b++)
@@ -324,9 +365,13 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
       mine = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                           "gradient reducer: out of memory (%zu floats)", r->total);
   }
-  if (mine == MOE_STATUS_OK && moe_ctx_create(&r->tctx) != MOE_STATUS_OK)
-    mine = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
-                        "gradient reducer: out of memory");
+  if (mine == MOE_STATUS_OK) {
+    if (pthread_mutex_init(&r->mu, NULL) == 0)
+      r->mu_ready = 1;
+    else
+      mine = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
+                          "gradient reducer: cannot create a mutex");
+  }
   if (mine == MOE_STATUS_OK) {
     const int rc = MPI_Comm_dup(comm, &r->comm);
     if (rc != MPI_SUCCESS) {
@@ -336,32 +381,6 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   }
   MOE_TRY(moe_comm_agree(ctx, comm, mine, "gradient buckets"));
   reset_step(r);
-
-  // step 3: the thread (only when it has something to overlap)
-  if (cfg.overlap && r->size > 1 && r->total > 0) {
-    mine = MOE_STATUS_OK;
-    if (pthread_mutex_init(&r->mu, NULL) != 0) {
-      mine = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
-                          "gradient reducer: cannot create a mutex");
-    } else if (pthread_cond_init(&r->cv_ready, NULL) != 0) {
-      pthread_mutex_destroy(&r->mu);
-      mine = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
-                          "gradient reducer: cannot create a condition variable");
-    } else if (pthread_cond_init(&r->cv_done, NULL) != 0) {
-      pthread_cond_destroy(&r->cv_ready);
-      pthread_mutex_destroy(&r->mu);
-      mine = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
-                          "gradient reducer: cannot create a condition variable");
-    } else {
-      r->sync_ready = 1;
-      if (pthread_create(&r->thread, NULL, reducer_main, r) == 0)
-        r->thread_started = 1;
-      else
-        mine = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
-                            "gradient reducer: cannot start its thread");
-    }
-    MOE_TRY(moe_comm_agree(ctx, comm, mine, "gradient buckets"));
-  }
   *out = r;
   r = NULL;
 done:
@@ -373,7 +392,6 @@ int moe_grad_reducer_buckets(const moe_grad_reducer *r) { return r ? r->n_bucket
 
 int moe_grad_reducer_done(moe_grad_reducer *r) {
   if (!r) return 0;
-  if (!r->thread_started) return r->next;
   pthread_mutex_lock(&r->mu);
   const int done = r->next;
   pthread_mutex_unlock(&r->mu);
@@ -388,32 +406,30 @@ void moe_grad_reducer_bucket(const moe_grad_reducer *r, int b, size_t *first, si
   if (tensors) *tensors = ok ? r->b_tensors[b] : 0;
 }
 
+// Marks tensor i (mu held): copied into the packed buffer.
+static moe_status mark_locked(moe_grad_reducer *r, moe_ctx *ctx, int i) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, r->marked[i], MOE_STATUS_INVALID_ARG,
+              "gradient reducer: tensor %d marked ready twice in one step", i);
+  if (r->t0 == 0) {  // the step's first mark: the last step's records go
+    r->t0 = moe_time_ns();
+    r->rec_n = 0;
+  }
+  r->marked[i] = 1;
+  memcpy(r->buf + r->off[i], r->grads[i], r->numel[i] * sizeof(float));
+  r->pending[r->bucket_of[i]]--;
+done:
+  return st;
+}
+
 moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !r || i < 0 || i >= r->n, MOE_STATUS_INVALID_ARG,
               "gradient reducer: tensor %d out of range [0, %d)", i, r ? r->n : 0);
-  if (r->thread_started) pthread_mutex_lock(&r->mu);
-  const int again = r->marked[i];
-  if (!again) {
-    if (r->t0 == 0) {  // the step's first mark: the last step's records go
-      r->t0 = moe_time_ns();
-      r->rec_n = 0;
-    }
-    r->marked[i] = 1;
-  }
-  if (r->thread_started) pthread_mutex_unlock(&r->mu);
-  MOE_FAIL_IF(ctx, again, MOE_STATUS_INVALID_ARG,
-              "gradient reducer: tensor %d marked ready twice in one step", i);
-  // the copy outside the lock: the thread touches this slice only after the
-  // bucket's last tensor is marked
-  memcpy(r->buf + r->off[i], r->grads[i], r->numel[i] * sizeof(float));
-  if (r->thread_started) {
-    pthread_mutex_lock(&r->mu);
-    if (--r->pending[r->bucket_of[i]] == 0) pthread_cond_broadcast(&r->cv_ready);
-    pthread_mutex_unlock(&r->mu);
-  } else {
-    r->pending[r->bucket_of[i]]--;
-  }
+  pthread_mutex_lock(&r->mu);
+  st = mark_locked(r, ctx, i);
+  if (st == MOE_STATUS_OK && r->cfg.overlap && r->size > 1) st = progress_locked(r, ctx);
+  pthread_mutex_unlock(&r->mu);
 done:
   return st;
 }
@@ -421,37 +437,40 @@ done:
 moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
   MOE_FAIL_IF(ctx, !r, MOE_STATUS_INVALID_ARG, "gradient reducer must not be NULL");
-  for (int i = 0; i < r->n; i++) {  // tensors nobody marked: marked now, in order
-    int marked;
-    if (r->thread_started) pthread_mutex_lock(&r->mu);
-    marked = r->marked[i];
-    if (r->thread_started) pthread_mutex_unlock(&r->mu);
-    if (!marked) MOE_TRY(moe_grad_reducer_ready(r, ctx, i));
-  }
+  pthread_mutex_lock(&r->mu);
+  for (int i = 0; i < r->n && st == MOE_STATUS_OK; i++)  // the ones nobody marked, in order
+    if (!r->marked[i]) st = mark_locked(r, ctx, i);
   const uint64_t w0 = moe_time_ns();
-  if (r->size > 1 && r->total > 0) {
-    if (r->thread_started) {
-      const int token = moe_watchdog_op_begin("all-reduce of the gradient buckets", NULL);
-      pthread_mutex_lock(&r->mu);
-      while (!r->fail && r->next < r->n_buckets) pthread_cond_wait(&r->cv_done, &r->mu);
-      const moe_status fail = r->fail;
-      pthread_mutex_unlock(&r->mu);
-      moe_watchdog_op_end(token);
-      MOE_FAIL_IF(ctx, fail != MOE_STATUS_OK, fail, "all-reduce of the gradient buckets: %s",
-                  r->fail_msg);
-    } else {
-      const int token = moe_watchdog_op_begin("all-reduce of the gradient buckets", NULL);
-      for (int b = 0; b < r->n_buckets && st == MOE_STATUS_OK; b++) st = reduce_bucket(r, ctx, b);
-      moe_watchdog_op_end(token);
-      if (st != MOE_STATUS_OK) goto done;
+  if (st == MOE_STATUS_OK && r->size > 1 && r->total > 0) {
+    const int token = moe_watchdog_op_begin("all-reduce of the gradient buckets", NULL);
+    // nothing else to do now: each request is waited for (MPI progresses it
+    // at full speed, as a blocking call would), then the next one posted
+    for (;;) {
+      st = progress_locked(r, ctx);
+      if (st != MOE_STATUS_OK || r->next >= r->n_buckets) break;
+      if (r->phase != OP_IDLE) {
+        const int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+        st = rc == MPI_SUCCESS ? op_advance(r, ctx)
+                               : moe_mpi_error(ctx, rc, "MPI_Wait", __FILE__, __LINE__);
+        if (st != MOE_STATUS_OK) {
+          r->fail = st;
+          snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
+          break;
+        }
+      }
     }
+    moe_watchdog_op_end(token);
+    if (st != MOE_STATUS_OK)
+      moe_error_at(ctx, st, __FILE__, __LINE__, "all-reduce of the gradient buckets: %s",
+                   r->fail_msg);
   }
   r->finish_wait_ms = (double)(moe_time_ns() - w0) / 1e6;
-  for (int i = 0; i < r->n; i++)
-    memcpy(r->grads[i], r->buf + r->off[i], r->numel[i] * sizeof(float));
-  if (r->thread_started) pthread_mutex_lock(&r->mu);
-  reset_step(r);  // the records stay readable until the next step's first mark
-  if (r->thread_started) pthread_mutex_unlock(&r->mu);
+  if (st == MOE_STATUS_OK) {
+    for (int i = 0; i < r->n; i++)
+      memcpy(r->grads[i], r->buf + r->off[i], r->numel[i] * sizeof(float));
+    reset_step(r);  // the records stay readable until the next step's first mark
+  }
+  pthread_mutex_unlock(&r->mu);
 done:
   return st;
 }

@@ -481,6 +481,11 @@ moe_status moe_ep_background_(void *arg, moe_ctx *ctx, moe_task_state *state) {
       all &= flag != 0;
     }
   }
+  if (L->bg_extra) {
+    moe_task_state extra = MOE_TASK_DONE;
+    MOE_TRY(L->bg_extra(L->bg_extra_arg, ctx, &extra));
+    all &= extra == MOE_TASK_DONE;
+  }
   *state = all ? MOE_TASK_DONE : MOE_TASK_PENDING;
 done:
   return st;
@@ -497,6 +502,12 @@ static void unlink_layer(moe_ep_layer *L) {
   moe_free(L->peers);
   L->peers = NULL;
   L->n_peers = 0;
+}
+
+void moe_ep_layer_set_background_extra(moe_ep_layer *layer, moe_task_test_fn test, void *arg) {
+  if (!layer) return;
+  layer->bg_extra = test;
+  layer->bg_extra_arg = arg;
 }
 
 moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n) {

@@ -158,6 +158,10 @@ struct moe_ep_layer {
   // and deferred Agg progress on this layer's comm stream while it waits
   struct moe_ep_layer **peers;  // (n_peers)
   int n_peers;
+  // moe_ep_layer_set_background_extra: more work the comm stream's background
+  // task progresses (NULL: none)
+  moe_task_test_fn bg_extra;
+  void *bg_extra_arg;
   moe_executor_background bg_stats[2];  // the last forward's and backward's polls of them
   uint64_t fwd_start_ns, bwd_start_ns;
 };

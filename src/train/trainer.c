@@ -311,14 +311,24 @@ done:
 
 // ---- gradients -------------------------------------------------------------------------------
 
-// The model's grad hook: the event's tensors go to the buckets.
-static moe_status grad_ready(void *user, int block) {
+// The model's grad hook: the event's tensors go to the buckets (each mark
+// also progresses the sums already started).
+static moe_status grad_ready(void *user, int block, int ready) {
   moe_status st = MOE_STATUS_OK;
   run_state *r = user;
   const int ev = block + 1;
+  if (!ready) return moe_grad_reducer_progress(r->grad_red, r->ctx, NULL);
   for (int k = 0; k < r->grad_count[ev]; k++)
     MOE_TRY(moe_grad_reducer_ready(r->grad_red, r->ctx, r->grad_first[ev] + k));
 done:
+  return st;
+}
+
+// The MoE layers' comm streams progress the buckets while they would wait.
+static moe_status grad_background(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  int all = 1;
+  const moe_status st = moe_grad_reducer_progress(arg, ctx, &all);
+  *state = all ? MOE_TASK_DONE : MOE_TASK_PENDING;
   return st;
 }
 
@@ -357,6 +367,10 @@ static moe_status grad_buckets_create(run_state *r) {
   gc.overlap = 1;
   MOE_TRY(moe_grad_reducer_create(ctx, r->world, k, grads, numel, &gc, &r->grad_red));
   moe_gpt_set_grad_hook(r->model, grad_ready, r);
+  for (int b = 0; b < L; b++)
+    if (r->user->impl[b])
+      moe_ep_layer_set_background_extra(moe_train_ep_layer(r->user->impl[b], NULL, NULL),
+                                        grad_background, r->grad_red);
 done:
   moe_free(grads);
   moe_free(numel);
@@ -865,6 +879,11 @@ static void teardown(run_state *r) {
   moe_free(r->bias_load);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
+  if (r->grad_red && r->user)  // the layers' comm streams stop progressing it
+    for (int b = 0; b < r->tc->model.n_layer; b++)
+      if (r->user->impl[b])
+        moe_ep_layer_set_background_extra(moe_train_ep_layer(r->user->impl[b], NULL, NULL), NULL,
+                                          NULL);
   moe_grad_reducer_destroy(r->grad_red);
   moe_free(r->expert_sq);
   moe_free(r->targets);

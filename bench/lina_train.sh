@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 15 (Lina in training), the data-parallel half: MoE-GPT step time with
+# the dense gradients summed in one packed all-reduce after the backward (today)
+# against buckets summed by a thread during the backward (--grad-bucket-mb), on
+# the emulated cluster (results in docs/lina.md).
+#
+#   sudo bash bench/lina_train.sh BUILD_DIR OUT_DIR [ROUNDS] [STEPS]
+#
+# Every round runs every variant once (interleaved, so a slow period of the
+# shared machine hits them all); a run's figure is the median over its steps
+# after the first; the table gives the median over rounds, and checks that every
+# variant ends in the packed run's checkpoint byte for byte (deterministic mode:
+# the sums are elementwise in one fixed order).
+# Environment: CLUSTER (cluster.sh flags, default "--nodes 2 --ranks-per-node 2
+# --inter-gbit 1"), BUCKETS (MiB list, default "0.25 0.5 1"), TRAIN (extra
+# moe train flags, default none: the default demo model), PREFIX (cluster name).
+set -euo pipefail
+build=${1:?usage: lina_train.sh BUILD_DIR OUT_DIR [ROUNDS] [STEPS]}
+out=${2:?usage: lina_train.sh BUILD_DIR OUT_DIR [ROUNDS] [STEPS]}
+rounds=${3:-5}
+steps=${4:-20}
+here=$(cd "$(dirname "$0")" && pwd)
+moe=$(realpath "$build/moe")
+read -r -a cluster <<<"${CLUSTER:---nodes 2 --ranks-per-node 2 --inter-gbit 1}"
+read -r -a buckets <<<"${BUCKETS:-0.25 0.5 1}"
+read -r -a train <<<"${TRAIN:-}"
+prefix=${PREFIX:-moelt}
+mkdir -p "$out"
+cl() { bash "$here/cluster/cluster.sh" "$1" --prefix "$prefix" "${@:2}"; }
+trap 'cl down >/dev/null 2>&1 || true' EXIT
+cl down >/dev/null 2>&1 || true
+cl up "${cluster[@]}" >/dev/null
+variants=(0 "${buckets[@]}")
+for ((r = 1; r <= rounds; r++)); do
+  for mb in "${variants[@]}"; do
+    cl run "${cluster[@]}" --timeout 900 -- "$moe" train --steps "$steps" --eval-every 0 \
+      --eval-batches 1 --quiet "${train[@]}" --grad-bucket-mb "$mb" \
+      --metrics "$out/r$r-$mb.jsonl" --checkpoint "$out/r$r-$mb.ckpt" >"$out/r$r-$mb.log" 2>&1 ||
+      { echo "lina_train: round $r, buckets $mb failed:" >&2; tail -5 "$out/r$r-$mb.log" >&2; exit 1; }
+    if ! cmp -s "$out/r$r-0.ckpt" "$out/r$r-$mb.ckpt"; then
+      echo "lina_train: round $r: buckets of $mb MiB end in another checkpoint than the packed run" >&2
+      exit 1
+    fi
+  done
+  rm -f "$out"/r"$r"-*.ckpt
+done
+python3 - "$out" "$rounds" "${variants[@]}" <<'PY'
+import json, statistics as st, sys
+out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def run(r, mb):
+    rows = [json.loads(l) for l in open(f"{out}/r{r}-{mb}.jsonl")]
+    rows = [x for x in rows if x["step"] > 1]
+    return st.median(x["step_ms"] for x in rows), st.median(x["grad_wait_ms"] for x in rows)
+res = {mb: [run(r, mb) for r in range(1, rounds + 1)] for mb in variants}
+base = st.median(s for s, _ in res["0"])
+print("| dense gradients | step (ms) | sum not hidden (ms) | step vs packed |")
+print("|---|---|---|---|")
+for mb in variants:
+    s = st.median(x for x, _ in res[mb]); w = st.median(y for _, y in res[mb])
+    name = "one packed all-reduce after the backward" if mb == "0" else f"buckets of {mb} MiB during the backward"
+    print(f"| {name} | {s:.1f} | {w:.2f} | {base / s:.2f}x |")
+print(f"\nmedians over {rounds} interleaved rounds of each run's median step after the first; "
+      "every variant's checkpoint equals the packed run's byte for byte")
+PY
