@@ -147,6 +147,17 @@ expect 2 "--router-bias-update \(2\) must be in \[0, 1\]" -- "$MOE" train "${TIN
   --router-bias-update 2
 expect 2 "cannot open the routing trace '/nonexistent/r.jsonl'" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 1 --routing-trace /nonexistent/r.jsonl
+# gradient buckets: the summary names them, the metrics carry the wait; sizes out of range
+expect 0 "dense gradients' sum \(buckets of 0.001 MiB during the backward\): median [0-9.]+ ms" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 2 --grad-bucket-mb 0.001 --eval-every 0 --eval-batches 1 \
+  --metrics "$tmp/gb.jsonl"
+if grep -qE '"grad_wait_ms":[0-9.e+-]+' "$tmp/gb.jsonl"; then ok; else bad "no grad_wait_ms in the metrics"; fi
+expect 0 "dense gradients' sum \(one packed all-reduce after the backward\)" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 1 --eval-every 0 --eval-batches 1
+expect 2 "--grad-bucket-mb \(5000\) must be in \[0, 4096\]" -- "$MOE" train "${TINY[@]}" --steps 1 \
+  --grad-bucket-mb 5000
+expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb -1
+expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb lots
 if command -v gnuplot >/dev/null; then
   if [[ -s "$tmp/loss.txt" ]]; then ok; else bad "no loss plot"; fi
 fi

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moe/core.h"
 
@@ -282,6 +283,16 @@ moe_status moe_skew_shares(moe_ctx *ctx, const moe_skew *skew, int num_experts, 
 moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *trace, int num_experts, int top_k,
                                     double *shares, int *lines_read);
 
+// The routing-trace format's writer (src/layer/trace_shares.c has the format):
+// the header line, then one line per step and MoE block with the (ranks x
+// experts) kept rows, rank p's at counts + p * rank_stride, and, when estimate
+// (experts) is not NULL, a path profile's estimate. Errors: the stream's
+// (ferror) for the caller to check.
+void moe_routing_trace_write_header(FILE *f, int ranks, int experts, int top_k, int tokens_per_rank,
+                                    const int *moe_blocks, int n_blocks);
+void moe_routing_trace_write_step(FILE *f, long long step, int block, const int32_t *counts,
+                                  int ranks, int experts, size_t rank_stride,
+                                  const double *estimate);
 // A whole routing trace (moe simulate --lina): every body line's rows per
 // expert summed over the source ranks, and its "estimate" (the popularity a
 // path profile estimated for it: moe generate / moe serve --routing-trace

@@ -663,16 +663,11 @@ static moe_status trace_init(moe_infer *e) {
                            "cannot open the routing trace '%s': %s", e->ic.routing_trace,
                            strerror(errno));
     } else {
-      fprintf(e->trace,
-              "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": %d, "
-              "\"experts\": %d, \"top_k\": %d, \"tokens_per_rank\": %d, \"moe_layers\": [",
-              e->size, E, e->cfg.moe.top_k, e->ic.step_rows);
-      for (int b = 0, first = 1; b < e->cfg.n_layer; b++)
-        if (e->moe_index[b] >= 0) {
-          fprintf(e->trace, "%s%d", first ? "" : ", ", b);
-          first = 0;
-        }
-      fprintf(e->trace, "]}\n");
+      int blocks[MOE_GPT_MAX_LAYERS], n_blocks = 0;
+      for (int b = 0; b < e->cfg.n_layer; b++)
+        if (e->moe_index[b] >= 0) blocks[n_blocks++] = b;
+      moe_routing_trace_write_header(e->trace, e->size, E, e->cfg.moe.top_k, e->ic.step_rows,
+                                     blocks, n_blocks);
       if (fflush(e->trace) != 0)
         local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
                              "cannot write the routing trace '%s': %s", e->ic.routing_trace,
@@ -707,22 +702,11 @@ static moe_status trace_step(moe_infer *e) {
     for (int i = 0; i < n; i++) {
       int block = 0;
       while (block < e->cfg.n_layer && e->moe_index[block] != i) block++;
-      fprintf(e->trace, "{\"step\": %lld, \"layer\": %d, \"counts\": [", (long long)e->trace_step,
-              block);
-      for (int p = 0; p < P; p++) {
-        fputs(p ? ", [" : "[", e->trace);
-        for (int x = 0; x < E; x++)
-          fprintf(e->trace, "%s%d", x ? ", " : "", (int)e->trace_all[((size_t)p * n + i) * E + x]);
-        fputc(']', e->trace);
-      }
-      fputc(']', e->trace);
-      if (e->prof) {  // paths_step's sums (it runs first)
-        fputs(", \"estimate\": [", e->trace);
-        for (int x = 0; x < E; x++)
-          fprintf(e->trace, "%s%.6g", x ? ", " : "", e->path_buf[(size_t)i * E + x]);
-        fputc(']', e->trace);
-      }
-      fputs("}\n", e->trace);
+      // rank p's rows of block i at trace_all[(p * n + i) * E]; with a
+      // profile, paths_step's sums (it runs first)
+      moe_routing_trace_write_step(e->trace, (long long)e->trace_step, block,
+                                   e->trace_all + (size_t)i * E, P, E, (size_t)n * E,
+                                   e->prof ? e->path_buf + (size_t)i * E : NULL);
     }
     errno = 0;
     if (ferror(e->trace) || fflush(e->trace) != 0) {

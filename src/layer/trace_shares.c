@@ -1,5 +1,7 @@
-// Expert popularity from a recorded routing trace (moe train --routing-trace,
-// format in src/train/routing_trace.c and docs/balance.md "Routing traces"):
+// Routing traces (docs/balance.md "Routing traces"): the one writer of the
+// format (moe_routing_trace_write_header / _write_step, used by training and
+// serving), its reader (moe_routing_trace_load), and expert popularity from a
+// recorded trace (moe train --routing-trace):
 // the skew "trace:FILE" replays the shares of the choices per expert that a
 // trained router produced, through the same bias fit as the named skews.
 //
@@ -7,8 +9,14 @@
 // pattern: the router bias is one per layer, the same on every rank (a
 // token's routing must not depend on where it is).
 //
-// Not here: writing traces (src/train/routing_trace.c), the bias fit
-// (router_bias.c).
+// Format (one JSON object per line):
+//   {"format": "libmoe-routing-trace", "version": 1, "ranks": P, "experts": E,
+//    "top_k": K, "tokens_per_rank": T, "moe_layers": [block, ...]}
+//   {"step": s, "layer": block, "counts": [[c_00, ..., c_0(E-1)], ...,
+//    [c_(P-1)0, ...]]} with, optionally, "estimate": [e_0, ..., e_(E-1)]
+//
+// Not here: gathering the counts over ranks (src/train/routing_trace.c,
+// src/infer/engine.c), the bias fit (router_bias.c).
 #define _POSIX_C_SOURCE 200809L  // getline
 #include <errno.h>
 #include <math.h>
@@ -18,6 +26,35 @@
 
 #include "core/json.h"
 #include "moe/layer.h"
+
+void moe_routing_trace_write_header(FILE *f, int ranks, int experts, int top_k, int tokens_per_rank,
+                                    const int *moe_blocks, int n_blocks) {
+  fprintf(f,
+          "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": %d, "
+          "\"experts\": %d, \"top_k\": %d, \"tokens_per_rank\": %d, \"moe_layers\": [",
+          ranks, experts, top_k, tokens_per_rank);
+  for (int i = 0; i < n_blocks; i++) fprintf(f, "%s%d", i ? ", " : "", moe_blocks[i]);
+  fputs("]}\n", f);
+}
+
+void moe_routing_trace_write_step(FILE *f, long long step, int block, const int32_t *counts,
+                                  int ranks, int experts, size_t rank_stride,
+                                  const double *estimate) {
+  fprintf(f, "{\"step\": %lld, \"layer\": %d, \"counts\": [", step, block);
+  for (int p = 0; p < ranks; p++) {
+    fputs(p ? ", [" : "[", f);
+    for (int x = 0; x < experts; x++)
+      fprintf(f, "%s%d", x ? ", " : "", (int)counts[(size_t)p * rank_stride + x]);
+    fputc(']', f);
+  }
+  fputc(']', f);
+  if (estimate) {
+    fputs(", \"estimate\": [", f);
+    for (int x = 0; x < experts; x++) fprintf(f, "%s%.6g", x ? ", " : "", estimate[x]);
+    fputc(']', f);
+  }
+  fputs("}\n", f);
+}
 
 #define TRACE_MAX_LINE ((size_t)16 << 20)  // bytes of one line (P x E counts)
 

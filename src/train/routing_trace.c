@@ -5,13 +5,10 @@
 // that balancing policies can be planned and replayed on it
 // (docs/balance.md "Routing traces").
 //
-// Format (one JSON object per line):
-//   {"format": "libmoe-routing-trace", "version": 1, "ranks": P, "experts": E,
-//    "top_k": K, "tokens_per_rank": T, "moe_layers": [block, ...]}
-//   {"step": s, "layer": block, "counts": [[c_00, ..., c_0(E-1)], ..., [c_(P-1)0, ...]]}
-// A resumed run appends lines without a second header when the file exists.
+// The format and its writer: src/layer/trace_shares.c. A resumed run appends
+// lines without a second header when the file exists.
 //
-// Not here: reading traces back (planners take count matrices directly).
+// Not here: reading traces back (moe_routing_trace_load).
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -59,17 +56,11 @@ moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *pat
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "cannot open the routing trace '%s': %s", path, strerror(errno));
     } else if (!has_header) {
-      fprintf(t->f,
-              "{\"format\": \"libmoe-routing-trace\", \"version\": 1, \"ranks\": %d, "
-              "\"experts\": %d, \"top_k\": %d, \"tokens_per_rank\": %d, \"moe_layers\": [",
-              P, E, model->moe.top_k, tokens_per_rank);
-      int first = 1;
-      for (int b = 0; b < model->n_layer; b++) {
-        if (!moe_gpt_block_is_moe(model, b)) continue;
-        fprintf(t->f, "%s%d", first ? "" : ", ", b);
-        first = 0;
-      }
-      fprintf(t->f, "]}\n");
+      int blocks[MOE_GPT_MAX_LAYERS], n_blocks = 0;
+      for (int b = 0; b < model->n_layer; b++)
+        if (moe_gpt_block_is_moe(model, b)) blocks[n_blocks++] = b;
+      moe_routing_trace_write_header(t->f, P, E, model->moe.top_k, tokens_per_rank, blocks,
+                                     n_blocks);
       if (fflush(t->f) != 0)
         local = moe_error_at(ctx, MOE_STATUS_IO, __FILE__, __LINE__,
                              "cannot write the routing trace '%s': %s", path, strerror(errno));
@@ -95,14 +86,7 @@ moe_status moe_routing_trace_step_(moe_ctx *ctx, MPI_Comm world, moe_routing_tra
     MOE_MPI_TRY_OP(ctx, "gather of the routing counts",
                    MPI_Gather(t->mine, t->E, MPI_INT32_T, t->all, t->E, MPI_INT32_T, 0, world));
     if (rank != 0 || !t->f) continue;
-    fprintf(t->f, "{\"step\": %d, \"layer\": %d, \"counts\": [", step, b);
-    for (int p = 0; p < t->world; p++) {
-      fputs(p ? ", [" : "[", t->f);
-      for (int e = 0; e < t->E; e++)
-        fprintf(t->f, "%s%d", e ? ", " : "", (int)t->all[(size_t)p * t->E + e]);
-      fputc(']', t->f);
-    }
-    fputs("]}\n", t->f);
+    moe_routing_trace_write_step(t->f, step, b, t->all, t->world, t->E, (size_t)t->E, NULL);
   }
   // A full disk must not stop training (nor leave the other ranks waiting):
   // rank 0 warns and stops writing.
