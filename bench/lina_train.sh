@@ -50,15 +50,17 @@ out, rounds, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def run(r, mb):
     rows = [json.loads(l) for l in open(f"{out}/r{r}-{mb}.jsonl")]
     rows = [x for x in rows if x["step"] > 1]
-    return st.median(x["step_ms"] for x in rows), st.median(x["grad_wait_ms"] for x in rows)
+    return tuple(st.median(x[k] for x in rows) for k in ("step_ms", "grad_wait_ms", "moe_pass_ms"))
 res = {mb: [run(r, mb) for r in range(1, rounds + 1)] for mb in variants}
-base = st.median(s for s, _ in res["0"])
-print("| dense gradients | step (ms) | sum not hidden (ms) | step vs packed |")
-print("|---|---|---|---|")
+med = {mb: [st.median(x[i] for x in res[mb]) for i in range(3)] for mb in variants}
+base = med["0"][0]
+print("| dense gradients | step (ms) | sum not hidden (ms) | MoE pass (ms) | step vs packed | steps per round (ms) |")
+print("|---|---|---|---|---|---|")
 for mb in variants:
-    s = st.median(x for x, _ in res[mb]); w = st.median(y for _, y in res[mb])
+    s, w, p = med[mb]
     name = "one packed all-reduce after the backward" if mb == "0" else f"buckets of {mb} MiB during the backward"
-    print(f"| {name} | {s:.1f} | {w:.2f} | {base / s:.2f}x |")
+    rng = f"{min(x[0] for x in res[mb]):.0f}-{max(x[0] for x in res[mb]):.0f}"
+    print(f"| {name} | {s:.1f} | {w:.2f} | {p:.1f} | {base / s:.2f}x | {rng} |")
 print(f"\nmedians over {rounds} interleaved rounds of each run's median step after the first; "
       "every variant's checkpoint equals the packed run's byte for byte")
 PY

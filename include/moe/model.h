@@ -212,14 +212,16 @@ const float *moe_gpt_logits(const moe_gpt *model);
 // Gradients of the last forward's loss (+ the MoE auxiliary terms) +=. Collective.
 moe_status moe_gpt_backward(moe_gpt *model);
 // Called by moe_gpt_backward as dense gradients become final, so that their
-// sum over ranks can start while the backward goes on (ready = 1): block =
-// n_layer once lnf.g and lnf.b are, then block = n_layer - 1 down to 0 once
-// that block's dense tensors are (the tensors whose moe_gpt_param.block is it;
-// an MoE block's gate and experts are its backend's), then block = -1 once wte
-// and wpe are (the tied head adds to wte's early, so it is final last); and
-// between the kernels of block `block`'s backward with ready = 0 (nothing new
-// is final: a chance to progress the sums in flight). A hook error stops the
-// backward and is returned. fn NULL: none (the default).
+// sum over ranks can start while the backward goes on: block = n_layer with
+// ready = 1 once lnf.g and lnf.b are; then for block = n_layer - 1 down to 0,
+// ready = 2 once a dense block's feed-forward tensors (ffn.*) are, and
+// ready = 1 once the block's other dense tensors (those whose
+// moe_gpt_param.block is it: ln1, attn, ln2; an MoE block's gate and experts
+// are its backend's) are; then block = -1 with ready = 1 once wte and wpe are
+// (the tied head adds to wte's early, so it is final last). Between the
+// kernels of block `block`'s backward it is called with ready = 0 (nothing
+// new is final: a chance to progress the sums in flight). A hook error stops
+// the backward and is returned. fn NULL: none (the default).
 typedef moe_status (*moe_gpt_grad_hook)(void *user, int block, int ready);
 void moe_gpt_set_grad_hook(moe_gpt *model, moe_gpt_grad_hook fn, void *user);
 

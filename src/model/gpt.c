@@ -785,7 +785,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       PROGRESS(l);
       moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
       linear_backward_set(m, m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
-      PROGRESS(l);
+      if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, l, 2));  // ffn.* final
     }
     layernorm_backward(m, m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
                        blk->ln2_rstd, p->ln2_g, N, M);

@@ -153,10 +153,11 @@ typedef struct {
   moe_fixed_sum dense_fixed;  // deterministic: their fixed-order all-reduce's receive buffer
   size_t dense_n;
   // tc->grad_bucket_mb > 0 (several ranks): the dense gradients' buckets, and
-  // for each event of the model's grad hook (block + 1: 0 for wte/wpe, b + 1
-  // for block b, n_layer + 1 for lnf) its tensors' range in the reducer's order
+  // for each event of the model's grad hook its tensors' range in the
+  // reducer's order: [block + 1][0] the block's ffn.* (ready 2), [block + 1][1]
+  // its other tensors (ready 1); block -1 is wte/wpe, n_layer lnf
   moe_grad_reducer *grad_red;
-  int grad_first[MOE_GPT_MAX_LAYERS + 2], grad_count[MOE_GPT_MAX_LAYERS + 2];
+  int grad_first[MOE_GPT_MAX_LAYERS + 2][2], grad_count[MOE_GPT_MAX_LAYERS + 2][2];
   MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
   double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
   int expert_sq_n;
@@ -318,8 +319,9 @@ static moe_status grad_ready(void *user, int block, int ready) {
   run_state *r = user;
   const int ev = block + 1;
   if (!ready) return moe_grad_reducer_progress(r->grad_red, r->ctx, NULL);
-  for (int k = 0; k < r->grad_count[ev]; k++)
-    MOE_TRY(moe_grad_reducer_ready(r->grad_red, r->ctx, r->grad_first[ev] + k));
+  const int part = ready == 2 ? 0 : 1;
+  for (int k = 0; k < r->grad_count[ev][part]; k++)
+    MOE_TRY(moe_grad_reducer_ready(r->grad_red, r->ctx, r->grad_first[ev][part] + k));
 done:
   return st;
 }
@@ -333,7 +335,8 @@ static moe_status grad_background(void *arg, moe_ctx *ctx, moe_task_state *state
 }
 
 // The buckets of tc->grad_bucket_mb: the dense tensors in the order the
-// backward finishes them (lnf, the blocks from the last, then wte and wpe).
+// backward finishes them (lnf; the blocks from the last, each's ffn.* before
+// its attention and layernorms; then wte and wpe).
 static moe_status grad_buckets_create(run_state *r) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
@@ -347,17 +350,20 @@ static moe_status grad_buckets_create(run_state *r) {
                 "gradient buckets"));
   int k = 0;
   for (int ev = L + 1; ev >= 0; ev--) {
-    r->grad_first[ev] = k;
-    for (int i = 0; i < n; i++) {
-      const moe_gpt_param p = moe_gpt_get_param(r->model, i);
-      if (p.kind != MOE_GPT_PARAM_DENSE) continue;
-      const int lnf = p.block < 0 && strncmp(p.name, "lnf.", 4) == 0;
-      const int e = lnf ? L + 1 : p.block + 1;
-      if (e != ev) continue;
-      grads[k] = p.grad;
-      numel[k++] = p.numel;
+    for (int part = 0; part < 2; part++) {  // a block's ffn.* are final before the rest
+      r->grad_first[ev][part] = k;
+      for (int i = 0; i < n; i++) {
+        const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+        if (p.kind != MOE_GPT_PARAM_DENSE) continue;
+        const int lnf = p.block < 0 && strncmp(p.name, "lnf.", 4) == 0;
+        const char *dot = strchr(p.name, '.');
+        const int ffn = p.block >= 0 && dot && strncmp(dot + 1, "ffn.", 4) == 0;
+        if ((lnf ? L + 1 : p.block + 1) != ev || (ffn ? 0 : 1) != part) continue;
+        grads[k] = p.grad;
+        numel[k++] = p.numel;
+      }
+      r->grad_count[ev][part] = k - r->grad_first[ev][part];
     }
-    r->grad_count[ev] = k - r->grad_first[ev];
   }
   moe_grad_reducer_config gc;
   moe_grad_reducer_config_default(&gc);
