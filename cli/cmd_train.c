@@ -121,9 +121,9 @@ static void usage(FILE *f) {
       "  --grad-bucket-mb MB   sum the dense gradients over the ranks in buckets of about\n"
       "                        MB MiB, each started as soon as the backward has\n"
       "                        finished its tensors and advanced during the rest of\n"
-      "                        the backward (in the MoE layers' all-to-all gaps); same\n"
-      "                        losses, bitwise when deterministic; 0..4096, 0 = one\n"
-      "                        packed all-reduce after the backward [0]\n"
+      "                        the backward (in the MoE layers' all-to-all gaps); the\n"
+      "                        same bits when deterministic (else within rounding);\n"
+      "                        0..4096, 0 = one packed all-reduce after the backward [0]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -552,9 +552,10 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
   if (world > 1) {
-    char how[64] = "one packed all-reduce after the backward";
-    if (tc->grad_bucket_mb > 0)
-      snprintf(how, sizeof how, "buckets of %g MiB during the backward", tc->grad_bucket_mb);
+    char how[96] = "one packed all-reduce after the backward";
+    if (r->grad_buckets > 0)
+      snprintf(how, sizeof how, "%d bucket%s of %g MiB during the backward", r->grad_buckets,
+               r->grad_buckets == 1 ? "" : "s", tc->grad_bucket_mb);
     printf("  dense gradients' sum (%s): median %.2f ms per step not hidden\n", how,
            r->grad_wait_ms);
   }

@@ -3,7 +3,8 @@
 // pairwise tree over ranks, MPI's order within 1e-5 of MPI_Allreduce over the
 // packed tensors, for every bucket size (one bucket, a tensor per bucket, in
 // between), micro-op size (smaller than a tensor, in between, whole buckets),
-// with and without the thread, two steps in a row, tensors marked out of
+// with and without overlap (sums started by the marks or only by finish), two
+// steps in a row, tensors marked out of
 // order or not at all. The records: the operations cover the packed tensors
 // once, in order, one at a time, none across two buckets. Progress calls sum a
 // bucket before finish is called, and report when nothing is left to do. Bad calls: a tensor marked
@@ -232,6 +233,17 @@ static void test_bad_calls(void) {
     TU_CHECK(st == MOE_STATUS_INVALID_ARG && r == NULL &&
                  strstr(moe_ctx_error(g_ctx), "different tensors or options"),
              "different sizes: status %d, '%s' (rank %d)", (int)st, moe_ctx_error(g_ctx), g_rank);
+    moe_grad_reducer_destroy(r);
+    // the last rank passes no sizes at all: refused there, and no other rank waits
+    r = NULL;
+    st = moe_grad_reducer_create(g_ctx, MPI_COMM_WORLD, 2, t, g_rank == g_size - 1 ? NULL : numel,
+                                 NULL, &r);
+    TU_CHECK(st == MOE_STATUS_INVALID_ARG && r == NULL,
+             "NULL sizes on the last rank: status %d, '%s' (rank %d)", (int)st,
+             moe_ctx_error(g_ctx), g_rank);
+    if (g_rank == g_size - 1)
+      TU_CHECK(strstr(moe_ctx_error(g_ctx), "must not be NULL") != NULL, "NULL sizes: message '%s'",
+               moe_ctx_error(g_ctx));
     moe_grad_reducer_destroy(r);
   }
 }

@@ -327,7 +327,8 @@ typedef struct moe_grad_reducer moe_grad_reducer;
 moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *const *grads,
                                    const size_t *numel, const moe_grad_reducer_config *config,
                                    moe_grad_reducer **out);
-// NULL: no-op. Between steps (an operation left in flight by a failure is cancelled).
+// NULL: no-op. Between steps. After a failure left an operation in flight, a
+// receive is cancelled; a send's buffers are left to MPI (not freed).
 void moe_grad_reducer_destroy(moe_grad_reducer *r);
 // Tensor i's gradient is final this step: copied now into the packed buffer
 // (the caller may reuse the tensor until finish); with overlap, then
@@ -339,7 +340,8 @@ moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i);
 // nothing marked waits to be summed (until the next mark). Any thread, one at
 // a time with the reducer's other calls and with other MPI calls unless MPI
 // gives MPI_THREAD_MULTIPLE (a call that finds another in progress returns at
-// once with *all_done 0). A failure is kept and returned by finish too.
+// once with *all_done 0). A failure is kept: every later progress, mark and
+// finish returns it with its message.
 moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done);
 // Marks the tensors not marked yet (in order), progresses and waits (MPI_Wait
 // on each request, marked for the hang watchdog) until every bucket is summed, writes
@@ -354,8 +356,6 @@ void moe_grad_reducer_bucket(const moe_grad_reducer *r, int b, size_t *first, si
 // The last finished step's operations, in the order they ran (valid until the
 // next step's first mark).
 const moe_grad_op_record *moe_grad_reducer_records(const moe_grad_reducer *r, int *n);
-// How long the last finish waited for sums (ms): the reduction not hidden.
-double moe_grad_reducer_wait_ms(const moe_grad_reducer *r);
 
 // The memory bound under MPI: every rank passes its own need (its baseline
 // included); its limit is max_memory when > 0 (--max-memory, per rank), else

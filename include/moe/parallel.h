@@ -237,8 +237,9 @@ moe_status moe_ep_layer_link(moe_ep_layer *const *layers, int n);
 // thread during the layer's passes until it reports MOE_TASK_DONE, e.g. the
 // dense gradients' buckets (moe_grad_reducer_progress), so that their sums
 // fill the all-to-all's gaps and never run beside it (Lina). test must not
-// block; its failure ends its polling for the pass (its owner meets the error
-// itself). NULL: none (the default). Between passes; local.
+// block; its failure ends its own polling for the pass (the linked layers'
+// transfers go on being polled; its owner meets the error itself). NULL: none
+// (the default). Between passes; local.
 void moe_ep_layer_set_background_extra(moe_ep_layer *layer, moe_task_test_fn test, void *arg);
 // The last forward's (backward 0) or backward's (1) polls of the linked
 // layers' transfers on this rank (zeros unlinked or before a pass); done: every

@@ -299,7 +299,8 @@ typedef struct {
   // topology-aware gate (par.topo_gate > 0): the mean over the steps of the
   // share of the world's T x K choices per MoE layer that were re-selected
   double rerouted_share;
-  double grad_wait_ms;  // median of the steps' grad_wait_ms (0 on one rank)
+  double grad_wait_ms;  // median of the steps' grad_wait_ms (about 0 on one rank)
+  int grad_buckets;     // the dense gradients' buckets (tc->grad_bucket_mb; 0: packed)
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

@@ -97,7 +97,6 @@ struct moe_grad_reducer {
   // ---- the last step's micro-ops
   moe_grad_op_record *rec;  // (rec_cap)
   int rec_cap, rec_n;
-  double finish_wait_ms;
 };
 
 // Posts the micro-op's next request, or finishes it (phase OP_IDLE). mu held.
@@ -179,7 +178,8 @@ done:
 // Makes what progress it can without waiting. mu held.
 static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
-  if (r->fail != MOE_STATUS_OK) return r->fail;
+  if (r->fail != MOE_STATUS_OK)  // kept from an earlier call (maybe another stream's)
+    return moe_error_at(ctx, r->fail, __FILE__, __LINE__, "%s", r->fail_msg);
   for (;;) {
     if (r->phase != OP_IDLE) {
       int flag = 0;
@@ -238,9 +238,15 @@ void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg) {
 
 void moe_grad_reducer_destroy(moe_grad_reducer *r) {
   if (!r) return;
-  if (r->phase != OP_IDLE && r->req != MPI_REQUEST_NULL) {  // abandoned after a failure
-    MPI_Cancel(&r->req);
-    MPI_Request_free(&r->req);
+  int leak = 0;  // an operation left in flight by a failure
+  if (r->phase != OP_IDLE && r->req != MPI_REQUEST_NULL) {
+    if (r->phase == OP_RECV || r->phase == OP_BRECV) {  // a receive can be cancelled
+      MPI_Cancel(&r->req);
+      MPI_Wait(&r->req, MPI_STATUS_IGNORE);
+    } else {  // a send or MPI_Iallreduce cannot: MPI may still read the buffers
+      MPI_Request_free(&r->req);
+      leak = 1;
+    }
   }
   if (r->mu_ready) pthread_mutex_destroy(&r->mu);
   if (r->comm != MPI_COMM_NULL) MPI_Comm_free(&r->comm);
@@ -252,8 +258,10 @@ void moe_grad_reducer_destroy(moe_grad_reducer *r) {
   moe_free(r->b_tensors);
   moe_free(r->pending);
   moe_free(r->marked);
-  moe_free(r->buf);
-  moe_free(r->tmp);
+  if (!leak) {  // else kept for MPI (only after a failure, before the job ends)
+    moe_free(r->buf);
+    moe_free(r->tmp);
+  }
   moe_free(r->rec);
   moe_free(r);
 }
@@ -278,17 +286,28 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   } else {
     moe_grad_reducer_config_default(&cfg);
   }
-  MOE_FAIL_IF(ctx, !out || n < 0 || (n > 0 && (!grads || !numel)), MOE_STATUS_INVALID_ARG,
-              "gradient reducer: out, grads and numel must not be NULL and n (%d) >= 0", n);
-  *out = NULL;
+  // a bad argument on one rank must not leave the others waiting: it takes
+  // part in the agreement below with a hash no other rank has
+  const int bad_args = !out || n < 0 || (n > 0 && (!grads || !numel));
+  if (out) *out = NULL;
+  if (bad_args) {
+    moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                 "gradient reducer: out, grads and numel must not be NULL and n (%d) >= 0", n);
+    unsigned long long ext[2] = {~0ull, ~0ull};  // max: every rank sees a mismatch
+    MPI_Allreduce(MPI_IN_PLACE, ext, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    moe_comm_agree(ctx, comm, MOE_STATUS_INVALID_ARG, "gradient buckets");
+    return MOE_STATUS_INVALID_ARG;
+  }
   r = moe_calloc(1, sizeof *r);
-  MOE_FAIL_IF(ctx, !r, MOE_STATUS_OUT_OF_MEMORY, "gradient reducer: out of memory");
-  r->comm = MPI_COMM_NULL;
-  r->req = MPI_REQUEST_NULL;
-  r->cfg = cfg;
-  r->n = n;
-  MPI_Comm_rank(comm, &r->rank);
-  MPI_Comm_size(comm, &r->size);
+  const int no_memory = r == NULL;
+  if (r) {
+    r->comm = MPI_COMM_NULL;
+    r->req = MPI_REQUEST_NULL;
+    r->cfg = cfg;
+    r->n = n;
+    MPI_Comm_rank(comm, &r->rank);
+    MPI_Comm_size(comm, &r->size);
+  }
 
   // step 1: the ranks agree on the tensor count and sizes and the options (a
   // hash of them: its max and min over the ranks)
@@ -308,7 +327,10 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   unsigned long long ext[2] = {(unsigned long long)h, ~(unsigned long long)h};
   MOE_MPI_TRY_OP(ctx, "agreement: gradient buckets",
                  MPI_Allreduce(MPI_IN_PLACE, ext, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
-  if (ext[0] != ~ext[1])
+  if (no_memory)
+    mine = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                        "gradient reducer: out of memory");
+  else if (ext[0] != ~ext[1])
     mine = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                         "gradient reducer: the ranks pass different tensors or options; every "
                         "rank must pass the same");
@@ -440,7 +462,6 @@ moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx) {
   pthread_mutex_lock(&r->mu);
   for (int i = 0; i < r->n && st == MOE_STATUS_OK; i++)  // the ones nobody marked, in order
     if (!r->marked[i]) st = mark_locked(r, ctx, i);
-  const uint64_t w0 = moe_time_ns();
   if (st == MOE_STATUS_OK && r->size > 1 && r->total > 0) {
     const int token = moe_watchdog_op_begin("all-reduce of the gradient buckets", NULL);
     // nothing else to do now: each request is waited for (MPI progresses it
@@ -464,7 +485,6 @@ moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx) {
       moe_error_at(ctx, st, __FILE__, __LINE__, "all-reduce of the gradient buckets: %s",
                    r->fail_msg);
   }
-  r->finish_wait_ms = (double)(moe_time_ns() - w0) / 1e6;
   if (st == MOE_STATUS_OK) {
     for (int i = 0; i < r->n; i++)
       memcpy(r->grads[i], r->buf + r->off[i], r->numel[i] * sizeof(float));
@@ -479,8 +499,6 @@ const moe_grad_op_record *moe_grad_reducer_records(const moe_grad_reducer *r, in
   if (n) *n = r ? r->rec_n : 0;
   return r ? r->rec : NULL;
 }
-
-double moe_grad_reducer_wait_ms(const moe_grad_reducer *r) { return r ? r->finish_wait_ms : 0; }
 
 #else
 typedef int moe_comm_grad_reducer_needs_mpi;

@@ -729,8 +729,10 @@ static void layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbet
 }
 
 // Between the backward's kernels: the grad hook may progress what is in flight.
-#define PROGRESS(block) \
-  if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, (block), 0))
+#define PROGRESS(block)                                                     \
+  do {                                                                      \
+    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, (block), 0)); \
+  } while (0)
 
 moe_status moe_gpt_backward(moe_gpt *m) {
   moe_status st = MOE_STATUS_OK;

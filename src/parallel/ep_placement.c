@@ -481,9 +481,12 @@ moe_status moe_ep_background_(void *arg, moe_ctx *ctx, moe_task_state *state) {
       all &= flag != 0;
     }
   }
-  if (L->bg_extra) {
+  if (L->bg_extra) {  // its failure ends only its own polling (its owner meets the error)
     moe_task_state extra = MOE_TASK_DONE;
-    MOE_TRY(L->bg_extra(L->bg_extra_arg, ctx, &extra));
+    if (L->bg_extra(L->bg_extra_arg, ctx, &extra) != MOE_STATUS_OK) {
+      moe_ctx_clear_error(ctx);
+      extra = MOE_TASK_DONE;
+    }
     all &= extra == MOE_TASK_DONE;
   }
   *state = all ? MOE_TASK_DONE : MOE_TASK_PENDING;

@@ -253,6 +253,8 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
                 "balance replan_every (%d) and window (%d) must be at least 1",
                 tc->balance.replan_every, tc->balance.window);
   }
+  MOE_FAIL_IF(ctx, !(tc->grad_bucket_mb >= 0 && tc->grad_bucket_mb <= 4096), MOE_STATUS_INVALID_ARG,
+              "grad_bucket_mb (%g) must be in [0, 4096] MiB", tc->grad_bucket_mb);
   MOE_FAIL_IF(ctx, !(tc->router_bias_rate >= 0 && tc->router_bias_rate <= 1),
               MOE_STATUS_INVALID_ARG, "router-bias update rate %g out of range [0, 1] (0: off)",
               (double)tc->router_bias_rate);
@@ -1290,8 +1292,8 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         moe_progress_update(r.progress, step, info.loss, info.val_loss, info.tokens_per_s,
                             info.a2a_share, elapsed);
       if (r.metrics) {
-        const char *names[16] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
-        double vals[16] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
+        const char *names[24] = {"aux", "grad_norm", "exposed_share", "dropped", "step_ms"};
+        double vals[24] = {info.aux, info.grad_norm, info.exposed_share, info.dropped,
                            step_s * 1e3};
         int n_vals = 5;
         if (r.size > 1) {  // the dense gradients' sum not hidden by the backward
@@ -1347,6 +1349,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->a2a_share = median(a2a, n_timed);
   out->exposed_share = median(exposed, n_timed);
   out->grad_wait_ms = median(grad_wait, n_timed);
+  out->grad_buckets = moe_grad_reducer_buckets(r.grad_red);
   out->moe_pass_ms = n_timed > 0 && !isnan(pass_ms[0]) ? median(pass_ms, n_timed) : NAN;
 done:
   moe_free(tps);
