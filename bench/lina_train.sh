@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15 (Lina in training), the data-parallel half: MoE-GPT step time with
 # the dense gradients summed in one packed all-reduce after the backward (today)
-# against buckets summed by a thread during the backward (--grad-bucket-mb), on
+# against buckets started and advanced during the backward (--grad-bucket-mb), on
 # the emulated cluster (results in docs/lina.md).
 #
 #   sudo bash bench/lina_train.sh BUILD_DIR OUT_DIR [ROUNDS] [STEPS]

@@ -82,8 +82,8 @@ struct moe_grad_reducer {
   int *pending;           // (n_buckets + 1) tensors not yet marked this step
   unsigned char *marked;  // (n) marked this step
   int next;               // the bucket summed now or next (n_buckets: all done)
-  size_t at;              // its next micro-op's first float
-  // the micro-op in flight: floats [op_first, op_first + op_count), its phase,
+  // the micro-op in flight, or the last one done (idle: the next one starts at
+  // op_first + op_count): floats [op_first, op_first + op_count), its phase,
   // the tree distance, its request
   op_phase phase;
   size_t op_first, op_count;
@@ -167,12 +167,18 @@ static moe_status op_advance(moe_grad_reducer *r, moe_ctx *ctx) {
       q->end_ns = moe_time_ns() - r->t0;
     }
     r->phase = OP_IDLE;
-    r->at = r->op_first + r->op_count;
-    if (r->at >= r->b_first[r->next + 1]) r->next++;
+    if (r->op_first + r->op_count >= r->b_first[r->next + 1]) r->next++;
     break;
   }
 done:
   return st;
+}
+
+// Keeps the first failure and its message (mu held): nothing more is summed.
+static void keep_failure(moe_grad_reducer *r, moe_ctx *ctx, moe_status st) {
+  if (st == MOE_STATUS_OK || r->fail != MOE_STATUS_OK) return;
+  r->fail = st;
+  snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
 }
 
 // Makes what progress it can without waiting. mu held.
@@ -189,10 +195,9 @@ static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
       continue;
     }
     if (r->next >= r->n_buckets || r->pending[r->next] > 0) break;  // nothing ready
-    // the next micro-op of bucket `next`
-    if (r->at < r->b_first[r->next]) r->at = r->b_first[r->next];
-    const size_t left = r->b_first[r->next + 1] - r->at;
-    r->op_first = r->at;
+    // the next micro-op of bucket `next`, right after the last one
+    r->op_first += r->op_count;
+    const size_t left = r->b_first[r->next + 1] - r->op_first;
     r->op_count = left < r->op_max ? left : r->op_max;
     r->op_start = moe_time_ns();
     if (r->cfg.deterministic) {
@@ -206,10 +211,7 @@ static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
     }
   }
 done:
-  if (st != MOE_STATUS_OK && r->fail == MOE_STATUS_OK) {
-    r->fail = st;
-    snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
-  }
+  keep_failure(r, ctx, st);
   return st;
 }
 
@@ -271,7 +273,7 @@ static void reset_step(moe_grad_reducer *r) {
   for (int b = 0; b < r->n_buckets; b++) r->pending[b] = r->b_tensors[b];
   memset(r->marked, 0, (size_t)r->n);
   r->next = 0;
-  r->at = 0;
+  r->op_first = r->op_count = 0;
   r->t0 = 0;
 }
 
@@ -473,11 +475,8 @@ moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx) {
         const int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
         st = rc == MPI_SUCCESS ? op_advance(r, ctx)
                                : moe_mpi_error(ctx, rc, "MPI_Wait", __FILE__, __LINE__);
-        if (st != MOE_STATUS_OK) {
-          r->fail = st;
-          snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
-          break;
-        }
+        keep_failure(r, ctx, st);
+        if (st != MOE_STATUS_OK) break;
       }
     }
     moe_watchdog_op_end(token);

@@ -728,10 +728,11 @@ static void layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float *dbet
   }
 }
 
-// Between the backward's kernels: the grad hook may progress what is in flight.
-#define PROGRESS(block)                                                     \
-  do {                                                                      \
-    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, (block), 0)); \
+// The grad hook (moe_gpt_set_grad_hook): `ready` tensors of `block` are
+// final, or (ready 0, between the kernels) a chance to progress their sums.
+#define GRAD_HOOK(block, ready)                                                   \
+  do {                                                                            \
+    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, (block), (ready))); \
   } while (0)
 
 moe_status moe_gpt_backward(moe_gpt *m) {
@@ -768,7 +769,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
   memset(m->dresid, 0, NM * sizeof(float));
   layernorm_backward(m, m->dresid, m->dlnf_g, m->dlnf_b, m->dln, m->resid[c->n_layer], m->lnf_mean,
                      m->lnf_rstd, m->lnf_g, N, M);
-  if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, c->n_layer, 1));
+  GRAD_HOOK(c->n_layer, 1);
 
   // step 3: blocks in reverse; dresid holds dL/dx_{l+1}, then dL/dresid2, then dL/dx_l
   for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -779,29 +780,29 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     if (blk->is_moe) {
       memset(m->dln, 0, NM * sizeof(float));
       MOE_TRY(m->ops->backward(blk->moe, m->dresid, m->dln));
-      PROGRESS(l);
+      GRAD_HOOK(l, 0);
     } else {
       linear_backward_set(m, m->dh, g->w_fc2, g->b_fc2, m->dresid, blk->fch_gelu, p->w_fc2, N, Hd,
                           M);
       memset(m->dfch, 0, (size_t)N * Hd * sizeof(float));
-      PROGRESS(l);
+      GRAD_HOOK(l, 0);
       moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
       linear_backward_set(m, m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
-      if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, l, 2));  // ffn.* final
+      GRAD_HOOK(l, 2);  // ffn.* final
     }
     layernorm_backward(m, m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
                        blk->ln2_rstd, p->ln2_g, N, M);
     // attention branch
     linear_backward_set(m, m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, M,
                         M);
-    PROGRESS(l);
+    GRAD_HOOK(l, 0);
     memset(m->dqkv, 0, 3 * NM * sizeof(float));
     moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NH, hd);
-    PROGRESS(l);
+    GRAD_HOOK(l, 0);
     linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
     layernorm_backward(m, m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
                        blk->ln1_rstd, p->ln1_g, N, M);
-    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, l, 1));
+    GRAD_HOOK(l, 1);
   }
 
   // step 4: embeddings (deterministic: per sequence, with the head's dwte, as
@@ -827,7 +828,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     const float *root = moe_pairwise_result(&m->pw);
     moe_add_inplace(m->dwte, root, VM);
     moe_add_inplace(m->dwpe, root + VM, (size_t)s * M);
-    if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, -1, 1));
+    GRAD_HOOK(-1, 1);
     goto done;
   }
   for (int i = 0; i < N; i++) {
@@ -838,7 +839,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       pe[j] += d[j];
     }
   }
-  if (m->grad_hook) MOE_TRY(m->grad_hook(m->grad_hook_user, -1, 1));
+  GRAD_HOOK(-1, 1);
 done:
   return st;
 }

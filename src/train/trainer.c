@@ -336,6 +336,14 @@ static moe_status grad_background(void *arg, moe_ctx *ctx, moe_task_state *state
   return st;
 }
 
+// Every MoE layer's comm stream progresses test(arg) while it would wait (NULL: stops).
+static void set_layers_background(run_state *r, moe_task_test_fn test, void *arg) {
+  for (int b = 0; b < r->tc->model.n_layer; b++)
+    if (r->user->impl[b])
+      moe_ep_layer_set_background_extra(moe_train_ep_layer(r->user->impl[b], NULL, NULL), test,
+                                        arg);
+}
+
 // The buckets of tc->grad_bucket_mb: the dense tensors in the order the
 // backward finishes them (lnf; the blocks from the last, each's ffn.* before
 // its attention and layernorms; then wte and wpe).
@@ -375,10 +383,7 @@ static moe_status grad_buckets_create(run_state *r) {
   gc.overlap = 1;
   MOE_TRY(moe_grad_reducer_create(ctx, r->world, k, grads, numel, &gc, &r->grad_red));
   moe_gpt_set_grad_hook(r->model, grad_ready, r);
-  for (int b = 0; b < L; b++)
-    if (r->user->impl[b])
-      moe_ep_layer_set_background_extra(moe_train_ep_layer(r->user->impl[b], NULL, NULL),
-                                        grad_background, r->grad_red);
+  set_layers_background(r, grad_background, r->grad_red);
 done:
   moe_free(grads);
   moe_free(numel);
@@ -809,6 +814,7 @@ static moe_status setup(run_state *r, int *start_step) {
   oc.warmup_steps = r->schedule.warmup_steps;
   oc.total_steps = r->schedule.total_steps;
   local = moe_optim_create(ctx, r->model, &oc, &r->opt);
+  int buckets = 0;  // the dense gradients in buckets (tc->grad_bucket_mb) instead of dense_buf
   if (local == MOE_STATUS_OK) {
     r->tokens = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
     r->targets = moe_malloc((size_t)r->bl * r->s * sizeof(int32_t));
@@ -817,14 +823,14 @@ static moe_status setup(run_state *r, int *start_step) {
       const moe_gpt_param p = moe_gpt_get_param(r->model, i);
       if (p.kind == MOE_GPT_PARAM_DENSE) r->dense_n += p.numel;
     }
-    const int buckets = tc->grad_bucket_mb > 0 && r->size > 1 && r->dense_n > 0;
+    buckets = tc->grad_bucket_mb > 0 && r->size > 1 && r->dense_n > 0;
     if (!buckets) r->dense_buf = moe_malloc(r->dense_n * sizeof(float));
     if (!r->tokens || !r->targets || (r->dense_n && !buckets && !r->dense_buf))
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "training buffers: out of memory");
   }
   MOE_TRY(agree(r, local, "optimizer and buffers"));
-  if (tc->grad_bucket_mb > 0 && r->size > 1 && r->dense_n > 0) MOE_TRY(grad_buckets_create(r));
+  if (buckets) MOE_TRY(grad_buckets_create(r));
 
   // The EP group (for the expert part of the gradient norm and checkpoint gathers).
   r->ep_comm = MPI_COMM_NULL;
@@ -887,11 +893,7 @@ static void teardown(run_state *r) {
   moe_free(r->bias_load);
   moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
-  if (r->grad_red && r->user)  // the layers' comm streams stop progressing it
-    for (int b = 0; b < r->tc->model.n_layer; b++)
-      if (r->user->impl[b])
-        moe_ep_layer_set_background_extra(moe_train_ep_layer(r->user->impl[b], NULL, NULL), NULL,
-                                          NULL);
+  if (r->grad_red && r->user) set_layers_background(r, NULL, NULL);  // before it goes
   moe_grad_reducer_destroy(r->grad_red);
   moe_free(r->expert_sq);
   moe_free(r->targets);
