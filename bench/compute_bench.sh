@@ -24,11 +24,11 @@ iters=${LAYER_ITERS:-5}
 steps=${TRAIN_STEPS:-30}
 variants=("fixed fp32" "openblas fp32" "onednn fp32" "fixed bf16")
 have_bf16=1
-"$moe" version | grep -q "bf16=native" || {
+grep -q "bf16=native" <<<"$("$moe" version)" || {
   have_bf16=0
   echo "(no AVX512_BF16 on this CPU: the bf16 variant is skipped)"
 }
-"$moe" version | grep -q "onednn=yes" || echo "(no oneDNN in this build: the onednn variant fails)"
+grep -q "onednn=yes" <<<"$("$moe" version)" || echo "(no oneDNN in this build: the onednn variant fails)"
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores; $("$moe" version | sed -n 2p)"
 
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }

@@ -93,7 +93,7 @@ if [[ "$mpi" == 1 ]]; then
   echo "-- run layer_ep on 2 ranks: $prefix/bin/moe-mpirun -n 2 ./layer_ep (--oversubscribe when ranks > cores)"
   (cd "$work" && MOE_MPIRUN_VERBOSE=1 "$prefix/bin/moe-mpirun" -n 2 ./layer_ep) || fail "layer_ep under mpirun -n 2"
   # And with --oversubscribe spelled out, as a user without the wrapper would.
-  if mpirun --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then
+  if grep -q "Open MPI\|OpenRTE" <<<"$(mpirun --version 2>&1)"; then
     (cd "$work" && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
       mpirun -n 2 --oversubscribe ./layer_ep >/dev/null) || fail "mpirun -n 2 --oversubscribe ./layer_ep"
   fi

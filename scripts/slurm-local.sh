@@ -95,7 +95,7 @@ wait_for() {
   done
 }
 
-node_idle() { sinfo -h -N -o "%T" 2>/dev/null | grep -qx "idle"; }
+node_idle() { grep -qx "idle" <<<"$(sinfo -h -N -o "%T" 2>/dev/null)"; }
 
 show_logs() {
   local f

@@ -24,16 +24,19 @@ cmake --build "$build" -j2
 
 # The build must really be MPICH's (FindMPI could have kept an Open MPI from a
 # cache): moe links libmpich, not libmpi, and the tests' launcher is hydra.
-if ! ldd "$build/moe" | grep -q "libmpich\.so" || ldd "$build/moe" | grep -q "libmpi\.so"; then
+# ldd's output is read once into a variable: "ldd | grep -q" under pipefail
+# fails at random when grep exits at its first match and ldd gets SIGPIPE.
+libs=$(ldd "$build/moe")
+if ! grep -q "libmpich\.so" <<<"$libs" || grep -q "libmpi\.so" <<<"$libs"; then
   echo "test-mpich: $build/moe is not linked against MPICH:" >&2
-  ldd "$build/moe" | grep -i mpi >&2
+  grep -i mpi <<<"$libs" >&2
   exit 1
 fi
 if ! grep -q "^MPIEXEC_EXECUTABLE:FILEPATH=$mpiexec$" "$build/CMakeCache.txt"; then
   echo "test-mpich: $build runs its MPI tests with another launcher than $mpiexec" >&2
   exit 1
 fi
-echo "test-mpich: $("$mpiexec" --version | sed -n 's/^ *Version: *//p' | head -n 1 | sed 's/^/hydra /'), $(ldd "$build/moe" | grep -o 'libmpich[^ ]*' | head -n 1)"
+echo "test-mpich: $("$mpiexec" --version | sed -n 's/^ *Version: *//p' | head -n 1 | sed 's/^/hydra /'), $(grep -o 'libmpich[^ ]*' <<<"$libs" | head -n 1)"
 
 # Excluded: the MPI tests with more ranks than this machine has cores (their
 # names end in _npN), unless MOE_MPICH_ALL=1. Debian's MPICH (4.0.2, device
