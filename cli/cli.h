@@ -154,9 +154,10 @@ int cmd_bench_layer(int argc, char **argv);
 // the launcher started more than one rank).
 int cmd_bench_layer_ep(int argc, char **argv);
 int cli_bench_layer_is_ep(int argc, char **argv);
-void cli_bench_layer_usage(FILE *f);       // both benchmarks' options
-void cli_bench_layer_ep_usage(FILE *f);    // the distributed benchmark's part
-int cmd_bench_a2a(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
+void cli_bench_layer_usage(FILE *f);              // both benchmarks' options
+void cli_bench_layer_ep_usage(FILE *f);           // the distributed benchmark's part
+int cmd_bench_a2a(int argc, char **argv);         // needs MPI (MOE_CLI_MPI)
+int cmd_bench_contention(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
 int cmd_bench_compress(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);  // an HTTP client (libcurl)
 int cmd_simulate(int argc, char **argv);

@@ -298,6 +298,8 @@ int cmd_bench(int argc, char **argv) {
             "  layer    one MoE layer forward+backward: in one process, or expert-parallel\n"
             "           over MPI with the schedules (under mpirun)\n"
             "  a2a      all-to-all algorithms over a size sweep (under mpirun)\n"
+            "  contention  all-to-alls beside a gradient sum, FIFO and with Lina's\n"
+            "           priority (under mpirun)\n"
             "  compress compressors: GB/s per core, ratio, error\n"
             "  serve    a load generator against a running moe serve: throughput, TTFT,\n"
             "           inter-token latency, percentiles\n\n"
@@ -306,8 +308,9 @@ int cmd_bench(int argc, char **argv) {
   }
   if (strcmp(argv[2], "layer") == 0) return cmd_bench_layer(argc, argv);
   if (strcmp(argv[2], "a2a") == 0) return cmd_bench_a2a(argc, argv);
+  if (strcmp(argv[2], "contention") == 0) return cmd_bench_contention(argc, argv);
   if (strcmp(argv[2], "compress") == 0) return cmd_bench_compress(argc, argv);
   if (strcmp(argv[2], "serve") == 0) return cmd_bench_serve(argc, argv);
-  cli_error("unknown benchmark '%s' (valid: layer, a2a, compress, serve)", argv[2]);
+  cli_error("unknown benchmark '%s' (valid: layer, a2a, contention, compress, serve)", argv[2]);
   return CLI_USAGE;
 }

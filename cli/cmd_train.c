@@ -118,18 +118,28 @@ static void usage(FILE *f) {
       "                        every router bias moves by RATE toward even expert load\n"
       "                        (changes routing; saved in checkpoints); 0..1, 0 = off\n"
       "                        (DeepSeek-V3 used 0.001) [0]\n"
+      "",
+      moe_schedule_algo_names(), moe_compressor_names());
+  fputs(
       "  --grad-bucket-mb MB   sum the dense gradients over the ranks in buckets of about\n"
       "                        MB MiB, each started as soon as the backward has\n"
       "                        finished its tensors and advanced during the rest of\n"
       "                        the backward (in the MoE layers' all-to-all gaps); the\n"
       "                        same bits when deterministic (else within rounding);\n"
       "                        0..4096, 0 = one packed all-reduce after the backward [0]\n"
+      "  --micro-op-kb KB      with buckets: sum each bucket in micro-ops of at most KB\n"
+      "                        KiB, one at a time; 0..1048576, 0 = a bucket per\n"
+      "                        operation [256: ~2 ms of a 1 Gbit/s link, as Lina's\n"
+      "                        30 MB is of 100 Gb/s]\n"
+      "  --comm-priority fifo|lina\n"
+      "                        with buckets: fifo starts a micro-op as soon as its\n"
+      "                        bucket is ready; lina lets the all-to-alls go first (no\n"
+      "                        new micro-op during an MoE layer's backward, except\n"
+      "                        while its all-to-all stream waits for the experts) [fifo]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
-      "  --save-every N        steps between saves [0: only at the end]\n",
-      moe_schedule_algo_names(), moe_compressor_names());
-  fputs(
+      "  --save-every N        steps between saves [0: only at the end]\n"
       "  --resume FILE         continue from a checkpoint (any P and EP) with its model\n"
       "                        and lr schedule\n"
       "  --metrics FILE        one JSON object per step (rank 0)\n"
@@ -314,6 +324,22 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     tc->router_bias_rate = (float)rate;
   } else if (cli_opt(a, "--grad-bucket-mb")) {
     cli_parse_double(a, "--grad-bucket-mb", 0, 4096, &tc->grad_bucket_mb);
+  } else if (cli_opt(a, "--micro-op-kb")) {
+    int kb = 0;
+    cli_parse_int(a, "--micro-op-kb", 0, 1048576, &kb);
+    tc->micro_op_kb = kb;
+  } else if (cli_opt(a, "--comm-priority")) {
+    if (a->value) {
+      moe_ctx *ectx = NULL;
+      if (moe_ctx_create(&ectx) != MOE_STATUS_OK) {
+        cli_error("--comm-priority: out of memory");
+        a->bad = 1;
+      } else if (moe_comm_priority_parse(ectx, a->value, &tc->comm_priority) != MOE_STATUS_OK) {
+        cli_error("--comm-priority: %s", moe_ctx_error(ectx));
+        a->bad = 1;
+      }
+      moe_ctx_destroy(ectx);
+    }
   } else {
     return 0;
   }
@@ -552,10 +578,11 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
          r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
   if (world > 1) {
-    char how[96] = "one packed all-reduce after the backward";
+    char how[128] = "one packed all-reduce after the backward";
     if (r->grad_buckets > 0)
-      snprintf(how, sizeof how, "%d bucket%s of %g MiB during the backward", r->grad_buckets,
-               r->grad_buckets == 1 ? "" : "s", tc->grad_bucket_mb);
+      snprintf(how, sizeof how, "%d bucket%s of %g MiB during the backward, %s", r->grad_buckets,
+               r->grad_buckets == 1 ? "" : "s", tc->grad_bucket_mb,
+               tc->comm_priority == MOE_COMM_PRIORITY_LINA ? "lina priority" : "fifo");
     printf("  dense gradients' sum (%s): median %.2f ms per step not hidden\n", how,
            r->grad_wait_ms);
   }

@@ -207,6 +207,77 @@ static void test_overlap(void) {
   for (int i = 0; i < NT; i++) free(t[i]);
 }
 
+// Priorities: held, Lina starts no micro-op at a mark or progress call, but
+// does in a gap (progress_gap) and in finish; FIFO starts them anyway. The
+// records say who started each and whether it was held. Names parse.
+static void test_priority(void) {
+  moe_comm_priority p = MOE_COMM_PRIORITY_FIFO;
+  TU_CHECK(moe_comm_priority_parse(g_ctx, "lina", &p) == MOE_STATUS_OK &&
+               p == MOE_COMM_PRIORITY_LINA && strcmp(moe_comm_priority_name(p), "lina") == 0,
+           "parse lina");
+  TU_CHECK(moe_comm_priority_parse(g_ctx, "fifo", &p) == MOE_STATUS_OK &&
+               p == MOE_COMM_PRIORITY_FIFO && strcmp(moe_comm_priority_name(p), "fifo") == 0,
+           "parse fifo");
+  TU_CHECK(moe_comm_priority_parse(g_ctx, "first", &p) == MOE_STATUS_INVALID_ARG &&
+               strstr(moe_ctx_error(g_ctx), "'first' is unknown (valid: fifo, lina)"),
+           "parse first: '%s'", moe_ctx_error(g_ctx));
+  if (g_size == 1) return;
+  for (int lina = 0; lina <= 1; lina++) {
+    float *t[NT];
+    for (int i = 0; i < NT; i++) {
+      t[i] = malloc(k_numel[i] * sizeof(float));
+      if (!t[i]) MPI_Abort(MPI_COMM_WORLD, 2);
+      for (size_t j = 0; j < k_numel[i]; j++) t[i][j] = 1.0f;
+    }
+    moe_grad_reducer_config cfg;
+    moe_grad_reducer_config_default(&cfg);
+    cfg.bucket_bytes = 4;  // a tensor per bucket
+    cfg.micro_op_bytes = 4000;
+    cfg.priority = lina ? MOE_COMM_PRIORITY_LINA : MOE_COMM_PRIORITY_FIFO;
+    const char *name = lina ? "lina" : "fifo";
+    moe_grad_reducer *r = NULL;
+    moe_status st = moe_grad_reducer_create(g_ctx, MPI_COMM_WORLD, NT, t, k_numel, &cfg, &r);
+    TU_CHECK(st == MOE_STATUS_OK, "%s: create: %s", name, moe_ctx_error(g_ctx));
+    if (st != MOE_STATUS_OK) continue;
+    moe_grad_reducer_hold(r, 1);
+    moe_grad_reducer_ready(r, g_ctx, 0);  // bucket 0: one float
+    int all = 0;
+    for (int w = 0; w < 30000 && moe_grad_reducer_done(r) < 1; w++) {
+      const struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+      st = moe_grad_reducer_progress(r, g_ctx, &all);
+      if (st != MOE_STATUS_OK || (lina && w == 200)) break;  // lina: 200 ms without a start
+    }
+    TU_CHECK(moe_grad_reducer_done(r) == (lina ? 0 : 1),
+             "%s held: %d buckets summed by marks and progress calls, want %d", name,
+             moe_grad_reducer_done(r), lina ? 0 : 1);
+    // the ranks agree that nothing is in flight before the gap calls
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (int w = 0; w < 30000 && moe_grad_reducer_done(r) < 1; w++) {
+      const struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+      st = moe_grad_reducer_progress_gap(r, g_ctx, &all);
+      if (st != MOE_STATUS_OK) break;
+    }
+    TU_CHECK(st == MOE_STATUS_OK && moe_grad_reducer_done(r) == 1,
+             "%s held: the gap calls did not sum bucket 0 (%d done: %s)", name,
+             moe_grad_reducer_done(r), moe_ctx_error(g_ctx));
+    st = moe_grad_reducer_finish(r, g_ctx);  // still held: finish must not wait for a gap
+    TU_CHECK(st == MOE_STATUS_OK && t[0][0] == (float)g_size && t[NT - 1][0] == (float)g_size,
+             "%s: finish while held: %s, sums %g %g", name, moe_ctx_error(g_ctx), (double)t[0][0],
+             (double)t[NT - 1][0]);
+    int nr = 0;
+    const moe_grad_op_record *rec = moe_grad_reducer_records(r, &nr);
+    TU_CHECK(nr >= NT, "%s: %d records for %d buckets", name, nr, NT);
+    for (int k = 0; k < nr; k++)
+      TU_CHECK(rec[k].held == 1 && rec[k].gap == (k == 0 ? lina : 0),
+               "%s: micro-op %d held %d gap %d (want held 1, gap %d)", name, k, rec[k].held,
+               rec[k].gap, k == 0 ? lina : 0);
+    moe_grad_reducer_destroy(r);
+    for (int i = 0; i < NT; i++) free(t[i]);
+  }
+}
+
 static void test_bad_calls(void) {
   float a[4] = {0}, b[4] = {0};
   float *t[2] = {a, b};
@@ -265,6 +336,7 @@ int main(int argc, char **argv) {
           one_config(&rc);
         }
   test_overlap();
+  test_priority();
   test_bad_calls();
 
   int fail_max = 0, sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};

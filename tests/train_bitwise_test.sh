@@ -4,7 +4,8 @@
 # state) and identical per-step losses and gradient norms, also with the
 # router-bias update; the summary says so,
 # also with the dense gradients summed in buckets during the backward
-# (--grad-bucket-mb: a tensor per bucket, several, one);
+# (--grad-bucket-mb: a tensor per bucket, several, one; --micro-op-kb and
+# --comm-priority fifo|lina);
 # and names the reason when a run cannot be bitwise (B/P not a power of two,
 # --deterministic off).
 # Usage: train_bitwise_test.sh path/to/moe path/to/mpiexec [STEPS]
@@ -34,21 +35,26 @@ for p in 2 4; do
     bad "P=$p: per-step metrics (loss, aux, grad_norm, lr) differ from 1 rank's"
 done
 # Gradient buckets overlapped with the backward: the same bits (the fixed-order
-# sum is elementwise), at 2 and 4 ranks, from a tensor per bucket to one bucket.
-for spec in "2 0.000001" "2 0.05" "4 0.02" "4 4096"; do
-  read -r p mb <<<"$spec"
+# sum is elementwise), at 2 and 4 ranks, from a tensor per bucket to one
+# bucket, with micro-ops smaller than a tensor (1 KiB), in between, a bucket
+# per operation (0) and larger than the whole model (1 GiB), FIFO and Lina's
+# priority.
+for spec in "2 0.000001 256 fifo" "2 0.05 1 lina" "4 0.02 64 lina" "4 0.5 0 fifo" \
+  "4 4096 1048576 lina"; do
+  read -r p mb kb prio <<<"$spec"
+  id="$p-$mb-$kb-$prio"
   timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${RUN[@]}" --grad-bucket-mb "$mb" \
-    --checkpoint "$tmp/g$p-$mb.bin" >"$tmp/gout$p-$mb" 2>&1 ||
-    { bad "buckets $mb MiB P=$p: moe train failed"; cat "$tmp/gout$p-$mb" >&2; continue; }
-  cmp -s "$tmp/c1.bin" "$tmp/g$p-$mb.bin" || bad "buckets $mb MiB P=$p: checkpoint differs from 1 rank's"
-  nb=$(grep -oE "dense gradients' sum \(([0-9]+) buckets? of [0-9.e+-]+ MiB during the backward\)" \
-    "$tmp/gout$p-$mb" | grep -oE '[0-9]+ bucket' | grep -oE '[0-9]+')
+    --micro-op-kb "$kb" --comm-priority "$prio" --checkpoint "$tmp/g$id.bin" >"$tmp/gout$id" 2>&1 ||
+    { bad "buckets $id: moe train failed"; cat "$tmp/gout$id" >&2; continue; }
+  cmp -s "$tmp/c1.bin" "$tmp/g$id.bin" || bad "buckets $id: checkpoint differs from 1 rank's"
+  nb=$(grep -oE "dense gradients' sum \(([0-9]+) buckets? of [0-9.e+-]+ MiB during the backward, $prio( priority)?\)" \
+    "$tmp/gout$id" | grep -oE '[0-9]+ bucket' | grep -oE '[0-9]+')
   # buckets really used: a tensor per bucket gives many, 4096 MiB one
   case $mb in
     0.000001) [[ ${nb:-0} -gt 10 ]] ;;
     4096) [[ ${nb:-0} -eq 1 ]] ;;
     *) [[ ${nb:-0} -ge 2 ]] ;;
-  esac || bad "buckets $mb MiB P=$p: the summary names ${nb:-no} buckets"
+  esac || bad "buckets $id: the summary names ${nb:-no} buckets"
 done
 # DeepSeek-V3's router-bias update at its paper's rate: also bitwise across
 # rank counts (checkpoints hold the biases), and not the plain run.

@@ -148,7 +148,7 @@ expect 2 "--router-bias-update \(2\) must be in \[0, 1\]" -- "$MOE" train "${TIN
 expect 2 "cannot open the routing trace '/nonexistent/r.jsonl'" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 1 --routing-trace /nonexistent/r.jsonl
 # gradient buckets: the summary names them, the metrics carry the wait; sizes out of range
-expect 0 "dense gradients' sum \([0-9]+ buckets of 0.001 MiB during the backward\): median [0-9.]+ ms" -- \
+expect 0 "dense gradients' sum \([0-9]+ buckets of 0.001 MiB during the backward, fifo\): median [0-9.]+ ms" -- \
   mpi 2 "$MOE" train "${TINY[@]}" --steps 2 --grad-bucket-mb 0.001 --eval-every 0 --eval-batches 1 \
   --metrics "$tmp/gb.jsonl"
 if grep -qE '"grad_wait_ms":[0-9.e+-]+' "$tmp/gb.jsonl"; then ok; else bad "no grad_wait_ms in the metrics"; fi
@@ -158,6 +158,34 @@ expect 2 "--grad-bucket-mb \(5000\) must be in \[0, 4096\]" -- "$MOE" train "${T
   --grad-bucket-mb 5000
 expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb -1
 expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb lots
+expect 0 "dense gradients' sum \([0-9]+ buckets of 0.001 MiB during the backward, lina priority\)" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 2 --grad-bucket-mb 0.001 --micro-op-kb 1 \
+  --comm-priority lina --eval-every 0 --eval-batches 1
+expect 2 "--comm-priority: comm priority 'first' is unknown \(valid: fifo, lina\)" -- "$MOE" train \
+  "${TINY[@]}" --steps 1 --comm-priority first
+expect 2 "--micro-op-kb \(2000000\) must be in \[0, 1048576\]" -- "$MOE" train "${TINY[@]}" \
+  --steps 1 --micro-op-kb 2000000
+expect 2 "--micro-op-kb" -- "$MOE" train "${TINY[@]}" --steps 1 --micro-op-kb -5
+# bench contention (Lina's Table 1 question): the three modes, the sums
+# checked exact, the JSON; bad values
+expect 0 "^lina .* ok$" -- mpi 2 "$MOE" bench contention --a2a-bytes 64K --layers 2 --gap-ms 1 \
+  --sum-bytes 256K --micro-op-kb 16 --rounds 2 --warmup 0 --json "$tmp/ct.json"
+if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+m = {x["mode"]: x for x in d["modes"]}
+assert set(m) == {"alone", "fifo", "lina"}, m
+assert m["fifo"]["sum"] == "ok" and m["lina"]["sum"] == "ok"
+assert m["lina"]["micro_ops"] == 16 and m["fifo"]["micro_ops"] == 1, m
+' "$tmp/ct.json"; then ok; else bad "bench contention JSON: modes, sums or micro-op counts wrong"; fi
+expect 0 "^fifo .* ok$" -- mpi 2 "$MOE" bench contention --a2a-bytes 4K --layers 1 --gap-ms 0 \
+  --sum-bytes 8K --deterministic off --rounds 1 --warmup 0
+expect 2 "--layers \(0\) must be in \[1, 1000\]" -- "$MOE" bench contention --layers 0
+expect 2 "--micro-op-kb \(0\) must be in \[1, 1048576\]" -- "$MOE" bench contention --micro-op-kb 0
+expect 2 "--gap-ms" -- "$MOE" bench contention --gap-ms -1
+expect 2 "--deterministic" -- "$MOE" bench contention --deterministic maybe
+expect 2 "'nope' is unknown" -- "$MOE" bench contention --algo nope
+expect 2 "unknown option '--bogus' for 'moe bench contention'" -- "$MOE" bench contention --bogus
 if command -v gnuplot >/dev/null; then
   if [[ -s "$tmp/loss.txt" ]]; then ok; else bad "no loss plot"; fi
 fi

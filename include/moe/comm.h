@@ -297,24 +297,42 @@ moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, 
 // otherwise wait) or finish tests them, so its MPI calls never run beside
 // another thread's (MPI_THREAD_SERIALIZED is enough when those calls come
 // from several threads one at a time).
+// How gradient sums share the network with the MoE layers' all-to-alls
+// (docs/lina.md): FIFO starts each micro-op as soon as its bucket is ready,
+// whatever else is on the wire; LINA (Lina, ATC'23) starts one only when no
+// all-to-all is waiting or running: never while an MoE layer's backward is
+// under way (its all-to-alls are imminent or running), except in the gaps
+// where its all-to-all stream waits for expert compute.
+typedef enum { MOE_COMM_PRIORITY_FIFO = 0, MOE_COMM_PRIORITY_LINA = 1 } moe_comm_priority;
+// "fifo" or "lina"; "?" otherwise.
+const char *moe_comm_priority_name(moe_comm_priority p);
+// Parses "fifo" or "lina"; INVALID_ARG naming both otherwise.
+moe_status moe_comm_priority_parse(moe_ctx *ctx, const char *text, moe_comm_priority *out);
+
 typedef struct {
-  size_t bucket_bytes;    // a bucket closes once it holds this many bytes (a tensor is
-                          // never split); 0: one bucket of everything. Default 25 MiB
-  size_t micro_op_bytes;  // floats summed per MPI operation, in bytes; 0: a bucket per
-                          // operation (at most 2^28 floats). Default 0
-  int deterministic;      // 1 (default): moe_allreduce_fixed's order, so the sums have the
-                          // bits of one moe_allreduce_fixed of all tensors packed, whatever
-                          // the buckets and micro-ops; 0: MPI_Iallreduce (MPI's order)
-  int overlap;            // 1 (default): marks and progress calls start and advance the
-                          // sums; 0: everything in finish (marks only copy)
+  size_t bucket_bytes;         // a bucket closes once it holds this many bytes (a tensor is
+                               // never split); 0: one bucket of everything. Default 25 MiB
+  size_t micro_op_bytes;       // floats summed per MPI operation, in bytes; 0: a bucket per
+                               // operation (at most 2^28 floats). Default 0
+  int deterministic;           // 1 (default): moe_allreduce_fixed's order, so the sums have the
+                               // bits of one moe_allreduce_fixed of all tensors packed, whatever
+                               // the buckets and micro-ops; 0: MPI_Iallreduce (MPI's order)
+  int overlap;                 // 1 (default): marks and progress calls start and advance the
+                               // sums; 0: everything in finish (marks only copy)
+  moe_comm_priority priority;  // MOE_COMM_PRIORITY_FIFO (default): a micro-op starts as
+                               // soon as its bucket is ready; _LINA: not while held
+                               // (moe_grad_reducer_hold) except in an all-to-all's gap
 } moe_grad_reducer_config;
 void moe_grad_reducer_config_default(moe_grad_reducer_config *cfg);
 
-// One MPI operation of the last step (times from that step's first mark).
+// One micro-op of the last step (times from that step's first mark, which
+// moe_grad_reducer_step_start_ns gives on moe_time_ns's clock).
 typedef struct {
   int bucket;
   size_t first, count;  // floats [first, first + count) of the packed tensors
   uint64_t start_ns, end_ns;
+  int held;  // started while held (moe_grad_reducer_hold)
+  int gap;   // started by moe_grad_reducer_progress_gap
 } moe_grad_op_record;
 
 typedef struct moe_grad_reducer moe_grad_reducer;
@@ -343,6 +361,15 @@ moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i);
 // once with *all_done 0). A failure is kept: every later progress, mark and
 // finish returns it with its message.
 moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done);
+// The same, called where an all-to-all stream waits for compute (no
+// all-to-all waiting or running: an MoE layer's comm stream in its gaps): it
+// starts micro-ops even while held.
+moe_status moe_grad_reducer_progress_gap(moe_grad_reducer *r, moe_ctx *ctx, int *all_done);
+// held 1: all-to-alls are imminent or running (the trainer holds from the
+// start of each MoE layer's backward to its end); with priority LINA, marks
+// and progress calls then advance the micro-op in flight but start no new
+// one (progress_gap still does). FIFO: recorded only. Any thread.
+void moe_grad_reducer_hold(moe_grad_reducer *r, int held);
 // Marks the tensors not marked yet (in order), progresses and waits (MPI_Wait
 // on each request, marked for the hang watchdog) until every bucket is summed, writes
 // the sums into the tensors and starts the next step.
@@ -356,6 +383,8 @@ void moe_grad_reducer_bucket(const moe_grad_reducer *r, int b, size_t *first, si
 // The last finished step's operations, in the order they ran (valid until the
 // next step's first mark).
 const moe_grad_op_record *moe_grad_reducer_records(const moe_grad_reducer *r, int *n);
+// The last finished step's first mark, on moe_time_ns's clock (0 before any).
+uint64_t moe_grad_reducer_step_start_ns(const moe_grad_reducer *r);
 
 // The memory bound under MPI: every rank passes its own need (its baseline
 // included); its limit is max_memory when > 0 (--max-memory, per rank), else

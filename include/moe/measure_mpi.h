@@ -127,6 +127,49 @@ moe_status moe_measure_a2a(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo 
                            unsigned char *sbuf, unsigned char *rbuf, moe_workspace *ws, int iters,
                            int warmup, int check, moe_measure_a2a_result *out);
 
+// ---- an all-to-all beside gradient sums (Lina's Table 1 question) ---------------------
+
+typedef struct {
+  size_t a2a_bytes;       // bytes each rank sends per all-to-all, evenly to every rank [1 MiB]
+  int layers;             // all-to-alls per round, each followed by a gap, 1..1000 [4]
+  double gap_ms;          // the gap after each (the experts' compute), 0..60000 ms [5]
+  size_t sum_bytes;       // gradients summed beside them, <= 4 GiB (0: none) [4 MiB]
+  size_t bucket_bytes;    // their buckets (0: one) [0]
+  size_t micro_op_bytes;  // Lina's micro-ops (0: a bucket per operation) [256 KiB]
+  int deterministic;      // the reducer's sum: 1 the fixed-order tree, 0 MPI_Iallreduce [1]
+  int rounds, warmup;     // timed and untimed rounds, 1..100000 and 0..1000 [10, 2]
+} moe_contention_config;
+void moe_contention_config_default(moe_contention_config *c);
+
+enum {
+  MOE_CONTENTION_ALONE = 0,  // the all-to-alls and gaps only
+  MOE_CONTENTION_FIFO = 1,   // the sums started at once, a bucket per operation (DDP-style)
+  MOE_CONTENTION_LINA = 2,   // Lina: micro-ops, started only in the gaps
+  MOE_CONTENTION_MODES = 3
+};
+// "alone", "fifo", "lina"; "?" otherwise.
+const char *moe_contention_mode_name(int mode);
+
+// One mode's figures: medians (and quartiles) of the slowest rank's values, in ms.
+typedef struct {
+  int ran;                              // 0: a sum mode with nothing to sum
+  double a2a_ms, a2a_q1, a2a_q3;        // one all-to-all (every one of every round)
+  double round_ms, round_q1, round_q3;  // a round: all-to-alls, gaps, the sum's rest
+  double sum_wait_ms;                   // waiting for the sum after the last gap
+  int micro_ops;                        // the sum's operations in the last round
+  int sum_bad;                          // a sum differed from the exact one on some rank
+} moe_contention_result;
+
+// Times `layers` all-to-alls of algo over g, each followed by a gap of
+// gap_ms, alone and beside a sum of sum_bytes of gradients (ready when the
+// round starts) over g->comm, FIFO and with Lina's priority (docs/lina.md),
+// the three modes interleaved round by round, warmup + rounds times. out
+// (MOE_CONTENTION_MODES) receives each mode's figures. Collective over g;
+// INVALID_ARG (every rank) for a config out of range; MOE_STATUS_COMM when an
+// exchange fails (peers may wait inside it: the caller should MPI_Abort).
+moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo *algo,
+                                  const moe_contention_config *c, moe_contention_result *out);
+
 // ---- calibration ----------------------------------------------------------------------
 
 // Receives calibration's report, one line at a time (no newline), on rank 0

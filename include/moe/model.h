@@ -220,7 +220,10 @@ moe_status moe_gpt_backward(moe_gpt *model);
 // are its backend's) are; then block = -1 with ready = 1 once wte and wpe are
 // (the tied head adds to wte's early, so it is final last). Between the
 // kernels of block `block`'s backward it is called with ready = 0 (nothing
-// new is final: a chance to progress the sums in flight). A hook error stops
+// new is final: a chance to progress the sums in flight). Around an MoE
+// block's feed-forward backward it is called with ready = 3 just before (its
+// all-to-alls are imminent: Lina holds new sums back) and ready = 4 just
+// after (nothing new is final). A hook error stops
 // the backward and is returned. fn NULL: none (the default).
 typedef moe_status (*moe_gpt_grad_hook)(void *user, int block, int ready);
 void moe_gpt_set_grad_hook(moe_gpt *model, moe_gpt_grad_hook fn, void *user);

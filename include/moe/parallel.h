@@ -288,6 +288,8 @@ void moe_ep_layer_balance_pass(const moe_ep_layer *layer, int backward,
                                const moe_task_graph **graph, const moe_task_record **records);
 void moe_ep_layer_last_pass(const moe_ep_layer *layer, int backward, const moe_task_graph **graph,
                             const moe_task_record **records);
+// When that pass's executor started, on moe_time_ns's clock: its records' zero (0 before one).
+uint64_t moe_ep_layer_pass_start_ns(const moe_ep_layer *layer, int backward);
 // The schedule (stream orders) of the forward (backward = 0) or backward pass.
 const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *layer, int backward);
 // Chunks a pass is cut into (pc.chunks, or the number of peer groups for smart).

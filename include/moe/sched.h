@@ -341,6 +341,8 @@ typedef struct {
 int moe_executor_pass_failed(moe_executor *ex);
 // The last pass's polls of the background task (zeros before any).
 moe_executor_background moe_executor_background_stats(const moe_executor *ex);
+// When the last pass started, on moe_time_ns's clock: its records' zero (0 before any).
+uint64_t moe_executor_pass_start_ns(const moe_executor *ex);
 
 // Records of the last pass, indexed by task (n = that pass's task count).
 // Valid until the next run or destroy. NULL (and *n = 0) before any run.

@@ -189,6 +189,15 @@ typedef struct {
   // deterministic (the fixed-order sum is elementwise); otherwise MPI's order may differ in the
   // last bits. Range [0, 4096].
   double grad_bucket_mb;
+  // With buckets: each bucket's sum in micro-ops of at most this many KiB (one
+  // in flight, never two buckets in one), 0: a bucket per operation. Default
+  // 256 (Lina's 30 MB on 100 Gb/s is 2.4 ms of the link; 256 KiB is about
+  // 2 ms of 1 Gbit/s, docs/lina.md). Range [0, 1048576].
+  double micro_op_kb;
+  // With buckets: MOE_COMM_PRIORITY_FIFO (default) starts a micro-op as soon
+  // as its bucket is ready; _LINA holds new ones back during each MoE layer's
+  // backward except in its all-to-all stream's gaps (docs/lina.md).
+  moe_comm_priority comm_priority;
 } moe_train_config;
 
 // The planners' rates in deterministic training without a profile: one CPU

@@ -90,9 +90,12 @@ struct moe_grad_reducer {
   int d;
   MPI_Request req;
   uint64_t op_start;
-  moe_status fail;  // the first failure (then nothing more is summed)
+  int op_held, op_gap;  // the micro-op started while held / in a gap
+  int held;             // moe_grad_reducer_hold
+  moe_status fail;      // the first failure (then nothing more is summed)
   char fail_msg[512];
-  uint64_t t0;  // the step's first mark
+  uint64_t t0;      // the step's first mark
+  uint64_t rec_t0;  // the last finished step's
 
   // ---- the last step's micro-ops
   moe_grad_op_record *rec;  // (rec_cap)
@@ -165,6 +168,8 @@ static moe_status op_advance(moe_grad_reducer *r, moe_ctx *ctx) {
       q->count = r->op_count;
       q->start_ns = r->op_start - r->t0;
       q->end_ns = moe_time_ns() - r->t0;
+      q->held = r->op_held;
+      q->gap = r->op_gap;
     }
     r->phase = OP_IDLE;
     if (r->op_first + r->op_count >= r->b_first[r->next + 1]) r->next++;
@@ -181,8 +186,13 @@ static void keep_failure(moe_grad_reducer *r, moe_ctx *ctx, moe_status st) {
   snprintf(r->fail_msg, sizeof r->fail_msg, "%s", moe_ctx_error(ctx));
 }
 
+// Who progresses: a mark or progress call; an all-to-all stream in a gap
+// (Lina's priority lets it start micro-ops while held); finish (nothing left
+// to give way to).
+enum { BY_CALL = 0, BY_GAP = 1, BY_FINISH = 2 };
+
 // Makes what progress it can without waiting. mu held.
-static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
+static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx, int by) {
   moe_status st = MOE_STATUS_OK;
   if (r->fail != MOE_STATUS_OK)  // kept from an earlier call (maybe another stream's)
     return moe_error_at(ctx, r->fail, __FILE__, __LINE__, "%s", r->fail_msg);
@@ -195,11 +205,16 @@ static moe_status progress_locked(moe_grad_reducer *r, moe_ctx *ctx) {
       continue;
     }
     if (r->next >= r->n_buckets || r->pending[r->next] > 0) break;  // nothing ready
+    // Lina: the all-to-alls go first (no new micro-op while they are imminent)
+    const int held = __atomic_load_n(&r->held, __ATOMIC_RELAXED);
+    if (r->cfg.priority == MOE_COMM_PRIORITY_LINA && held && by == BY_CALL) break;
     // the next micro-op of bucket `next`, right after the last one
     r->op_first += r->op_count;
     const size_t left = r->b_first[r->next + 1] - r->op_first;
     r->op_count = left < r->op_max ? left : r->op_max;
     r->op_start = moe_time_ns();
+    r->op_held = held;
+    r->op_gap = by == BY_GAP;
     if (r->cfg.deterministic) {
       r->phase = OP_TREE;
       r->d = 1;
@@ -215,7 +230,7 @@ done:
   return st;
 }
 
-moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done) {
+static moe_status progress_call(moe_grad_reducer *r, moe_ctx *ctx, int by, int *all_done) {
   moe_status st = MOE_STATUS_OK;
   if (all_done) *all_done = 1;
   if (!r || r->size == 1 || r->total == 0 || !r->cfg.overlap) return st;
@@ -223,11 +238,42 @@ moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all
     if (all_done) *all_done = 0;
     return st;
   }
-  st = progress_locked(r, ctx);
+  st = progress_locked(r, ctx, by);
   // done for now: nothing in flight and nothing ready to start
   if (all_done)
     *all_done = r->phase == OP_IDLE && (r->next >= r->n_buckets || r->pending[r->next] > 0);
   pthread_mutex_unlock(&r->mu);
+  return st;
+}
+
+moe_status moe_grad_reducer_progress(moe_grad_reducer *r, moe_ctx *ctx, int *all_done) {
+  return progress_call(r, ctx, BY_CALL, all_done);
+}
+
+moe_status moe_grad_reducer_progress_gap(moe_grad_reducer *r, moe_ctx *ctx, int *all_done) {
+  return progress_call(r, ctx, BY_GAP, all_done);
+}
+
+void moe_grad_reducer_hold(moe_grad_reducer *r, int held) {
+  if (r) __atomic_store_n(&r->held, held != 0, __ATOMIC_RELAXED);
+}
+
+const char *moe_comm_priority_name(moe_comm_priority p) {
+  return p == MOE_COMM_PRIORITY_FIFO ? "fifo" : p == MOE_COMM_PRIORITY_LINA ? "lina" : "?";
+}
+
+moe_status moe_comm_priority_parse(moe_ctx *ctx, const char *text, moe_comm_priority *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !text || !out, MOE_STATUS_INVALID_ARG, "comm priority: NULL argument");
+  if (strcmp(text, "fifo") == 0) {
+    *out = MOE_COMM_PRIORITY_FIFO;
+  } else if (strcmp(text, "lina") == 0) {
+    *out = MOE_COMM_PRIORITY_LINA;
+  } else {
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "comm priority '%s' is unknown (valid: fifo, lina)",
+             text);
+  }
+done:
   return st;
 }
 
@@ -274,6 +320,7 @@ static void reset_step(moe_grad_reducer *r) {
   memset(r->marked, 0, (size_t)r->n);
   r->next = 0;
   r->op_first = r->op_count = 0;
+  r->rec_t0 = r->t0;
   r->t0 = 0;
 }
 
@@ -325,6 +372,7 @@ moe_status moe_grad_reducer_create(moe_ctx *ctx, MPI_Comm comm, int n, float *co
   MIX(cfg.micro_op_bytes);
   MIX(cfg.deterministic);
   MIX(cfg.overlap);
+  MIX(cfg.priority);
 #undef MIX
   unsigned long long ext[2] = {(unsigned long long)h, ~(unsigned long long)h};
   MOE_MPI_TRY_OP(ctx, "agreement: gradient buckets",
@@ -452,7 +500,7 @@ moe_status moe_grad_reducer_ready(moe_grad_reducer *r, moe_ctx *ctx, int i) {
               "gradient reducer: tensor %d out of range [0, %d)", i, r ? r->n : 0);
   pthread_mutex_lock(&r->mu);
   st = mark_locked(r, ctx, i);
-  if (st == MOE_STATUS_OK && r->cfg.overlap && r->size > 1) st = progress_locked(r, ctx);
+  if (st == MOE_STATUS_OK && r->cfg.overlap && r->size > 1) st = progress_locked(r, ctx, BY_CALL);
   pthread_mutex_unlock(&r->mu);
 done:
   return st;
@@ -469,7 +517,7 @@ moe_status moe_grad_reducer_finish(moe_grad_reducer *r, moe_ctx *ctx) {
     // nothing else to do now: each request is waited for (MPI progresses it
     // at full speed, as a blocking call would), then the next one posted
     for (;;) {
-      st = progress_locked(r, ctx);
+      st = progress_locked(r, ctx, BY_FINISH);
       if (st != MOE_STATUS_OK || r->next >= r->n_buckets) break;
       if (r->phase != OP_IDLE) {
         const int rc = MPI_Wait(&r->req, MPI_STATUS_IGNORE);
@@ -498,6 +546,8 @@ const moe_grad_op_record *moe_grad_reducer_records(const moe_grad_reducer *r, in
   if (n) *n = r ? r->rec_n : 0;
   return r ? r->rec : NULL;
 }
+
+uint64_t moe_grad_reducer_step_start_ns(const moe_grad_reducer *r) { return r ? r->rec_t0 : 0; }
 
 #else
 typedef int moe_comm_grad_reducer_needs_mpi;

@@ -779,8 +779,9 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     // feed-forward branch
     if (blk->is_moe) {
       memset(m->dln, 0, NM * sizeof(float));
+      GRAD_HOOK(l, 3);  // the MoE layer's backward: its all-to-alls come
       MOE_TRY(m->ops->backward(blk->moe, m->dresid, m->dln));
-      GRAD_HOOK(l, 0);
+      GRAD_HOOK(l, 4);
     } else {
       linear_backward_set(m, m->dh, g->w_fc2, g->b_fc2, m->dresid, blk->fch_gelu, p->w_fc2, N, Hd,
                           M);

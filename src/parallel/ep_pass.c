@@ -625,6 +625,7 @@ static moe_status run_pass(moe_ep_layer *L, int dir) {
   L->have_rec[dir] = 0;
   st = moe_executor_run(L->ex, &L->graph[dir], &L->order[dir], ctx);
   L->bg_stats[dir] = moe_executor_background_stats(L->ex);
+  L->pass_t0[dir] = moe_executor_pass_start_ns(L->ex);
   if (st != MOE_STATUS_OK) {
     // An all-to-all still in flight can be neither cancelled nor freed (MPI
     // forbids both for collectives), and its buffers belong to this layer: the
@@ -897,6 +898,10 @@ void moe_ep_layer_last_pass(const moe_ep_layer *L, int backward, const moe_task_
   const int have = L && L->have_rec[dir];
   if (graph) *graph = have ? &L->graph[dir] : NULL;
   if (records) *records = have ? L->rec[dir] : NULL;
+}
+
+uint64_t moe_ep_layer_pass_start_ns(const moe_ep_layer *L, int backward) {
+  return L && L->have_rec[backward ? 1 : 0] ? L->pass_t0[backward ? 1 : 0] : 0;
 }
 
 const moe_schedule *moe_ep_layer_schedule(const moe_ep_layer *L, int backward) {

@@ -163,6 +163,7 @@ struct moe_ep_layer {
   moe_task_test_fn bg_extra;
   void *bg_extra_arg;
   moe_executor_background bg_stats[2];  // the last forward's and backward's polls of them
+  uint64_t pass_t0[2];                  // their executors' starts (moe_time_ns)
   uint64_t fwd_start_ns, bwd_start_ns;
 };
 

@@ -443,6 +443,8 @@ int moe_executor_pass_failed(moe_executor *ex) {
   return failed;
 }
 
+uint64_t moe_executor_pass_start_ns(const moe_executor *ex) { return ex ? ex->t0 : 0; }
+
 moe_executor_background moe_executor_background_stats(const moe_executor *ex) {
   moe_executor_background b;
   memset(&b, 0, sizeof b);

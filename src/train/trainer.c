@@ -52,6 +52,8 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->log_every = 1;
   tc->deterministic = 1;
   tc->threads = 1;
+  tc->micro_op_kb = 256;
+  tc->comm_priority = MOE_COMM_PRIORITY_FIFO;
 }
 
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
@@ -255,6 +257,13 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
   }
   MOE_FAIL_IF(ctx, !(tc->grad_bucket_mb >= 0 && tc->grad_bucket_mb <= 4096), MOE_STATUS_INVALID_ARG,
               "grad_bucket_mb (%g) must be in [0, 4096] MiB", tc->grad_bucket_mb);
+  MOE_FAIL_IF(ctx, !(tc->micro_op_kb >= 0 && tc->micro_op_kb <= 1048576), MOE_STATUS_INVALID_ARG,
+              "micro_op_kb (%g) must be in [0, 1048576] KiB", tc->micro_op_kb);
+  MOE_FAIL_IF(
+      ctx,
+      tc->comm_priority != MOE_COMM_PRIORITY_FIFO && tc->comm_priority != MOE_COMM_PRIORITY_LINA,
+      MOE_STATUS_INVALID_ARG, "comm_priority (%d) must be fifo (0) or lina (1)",
+      (int)tc->comm_priority);
   MOE_FAIL_IF(ctx, !(tc->router_bias_rate >= 0 && tc->router_bias_rate <= 1),
               MOE_STATUS_INVALID_ARG, "router-bias update rate %g out of range [0, 1] (0: off)",
               (double)tc->router_bias_rate);
@@ -320,7 +329,8 @@ static moe_status grad_ready(void *user, int block, int ready) {
   moe_status st = MOE_STATUS_OK;
   run_state *r = user;
   const int ev = block + 1;
-  if (!ready) return moe_grad_reducer_progress(r->grad_red, r->ctx, NULL);
+  if (ready == 3 || ready == 4) moe_grad_reducer_hold(r->grad_red, ready == 3);
+  if (ready != 1 && ready != 2) return moe_grad_reducer_progress(r->grad_red, r->ctx, NULL);
   const int part = ready == 2 ? 0 : 1;
   for (int k = 0; k < r->grad_count[ev][part]; k++)
     MOE_TRY(moe_grad_reducer_ready(r->grad_red, r->ctx, r->grad_first[ev][part] + k));
@@ -328,10 +338,11 @@ done:
   return st;
 }
 
-// The MoE layers' comm streams progress the buckets while they would wait.
+// The MoE layers' comm streams progress the buckets while they would wait
+// (for expert compute: Lina's gaps).
 static moe_status grad_background(void *arg, moe_ctx *ctx, moe_task_state *state) {
   int all = 1;
-  const moe_status st = moe_grad_reducer_progress(arg, ctx, &all);
+  const moe_status st = moe_grad_reducer_progress_gap(arg, ctx, &all);
   *state = all ? MOE_TASK_DONE : MOE_TASK_PENDING;
   return st;
 }
@@ -381,6 +392,10 @@ static moe_status grad_buckets_create(run_state *r) {
   if (gc.bucket_bytes < sizeof(float)) gc.bucket_bytes = sizeof(float);  // a tensor per bucket
   gc.deterministic = r->tc->deterministic;
   gc.overlap = 1;
+  gc.priority = r->tc->comm_priority;
+  gc.micro_op_bytes = (size_t)(r->tc->micro_op_kb * 1024.0);
+  if (r->tc->micro_op_kb > 0 && gc.micro_op_bytes < sizeof(float))
+    gc.micro_op_bytes = sizeof(float);
   MOE_TRY(moe_grad_reducer_create(ctx, r->world, k, grads, numel, &gc, &r->grad_red));
   moe_gpt_set_grad_hook(r->model, grad_ready, r);
   set_layers_background(r, grad_background, r->grad_red);
