@@ -136,6 +136,17 @@ static void usage(FILE *f) {
       "                        bucket is ready; lina lets the all-to-alls go first (no\n"
       "                        new micro-op during an MoE layer's backward, except\n"
       "                        while its all-to-all stream waits for the experts) [fifo]\n"
+      "  --expert-packing off|lina|N\n"
+      "                        Lina's expert packing: more experts per rank during the\n"
+      "                        run (EP shrinks, the experts' data parallelism grows;\n"
+      "                        parameters and AdamW moments move with them): N times\n"
+      "                        as many after step --packing-start - 1 (N divides the\n"
+      "                        EP size), or lina: twice as many whenever an expert\n"
+      "                        micro-op is shorter than an all-to-all one, checked\n"
+      "                        then and every --packing-every steps; not with\n"
+      "                        --balance [off]\n"
+      "  --packing-start S     the first step run packed [10]\n"
+      "  --packing-every K     lina: steps between checks [4]\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -328,6 +339,18 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     int kb = 0;
     cli_parse_int(a, "--micro-op-kb", 0, 1048576, &kb);
     tc->micro_op_kb = kb;
+  } else if (cli_opt(a, "--expert-packing")) {
+    if (a->value && strcmp(a->value, "off") == 0) {
+      tc->packing = 0;
+    } else if (a->value && strcmp(a->value, "lina") == 0) {
+      tc->packing = MOE_TRAIN_PACKING_LINA;
+    } else {
+      cli_parse_int(a, "--expert-packing (off, lina or a degree)", 1, 1024, &tc->packing);
+    }
+  } else if (cli_opt(a, "--packing-start")) {
+    cli_parse_int(a, "--packing-start", 1, 100000000, &tc->packing_start);
+  } else if (cli_opt(a, "--packing-every")) {
+    cli_parse_int(a, "--packing-every", 1, 100000000, &tc->packing_every);
   } else if (cli_opt(a, "--comm-priority")) {
     if (a->value) {
       moe_ctx *ectx = NULL;
@@ -585,6 +608,29 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
                tc->comm_priority == MOE_COMM_PRIORITY_LINA ? "lina priority" : "fifo");
     printf("  dense gradients' sum (%s): median %.2f ms per step not hidden\n", how,
            r->grad_wait_ms);
+  }
+  if (tc->packing != 0 && tc->packing != 1) {
+    printf("  expert packing (%s): EP %d at step %d, %d at step %d",
+           tc->packing > 1 ? "fixed" : "lina", r->ep_first, r->first_step, r->ep_last,
+           r->last_step);
+    for (int i = 0; i < r->packing_n; i++) {
+      const int ch = r->packing_log[i].ep_to != r->packing_log[i].ep_from;
+      if (tc->packing > 1)
+        printf("; after step %d: EP %d -> %d", r->packing_log[i].step, r->packing_log[i].ep_from,
+               r->packing_log[i].ep_to);
+      else if (ch)
+        printf(
+            "; after step %d: expert micro-op %.2f ms < all-to-all micro-op %.2f ms: EP %d -> %d",
+            r->packing_log[i].step, r->packing_log[i].ffn_ms, r->packing_log[i].a2a_ms,
+            r->packing_log[i].ep_from, r->packing_log[i].ep_to);
+      else
+        printf(
+            "; after step %d: expert micro-op %.2f ms %s all-to-all micro-op %.2f ms: EP %d kept",
+            r->packing_log[i].step, r->packing_log[i].ffn_ms,
+            r->packing_log[i].ffn_ms < r->packing_log[i].a2a_ms ? "<" : ">=",
+            r->packing_log[i].a2a_ms, r->packing_log[i].ep_from);
+    }
+    printf("\n");
   }
   if (tc->balance.policy != MOE_BALANCE_NONE)
     printf(

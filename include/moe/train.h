@@ -198,7 +198,21 @@ typedef struct {
   // as its bucket is ready; _LINA holds new ones back during each MoE layer's
   // backward except in its all-to-all stream's gaps (docs/lina.md).
   moe_comm_priority comm_priority;
+  // Expert packing (Lina; docs/lina.md): a run-time change of the EP degree
+  // that puts more experts on each rank (EP halves, the experts' data
+  // parallelism doubles), their parameters and AdamW moments moved with
+  // them. 0 (default): off. N >= 2: the experts per rank multiplied by N
+  // after step packing_start - 1 (N must divide the EP size). MOE_TRAIN_PACKING_LINA:
+  // Lina's rule: after step packing_start - 1 and then every packing_every
+  // steps, double the experts per rank while an expert micro-op (one chunk's
+  // FFN task) is shorter than an all-to-all micro-op (one chunk's
+  // all-to-all), measured on the step just run (the slowest rank's means).
+  // Not with load balancing. Defaults 10 and 4 (Lina's).
+  int packing;
+  int packing_start, packing_every;
 } moe_train_config;
+
+#define MOE_TRAIN_PACKING_LINA (-1)
 
 // The planners' rates in deterministic training without a profile: one CPU
 // core's fp32 GEMM and a shared-memory MPI link (measured on the development
@@ -310,6 +324,16 @@ typedef struct {
   double rerouted_share;
   double grad_wait_ms;  // median of the steps' grad_wait_ms (about 0 on one rank)
   int grad_buckets;     // the dense gradients' buckets (tc->grad_bucket_mb; 0: packed)
+  // expert packing (tc->packing): the EP size at the first and the last step,
+  // and each evaluation (up to 16): after which step, the EP size before and
+  // after, the expert and all-to-all micro-op times it compared (ms; 0 for a
+  // fixed degree)
+  int ep_first, ep_last;
+  int packing_n;
+  struct {
+    int step, ep_from, ep_to;
+    double ffn_ms, a2a_ms;
+  } packing_log[16];
 } moe_train_result;
 
 // Collective over world. Before allocating the model every rank computes its

@@ -18,6 +18,7 @@
 // Not here: the model (src/model/gpt.c), the file format (checkpoint.c), the
 // data (data.c), the progress line and metrics (progress.c).
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,8 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->threads = 1;
   tc->micro_op_kb = 256;
   tc->comm_priority = MOE_COMM_PRIORITY_FIFO;
+  tc->packing_start = 10;
+  tc->packing_every = 4;
 }
 
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
@@ -164,6 +167,7 @@ typedef struct {
   double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
   int expert_sq_n;
   int in_group0;  // 1 when world rank 0 is in this rank's EP group
+  int ep;         // the EP size now (expert packing changes it)
   moe_progress *progress;
   moe_metrics *metrics;
   moe_routing_trace *routing;  // tc->routing_trace, NULL: none
@@ -264,6 +268,18 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
       tc->comm_priority != MOE_COMM_PRIORITY_FIFO && tc->comm_priority != MOE_COMM_PRIORITY_LINA,
       MOE_STATUS_INVALID_ARG, "comm_priority (%d) must be fifo (0) or lina (1)",
       (int)tc->comm_priority);
+  MOE_FAIL_IF(ctx, tc->packing < MOE_TRAIN_PACKING_LINA || tc->packing > 1024,
+              MOE_STATUS_INVALID_ARG, "expert packing %d must be lina (%d), off (0) or 1..1024",
+              tc->packing, MOE_TRAIN_PACKING_LINA);
+  MOE_FAIL_IF(ctx, tc->packing > 1 && *ep % tc->packing != 0, MOE_STATUS_INVALID_ARG,
+              "expert packing %d must divide the EP size (%d)", tc->packing, *ep);
+  MOE_FAIL_IF(ctx, tc->packing != 0 && tc->packing != 1 && tc->balance.policy != MOE_BALANCE_NONE,
+              MOE_STATUS_INVALID_ARG,
+              "expert packing and load balancing (%s) cannot be combined (both move experts)",
+              moe_balance_policy_name(tc->balance.policy));
+  MOE_FAIL_IF(ctx, tc->packing_start < 1 || tc->packing_every < 1, MOE_STATUS_INVALID_ARG,
+              "packing start (%d) and packing interval (%d) must be at least 1", tc->packing_start,
+              tc->packing_every);
   MOE_FAIL_IF(ctx, !(tc->router_bias_rate >= 0 && tc->router_bias_rate <= 1),
               MOE_STATUS_INVALID_ARG, "router-bias update rate %g out of range [0, 1] (0: off)",
               (double)tc->router_bias_rate);
@@ -281,6 +297,12 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
               "tc and out must be given, world_size >= 1");
   memset(out, 0, sizeof *out);
   MOE_TRY(check_config(ctx, tc, world_size, &ep));
+  // expert packing: the most experts per rank it can reach (a fixed degree, or
+  // Lina's halving while even)
+  const int packs = tc->packing != 0 && tc->packing != 1 && tc->model.moe_every > 0;
+  if (tc->packing > 1) ep /= tc->packing;
+  if (packs && tc->packing == MOE_TRAIN_PACKING_LINA)
+    while (ep % 2 == 0) ep /= 2;
   {
     const int bl = tc->batch / world_size, S = tc->model.seq_len;
     moe_parallel_config pc = tc->par;
@@ -316,6 +338,9 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     // the packed dense gradients, and (deterministic, several ranks) the fixed-order
     // all-reduce's receive buffer for them (dense_fixed)
     out->bytes[MOE_MEM_GRADS] += (tc->deterministic && world_size > 1 ? 2 : 1) * dense;
+    // packing holds a copy of every parameter and moment, the experts whole
+    if (packs)
+      out->bytes[MOE_MEM_WORKSPACE] += 3.0 * (dense + n_moe * block.bytes[MOE_MEM_PARAMS] * ep);
   }
 done:
   return st;
@@ -745,50 +770,13 @@ static double median(double *v, int n) { return n > 0 ? moe_median(v, n) : NAN; 
 
 // ---- setup and teardown -----------------------------------------------------------------------
 
-static moe_status setup(run_state *r, int *start_step) {
+// The model on the expert-parallel backend with EP size ep, its optimizer,
+// the gradient buckets or packed buffer and the EP group; parameters at zero.
+// Collective. free_model undoes it (also after a failure part way).
+static moe_status build_model(run_state *r, int ep) {
   moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
   const moe_train_config *tc = r->tc;
-  int ep = 1;
-
-  local = check_config(ctx, tc, r->size, &ep);
-  MOE_TRY(agree(r, local, "training config"));
-  r->bl = tc->batch / r->size;
-  r->s = tc->model.seq_len;
-
-  // Text: every rank reads it (a shared file system, or the same package on every node).
-  local = moe_text_load(ctx, tc->data, (size_t)r->s * 4 + 2, &r->text);
-  if (local == MOE_STATUS_OK)
-    local = moe_text_split(ctx, r->text, tc->val_fraction, r->s, &r->train, &r->val);
-  MOE_TRY(agree(r, local, "loading the training text"));
-  const int windows = moe_batch_val_windows(&r->val, r->s);
-  r->val_batches = windows / tc->batch < tc->eval_batches ? windows / tc->batch : tc->eval_batches;
-  if (r->val_batches < tc->eval_batches && r->rank == 0)
-    MOE_WARN("validation: %d windows of %d bytes give %d batches of %d (asked for %d)", windows,
-             r->s, r->val_batches, tc->batch, tc->eval_batches);
-
-  // The learning-rate schedule: a resumed run keeps its checkpoint's.
-  local = MOE_STATUS_OK;
-  if (tc->resume) local = moe_gpt_ckpt_read_info(ctx, tc->resume, &r->resume_info);
-  if (local == MOE_STATUS_OK)
-    local = moe_train_schedule_resolve(ctx, tc, tc->resume ? &r->resume_info : NULL, &r->schedule);
-  MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
-
-  // The memory bound: every rank's need against its limit before the model is
-  // allocated; the baseline is what this process holds now (text included),
-  // plus OpenBLAS's GEMM buffers unless the run is deterministic: its
-  // fixed-order GEMMs never call OpenBLAS, which then touches none of them.
-  local = moe_train_memory(ctx, tc, r->size, &r->need);
-  MOE_TRY(agree(r, local, "the memory estimate"));
-  r->need.bytes[MOE_MEM_BASELINE] =
-      (double)(moe_rss_bytes() + (tc->deterministic ? 0 : MOE_MEM_BLAS_BYTES));
-  MOE_TRY(moe_comm_memory_check(ctx, r->world, &r->need, tc->max_memory,
-                                "use a smaller model (--d-model, --experts, --expert-hidden, "
-                                "--layers) or batch, more ranks, or raise --max-memory"));
-  r->need_max[0] = moe_memory_need_total(&r->need);
-  r->need_max[1] = moe_memory_need_expected(&r->need);
-  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, r->need_max, 2, MPI_DOUBLE, MPI_MAX, r->world));
-
   // Model on the expert-parallel backend.
   r->user = moe_calloc(1, sizeof *r->user);
   local = r->user
@@ -864,6 +852,217 @@ static moe_status setup(run_state *r, int *start_step) {
     break;
   }
 
+done:
+  return st;
+}
+
+static void free_model(run_state *r) {
+  moe_free(r->dense_buf);
+  r->dense_buf = NULL;
+  r->dense_n = 0;
+  if (r->grad_red && r->user) set_layers_background(r, NULL, NULL);  // before it goes
+  moe_grad_reducer_destroy(r->grad_red);
+  r->grad_red = NULL;
+  moe_free(r->expert_sq);
+  r->expert_sq = NULL;
+  r->expert_sq_n = 0;
+  moe_free(r->targets);
+  moe_free(r->tokens);
+  r->targets = r->tokens = NULL;
+  moe_optim_destroy(r->opt);
+  r->opt = NULL;
+  moe_gpt_destroy(r->model);  // collective: destroys the EP layers
+  r->model = NULL;
+  moe_free(r->user);
+  r->user = NULL;
+  r->ep_comm = MPI_COMM_NULL;
+  r->in_group0 = 0;
+}
+
+// ---- expert packing ----------------------------------------------------------------------------
+
+// Lina's packing rule's inputs from the step just run: the mean expert
+// micro-op (one chunk's FFN task, kind E) and all-to-all micro-op (kinds A1,
+// A2) over every MoE block's forward and backward pass, the slowest rank's
+// (so every rank decides alike). Collective.
+static moe_status packing_times(run_state *r, double *ffn_ms, double *a2a_ms) {
+  moe_status st = MOE_STATUS_OK;
+  double t[2] = {0, 0}, n[2] = {0, 0};  // [0] expert, [1] all-to-all
+  for (int b = 0; b < r->tc->model.n_layer; b++) {
+    if (!r->user->impl[b]) continue;
+    const moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
+    for (int dir = 0; dir < 2; dir++) {
+      const moe_task_graph *g = NULL;
+      const moe_task_record *rec = NULL;
+      moe_ep_layer_last_pass(l, dir, &g, &rec);
+      for (int k = 0; g && rec && k < g->n_tasks; k++) {
+        const int kind = g->tasks[k].kind;
+        const int which = kind == MOE_CT_E ? 0 : kind == MOE_CT_A1 || kind == MOE_CT_A2 ? 1 : -1;
+        if (which < 0 || !rec[k].ran) continue;
+        t[which] += (double)(rec[k].end_ns - rec[k].start_ns) * 1e-6;
+        n[which] += 1;
+      }
+    }
+  }
+  double m[2] = {n[0] > 0 ? t[0] / n[0] : 0, n[1] > 0 ? t[1] / n[1] : 0};
+  MOE_MPI_TRY_OP(r->ctx, "all-reduce of the packing times",
+                 MPI_Allreduce(MPI_IN_PLACE, m, 2, MPI_DOUBLE, MPI_MAX, r->world));
+  *ffn_ms = m[0];
+  *a2a_ms = m[1];
+done:
+  return st;
+}
+
+// Expert packing: the EP size becomes new_ep. Every expert tensor and its
+// AdamW moments are all-gathered over the EP group (each rank then holds the
+// whole layer's), the model and optimizer are made again for the new layout
+// and take their home slices; the dense tensors, their moments, the router
+// biases and the step count carry over. No value changes. Collective.
+static moe_status pack_experts(run_state *r, int new_ep) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const int n = moe_gpt_num_params(r->model), L = r->tc->model.n_layer;
+  const int E = r->tc->model.moe.num_experts;
+  float **keep = moe_calloc((size_t)3 * n + (size_t)L, sizeof *keep);  // data, m, v; biases
+  int ok = keep != NULL;
+  int ep_size = 1;
+  if (r->ep_comm != MPI_COMM_NULL) MPI_Comm_size(r->ep_comm, &ep_size);
+  for (int k = 0; ok && k < 3 * n; k++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, k % n);
+    const size_t whole = p.kind == MOE_GPT_PARAM_EXPERT ? p.numel * (size_t)ep_size : p.numel;
+    ok = (keep[k] = moe_malloc((whole ? whole : 1) * sizeof(float))) != NULL;
+  }
+  for (int b = 0; ok && b < L; b++)
+    if (moe_gpt_router_bias(r->model, b))
+      ok = (keep[3 * n + b] = moe_malloc((size_t)E * sizeof(float))) != NULL;
+  MOE_TRY(agree(r,
+                ok ? MOE_STATUS_OK
+                   : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                  "expert packing: out of memory for a copy of the model"),
+                "expert packing"));
+  for (int k = 0; k < 3 * n; k++) {
+    const int i = k % n;
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    const float *src = ckpt_source(r, &p, i, k / n);
+    if (p.kind != MOE_GPT_PARAM_EXPERT) {
+      memcpy(keep[k], src, p.numel * sizeof(float));
+      continue;
+    }
+    // EP rank q holds experts [q E / ep, (q + 1) E / ep): the gather is in expert order
+    MOE_FAIL_IF(ctx, p.numel > (size_t)INT_MAX, MOE_STATUS_INVALID_ARG,
+                "expert packing: %s holds %zu floats on one rank (MPI's int limit)", p.name,
+                p.numel);
+    MOE_MPI_TRY_OP(
+        ctx, "expert packing: all-gather of the experts",
+        MPI_Allgather(src, (int)p.numel, MPI_FLOAT, keep[k], (int)p.numel, MPI_FLOAT, r->ep_comm));
+  }
+  for (int b = 0; b < L; b++)
+    if (keep[3 * n + b]) memcpy(keep[3 * n + b], moe_gpt_router_bias(r->model, b), (size_t)E * 4);
+  const int steps = moe_optim_step_count(r->opt);
+
+  free_model(r);
+  MOE_TRY(build_model(r, new_ep));
+  r->ep = new_ep;
+  MOE_FAIL_IF(ctx, moe_gpt_num_params(r->model) != n, MOE_STATUS_INTERNAL,
+              "expert packing: the model has %d tensors after, %d before",
+              moe_gpt_num_params(r->model), n);
+  for (int k = 0; k < 3 * n; k++) {
+    const int i = k % n;
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    float *dst = ckpt_source(r, &p, i, k / n);
+    const size_t first = p.kind == MOE_GPT_PARAM_EXPERT && p.expert_count > 0
+                             ? (size_t)p.expert_first * (p.numel / (size_t)p.expert_count)
+                             : 0;
+    memcpy(dst, keep[k] + first, p.numel * sizeof(float));
+  }
+  for (int b = 0; b < L; b++)
+    if (keep[3 * n + b]) memcpy(moe_gpt_router_bias(r->model, b), keep[3 * n + b], (size_t)E * 4);
+  moe_optim_set_step_count(r->opt, steps);
+done:
+  for (int k = 0; keep && k < 3 * n + L; k++) moe_free(keep[k]);
+  moe_free(keep);
+  return st;
+}
+
+// After step `step`: the packing change due then, if any (logged in out).
+static moe_status packing_step(run_state *r, int step, moe_train_result *out) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_train_config *tc = r->tc;
+  if (tc->packing == 0 || tc->packing == 1 || !r->user || step < tc->packing_start - 1) return st;
+  int to = r->ep;
+  double ffn = 0, a2a = 0;
+  if (tc->packing > 1) {  // a fixed degree, once
+    if (step != tc->packing_start - 1) return st;
+    to = r->ep / tc->packing;
+  } else {  // Lina: double while the expert micro-op is shorter than the all-to-all's
+    if ((step - (tc->packing_start - 1)) % tc->packing_every != 0) return st;
+    MOE_TRY(packing_times(r, &ffn, &a2a));
+    if (ffn < a2a && r->ep % 2 == 0) to = r->ep / 2;
+  }
+  if (out->packing_n < (int)(sizeof out->packing_log / sizeof out->packing_log[0])) {
+    out->packing_log[out->packing_n].step = step;
+    out->packing_log[out->packing_n].ep_from = r->ep;
+    out->packing_log[out->packing_n].ep_to = to;
+    out->packing_log[out->packing_n].ffn_ms = ffn;
+    out->packing_log[out->packing_n].a2a_ms = a2a;
+    out->packing_n++;
+  }
+  if (to != r->ep) MOE_TRY(pack_experts(r, to));
+done:
+  return st;
+}
+
+static moe_status setup(run_state *r, int *start_step) {
+  moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  int ep = 1;
+
+  local = check_config(ctx, tc, r->size, &ep);
+  MOE_TRY(agree(r, local, "training config"));
+  r->bl = tc->batch / r->size;
+  r->s = tc->model.seq_len;
+
+  // Text: every rank reads it (a shared file system, or the same package on every node).
+  local = moe_text_load(ctx, tc->data, (size_t)r->s * 4 + 2, &r->text);
+  if (local == MOE_STATUS_OK)
+    local = moe_text_split(ctx, r->text, tc->val_fraction, r->s, &r->train, &r->val);
+  MOE_TRY(agree(r, local, "loading the training text"));
+  const int windows = moe_batch_val_windows(&r->val, r->s);
+  r->val_batches = windows / tc->batch < tc->eval_batches ? windows / tc->batch : tc->eval_batches;
+  if (r->val_batches < tc->eval_batches && r->rank == 0)
+    MOE_WARN("validation: %d windows of %d bytes give %d batches of %d (asked for %d)", windows,
+             r->s, r->val_batches, tc->batch, tc->eval_batches);
+
+  // The learning-rate schedule: a resumed run keeps its checkpoint's.
+  local = MOE_STATUS_OK;
+  if (tc->resume) local = moe_gpt_ckpt_read_info(ctx, tc->resume, &r->resume_info);
+  if (local == MOE_STATUS_OK)
+    local = moe_train_schedule_resolve(ctx, tc, tc->resume ? &r->resume_info : NULL, &r->schedule);
+  MOE_TRY(agree(r, local, "the checkpoint's learning-rate schedule"));
+
+  // The memory bound: every rank's need against its limit before the model is
+  // allocated; the baseline is what this process holds now (text included),
+  // plus OpenBLAS's GEMM buffers unless the run is deterministic: its
+  // fixed-order GEMMs never call OpenBLAS, which then touches none of them.
+  local = moe_train_memory(ctx, tc, r->size, &r->need);
+  MOE_TRY(agree(r, local, "the memory estimate"));
+  r->need.bytes[MOE_MEM_BASELINE] =
+      (double)(moe_rss_bytes() + (tc->deterministic ? 0 : MOE_MEM_BLAS_BYTES));
+  MOE_TRY(moe_comm_memory_check(ctx, r->world, &r->need, tc->max_memory,
+                                "use a smaller model (--d-model, --experts, --expert-hidden, "
+                                "--layers) or batch, more ranks, or raise --max-memory"));
+  r->need_max[0] = moe_memory_need_total(&r->need);
+  r->need_max[1] = moe_memory_need_expected(&r->need);
+  MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, r->need_max, 2, MPI_DOUBLE, MPI_MAX, r->world));
+
+  // Expert packing resumed past its change: the packed layout from the start
+  // (a fixed degree; Lina's rule decides again)
+  r->ep = ep;
+  if (tc->packing > 1 && tc->resume && r->resume_info.step >= tc->packing_start - 1)
+    r->ep /= tc->packing;
+  MOE_TRY(build_model(r, r->ep));
+
   // Parameters: fresh or from a checkpoint (every rank reads its slice).
   *start_step = 1;
   if (tc->resume) {
@@ -906,16 +1105,8 @@ static void teardown(run_state *r) {
   moe_free(r->bal_load);
   moe_free(r->bal_replica);
   moe_free(r->bias_load);
-  moe_free(r->dense_buf);
   moe_fixed_sum_free(&r->dense_fixed);
-  if (r->grad_red && r->user) set_layers_background(r, NULL, NULL);  // before it goes
-  moe_grad_reducer_destroy(r->grad_red);
-  moe_free(r->expert_sq);
-  moe_free(r->targets);
-  moe_free(r->tokens);
-  moe_optim_destroy(r->opt);
-  moe_gpt_destroy(r->model);  // collective: destroys the EP layers
-  moe_free(r->user);
+  free_model(r);
   moe_text_free(r->text);
 }
 
@@ -1149,6 +1340,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   }
   out->first_step = start;
   out->schedule = r.schedule;
+  out->ep_first = r.ep;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
   out->last_step = end;
   MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
@@ -1357,6 +1549,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       }
     }
     if (tc->on_step) tc->on_step(tc->on_step_user, &info);
+    MOE_TRY(packing_step(&r, step, out));
     if (tc->checkpoint && (last || (tc->save_every > 0 && step % tc->save_every == 0)))
       MOE_TRY(save_checkpoint(&r, tc->checkpoint, step));
   }
@@ -1367,6 +1560,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->exposed_share = median(exposed, n_timed);
   out->grad_wait_ms = median(grad_wait, n_timed);
   out->grad_buckets = moe_grad_reducer_buckets(r.grad_red);
+  out->ep_last = r.ep;
   out->moe_pass_ms = n_timed > 0 && !isnan(pass_ms[0]) ? median(pass_ms, n_timed) : NAN;
 done:
   moe_free(tps);
