@@ -40,6 +40,9 @@ typedef struct {
   // --lina: Lina's inference scheduling replayed on a serving trace
   const char *lina_trace;
   moe_lina_sim_config lina;
+  // --lina-train: Lina's training step under four policies
+  int lina_train;
+  moe_lina_train_config lt;
 } sim_opts;
 
 typedef struct {
@@ -122,7 +125,25 @@ static void simulate_usage(FILE *f) {
           "  --lina-replan-ms X     a re-plan's blocking cost [a small collective on the\n"
           "                         cluster: log2(devices) latencies plus the bytes]\n"
           "  --lina-check-ms X      phase 2's check on every step [the same collective]\n"
-          "  --act-bytes N          bytes of an activation on the wire [2: fp16]\n",
+          "  --act-bytes N          bytes of an activation on the wire [2: fp16]\n"
+          "\n"
+          "Lina's training step (instead of the schedules; docs/lina.md):\n"
+          "  --lina-train           a GPT-style MoE model's step under four policies for\n"
+          "                         the dense gradients' all-reduce: packed after the\n"
+          "                         backward, fifo beside the all-to-alls (DeepSpeed),\n"
+          "                         Lina's priority micro-ops with pipelined all-to-all\n"
+          "                         micro-ops, and the same with expert packing. Uses\n"
+          "                         --tokens, --model, --hidden, --experts, --topk,\n"
+          "                         --act-bytes [cluster lina-4x4-a100; GPT-2 small: M 768,\n"
+          "                         H 3072, 12 blocks]\n"
+          "  --layers L             blocks [12]\n"
+          "  --moe-every K          every K-th block is MoE [2]\n"
+          "  --seq-len S            attention length [1024]\n"
+          "  --vocab V              embedding rows [50257]\n"
+          "  --micro-op-mb X        Lina's micro-op [30]\n"
+          "  --contention X         an all-to-all's slowdown beside an all-reduce, >= 1\n"
+          "                         [1.83: Lina's median; yours: moe bench contention]\n"
+          "  --packing N            the packing variant's experts-per-device factor [2]\n",
           moe_balance_policy_names());
 }
 
@@ -202,6 +223,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
   o->skew.param = 1.2;
   o->balance_slots = -1;
   moe_lina_sim_config_default(&o->lina);
+  moe_lina_train_config_default(&o->lt);
   snprintf(o->a2as[0], sizeof o->a2as[0], "mpi");   // catalogue: default
   snprintf(o->a2as[1], sizeof o->a2as[1], "pipe");  // catalogue: default
   o->n_a2a = 2;
@@ -313,6 +335,25 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       cli_parse_double(&a, "--lina-check-ms", 0, 1e6, &o->lina.check_ms);
     } else if (!o->roofline && cli_opt(&a, "--act-bytes")) {
       cli_parse_int(&a, "--act-bytes", 1, 8, &o->lina.act_bytes);
+      o->lt.elem_bytes = o->lina.act_bytes;
+    } else if (!o->roofline && cli_flag(&a, "--lina-train")) {
+      o->lina_train = 1;
+    } else if (!o->roofline && cli_opt(&a, "--layers")) {
+      cli_parse_int(&a, "--layers", 1, 1024, &o->lt.layers);
+    } else if (!o->roofline && cli_opt(&a, "--moe-every")) {
+      cli_parse_int(&a, "--moe-every", 1, 1024, &o->lt.moe_every);
+    } else if (!o->roofline && cli_opt(&a, "--seq-len")) {
+      cli_parse_int(&a, "--seq-len", 1, 1 << 20, &o->lt.seq_len);
+    } else if (!o->roofline && cli_opt(&a, "--vocab")) {
+      cli_parse_int(&a, "--vocab", 0, 1 << 24, &o->lt.vocab);
+    } else if (!o->roofline && cli_opt(&a, "--micro-op-mb")) {
+      double mb = 30;
+      cli_parse_double(&a, "--micro-op-mb", 0.001, 65536, &mb);
+      o->lt.micro_op_bytes = mb * 1e6;
+    } else if (!o->roofline && cli_opt(&a, "--contention")) {
+      cli_parse_double(&a, "--contention", 1, 100, &o->lt.contention);
+    } else if (!o->roofline && cli_opt(&a, "--packing")) {
+      cli_parse_int(&a, "--packing", 1, 1024, &o->lt.packing);
     } else {
       cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
       return CLI_USAGE;
@@ -564,6 +605,41 @@ static int simulate_lina(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) {
   return CLI_OK;
 }
 
+// --lina-train: Lina's training step under the four policies (moe_lina_train_simulate).
+static int simulate_lina_train(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) {
+  moe_lina_train_config *lt = &o->lt;
+  if (o->layer_set & CLI_LAYER_TOKENS) lt->tokens = o->cfg.tokens;
+  lt->model_dim = o->layer_set & CLI_LAYER_MODEL ? o->cfg.model_dim : 768;
+  lt->hidden_dim = o->layer_set & CLI_LAYER_HIDDEN ? o->cfg.hidden_dim : 3072;
+  lt->experts = o->cfg.num_experts;
+  lt->top_k = o->cfg.top_k;
+  moe_lina_train_result r[MOE_LINA_TRAIN_VARIANTS];
+  if (moe_lina_train_simulate(ctx, c, lt, r) != MOE_STATUS_OK) {
+    cli_error("--lina-train: %s", moe_ctx_error(ctx));
+    return CLI_USAGE;
+  }
+  int n_moe = 0;
+  for (int b = 0; b < lt->layers; b++) n_moe += (b + 1) % lt->moe_every == 0;
+  printf(
+      "moe simulate --lina-train: %s (%d x %d %s), %d blocks (%d MoE), M %d, H %d, E %d, K %d, "
+      "%d tokens per device, seq %d, vocab %d, %g-byte elements; all-to-all %.2fx slower beside "
+      "an all-reduce, micro-op %g MB, packing x%d\n\n",
+      c->name, c->nodes, c->devices_per_node, c->device, lt->layers, n_moe, lt->model_dim,
+      lt->hidden_dim, lt->experts, lt->top_k, lt->tokens, lt->seq_len, lt->vocab, lt->elem_bytes,
+      lt->contention, lt->micro_op_bytes / 1e6, lt->packing);
+  printf("%-9s %4s %6s %9s %9s %14s %10s %9s %9s %8s\n", "variant", "EP", "chunks", "fwd(ms)",
+         "bwd(ms)", "sum left(ms)", "step(ms)", "a2a(ms)", "sum(ms)", "vs fifo");
+  for (int v = 0; v < MOE_LINA_TRAIN_VARIANTS; v++)
+    printf("%-9s %4d %6d %9.2f %9.2f %14.2f %10.2f %9.2f %9.2f %7.2fx\n",
+           moe_lina_train_variant_name(v), r[v].ep, r[v].chunks, r[v].fwd_ms, r[v].bwd_ms,
+           r[v].ar_exposed_ms, r[v].step_ms, r[v].a2a_ms, r[v].ar_ms,
+           r[MOE_LINA_TRAIN_FIFO].step_ms / r[v].step_ms);
+  printf(
+      "\n[R] reconstructed model (docs/lina.md#simulated-steps); Lina reports 1.37-1.73x for "
+      "its full scheduler over DeepSpeed on 4 x 4 A100\n");
+  return CLI_OK;
+}
+
 static int simulate_main(int argc, char **argv, int roofline);
 
 int cmd_simulate(int argc, char **argv) { return simulate_main(argc, argv, 0); }
@@ -593,7 +669,12 @@ static int simulate_main(int argc, char **argv, int roofline) {
     cli_error("--lina and --balance are two different simulations: give one");
     return CLI_USAGE;
   }
-  if (o.lina_trace && !o.cluster_set) o.cluster = "lina-4x4-a100";  // Lina's testbed
+  if (o.lina_train && (o.lina_trace || o.n_bal > 0)) {
+    cli_error("--lina-train, --lina and --balance are different simulations: give one");
+    return CLI_USAGE;
+  }
+  if ((o.lina_trace || o.lina_train) && !o.cluster_set)
+    o.cluster = "lina-4x4-a100";  // Lina's testbed
   moe_ctx *ctx = NULL;
   sim_row *rows = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
@@ -641,6 +722,10 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   if (o.lina_trace) {
     rc = simulate_lina(ctx, &o, &c);
+    goto done;
+  }
+  if (o.lina_train) {
+    rc = simulate_lina_train(ctx, &o, &c);
     goto done;
   }
   if (o.n_bal > 0) {

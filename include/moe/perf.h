@@ -439,6 +439,73 @@ moe_status moe_plan_layer(moe_ctx *ctx, const moe_cluster *c, const moe_plan_req
 
 // ---- shipped cluster descriptions -------------------------------------------------
 
+// ---- Lina's training step, simulated (moe simulate --lina-train; src/perf/lina_train.c) ----
+
+// A GPT-style MoE model on the cluster's devices (every device holds
+// `tokens` tokens; EP spans every device, one expert set per device).
+typedef struct {
+  int layers;             // blocks, 1..1024 [12]
+  int moe_every;          // blocks moe_every - 1, 2 moe_every - 1, ... have an MoE FFN [2]
+  int model_dim;          // M [768]
+  int hidden_dim;         // the experts' hidden size H [3072]
+  int dense_hidden;       // the dense FFNs' hidden size, 0: 4 M [0]
+  int experts;            // E, a multiple of the devices, 0: one per device [0]
+  int top_k;              // [2]
+  int tokens;             // per device per step [4096]
+  int seq_len;            // the attention's length [1024]
+  int vocab;              // the embedding rows (their gradients are summed last) [50257]
+  double elem_bytes;      // per activation and gradient element [2: Lina trains in fp16]
+  double micro_op_bytes;  // Lina's micro-op [30e6]
+  double contention;      // an all-to-all's slowdown beside an all-reduce, >= 1 [1.83: Lina's
+                          // median; measure yours with moe bench contention]
+  int packing;            // the packing variant's experts-per-device factor, divides the
+                          // devices [2]
+} moe_lina_train_config;
+void moe_lina_train_config_default(moe_lina_train_config *c);
+
+enum {
+  MOE_LINA_TRAIN_PACKED = 0,    // one all-reduce after the backward
+  MOE_LINA_TRAIN_FIFO = 1,      // the all-reduce beside everything (DeepSpeed: Lina's baseline)
+  MOE_LINA_TRAIN_PRIORITY = 2,  // Lina's priority micro-ops and pipelined all-to-all micro-ops
+  MOE_LINA_TRAIN_PACKING = 3,   // the same with `packing` times the experts per device
+  MOE_LINA_TRAIN_VARIANTS = 4
+};
+// "packed", "fifo", "priority", "packing"; "?" otherwise.
+const char *moe_lina_train_variant_name(int variant);
+
+typedef struct {
+  double fwd_ms, bwd_ms;  // the passes (bwd without the all-reduce left after it)
+  double ar_exposed_ms;   // the all-reduce left after the backward
+  double step_ms;         // fwd + bwd + exposed
+  double a2a_ms;          // the all-to-alls' time alone (every one of the step)
+  double ar_ms;           // the all-reduce's work at the full link
+  int ep;                 // EP size (devices / packing for the packing variant)
+  int chunks;             // all-to-all micro-ops per pass (1: not pipelined)
+} moe_lina_train_result;
+
+// out (MOE_LINA_TRAIN_VARIANTS): each policy's step. [R] reconstructed
+// model (docs/lina.md#simulated-steps). INVALID_ARG names a bad field.
+moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cluster,
+                                   const moe_lina_train_config *c, moe_lina_train_result *out);
+
+// The model's engine, exposed for its tests: a step as segments in order,
+// each compute or all-to-all of `seconds` alone, after which `ready_after`
+// seconds of all-reduce work (at the full link) become ready. packed: the
+// work after the last segment; fifo: it runs in compute at full speed and
+// beside an all-to-all sharing the link (the all-to-all `contention` times
+// slower, the all-reduce at 1 - 1/contention of its speed, until it ends);
+// priority and packing: it runs in compute, and an all-to-all takes
+// min(work left, micro_op_s / 2) longer (the micro-op in flight). step_s:
+// the end of the last segment plus the work left (exposed_s).
+typedef enum { MOE_LINA_SEG_COMPUTE = 0, MOE_LINA_SEG_A2A = 1 } moe_lina_segment_kind;
+typedef struct {
+  moe_lina_segment_kind kind;
+  double seconds, ready_after;
+} moe_lina_segment;
+moe_status moe_lina_train_timeline(moe_ctx *ctx, const moe_lina_segment *seg, int n, int variant,
+                                   double contention, double micro_op_s, double *step_s,
+                                   double *exposed_s);
+
 // The descriptions of clusters/*.json, compiled into the library.
 int moe_cluster_builtin_count(void);
 const char *moe_cluster_builtin_name(int i);  // NULL outside [0, count)
