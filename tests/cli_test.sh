@@ -49,6 +49,12 @@ expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench la
 expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
 expect 0 "prophet +[0-9]+ +[0-9.]+ +[0-9.]+" -- "$MOE" simulate --balance all --cluster proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16
 expect 2 "--balance: policy 'x' is unknown" -- "$MOE" simulate --balance x
+# Lina's training step: four policies on Lina's testbed; bad options
+expect 0 "^packing +8 .* 1\.[0-9]{2}x$" -- "$MOE" simulate --lina-train --layers 4
+expect 0 "lina-4x4-a100 \(4 x 4 A100-40GB\), 4 blocks \(2 MoE\)" -- "$MOE" simulate --lina-train --layers 4
+expect 2 "packing \(3\) must divide the devices" -- "$MOE" simulate --lina-train --packing 3
+expect 2 "--contention \(0.5\) must be in" -- "$MOE" simulate --lina-train --contention 0.5
+expect 2 "different simulations" -- "$MOE" simulate --lina-train --balance eplb
 # the topology-aware gate: a bad spec; 2 ranks as 2 nodes report the rows that crossed nodes
 expect 2 "--gate: gate 'topo:0' ?: the ratio W_net/W_local must be a number in \(0, 1\]" -- "$MOE" bench layer --gate topo:0
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM
