@@ -21,7 +21,7 @@
 
 #include "moe/comm.h"
 #include "moe/core.h"
-#include "testutil.h"
+#include "testutil_mpi.h"
 
 static int g_world_rank = 0, g_world_size = 1, g_verbose = 0;
 static moe_ctx *g_ctx = NULL;
@@ -668,10 +668,6 @@ int main(int argc, char **argv) {
   }
   free(L.world_node_of);
 
-  // Collective result: every rank fails if any did; rank 0 prints the sums.
-  int fail_max = 0, sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};
-  MPI_Allreduce(&tu_failures, &fail_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Reduce(sums, tot, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
   if (g_verbose) {
     int n = 0;
     const moe_a2a_algo *const *list = moe_a2a_list(&n);
@@ -681,15 +677,9 @@ int main(int argc, char **argv) {
       if (g_world_rank == 0) printf("  %-8s %.3f s in first calls\n", list[a]->name, t);
     }
   }
-  int rc = fail_max ? 1 : 0;
-  if (g_world_rank == 0) {
-    tu_checks = tot[0];
-    tu_failures = tot[1];
-    char name[32];
-    snprintf(name, sizeof name, "test_a2a (P=%d)", P);
-    rc = tu_finish(name) || fail_max;
-    if (g_verbose) printf("  total %.2f s\n", MPI_Wtime() - t_start);
-  }
+  // Collective result: every rank fails if any did; rank 0 prints the sums.
+  const int rc = tu_mpi_finish("test_a2a");
+  if (g_verbose && g_world_rank == 0) printf("  total %.2f s\n", MPI_Wtime() - t_start);
   moe_ctx_destroy(g_ctx);
   MPI_Finalize();
   return rc;

@@ -20,7 +20,7 @@
 
 #include "moe/comm.h"
 #include "moe/core.h"
-#include "testutil.h"
+#include "testutil_mpi.h"
 
 static moe_ctx *g_ctx;
 static int g_rank, g_size;
@@ -339,17 +339,7 @@ int main(int argc, char **argv) {
   test_priority();
   test_bad_calls();
 
-  int fail_max = 0, sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};
-  MPI_Allreduce(&tu_failures, &fail_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Reduce(sums, tot, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-  int rc = fail_max ? 1 : 0;
-  if (g_rank == 0) {
-    tu_checks = tot[0];
-    tu_failures = tot[1];
-    char name[48];
-    snprintf(name, sizeof name, "test_grad_reducer (P=%d)", g_size);
-    rc = tu_finish(name) || fail_max;
-  }
+  const int rc = tu_mpi_finish("test_grad_reducer");
   moe_ctx_destroy(g_ctx);
   MPI_Finalize();
   return rc;

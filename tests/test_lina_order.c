@@ -29,7 +29,7 @@
 #include "moe/core.h"
 #include "moe/parallel.h"
 #include "moe/sched.h"
-#include "testutil.h"
+#include "testutil_mpi.h"
 
 #define T_TOK 384
 #define M_DIM 64
@@ -226,17 +226,7 @@ int main(int argc, char **argv) {
     printf("lina: %d micro-ops started in the all-to-all stream's gaps (all ranks, %d steps)\n",
            all_gaps, STEPS);
 
-  int fail_max = 0, sums[2] = {tu_checks, tu_failures}, tot[2] = {0, 0};
-  MPI_Allreduce(&tu_failures, &fail_max, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Reduce(sums, tot, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-  int rc = fail_max ? 1 : 0;
-  if (g_rank == 0) {
-    tu_checks = tot[0];
-    tu_failures = tot[1];
-    char name[48];
-    snprintf(name, sizeof name, "test_lina_order (P=%d)", g_size);
-    rc = tu_finish(name) || fail_max;
-  }
+  const int rc = tu_mpi_finish("test_lina_order");
   moe_ctx_destroy(g_ctx);
   MPI_Finalize();
   return rc;

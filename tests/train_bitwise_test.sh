@@ -38,15 +38,18 @@ done
 # sum is elementwise), at 2 and 4 ranks, from a tensor per bucket to one
 # bucket, with micro-ops smaller than a tensor (1 KiB), in between, a bucket
 # per operation (0) and larger than the whole model (1 GiB), FIFO and Lina's
-# priority.
+# priority: 20 steps each, against 1 rank's 20 steps.
+G=(train --steps 20 --seed 3 --eval-every 0 --eval-batches 1 --quiet)
+timeout 900 "$MOE" "${G[@]}" --checkpoint "$tmp/c1_20.bin" >"$tmp/out1_20" 2>&1 ||
+  { bad "P=1, 20 steps: moe train failed"; cat "$tmp/out1_20" >&2; }
 for spec in "2 0.000001 256 fifo" "2 0.05 1 lina" "4 0.02 64 lina" "4 0.5 0 fifo" \
   "4 4096 1048576 lina"; do
   read -r p mb kb prio <<<"$spec"
   id="$p-$mb-$kb-$prio"
-  timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${RUN[@]}" --grad-bucket-mb "$mb" \
+  timeout 900 "$MPIEXEC" -n "$p" $OVERSUB "$MOE" "${G[@]}" --grad-bucket-mb "$mb" \
     --micro-op-kb "$kb" --comm-priority "$prio" --checkpoint "$tmp/g$id.bin" >"$tmp/gout$id" 2>&1 ||
     { bad "buckets $id: moe train failed"; cat "$tmp/gout$id" >&2; continue; }
-  cmp -s "$tmp/c1.bin" "$tmp/g$id.bin" || bad "buckets $id: checkpoint differs from 1 rank's"
+  cmp -s "$tmp/c1_20.bin" "$tmp/g$id.bin" || bad "buckets $id: checkpoint differs from 1 rank's"
   nb=$(grep -oE "dense gradients' sum \(([0-9]+) buckets? of [0-9.e+-]+ MiB during the backward, $prio( priority)?\)" \
     "$tmp/gout$id" | grep -oE '[0-9]+ bucket' | grep -oE '[0-9]+')
   # buckets really used: a tensor per bucket gives many, 4096 MiB one
