@@ -43,6 +43,8 @@ typedef struct {
   // --lina-train: Lina's training step under four policies
   int lina_train;
   moe_lina_train_config lt;
+  int contention_set;          // --contention given
+  double lt_profile_slowdown;  // --profile's a2a_allreduce_slowdown (0: none)
 } sim_opts;
 
 typedef struct {
@@ -142,7 +144,8 @@ static void simulate_usage(FILE *f) {
           "  --vocab V              embedding rows [50257]\n"
           "  --micro-op-mb X        Lina's micro-op [30]\n"
           "  --contention X         an all-to-all's slowdown beside an all-reduce, >= 1\n"
-          "                         [1.83: Lina's median; yours: moe bench contention]\n"
+          "                         [--profile's, measured by moe calibrate; else 1.83:\n"
+          "                         Lina's median]\n"
           "  --packing N            the packing variant's experts-per-device factor [2]\n",
           moe_balance_policy_names());
 }
@@ -352,6 +355,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       o->lt.micro_op_bytes = mb * 1e6;
     } else if (!o->roofline && cli_opt(&a, "--contention")) {
       cli_parse_double(&a, "--contention", 1, 100, &o->lt.contention);
+      o->contention_set = 1;
     } else if (!o->roofline && cli_opt(&a, "--packing")) {
       cli_parse_int(&a, "--packing", 1, 1024, &o->lt.packing);
     } else {
@@ -614,6 +618,8 @@ static int simulate_lina_train(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) 
   lt->experts = o->cfg.num_experts;
   lt->top_k = o->cfg.top_k;
   moe_lina_train_result r[MOE_LINA_TRAIN_VARIANTS];
+  if (o->profile && !o->contention_set && o->lt_profile_slowdown >= 1.0)
+    lt->contention = o->lt_profile_slowdown;  // measured by moe calibrate
   if (moe_lina_train_simulate(ctx, c, lt, r) != MOE_STATUS_OK) {
     cli_error("--lina-train: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
@@ -694,6 +700,7 @@ static int simulate_main(int argc, char **argv, int roofline) {
       goto done;
     }
     c = prof.cluster;
+    o.lt_profile_slowdown = prof.a2a_allreduce_slowdown;
     if (!o.a2a_set || o.a2a_all) {  // default and "all": the algorithms the profile measured
       o.n_a2a = 0;
       for (int i = 0; i < prof.n_a2a && o.n_a2a < SIM_MAX_LIST; i++) {

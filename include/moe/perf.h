@@ -245,6 +245,10 @@ typedef struct {
   // memory copy bandwidth of one rank, GB/s (the layer copies every row to
   // and from its send order and the expert-major order). 0 when absent.
   double small_collective, copy_gbs;
+  // Optional: an all-to-all's slowdown beside a gradient all-reduce started
+  // at the same time (moe_measure_contention's fifo over alone; Lina's Table
+  // 1 question), >= 1; 0 when absent. moe simulate --lina-train uses it.
+  double a2a_allreduce_slowdown;
   int n_a2a;
   moe_named_fit a2a[MOE_PROFILE_MAX];
   int n_codec;
@@ -260,7 +264,8 @@ typedef struct {
 //    "outside": FIT (all three or none), and "expert_points": [[rows, M, H,
 //    fwd_s, bwd_s], ...] (at most 32), and "overlap": {"compute_slowdown": x,
 //    "comm_slowdown": y} (each >= 1), "a2a_points": {"mpi": [[bytes, s], ...]},
-//    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g, "layer_fit":
+//    "task_overhead_s": t, "small_collective_s": t, "copy_gbs": g,
+//    "a2a_allreduce_slowdown": s, "layer_fit":
 //    {"samples": n, "compute_scale": s, "compute_task_s": t, "outside": FIT,
 //     "a2a": {"mpi": {"scale": s, "exchange_s": t, optionally "compute_slowdown": x,
 //     "comm_slowdown": y, optionally "smart_compute_slowdown": x,

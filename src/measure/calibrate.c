@@ -513,6 +513,34 @@ done:
   return st;
 }
 
+// Lina's Table 1 question (moe_measure_contention): an all-to-all of 1 MiB
+// per rank (`mpi`) alone and beside a 4 MiB gradient sum started with it,
+// two per round with 5 ms gaps, iters rounds; the fifo mode's slowdown. One
+// rank: 1 (nothing shares a link).
+static moe_status measure_a2a_allreduce(const cal *c, const moe_group *g, double *slowdown) {
+  moe_status st = MOE_STATUS_OK;
+  *slowdown = 1.0;
+  if (c->P < 2) return st;
+  const moe_a2a_algo *algo = NULL;
+  MOE_TRY(moe_a2a_find(c->ctx, "mpi", &algo));  // catalogue: every build has it
+  moe_contention_config cc;
+  moe_contention_config_default(&cc);
+  cc.layers = 2;
+  cc.rounds = c->cfg->iters;
+  cc.warmup = 1;
+  moe_contention_result r[MOE_CONTENTION_MODES];
+  MOE_TRY(moe_measure_contention(c->ctx, g, algo, &cc, r));
+  const double a = r[MOE_CONTENTION_ALONE].a2a_ms, f = r[MOE_CONTENTION_FIFO].a2a_ms;
+  *slowdown = a > 0 && f > a ? f / a : 1.0;
+  if (*slowdown > 100.0) *slowdown = 100.0;
+  SAY(c,
+      "all-to-all beside a gradient sum (Lina's Table 1): %.2f ms alone, %.2f ms beside a FIFO "
+      "sum (%.2fx), %.2f ms beside Lina's micro-ops",
+      a, f, *slowdown, r[MOE_CONTENTION_LINA].a2a_ms);
+done:
+  return st;
+}
+
 // Contention factors: a GEMM loop (~50 ms) on the compute stream beside a
 // chain of 1 MiB-per-rank all-to-alls (algorithm `mpi`, the baseline every
 // build has) on the communication stream, against each alone; medians over
@@ -1027,6 +1055,7 @@ moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config
   MOE_TRY(measure_overlap(&c, &g, sbuf, rbuf, &ws, &prof->slow_compute, &prof->slow_comm));
   MOE_TRY(measure_task_overhead(&c, &prof->task_overhead));
   MOE_TRY(measure_small(&c, &prof->small_collective, &prof->copy_gbs));
+  MOE_TRY(measure_a2a_allreduce(&c, &g, &prof->a2a_allreduce_slowdown));
   MOE_TRY(fit_all_codecs(&c, prof));
   describe_cluster(&g, c.P, prof);
   if (cfg->layers) MOE_TRY(layer_step(&c, prof, samples, n_samples));

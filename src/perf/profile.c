@@ -301,6 +301,12 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL_IF(ctx, !(p.small_collective >= 0.0) || p.small_collective > 1.0,
                   MOE_STATUS_INVALID_ARG, "profile: small_collective_s (%g) must be in [0, 1]",
                   p.small_collective);
+    } else if (strcmp(k, "a2a_allreduce_slowdown") == 0) {
+      MOE_TRY(moe_json_get_double(ctx, it, k, &p.a2a_allreduce_slowdown));
+      MOE_FAIL_IF(ctx, !(p.a2a_allreduce_slowdown >= 1.0) || p.a2a_allreduce_slowdown > 100.0,
+                  MOE_STATUS_INVALID_ARG,
+                  "profile: a2a_allreduce_slowdown (%g) must be in [1, 100]",
+                  p.a2a_allreduce_slowdown);
     } else if (strcmp(k, "copy_gbs") == 0) {
       MOE_TRY(moe_json_get_double(ctx, it, k, &p.copy_gbs));
       MOE_FAIL_IF(ctx, !(p.copy_gbs > 0.0) || p.copy_gbs > 1e6, MOE_STATUS_INVALID_ARG,
@@ -318,7 +324,8 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
                "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
-               "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs, layer_fit)",
+               "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs, "
+               "a2a_allreduce_slowdown, layer_fit)",
                k);
     }
   }
@@ -481,6 +488,8 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     sb_printf(&b, ",\n  \"small_collective_s\": %.17g", p->small_collective);
   }
   if (p->copy_gbs > 0) sb_printf(&b, ",\n  \"copy_gbs\": %.17g", p->copy_gbs);
+  if (p->a2a_allreduce_slowdown >= 1.0)
+    sb_printf(&b, ",\n  \"a2a_allreduce_slowdown\": %.17g", p->a2a_allreduce_slowdown);
   {
     int any = 0;
     for (int i = 0; i < p->n_a2a; i++) any |= p->n_a2a_points[i] > 0;
