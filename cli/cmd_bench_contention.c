@@ -18,6 +18,7 @@ typedef struct {
   int ranks_per_node;
   const char *json_path;
   double hang_timeout;
+  size_t max_memory;  // --max-memory per rank, 0: the node's available memory / its ranks
 } ct_opts;
 
 static void usage(FILE *f) {
@@ -50,7 +51,8 @@ static void usage(FILE *f) {
           "  --rounds N             timed rounds per mode, 1..100000 [10]\n"
           "  --warmup N             untimed rounds first, 0..1000 [2]\n"
           "  --ranks-per-node N     pretend every N consecutive ranks share a node [0: real]\n"
-          "  --json FILE            write the table as JSON (rank 0)\n" CLI_HANG_TIMEOUT_HELP,
+          "  --json FILE            write the table as JSON (rank 0)\n" CLI_MAX_MEMORY_HELP
+              CLI_HANG_TIMEOUT_HELP,
           names);
 }
 
@@ -99,6 +101,8 @@ static int parse_opts(int argc, char **argv, ct_opts *o) {
       cli_parse_int(&a, "--ranks-per-node", 0, 1 << 20, &o->ranks_per_node);
     } else if (cli_opt(&a, "--json")) {
       o->json_path = a.value;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else if (cli_hang_timeout_opt(&a, &o->hang_timeout)) {
     } else {
       cli_error("unknown option '%s' for 'moe bench contention' (see --help)", cli_args_peek(&a));
@@ -186,6 +190,20 @@ int cmd_bench_contention(int argc, char **argv) {
     if (rank == 0) cli_error("--algo: %s", moe_ctx_error(ctx));
     rc = CLI_USAGE;
     goto done;
+  }
+  {  // the memory bound: every rank's buffers, agreed before they are allocated
+    moe_memory_need need;
+    moe_status mst = moe_measure_contention_memory(ctx, P, o.ranks_per_node, algo, &o.c, &need);
+    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
+    if (mst == MOE_STATUS_OK)
+      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o.max_memory,
+                                  "lower --a2a-bytes or --sum-bytes, or raise --max-memory");
+    if (mst != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+      rc = CLI_USAGE;
+      goto done;
+    }
   }
   if (rank == 0) {
     printf(

@@ -186,6 +186,8 @@ expect 2 "--gap-ms" -- "$MOE" bench contention --gap-ms -1
 expect 2 "--deterministic" -- "$MOE" bench contention --deterministic maybe
 expect 2 "'nope' is unknown" -- "$MOE" bench contention --algo nope
 expect 2 "unknown option '--bogus' for 'moe bench contention'" -- "$MOE" bench contention --bogus
+expect 2 "lower --a2a-bytes or --sum-bytes, or raise --max-memory" -- mpi 2 "$MOE" bench contention \
+  --sum-bytes 1G --max-memory 64M
 if command -v gnuplot >/dev/null; then
   if [[ -s "$tmp/loss.txt" ]]; then ok; else bad "no loss plot"; fi
 fi

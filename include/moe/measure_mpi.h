@@ -169,6 +169,15 @@ typedef struct {
 // exchange fails (peers may wait inside it: the caller should MPI_Abort).
 moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2a_algo *algo,
                                   const moe_contention_config *c, moe_contention_result *out);
+// The bytes moe_measure_contention(c) allocates on one rank of P, by category,
+// without allocating: the all-to-all's send and receive buffers and its
+// algorithm's workspace (ranks_per_node G as moe_measure_a2a_memory) as
+// all-to-all buffers; the gradients, the two reducers' packed copies and
+// receive buffers and the tables as workspace. Local; INVALID_ARG for a
+// config out of range.
+moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node,
+                                         const moe_a2a_algo *algo, const moe_contention_config *c,
+                                         moe_memory_need *out);
 
 // ---- calibration ----------------------------------------------------------------------
 

@@ -50,6 +50,47 @@ static void sleep_us(double us) {
   nanosleep(&ts, NULL);
 }
 
+// The config's ranges (the same message as moe_measure_contention's).
+static moe_status check_config(moe_ctx *ctx, const moe_contention_config *c) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !c, MOE_STATUS_INVALID_ARG, "contention: NULL config");
+  MOE_FAIL_IF(ctx,
+              c->layers < 1 || c->layers > 1000 || c->rounds < 1 || c->rounds > 100000 ||
+                  c->warmup < 0 || c->warmup > 1000 || !(c->gap_ms >= 0 && c->gap_ms <= 60000) ||
+                  c->a2a_bytes > ((size_t)1 << 30) || c->sum_bytes > ((size_t)1 << 32),
+              MOE_STATUS_INVALID_ARG,
+              "contention: layers (%d) must be in [1, 1000], rounds (%d) in [1, 100000], warmup "
+              "(%d) in [0, 1000], gap (%g ms) in [0, 60000], all-to-all bytes (%zu) <= 1 GiB, "
+              "sum bytes (%zu) <= 4 GiB",
+              c->layers, c->rounds, c->warmup, c->gap_ms, c->a2a_bytes, c->sum_bytes);
+done:
+  return st;
+}
+
+moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node,
+                                         const moe_a2a_algo *algo, const moe_contention_config *c,
+                                         moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !out || P < 1, MOE_STATUS_INVALID_ARG, "contention memory: out, P >= 1 (%d)", P);
+  memset(out, 0, sizeof *out);
+  MOE_TRY(check_config(ctx, c));
+  const char *names[1] = {algo ? algo->name : ""};
+  MOE_TRY(
+      moe_measure_a2a_memory(ctx, P, ranks_per_node, c->a2a_bytes, c->a2a_bytes, names, 1, 1, out));
+  // the gradients, each reducer's packed copy and (deterministic) its receive
+  // buffer of one micro-op, the per-round tables
+  // (fifo: a bucket per operation; lina: a micro-op)
+  const double sum = (double)moe_align64(c->sum_bytes + sizeof(float));
+  const double op = c->micro_op_bytes > 0 && (double)c->micro_op_bytes < sum
+                        ? (double)moe_align64(c->micro_op_bytes)
+                        : sum;
+  out->bytes[MOE_MEM_WORKSPACE] +=
+      sum * 3 + (c->deterministic ? sum + op : 0) +
+      (double)MOE_CONTENTION_MODES * (double)c->rounds * ((double)c->layers + 2) * sizeof(double);
+done:
+  return st;
+}
+
 // One mode's reducer over g->comm: FIFO sums each bucket in one operation
 // (as DDP's buckets on their own stream), Lina in micro-ops.
 static moe_status make_reducer(moe_ctx *ctx, const moe_group *g, const moe_contention_config *c,
@@ -79,15 +120,7 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
   moe_workspace ws = {0};
   MOE_FAIL_IF(ctx, !c || !out, MOE_STATUS_INVALID_ARG, "contention: NULL config or result");
   memset(out, 0, MOE_CONTENTION_MODES * sizeof *out);
-  MOE_FAIL_IF(ctx,
-              c->layers < 1 || c->layers > 1000 || c->rounds < 1 || c->rounds > 100000 ||
-                  c->warmup < 0 || c->warmup > 1000 || !(c->gap_ms >= 0 && c->gap_ms <= 60000) ||
-                  c->a2a_bytes > ((size_t)1 << 30) || c->sum_bytes > ((size_t)1 << 32),
-              MOE_STATUS_INVALID_ARG,
-              "contention: layers (%d) must be in [1, 1000], rounds (%d) in [1, 100000], warmup "
-              "(%d) in [0, 1000], gap (%g ms) in [0, 60000], all-to-all bytes (%zu) <= 1 GiB, "
-              "sum bytes (%zu) <= 4 GiB",
-              c->layers, c->rounds, c->warmup, c->gap_ms, c->a2a_bytes, c->sum_bytes);
+  MOE_TRY(check_config(ctx, c));
 
   // the all-to-all: a2a_bytes / P to every rank (the rest to the last)
   const size_t block = c->a2a_bytes / (size_t)P;
