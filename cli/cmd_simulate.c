@@ -44,6 +44,7 @@ typedef struct {
   int lina_train;
   moe_lina_train_config lt;
   int contention_set;          // --contention given
+  const char *lt_opt;          // the last --lina-train option given (NULL: none)
   double lt_profile_slowdown;  // --profile's a2a_allreduce_slowdown (0: none)
 } sim_opts;
 
@@ -342,21 +343,28 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
     } else if (!o->roofline && cli_flag(&a, "--lina-train")) {
       o->lina_train = 1;
     } else if (!o->roofline && cli_opt(&a, "--layers")) {
+      o->lt_opt = "--layers";
       cli_parse_int(&a, "--layers", 1, 1024, &o->lt.layers);
     } else if (!o->roofline && cli_opt(&a, "--moe-every")) {
+      o->lt_opt = "--moe-every";
       cli_parse_int(&a, "--moe-every", 1, 1024, &o->lt.moe_every);
     } else if (!o->roofline && cli_opt(&a, "--seq-len")) {
+      o->lt_opt = "--seq-len";
       cli_parse_int(&a, "--seq-len", 1, 1 << 20, &o->lt.seq_len);
     } else if (!o->roofline && cli_opt(&a, "--vocab")) {
+      o->lt_opt = "--vocab";
       cli_parse_int(&a, "--vocab", 0, 1 << 24, &o->lt.vocab);
     } else if (!o->roofline && cli_opt(&a, "--micro-op-mb")) {
+      o->lt_opt = "--micro-op-mb";
       double mb = 30;
       cli_parse_double(&a, "--micro-op-mb", 0.001, 65536, &mb);
       o->lt.micro_op_bytes = mb * 1e6;
     } else if (!o->roofline && cli_opt(&a, "--contention")) {
+      o->lt_opt = "--contention";
       cli_parse_double(&a, "--contention", 1, 100, &o->lt.contention);
       o->contention_set = 1;
     } else if (!o->roofline && cli_opt(&a, "--packing")) {
+      o->lt_opt = "--packing";
       cli_parse_int(&a, "--packing", 1, 1024, &o->lt.packing);
     } else {
       cli_error("unknown option '%s' (see moe simulate --help)", cli_args_peek(&a));
@@ -624,8 +632,7 @@ static int simulate_lina_train(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) 
     cli_error("--lina-train: %s", moe_ctx_error(ctx));
     return CLI_USAGE;
   }
-  int n_moe = 0;
-  for (int b = 0; b < lt->layers; b++) n_moe += (b + 1) % lt->moe_every == 0;
+  const int n_moe = r[MOE_LINA_TRAIN_FIFO].moe_blocks;
   printf(
       "moe simulate --lina-train: %s (%d x %d %s), %d blocks (%d MoE), M %d, H %d, E %d, K %d, "
       "%d tokens per device, seq %d, vocab %d, %g-byte elements; all-to-all %.2fx slower beside "
@@ -673,6 +680,10 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   if (o.lina_trace && o.n_bal > 0) {
     cli_error("--lina and --balance are two different simulations: give one");
+    return CLI_USAGE;
+  }
+  if (o.lt_opt && !o.lina_train) {
+    cli_error("%s belongs to --lina-train (give --lina-train, or leave it out)", o.lt_opt);
     return CLI_USAGE;
   }
   if (o.lina_train && (o.lina_trace || o.n_bal > 0)) {

@@ -55,6 +55,7 @@ expect 0 "lina-4x4-a100 \(4 x 4 A100-40GB\), 4 blocks \(2 MoE\)" -- "$MOE" simul
 expect 2 "packing \(3\) must divide the devices" -- "$MOE" simulate --lina-train --packing 3
 expect 2 "--contention \(0.5\) must be in" -- "$MOE" simulate --lina-train --contention 0.5
 expect 2 "different simulations" -- "$MOE" simulate --lina-train --balance eplb
+expect 2 "--layers belongs to --lina-train" -- "$MOE" simulate --layers 4
 # the topology-aware gate: a bad spec; 2 ranks as 2 nodes report the rows that crossed nodes
 expect 2 "--gate: gate 'topo:0' ?: the ratio W_net/W_local must be a number in \(0, 1\]" -- "$MOE" bench layer --gate topo:0
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM

@@ -10,7 +10,10 @@
 #   - packed at step 3, degrees 2 and 4 and Lina's rule train the same losses
 #     as 1 rank within 1e-5 over 8 steps (bits differ once EP < P: the experts'
 #     data-parallel sum is another order; docs/lina.md gives 20-step figures);
-#   - Lina's rule reports its checks; bad degrees are refused on every rank.
+#   - Lina's rule reports its checks, and packs where the experts are tiny;
+#   - bad degrees and packed layouts the all-to-all cannot run on are refused
+#     on every rank before the first step.
+# (Degree 1 is accepted and changes nothing: its comparison checks exactly that.)
 # Usage: packing_test.sh path/to/moe path/to/mpiexec
 set -u
 MOE=${1:?usage: packing_test.sh path/to/moe path/to/mpiexec}
@@ -66,6 +69,13 @@ PY
 done
 grep -qE "expert packing \(lina\): EP 4 at step 1, [124] at step 8; after step 2: expert micro-op [0-9.]+ ms (<|>=) all-to-all micro-op [0-9.]+ ms: EP 4 (kept|-> 2)" \
   "$tmp/losslina.out" || bad "packing lina: no report of its checks"
+# Lina's rule where the experts are tiny (hidden 8): an expert micro-op is
+# shorter than an all-to-all one, so it packs; the run goes on to the end
+run4 linatiny --steps 6 --expert-hidden 8 --expert-packing lina --packing-start 2 \
+  --packing-every 2 --metrics "$tmp/linatiny.jsonl"
+grep -qE "after step 1: expert micro-op [0-9.]+ ms < all-to-all micro-op [0-9.]+ ms: EP 4 -> 2" \
+  "$tmp/linatiny.out" || bad "packing lina, tiny experts: no change from EP 4 to 2 after step 1"
+[[ $(wc -l <"$tmp/linatiny.jsonl") -eq 6 ]] || bad "packing lina, tiny experts: not 6 steps of metrics"
 
 # 4. bad input: every rank refuses, exit 2
 expect 2 "expert packing 3 must divide the EP size \(4\)" -- mpi 4 "$MOE" "${RUN[@]}" --steps 1 \
@@ -76,4 +86,9 @@ expect 2 "--expert-packing \(off, lina or a degree\)" -- "$MOE" "${RUN[@]}" --st
 expect 2 "--expert-packing \(off, lina or a degree\) \(0\) must be in \[1, 1024\]" -- "$MOE" "${RUN[@]}" \
   --steps 1 --expert-packing 0
 expect 2 "--packing-start \(0\) must be in" -- "$MOE" "${RUN[@]}" --steps 1 --packing-start 0
+# a packed layout the all-to-all cannot run on (2dh needs as many ranks of
+# every node in an EP group: 3 of 6 ranks on nodes of 2 are not): refused
+# before the first step
+expect 2 "expert packing 2: the packed layout \(EP 3\) cannot run" -- mpi 6 "$MOE" "${RUN[@]}" \
+  --steps 2 --ranks-per-node 2 --a2a 2dh --experts 6 --batch 12 --expert-packing 2 --packing-start 2
 finish packing_test

@@ -238,7 +238,10 @@ static void test_priority(void) {
     moe_grad_reducer *r = NULL;
     moe_status st = moe_grad_reducer_create(g_ctx, MPI_COMM_WORLD, NT, t, k_numel, &cfg, &r);
     TU_CHECK(st == MOE_STATUS_OK, "%s: create: %s", name, moe_ctx_error(g_ctx));
-    if (st != MOE_STATUS_OK) continue;
+    if (st != MOE_STATUS_OK) {
+      for (int i = 0; i < NT; i++) free(t[i]);
+      continue;
+    }
     moe_grad_reducer_hold(r, 1);
     moe_grad_reducer_ready(r, g_ctx, 0);  // bucket 0: one float
     int all = 0;

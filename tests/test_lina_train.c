@@ -50,6 +50,12 @@ static void test_timeline_hand(moe_ctx *ctx) {
                    MOE_STATUS_OK &&
                near(step, 23) && near(left, 6),
            "priority, contention 1: step %g left %g, want 23 and 6", step, left);
+  // priority, contention 1.1: the micro-op in flight can do at most 10 x 0.1 = 1 s of
+  // its work beside the 10 s all-to-all: 11 s, 7 s left, 2 in the compute
+  TU_CHECK(moe_lina_train_timeline(ctx, seg, 3, MOE_LINA_TRAIN_PRIORITY, 1.1, 4.0, &step, &left) ==
+                   MOE_STATUS_OK &&
+               near(step, 23) && near(left, 5),
+           "priority, contention 1.1: step %g left %g, want 23 and 5", step, left);
   // bad input
   TU_CHECK(moe_lina_train_timeline(ctx, seg, 3, MOE_LINA_TRAIN_FIFO, 0.5, 4.0, &step, &left) ==
                    MOE_STATUS_INVALID_ARG &&
@@ -91,14 +97,28 @@ static void test_simulate(moe_ctx *ctx) {
                r[MOE_LINA_TRAIN_FIFO].step_ms <= r[MOE_LINA_TRAIN_PACKED].step_ms + 1e-9,
            "contention 1: fifo %g > packed %g", r[MOE_LINA_TRAIN_FIFO].step_ms,
            r[MOE_LINA_TRAIN_PACKED].step_ms);
-  // more contention never makes fifo faster, and priority does not depend on it much
-  double prev = 0;
-  for (double s = 1; s <= 4; s += 0.5) {
+  // more contention never makes fifo or priority faster, and near 1 priority
+  // moves smoothly from its contention-free step (no jump)
+  double prev[2] = {0, 0};
+  for (double s = 1; s <= 4; s += 0.25) {
     c.contention = s;
-    moe_lina_train_simulate(ctx, &cl, &c, r);
-    TU_CHECK(r[MOE_LINA_TRAIN_FIFO].step_ms >= prev - 1e-9, "fifo faster at contention %g", s);
-    prev = r[MOE_LINA_TRAIN_FIFO].step_ms;
+    TU_CHECK(moe_lina_train_simulate(ctx, &cl, &c, r) == MOE_STATUS_OK, "contention %g: %s", s,
+             moe_ctx_error(ctx));
+    TU_CHECK(r[MOE_LINA_TRAIN_FIFO].step_ms >= prev[0] - 1e-9 &&
+                 r[MOE_LINA_TRAIN_PRIORITY].step_ms >= prev[1] - 1e-9,
+             "faster at contention %g", s);
+    prev[0] = r[MOE_LINA_TRAIN_FIFO].step_ms;
+    prev[1] = r[MOE_LINA_TRAIN_PRIORITY].step_ms;
   }
+  double base = 0;
+  c.contention = 1;
+  moe_lina_train_simulate(ctx, &cl, &c, r);
+  base = r[MOE_LINA_TRAIN_PRIORITY].step_ms;
+  c.contention = 1.0001;
+  moe_lina_train_simulate(ctx, &cl, &c, r);
+  TU_CHECK(fabs(r[MOE_LINA_TRAIN_PRIORITY].step_ms - base) < 1e-3 * base,
+           "priority jumps from %g ms at contention 1 to %g ms at 1.0001", base,
+           r[MOE_LINA_TRAIN_PRIORITY].step_ms);
   // bad config
   c.contention = 1.83;
   c.packing = 3;

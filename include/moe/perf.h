@@ -486,6 +486,7 @@ typedef struct {
   double ar_ms;           // the all-reduce's work at the full link
   int ep;                 // EP size (devices / packing for the packing variant)
   int chunks;             // all-to-all micro-ops per pass (1: not pipelined)
+  int moe_blocks;         // the model's MoE blocks
 } moe_lina_train_result;
 
 // out (MOE_LINA_TRAIN_VARIANTS): each policy's step. [R] reconstructed
@@ -499,8 +500,9 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cluster,
 // work after the last segment; fifo: it runs in compute at full speed and
 // beside an all-to-all sharing the link (the all-to-all `contention` times
 // slower, the all-reduce at 1 - 1/contention of its speed, until it ends);
-// priority and packing: it runs in compute, and an all-to-all takes
-// min(work left, micro_op_s / 2) longer (the micro-op in flight). step_s:
+// priority and packing: it runs in compute, and an all-to-all of d seconds
+// takes min(work left, micro_op_s / 2, d (contention - 1)) longer (the
+// micro-op in flight, ending beside it as in fifo's fluid model). step_s:
 // the end of the last segment plus the work left (exposed_s).
 typedef enum { MOE_LINA_SEG_COMPUTE = 0, MOE_LINA_SEG_A2A = 1 } moe_lina_segment_kind;
 typedef struct {

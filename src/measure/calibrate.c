@@ -516,10 +516,10 @@ done:
 // Lina's Table 1 question (moe_measure_contention): an all-to-all of 1 MiB
 // per rank (`mpi`) alone and beside a 4 MiB gradient sum started with it,
 // two per round with 5 ms gaps, iters rounds; the fifo mode's slowdown. One
-// rank: 1 (nothing shares a link).
+// rank: 0 (not measured: nothing shares a link).
 static moe_status measure_a2a_allreduce(const cal *c, const moe_group *g, double *slowdown) {
   moe_status st = MOE_STATUS_OK;
-  *slowdown = 1.0;
+  *slowdown = 0;  // absent: one rank shares no link
   if (c->P < 2) return st;
   const moe_a2a_algo *algo = NULL;
   MOE_TRY(moe_a2a_find(c->ctx, "mpi", &algo));  // catalogue: every build has it

@@ -138,9 +138,9 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
   const int total = c->warmup + c->rounds;
   int have_tables = 1;
   for (int m = 0; m < MOE_CONTENTION_MODES; m++) {
-    a2a[m] = moe_malloc((size_t)c->rounds * c->layers * sizeof(double));
-    round[m] = moe_malloc((size_t)c->rounds * sizeof(double));
-    wait[m] = moe_malloc((size_t)c->rounds * sizeof(double));
+    a2a[m] = moe_calloc((size_t)c->rounds * c->layers, sizeof(double));
+    round[m] = moe_calloc((size_t)c->rounds, sizeof(double));
+    wait[m] = moe_calloc((size_t)c->rounds, sizeof(double));
     have_tables &= a2a[m] && round[m] && wait[m];
   }
   MOE_TRY(moe_comm_agree(
@@ -235,7 +235,9 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
   for (int m = 0; m < MOE_CONTENTION_MODES; m++) out[m].sum_bad = sum_bad && red[m] != NULL;
 done:
   for (int m = 0; m < MOE_CONTENTION_MODES; m++) {
-    moe_grad_reducer_destroy(red[m]);
+    // after a failed exchange peers may wait inside it: no collective (the
+    // reducer's MPI_Comm_free) may follow; the caller aborts the job
+    if (st != MOE_STATUS_COMM) moe_grad_reducer_destroy(red[m]);
     moe_free(a2a[m]);
     moe_free(round[m]);
     moe_free(wait[m]);

@@ -89,10 +89,11 @@ moe_status moe_lina_train_timeline(moe_ctx *ctx, const moe_lina_segment *seg, in
         t += t1 + (d - t1 / s);
         w = 0;
       }
-    } else {  // an all-to-all, Lina: the micro-op in flight ends beside it
+    } else {  // an all-to-all, Lina: the micro-op in flight ends beside it (the
+              // fluid model: the all-to-all is longer by the work done, at most d (s - 1))
       double r = micro_op_s / 2;
       if (r > w) r = w;
-      if (share <= 0) r = 0;  // no contention: it shares nothing
+      if (r > d * (s - 1)) r = d * (s - 1);
       t += d + r;
       w -= r;
     }
@@ -154,17 +155,26 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cl,
   const int D = moe_cluster_devices(cl);
   const int E = c->experts > 0 ? c->experts : D;
   const int Hd = c->dense_hidden > 0 ? c->dense_hidden : 4 * c->model_dim;
-  MOE_FAIL_IF(ctx,
-              c->layers < 1 || c->layers > 1024 || c->moe_every < 1 || c->model_dim < 1 ||
-                  c->hidden_dim < 1 || c->top_k < 1 || c->top_k > E || c->tokens < 1 ||
-                  c->seq_len < 1 || c->vocab < 0 || !(c->elem_bytes > 0) ||
-                  !(c->micro_op_bytes > 0) || !(c->contention >= 1) || c->packing < 1,
+  MOE_FAIL_IF(ctx, c->layers < 1 || c->layers > 1024, MOE_STATUS_INVALID_ARG,
+              "lina train: layers (%d) must be in [1, 1024]", c->layers);
+  MOE_FAIL_IF(ctx, c->moe_every < 1, MOE_STATUS_INVALID_ARG,
+              "lina train: moe_every (%d) must be >= 1", c->moe_every);
+  MOE_FAIL_IF(ctx, c->model_dim < 1 || c->hidden_dim < 1 || c->tokens < 1 || c->seq_len < 1,
               MOE_STATUS_INVALID_ARG,
-              "lina train: layers (%d) in [1, 1024], moe_every (%d), model (%d), hidden (%d), "
-              "tokens (%d), seq_len (%d) >= 1, top_k (%d) in [1, E = %d], vocab (%d) >= 0, "
-              "element bytes and micro-op > 0, contention (%g) >= 1, packing (%d) >= 1",
-              c->layers, c->moe_every, c->model_dim, c->hidden_dim, c->tokens, c->seq_len, c->top_k,
-              E, c->vocab, c->contention, c->packing);
+              "lina train: model (%d), hidden (%d), tokens (%d) and seq_len (%d) must be >= 1",
+              c->model_dim, c->hidden_dim, c->tokens, c->seq_len);
+  MOE_FAIL_IF(ctx, c->top_k < 1 || c->top_k > E, MOE_STATUS_INVALID_ARG,
+              "lina train: top_k (%d) must be in [1, %d] (the experts)", c->top_k, E);
+  MOE_FAIL_IF(ctx, c->vocab < 0, MOE_STATUS_INVALID_ARG, "lina train: vocab (%d) must be >= 0",
+              c->vocab);
+  MOE_FAIL_IF(ctx, !(c->elem_bytes > 0 && c->elem_bytes <= 16), MOE_STATUS_INVALID_ARG,
+              "lina train: element bytes (%g) must be in (0, 16]", c->elem_bytes);
+  MOE_FAIL_IF(ctx, !(c->micro_op_bytes >= 1 && c->micro_op_bytes <= 1e12), MOE_STATUS_INVALID_ARG,
+              "lina train: micro-op (%g bytes) must be in [1, 1e12]", c->micro_op_bytes);
+  MOE_FAIL_IF(ctx, !(c->contention >= 1 && c->contention <= 100), MOE_STATUS_INVALID_ARG,
+              "lina train: contention (%g) must be in [1, 100]", c->contention);
+  MOE_FAIL_IF(ctx, c->packing < 1, MOE_STATUS_INVALID_ARG, "lina train: packing (%d) must be >= 1",
+              c->packing);
   MOE_FAIL_IF(ctx, E % D != 0 || D % c->packing != 0, MOE_STATUS_INVALID_ARG,
               "lina train: experts (%d) must be a multiple of the devices (%d), and packing (%d) "
               "must divide the devices",
@@ -201,8 +211,8 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cl,
     const double expert_grad_b = (double)E / ep * (2 * M * H + H + M) * eb;
     const double rep_bw = ep >= cl->devices_per_node ? bw_ring : bw_intra;
     const double expert_ar = ring_s(expert_grad_b, p, rep_bw, lat_ring);
-    const int r = (int)ceil(T * K * M * eb / c->micro_op_bytes);  // a2a micro-ops per pass
-    const int chunks = r < 1 ? 1 : r > 64 ? 64 : r;
+    const double r = ceil(T * K * M * eb / c->micro_op_bytes);  // a2a micro-ops per pass
+    const int chunks = r < 1 ? 1 : r > 64 ? 64 : (int)r;
     double fwd = 0, n_a2a = 0, ar_work = 0;
     int n = 0;
     for (int b = 0; b < c->layers; b++) {  // forward: no gradient sums run
@@ -256,6 +266,7 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cl,
     out[v].ar_ms = ar_work * 1e3;
     out[v].ep = ep;
     out[v].chunks = pipelined ? chunks : 1;
+    out[v].moe_blocks = (int)(n_a2a / 4);
   }
 done:
   moe_free(seg);

@@ -82,6 +82,8 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
              moe_balance_policy_name(tc->balance.policy)
                  ? moe_balance_policy_name(tc->balance.policy)
                  : "?");
+  } else if (tc->model.moe_every > 0 && tc->packing != 0 && tc->packing != 1) {
+    snprintf(buf, sizeof buf, "expert packing brings EP below the rank count");
   } else if (tc->model.moe_every > 0 && tc->par.topo_gate > 0) {
     snprintf(buf, sizeof buf, "the topology-aware gate routes by node (the layout changes it)");
   } else if (tc->model.moe_every > 0 && tc->model.moe.capacity_factor > 0) {
@@ -168,6 +170,9 @@ typedef struct {
   int expert_sq_n;
   int in_group0;  // 1 when world rank 0 is in this rank's EP group
   int ep;         // the EP size now (expert packing changes it)
+  int ep_base;    // the EP size the run was configured with
+  int ep_min;     // the smallest EP expert packing may reach (its layouts checked at setup)
+  double pack_ffn, pack_a2a;  // Lina's packing rule: the step's micro-op times (ms)
   moe_progress *progress;
   moe_metrics *metrics;
   moe_routing_trace *routing;  // tc->routing_trace, NULL: none
@@ -918,7 +923,7 @@ done:
 // whole layer's), the model and optimizer are made again for the new layout
 // and take their home slices; the dense tensors, their moments, the router
 // biases and the step count carry over. No value changes. Collective.
-static moe_status pack_experts(run_state *r, int new_ep) {
+static moe_status pack_experts(run_state *r, int new_ep, int step) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
   const int n = moe_gpt_num_params(r->model), L = r->tc->model.n_layer;
@@ -957,8 +962,11 @@ static moe_status pack_experts(run_state *r, int new_ep) {
         MPI_Allgather(src, (int)p.numel, MPI_FLOAT, keep[k], (int)p.numel, MPI_FLOAT, r->ep_comm));
   }
   for (int b = 0; b < L; b++)
-    if (keep[3 * n + b]) memcpy(keep[3 * n + b], moe_gpt_router_bias(r->model, b), (size_t)E * 4);
+    if (keep[3 * n + b])
+      memcpy(keep[3 * n + b], moe_gpt_router_bias(r->model, b), (size_t)E * sizeof(float));
   const int steps = moe_optim_step_count(r->opt);
+  // a failure while rebuilding would lose the model: its state is saved first
+  if (r->tc->checkpoint) MOE_TRY(save_checkpoint(r, r->tc->checkpoint, step));
 
   free_model(r);
   MOE_TRY(build_model(r, new_ep));
@@ -976,7 +984,8 @@ static moe_status pack_experts(run_state *r, int new_ep) {
     memcpy(dst, keep[k] + first, p.numel * sizeof(float));
   }
   for (int b = 0; b < L; b++)
-    if (keep[3 * n + b]) memcpy(moe_gpt_router_bias(r->model, b), keep[3 * n + b], (size_t)E * 4);
+    if (keep[3 * n + b])
+      memcpy(moe_gpt_router_bias(r->model, b), keep[3 * n + b], (size_t)E * sizeof(float));
   moe_optim_set_step_count(r->opt, steps);
 done:
   for (int k = 0; keep && k < 3 * n + L; k++) moe_free(keep[k]);
@@ -984,20 +993,36 @@ done:
   return st;
 }
 
+// Whether step `step` is followed by a packing check or change.
+static int packing_due(const run_state *r, int step) {
+  const moe_train_config *tc = r->tc;
+  if (tc->packing == 0 || tc->packing == 1 || tc->model.moe_every == 0 || !r->user ||
+      step < tc->packing_start - 1)
+    return 0;
+  if (tc->packing > 1) return step == tc->packing_start - 1;
+  return (step - (tc->packing_start - 1)) % tc->packing_every == 0;
+}
+
+// Right after the step's backward (before a validation's forward replaces
+// the passes' records): Lina's rule's micro-op times, when a check follows.
+static moe_status packing_measure(run_state *r, int step) {
+  if (r->tc->packing != MOE_TRAIN_PACKING_LINA || !packing_due(r, step)) return MOE_STATUS_OK;
+  return packing_times(r, &r->pack_ffn, &r->pack_a2a);
+}
+
 // After step `step`: the packing change due then, if any (logged in out).
 static moe_status packing_step(run_state *r, int step, moe_train_result *out) {
   moe_status st = MOE_STATUS_OK;
   const moe_train_config *tc = r->tc;
-  if (tc->packing == 0 || tc->packing == 1 || !r->user || step < tc->packing_start - 1) return st;
+  if (!packing_due(r, step)) return st;
   int to = r->ep;
   double ffn = 0, a2a = 0;
   if (tc->packing > 1) {  // a fixed degree, once
-    if (step != tc->packing_start - 1) return st;
-    to = r->ep / tc->packing;
+    to = r->ep_base / tc->packing;
   } else {  // Lina: double while the expert micro-op is shorter than the all-to-all's
-    if ((step - (tc->packing_start - 1)) % tc->packing_every != 0) return st;
-    MOE_TRY(packing_times(r, &ffn, &a2a));
-    if (ffn < a2a && r->ep % 2 == 0) to = r->ep / 2;
+    ffn = r->pack_ffn;
+    a2a = r->pack_a2a;
+    if (ffn < a2a && r->ep > r->ep_min) to = r->ep / 2;
   }
   if (out->packing_n < (int)(sizeof out->packing_log / sizeof out->packing_log[0])) {
     out->packing_log[out->packing_n].step = step;
@@ -1007,7 +1032,56 @@ static moe_status packing_step(run_state *r, int step, moe_train_result *out) {
     out->packing_log[out->packing_n].a2a_ms = a2a;
     out->packing_n++;
   }
-  if (to != r->ep) MOE_TRY(pack_experts(r, to));
+  if (to != r->ep) MOE_TRY(pack_experts(r, to, step));
+done:
+  return st;
+}
+
+// Whether the all-to-all can run with EP groups of ep consecutive ranks
+// (uneven nodes refuse some algorithms): OK, or INVALID_ARG naming why, the
+// same on every rank. Collective.
+static moe_status packing_layout_check(run_state *r, int ep) {
+  moe_status st = MOE_STATUS_OK, mine = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  MPI_Comm sub = MPI_COMM_NULL;
+  moe_group g;
+  memset(&g, 0, sizeof g);
+  int have = 0;
+  const moe_a2a_algo *algo = NULL;
+  MOE_MPI_TRY(ctx, MPI_Comm_split(r->world, r->rank / ep, r->rank, &sub));
+  mine = moe_group_init_topology(ctx, &g, sub, r->tc->par.ranks_per_node);
+  have = mine == MOE_STATUS_OK;
+  if (mine == MOE_STATUS_OK) mine = moe_a2a_find(ctx, r->user->par.a2a, &algo);
+  if (mine == MOE_STATUS_OK) mine = moe_a2a_check_topology(ctx, algo, &g);
+  st = moe_comm_agree(ctx, r->world, mine, "the packed layout");
+done:
+  if (have) moe_group_free(&g);
+  if (sub != MPI_COMM_NULL) MPI_Comm_free(&sub);
+  return st;
+}
+
+// The layouts expert packing may reach, checked before the run: a fixed
+// degree's (refused when the all-to-all cannot run on it), or Lina's
+// halvings while they can (ep_min: the last one that can).
+static moe_status packing_layouts(run_state *r) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_train_config *tc = r->tc;
+  r->ep_min = r->ep;
+  if (tc->packing == 0 || tc->packing == 1 || tc->model.moe_every == 0) return st;
+  if (tc->packing > 1) {
+    const int to = r->ep_base / tc->packing;
+    if (packing_layout_check(r, to) != MOE_STATUS_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", moe_ctx_error(r->ctx));
+      MOE_FAIL(r->ctx, MOE_STATUS_INVALID_ARG,
+               "expert packing %d: the packed layout (EP %d) cannot run: %s", tc->packing, to, why);
+    }
+    r->ep_min = to;
+  } else {
+    while (r->ep_min % 2 == 0 && packing_layout_check(r, r->ep_min / 2) == MOE_STATUS_OK)
+      r->ep_min /= 2;
+    moe_ctx_clear_error(r->ctx);
+  }
 done:
   return st;
 }
@@ -1058,10 +1132,11 @@ static moe_status setup(run_state *r, int *start_step) {
 
   // Expert packing resumed past its change: the packed layout from the start
   // (a fixed degree; Lina's rule decides again)
-  r->ep = ep;
+  r->ep = r->ep_base = ep;
   if (tc->packing > 1 && tc->resume && r->resume_info.step >= tc->packing_start - 1)
     r->ep /= tc->packing;
   MOE_TRY(build_model(r, r->ep));
+  MOE_TRY(packing_layouts(r));
 
   // Parameters: fresh or from a checkpoint (every rank reads its slice).
   *start_step = 1;
@@ -1396,6 +1471,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
       for (int b = 0; b < tc->model.n_layer; b++)
         if (r.user->impl[b])
           MOE_TRY(moe_ep_layer_grads_wait(moe_train_ep_layer(r.user->impl[b], NULL, NULL)));
+    MOE_TRY(packing_measure(&r, step));
     test_slow_rank(&r, step);
     const uint64_t t_red = moe_time_ns();
     if (r.grad_red) {
