@@ -75,8 +75,8 @@ moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node
   memset(out, 0, sizeof *out);
   MOE_TRY(check_config(ctx, c));
   const char *names[1] = {algo ? algo->name : ""};
-  MOE_TRY(
-      moe_measure_a2a_memory(ctx, P, ranks_per_node, c->a2a_bytes, c->a2a_bytes, names, 1, 1, out));
+  const size_t recv = (size_t)P * (c->a2a_bytes - c->a2a_bytes / (size_t)P * (size_t)(P - 1));
+  MOE_TRY(moe_measure_a2a_memory(ctx, P, ranks_per_node, c->a2a_bytes, recv, names, 1, 1, out));
   // the gradients, each reducer's packed copy and (deterministic) its receive
   // buffer of one micro-op, the per-round tables
   // (fifo: a bucket per operation; lina: a micro-op)
@@ -124,10 +124,12 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
 
   // the all-to-all: a2a_bytes / P to every rank (the rest to the last)
   const size_t block = c->a2a_bytes / (size_t)P;
-  sc = moe_malloc(2 * (size_t)P * sizeof *sc);
+  sc = moe_malloc(4 * (size_t)P * sizeof *sc);
   sd = sc ? sc + P : NULL;
+  size_t *rc = sc ? sc + 2 * (size_t)P : NULL, *rd = sc ? sc + 3 * (size_t)P : NULL;
   sbuf = moe_malloc(c->a2a_bytes + 1);
-  rbuf = moe_malloc(c->a2a_bytes + 1);
+  // the last rank receives P times the remainder block
+  rbuf = moe_malloc((size_t)P * (c->a2a_bytes - c->a2a_bytes / (size_t)P * (size_t)(P - 1)) + 1);
   // the gradients: tensors of CT_TENSOR_FLOATS floats; rank r's element i
   // holds (r + 1) * (i % 7 + 1), small integers whose sums are exact
   const size_t floats = c->sum_bytes / sizeof(float);
@@ -150,9 +152,13 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
           : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                          "contention: out of memory (%zu + %zu bytes)", c->a2a_bytes, c->sum_bytes),
       "contention buffers"));
+  // the last rank gets the remainder from everyone
+  const size_t last = c->a2a_bytes - block * (size_t)(P - 1);
   for (int p = 0; p < P; p++) {
-    sc[p] = p == P - 1 ? c->a2a_bytes - block * (size_t)(P - 1) : block;
+    sc[p] = p == P - 1 ? last : block;
     sd[p] = block * (size_t)p;
+    rc[p] = rank == P - 1 ? last : block;
+    rd[p] = rc[p] * (size_t)p;
   }
   for (size_t i = 0; i < c->a2a_bytes; i++) sbuf[i] = (unsigned char)(rank + i);
   for (int k = 0; k < n; k++) {
@@ -179,7 +185,7 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
       }
       for (int l = 0; l < c->layers; l++) {
         const uint64_t a0 = moe_time_ns();
-        if (moe_a2a_run(ctx, algo, g, sbuf, sc, sd, rbuf, sc, sd, &ws) != MOE_STATUS_OK) {
+        if (moe_a2a_run(ctx, algo, g, sbuf, sc, sd, rbuf, rc, rd, &ws) != MOE_STATUS_OK) {
           char why[512];
           snprintf(why, sizeof why, "%s", moe_ctx_error(ctx));
           MOE_FAIL(ctx, MOE_STATUS_COMM, "rank %d: all-to-all '%s': %s", rank, algo->name, why);
