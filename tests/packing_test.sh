@@ -10,7 +10,7 @@
 #   - packed at step 3, degrees 2 and 4 and Lina's rule train the same losses
 #     as 1 rank within 1e-5 over 8 steps (bits differ once EP < P: the experts'
 #     data-parallel sum is another order; docs/lina.md gives 20-step figures);
-#   - Lina's rule reports its checks, and packs where the experts are tiny;
+#   - Lina's rule reports its checks, and each decision follows its comparison;
 #   - bad degrees and packed layouts the all-to-all cannot run on are refused
 #     on every rank before the first step.
 # (Degree 1 is accepted and changes nothing: its comparison checks exactly that.)
@@ -69,12 +69,34 @@ PY
 done
 grep -qE "expert packing \(lina\): EP 4 at step 1, [124] at step 8; after step 2: expert micro-op [0-9.]+ ms (<|>=) all-to-all micro-op [0-9.]+ ms: EP 4 (kept|-> 2)" \
   "$tmp/losslina.out" || bad "packing lina: no report of its checks"
-# Lina's rule where the experts are tiny (hidden 8): an expert micro-op is
-# shorter than an all-to-all one, so it packs; the run goes on to the end
+# Lina's rule with tiny experts (hidden 8), checked every 2 steps: each
+# check's decision follows the comparison it prints (EP halves when the
+# expert micro-op is the shorter, unless EP is 1), the run ends at the EP
+# its changes give, and it trains to the end. Which way a check goes is a
+# timing (on a quiet machine the first one packs; under a sanitizer the
+# experts may be the slower), so the test checks the rule, not the outcome;
+# the change itself is checked with the fixed degrees above.
 run4 linatiny --steps 6 --expert-hidden 8 --expert-packing lina --packing-start 2 \
   --packing-every 2 --metrics "$tmp/linatiny.jsonl"
-grep -qE "after step 1: expert micro-op [0-9.]+ ms < all-to-all micro-op [0-9.]+ ms: EP 4 -> 2" \
-  "$tmp/linatiny.out" || bad "packing lina, tiny experts: no change from EP 4 to 2 after step 1"
+if python3 - "$tmp/linatiny.out" <<'PY'; then ok; else bad "packing lina, tiny experts: a decision does not follow its comparison"; fi
+import re, sys
+text = open(sys.argv[1]).read()
+head = re.search(r"expert packing \(lina\): EP (\d+) at step 1, (\d+) at step 6", text)
+assert head, "no summary line"
+ep, last = int(head.group(1)), int(head.group(2))
+checks = re.findall(r"after step (\d+): expert micro-op ([0-9.]+) ms (<|>=) all-to-all micro-op "
+                    r"([0-9.]+) ms: EP (\d+) (-> (\d+)|kept)", text)
+assert [int(c[0]) for c in checks] == [1, 3, 5], checks
+for step, ffn, cmp, a2a, frm, what, to in checks:
+    assert int(frm) == ep, (step, frm, ep)
+    if to:
+        assert cmp == "<" and int(to) == ep // 2, (step, cmp, to)
+        ep = int(to)
+    else:
+        assert cmp == ">=" or ep % 2 == 1, (step, cmp, ep)
+assert ep == last, (ep, last)
+print(f"  lina, tiny experts: EP {head.group(1)} -> {last} over {len(checks)} checks")
+PY
 [[ $(wc -l <"$tmp/linatiny.jsonl") -eq 6 ]] || bad "packing lina, tiny experts: not 6 steps of metrics"
 
 # 4. bad input: every rank refuses, exit 2
