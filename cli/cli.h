@@ -114,6 +114,13 @@ void cli_out_abort(cli_out *o);
 // Under mpirun (cli_mpi.c, MPI builds): rank 0 opens path (nothing when path is
 // NULL) and every rank learns whether it could: CLI_OK or CLI_FAILED on all.
 int cli_out_open_root(cli_out *o, const char *path, int rank);
+// Under mpirun (cli_mpi.c): the memory bound of an MPI command. estimate is
+// this rank's status of computing need; need gets the process baseline, the
+// ranks agree on the estimate and check every rank's need against its limit
+// (moe_comm_memory_check with max_memory and hint). CLI_OK, or CLI_USAGE on
+// every rank with the refusal printed on rank 0.
+int cli_memory_check_world(moe_ctx *ctx, moe_status estimate, moe_memory_need *need,
+                           size_t max_memory, const char *hint, int rank);
 // Under mpirun (cli_mpi.c): every rank loads the profile at path and checks
 // that it was calibrated on these world ranks, with EP over all of them (ep).
 // CLI_OK, or CLI_USAGE with the reason printed on rank 0 (every rank reads

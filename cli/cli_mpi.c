@@ -15,6 +15,16 @@ int cli_out_open_root(cli_out *o, const char *path, int rank) {
   return ok ? CLI_OK : CLI_FAILED;
 }
 
+int cli_memory_check_world(moe_ctx *ctx, moe_status estimate, moe_memory_need *need,
+                           size_t max_memory, const char *hint, int rank) {
+  need->bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
+  moe_status st = moe_comm_agree(ctx, MPI_COMM_WORLD, estimate, "the memory estimate");
+  if (st == MOE_STATUS_OK) st = moe_comm_memory_check(ctx, MPI_COMM_WORLD, need, max_memory, hint);
+  if (st == MOE_STATUS_OK) return CLI_OK;
+  if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
+  return CLI_USAGE;
+}
+
 int cli_profile_load_for(moe_ctx *ctx, const char *path, int world, int ep, int rank,
                          moe_profile *out) {
   if (moe_profile_load(ctx, path, out) != MOE_STATUS_OK) {

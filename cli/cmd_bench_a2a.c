@@ -336,18 +336,12 @@ int cmd_bench_a2a(int argc, char **argv) {
     // The memory bound: every rank's buffers for the largest size, agreed
     // before they are allocated.
     moe_memory_need need;
-    moe_status mst = moe_measure_a2a_memory(ctx, P, o.ranks_per_node, o.max_bytes, recv_max, names,
-                                            nnames, o.iters, &need);
-    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
-    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
-    if (mst == MOE_STATUS_OK)
-      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o.max_memory,
-                                  "lower --max-bytes, use uniform counts, or raise --max-memory");
-    if (mst != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
-      rc = CLI_USAGE;
-      goto done;
-    }
+    const moe_status est = moe_measure_a2a_memory(ctx, P, o.ranks_per_node, o.max_bytes, recv_max,
+                                                  names, nnames, o.iters, &need);
+    rc = cli_memory_check_world(ctx, est, &need, o.max_memory,
+                                "lower --max-bytes, use uniform counts, or raise --max-memory",
+                                rank);
+    if (rc != CLI_OK) goto done;
   }
   sbuf = moe_malloc(o.max_bytes + 1);
   rbuf = moe_malloc(recv_max + 1);

@@ -193,17 +193,11 @@ int cmd_bench_contention(int argc, char **argv) {
   }
   {  // the memory bound: every rank's buffers, agreed before they are allocated
     moe_memory_need need;
-    moe_status mst = moe_measure_contention_memory(ctx, P, o.ranks_per_node, algo, &o.c, &need);
-    need.bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();
-    mst = moe_comm_agree(ctx, MPI_COMM_WORLD, mst, "the memory estimate");
-    if (mst == MOE_STATUS_OK)
-      mst = moe_comm_memory_check(ctx, MPI_COMM_WORLD, &need, o.max_memory,
-                                  "lower --a2a-bytes or --sum-bytes, or raise --max-memory");
-    if (mst != MOE_STATUS_OK) {
-      if (rank == 0) cli_error("%s", moe_ctx_error(ctx));
-      rc = CLI_USAGE;
-      goto done;
-    }
+    const moe_status est =
+        moe_measure_contention_memory(ctx, P, o.ranks_per_node, algo, &o.c, &need);
+    rc = cli_memory_check_world(ctx, est, &need, o.max_memory,
+                                "lower --a2a-bytes or --sum-bytes, or raise --max-memory", rank);
+    if (rc != CLI_OK) goto done;
   }
   if (rank == 0) {
     printf(

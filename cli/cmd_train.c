@@ -609,7 +609,7 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
     printf("  dense gradients' sum (%s): median %.2f ms per step not hidden\n", how,
            r->grad_wait_ms);
   }
-  if (tc->packing != 0 && tc->packing != 1) {
+  if (moe_train_packing_on(tc)) {
     printf("  expert packing (%s): EP %d at step %d, %d at step %d",
            tc->packing > 1 ? "fixed" : "lina", r->ep_first, r->first_step, r->ep_last,
            r->last_step);

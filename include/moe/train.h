@@ -213,6 +213,11 @@ typedef struct {
 } moe_train_config;
 
 #define MOE_TRAIN_PACKING_LINA (-1)
+// 1 when tc->packing may change the EP size: a degree >= 2 or Lina's rule
+// (0 and 1 leave it as it is).
+static inline int moe_train_packing_on(const moe_train_config *tc) {
+  return tc->packing == MOE_TRAIN_PACKING_LINA || tc->packing > 1;
+}
 
 // The planners' rates in deterministic training without a profile: one CPU
 // core's fp32 GEMM and a shared-memory MPI link (measured on the development

@@ -50,6 +50,12 @@ static void sleep_us(double us) {
   nanosleep(&ts, NULL);
 }
 
+// The all-to-all sends bytes / P to every rank and the rest of the bytes to
+// the last, which so receives this block from everyone.
+static size_t last_block(size_t bytes, int P) {
+  return bytes - bytes / (size_t)P * (size_t)(P - 1);
+}
+
 // The config's ranges (the same message as moe_measure_contention's).
 static moe_status check_config(moe_ctx *ctx, const moe_contention_config *c) {
   moe_status st = MOE_STATUS_OK;
@@ -75,8 +81,8 @@ moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node
   memset(out, 0, sizeof *out);
   MOE_TRY(check_config(ctx, c));
   const char *names[1] = {algo ? algo->name : ""};
-  const size_t recv = (size_t)P * (c->a2a_bytes - c->a2a_bytes / (size_t)P * (size_t)(P - 1));
-  MOE_TRY(moe_measure_a2a_memory(ctx, P, ranks_per_node, c->a2a_bytes, recv, names, 1, 1, out));
+  MOE_TRY(moe_measure_a2a_memory(ctx, P, ranks_per_node, c->a2a_bytes,
+                                 (size_t)P * last_block(c->a2a_bytes, P), names, 1, 1, out));
   // the gradients, each reducer's packed copy and (deterministic) its receive
   // buffer of one micro-op, the per-round tables
   // (fifo: a bucket per operation; lina: a micro-op)
@@ -123,13 +129,12 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
   MOE_TRY(check_config(ctx, c));
 
   // the all-to-all: a2a_bytes / P to every rank (the rest to the last)
-  const size_t block = c->a2a_bytes / (size_t)P;
+  const size_t block = c->a2a_bytes / (size_t)P, last = last_block(c->a2a_bytes, P);
   sc = moe_malloc(4 * (size_t)P * sizeof *sc);
   sd = sc ? sc + P : NULL;
   size_t *rc = sc ? sc + 2 * (size_t)P : NULL, *rd = sc ? sc + 3 * (size_t)P : NULL;
   sbuf = moe_malloc(c->a2a_bytes + 1);
-  // the last rank receives P times the remainder block
-  rbuf = moe_malloc((size_t)P * (c->a2a_bytes - c->a2a_bytes / (size_t)P * (size_t)(P - 1)) + 1);
+  rbuf = moe_malloc((size_t)P * last + 1);
   // the gradients: tensors of CT_TENSOR_FLOATS floats; rank r's element i
   // holds (r + 1) * (i % 7 + 1), small integers whose sums are exact
   const size_t floats = c->sum_bytes / sizeof(float);
@@ -152,8 +157,6 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
           : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                          "contention: out of memory (%zu + %zu bytes)", c->a2a_bytes, c->sum_bytes),
       "contention buffers"));
-  // the last rank gets the remainder from everyone
-  const size_t last = c->a2a_bytes - block * (size_t)(P - 1);
   for (int p = 0; p < P; p++) {
     sc[p] = p == P - 1 ? last : block;
     sd[p] = block * (size_t)p;

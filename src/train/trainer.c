@@ -82,7 +82,7 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
              moe_balance_policy_name(tc->balance.policy)
                  ? moe_balance_policy_name(tc->balance.policy)
                  : "?");
-  } else if (tc->model.moe_every > 0 && tc->packing != 0 && tc->packing != 1) {
+  } else if (tc->model.moe_every > 0 && moe_train_packing_on(tc)) {
     snprintf(buf, sizeof buf, "expert packing brings EP below the rank count");
   } else if (tc->model.moe_every > 0 && tc->par.topo_gate > 0) {
     snprintf(buf, sizeof buf, "the topology-aware gate routes by node (the layout changes it)");
@@ -278,7 +278,7 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
               tc->packing, MOE_TRAIN_PACKING_LINA);
   MOE_FAIL_IF(ctx, tc->packing > 1 && *ep % tc->packing != 0, MOE_STATUS_INVALID_ARG,
               "expert packing %d must divide the EP size (%d)", tc->packing, *ep);
-  MOE_FAIL_IF(ctx, tc->packing != 0 && tc->packing != 1 && tc->balance.policy != MOE_BALANCE_NONE,
+  MOE_FAIL_IF(ctx, moe_train_packing_on(tc) && tc->balance.policy != MOE_BALANCE_NONE,
               MOE_STATUS_INVALID_ARG,
               "expert packing and load balancing (%s) cannot be combined (both move experts)",
               moe_balance_policy_name(tc->balance.policy));
@@ -304,7 +304,7 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
   MOE_TRY(check_config(ctx, tc, world_size, &ep));
   // expert packing: the most experts per rank it can reach (a fixed degree, or
   // Lina's halving while even)
-  const int packs = tc->packing != 0 && tc->packing != 1 && tc->model.moe_every > 0;
+  const int packs = moe_train_packing_on(tc) && tc->model.moe_every > 0;
   if (tc->packing > 1) ep /= tc->packing;
   if (packs && tc->packing == MOE_TRAIN_PACKING_LINA)
     while (ep % 2 == 0) ep /= 2;
@@ -930,11 +930,9 @@ static moe_status pack_experts(run_state *r, int new_ep, int step) {
   const int E = r->tc->model.moe.num_experts;
   float **keep = moe_calloc((size_t)3 * n + (size_t)L, sizeof *keep);  // data, m, v; biases
   int ok = keep != NULL;
-  int ep_size = 1;
-  if (r->ep_comm != MPI_COMM_NULL) MPI_Comm_size(r->ep_comm, &ep_size);
   for (int k = 0; ok && k < 3 * n; k++) {
     const moe_gpt_param p = moe_gpt_get_param(r->model, k % n);
-    const size_t whole = p.kind == MOE_GPT_PARAM_EXPERT ? p.numel * (size_t)ep_size : p.numel;
+    const size_t whole = p.kind == MOE_GPT_PARAM_EXPERT ? p.numel * (size_t)r->ep : p.numel;
     ok = (keep[k] = moe_malloc((whole ? whole : 1) * sizeof(float))) != NULL;
   }
   for (int b = 0; ok && b < L; b++)
@@ -996,7 +994,7 @@ done:
 // Whether step `step` is followed by a packing check or change.
 static int packing_due(const run_state *r, int step) {
   const moe_train_config *tc = r->tc;
-  if (tc->packing == 0 || tc->packing == 1 || tc->model.moe_every == 0 || !r->user ||
+  if (!moe_train_packing_on(tc) || tc->model.moe_every == 0 || !r->user ||
       step < tc->packing_start - 1)
     return 0;
   if (tc->packing > 1) return step == tc->packing_start - 1;
@@ -1067,7 +1065,7 @@ static moe_status packing_layouts(run_state *r) {
   moe_status st = MOE_STATUS_OK;
   const moe_train_config *tc = r->tc;
   r->ep_min = r->ep;
-  if (tc->packing == 0 || tc->packing == 1 || tc->model.moe_every == 0) return st;
+  if (!moe_train_packing_on(tc) || tc->model.moe_every == 0) return st;
   if (tc->packing > 1) {
     const int to = r->ep_base / tc->packing;
     if (packing_layout_check(r, to) != MOE_STATUS_OK) {
