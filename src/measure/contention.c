@@ -173,7 +173,7 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
   for (int m = MOE_CONTENTION_FIFO; m < MOE_CONTENTION_MODES && floats > 0; m++)
     MOE_TRY(make_reducer(ctx, g, c, m, n, grads, numel, &red[m]));
 
-  int sum_bad = 0;
+  int sum_bad[MOE_CONTENTION_MODES] = {0};
   const double expect_scale = (double)P * (P + 1) / 2.0;
   for (int it = 0; it < total; it++) {
     for (int m = 0; m < MOE_CONTENTION_MODES; m++) {
@@ -206,8 +206,8 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
       if (r) {
         moe_grad_reducer_hold(r, 0);
         MOE_TRY(moe_grad_reducer_finish(r, ctx));
-        for (size_t i = 0; i < floats && !sum_bad; i++)
-          sum_bad |= grad[i] != (float)(expect_scale * (double)(i % 7 + 1));
+        for (size_t i = 0; i < floats && !sum_bad[m]; i++)
+          sum_bad[m] |= grad[i] != (float)(expect_scale * (double)(i % 7 + 1));
       }
       const double rt = (double)(moe_time_ns() - t0) * 1e-6;
       if (it >= c->warmup) {
@@ -239,9 +239,10 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
       out[m].micro_ops = nrec;
     }
   }
-  MOE_MPI_TRY_OP(ctx, "all-reduce of the sums' check",
-                 MPI_Allreduce(MPI_IN_PLACE, &sum_bad, 1, MPI_INT, MPI_MAX, g->comm));
-  for (int m = 0; m < MOE_CONTENTION_MODES; m++) out[m].sum_bad = sum_bad && red[m] != NULL;
+  MOE_MPI_TRY_OP(
+      ctx, "all-reduce of the sums' check",
+      MPI_Allreduce(MPI_IN_PLACE, sum_bad, MOE_CONTENTION_MODES, MPI_INT, MPI_MAX, g->comm));
+  for (int m = 0; m < MOE_CONTENTION_MODES; m++) out[m].sum_bad = sum_bad[m];
 done:
   for (int m = 0; m < MOE_CONTENTION_MODES; m++) {
     // after a failed exchange peers may wait inside it: no collective (the
