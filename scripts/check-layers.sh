@@ -29,7 +29,7 @@ layers=(
   "layer:layer.h expert.h layer_ops.h"
   "sched:sched.h"
   "perf:perf.h"
-  "parallel:parallel.h"
+  "parallel:parallel.h parm.h"
   "balance:balance.h paths.h"
   "model:model.h data.h checkpoint.h gpt_io.h"
   "measure:measure.h measure_mpi.h"

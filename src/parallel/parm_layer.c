@@ -1,0 +1,999 @@
+// Parm's MoE layer: MP x EP x ESP with the baseline, s1 and s2 schedules
+// (include/moe/parm.h, docs/parm.md). Built on the layer's building blocks
+// (moe/layer_ops.h, moe/expert.h) and the all-to-all catalogue.
+//
+// Row orders used below:
+//   route order   the gate's rows: expert-major, offset[e] .. offset[e + 1]
+//   part          s2: MP rank m's rows of expert e are [n_e m / MP, n_e (m + 1) / MP)
+//                 of its n_e rows (s1 and baseline: all of them); packed
+//                 expert-major into `xs`, so the part of EP rank g's experts
+//                 is rows gfirst[g] .. gfirst[g] + grows[g]
+//   received      at an expert rank: (source member, local expert) blocks in
+//                 member order (EP&ESP), or (source EP rank, ESP member of the
+//                 source, local expert) blocks (baseline)
+#define _POSIX_C_SOURCE 200809L
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moe/expert.h"
+#include "moe/kernels.h"
+#include "moe/layer_ops.h"
+#include "moe/parm.h"
+
+struct moe_parm_layer {
+  moe_ctx *ctx;
+  moe_layer_config cfg;   // the layer
+  moe_layer_config scfg;  // the same with hidden_dim = hs (one shard)
+  moe_parm_config pc;
+  const moe_a2a_algo *algo;
+  const moe_expert_kind *expert;
+  MPI_Comm world;   // duplicate, errors return
+  MPI_Comm mp;      // same (dp, ep, esp): MP peers, ordered by mp
+  MPI_Comm esp;     // same (dp, mp, ep): the shards of one expert set, by esp
+  MPI_Comm data;    // same mp: one copy of the global batch
+  MPI_Comm rep;     // same (ep, esp): every holder of my shards (DP x MP)
+  MPI_Comm rep_dp;  // same (mp, ep, esp): holders over DP only (baseline)
+  moe_group a2a;    // same (dp, mp): EP x ESP members, q = ep x ESP + esp
+  moe_group ep;     // same (dp, mp, esp): EP members, by ep
+  int W, DP, MP, EP, ESP, P, E, Eh, M, H, hs;
+  moe_parm_coords me;
+  // parameters (wg | w1 | b1 | w2 | b2), gradients in the same order, and the
+  // backward's own gradients before their sums (same order)
+  float *params, *grads, *gscratch, *router_bias, *zero_b2;
+  size_t n_gate, n_expert;  // floats of wg and of the expert shards
+  moe_parm_tensors t;
+  // gate and routing (T tokens)
+  float *logits, *probs, *lse, *topk_p, *scores, *dprobs, *dlogits, *dweight;
+  moe_route route;
+  double *stats;
+  // rows: R = rows of T tokens' gate, RI = the most rows an expert rank receives
+  int R;
+  size_t RI;
+  float *xe, *ye, *dye, *dxe;  // (R, M) route order
+  float *xs;                   // (ESP R, M): part packed (EP&ESP) / rows gathered (baseline)
+  float *xb;                   // (ESP R, M): the baseline's send rows; the rows coming back
+  float *sum;                  // (R, M): local combines, packed
+  float *stg;                  // (R, M): the MP-AllGather's rows
+  float *xr, *yr, *pre, *h, *dh, *dpre;  // received: (RI, M) and (RI, hs)
+  int *part_lo, *part_n;                 // (E): my part of each expert's rows
+  int *gfirst, *grows;                   // (EP): the part of EP rank g's experts, packed
+  int *cnt_send, *cnt_recv;              // (P x ESP x Eh) counts exchanges
+  int *gcnt;                             // (ESP x E): rows per expert of each ESP member
+  int *member_rows;                      // (P): rows per member (received / sent back)
+  int *back_rows;                        // (P): rows coming back from each member
+  size_t *sc, *sd, *rc, *rd;             // (P) byte counts and displacements
+  int *mcnt, *mdis;                      // (max(MP, ESP)) counts of the gathers
+  MPI_Request *reqs;                     // (2 P + EP)
+  moe_workspace ws;
+  // the pass
+  moe_parm_schedule sched;
+  int saa;
+  const float *x_last;
+  int tokens_last, gate_first, gate_tokens, have_forward, recv_total;
+  moe_layer_stats last;
+  moe_parm_timing tf, tb;
+};
+
+static const char *const schedule_names[MOE_PARM_SCHEDULES] = {"baseline", "s1", "s2"};
+
+const char *moe_parm_schedule_name(moe_parm_schedule s) {
+  return (int)s >= 0 && (int)s < MOE_PARM_SCHEDULES ? schedule_names[s] : "?";
+}
+
+moe_status moe_parm_schedule_parse(moe_ctx *ctx, const char *text, moe_parm_schedule *out) {
+  moe_status st = MOE_STATUS_OK;
+  for (int i = 0; text && i < MOE_PARM_SCHEDULES; i++) {
+    if (strcmp(text, schedule_names[i]) == 0) {
+      *out = (moe_parm_schedule)i;
+      goto done;
+    }
+  }
+  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "unknown Parm schedule '%s' (valid: baseline, s1, s2)",
+           text ? text : "(null)");
+done:
+  return st;
+}
+
+void moe_parm_config_default(moe_parm_config *pc) {
+  memset(pc, 0, sizeof *pc);
+  pc->mp = pc->ep = pc->esp = 1;
+  pc->schedule = MOE_PARM_S2;
+  snprintf(pc->a2a, sizeof pc->a2a, "mpi");
+  pc->saa = 1;
+}
+
+moe_parm_coords moe_parm_coords_of(const moe_parm_config *pc, int world, int rank) {
+  moe_parm_coords c;
+  (void)world;
+  c.mp = rank % pc->mp;
+  c.esp = rank / pc->mp % pc->esp;
+  c.ep = rank / (pc->mp * pc->esp) % pc->ep;
+  c.dp = rank / (pc->mp * pc->esp * pc->ep);
+  return c;
+}
+
+int moe_parm_data_index(const moe_parm_config *pc, int world, int rank) {
+  const moe_parm_coords c = moe_parm_coords_of(pc, world, rank);
+  return (c.dp * pc->ep + c.ep) * pc->esp + c.esp;
+}
+
+// ---- setup -------------------------------------------------------------------
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t config_hash(const moe_layer_config *c, const moe_parm_config *pc) {
+  char text[1024];
+  if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
+  uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
+  const int ints[8] = {
+      pc->mp, pc->ep, pc->esp, (int)pc->schedule, pc->saa, pc->ranks_per_node, pc->intra_node, 0};
+  h = fnv1a(ints, sizeof ints, h);
+  return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
+}
+
+static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
+                               const moe_parm_config *pc, const moe_a2a_algo **algo) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_layer_config_validate(ctx, cfg));
+  MOE_FAIL_IF(ctx, pc->mp < 1 || pc->ep < 1 || pc->esp < 1, MOE_STATUS_INVALID_ARG,
+              "Parm layout: MP %d, EP %d and ESP %d must each be at least 1", pc->mp, pc->ep,
+              pc->esp);
+  const long long group = (long long)pc->mp * pc->ep * pc->esp;
+  MOE_FAIL_IF(ctx, group > W || W % group != 0, MOE_STATUS_INVALID_ARG,
+              "Parm layout: MP x EP x ESP = %d x %d x %d = %lld does not divide the %d ranks",
+              pc->mp, pc->ep, pc->esp, group, W);
+  MOE_FAIL_IF(ctx, cfg->num_experts % pc->ep != 0, MOE_STATUS_INVALID_ARG,
+              "Parm layout: %d experts do not divide over EP = %d ranks", cfg->num_experts, pc->ep);
+  MOE_FAIL_IF(ctx, cfg->hidden_dim % pc->esp != 0, MOE_STATUS_INVALID_ARG,
+              "Parm layout: the hidden size H = %d is not divisible by ESP = %d", cfg->hidden_dim,
+              pc->esp);
+  MOE_FAIL_IF(ctx, (int)pc->schedule < 0 || (int)pc->schedule >= MOE_PARM_SCHEDULES,
+              MOE_STATUS_INVALID_ARG, "unknown Parm schedule %d (valid: baseline, s1, s2)",
+              (int)pc->schedule);
+  MOE_FAIL_IF(ctx, pc->saa != 0 && pc->saa != 1, MOE_STATUS_INVALID_ARG, "saa must be 0 or 1");
+  MOE_FAIL_IF(ctx, pc->ranks_per_node < 0 || (pc->ranks_per_node > 0 && W % pc->ranks_per_node),
+              MOE_STATUS_INVALID_ARG, "ranks_per_node %d does not divide the %d ranks",
+              pc->ranks_per_node, W);
+  MOE_TRY(moe_a2a_find(ctx, pc->a2a, algo));
+  MOE_TRY(moe_expert_kind_find(ctx, cfg->expert, &(const moe_expert_kind *){NULL}));
+  // MPI's int counts: the largest gather and reduction of the layer
+  {
+    const double R = (double)moe_layer_max_rows(cfg), M = cfg->model_dim;
+    const double recv = R * (double)pc->ep * pc->esp;
+    MOE_FAIL_IF(ctx, recv * M > INT_MAX || R * pc->esp * M > INT_MAX, MOE_STATUS_INVALID_ARG,
+                "Parm layer: %.0f rows of %d floats exceed MPI's int counts; use fewer tokens",
+                recv, cfg->model_dim);
+  }
+done:
+  return st;
+}
+
+static moe_status split(moe_ctx *ctx, MPI_Comm world, int color, int key, MPI_Comm *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_MPI_TRY_OP(ctx, "Parm layer setup", MPI_Comm_split(world, color, key, out));
+done:
+  return st;
+}
+
+static moe_status group_of(moe_ctx *ctx, MPI_Comm world, int color, int key, int node,
+                           moe_group *g) {
+  moe_status st = MOE_STATUS_OK;
+  MPI_Comm c = MPI_COMM_NULL;
+  MOE_TRY(split(ctx, world, color, key, &c));
+  st = moe_group_init(ctx, g, c, node);
+  MPI_Comm_free(&c);
+done:
+  return st;
+}
+
+// Every allocation of the layer (agreed on by the caller).
+static moe_status alloc_all(moe_parm_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const size_t M = (size_t)L->M, E = (size_t)L->E, Eh = (size_t)L->Eh, hs = (size_t)L->hs;
+  const size_t T = (size_t)L->cfg.tokens, K = (size_t)L->cfg.top_k, P = (size_t)L->P;
+  const size_t R = moe_layer_max_rows(&L->cfg), ESP = (size_t)L->ESP;
+  // the most rows one source sends one EP rank: its tokens' choices of that
+  // rank's experts (at most min(K, Eh) a token), or Eh capacities
+  size_t per_src = T * (K < Eh ? K : Eh);
+  const int C = moe_layer_capacity(&L->cfg, L->cfg.tokens);
+  if (C >= 0 && Eh * (size_t)C < per_src) per_src = Eh * (size_t)C;
+  L->R = (int)R;
+  L->RI = P * per_src;
+  L->n_gate = M * E;
+  L->n_expert = Eh * (2 * M * hs + hs + M);
+  const size_t np = L->n_gate + L->n_expert;
+  L->params = moe_calloc(np + 1, sizeof(float));
+  L->grads = moe_calloc(np + 1, sizeof(float));
+  L->gscratch = moe_calloc(np + 1, sizeof(float));
+  L->router_bias = moe_calloc(E, sizeof(float));
+  L->zero_b2 = moe_calloc(M, sizeof(float));
+  float **fl[] = {&L->logits, &L->probs, &L->scores, &L->dprobs, &L->dlogits};
+  for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) *fl[i] = moe_malloc((T * E + 1) * 4);
+  L->lse = moe_malloc((T + 1) * sizeof(float));
+  L->topk_p = moe_malloc((T * K + 1) * sizeof(float));
+  L->dweight = moe_malloc((T * K + 1) * sizeof(float));
+  L->stats = moe_calloc(MOE_LOSS_STATS(E), sizeof(double));
+  float **rows[] = {&L->xe, &L->ye, &L->dye, &L->dxe, &L->sum, &L->stg};
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) *rows[i] = moe_malloc((R * M + 1) * 4);
+  L->xs = moe_malloc((ESP * R * M + 1) * sizeof(float));
+  L->xb = moe_malloc((ESP * R * M + 1) * sizeof(float));
+  L->xr = moe_malloc((L->RI * M + 1) * sizeof(float));
+  L->yr = moe_malloc((L->RI * M + 1) * sizeof(float));
+  float **hid[] = {&L->pre, &L->h, &L->dh, &L->dpre};
+  for (size_t i = 0; i < sizeof hid / sizeof hid[0]; i++)
+    *hid[i] = moe_malloc((L->RI * hs + 1) * sizeof(float));
+  const size_t cn = P * ESP * Eh + E + 1;
+  L->cnt_send = moe_calloc(cn, sizeof(int));
+  L->cnt_recv = moe_calloc(cn, sizeof(int));
+  L->gcnt = moe_calloc(ESP * E + 1, sizeof(int));
+  L->part_lo = moe_calloc(E, sizeof(int));
+  L->part_n = moe_calloc(E, sizeof(int));
+  L->gfirst = moe_calloc((size_t)L->EP + 1, sizeof(int));
+  L->grows = moe_calloc((size_t)L->EP + 1, sizeof(int));
+  L->member_rows = moe_calloc(P, sizeof(int));
+  L->back_rows = moe_calloc(P, sizeof(int));
+  L->sc = moe_calloc(P, sizeof(size_t));
+  L->sd = moe_calloc(P, sizeof(size_t));
+  L->rc = moe_calloc(P, sizeof(size_t));
+  L->rd = moe_calloc(P, sizeof(size_t));
+  const size_t mm = (size_t)(L->MP > L->ESP ? L->MP : L->ESP);
+  L->mcnt = moe_calloc(mm, sizeof(int));
+  L->mdis = moe_calloc(mm, sizeof(int));
+  L->reqs = moe_calloc(2 * P + (size_t)L->EP, sizeof(MPI_Request));
+  void *all[] = {L->params,    L->grads,   L->gscratch, L->router_bias, L->zero_b2,  L->logits,
+                 L->probs,     L->scores,  L->dprobs,   L->dlogits,     L->lse,      L->topk_p,
+                 L->dweight,   L->stats,   L->xe,       L->ye,          L->dye,      L->dxe,
+                 L->sum,       L->stg,     L->xs,       L->xb,          L->xr,       L->yr,
+                 L->pre,       L->h,       L->dh,       L->dpre,        L->cnt_send, L->cnt_recv,
+                 L->gcnt,      L->part_lo, L->part_n,   L->gfirst,      L->grows,    L->member_rows,
+                 L->back_rows, L->sc,      L->sd,       L->rc,          L->rd,       L->mcnt,
+                 L->mdis,      L->reqs};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    MOE_FAIL_IF(ctx, !all[i], MOE_STATUS_OUT_OF_MEMORY,
+                "cannot allocate the Parm layer's buffers (%zu rows of %zu floats received)", L->RI,
+                M);
+  }
+  MOE_TRY(moe_route_init(ctx, &L->route, L->cfg.tokens, L->cfg.top_k, L->E, L->R));
+  // the tensors' views
+  float *p = L->params, *g = L->grads;
+  const size_t sizes[5] = {L->n_gate, Eh * M * hs, Eh * hs, Eh * hs * M, Eh * M};
+  float **pv[5] = {&L->t.wg, &L->t.w1, &L->t.b1, &L->t.w2, &L->t.b2};
+  float **gv[5] = {&L->t.dwg, &L->t.dw1, &L->t.db1, &L->t.dw2, &L->t.db2};
+  for (int i = 0; i < 5; i++) {
+    *pv[i] = p;
+    *gv[i] = g;
+    p += sizes[i];
+    g += sizes[i];
+  }
+  L->t.router_bias = L->router_bias;
+  L->t.home_first = L->me.ep * L->Eh;
+  L->t.home_count = L->Eh;
+  L->t.shard = L->me.esp;
+  L->t.hs = L->hs;
+done:
+  return st;
+}
+
+moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
+                                 const moe_parm_config *pc, moe_parm_layer **out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_parm_layer *L = NULL;
+  int *nodes = NULL;
+  uint64_t *hashes = NULL;
+  int W = 0, rank = 0;
+  if (out) *out = NULL;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
+  const moe_a2a_algo *algo = NULL;
+  moe_status local = MOE_STATUS_OK;
+  if (!out || !cfg || !pc) {
+    local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                         "out, cfg and pc must not be NULL");
+  } else {
+    local = local_checks(ctx, W, cfg, pc, &algo);
+  }
+  MOE_TRY(moe_comm_agree(ctx, world, local, "Parm layer setup"));
+  hashes = moe_malloc((size_t)W * sizeof(uint64_t));
+  MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
+  {
+    const uint64_t h = config_hash(cfg, pc);
+    MOE_MPI_TRY_OP(ctx, "Parm layer setup",
+                   MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
+    for (int r = 1; r < W; r++) {
+      MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
+                  "the layer or Parm configuration differs between ranks (rank %d differs from "
+                  "rank 0); every rank must pass the same configuration",
+                  r);
+    }
+  }
+  L = moe_calloc(1, sizeof *L);
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm layer");
+  L->ctx = ctx;
+  L->cfg = *cfg;
+  L->pc = *pc;
+  L->algo = algo;
+  moe_expert_kind_find(ctx, cfg->expert, &L->expert);  // checked above
+  L->world = L->mp = L->esp = L->data = L->rep = L->rep_dp = MPI_COMM_NULL;
+  L->W = W;
+  L->MP = pc->mp;
+  L->EP = pc->ep;
+  L->ESP = pc->esp;
+  L->P = L->EP * L->ESP;
+  L->DP = W / (L->MP * L->P);
+  L->E = cfg->num_experts;
+  L->Eh = L->E / L->EP;
+  L->M = cfg->model_dim;
+  L->H = cfg->hidden_dim;
+  L->hs = L->H / L->ESP;
+  L->scfg = *cfg;
+  L->scfg.hidden_dim = L->hs;
+  L->sched = pc->schedule;
+  L->saa = pc->saa;
+  L->me = moe_parm_coords_of(pc, W, rank);
+  const moe_parm_coords c = L->me;
+  MOE_MPI_TRY_OP(ctx, "Parm layer setup", MPI_Comm_dup(world, &L->world));
+  MOE_MPI_TRY(ctx, MPI_Comm_set_errhandler(L->world, MPI_ERRORS_RETURN));
+  const int q = c.ep * L->ESP + c.esp;
+  MOE_TRY(split(ctx, L->world, (c.dp * L->EP + c.ep) * L->ESP + c.esp, c.mp, &L->mp));
+  MOE_TRY(split(ctx, L->world, (c.dp * L->MP + c.mp) * L->EP + c.ep, c.esp, &L->esp));
+  MOE_TRY(split(ctx, L->world, c.mp, rank, &L->data));
+  MOE_TRY(split(ctx, L->world, q, rank, &L->rep));
+  MOE_TRY(split(ctx, L->world, c.mp * L->P + q, rank, &L->rep_dp));
+  nodes = moe_malloc((size_t)W * sizeof(int));
+  MOE_FAIL_IF(ctx, !nodes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d node ids", W);
+  MOE_TRY(moe_topology_nodes(ctx, L->world, pc->ranks_per_node, nodes));
+  MOE_TRY(group_of(ctx, L->world, c.dp * L->MP + c.mp, q, nodes[rank], &L->a2a));
+  MOE_TRY(
+      group_of(ctx, L->world, (c.dp * L->MP + c.mp) * L->ESP + c.esp, c.ep, nodes[rank], &L->ep));
+  {
+    // the groups that must stay inside a node, and the algorithm's restrictions
+    moe_status ok = MOE_STATUS_OK;
+    if (pc->intra_node) {
+      const int mp0 = rank - c.mp, esp0 = rank - c.esp * L->MP;
+      for (int i = 0; i < L->MP && ok == MOE_STATUS_OK; i++) {
+        if (nodes[mp0 + i] != nodes[rank])
+          ok = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                            "Parm layout: the MP group of rank %d (ranks %d..%d) spans two nodes; "
+                            "MP must divide the ranks per node",
+                            rank, mp0, mp0 + L->MP - 1);
+      }
+      for (int i = 0; i < L->ESP && ok == MOE_STATUS_OK; i++) {
+        if (nodes[esp0 + i * L->MP] != nodes[rank])
+          ok = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                            "Parm layout: the ESP group of rank %d spans two nodes; MP x ESP "
+                            "must divide the ranks per node",
+                            rank);
+      }
+    }
+    if (ok == MOE_STATUS_OK) ok = moe_a2a_check_topology(ctx, algo, &L->a2a);
+    if (ok == MOE_STATUS_OK) ok = moe_a2a_check_topology(ctx, algo, &L->ep);
+    MOE_TRY(moe_comm_agree(ctx, L->world, ok, "Parm layout"));
+  }
+  MOE_TRY(moe_comm_agree(ctx, L->world, alloc_all(L), "Parm layer allocation"));
+  *out = L;
+  L = NULL;
+done:
+  moe_free(nodes);
+  moe_free(hashes);
+  moe_parm_layer_destroy(L);
+  return st;
+}
+
+void moe_parm_layer_destroy(moe_parm_layer *L) {
+  if (!L) return;
+  moe_group_free(&L->a2a);
+  moe_group_free(&L->ep);
+  MPI_Comm *comms[] = {&L->mp, &L->esp, &L->data, &L->rep, &L->rep_dp, &L->world};
+  for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++) {
+    if (*comms[i] != MPI_COMM_NULL && *comms[i] != 0) MPI_Comm_free(comms[i]);
+  }
+  moe_route_free(&L->route);
+  moe_workspace_free(&L->ws);
+  void *all[] = {L->params,    L->grads,   L->gscratch, L->router_bias, L->zero_b2,  L->logits,
+                 L->probs,     L->scores,  L->dprobs,   L->dlogits,     L->lse,      L->topk_p,
+                 L->dweight,   L->stats,   L->xe,       L->ye,          L->dye,      L->dxe,
+                 L->sum,       L->stg,     L->xs,       L->xb,          L->xr,       L->yr,
+                 L->pre,       L->h,       L->dh,       L->dpre,        L->cnt_send, L->cnt_recv,
+                 L->gcnt,      L->part_lo, L->part_n,   L->gfirst,      L->grows,    L->member_rows,
+                 L->back_rows, L->sc,      L->sd,       L->rc,          L->rd,       L->mcnt,
+                 L->mdis,      L->reqs};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
+  moe_free(L);
+}
+
+moe_parm_tensors moe_parm_layer_get_tensors(moe_parm_layer *L) { return L->t; }
+
+moe_parm_timing moe_parm_layer_timing(const moe_parm_layer *L, int backward) {
+  return backward ? L->tb : L->tf;
+}
+
+void moe_parm_layer_init_params(moe_parm_layer *L, uint64_t seed) {
+  const size_t M = (size_t)L->M, H = (size_t)L->H, E = (size_t)L->E, hs = (size_t)L->hs;
+  const size_t e0 = (size_t)L->t.home_first, s0 = (size_t)L->me.esp * hs;
+  const float am = 1.0f / sqrtf((float)M), ah = 1.0f / sqrtf((float)H);
+  moe_init_uniform_slice(L->t.wg, M * E, seed, MOE_STREAM_WG, 0, am);
+  for (size_t el = 0; el < (size_t)L->Eh; el++) {
+    const size_t e = e0 + el;
+    for (size_t m = 0; m < M; m++)  // w1 (E, M, H): row m's columns s0 .. s0 + hs
+      moe_init_uniform_slice(L->t.w1 + (el * M + m) * hs, hs, seed, MOE_STREAM_W1,
+                             (e * M + m) * H + s0, am);
+    moe_init_uniform_slice(L->t.b1 + el * hs, hs, seed, MOE_STREAM_B1, e * H + s0, am);
+    // w2 (E, H, M): rows s0 .. s0 + hs
+    moe_init_uniform_slice(L->t.w2 + el * hs * M, hs * M, seed, MOE_STREAM_W2, (e * H + s0) * M,
+                           ah);
+    moe_init_uniform_slice(L->t.b2 + el * M, M, seed, MOE_STREAM_B2, e * M, ah);
+  }
+}
+
+void moe_parm_layer_zero_grad(moe_parm_layer *L) {
+  memset(L->grads, 0, (L->n_gate + L->n_expert) * sizeof(float));
+}
+
+moe_status moe_parm_layer_set_schedule(moe_parm_layer *L, moe_parm_schedule s, int saa) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  MOE_FAIL_IF(ctx, (int)s < 0 || (int)s >= MOE_PARM_SCHEDULES || (saa != 0 && saa != 1),
+              MOE_STATUS_INVALID_ARG, "Parm schedule %d / saa %d out of range (0..%d, 0..1)",
+              (int)s, saa, MOE_PARM_SCHEDULES - 1);
+  L->sched = s;
+  L->saa = saa;
+  L->have_forward = 0;
+done:
+  return st;
+}
+
+// ---- the collectives ---------------------------------------------------------------
+
+moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, int esp,
+                             const float *send, const int *rows, const int *first, int width,
+                             float *recv, const int *recv_rows, moe_workspace *ws) {
+  moe_status st = MOE_STATUS_OK;
+  const int P = g->size;
+  size_t *b = moe_malloc((size_t)4 * P * sizeof(size_t));
+  MOE_FAIL_IF(ctx, !b, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d counts", 4 * P);
+  const size_t row = (size_t)width * sizeof(float);
+  size_t at = 0;
+  for (int q = 0; q < P; q++) {
+    b[q] = (size_t)rows[q / esp] * row;
+    b[P + q] = (size_t)first[q / esp] * row;
+    b[2 * P + q] = (size_t)recv_rows[q] * row;
+    b[3 * P + q] = at;
+    at += b[2 * P + q];
+  }
+  st = moe_a2a_run(ctx, algo, g, send, b, b + P, recv, b + 2 * P, b + 3 * P, ws);
+done:
+  moe_free(b);
+  return st;
+}
+
+// ---- the pass's pieces -------------------------------------------------------------
+
+// One shard's FFN over the received blocks: forward (x -> pre, h, y) or
+// backward (dy in dyx -> dx in dyx, gradients into the scratch). Blocks:
+// nb[i] rows of local expert el[i], in order.
+static void run_shards(moe_parm_layer *L, int backward, const int *nb, int blocks, int cycle,
+                       float *dyx, moe_layer_timing *tm) {
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh;
+  float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
+        *gb2 = gw2 + Eh * hs * M;
+  size_t at = 0;
+  for (int i = 0; i < blocks; i++) {
+    const size_t el = (size_t)(i % cycle), n = (size_t)nb[i];
+    if (n == 0) continue;
+    const moe_expert_params p = {L->t.w1 + el * M * hs, L->t.b1 + el * hs, L->t.w2 + el * hs * M,
+                                 L->me.esp == 0 ? L->t.b2 + el * M : L->zero_b2};
+    if (!backward) {
+      L->expert->forward(&L->scfg, &p, L->xr + at * M, (int)n, L->pre + at * hs, L->h + at * hs,
+                         L->yr + at * M, tm);
+    } else {
+      const moe_expert_grads g = {gw1 + el * M * hs, gb1 + el * hs, gw2 + el * hs * M,
+                                  gb2 + el * M};
+      L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
+                          dyx + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, tm);
+    }
+    at += n;
+  }
+}
+
+// My part of each expert's rows (s2: a 1/MP slice; else all), packed from
+// src (route order) into xs; gfirst/grows per EP rank.
+static void pack_part(moe_parm_layer *L, const float *src) {
+  const moe_route *r = &L->route;
+  const size_t M = (size_t)L->M;
+  const int split = L->sched == MOE_PARM_S2 ? L->MP : 1, m = L->sched == MOE_PARM_S2 ? L->me.mp : 0;
+  int at = 0;
+  for (int g = 0; g < L->EP; g++) {
+    L->gfirst[g] = at;
+    for (int el = 0; el < L->Eh; el++) {
+      const int e = g * L->Eh + el, n = r->count[e];
+      const int lo = (int)((long long)n * m / split), hi = (int)((long long)n * (m + 1) / split);
+      L->part_lo[e] = lo;
+      L->part_n[e] = hi - lo;
+      memcpy(L->xs + (size_t)at * M, src + (size_t)(r->offset[e] + lo) * M,
+             (size_t)(hi - lo) * M * sizeof(float));
+      at += hi - lo;
+    }
+    L->grows[g] = at - L->gfirst[g];
+  }
+}
+
+// Local combine of EP rank g's part: sum[g's rows] = the ESP partial outputs
+// in `back` (member order, member (g, s) at back_at[s]) added in shard order.
+static void local_combine(moe_parm_layer *L, int g, const float *back, const size_t *back_at) {
+  const size_t M = (size_t)L->M, n = (size_t)L->grows[g] * M;
+  float *out = L->sum + (size_t)L->gfirst[g] * M;
+  const float *b0 = back + back_at[g * L->ESP] * M;
+  memcpy(out, b0, n * sizeof(float));
+  for (int s = 1; s < L->ESP; s++) {
+    const float *bs = back + back_at[g * L->ESP + s] * M;
+    for (size_t i = 0; i < n; i++) out[i] += bs[i];
+  }
+}
+
+// dst (route order) <- my part (packed in `sum`) of EP ranks g0 .. g1 - 1.
+static void unpack_part(moe_parm_layer *L, int g0, int g1, float *dst) {
+  const moe_route *r = &L->route;
+  const size_t M = (size_t)L->M;
+  for (int g = g0; g < g1; g++) {
+    size_t at = (size_t)L->gfirst[g];
+    for (int e = g * L->Eh; e < (g + 1) * L->Eh; e++) {
+      memcpy(dst + (size_t)(r->offset[e] + L->part_lo[e]) * M, L->sum + at * M,
+             (size_t)L->part_n[e] * M * sizeof(float));
+      at += (size_t)L->part_n[e];
+    }
+  }
+}
+
+// The MP-AllGather of s2 for EP ranks g0 .. g1 - 1 (their experts' rows):
+// counts and displacements of the gather (floats), my rows at `sum`.
+static void gather_counts(moe_parm_layer *L, int g0, int g1, int *mine) {
+  const moe_route *r = &L->route;
+  int at = 0;
+  *mine = 0;
+  for (int m = 0; m < L->MP; m++) {
+    int n = 0;
+    for (int e = g0 * L->Eh; e < g1 * L->Eh; e++) {
+      const int c = r->count[e];
+      n += (int)((long long)c * (m + 1) / L->MP) - (int)((long long)c * m / L->MP);
+    }
+    L->mcnt[m] = n * L->M;
+    L->mdis[m] = at;
+    at += n * L->M;
+    if (m == L->me.mp) *mine = n * L->M;
+  }
+}
+
+// stg (the gather of EP ranks g0 .. g1 - 1, peer-major) -> dst (route order).
+static void gather_unpack(moe_parm_layer *L, int g0, int g1, const float *stg, float *dst) {
+  const moe_route *r = &L->route;
+  const size_t M = (size_t)L->M;
+  size_t at = 0;
+  for (int m = 0; m < L->MP; m++) {
+    for (int e = g0 * L->Eh; e < g1 * L->Eh; e++) {
+      const int c = r->count[e];
+      const int lo = (int)((long long)c * m / L->MP), hi = (int)((long long)c * (m + 1) / L->MP);
+      memcpy(dst + (size_t)(r->offset[e] + lo) * M, stg + at * M,
+             (size_t)(hi - lo) * M * sizeof(float));
+      at += (size_t)(hi - lo);
+    }
+  }
+}
+
+// The EP&ESP path of s1 and s2: my part of src (route order) goes to every
+// shard of its experts (Dump + one all-to-all), the shards compute (forward,
+// or backward with the forward's received rows), their outputs come back and
+// are summed (local combine); dst (route order) gets my part, or (s2) every
+// row after the MP-AllGather (with SAA overlapped with the way back).
+static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, float *dst,
+                             moe_parm_timing *pt, moe_layer_timing *tm) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const int P = L->P, Eh = L->Eh, ESP = L->ESP;
+  const size_t M = (size_t)L->M, row = M * sizeof(float);
+  MPI_Comm ac = L->a2a.comm;
+  uint64_t t0 = moe_time_ns();
+  pack_part(L, src);
+  if (!backward) {
+    // counts: member q' gets, for each of its experts, the rows of my part
+    for (int q = 0; q < P; q++) {
+      for (int el = 0; el < Eh; el++) L->cnt_send[q * Eh + el] = L->part_n[(q / ESP) * Eh + el];
+    }
+    MOE_MPI_TRY_OP(ctx, "Parm counts exchange",
+                   MPI_Alltoall(L->cnt_send, Eh, MPI_INT, L->cnt_recv, Eh, MPI_INT, ac));
+    L->recv_total = 0;
+    for (int q = 0; q < P; q++) {
+      int n = 0;
+      for (int el = 0; el < Eh; el++) n += L->cnt_recv[q * Eh + el];
+      L->member_rows[q] = n;
+      L->recv_total += n;
+    }
+    MOE_FAIL_IF(ctx, (size_t)L->recv_total > L->RI, MOE_STATUS_INTERNAL,
+                "Parm layer: %d rows received, buffers hold %zu", L->recv_total, L->RI);
+  }
+  float *recv = backward ? L->yr : L->xr;
+  MOE_TRY(moe_parm_dump_a2a(ctx, L->algo, &L->a2a, ESP, L->xs, L->grows, L->gfirst, L->M, recv,
+                            L->member_rows, &L->ws));
+  pt->a2a_ms += moe_time_ms_since(t0);
+  t0 = moe_time_ns();
+  run_shards(L, backward, L->cnt_recv, P * Eh, Eh, L->yr, tm);
+  pt->expert_ms += moe_time_ms_since(t0);
+  // the way back: member q' sends me its shard's rows of my part for its experts
+  t0 = moe_time_ns();
+  size_t at = 0;
+  size_t *back_at = L->rd;  // rows
+  for (int q = 0; q < P; q++) {
+    back_at[q] = at;
+    at += (size_t)L->grows[q / ESP];
+  }
+  const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1;
+  if (!(s2 && L->saa)) {
+    size_t sat = 0;
+    for (int q = 0; q < P; q++) {
+      L->sc[q] = (size_t)L->member_rows[q] * row;
+      L->sd[q] = sat;
+      sat += L->sc[q];
+    }
+    size_t *rc = L->rc, *rdb = moe_malloc((size_t)P * sizeof(size_t));
+    MOE_FAIL_IF(ctx, !rdb, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d counts", P);
+    for (int q = 0; q < P; q++) {
+      rc[q] = (size_t)L->grows[q / ESP] * row;
+      rdb[q] = back_at[q] * row;
+    }
+    st = moe_a2a_run(ctx, L->algo, &L->a2a, L->yr, L->sc, L->sd, L->xb, rc, rdb, &L->ws);
+    moe_free(rdb);
+    MOE_TRY(st);
+    for (int g = 0; g < L->EP; g++) local_combine(L, g, L->xb, back_at);
+    pt->a2a_ms += moe_time_ms_since(t0);
+    if (!s2) {
+      unpack_part(L, 0, L->EP, dst);
+      goto done;
+    }
+    t0 = moe_time_ns();
+    int mine = 0;
+    gather_counts(L, 0, L->EP, &mine);
+    MOE_MPI_TRY_OP(
+        ctx, "Parm MP-AllGather",
+        MPI_Allgatherv(L->sum, mine, MPI_FLOAT, L->stg, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
+    gather_unpack(L, 0, L->EP, L->stg, dst);
+    pt->mp_ms += moe_time_ms_since(t0);
+    goto done;
+  }
+  {
+    // SAA: the way back as point-to-point transfers, all posted; then, EP rank
+    // by EP rank (from mine on: the same order on every MP peer), its ESP
+    // partials summed and its rows all-gathered over MP while the others
+    // still arrive.
+    MPI_Request *rq = L->reqs, *ag = L->reqs + 2 * P;
+    for (int i = 0; i < 2 * P + L->EP; i++) rq[i] = MPI_REQUEST_NULL;
+    const int tag = 0x5aa;
+    size_t sat = 0;
+    for (int q = 0; q < P; q++) {
+      MOE_MPI_TRY_OP(ctx, "Parm SAA",
+                     MPI_Irecv(L->xb + back_at[q] * M, L->grows[q / ESP] * L->M, MPI_FLOAT, q, tag,
+                               ac, &rq[q]));
+    }
+    for (int q = 0; q < P; q++) {
+      MOE_MPI_TRY_OP(
+          ctx, "Parm SAA",
+          MPI_Isend(L->yr + sat * M, L->member_rows[q] * L->M, MPI_FLOAT, q, tag, ac, &rq[P + q]));
+      sat += (size_t)L->member_rows[q];
+    }
+    // each EP rank's gather has its own counts (the same on every MP peer)
+    int *cnt = moe_malloc((size_t)2 * L->MP * L->EP * sizeof(int));
+    MOE_FAIL_IF(ctx, !cnt, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate gather counts");
+    size_t stg_at = 0;
+    for (int i = 0; i < L->EP && st == MOE_STATUS_OK; i++) {
+      const int g = (L->me.ep + i) % L->EP;
+      int rc = MPI_Waitall(ESP, rq + g * ESP, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        st = moe_mpi_error(ctx, rc, "MPI_Waitall (Parm SAA)", __FILE__, __LINE__);
+        break;
+      }
+      local_combine(L, g, L->xb, back_at);
+      int mine = 0;
+      gather_counts(L, g, g + 1, &mine);
+      int *gc = cnt + (size_t)2 * L->MP * g, *gd = gc + L->MP;
+      for (int m = 0; m < L->MP; m++) {
+        gc[m] = L->mcnt[m];
+        gd[m] = L->mdis[m] + (int)stg_at;
+      }
+      stg_at += (size_t)(L->mdis[L->MP - 1] + L->mcnt[L->MP - 1]);
+      rc = MPI_Iallgatherv(L->sum + (size_t)L->gfirst[g] * M, mine, MPI_FLOAT, L->stg, gc, gd,
+                           MPI_FLOAT, L->mp, &ag[g]);
+      if (rc != MPI_SUCCESS) st = moe_mpi_error(ctx, rc, "MPI_Iallgatherv", __FILE__, __LINE__);
+    }
+    const int wd = moe_watchdog_op_begin("Parm SAA", NULL);
+    const int rc1 = MPI_Waitall(2 * P + L->EP, rq, MPI_STATUSES_IGNORE);
+    moe_watchdog_op_end(wd);
+    if (st == MOE_STATUS_OK && rc1 != MPI_SUCCESS)
+      st = moe_mpi_error(ctx, rc1, "MPI_Waitall (Parm SAA)", __FILE__, __LINE__);
+    if (st == MOE_STATUS_OK) {
+      // every EP rank's gathered block, in the order the gathers were started
+      size_t blk = 0;
+      for (int i = 0; i < L->EP; i++) {
+        const int g = (L->me.ep + i) % L->EP;
+        const int *gc = cnt + (size_t)2 * L->MP * g;
+        gather_unpack(L, g, g + 1, L->stg + blk, dst);
+        for (int m = 0; m < L->MP; m++) blk += (size_t)gc[m];
+      }
+    }
+    moe_free(cnt);
+    pt->a2a_ms += moe_time_ms_since(t0);
+  }
+done:
+  return st;
+}
+
+// The baseline's path (DeepSpeed-MoE): ESP-AllGather of my rows, EP
+// all-to-all, shards, ESP-AllReduce (forward) of the partial outputs, EP
+// all-to-all back, ESP-Split; the backward: ESP-AllGather of the rows'
+// gradients, EP all-to-all, shards' backward, EP all-to-all back,
+// ESP-ReduceScatter of the partial input gradients.
+static moe_status baseline_pass(moe_parm_layer *L, int backward, const float *src, float *dst,
+                                moe_parm_timing *pt, moe_layer_timing *tm) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const moe_route *r = &L->route;
+  const int EP = L->EP, ESP = L->ESP, Eh = L->Eh, E = L->E;
+  const size_t M = (size_t)L->M, row = M * sizeof(float);
+  uint64_t t0 = moe_time_ns();
+  // ESP-AllGather: counts per expert of every member (forward), then the rows
+  if (!backward) {
+    MOE_MPI_TRY_OP(ctx, "Parm ESP-AllGather",
+                   MPI_Allgather(r->count, E, MPI_INT, L->gcnt, E, MPI_INT, L->esp));
+  }
+  int *mrows = L->mcnt, *mdis = L->mdis;  // members' rows (floats) and displacements
+  {
+    int at = 0;
+    for (int s = 0; s < ESP; s++) {
+      int n = 0;
+      for (int e = 0; e < E; e++) n += L->gcnt[s * E + e];
+      mrows[s] = n * L->M;
+      mdis[s] = at;
+      at += n * L->M;
+    }
+  }
+  MOE_MPI_TRY_OP(
+      ctx, "Parm ESP-AllGather",
+      MPI_Allgatherv(src, r->rows * L->M, MPI_FLOAT, L->xs, mrows, mdis, MPI_FLOAT, L->esp));
+  pt->esp_ms += moe_time_ms_since(t0);
+  // pack for EP rank g: (member s, local expert) blocks; sc/sd per EP rank
+  t0 = moe_time_ns();
+  {
+    size_t at = 0;
+    for (int g = 0; g < EP; g++) {
+      L->sd[g] = at * row;
+      for (int s = 0; s < ESP; s++) {
+        size_t first = (size_t)mdis[s] / M;
+        for (int e = 0; e < g * Eh; e++) first += (size_t)L->gcnt[s * E + e];
+        size_t n = 0;
+        for (int el = 0; el < Eh; el++) n += (size_t)L->gcnt[s * E + g * Eh + el];
+        memcpy(L->xb + at * M, L->xs + first * M, n * row);
+        at += n;
+      }
+      L->sc[g] = at * row - L->sd[g];
+    }
+  }
+  if (!backward) {
+    // counts: EP rank g gets (member, local expert) counts of its experts
+    for (int g = 0; g < EP; g++) {
+      for (int s = 0; s < ESP; s++) {
+        for (int el = 0; el < Eh; el++)
+          L->cnt_send[(g * ESP + s) * Eh + el] = L->gcnt[s * E + g * Eh + el];
+      }
+    }
+    MOE_MPI_TRY_OP(
+        ctx, "Parm counts exchange",
+        MPI_Alltoall(L->cnt_send, ESP * Eh, MPI_INT, L->cnt_recv, ESP * Eh, MPI_INT, L->ep.comm));
+    L->recv_total = 0;
+    for (int g = 0; g < EP; g++) {
+      int n = 0;
+      for (int i = 0; i < ESP * Eh; i++) n += L->cnt_recv[g * ESP * Eh + i];
+      L->member_rows[g] = n;
+      L->recv_total += n;
+    }
+    MOE_FAIL_IF(ctx, (size_t)L->recv_total > L->RI, MOE_STATUS_INTERNAL,
+                "Parm layer: %d rows received, buffers hold %zu", L->recv_total, L->RI);
+  }
+  {
+    size_t at = 0;
+    for (int g = 0; g < EP; g++) {
+      L->rc[g] = (size_t)L->member_rows[g] * row;
+      L->rd[g] = at;
+      at += L->rc[g];
+    }
+  }
+  float *recv = backward ? L->yr : L->xr;
+  MOE_TRY(moe_a2a_run(ctx, L->algo, &L->ep, L->xb, L->sc, L->sd, recv, L->rc, L->rd, &L->ws));
+  pt->a2a_ms += moe_time_ms_since(t0);
+  t0 = moe_time_ns();
+  run_shards(L, backward, L->cnt_recv, EP * ESP * Eh, Eh, L->yr, tm);
+  pt->expert_ms += moe_time_ms_since(t0);
+  if (!backward && ESP > 1) {
+    t0 = moe_time_ns();
+    MOE_MPI_TRY_OP(
+        ctx, "Parm ESP-AllReduce",
+        MPI_Allreduce(MPI_IN_PLACE, L->yr, L->recv_total * L->M, MPI_FLOAT, MPI_SUM, L->esp));
+    pt->esp_ms += moe_time_ms_since(t0);
+  }
+  // back: the same blocks the other way, into xb's layout
+  t0 = moe_time_ns();
+  MOE_TRY(moe_a2a_run(ctx, L->algo, &L->ep, L->yr, L->rc, L->rd, L->xb, L->sc, L->sd, &L->ws));
+  // unpack into member-major order (xs's layout)
+  {
+    size_t at = 0;
+    for (int g = 0; g < EP; g++) {
+      for (int s = 0; s < ESP; s++) {
+        size_t first = (size_t)mdis[s] / M;
+        for (int e = 0; e < g * Eh; e++) first += (size_t)L->gcnt[s * E + e];
+        size_t n = 0;
+        for (int el = 0; el < Eh; el++) n += (size_t)L->gcnt[s * E + g * Eh + el];
+        memcpy(L->xs + first * M, L->xb + at * M, n * row);
+        at += n;
+      }
+    }
+  }
+  pt->a2a_ms += moe_time_ms_since(t0);
+  t0 = moe_time_ns();
+  if (!backward) {  // ESP-Split: my rows
+    memcpy(dst, L->xs + (size_t)mdis[L->me.esp], (size_t)r->rows * row);
+  } else {  // ESP-ReduceScatter of the shards' partial input gradients
+    MOE_MPI_TRY_OP(ctx, "Parm ESP-ReduceScatter",
+                   MPI_Reduce_scatter(L->xs, dst, mrows, MPI_FLOAT, MPI_SUM, L->esp));
+  }
+  pt->esp_ms += moe_time_ms_since(t0);
+done:
+  return st;
+}
+
+// ---- forward and backward ---------------------------------------------------------
+
+moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens, float *y,
+                                  moe_layer_stats *stats) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  L->have_forward = 0;
+  const uint64_t t_start = moe_time_ns();
+  memset(&L->tf, 0, sizeof L->tf);
+  moe_layer_timing tm;
+  memset(&tm, 0, sizeof tm);
+  {
+    // local checks, then the MP peers' token counts: one agreement
+    moe_status local = moe_forward_checks(ctx, &L->cfg, x, tokens, y);
+    int tt[2] = {tokens, -tokens}, red[2] = {0, 0};
+    MOE_MPI_TRY_OP(ctx, "Parm forward", MPI_Allreduce(tt, red, 2, MPI_INT, MPI_MAX, L->mp));
+    if (local == MOE_STATUS_OK && red[0] != -red[1]) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm forward: MP peers pass different token counts (%d .. %d); they "
+                           "must pass the same tokens",
+                           -red[1], red[0]);
+    }
+    MOE_TRY(moe_comm_agree(ctx, L->world, local, "Parm forward"));
+  }
+  const moe_layer_config *c = &L->cfg;
+  const size_t M = (size_t)L->M;
+  const int s1 = L->sched == MOE_PARM_S1;
+  L->gate_first = s1 ? (int)((long long)tokens * L->me.mp / L->MP) : 0;
+  L->gate_tokens = s1 ? (int)((long long)tokens * (L->me.mp + 1) / L->MP) - L->gate_first : tokens;
+  const float *xg = x + (size_t)L->gate_first * M;
+  // gate, routing, losses over the global batch
+  moe_gate_buffers gb = {
+      L->logits, L->probs, L->lse, L->topk_p, moe_router_bias_active(L->router_bias, L->E),
+      L->scores, NULL,     0,      NULL,      0};
+  MOE_TRY(moe_gate_route(ctx, c, L->t.wg, xg, L->gate_tokens, &gb, &L->route, &tm));
+  moe_gate_loss_stats(c, &gb, &L->route, L->gate_tokens, L->stats);
+  MOE_MPI_TRY_OP(ctx, "Parm gate statistics",
+                 MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)MOE_LOSS_STATS(L->E), MPI_DOUBLE,
+                               MPI_SUM, s1 ? L->world : L->data));
+  moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
+  moe_dispatch_forward(&L->route, xg, L->M, L->xe);
+  if (L->sched == MOE_PARM_BASELINE) {
+    MOE_TRY(baseline_pass(L, 0, L->xe, L->ye, &L->tf, &tm));
+  } else {
+    MOE_TRY(epesp_pass(L, 0, L->xe, L->ye, &L->tf, &tm));
+  }
+  moe_combine_forward(&L->route, L->ye, L->M, L->gate_tokens, y + (size_t)L->gate_first * M);
+  if (s1 && L->MP > 1) {  // MP-AllGather of the outputs
+    const uint64_t t0 = moe_time_ns();
+    for (int m = 0; m < L->MP; m++) {
+      const int lo = (int)((long long)tokens * m / L->MP);
+      L->mcnt[m] = ((int)((long long)tokens * (m + 1) / L->MP) - lo) * L->M;
+      L->mdis[m] = lo * L->M;
+    }
+    MOE_MPI_TRY_OP(
+        ctx, "Parm MP-AllGather",
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, y, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
+    L->tf.mp_ms += moe_time_ms_since(t0);
+  }
+  L->x_last = x;
+  L->tokens_last = tokens;
+  L->have_forward = 1;
+  L->last.tokens = L->gate_tokens;
+  L->last.rows = L->route.rows;
+  L->last.dropped = L->route.dropped;
+  L->last.rerouted = 0;
+  if (stats) *stats = L->last;
+  L->tf.total_ms = moe_time_ms_since(t_start);
+done:
+  return st;
+}
+
+moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  {
+    moe_status local = MOE_STATUS_OK;
+    if (!L->have_forward) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "backward needs a successful forward first");
+    } else if (L->tokens_last > 0 && (!dy || !dx)) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "dy and dx must not be NULL");
+    } else if (L->cfg.check_finite && L->tokens_last > 0) {
+      local = moe_check_finite(ctx, "gradient dy", dy, L->tokens_last, L->M);
+    }
+    MOE_TRY(moe_comm_agree(ctx, L->world, local, "Parm backward"));
+  }
+  const uint64_t t_start = moe_time_ns();
+  memset(&L->tb, 0, sizeof L->tb);
+  moe_layer_timing tm;
+  memset(&tm, 0, sizeof tm);
+  const moe_layer_config *c = &L->cfg;
+  const size_t M = (size_t)L->M, T = (size_t)L->tokens_last;
+  const int s1 = L->sched == MOE_PARM_S1;
+  const moe_route *r = &L->route;
+  memset(L->gscratch, 0, (L->n_gate + L->n_expert) * sizeof(float));
+  const size_t g0 = (size_t)L->gate_first;
+  moe_combine_backward(r, dy + g0 * M, L->ye, L->M, L->gate_tokens, L->dye, L->dweight);
+  if (L->sched == MOE_PARM_BASELINE) {
+    MOE_TRY(baseline_pass(L, 1, L->dye, L->dxe, &L->tb, &tm));
+  } else {
+    MOE_TRY(epesp_pass(L, 1, L->dye, L->dxe, &L->tb, &tm));
+  }
+  float *dxg = dx + g0 * M;
+  memset(dxg, 0, (size_t)L->gate_tokens * M * sizeof(float));
+  moe_dispatch_backward(r, L->dxe, L->M, dxg);
+  moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL, NULL, 0, NULL, 0};
+  moe_gate_backward(c, &gb, r, L->gate_tokens, L->stats, L->dweight, L->dprobs, L->dlogits,
+                    L->x_last + g0 * M, L->t.wg, L->gscratch, dxg, &tm);
+  if (s1 && L->MP > 1) {  // MP-AllGather of the input gradients
+    const uint64_t t0 = moe_time_ns();
+    for (int m = 0; m < L->MP; m++) {
+      const int lo = (int)((long long)T * m / L->MP);
+      L->mcnt[m] = ((int)((long long)T * (m + 1) / L->MP) - lo) * L->M;
+      L->mdis[m] = lo * L->M;
+    }
+    MOE_MPI_TRY_OP(
+        ctx, "Parm MP-AllGather",
+        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, dx, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
+    L->tb.mp_ms += moe_time_ms_since(t0);
+  }
+  {
+    // sums over the replicas: the gate over one copy of the global batch (s1:
+    // every rank's tokens are its own), the shards over their holders (the
+    // baseline computes every token on each MP peer: DP only)
+    const uint64_t t0 = moe_time_ns();
+    MOE_MPI_TRY_OP(ctx, "Parm gradient sums",
+                   MPI_Allreduce(MPI_IN_PLACE, L->gscratch, (int)L->n_gate, MPI_FLOAT, MPI_SUM,
+                                 s1 ? L->world : L->data));
+    MOE_MPI_TRY_OP(ctx, "Parm gradient sums",
+                   MPI_Allreduce(MPI_IN_PLACE, L->gscratch + L->n_gate, (int)L->n_expert, MPI_FLOAT,
+                                 MPI_SUM, L->sched == MOE_PARM_BASELINE ? L->rep_dp : L->rep));
+    for (size_t i = 0; i < L->n_gate + L->n_expert; i++) L->grads[i] += L->gscratch[i];
+    L->tb.reduce_ms = moe_time_ms_since(t0);
+  }
+  L->tb.total_ms = moe_time_ms_since(t_start);
+done:
+  return st;
+}

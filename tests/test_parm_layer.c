@@ -1,0 +1,372 @@
+// Parm's layer against the single-process layer: every rank runs
+// moe_parm_layer on its data part of a global batch (MP peers the same part)
+// and moe_layer on the whole batch, and compares its outputs, dx, the aux and
+// z losses, the gate gradient and the gradients of the expert shards it holds
+// (relative error <= 1e-5), for every MP x EP x ESP layout in {1, 2, 4} that
+// divides the world (DP the rest), the three schedules (s2 with and without
+// SAA), every all-to-all algorithm, dropless and a capacity where nothing
+// drops, a data part with no tokens and all tokens routed to one expert.
+// Then: SAA gives the sequential s2's bits; the EP&ESP all-to-all is byte
+// equal to the ESP-AllGather + EP all-to-all composition; bad layouts fail on
+// every rank (no hang). Run under mpirun with 1, 2 and 4 ranks.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/moe.h"
+#include "moe/parm.h"
+#include "testutil.h"
+#include "testutil_mpi.h"
+
+#define REL_TOL 1e-5
+
+static int g_rank, g_world;
+
+typedef struct {
+  int mp, ep, esp;
+  moe_parm_schedule sched;
+  int saa;
+  const char *a2a;
+  double f;        // capacity factor (0: dropless; large: a capacity without drops)
+  int zero_part;   // data part with no tokens, or -1
+  int one_expert;  // every first choice to expert 1 (a router bias)
+  int rpn;         // ranks per node (0: automatic)
+} scenario;
+
+// Tokens of data part d (MP peers share it) and where it starts.
+static int part_tokens(const scenario *sc, int d) {
+  return d == sc->zero_part ? 0 : 6 + (5 * d) % 7;
+}
+
+static void name_of(const scenario *sc, char *buf, size_t n) {
+  snprintf(buf, n, "mp%d ep%d esp%d %s%s %s f%g%s%s rpn%d", sc->mp, sc->ep, sc->esp,
+           moe_parm_schedule_name(sc->sched), sc->sched == MOE_PARM_S2 && sc->saa ? "+saa" : "",
+           sc->a2a, sc->f, sc->zero_part >= 0 ? " zero-part" : "",
+           sc->one_expert ? " one-expert" : "", sc->rpn);
+}
+
+static void run_scenario(const scenario *sc) {
+  char name[160];
+  name_of(sc, name, sizeof name);
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  const int M = 12, H = 16, E = 4, K = 2;
+  const int parts = g_world / sc->mp;
+  int total = 0, maxT = 1;
+  for (int d = 0; d < parts; d++) {
+    total += part_tokens(sc, d);
+    if (part_tokens(sc, d) > maxT) maxT = part_tokens(sc, d);
+  }
+  moe_layer_config cfg = tu_layer_config(maxT, M, H, E, K);
+  cfg.capacity_factor = sc->f;
+  moe_layer_config rcfg = cfg;
+  rcfg.tokens = total > 0 ? total : 1;
+  if (sc->f > 0) rcfg.capacity_factor = sc->f * (double)total / maxT + 1;  // no drop either
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.mp = sc->mp;
+  pc.ep = sc->ep;
+  pc.esp = sc->esp;
+  pc.schedule = sc->sched;
+  pc.saa = sc->saa;
+  pc.ranks_per_node = sc->rpn;
+  snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
+  moe_parm_layer *L = NULL;
+  moe_layer *ref = NULL;
+  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  st = moe_layer_create(ctx, &rcfg, &ref);
+  TU_CHECK(st == MOE_STATUS_OK, "%s reference: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  moe_parm_layer_init_params(L, 7);
+  moe_layer_init_params(ref, 7);
+  moe_parm_tensors t = moe_parm_layer_get_tensors(L);
+  moe_layer_tensors rt = moe_layer_get_tensors(ref);
+  if (sc->one_expert) {
+    for (int e = 0; e < E; e++) t.router_bias[e] = rt.router_bias[e] = e == 1 ? 50.0f : 0.0f;
+  }
+  float *x = tu_filled((size_t)(total + 1) * M, 11, -1, 1);
+  float *dy = tu_filled((size_t)(total + 1) * M, 12, -1, 1);
+  float *yr = tu_fbuf((size_t)(total + 1) * M), *dxr = tu_fbuf((size_t)(total + 1) * M);
+  moe_layer_stats rs, s;
+  moe_layer_zero_grad(ref);
+  st = moe_layer_forward(ref, x, total, yr, &rs);
+  if (st == MOE_STATUS_OK) st = moe_layer_backward(ref, dy, dxr);
+  TU_CHECK(st == MOE_STATUS_OK && rs.dropped == 0, "%s reference pass: %s (dropped %d)", name,
+           moe_ctx_error(ctx), rs.dropped);
+  const int d = moe_parm_data_index(&pc, g_world, g_rank);
+  int off = 0;
+  for (int q = 0; q < d; q++) off += part_tokens(sc, q);
+  const int T = part_tokens(sc, d);
+  float *y = tu_fbuf((size_t)(T + 1) * M), *dx = tu_fbuf((size_t)(T + 1) * M);
+  moe_parm_layer_zero_grad(L);
+  // two passes: the second adds the same gradients again (+=); compared halved
+  for (int pass = 0; pass < 2 && st == MOE_STATUS_OK; pass++) {
+    st = moe_parm_layer_forward(L, x + (size_t)off * M, T, y, &s);
+    if (st == MOE_STATUS_OK) st = moe_parm_layer_backward(L, dy + (size_t)off * M, dx);
+  }
+  TU_CHECK(st == MOE_STATUS_OK, "%s pass: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  char label[256];
+  if (T > 0) {
+    snprintf(label, sizeof label, "%s rank %d y", name, g_rank);
+    tu_rel_close(label, y, yr + (size_t)off * M, (size_t)T * M, REL_TOL);
+    snprintf(label, sizeof label, "%s rank %d dx", name, g_rank);
+    tu_rel_close(label, dx, dxr + (size_t)off * M, (size_t)T * M, REL_TOL);
+  }
+  snprintf(label, sizeof label, "%s aux", name);
+  tu_rel_close(label, &s.aux_loss, &rs.aux_loss, 1, REL_TOL);
+  snprintf(label, sizeof label, "%s z", name);
+  tu_rel_close(label, &s.z_loss, &rs.z_loss, 1, REL_TOL);
+  TU_CHECK(s.dropped == 0, "%s: %d choices dropped", name, s.dropped);
+  {
+    // gradients: twice the reference's (two backward passes); the shard's slices
+    const size_t hs = (size_t)t.hs, s0 = (size_t)t.shard * hs;
+    const size_t n = (size_t)t.home_count, f = (size_t)t.home_first;
+    float *half = tu_fbuf((size_t)M * E + n * (2 * (size_t)M * hs + hs + M));
+    float *want = tu_fbuf((size_t)M * E + n * (2 * (size_t)M * hs + hs + M));
+    for (size_t i = 0; i < (size_t)M * E; i++) half[i] = t.dwg[i] * 0.5f;
+    snprintf(label, sizeof label, "%s dwg", name);
+    tu_rel_close(label, half, rt.dwg, (size_t)M * E, REL_TOL);
+    size_t k = 0;
+    for (size_t el = 0; el < n; el++) {
+      for (size_t m = 0; m < (size_t)M; m++) {
+        for (size_t j = 0; j < hs; j++, k++) {
+          half[k] = t.dw1[(el * M + m) * hs + j] * 0.5f;
+          want[k] = rt.dw1[((f + el) * M + m) * H + s0 + j];
+        }
+      }
+      for (size_t j = 0; j < hs; j++, k++) {
+        half[k] = t.db1[el * hs + j] * 0.5f;
+        want[k] = rt.db1[(f + el) * H + s0 + j];
+      }
+      for (size_t i = 0; i < hs * M; i++, k++) {
+        half[k] = t.dw2[el * hs * M + i] * 0.5f;
+        want[k] = rt.dw2[((f + el) * H + s0) * M + i];
+      }
+      for (size_t i = 0; i < (size_t)M; i++, k++) {
+        half[k] = t.db2[el * M + i] * 0.5f;
+        want[k] = rt.db2[(f + el) * M + i];
+      }
+    }
+    snprintf(label, sizeof label, "%s rank %d expert shard grads", name, g_rank);
+    tu_rel_close(label, half, want, k, REL_TOL);
+  }
+out:
+  moe_parm_layer_destroy(L);
+  moe_layer_destroy(ref);
+  moe_ctx_destroy(ctx);
+  tu_free_all();
+}
+
+// s2 with SAA against s2 without: the same bits (outputs, dx, gradients).
+static void check_saa_bitwise(int mp, int ep, int esp) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  const int M = 16, H = 24, E = 8, K = 2, T = 37;
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.mp = mp;
+  pc.ep = ep;
+  pc.esp = esp;
+  pc.schedule = MOE_PARM_S2;
+  moe_parm_layer *L = NULL;
+  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_OK, "saa create: %s", moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  moe_parm_layer_init_params(L, 3);
+  const int d = moe_parm_data_index(&pc, g_world, g_rank);
+  float *x = tu_filled((size_t)T * M, 100 + (uint64_t)d, -1, 1);
+  float *dy = tu_filled((size_t)T * M, 200 + (uint64_t)d, -1, 1);
+  float *y[2], *dx[2], *g[2];
+  const moe_parm_tensors t = moe_parm_layer_get_tensors(L);
+  const size_t ng = (size_t)M * E + (size_t)t.home_count * (2 * (size_t)M * t.hs + t.hs + M);
+  for (int saa = 0; saa < 2 && st == MOE_STATUS_OK; saa++) {
+    y[saa] = tu_fbuf((size_t)T * M);
+    dx[saa] = tu_fbuf((size_t)T * M);
+    g[saa] = tu_fbuf(ng);
+    st = moe_parm_layer_set_schedule(L, MOE_PARM_S2, saa);
+    moe_parm_layer_zero_grad(L);
+    if (st == MOE_STATUS_OK) st = moe_parm_layer_forward(L, x, T, y[saa], NULL);
+    if (st == MOE_STATUS_OK) st = moe_parm_layer_backward(L, dy, dx[saa]);
+    memcpy(g[saa], t.dwg, ng * sizeof(float));  // the gradients are contiguous from dwg
+  }
+  TU_CHECK(st == MOE_STATUS_OK, "saa passes: %s", moe_ctx_error(ctx));
+  if (st == MOE_STATUS_OK) {
+    TU_CHECK(memcmp(y[0], y[1], (size_t)T * M * 4) == 0 &&
+                 memcmp(dx[0], dx[1], (size_t)T * M * 4) == 0 && memcmp(g[0], g[1], ng * 4) == 0,
+             "mp%d ep%d esp%d: s2 with SAA differs from s2 without it", mp, ep, esp);
+  }
+out:
+  moe_parm_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+  tu_free_all();
+}
+
+// The EP&ESP all-to-all against its definition, the ESP-AllGather of every
+// member's rows followed by an EP all-to-all of each EP rank's rows: on random
+// counts, every member receives the same bytes in the same order.
+static void check_dump_a2a(int ep, int esp, const char *algo_name) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  const moe_a2a_algo *algo = NULL;
+  moe_a2a_find(ctx, algo_name, &algo);
+  const int P = ep * esp, W = 3;  // width
+  if (g_world != P) goto out0;
+  moe_group g;
+  memset(&g, 0, sizeof g);
+  TU_CHECK(moe_group_init(ctx, &g, MPI_COMM_WORLD, g_rank) == MOE_STATUS_OK, "group: %s",
+           moe_ctx_error(ctx));
+  {
+    // rows[e] for EP rank e: random, the same formula on every rank
+    int rows[8], first[8], recv_rows[8];
+    int at = 0;
+    for (int e = 0; e < ep; e++) {
+      rows[e] = (g_rank * 7 + e * 3) % 5;
+      first[e] = at;
+      at += rows[e];
+    }
+    float *send = tu_fbuf((size_t)at * W + 1);
+    for (int i = 0; i < at * W; i++) send[i] = (float)(g_rank * 1000 + i);
+    int total = 0;
+    for (int q = 0; q < P; q++) {
+      recv_rows[q] = (q * 7 + (g_rank / esp) * 3) % 5;  // what member q sends my EP rank
+      total += recv_rows[q];
+    }
+    float *got = tu_fbuf((size_t)total * W + 1), *want = tu_fbuf((size_t)total * W + 1);
+    moe_workspace ws;
+    memset(&ws, 0, sizeof ws);
+    const moe_status st =
+        moe_parm_dump_a2a(ctx, algo, &g, esp, send, rows, first, W, got, recv_rows, &ws);
+    TU_CHECK(st == MOE_STATUS_OK, "dump a2a %s: %s", algo_name, moe_ctx_error(ctx));
+    // the composition, written out: member q's block for my EP rank, in member order
+    size_t k = 0;
+    for (int q = 0; q < P; q++) {
+      int qfirst = 0;
+      for (int e = 0; e < g_rank / esp; e++) qfirst += (q * 7 + e * 3) % 5;
+      for (int i = 0; i < recv_rows[q] * W; i++) want[k++] = (float)(q * 1000 + qfirst * W + i);
+    }
+    TU_CHECK(k == (size_t)total * W && memcmp(got, want, k * sizeof(float)) == 0,
+             "ep%d esp%d %s: the EP&ESP all-to-all differs from AllGather + all-to-all", ep, esp,
+             algo_name);
+    moe_workspace_free(&ws);
+  }
+  moe_group_free(&g);
+out0:
+  moe_ctx_destroy(ctx);
+  tu_free_all();
+}
+
+// Bad layouts: INVALID_ARG naming the problem on every rank.
+static void check_bad(int mp, int ep, int esp, int H, int E, int rpn, int intra, const char *a2a,
+                      const char *want) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg = tu_layer_config(8, 8, H, E, 1);
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.mp = mp;
+  pc.ep = ep;
+  pc.esp = esp;
+  pc.ranks_per_node = rpn;
+  pc.intra_node = intra;
+  snprintf(pc.a2a, sizeof pc.a2a, "%s", a2a);
+  moe_parm_layer *L = NULL;
+  const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L && strstr(moe_ctx_error(ctx), want),
+           "bad layout mp%d ep%d esp%d H%d E%d rpn%d intra%d %s: status %d, '%s' (want '%s')", mp,
+           ep, esp, H, E, rpn, intra, a2a, (int)st, moe_ctx_error(ctx), want);
+  moe_parm_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+}
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  const int sizes[3] = {1, 2, 4};
+  // every layout, every schedule (s2 with and without SAA), the default algorithm
+  for (int a = 0; a < 3; a++) {
+    for (int b = 0; b < 3; b++) {
+      for (int c = 0; c < 3; c++) {
+        const int mp = sizes[a], ep = sizes[b], esp = sizes[c];
+        if (g_world % (mp * ep * esp)) continue;
+        for (int s = 0; s < 4; s++) {
+          const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
+          const scenario sc = {mp, ep, esp, sched, s == 3, "mpi", 0.0, -1, 0, 0};
+          run_scenario(&sc);
+        }
+      }
+    }
+  }
+  // every all-to-all algorithm on the widest EP&ESP group and on MP x EP
+  int nalgos = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
+  for (int i = 0; i < nalgos; i++) {
+    for (int s = 0; s < 3; s++) {
+      const int rpn = g_world >= 2 ? 2 : 1;
+      const scenario wide = {1,
+                             g_world >= 2 ? g_world / 2 : 1,
+                             g_world >= 2 ? 2 : 1,
+                             (moe_parm_schedule)s,
+                             1,
+                             algos[i]->name,
+                             0.0,
+                             -1,
+                             0,
+                             rpn};
+      run_scenario(&wide);
+      const scenario mpep = {g_world >= 2 ? 2 : 1,
+                             g_world >= 2 ? g_world / 2 : 1,
+                             1,
+                             (moe_parm_schedule)s,
+                             1,
+                             algos[i]->name,
+                             0.0,
+                             -1,
+                             0,
+                             rpn};
+      run_scenario(&mpep);
+    }
+  }
+  // a capacity without drops (baseline and s2: per rank; s1: per MP slice),
+  // a data part with no tokens, every first choice to one expert
+  for (int s = 0; s < 3; s++) {
+    const int mp = g_world >= 2 ? 2 : 1, esp = g_world >= 4 ? 2 : 1;
+    const scenario cap = {mp, 1, esp, (moe_parm_schedule)s, 1, "mpi", 8.0, -1, 0, 0};
+    run_scenario(&cap);
+    const scenario zero = {mp, 1, esp, (moe_parm_schedule)s, 1, "pairwise", 0.0, 0, 0, 0};
+    run_scenario(&zero);
+    const scenario hot = {1, g_world, 1, (moe_parm_schedule)s, 1, "mpi", 0.0, -1, 1, 0};
+    run_scenario(&hot);
+  }
+  // SAA = sequential, bit for bit
+  if (g_world >= 2) check_saa_bitwise(2, g_world / 2, 1);
+  if (g_world >= 4) check_saa_bitwise(2, 1, 2);
+  check_saa_bitwise(1, g_world, 1);
+  // EP&ESP all-to-all = AllGather + all-to-all
+  for (int i = 0; i < nalgos; i++) {
+    for (int esp = 1; esp <= g_world; esp *= 2) {
+      if (g_world % esp == 0) check_dump_a2a(g_world / esp, esp, algos[i]->name);
+    }
+  }
+  // bad layouts
+  check_bad(g_world + 1, 1, 1, 16, 4, 0, 0, "mpi", "does not divide");
+  if (g_world >= 2) {
+    check_bad(1, 1, g_world, 16 * g_world + 1, 4, 0, 0, "mpi", "not divisible by ESP");
+    check_bad(1, g_world, 1, 16, 4 * g_world + 1, 0, 0, "mpi", "do not divide over EP");
+  }
+  check_bad(0, 1, 1, 16, 4, 0, 0, "mpi", "at least 1");
+  check_bad(1, 1, 1, 16, 4, 0, 0, "nope", "nope");
+  if (g_world >= 2) {
+    check_bad(2, 1, 1, 16, 4, 1, 1, "mpi", "MP group");
+    check_bad(1, 1, 2, 16, 4, 1, 1, "mpi", "ESP group");
+  }
+  const int rc = tu_mpi_finish("test_parm_layer");
+  MPI_Finalize();
+  return rc;
+}
