@@ -165,6 +165,7 @@ void cli_bench_layer_usage(FILE *f);              // both benchmarks' options
 void cli_bench_layer_ep_usage(FILE *f);           // the distributed benchmark's part
 int cmd_bench_a2a(int argc, char **argv);         // needs MPI (MOE_CLI_MPI)
 int cmd_bench_contention(int argc, char **argv);  // needs MPI (MOE_CLI_MPI)
+int cmd_bench_parm(int argc, char **argv);        // needs MPI (MOE_CLI_MPI)
 int cmd_bench_compress(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);  // an HTTP client (libcurl)
 int cmd_simulate(int argc, char **argv);

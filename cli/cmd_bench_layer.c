@@ -300,6 +300,8 @@ int cmd_bench(int argc, char **argv) {
             "  a2a      all-to-all algorithms over a size sweep (under mpirun)\n"
             "  contention  all-to-alls beside a gradient sum, FIFO and with Lina's\n"
             "           priority (under mpirun)\n"
+            "  parm     Parm's schedules (baseline, s1, s2, SAA) under tensor parallelism\n"
+            "           with sharded experts (under mpirun)\n"
             "  compress compressors: GB/s per core, ratio, error\n"
             "  serve    a load generator against a running moe serve: throughput, TTFT,\n"
             "           inter-token latency, percentiles\n\n"
@@ -309,8 +311,10 @@ int cmd_bench(int argc, char **argv) {
   if (strcmp(argv[2], "layer") == 0) return cmd_bench_layer(argc, argv);
   if (strcmp(argv[2], "a2a") == 0) return cmd_bench_a2a(argc, argv);
   if (strcmp(argv[2], "contention") == 0) return cmd_bench_contention(argc, argv);
+  if (strcmp(argv[2], "parm") == 0) return cmd_bench_parm(argc, argv);
   if (strcmp(argv[2], "compress") == 0) return cmd_bench_compress(argc, argv);
   if (strcmp(argv[2], "serve") == 0) return cmd_bench_serve(argc, argv);
-  cli_error("unknown benchmark '%s' (valid: layer, a2a, contention, compress, serve)", argv[2]);
+  cli_error("unknown benchmark '%s' (valid: layer, a2a, contention, parm, compress, serve)",
+            argv[2]);
   return CLI_USAGE;
 }

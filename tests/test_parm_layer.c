@@ -74,9 +74,20 @@ static void run_scenario(const scenario *sc) {
   snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
   moe_parm_layer *L = NULL;
   moe_layer *ref = NULL;
+  moe_memory_need need;
+  TU_CHECK(moe_parm_layer_memory(ctx, &cfg, &pc, g_world, &need) == MOE_STATUS_OK, "%s memory: %s",
+           name, moe_ctx_error(ctx));
+  const uint64_t before = moe_alloc_bytes();
   moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
   TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto out;
+  {
+    // the estimate bounds what create allocates, and is not far above it
+    const double got = (double)(moe_alloc_bytes() - before), want = moe_memory_need_total(&need);
+    TU_CHECK(got <= want && got >= 0.6 * want, "%s: create allocated %.0f bytes, estimate %.0f",
+             name, got, want);
+    if (getenv("PARM_MEM_VERBOSE")) printf("%s: alloc %.0f est %.0f\n", name, got, want);
+  }
   st = moe_layer_create(ctx, &rcfg, &ref);
   TU_CHECK(st == MOE_STATUS_OK, "%s reference: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto out;

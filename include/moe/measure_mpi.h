@@ -22,6 +22,7 @@
 #include "moe/comm.h"
 #include "moe/measure.h"
 #include "moe/parallel.h"
+#include "moe/parm.h"
 #include "moe/perf.h"
 
 #ifdef __cplusplus
@@ -178,6 +179,43 @@ moe_status moe_measure_contention(moe_ctx *ctx, const moe_group *g, const moe_a2
 moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node,
                                          const moe_a2a_algo *algo, const moe_contention_config *c,
                                          moe_memory_need *out);
+
+// ---- Parm's schedules (moe bench parm) ---------------------------------------------------
+
+// The variants one Parm layer is timed in, round by round interleaved.
+enum {
+  MOE_PARM_RUN_BASELINE = 0,  // DeepSpeed-MoE's schedule
+  MOE_PARM_RUN_S1 = 1,
+  MOE_PARM_RUN_S2 = 2,      // the MP-AllGather after the all-to-all back
+  MOE_PARM_RUN_S2_SAA = 3,  // overlapped with it (SAA)
+  MOE_PARM_RUNS = 4
+};
+// "baseline", "s1", "s2", "s2+saa"; "?" otherwise.
+const char *moe_parm_run_name(int run);
+
+typedef struct {
+  int warmup;     // untimed rounds [2], [0, 1000]
+  int rounds;     // timed rounds [7], [1, 100000]
+  uint64_t seed;  // parameters and tokens [1]
+} moe_parm_bench_config;
+void moe_parm_bench_config_default(moe_parm_bench_config *c);
+
+// One variant's figures: medians over the rounds of the slowest rank's ms.
+typedef struct {
+  double fwd_ms, bwd_ms, total_ms, total_q1, total_q3;
+  double a2a_ms, mp_ms, esp_ms, expert_ms;  // forward + backward
+  double max_rel_diff;  // outputs and dx against the baseline's (max over ranks and rounds)
+  int dropped;          // choices dropped in a forward (max over ranks)
+} moe_parm_run_result;
+
+// Times the layer cfg with pc's layout and all-to-all in the MOE_PARM_RUNS
+// variants (pc.schedule and pc.saa are ignored; one layer switched between
+// schedules), a forward and a backward per variant and round, each pass
+// started after a barrier. Every data part has cfg.tokens tokens (MP peers
+// the same). Collective over world; errors agreed on every rank.
+moe_status moe_measure_parm(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
+                            const moe_parm_config *pc, const moe_parm_bench_config *bc,
+                            moe_parm_run_result *out);
 
 // ---- calibration ----------------------------------------------------------------------
 

@@ -108,6 +108,16 @@ typedef struct {
 // between ranks.
 moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
                                  const moe_parm_config *pc, moe_parm_layer **out);
+// The bytes one rank of moe_parm_layer_create(world of world_size ranks)
+// allocates, by category, without allocating (no MPI call): parameters and
+// gradients (twice: the backward's own before the sums), activations (gate
+// buffers, the rows of the rank's gate and their copies), all-to-all buffers
+// (the packed and gathered rows, the rows received at the expert shards: the
+// most that can arrive, P sources x T x min(K, E / EP) rows, or Eh
+// capacities each; what balanced routing would not need is skew_bytes) and
+// their hidden activations. INVALID_ARG for an invalid cfg or layout.
+moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                 const moe_parm_config *pc, int world_size, moe_memory_need *out);
 void moe_parm_layer_destroy(moe_parm_layer *layer);  // NULL is a no-op; collective
 
 moe_parm_tensors moe_parm_layer_get_tensors(moe_parm_layer *layer);

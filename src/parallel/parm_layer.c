@@ -193,6 +193,52 @@ done:
   return st;
 }
 
+// The most rows an expert rank receives: from each of the P = EP x ESP
+// sources (baseline: EP sources with ESP members' rows each), its tokens'
+// choices of that rank's Eh experts (at most min(K, Eh) a token), or Eh
+// capacities.
+static size_t recv_rows_max(const moe_layer_config *cfg, int EP, int ESP) {
+  const size_t T = (size_t)cfg->tokens, K = (size_t)cfg->top_k;
+  const size_t Eh = (size_t)(cfg->num_experts / EP);
+  size_t per_src = T * (K < Eh ? K : Eh);
+  const int C = moe_layer_capacity(cfg, cfg->tokens);
+  if (C >= 0 && Eh * (size_t)C < per_src) per_src = Eh * (size_t)C;
+  return (size_t)EP * (size_t)ESP * per_src;
+}
+
+moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                 const moe_parm_config *pc, int world_size, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  const moe_a2a_algo *algo = NULL;
+  MOE_FAIL_IF(ctx, !cfg || !pc || !out || world_size < 1, MOE_STATUS_INVALID_ARG,
+              "Parm memory: NULL argument or world size %d < 1", world_size);
+  MOE_TRY(local_checks(ctx, world_size, cfg, pc, &algo));
+  memset(out, 0, sizeof *out);
+  {
+    const double M = cfg->model_dim, E = cfg->num_experts, T = cfg->tokens, K = cfg->top_k;
+    const double Eh = E / pc->ep, hs = (double)cfg->hidden_dim / pc->esp, F = sizeof(float);
+    const double R = (double)moe_layer_max_rows(cfg), ESP = pc->esp, P = pc->ep * ESP;
+    const double RI = (double)recv_rows_max(cfg, pc->ep, pc->esp);
+    const double np = M * E + Eh * (2 * M * hs + hs + M);
+    out->bytes[MOE_MEM_PARAMS] = F * (np + E + M);
+    out->bytes[MOE_MEM_GRADS] = 2 * F * np;
+    out->bytes[MOE_MEM_ACTIVATIONS] =
+        F * (5 * T * E + T + 2 * T * K + 6 * R * M) +
+        (double)moe_route_bytes(cfg->tokens, cfg->top_k, cfg->num_experts, (int)R);
+    out->bytes[MOE_MEM_A2A] = F * (2 * ESP * R * M + 2 * RI * M + 4 * RI * hs);
+    // balanced routing: each expert rank receives about what it sends (R x ESP rows)
+    const double balanced = ESP * R < RI ? ESP * R : RI;
+    out->skew_bytes = F * (RI - balanced) * (2 * M + 4 * hs);
+    out->bytes[MOE_MEM_WORKSPACE] =
+        sizeof(int) * (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E + 4 * pc->ep + 2 * P +
+                       2 * (pc->mp + ESP)) +
+        sizeof(size_t) * 4 * P + sizeof(MPI_Request) * (2 * P + pc->ep) +
+        MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
+  }
+done:
+  return st;
+}
+
 // Every allocation of the layer (agreed on by the caller).
 static moe_status alloc_all(moe_parm_layer *L) {
   moe_status st = MOE_STATUS_OK;
@@ -200,13 +246,8 @@ static moe_status alloc_all(moe_parm_layer *L) {
   const size_t M = (size_t)L->M, E = (size_t)L->E, Eh = (size_t)L->Eh, hs = (size_t)L->hs;
   const size_t T = (size_t)L->cfg.tokens, K = (size_t)L->cfg.top_k, P = (size_t)L->P;
   const size_t R = moe_layer_max_rows(&L->cfg), ESP = (size_t)L->ESP;
-  // the most rows one source sends one EP rank: its tokens' choices of that
-  // rank's experts (at most min(K, Eh) a token), or Eh capacities
-  size_t per_src = T * (K < Eh ? K : Eh);
-  const int C = moe_layer_capacity(&L->cfg, L->cfg.tokens);
-  if (C >= 0 && Eh * (size_t)C < per_src) per_src = Eh * (size_t)C;
   L->R = (int)R;
-  L->RI = P * per_src;
+  L->RI = recv_rows_max(&L->cfg, L->EP, L->ESP);
   L->n_gate = M * E;
   L->n_expert = Eh * (2 * M * hs + hs + M);
   const size_t np = L->n_gate + L->n_expert;

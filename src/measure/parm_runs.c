@@ -1,0 +1,163 @@
+// Parm's schedules, measured (moe_measure_parm, `moe bench parm`): one
+// moe_parm_layer switched between baseline, s1, s2 and s2 with SAA, the
+// variants interleaved round by round so that a slow phase of the machine
+// hits them alike; each pass's time is the slowest rank's. The outputs and
+// input gradients of every variant are compared with the baseline's on the
+// same tokens (the schedules keep the math).
+#include "moe_build_config.h"
+#if MOE_HAVE_MPI  // the whole file: collective measurements
+
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/measure_mpi.h"
+
+const char *moe_parm_run_name(int run) {
+  static const char *const names[MOE_PARM_RUNS] = {"baseline", "s1", "s2", "s2+saa"};
+  return run >= 0 && run < MOE_PARM_RUNS ? names[run] : "?";
+}
+
+void moe_parm_bench_config_default(moe_parm_bench_config *c) {
+  memset(c, 0, sizeof *c);
+  c->warmup = 2;
+  c->rounds = 7;
+  c->seed = 1;
+}
+
+static double max_rel(const float *a, const float *ref, size_t n) {
+  double d = 0, m = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double e = fabs((double)a[i] - (double)ref[i]), r = fabs((double)ref[i]);
+    if (e > d) d = e;
+    if (r > m) m = r;
+  }
+  return m > 0 ? d / m : d;
+}
+
+// Per variant and round: fwd, bwd, a2a, mp, esp, expert (slowest rank's).
+enum { F_FWD, F_BWD, F_A2A, F_MP, F_ESP, F_EXP, F_N };
+
+moe_status moe_measure_parm(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
+                            const moe_parm_config *pc, const moe_parm_bench_config *bc,
+                            moe_parm_run_result *out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_parm_layer *L = NULL;
+  float *x = NULL, *dy = NULL, *y = NULL, *dx = NULL, *y0 = NULL, *dx0 = NULL;
+  double *v = NULL, *col = NULL;
+  int W = 0, rank = 0;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
+  {
+    moe_status local = MOE_STATUS_OK;
+    if (!cfg || !pc || !bc || !out) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "bench parm: NULL argument");
+    } else if (bc->rounds < 1 || bc->rounds > 100000 || bc->warmup < 0 || bc->warmup > 1000) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "bench parm: rounds (%d) must be in [1, 100000], warmup (%d) in [0, "
+                           "1000]",
+                           bc ? bc->rounds : 0, bc ? bc->warmup : 0);
+    }
+    MOE_TRY(moe_comm_agree(ctx, world, local, "bench parm"));
+  }
+  MOE_TRY(moe_parm_layer_create(ctx, world, cfg, pc, &L));
+  moe_parm_layer_init_params(L, bc->seed);
+  const int T = cfg->tokens, M = cfg->model_dim, R = bc->rounds;
+  const size_t n = (size_t)T * M;
+  {
+    moe_status local = MOE_STATUS_OK;
+    x = moe_malloc(n * sizeof(float));
+    dy = moe_malloc(n * sizeof(float));
+    y = moe_malloc(n * sizeof(float));
+    dx = moe_malloc(n * sizeof(float));
+    y0 = moe_malloc(n * sizeof(float));
+    dx0 = moe_malloc(n * sizeof(float));
+    v = moe_calloc((size_t)MOE_PARM_RUNS * R * F_N, sizeof(double));
+    col = moe_calloc((size_t)R, sizeof(double));
+    if (!x || !dy || !y || !dx || !y0 || !dx0 || !v || !col)
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "bench parm: cannot allocate %zu floats of tokens", 6 * n);
+    MOE_TRY(moe_comm_agree(ctx, world, local, "bench parm allocation"));
+  }
+  {
+    // the tokens of this rank's data part (MP peers alike)
+    const uint64_t d = (uint64_t)moe_parm_data_index(pc, W, rank);
+    moe_rng rng;
+    moe_rng_init(&rng, bc->seed, 1000 + 2 * d);
+    moe_rng_fill_uniform(&rng, x, n, -1.0f, 1.0f);
+    moe_rng_init(&rng, bc->seed, 1001 + 2 * d);
+    moe_rng_fill_uniform(&rng, dy, n, -1.0f, 1.0f);
+  }
+  memset(out, 0, (size_t)MOE_PARM_RUNS * sizeof *out);
+  for (int round = -bc->warmup; round < R; round++) {
+    for (int run = 0; run < MOE_PARM_RUNS; run++) {
+      const moe_parm_schedule s = run == MOE_PARM_RUN_BASELINE ? MOE_PARM_BASELINE
+                                  : run == MOE_PARM_RUN_S1     ? MOE_PARM_S1
+                                                               : MOE_PARM_S2;
+      MOE_TRY(moe_parm_layer_set_schedule(L, s, run == MOE_PARM_RUN_S2_SAA));
+      moe_parm_layer_zero_grad(L);
+      moe_layer_stats stats;
+      MOE_MPI_TRY_OP(ctx, "bench parm", MPI_Barrier(world));
+      double t[F_N];
+      uint64_t t0 = moe_time_ns();
+      MOE_TRY(moe_parm_layer_forward(L, x, T, y, &stats));
+      t[F_FWD] = moe_time_ms_since(t0);
+      MOE_MPI_TRY_OP(ctx, "bench parm", MPI_Barrier(world));
+      t0 = moe_time_ns();
+      MOE_TRY(moe_parm_layer_backward(L, dy, dx));
+      t[F_BWD] = moe_time_ms_since(t0);
+      const moe_parm_timing tf = moe_parm_layer_timing(L, 0), tb = moe_parm_layer_timing(L, 1);
+      t[F_A2A] = tf.a2a_ms + tb.a2a_ms;
+      t[F_MP] = tf.mp_ms + tb.mp_ms;
+      t[F_ESP] = tf.esp_ms + tb.esp_ms;
+      t[F_EXP] = tf.expert_ms + tb.expert_ms;
+      MOE_MPI_TRY_OP(ctx, "bench parm",
+                     MPI_Allreduce(MPI_IN_PLACE, t, F_N, MPI_DOUBLE, MPI_MAX, world));
+      // the math: every variant against the baseline of the same round
+      double diff = 0;
+      if (run == MOE_PARM_RUN_BASELINE) {
+        memcpy(y0, y, n * sizeof(float));
+        memcpy(dx0, dx, n * sizeof(float));
+      } else {
+        const double a = max_rel(y, y0, n), b = max_rel(dx, dx0, n);
+        diff = a > b ? a : b;
+      }
+      int drops = stats.dropped;
+      MOE_MPI_TRY_OP(ctx, "bench parm",
+                     MPI_Allreduce(MPI_IN_PLACE, &diff, 1, MPI_DOUBLE, MPI_MAX, world));
+      MOE_MPI_TRY_OP(ctx, "bench parm",
+                     MPI_Allreduce(MPI_IN_PLACE, &drops, 1, MPI_INT, MPI_MAX, world));
+      if (diff > out[run].max_rel_diff) out[run].max_rel_diff = diff;
+      if (drops > out[run].dropped) out[run].dropped = drops;
+      if (round >= 0) memcpy(v + ((size_t)run * R + round) * F_N, t, sizeof t);
+    }
+  }
+  for (int run = 0; run < MOE_PARM_RUNS; run++) {
+    double med[F_N];
+    for (int f = 0; f < F_N; f++) {
+      for (int r = 0; r < R; r++) col[r] = v[((size_t)run * R + r) * F_N + f];
+      med[f] = moe_median(col, R);
+    }
+    for (int r = 0; r < R; r++)
+      col[r] = v[((size_t)run * R + r) * F_N + F_FWD] + v[((size_t)run * R + r) * F_N + F_BWD];
+    moe_parm_run_result *o = &out[run];
+    o->total_ms = moe_median(col, R);  // sorts col
+    o->total_q1 = moe_quantile_sorted(col, R, 0.25);
+    o->total_q3 = moe_quantile_sorted(col, R, 0.75);
+    o->fwd_ms = med[F_FWD];
+    o->bwd_ms = med[F_BWD];
+    o->a2a_ms = med[F_A2A];
+    o->mp_ms = med[F_MP];
+    o->esp_ms = med[F_ESP];
+    o->expert_ms = med[F_EXP];
+  }
+done:
+  moe_parm_layer_destroy(L);
+  void *all[] = {x, dy, y, dx, y0, dx0, v, col};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
+  return st;
+}
+
+#endif  // MOE_HAVE_MPI

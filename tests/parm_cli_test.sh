@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# moe bench parm (docs/parm.md) end to end on 4 ranks: the table of the
+# four variants for the default layouts, s2's outputs and input gradients the
+# baseline's (the command's own check, printed "ok"), the JSON; bad input
+# refused on every rank with exit 2 and a message naming the problem.
+# Usage: parm_cli_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: parm_cli_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: parm_cli_test.sh path/to/moe path/to/mpiexec}
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
+SMALL=(--tokens 64 --model 32 --hidden 64 --rounds 1 --warmup 0)
+
+out="$tmp/grid.out"
+if timeout 300 "$MPIEXEC" -n 4 $OVERSUB "$MOE" bench parm "${SMALL[@]}" --capacity 0,1.2 \
+  --json "$tmp/grid.json" >"$out" 2>&1; then
+  ok
+else
+  bad "bench parm failed"
+  tail -5 "$out" >&2
+fi
+# four default layouts on 4 ranks (MP, ESP in {1, 2}) x 2 capacities = 8 rows
+rows=$(grep -cE '^[0-9]+x[0-9]+x[0-9]+ ' "$out")
+[[ $rows -eq 8 ]] && ok || bad "expected 8 table rows, got $rows"
+for lay in 1x4x1 1x2x2 2x2x1 2x1x2; do
+  grep -qE "^$lay " "$out" && ok || bad "layout $lay missing from the table"
+done
+grep -qE "max relative difference .* \(ok\)" "$out" && ok || bad "s2 against the baseline not ok"
+grep -q "^speedup over baseline: s1 " "$out" && ok || bad "no speedup summary"
+if python3 - "$tmp/grid.json" <<'PY'; then ok; else bad "the JSON does not hold 8 configs of 4 variants"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["benchmark"] == "parm" and d["ranks"] == 4
+c = d["configs"]
+assert len(c) == 8, len(c)
+for x in c:
+    v = [w["variant"] for w in x["variants"]]
+    assert v == ["baseline", "s1", "s2", "s2+saa"], v
+    assert all(w["total_ms"] > 0 for w in x["variants"])
+    # s2 keeps the baseline's math
+    assert x["variants"][2]["max_rel_diff"] <= 1e-4 and x["variants"][3]["max_rel_diff"] <= 1e-4
+PY
+# one given layout with DP: 2 x 1 x 1 on 4 ranks is DP = 2
+expect 0 "^2x1x1 " -- mpi 4 "$MOE" bench parm "${SMALL[@]}" --capacity 0 --model 32 \
+  --hidden 64 --layouts 2x1x1
+# bad input: every rank refuses, exit 2
+expect 2 "MP x EP x ESP = 3 x 1 x 1 = 3 does not divide the 4 ranks" -- \
+  mpi 4 "$MOE" bench parm "${SMALL[@]}" --layouts 3x1x1
+expect 2 "hidden size H = 63 is not divisible by ESP = 2" -- \
+  mpi 4 "$MOE" bench parm "${SMALL[@]}" --hidden 63 --layouts 1x2x2
+expect 2 "3 experts do not divide over EP = 2" -- \
+  mpi 4 "$MOE" bench parm "${SMALL[@]}" --experts 3 --top-k 1 --layouts 2x2x1
+expect 2 "--layouts: '2x2' is not a list" -- mpi 2 "$MOE" bench parm --layouts 2x2
+expect 2 "--tokens: 'a' is not a list" -- mpi 2 "$MOE" bench parm --tokens a
+expect 2 "unknown all-to-all|nope" -- mpi 2 "$MOE" bench parm "${SMALL[@]}" --a2a nope
+expect 2 "exceeds the limit|--max-memory" -- \
+  mpi 2 "$MOE" bench parm --tokens 4096 --model 4096 --hidden 16384 --layouts 1x2x1 \
+  --max-memory 64M
+expect 0 "usage: mpirun -n P moe bench parm" -- "$MOE" bench parm --help
+finish parm_cli
