@@ -160,4 +160,6 @@ done:
   return st;
 }
 
+#else
+typedef int moe_measure_parm_needs_mpi;
 #endif  // MOE_HAVE_MPI
