@@ -46,6 +46,11 @@ typedef struct {
   int contention_set;          // --contention given
   const char *lt_opt;          // the last --lina-train option given (NULL: none)
   double lt_profile_slowdown;  // --profile's a2a_allreduce_slowdown (0: none)
+  // --parm: Parm's schedules over a grid of configurations
+  int parm;
+  int parm_mp[SIM_MAX_LIST], n_parm_mp, parm_esp[SIM_MAX_LIST], n_parm_esp, parm_ep;
+  const char *parm_opt;  // the last --mp, --esp or --ep given (NULL: none)
+  int act_bytes_set;     // --act-bytes given
 } sim_opts;
 
 typedef struct {
@@ -149,6 +154,28 @@ static void simulate_usage(FILE *f) {
           "                         Lina's median]\n"
           "  --packing N            the packing variant's experts-per-device factor [2]\n",
           moe_balance_policy_names());
+  fprintf(f,
+          "\n"
+          "Parm's schedules (instead of the above; docs/parm.md):\n"
+          "  --parm                 one MoE layer's forward + backward under DeepSpeed-MoE's\n"
+          "                         baseline, Parm's S1 and S2 (SAA) for a grid modelled on\n"
+          "                         Parm's Table III, with S1's and S2's speedups, Algorithm\n"
+          "                         1's pick from alpha-beta terms fitted to the model, and\n"
+          "                         the speedup ranges beside the paper's. Layout: devices =\n"
+          "                         DP x MP x EP x ESP, MP groups of consecutive devices, ESP\n"
+          "                         groups next. Uniform routing; no memory limit\n"
+          "                         [cluster parm-1x8-rtx4090-pcie (testbed A); testbed B:\n"
+          "                         parm-8x4-rtx2080ti-100g with --devices 8, 16 or 32]\n"
+          "  --mp LIST              N_MP values [1,2,4]\n"
+          "  --esp LIST             N_ESP values, each dividing every H [1,2,4]\n"
+          "  --ep N                 N_EP [devices / (MP x ESP): DP = 1]\n"
+          "  grid: --tokens [2048,8192], --model and --hidden [1024,4096 each],\n"
+          "  --capacity-factor [1.2,2.4] (<= 0: dropless), each a single value when given;\n"
+          "  --topk [2], --experts [the least multiple of EP >= K], --act-bytes element\n"
+          "  bytes [4: fp32, as the clusters' GEMM rates]; --json FILE writes every row.\n"
+          "  Unless both --mp and --esp are given, the layouts that do not divide the\n"
+          "  devices are skipped; otherwise they, and any other bad value, are errors\n"
+          "  (exit 2). ok: Algorithm 1 picked the faster of s1 and s2.\n");
 }
 
 // "all" of --a2a: every algorithm of the catalogue.
@@ -190,6 +217,22 @@ static int parse_names(cli_args *a, const char *opt, const char *text, const cha
     a->bad = 1;
   }
   return *n;
+}
+
+// A comma-separated list of integers in [lo, hi].
+static void parse_ints(cli_args *a, const char *opt, const char *text, long lo, long hi, int *out,
+                       int *n) {
+  char items[SIM_MAX_LIST][16];
+  if (!parse_names(a, opt, text, "", &items[0][0], 16, n)) return;
+  for (int i = 0; i < *n && !a->bad; i++) {
+    char *end = NULL;
+    const long v = strtol(items[i], &end, 10);
+    if (!end || *end || v < lo || v > hi) {
+      cli_error("%s: '%s' must be an integer in [%ld, %ld]", opt, items[i], lo, hi);
+      a->bad = 1;
+    }
+    out[i] = (int)v;
+  }
 }
 
 static void roofline_usage(FILE *f) {
@@ -340,6 +383,18 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
     } else if (!o->roofline && cli_opt(&a, "--act-bytes")) {
       cli_parse_int(&a, "--act-bytes", 1, 8, &o->lina.act_bytes);
       o->lt.elem_bytes = o->lina.act_bytes;
+      o->act_bytes_set = 1;
+    } else if (!o->roofline && cli_flag(&a, "--parm")) {
+      o->parm = 1;
+    } else if (!o->roofline && cli_opt(&a, "--mp")) {
+      o->parm_opt = "--mp";
+      if (a.value) parse_ints(&a, "--mp", a.value, 1, 1 << 20, o->parm_mp, &o->n_parm_mp);
+    } else if (!o->roofline && cli_opt(&a, "--esp")) {
+      o->parm_opt = "--esp";
+      if (a.value) parse_ints(&a, "--esp", a.value, 1, 1 << 20, o->parm_esp, &o->n_parm_esp);
+    } else if (!o->roofline && cli_opt(&a, "--ep")) {
+      o->parm_opt = "--ep";
+      cli_parse_int(&a, "--ep", 1, 1 << 20, &o->parm_ep);
     } else if (!o->roofline && cli_flag(&a, "--lina-train")) {
       o->lina_train = 1;
     } else if (!o->roofline && cli_opt(&a, "--layers")) {
@@ -653,6 +708,190 @@ static int simulate_lina_train(moe_ctx *ctx, sim_opts *o, const moe_cluster *c) 
   return CLI_OK;
 }
 
+// --parm: one row of the grid.
+typedef struct {
+  moe_parm_sim_config c;
+  moe_parm_sim_result r;
+  double t1_ms, t2_ms;  // Algorithm 1's comparison (eq. 13-14), ms
+  int pick, faster;     // Algorithm 1's schedule; the faster simulated one
+} parm_row;
+
+static void parm_range(const parm_row *rows, int n, int s, double *lo, double *hi) {
+  *lo = INFINITY;
+  *hi = 0;
+  for (int i = 0; i < n; i++) {
+    if (rows[i].c.mp * rows[i].c.esp == 1) continue;  // one schedule: nothing to compare
+    const moe_parm_sim_times *t = rows[i].r.sched;
+    const int k = s >= 0 ? s : rows[i].pick;
+    const double x = t[MOE_PARM_BASELINE].total_ms / t[k].total_ms;
+    *lo = x < *lo ? x : *lo;
+    *hi = x > *hi ? x : *hi;
+  }
+}
+
+static int parm_json(const char *path, const moe_cluster *c, const parm_row *rows, int n) {
+  cli_out out;
+  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  FILE *f = out.f;
+  fprintf(f,
+          "{\"tool\": \"moe simulate --parm\", \"cluster\": \"%s\", \"nodes\": %d, "
+          "\"devices_per_node\": %d,\n \"rows\": [\n",
+          c->name, c->nodes, c->devices_per_node);
+  for (int i = 0; i < n; i++) {
+    const parm_row *w = &rows[i];
+    fprintf(f,
+            "  {\"tokens\": %d, \"model_dim\": %d, \"hidden_dim\": %d, \"experts\": %d, "
+            "\"top_k\": %d, \"capacity_factor\": %.6g, \"elem_bytes\": %.6g, \"dp\": %d, "
+            "\"mp\": %d, \"ep\": %d, \"esp\": %d, \"mp_intra\": %s, \"esp_intra\": %s, "
+            "\"v_elems\": %.6g, \"alg1\": \"%s\", \"alg1_t1_ms\": %.6g, \"alg1_t2_ms\": %.6g, "
+            "\"faster\": \"%s\",\n   \"schedules\": {",
+            w->c.tokens, w->c.model_dim, w->c.hidden_dim, w->r.experts, w->c.top_k,
+            w->c.capacity_factor, w->c.elem_bytes, w->r.dp, w->c.mp, w->c.ep, w->c.esp,
+            w->r.mp_intra ? "true" : "false", w->r.esp_intra ? "true" : "false", w->r.v_elems,
+            moe_parm_schedule_name(w->pick), w->t1_ms, w->t2_ms, moe_parm_schedule_name(w->faster));
+    for (int s = 0; s < MOE_PARM_SCHEDULES; s++) {
+      const moe_parm_sim_times *t = &w->r.sched[s];
+      fprintf(f,
+              "%s\"%s\": {\"fwd_ms\": %.6g, \"bwd_ms\": %.6g, \"total_ms\": %.6g, "
+              "\"speedup\": %.6g, \"compute_ms\": %.6g, \"a2a_ms\": %.6g, \"esp_ms\": %.6g, "
+              "\"mp_ms\": %.6g, \"saa_saved_ms\": %.6g}",
+              s ? ", " : "", moe_parm_schedule_name(s), t->fwd_ms, t->bwd_ms, t->total_ms,
+              w->r.sched[MOE_PARM_BASELINE].total_ms / t->total_ms, t->compute_ms, t->a2a_ms,
+              t->esp_ms, t->mp_ms, t->saa_saved_ms);
+    }
+    fprintf(f, "}}%s\n", i + 1 < n ? "," : "");
+  }
+  fputs(" ]\n}\n", f);
+  return cli_out_commit(&out);
+}
+
+// --parm: baseline, s1 and s2 over the grid (moe_parm_simulate), with
+// Algorithm 1's pick from alpha-beta terms fitted to the same model.
+static int simulate_parm(moe_ctx *ctx, const sim_opts *o, const moe_cluster *c) {
+  const int D = moe_cluster_devices(c);
+  // the grid: a subset of Parm's Table III (B L, M, H, f; MP, ESP in {1, 2, 4})
+  const int def_tokens[] = {2048, 8192}, def_dim[] = {1024, 4096}, def_layout[] = {1, 2, 4};
+  const double def_f[] = {1.2, 2.4};
+  const int given_t = (o->layer_set & CLI_LAYER_TOKENS) != 0;
+  const int given_m = (o->layer_set & CLI_LAYER_MODEL) != 0;
+  const int given_h = (o->layer_set & CLI_LAYER_HIDDEN) != 0;
+  const int given_f = (o->layer_set & CLI_LAYER_CAPACITY) != 0;
+  const int nt = given_t ? 1 : 2, nm = given_m ? 1 : 2, nh = given_h ? 1 : 2, nf = given_f ? 1 : 2;
+  const int *mps = o->n_parm_mp ? o->parm_mp : def_layout;
+  const int *esps = o->n_parm_esp ? o->parm_esp : def_layout;
+  const int nmp = o->n_parm_mp ? o->n_parm_mp : 3, nesp = o->n_parm_esp ? o->n_parm_esp : 3;
+  const int strict = o->n_parm_mp && o->n_parm_esp;  // both lists given: no skipping
+  const int max_rows = nt * nm * nh * nf * nmp * nesp;
+  parm_row *rows = calloc((size_t)max_rows, sizeof *rows);
+  int n = 0, skipped = 0, rc = CLI_OK;
+  if (!rows) {
+    cli_error("out of memory");
+    return CLI_FAILED;
+  }
+  for (int im = 0; im < nmp; im++) {
+    for (int ie = 0; ie < nesp; ie++) {
+      const int mp = mps[im], esp = esps[ie];
+      const long long me = (long long)mp * esp;
+      const long long all = me * (o->parm_ep ? o->parm_ep : 1);
+      if (!strict && (all > D || D % all != 0)) {
+        skipped++;
+        continue;
+      }
+      for (int it = 0; it < nt; it++)
+        for (int ix = 0; ix < nm; ix++)
+          for (int ih = 0; ih < nh; ih++)
+            for (int jf = 0; jf < nf; jf++) {
+              parm_row *w = &rows[n];
+              moe_parm_sim_config_default(&w->c);
+              w->c.mp = mp;
+              w->c.esp = esp;
+              w->c.ep = o->parm_ep ? o->parm_ep : (me <= D && D % me == 0 ? (int)(D / me) : 1);
+              w->c.tokens = given_t ? o->cfg.tokens : def_tokens[it];
+              w->c.model_dim = given_m ? o->cfg.model_dim : def_dim[ix];
+              w->c.hidden_dim = given_h ? o->cfg.hidden_dim : def_dim[ih];
+              w->c.capacity_factor = given_f ? o->cfg.capacity_factor : def_f[jf];
+              w->c.experts = o->layer_set & CLI_LAYER_EXPERTS ? o->cfg.num_experts : 0;
+              w->c.top_k = o->cfg.top_k;
+              w->c.elem_bytes = o->act_bytes_set ? o->lina.act_bytes : 4;
+              moe_parm_alpha_beta ab;
+              if (moe_parm_choose(ctx, c, &w->c, &w->faster, &w->r) != MOE_STATUS_OK ||
+                  moe_parm_fit_alpha_beta(ctx, c, &w->c, &ab) != MOE_STATUS_OK) {
+                cli_error("--parm (MP %d, EP %d, ESP %d on %d devices): %s", w->c.mp, w->c.ep,
+                          w->c.esp, D, moe_ctx_error(ctx));
+                rc = CLI_USAGE;
+                goto done;
+              }
+              w->pick = moe_parm_alg1(&ab, &w->c, &w->t1_ms, &w->t2_ms);
+              w->t1_ms *= 1e3;
+              w->t2_ms *= 1e3;
+              n++;
+            }
+    }
+  }
+  if (n == 0) {
+    cli_error("--parm: no layout of --mp x --esp divides the devices (%d)", D);
+    rc = CLI_USAGE;
+    goto done;
+  }
+  printf(
+      "moe simulate --parm: %s (%d x %d %s, %.1f TFLOP/s, intra %g Gb/s %s, inter %g Gb/s x %d "
+      "%s)\n",
+      c->name, c->nodes, c->devices_per_node, c->device, c->gemm_tflops, c->intra.gbit_per_s,
+      c->intra.kind, c->inter.gbit_per_s, c->nics_per_node, c->inter.kind);
+  printf(
+      "one MoE layer, forward + backward per device, ms; K=%d, E=%s, %g-byte elements, uniform "
+      "routing; T = B L tokens per device\n\n",
+      o->cfg.top_k, o->layer_set & CLI_LAYER_EXPERTS ? "--experts" : "a multiple of EP",
+      o->act_bytes_set ? (double)o->lina.act_bytes : 4.0);
+  printf("%6s %5s %5s %4s %3s %3s %3s %3s %11s %10s %10s %7s %7s %5s %7s %4s\n", "T", "M", "H", "f",
+         "DP", "MP", "EP", "ESP", "baseline", "s1", "s2", "s1 x", "s2 x", "alg1", "faster", "ok");
+  int agree = 0, compared = 0;
+  for (int i = 0; i < n; i++) {
+    const parm_row *w = &rows[i];
+    const moe_parm_sim_times *t = w->r.sched;
+    const double b = t[MOE_PARM_BASELINE].total_ms;
+    const int ok = w->pick == w->faster;
+    if (w->c.mp > 1) {
+      compared++;
+      agree += ok;
+    }
+    printf("%6d %5d %5d %4.1f %3d %3d %3d %3d %11.3f %10.3f %10.3f %6.2fx %6.2fx %5s %7s %4s\n",
+           w->c.tokens, w->c.model_dim, w->c.hidden_dim, w->c.capacity_factor, w->r.dp, w->c.mp,
+           w->c.ep, w->c.esp, b, t[MOE_PARM_S1].total_ms, t[MOE_PARM_S2].total_ms,
+           b / t[MOE_PARM_S1].total_ms, b / t[MOE_PARM_S2].total_ms,
+           moe_parm_schedule_name(w->pick), moe_parm_schedule_name(w->faster), ok ? "yes" : "NO");
+  }
+  double lo[3], hi[3];
+  parm_range(rows, n, MOE_PARM_S1, &lo[0], &hi[0]);
+  parm_range(rows, n, MOE_PARM_S2, &lo[1], &hi[1]);
+  parm_range(rows, n, -1, &lo[2], &hi[2]);
+  printf("\n%d configurations", n);
+  if (skipped) printf(" (%d layouts skipped: they do not divide %d devices)", skipped, D);
+  printf("; speedups over the baseline where MP x ESP > 1 (MP = ESP = 1 is one schedule):\n");
+  if (hi[0] > 0) {
+    printf("  s1    %.2f-%.2fx   (paper: 2.1-4.19x testbed A, 2.46-5.77x testbed B)\n", lo[0],
+           hi[0]);
+    printf("  s2    %.2f-%.2fx   (paper: 1.99-4.12x A, 2.2-5.38x B)\n", lo[1], hi[1]);
+    printf("  Parm  %.2f-%.2fx   (Algorithm 1's pick; paper: 2.1-4.2x A, 2.46-5.77x B)\n", lo[2],
+           hi[2]);
+  } else {
+    printf("  none: every row has MP = ESP = 1\n");
+  }
+  printf(
+      "Algorithm 1 (alpha-beta terms fitted to this model) picked the faster of s1 and s2 in %d "
+      "of %d rows with MP > 1\n",
+      agree, compared);
+  printf("[R] reconstructed model (docs/parm.md); the paper's tables compare measured runs\n");
+  if (o->json_path) {
+    const int jrc = parm_json(o->json_path, c, rows, n);
+    if (jrc != CLI_OK) rc = jrc;
+    if (jrc == CLI_OK) printf("wrote %s\n", o->json_path);
+  }
+done:
+  free(rows);
+  return rc;
+}
+
 static int simulate_main(int argc, char **argv, int roofline);
 
 int cmd_simulate(int argc, char **argv) { return simulate_main(argc, argv, 0); }
@@ -690,8 +929,23 @@ static int simulate_main(int argc, char **argv, int roofline) {
     cli_error("--lina-train, --lina and --balance are different simulations: give one");
     return CLI_USAGE;
   }
+  if (o.parm_opt && !o.parm) {
+    cli_error("%s belongs to --parm (give --parm, or leave it out)", o.parm_opt);
+    return CLI_USAGE;
+  }
+  if (o.parm && (o.lina_train || o.lina_trace || o.n_bal > 0)) {
+    cli_error("--parm, --lina-train, --lina and --balance are different simulations: give one");
+    return CLI_USAGE;
+  }
+  if (o.parm && o.profile) {
+    cli_error("--parm models a described cluster (--cluster); it does not use --profile");
+    return CLI_USAGE;
+  }
   if ((o.lina_trace || o.lina_train) && !o.cluster_set)
     o.cluster = "lina-4x4-a100";  // Lina's testbed
+  if (o.parm && !o.cluster_set) {
+    o.cluster = "parm-1x8-rtx4090-pcie";  // Parm's testbed A
+  }
   moe_ctx *ctx = NULL;
   sim_row *rows = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) return CLI_FAILED;
@@ -731,6 +985,10 @@ static int simulate_main(int argc, char **argv, int roofline) {
     }
   }
   if (rc != CLI_OK) goto done;
+  if (o.parm) {
+    rc = simulate_parm(ctx, &o, &c);
+    goto done;
+  }
   const int D = moe_cluster_devices(&c);
   if (!(o.layer_set & CLI_LAYER_EXPERTS)) o.cfg.num_experts = D;
   if (moe_layer_config_validate(ctx, &o.cfg) != MOE_STATUS_OK) {

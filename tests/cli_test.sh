@@ -56,6 +56,30 @@ expect 2 "packing \(3\) must divide the devices" -- "$MOE" simulate --lina-train
 expect 2 "--contention \(0.5\) must be in" -- "$MOE" simulate --lina-train --contention 0.5
 expect 2 "different simulations" -- "$MOE" simulate --lina-train --balance eplb
 expect 2 "--layers belongs to --lina-train" -- "$MOE" simulate --layers 4
+# Parm's schedules: a row of the grid on testbed A, testbed B at 16 devices, JSON; bad layouts
+expect 0 "^ +2048 +1024 +1024 +1\.2 +1 +2 +2 +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +s[12] +s[12] +yes$" -- \
+  "$MOE" simulate --parm --tokens 2048 --model 1024 --hidden 1024 --capacity-factor 1.2
+expect 0 "s1 +[0-9.]+-[0-9.]+x +\(paper: 2\.1-4\.19x testbed A, 2\.46-5\.77x testbed B\)" -- "$MOE" simulate --parm
+expect 0 "parm-8x4-rtx2080ti-100g \(4 x 4 RTX 2080 Ti" -- "$MOE" simulate --parm \
+  --cluster parm-8x4-rtx2080ti-100g --devices 16 --mp 2 --esp 2,4 --tokens 2048 --json "$tmp/parm.json"
+if /usr/bin/env python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+r = d["rows"]
+assert d["cluster"] == "parm-8x4-rtx2080ti-100g" and len(r) == 16
+assert all(x["mp"] == 2 and x["ep"] * x["esp"] == 8 for x in r)
+assert all(x["schedules"]["baseline"]["speedup"] == 1 and x["schedules"]["s1"]["total_ms"] > 0 for x in r)
+' "$tmp/parm.json" 2>/dev/null; then
+  ok
+else
+  bad "moe simulate --parm --json wrote no valid JSON"
+fi
+expect 2 "MP x EP x ESP \(4 x 1 x 4 = 16\) must divide the devices \(8\)" -- "$MOE" simulate --parm --mp 4 --esp 4
+expect 2 "hidden dimension H \(1002\) must be divisible by ESP \(4\)" -- "$MOE" simulate --parm --hidden 1002 --mp 1 --esp 4
+expect 2 "experts \(3\) must be divisible by EP \(2\)" -- "$MOE" simulate --parm --experts 3 --mp 2 --esp 2
+expect 2 "--esp: '0' must be an integer in \[1, " -- "$MOE" simulate --parm --esp 0
+expect 2 "--mp belongs to --parm" -- "$MOE" simulate --mp 2
+expect 2 "different simulations" -- "$MOE" simulate --parm --lina-train
 # the topology-aware gate: a bad spec; 2 ranks as 2 nodes report the rows that crossed nodes
 expect 2 "--gate: gate 'topo:0' ?: the ratio W_net/W_local must be a number in \(0, 1\]" -- "$MOE" bench layer --gate topo:0
 # compute backend and precision: unknown names, and bf16 on a backend without a bf16 GEMM

@@ -182,7 +182,8 @@ moe_status moe_measure_contention_memory(moe_ctx *ctx, int P, int ranks_per_node
 
 // ---- Parm's schedules (moe bench parm) ---------------------------------------------------
 
-// The variants one Parm layer is timed in, round by round interleaved.
+// The variants one Parm layer is timed in, round by round interleaved (the
+// first three: the moe_parm_schedule of the same value).
 enum {
   MOE_PARM_RUN_BASELINE = 0,  // DeepSpeed-MoE's schedule
   MOE_PARM_RUN_S1 = 1,

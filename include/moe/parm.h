@@ -52,17 +52,11 @@
 
 #include "moe/comm.h"
 #include "moe/layer.h"
+#include "moe/perf.h"  // moe_parm_schedule
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum { MOE_PARM_BASELINE = 0, MOE_PARM_S1 = 1, MOE_PARM_S2 = 2 } moe_parm_schedule;
-#define MOE_PARM_SCHEDULES 3
-// "baseline", "s1", "s2"; "?" otherwise.
-const char *moe_parm_schedule_name(moe_parm_schedule s);
-// The names above; INVALID_ARG naming them otherwise.
-moe_status moe_parm_schedule_parse(moe_ctx *ctx, const char *text, moe_parm_schedule *out);
 
 typedef struct {
   int mp, ep, esp;             // group sizes, each >= 1; mp x ep x esp divides the world

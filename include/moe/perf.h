@@ -513,6 +513,100 @@ moe_status moe_lina_train_timeline(moe_ctx *ctx, const moe_lina_segment *seg, in
                                    double contention, double micro_op_s, double *step_s,
                                    double *exposed_s);
 
+// ---- Parm's schedules, simulated (moe simulate --parm; src/perf/parm_sim.c) ----
+
+// One MoE layer of Parm (INFOCOM'24) on a described cluster, under its three
+// schedules (the layer itself: include/moe/parm.h). Layout: devices = DP x MP
+// x EP x ESP, device d = ((dp x EP + ep) x ESP + esp) x MP + mp: an MP group is
+// MP consecutive devices, an ESP group the next level of consecutive ones;
+// the all-to-all group of a device is the EP x ESP devices with its (dp, mp).
+// MP peers hold the same T tokens. Loads are the balanced expectation: every
+// device routes C = f K T / E rows to every expert (K T / E when dropless).
+typedef struct {
+  int mp;          // N_MP, >= 1 [1]
+  int ep;          // N_EP, >= 1; mp x ep x esp divides the devices (DP: the rest) [1]
+  int esp;         // N_ESP, >= 1, divides hidden_dim [1]
+  int tokens;      // T = B L per device, [mp, 1 << 30] (s1 gives each MP rank T / MP) [4096]
+  int model_dim;   // M, >= 1 [1024]
+  int hidden_dim;  // H, >= 1 [4096]
+  int experts;     // E, a multiple of ep; 0: the least multiple of ep >= top_k [0]
+  int top_k;       // K, [1, E] [2]
+  double capacity_factor;  // f in (0, 1e6]; <= 0: dropless (C = K T / E) [1.2]
+  double elem_bytes;       // bytes per activation or gradient element, (0, 16] [4: fp32]
+} moe_parm_sim_config;
+void moe_parm_sim_config_default(moe_parm_sim_config *c);
+
+// Parm's schedules (the one name list: the layer, include/moe/parm.h, the
+// simulator and the CLI use it); also the indices of moe_parm_sim_result.sched.
+typedef enum { MOE_PARM_BASELINE = 0, MOE_PARM_S1 = 1, MOE_PARM_S2 = 2 } moe_parm_schedule;
+#define MOE_PARM_SCHEDULES 3
+// "baseline", "s1", "s2"; "?" otherwise.
+const char *moe_parm_schedule_name(int s);
+// The names above; INVALID_ARG naming them otherwise.
+moe_status moe_parm_schedule_parse(moe_ctx *ctx, const char *text, moe_parm_schedule *out);
+
+// One schedule's forward + backward, ms. The parts are each step alone at
+// the full links; s2's pair of all-to-all back and MP-AllGather is counted in
+// a2a_ms and mp_ms alone and saa_saved_ms is what running them side by side
+// (SAA) saved, so total = compute + a2a + esp + mp - saa_saved.
+typedef struct {
+  double fwd_ms, bwd_ms, total_ms;
+  double compute_ms;    // gate and expert GEMMs of both passes
+  double a2a_ms;        // EP all-to-alls (baseline) or EP&ESP all-to-alls (s1, s2)
+  double esp_ms;        // ESP-AllGather, -AllReduce, -ReduceScatter (baseline)
+  double mp_ms;         // MP-AllGather (s1, s2)
+  double saa_saved_ms;  // s2: the overlap SAA gained; 0 otherwise
+} moe_parm_sim_times;
+
+typedef struct {
+  moe_parm_sim_times sched[MOE_PARM_SCHEDULES];
+  int dp, experts;          // DP = devices / (MP EP ESP); E as used
+  double rows;              // C = f K T / E rows per expert per device (before the MP split)
+  double v_elems;           // Parm's V = ESP f K T M / MP: elements an EP&ESP all-to-all sends
+  int mp_intra, esp_intra;  // 1 when every MP (ESP) group lies inside one node
+} moe_parm_sim_result;
+
+// [R] reconstructed model (docs/parm.md): every collective is an exchange
+// matrix over the whole cluster (all groups at once) timed by the directed
+// link model (moe_model_alltoall_s): all-to-alls and all-gathers as direct
+// exchanges (an all-gather sends its block to every peer), the ESP
+// all-reduce and reduce-scatter as 2 (ESP - 1) and ESP - 1 ring steps; GEMMs
+// at the cluster's rate (gate 2 T M E, experts 4 rows M H / ESP FLOPs
+// forward, twice that backward); s2's SAA as a two-stage pipeline of W = EP
+// ESP slices whose middle steps share the links. INVALID_ARG names the bad
+// field and its valid range.
+moe_status moe_parm_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_parm_sim_config *c,
+                             moe_parm_sim_result *out);
+
+// Parm's alpha-beta terms (eq. 12): seconds = alpha + beta x elements.
+typedef struct {
+  double alpha_a2a, beta_a2a;  // one EP&ESP all-to-all of V elements per device
+  double alpha_mp, beta_mp;    // one MP-AllGather of the T M elements of s1's output
+  double alpha_o, beta_o;      // the SAA pair (all-to-all of V and s2's MP-AllGather), in V
+} moe_parm_alpha_beta;
+
+// Fits the three pairs by least squares (moe_fit_linear) to the link model's
+// times of each collective on c's layout at T / 4, T / 2, T and 2 T tokens
+// (Parm fits measured micro-benchmarks). The model is affine in the bytes,
+// so the fit is exact (r2 = 1).
+moe_status moe_parm_fit_alpha_beta(moe_ctx *ctx, const moe_cluster *cl,
+                                   const moe_parm_sim_config *c, moe_parm_alpha_beta *out);
+
+// Algorithm 1 (ChooseSchedule), eq. 13-14 with V = ESP f K T M / MP:
+//   t1 = 2 (alpha_a2a + beta_a2a V) + alpha_mp + beta_mp T M
+//   t2 = (alpha_a2a + beta_a2a V) + (alpha_o + beta_o V)
+// Returns MOE_PARM_S1 when t1 <= t2 (within a relative 1e-9), else
+// MOE_PARM_S2; t1_s and t2_s (may be NULL) get the two, in seconds. The
+// compute is left out (Parm's model compares the communication).
+int moe_parm_alg1(const moe_parm_alpha_beta *ab, const moe_parm_sim_config *c, double *t1_s,
+                  double *t2_s);
+
+// The faster of s1 and s2 by the simulation, compute included (a tie within
+// a relative 1e-9: s1, as Algorithm 1): *pick is MOE_PARM_S1 or
+// MOE_PARM_S2; res (may be NULL) gets the simulation.
+moe_status moe_parm_choose(moe_ctx *ctx, const moe_cluster *cl, const moe_parm_sim_config *c,
+                           int *pick, moe_parm_sim_result *res);
+
 // The descriptions of clusters/*.json, compiled into the library.
 int moe_cluster_builtin_count(void);
 const char *moe_cluster_builtin_name(int i);  // NULL outside [0, count)

@@ -14,9 +14,9 @@
 
 #include "moe/measure_mpi.h"
 
+// The first three runs are the schedules of the same index (one name list).
 const char *moe_parm_run_name(int run) {
-  static const char *const names[MOE_PARM_RUNS] = {"baseline", "s1", "s2", "s2+saa"};
-  return run >= 0 && run < MOE_PARM_RUNS ? names[run] : "?";
+  return run == MOE_PARM_RUN_S2_SAA ? "s2+saa" : moe_parm_schedule_name(run);
 }
 
 void moe_parm_bench_config_default(moe_parm_bench_config *c) {
@@ -93,9 +93,7 @@ moe_status moe_measure_parm(moe_ctx *ctx, MPI_Comm world, const moe_layer_config
   memset(out, 0, (size_t)MOE_PARM_RUNS * sizeof *out);
   for (int round = -bc->warmup; round < R; round++) {
     for (int run = 0; run < MOE_PARM_RUNS; run++) {
-      const moe_parm_schedule s = run == MOE_PARM_RUN_BASELINE ? MOE_PARM_BASELINE
-                                  : run == MOE_PARM_RUN_S1     ? MOE_PARM_S1
-                                                               : MOE_PARM_S2;
+      const moe_parm_schedule s = run == MOE_PARM_RUN_S2_SAA ? MOE_PARM_S2 : (moe_parm_schedule)run;
       MOE_TRY(moe_parm_layer_set_schedule(L, s, run == MOE_PARM_RUN_S2_SAA));
       moe_parm_layer_zero_grad(L);
       moe_layer_stats stats;

@@ -77,26 +77,6 @@ struct moe_parm_layer {
   moe_parm_timing tf, tb;
 };
 
-static const char *const schedule_names[MOE_PARM_SCHEDULES] = {"baseline", "s1", "s2"};
-
-const char *moe_parm_schedule_name(moe_parm_schedule s) {
-  return (int)s >= 0 && (int)s < MOE_PARM_SCHEDULES ? schedule_names[s] : "?";
-}
-
-moe_status moe_parm_schedule_parse(moe_ctx *ctx, const char *text, moe_parm_schedule *out) {
-  moe_status st = MOE_STATUS_OK;
-  for (int i = 0; text && i < MOE_PARM_SCHEDULES; i++) {
-    if (strcmp(text, schedule_names[i]) == 0) {
-      *out = (moe_parm_schedule)i;
-      goto done;
-    }
-  }
-  MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "unknown Parm schedule '%s' (valid: baseline, s1, s2)",
-           text ? text : "(null)");
-done:
-  return st;
-}
-
 void moe_parm_config_default(moe_parm_config *pc) {
   memset(pc, 0, sizeof *pc);
   pc->mp = pc->ep = pc->esp = 1;
