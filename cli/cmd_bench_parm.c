@@ -16,7 +16,9 @@
 #include "moe/comm.h"
 #include "moe/measure_mpi.h"
 
-#define PB_MAX 16  // values per list
+#define PB_MAX 16       // values per list
+#define PB_AB_POINTS 4  // sizes of the alpha-beta fits
+#define PB_AB_ROUNDS 5  // rounds per size
 
 typedef struct {
   int tokens[PB_MAX], n_tokens;
@@ -204,7 +206,36 @@ typedef struct {
   moe_layer_config cfg;
   moe_parm_config pc;
   moe_parm_run_result r[MOE_PARM_RUNS];
+  int layout;           // index into the layouts
+  int alg1;             // Algorithm 1's pick on the layout's measured terms (MOE_PARM_S1 / S2)
+  double t1_ms, t2_ms;  // its two predictions
+  int faster;           // measured: MOE_PARM_S1 or MOE_PARM_S2 (s2 with SAA), -1 within noise
 } pb_row;
+
+// Algorithm 1 for a row: its prediction from the layout's terms, and which of
+// s1 and s2 + SAA the measurement found faster (-1 when their quartile ranges
+// overlap: not beyond noise).
+static void judge(pb_row *w, const moe_parm_alpha_beta *ab) {
+  moe_parm_sim_config c;
+  moe_parm_sim_config_default(&c);
+  c.mp = w->pc.mp;
+  c.ep = w->pc.ep;
+  c.esp = w->pc.esp;
+  c.tokens = w->cfg.tokens;
+  c.model_dim = w->cfg.model_dim;
+  c.hidden_dim = w->cfg.hidden_dim;
+  c.experts = w->cfg.num_experts;
+  c.top_k = w->cfg.top_k;
+  c.capacity_factor = w->cfg.capacity_factor;
+  double t1 = 0, t2 = 0;
+  w->alg1 = moe_parm_alg1(ab, &c, &t1, &t2);
+  w->t1_ms = t1 * 1e3;
+  w->t2_ms = t2 * 1e3;
+  const moe_parm_run_result *a = &w->r[MOE_PARM_RUN_S1], *b = &w->r[MOE_PARM_RUN_S2_SAA];
+  w->faster = a->total_q3 < b->total_q1   ? MOE_PARM_S1
+              : b->total_q3 < a->total_q1 ? MOE_PARM_S2
+                                          : -1;
+}
 
 static void write_json(FILE *f, const pb_opts *o, int P, const pb_row *rows, int n) {
   fprintf(f,
@@ -215,9 +246,13 @@ static void write_json(FILE *f, const pb_opts *o, int P, const pb_row *rows, int
     const pb_row *w = &rows[i];
     fprintf(f,
             "%s\n    {\"mp\": %d, \"ep\": %d, \"esp\": %d, \"tokens\": %d, \"model\": %d, "
-            "\"hidden\": %d, \"experts\": %d, \"top_k\": %d, \"capacity\": %g, \"variants\": [",
+            "\"hidden\": %d, \"experts\": %d, \"top_k\": %d, \"capacity\": %g, \"alg1\": "
+            "\"%s\", \"alg1_t1_ms\": %.6f, \"alg1_t2_ms\": %.6f, \"faster\": \"%s\", "
+            "\"variants\": [",
             i ? "," : "", w->pc.mp, w->pc.ep, w->pc.esp, w->cfg.tokens, w->cfg.model_dim,
-            w->cfg.hidden_dim, w->cfg.num_experts, w->cfg.top_k, w->cfg.capacity_factor);
+            w->cfg.hidden_dim, w->cfg.num_experts, w->cfg.top_k, w->cfg.capacity_factor,
+            moe_parm_schedule_name(w->alg1), w->t1_ms, w->t2_ms,
+            w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster));
     for (int v = 0; v < MOE_PARM_RUNS; v++) {
       const moe_parm_run_result *r = &w->r[v];
       fprintf(f,
@@ -261,6 +296,7 @@ int cmd_bench_parm(int argc, char **argv) {
   cli_out out = {0};
   moe_watchdog *wd = NULL;
   pb_row *rows = NULL;
+  moe_parm_alpha_beta ab[PB_MAX];
   int n = 0;
   if (o.n_layout == 0) default_layouts(&o, P);
   const int total = o.n_layout * o.n_tokens * o.n_model * o.n_hidden * o.n_f;
@@ -288,6 +324,7 @@ int cmd_bench_parm(int argc, char **argv) {
         for (int h = 0; h < o.n_hidden; h++) {
           for (int f = 0; f < o.n_f; f++) {
             pb_row *w = &rows[n++];
+            w->layout = l;
             w->cfg = config_of(&o, t, m, h, f);
             moe_parm_config_default(&w->pc);
             w->pc.mp = o.layout[l][0];
@@ -325,12 +362,67 @@ int cmd_bench_parm(int argc, char **argv) {
   }
   if (rank == 0) {
     printf(
+        "moe bench parm: Algorithm 1's alpha-beta terms, measured per layout (all-to-all of V "
+        "elements a rank, MP-AllGather of n in all, the SAA pair in V; median of %d rounds at "
+        "%d sizes, least squares):\n",
+        PB_AB_ROUNDS, PB_AB_POINTS);
+    fflush(stdout);
+  }
+  for (int l = 0; l < o.n_layout; l++) {
+    // the rows per EP rank of the layout's shapes (s2's part: f K T / (EP MP))
+    double lo = 1e30, hi = 0;
+    int width = 0;
+    for (int i = 0; i < n; i++) {
+      if (rows[i].layout != l) continue;
+      const moe_layer_config *c = &rows[i].cfg;
+      const double f = c->capacity_factor > 0 ? c->capacity_factor : 1.0;
+      const double r = f * c->top_k * c->tokens / ((double)rows[i].pc.ep * rows[i].pc.mp);
+      lo = r < lo ? r : lo;
+      hi = r > hi ? r : hi;
+      width = c->model_dim > width ? c->model_dim : width;
+    }
+    int r_lo = (int)(lo < 1 ? 1 : lo), r_hi = (int)hi;
+    if (r_hi < 2 * r_lo) r_hi = 2 * r_lo;
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.mp = o.layout[l][0];
+    pc.ep = o.layout[l][1];
+    pc.esp = o.layout[l][2];
+    pc.ranks_per_node = o.ranks_per_node;
+    snprintf(pc.a2a, sizeof pc.a2a, "%s", o.a2a);
+    moe_linear_fit fits[3];
+    const moe_status st = moe_measure_parm_alpha_beta(ctx, MPI_COMM_WORLD, &pc, width, r_lo, r_hi,
+                                                      PB_AB_POINTS, PB_AB_ROUNDS, &ab[l], fits);
+    if (st == MOE_STATUS_COMM) {
+      cli_error("%s", moe_ctx_error(ctx));
+      MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
+    }
+    if (st != MOE_STATUS_OK) {
+      if (rank == 0) cli_error("bench parm: %s", moe_ctx_error(ctx));
+      rc = st == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
+      goto done;
+    }
+    if (rank == 0) {
+      const moe_parm_alpha_beta *a = &ab[l];
+      printf(
+          "  %dx%dx%d (rows %d..%d of %d): a2a %.3g ms + %.3g ns/elem (r2 %.3f), MP-AllGather "
+          "%.3g ms + %.3g ns/elem (r2 %.3f), SAA pair %.3g ms + %.3g ns/elem (r2 %.3f)\n",
+          pc.mp, pc.ep, pc.esp, r_lo, r_hi, width, a->alpha_a2a * 1e3, a->beta_a2a * 1e9,
+          fits[0].r2, a->alpha_mp * 1e3, a->beta_mp * 1e9, fits[1].r2, a->alpha_o * 1e3,
+          a->beta_o * 1e9, fits[2].r2);
+      fflush(stdout);
+    }
+  }
+  if (rank == 0) {
+    printf(
         "moe bench parm: P=%d ranks, %d configs, E %d, top-%d, all-to-all %s, %d rounds after "
         "%d warm-up; ms are medians of the slowest rank's forward + backward\n\n",
         P, total, o.experts, o.top_k, o.a2a, o.bc.rounds, o.bc.warmup);
-    printf("%-9s %5s %5s %5s %4s | %9s %9s %9s %9s | %6s %6s %6s | %7s %7s %7s | %9s\n",
-           "MPxEPxESP", "T", "M", "H", "f", "base ms", "s1 ms", "s2 ms", "s2+saa", "s1 x", "s2 x",
-           "saa x", "a2a s1", "mp s1", "mp s2", "max diff");
+    printf(
+        "\n%-9s %5s %5s %5s %4s | %9s %9s %9s %9s | %6s %6s %6s | %7s %7s %7s | %4s %6s | "
+        "%9s\n",
+        "MPxEPxESP", "T", "M", "H", "f", "base ms", "s1 ms", "s2 ms", "s2+saa", "s1 x", "s2 x",
+        "saa x", "a2a s1", "mp s1", "mp s2", "alg1", "faster", "max diff");
     fflush(stdout);
   }
   double worst_s2 = 0;
@@ -346,6 +438,7 @@ int cmd_bench_parm(int argc, char **argv) {
       rc = st == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
       goto done;
     }
+    judge(w, &ab[w->layout]);
     const moe_parm_run_result *r = w->r;
     double diff = 0;
     for (int v = 1; v < MOE_PARM_RUNS; v++) {
@@ -358,10 +451,12 @@ int cmd_bench_parm(int argc, char **argv) {
       const double b = r[0].total_ms;
       printf(
           "%-9s %5d %5d %5d %4g | %9.2f %9.2f %9.2f %9.2f | %5.2fx %5.2fx %5.2fx | %7.2f "
-          "%7.2f %7.2f | %9.1e%s\n",
+          "%7.2f %7.2f | %4s %6s | %9.1e%s\n",
           lay, w->cfg.tokens, w->cfg.model_dim, w->cfg.hidden_dim, w->cfg.capacity_factor, b,
           r[1].total_ms, r[2].total_ms, r[3].total_ms, b / r[1].total_ms, b / r[2].total_ms,
-          r[2].total_ms / r[3].total_ms, r[1].a2a_ms, r[1].mp_ms, r[2].mp_ms, diff,
+          r[2].total_ms / r[3].total_ms, r[1].a2a_ms, r[1].mp_ms, r[2].mp_ms,
+          moe_parm_schedule_name(w->alg1),
+          w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster), diff,
           r[1].dropped != r[0].dropped ? " (s1 drops differ)" : "");
       fflush(stdout);
     }
@@ -380,6 +475,21 @@ int cmd_bench_parm(int argc, char **argv) {
         "\nspeedup over baseline: s1 %.2f-%.2fx, s2 %.2f-%.2fx, s2+saa %.2f-%.2fx (Parm: s1 "
         "2.1-5.77x, s2 1.99-5.38x over DeepSpeed-MoE on GPUs)\n",
         lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
+    int judged = 0, right = 0, noise = 0;
+    for (int i = 0; i < n; i++) {
+      if (rows[i].pc.mp == 1) continue;  // s1 and s2 are one schedule
+      if (rows[i].faster < 0) {
+        noise++;
+        continue;
+      }
+      judged++;
+      right += rows[i].alg1 == rows[i].faster;
+    }
+    printf(
+        "Algorithm 1 (measured alpha-beta terms) picked the faster of s1 and s2+saa in %d of "
+        "%d configs with MP > 1 where they differ beyond noise (quartiles apart); %d within "
+        "noise\n",
+        right, judged, noise);
     printf(
         "s2's outputs and input gradients against the baseline's: max relative difference "
         "%.1e (%s)\n",

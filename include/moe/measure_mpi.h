@@ -218,6 +218,18 @@ moe_status moe_measure_parm(moe_ctx *ctx, MPI_Comm world, const moe_layer_config
                             const moe_parm_config *pc, const moe_parm_bench_config *bc,
                             moe_parm_run_result *out);
 
+// Parm's alpha-beta terms (moe_parm_alpha_beta, eq. 12) measured on pc's
+// layout (its MP, EP, ESP groups and all-to-all): the EP&ESP all-to-all of V
+// elements per rank, the MP-AllGather of n elements in all, and the SAA pair
+// (that all-to-all's way back overlapped with an MP-AllGather of V / ESP
+// elements a rank, as the layer's s2 does), each timed (slowest rank, median
+// of rounds) at `points` sizes from model_dim-wide rows (rows_lo .. rows_hi
+// rows per EP rank, geometric) and fitted by least squares. fits (3, may be
+// NULL) get the fits with their r2. Collective over world.
+moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_parm_config *pc,
+                                       int model_dim, int rows_lo, int rows_hi, int points,
+                                       int rounds, moe_parm_alpha_beta *out, moe_linear_fit *fits);
+
 // ---- calibration ----------------------------------------------------------------------
 
 // Receives calibration's report, one line at a time (no newline), on rank 0

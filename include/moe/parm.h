@@ -142,6 +142,13 @@ typedef struct {
 } moe_parm_timing;
 moe_parm_timing moe_parm_layer_timing(const moe_parm_layer *layer, int backward);
 
+// The layer's groups, for measurements of its collectives: the EP x ESP
+// all-to-all group (member q = ep x ESP + esp), the MP communicator (by mp),
+// and the all-to-all algorithm.
+const moe_group *moe_parm_layer_a2a_group(const moe_parm_layer *layer);
+MPI_Comm moe_parm_layer_mp_comm(const moe_parm_layer *layer);
+const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *layer);
+
 // ---- the collectives of Parm, exposed for their tests ----------------------
 
 // EP&ESP all-to-all (Dump + one all-to-all): in the EP x ESP group g

@@ -158,6 +158,155 @@ done:
   return st;
 }
 
+// ---- alpha-beta terms ------------------------------------------------------------------
+
+// One timing: the slowest rank's ms.
+static moe_status slowest(moe_ctx *ctx, MPI_Comm world, double ms, double *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_MPI_TRY_OP(ctx, "Parm alpha-beta", MPI_Allreduce(&ms, out, 1, MPI_DOUBLE, MPI_MAX, world));
+done:
+  return st;
+}
+
+// The SAA pair as the layer runs it: the way back (r rows of M floats from
+// every member) as point-to-point transfers, and EP rank by EP rank, once its
+// ESP members' rows are in, an MP-AllGather of r rows.
+static moe_status saa_pair(moe_ctx *ctx, const moe_group *g, MPI_Comm mp, int ep_me, int EP,
+                           int ESP, int r, int M, const float *send, float *recv, float *part,
+                           float *gath, MPI_Request *rq) {
+  moe_status st = MOE_STATUS_OK;
+  const int P = g->size, n = r * M;
+  int MP = 1;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(mp, &MP));
+  for (int i = 0; i < 2 * P + EP; i++) rq[i] = MPI_REQUEST_NULL;
+  for (int q = 0; q < P; q++)
+    MOE_MPI_TRY(ctx, MPI_Irecv(recv + (size_t)q * n, n, MPI_FLOAT, q, 0x5ab, g->comm, &rq[q]));
+  for (int q = 0; q < P; q++)
+    MOE_MPI_TRY(ctx, MPI_Isend(send + (size_t)q * n, n, MPI_FLOAT, q, 0x5ab, g->comm, &rq[P + q]));
+  for (int i = 0; i < EP; i++) {
+    const int e = (ep_me + i) % EP;
+    MOE_MPI_TRY(ctx, MPI_Waitall(ESP, rq + e * ESP, MPI_STATUSES_IGNORE));
+    memcpy(part + (size_t)e * n, recv + (size_t)e * ESP * n, (size_t)n * sizeof(float));
+    MOE_MPI_TRY(ctx, MPI_Iallgather(part + (size_t)e * n, n, MPI_FLOAT, gath + (size_t)e * MP * n,
+                                    n, MPI_FLOAT, mp, &rq[2 * P + e]));
+  }
+  MOE_MPI_TRY(ctx, MPI_Waitall(2 * P + EP, rq, MPI_STATUSES_IGNORE));
+done:
+  return st;
+}
+
+moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_parm_config *pc,
+                                       int model_dim, int rows_lo, int rows_hi, int points,
+                                       int rounds, moe_parm_alpha_beta *out, moe_linear_fit *fits) {
+  moe_status st = MOE_STATUS_OK;
+  moe_parm_layer *L = NULL;
+  float *send = NULL, *recv = NULL, *part = NULL, *gath = NULL;
+  double *x = NULL, *y = NULL, *col = NULL;
+  int *rows = NULL, *first = NULL, *rrows = NULL;
+  MPI_Request *rq = NULL;
+  moe_workspace ws;
+  memset(&ws, 0, sizeof ws);
+  {
+    moe_status local = MOE_STATUS_OK;
+    if (!pc || !out || model_dim < 1 || model_dim > MOE_MAX_DIM || rows_lo < 1 ||
+        rows_hi < rows_lo || points < 2 || points > 64 || rounds < 1 || rounds > 1000 ||
+        (double)rows_hi * model_dim * pc->ep * pc->esp * pc->mp > 1 << 28)
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm alpha-beta: M (%d) in [1, %d], 1 <= rows %d <= %d, points (%d) "
+                           "in [2, 64], rounds (%d) in [1, 1000], at most 2^28 floats",
+                           model_dim, MOE_MAX_DIM, rows_lo, rows_hi, points, rounds);
+    MOE_TRY(moe_comm_agree(ctx, world, local, "Parm alpha-beta"));
+  }
+  {
+    // a layer of the smallest shape for its groups
+    moe_layer_config cfg;
+    moe_layer_config_default(&cfg);
+    cfg.tokens = 1;
+    cfg.model_dim = model_dim;
+    cfg.hidden_dim = pc->esp;
+    cfg.num_experts = pc->ep;
+    cfg.top_k = 1;
+    cfg.capacity_factor = 0;
+    MOE_TRY(moe_parm_layer_create(ctx, world, &cfg, pc, &L));
+  }
+  const moe_group *g = moe_parm_layer_a2a_group(L);
+  const MPI_Comm mp = moe_parm_layer_mp_comm(L);
+  const moe_a2a_algo *algo = moe_parm_layer_algo(L);
+  int W = 0, rank = 0;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(world, &rank));
+  const int EP = pc->ep, ESP = pc->esp, MP = pc->mp, P = EP * ESP, M = model_dim;
+  const int ep_me = moe_parm_coords_of(pc, W, rank).ep;
+  {
+    moe_status local = MOE_STATUS_OK;
+    const size_t big = (size_t)P * rows_hi * M + 1;
+    send = moe_malloc(big * sizeof(float));
+    recv = moe_malloc(big * sizeof(float));
+    part = moe_malloc(((size_t)EP * rows_hi * M + 1) * sizeof(float));
+    gath = moe_malloc(((size_t)MP * P * rows_hi * M + 1) * sizeof(float));
+    x = moe_calloc((size_t)3 * points, sizeof(double));
+    y = moe_calloc((size_t)3 * points, sizeof(double));
+    col = moe_calloc((size_t)rounds, sizeof(double));
+    rows = moe_calloc((size_t)EP, sizeof(int));
+    first = moe_calloc((size_t)EP, sizeof(int));
+    rrows = moe_calloc((size_t)P, sizeof(int));
+    rq = moe_calloc((size_t)(2 * P + EP), sizeof(MPI_Request));
+    if (!send || !recv || !part || !gath || !x || !y || !col || !rows || !first || !rrows || !rq)
+      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                           "Parm alpha-beta: cannot allocate %zu floats", 3 * big);
+    MOE_TRY(moe_comm_agree(ctx, world, local, "Parm alpha-beta allocation"));
+    for (size_t i = 0; i < big; i++) send[i] = (float)(i % 1000) * 1e-3f;
+  }
+  for (int i = 0; i < points; i++) {
+    const double t = points > 1 ? (double)i / (points - 1) : 0;
+    const int r = (int)lround((double)rows_lo * pow((double)rows_hi / rows_lo, t));
+    for (int e = 0; e < EP; e++) {
+      rows[e] = r;
+      first[e] = e * r;
+    }
+    for (int q = 0; q < P; q++) rrows[q] = r;
+    for (int k = 0; k < 3; k++) {
+      // warm-up once, then the rounds
+      for (int round = -1; round < rounds; round++) {
+        MOE_MPI_TRY_OP(ctx, "Parm alpha-beta", MPI_Barrier(world));
+        const uint64_t t0 = moe_time_ns();
+        if (k == 0) {
+          MOE_TRY(moe_parm_dump_a2a(ctx, algo, g, ESP, send, rows, first, M, recv, rrows, &ws));
+        } else if (k == 1) {
+          MOE_MPI_TRY_OP(ctx, "Parm alpha-beta",
+                         MPI_Allgather(send, r * M, MPI_FLOAT, gath, r * M, MPI_FLOAT, mp));
+        } else {
+          MOE_TRY(saa_pair(ctx, g, mp, ep_me, EP, ESP, r, M, send, recv, part, gath, rq));
+        }
+        double ms = 0;
+        MOE_TRY(slowest(ctx, world, moe_time_ms_since(t0), &ms));
+        if (round >= 0) col[round] = ms;
+      }
+      // x: V = P r M for the all-to-all and the pair; the MP-AllGather's total MP r M
+      x[k * points + i] = (double)(k == 1 ? MP : P) * r * M;
+      y[k * points + i] = moe_median(col, rounds) * 1e-3;
+    }
+  }
+  {
+    moe_linear_fit f[3];
+    for (int k = 0; k < 3; k++)
+      MOE_TRY(moe_fit_linear(ctx, x + k * points, y + k * points, points, &f[k]));
+    out->alpha_a2a = f[0].alpha;
+    out->beta_a2a = f[0].beta;
+    out->alpha_mp = f[1].alpha;
+    out->beta_mp = f[1].beta;
+    out->alpha_o = f[2].alpha;
+    out->beta_o = f[2].beta;
+    if (fits) memcpy(fits, f, sizeof f);
+  }
+done:
+  moe_parm_layer_destroy(L);
+  moe_workspace_free(&ws);
+  void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
+  return st;
+}
+
 #else
 typedef int moe_measure_parm_needs_mpi;
 #endif  // MOE_HAVE_MPI

@@ -432,6 +432,10 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
 
 moe_parm_tensors moe_parm_layer_get_tensors(moe_parm_layer *L) { return L->t; }
 
+const moe_group *moe_parm_layer_a2a_group(const moe_parm_layer *L) { return &L->a2a; }
+MPI_Comm moe_parm_layer_mp_comm(const moe_parm_layer *L) { return L->mp; }
+const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *L) { return L->algo; }
+
 moe_parm_timing moe_parm_layer_timing(const moe_parm_layer *L, int backward) {
   return backward ? L->tb : L->tf;
 }
