@@ -9,25 +9,49 @@
         disconnects mid-stream, metrics
     serve_client.py PORT busy
         a queue of 1 and 1 slot: some of 8 concurrent requests get 503
-    serve_client.py PORT load N OUT
-        N concurrent requests of 300 tokens; writes one line per finished
-        response (status, finish_reason, tokens) to OUT (used across SIGTERM)
-Prints "FAIL: ..." lines and exits 1 on a failed check.
+    serve_client.py PORT accepted
+        prints the completions accepted so far (the 200s of both endpoints in
+        /metrics; the base of load and inflight)
+    serve_client.py PORT load N HUGE BASE STAGGER OUT
+        N requests (odd ones streamed, every third a chat), the first HUGE of
+        2^20 tokens (they cannot end before a shutdown cancels them), the
+        others of 300; all at once, or with STAGGER 1 each after the one before
+        it was accepted (BASE + i in /metrics) and no request waits (a queue of
+        1 takes them all); one line per request to OUT: "i status finish
+        completion_tokens max_tokens shape" (shape "ok": a well-formed answer,
+        a stream ending with its finish chunk and "data: [DONE]")
+    serve_client.py PORT inflight BASE N
+        waits (at most 300 s) until N requests were accepted since BASE and a
+        sequence runs (moe_running_sequences > 0)
+    serve_client.py - ended OUT N HUGE
+        OUT (of load) after a shutdown: N answers, each 200 and well-formed,
+        ended "length" at max_tokens or "cancelled" below it, the HUGE ones
+        cancelled; prints "cancelled K" (K: the number cancelled)
+    serve_client.py - curl DIR
+        the answers of the curl commands DIR/*.cmd (README.md, docs/inference.md),
+        each in DIR/*.out (and DIR/*.plain.out: the streamed ones asked again
+        without streaming): their JSON fields, the streams' "data: [DONE]"
+        end and their concatenation equal to the plain text
+Prints "FAIL: ..." lines on stderr and exits 1 on a failed check.
 """
+import glob
 import http.client
 import json
+import os
+import shlex
 import socket
 import sys
 import threading
+import time
 
-PORT = int(sys.argv[1])
+PORT = int(sys.argv[1]) if sys.argv[1].isdigit() else 0
 fails = []
 
 
 def check(cond, msg):
     if not cond:
         fails.append(msg)
-        print("FAIL: " + msg, flush=True)
+        print("FAIL: " + msg, file=sys.stderr, flush=True)
 
 
 def request(method, path, body=None, raw=None, timeout=120):
@@ -167,7 +191,6 @@ def api(generated, prompts):
     s.close()
     st, _, t = request("POST", "/v1/completions", {"prompt": "still here", "max_tokens": 5})
     check(st == 200 and json.loads(t)["usage"]["completion_tokens"] == 5, f"after a disconnect: {st} {t}")
-    import time
     deadline = time.time() + 30
     cancelled = 0
     while time.time() < deadline:
@@ -205,26 +228,161 @@ def busy():
             check("queue is full" in json.loads(t)["error"]["message"], f"503 body: {t}")
 
 
-def load(n, out):
-    lines = []
+def metrics():
+    _, _, m = request("GET", "/metrics", timeout=30)
+    return dict(l.rsplit(" ", 1) for l in m.splitlines() if l and l[0] != "#")
+
+
+def accepted(m):
+    return sum(int(m.get(f'moe_http_requests_total{{endpoint="{e}",code="200"}}', 0))
+               for e in ("completions", "chat_completions"))
+
+
+def wait_metrics(cond, what, limit=300):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if cond(metrics()):
+            return True
+        time.sleep(0.05)
+    check(False, f"not within {limit} s: {what}")
+    return False
+
+
+HUGE_TOKENS = 1 << 20  # the largest max_tokens
+
+
+def well_formed(chat, stream, st, ctype, text):
+    """(finish_reason, completion_tokens) of an answer, or raises AssertionError."""
+    assert st == 200, f"status {st}: {text[:200]}"
+    if not stream:
+        assert ctype.startswith("application/json"), ctype
+        r = json.loads(text)
+        assert r["object"] == ("chat.completion" if chat else "text_completion"), r["object"]
+        ch = r["choices"][0]
+        assert isinstance(ch["message"]["content"] if chat else ch["text"], str), ch
+        u = r["usage"]
+        assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+        return ch["finish_reason"], u["completion_tokens"]
+    assert ctype.startswith("text/event-stream"), ctype
+    ev = sse_events(text)
+    assert ev and ev[-1] == "[DONE]", f"the stream ends with {ev[-1:]}"
+    chunks = [json.loads(e) for e in ev[:-1]]
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    assert chunks and all(c["object"] == obj for c in chunks), "chunk objects"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1]), "finish_reason before the end"
+    last = chunks[-1]
+    u = last["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], u
+    return last["choices"][0]["finish_reason"], u["completion_tokens"]
+
+
+def load(n, huge, base, stagger, out):
+    lines = {}
     lock = threading.Lock()
 
     def one(i):
+        chat, stream = i % 3 == 2, i % 2 == 1
+        mt = HUGE_TOKENS if i < huge else 300
+        body = {"max_tokens": mt, "seed": i, "stream": stream}
+        if chat:
+            body["messages"] = [{"role": "user", "content": f"load {i}"}]
+        else:
+            body["prompt"] = f"load {i} "
         try:
-            st, _, t = request("POST", "/v1/completions", {"prompt": f"load {i}", "max_tokens": 300})
-            r = json.loads(t)
-            line = f"{st} {r['choices'][0]['finish_reason']} {r['usage']['completion_tokens']}" if st == 200 else f"{st} error"
-        except Exception as e:  # noqa: BLE001
-            line = f"0 {type(e).__name__}"
+            st, ctype, t = request("POST", "/v1/chat/completions" if chat else "/v1/completions", body,
+                                   timeout=600)
+            try:
+                fin, toks = well_formed(chat, stream, st, ctype, t)
+                line = f"{i} {st} {fin} {toks} {mt} ok"
+            except (AssertionError, ValueError, KeyError, IndexError, TypeError) as e:
+                line = f"{i} {st} - - {mt} bad:{str(e)[:80]!r}"
+        except Exception as e:  # noqa: BLE001 (any failure is a test failure)
+            line = f"{i} 0 - - {mt} {type(e).__name__}"
         with lock:
-            lines.append(line)
+            lines[i] = line
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for th in threads:
+    threads = []
+    for i in range(n):
+        if stagger and i > 0 and not wait_metrics(
+                lambda m, i=i: accepted(m) >= base + i and int(m["moe_queue_length"]) == 0,
+                f"request {i - 1} accepted and no request waiting"):
+            break
+        th = threading.Thread(target=one, args=(i,))
         th.start()
+        threads.append(th)
     for th in threads:
         th.join()
-    open(out, "w").write("\n".join(lines) + "\n")
+    open(out, "w").write("".join(lines[i] + "\n" for i in sorted(lines)))
+
+
+def inflight(base, n):
+    wait_metrics(lambda m: accepted(m) >= base + n and int(m["moe_running_sequences"]) > 0,
+                 f"{n} requests accepted and running")
+
+
+def ended(out, n, huge):
+    rows = [l.split(" ", 5) for l in open(out).read().splitlines()]
+    check(len(rows) == n, f"{len(rows)} answers of {n}: {rows}")
+    cancelled = 0
+    for i, st, fin, toks, mt, shape in rows:
+        what = f"request {i}: {st} {fin} {toks} of {mt} {shape}"
+        check(st == "200" and shape == "ok", what)
+        if fin == "length":
+            check(toks == mt and int(i) >= huge, what)
+        else:
+            check(fin == "cancelled" and toks.isdigit() and int(toks) < int(mt), what)
+            cancelled += 1
+    print(f"cancelled {cancelled}")
+
+
+def curl(folder):
+    """The answers of the docs' curl commands (see the module's help)."""
+    cmds = sorted(glob.glob(os.path.join(folder, "*.cmd")))
+    check(len(cmds) > 0, "no curl commands")
+    for f in cmds:
+        cmd = open(f).read().strip()
+        out = open(f[:-4] + ".out", encoding="utf-8").read()
+        argv = shlex.split(cmd)
+        url = next(a for a in argv if a.startswith("localhost:"))
+        path = url[url.index("/"):]
+        body = json.loads(argv[argv.index("-d") + 1]) if "-d" in argv else None
+        try:
+            if path == "/health":
+                assert json.loads(out) == {"status": "ok"}, out
+            elif path == "/v1/models":
+                m = json.loads(out)
+                assert m["object"] == "list" and m["data"][0]["id"] == "tiny", m
+            elif path == "/metrics":
+                m = dict(l.rsplit(" ", 1) for l in out.splitlines() if l and l[0] != "#")
+                assert int(m['moe_http_requests_total{endpoint="completions",code="200"}']) > 0, out[:300]
+                assert "moe_running_sequences" in m and "moe_queue_length" in m, out[:300]
+            else:
+                chat = path == "/v1/chat/completions"
+                assert chat or path == "/v1/completions", path
+                stream = body.get("stream", False)
+                mt = body.get("max_completion_tokens", body.get("max_tokens", 16))
+                if not stream:
+                    r = json.loads(out)
+                    fin, toks = well_formed(chat, False, 200, "application/json", out)
+                    assert r["model"] == "tiny" and r["id"].startswith("chatcmpl-" if chat else "cmpl-"), r
+                    assert (fin, toks) == ("length", mt) or (fin == "stop" and toks <= mt), (fin, toks)
+                    if chat:
+                        assert r["choices"][0]["message"]["role"] == "assistant", r
+                else:
+                    fin, toks = well_formed(chat, True, 200, "text/event-stream", out)
+                    chunks = [json.loads(e) for e in sse_events(out)[:-1]]
+                    if chat:
+                        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}, chunks[0]
+                        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+                    else:
+                        text = "".join(c["choices"][0]["text"] for c in chunks)
+                    plain = json.loads(open(f[:-4] + ".plain.out", encoding="utf-8").read())
+                    ch = plain["choices"][0]
+                    want = ch["message"]["content"] if chat else ch["text"]
+                    assert text == want, f"streamed {text!r} != plain {want!r}"
+                    assert (fin, toks) == (ch["finish_reason"], plain["usage"]["completion_tokens"]), (fin, toks)
+        except (AssertionError, ValueError, KeyError, IndexError, TypeError, StopIteration) as e:
+            check(False, f"{cmd}: {type(e).__name__} {e}; answer {out[:300]!r}")
 
 
 if __name__ == "__main__":
@@ -233,6 +391,14 @@ if __name__ == "__main__":
         api(sys.argv[3], sys.argv[4])
     elif what == "busy":
         busy()
+    elif what == "accepted":
+        print(accepted(metrics()))
     elif what == "load":
-        load(int(sys.argv[3]), sys.argv[4])
+        load(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1", sys.argv[7])
+    elif what == "inflight":
+        inflight(int(sys.argv[3]), int(sys.argv[4]))
+    elif what == "ended":
+        ended(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif what == "curl":
+        curl(sys.argv[3])
     sys.exit(1 if fails else 0)

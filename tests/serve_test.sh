@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# `moe serve` end to end, driven over HTTP (tests/serve_client.py): the API and
-# its answers equal to `moe generate`'s for the same requests, streaming, 40
-# concurrent requests, bad requests, a client that disconnects mid-stream,
-# metrics; under mpirun -n 2 the same answers and a full queue (503), stopped
-# by SIGUSR1 to mpirun; SIGTERM during load (the requests in flight end, exit 0, no rank left); bad options
+# `moe serve` end to end, driven over HTTP (tests/serve_client.py and curl): the
+# API and its answers equal to `moe generate`'s for the same requests,
+# streaming, 40 concurrent requests, bad requests, a client that disconnects
+# mid-stream, metrics; the curl examples of README.md and docs/inference.md
+# run as written (their JSON, the streams' "data: [DONE]" and concatenation);
+# SIGTERM while requests are in flight (each ends with its answer or as
+# "cancelled" at the drain timeout, exit 0, no process left); under mpirun -n 2
+# the same answers and a full queue (503), then SIGUSR1 to mpirun with
+# requests running and waiting (the same checks, no rank left); bad options
 # and checkpoints (exit 2).
 # Usage: serve_test.sh path/to/moe path/to/mpiexec
 set -u
@@ -64,31 +68,73 @@ start_server() {
   return 1
 }
 
-# stop_server LOG SIGNAL: the signal, then it must exit 0 within 60 s with no
+# stop_server LOG SIGNAL: the signal, then it must exit 0 within 120 s with no
 # process left (Open MPI's singleton helper, orted, goes within seconds)
 stop_server() {
   local tree rc
   tree=$(descendants "$srv")
   kill "-$2" "$srv"
-  for _ in $(seq 1 600); do kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 1200); do kill -0 "$srv" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$srv" 2>/dev/null; then
-    bad "the server did not exit within 60 s of SIGTERM"
+    bad "the server did not exit within 120 s of SIG$2"
     return
   fi
   wait "$srv"
   rc=$?
   srv=""
-  if [[ $rc -eq 0 ]]; then ok; else bad "the server exited $rc after SIGTERM: $(tail -3 "$1")"; fi
+  if [[ $rc -eq 0 ]]; then ok; else bad "the server exited $rc after SIG$2: $(tail -3 "$1")"; fi
   for _ in $(seq 1 100); do
     # shellcheck disable=SC2086 # one pid per word
     if [[ -z "$tree" ]] || ! ps -p "$(echo $tree | tr ' ' ,)" >/dev/null 2>&1; then break; fi
     sleep 0.1
   done
   # shellcheck disable=SC2086 # one pid per word
-  if [[ -z "$tree" ]] || ! ps -p "$(echo $tree | tr ' ' ,)" >/dev/null 2>&1; then ok; else bad "processes left after SIGTERM: $(ps -o pid,cmd -p "$(echo $tree | tr ' ' ,)")"; fi
+  if [[ -z "$tree" ]] || ! ps -p "$(echo $tree | tr ' ' ,)" >/dev/null 2>&1; then ok; else bad "processes left after SIG$2: $(ps -o pid,cmd -p "$(echo $tree | tr ' ' ,)")"; fi
+}
+
+# stop_mpich LOG: MPICH's hydra: SIGTERM to the ranks themselves (not to its
+# proxy), then stop_server's checks on mpiexec
+stop_mpich() {
+  local p
+  for p in $(descendants "$srv"); do
+    [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == "moe" ]] && kill -TERM "$p" 2>/dev/null
+  done
+  stop_server "$1" CONT
+}
+
+# under_load LOG N HUGE STAGGER STOP...: N requests to the server on $port
+# (serve_client.py load: the first HUGE of 2^20 tokens, which cannot end before
+# the shutdown cancels them; STAGGER 1: one at a time, for a queue of 1); once
+# all N are accepted and a sequence runs (moe_running_sequences in /metrics),
+# the command STOP... (stop_server: the signal, exit 0, no process left). Then
+# every request has ended with a well-formed 200 answer, "length" at its
+# max_tokens or "cancelled" below it (docs/inference.md: in flight finish
+# within --drain-timeout, then end as cancelled), the HUGE ones cancelled, and
+# the server's summary counts as many cancelled at shutdown as the clients saw.
+under_load() {
+  local log=$1 n=$2 huge=$3 stagger=$4 base client res out=$1.load.txt
+  shift 4
+  base=$(python3 "$here/serve_client.py" "$port" accepted) || base=0
+  python3 "$here/serve_client.py" "$port" load "$n" "$huge" "$base" "$stagger" "$out" &
+  client=$!
+  if python3 "$here/serve_client.py" "$port" inflight "$base" "$n"; then ok; else bad "no $n requests in flight"; fi
+  "$@"
+  wait "$client"
+  if res=$(python3 "$here/serve_client.py" - ended "$out" "$n" "$huge"); then
+    ok
+  else
+    bad "requests in flight at the signal: $(tr '\n' ';' <"$out")"
+  fi
+  if [[ $res =~ ^cancelled\ ([0-9]+)$ ]] &&
+    grep -q "moe serve: stopped: .* requests done (${BASH_REMATCH[1]} cancelled at shutdown)" "$log"; then
+    ok
+  else
+    bad "summary vs the clients' $res: $(tail -2 "$log")"
+  fi
 }
 
 expect 0 "usage: moe serve" -- "$MOE" serve --help
+expect 0 "^SIGUSR1 \(under mpirun: SIGUSR1 to Open MPI's mpirun" -- "$MOE" serve --help
 expect 2 "--checkpoint FILE is required" -- "$MOE" serve
 expect 2 "unknown option '--frob'" -- "$MOE" serve --frob
 expect 2 "--port.*must be in" -- "$MOE" serve --checkpoint "$tmp/tiny" --port 70000
@@ -99,8 +145,33 @@ expect 1 "GET http://127.0.0.1:1/metrics: .*is the server running" -- "$MOE" ben
 expect 2 "host 'localhost' must be an IPv4 address" -- "$MOE" serve --checkpoint "$tmp/tiny" --host localhost --port 0
 
 # one process: the API
-if start_server "$tmp/s1.log" "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --max-body 4K --slots 8; then
+if start_server "$tmp/s1.log" "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --max-body 4K --slots 8 \
+  --drain-timeout 3; then
   if python3 "$here/serve_client.py" "$port" api "$tmp/gen.jsonl" "$tmp/p.jsonl"; then ok; else bad "HTTP checks (1 rank)"; fi
+  # the curl examples of README.md and docs/inference.md as written (the port
+  # replaced), and a greedy stream; a streamed one is asked again without
+  # "stream" to compare the texts
+  if ! command -v curl >/dev/null; then
+    bad "curl is not installed (scripts/setup-debian.sh installs it)"
+  else
+    mkdir -p "$tmp/curl"
+    i=0
+    while IFS= read -r cmd; do
+      i=$((i + 1))
+      cmd=${cmd//localhost:8080/localhost:$port}
+      printf '%s\n' "$cmd" >"$tmp/curl/$i.cmd"
+      bash -c "$cmd" >"$tmp/curl/$i.out" || bad "curl failed: $cmd"
+      if [[ $cmd == *'"stream": true'* ]]; then
+        plain=${cmd/curl -sN /curl -s }
+        bash -c "${plain/\"stream\": true/\"stream\": false}" >"$tmp/curl/$i.plain.out" ||
+          bad "curl failed: $plain"
+      fi
+    done < <(grep -h '^curl -sN\? localhost:8080/' "$here/../README.md" "$here/../docs/inference.md"
+      echo "curl -sN localhost:8080/v1/completions -d '{\"prompt\": \"Once\", \"max_tokens\": 32, \"temperature\": 0, \"stream\": true}'")
+    # README.md's 2 and docs/inference.md's 6, and the greedy one
+    if [[ $i -eq 9 ]]; then ok; else bad "$i curl commands (README.md and docs/inference.md changed?)"; fi
+    if python3 "$here/serve_client.py" - curl "$tmp/curl"; then ok; else bad "the curl examples' answers"; fi
+  fi
   # the load generator against it: every request answered, the table and the JSON
   expect 0 "\| 8 \| 0 \|" -- "$MOE" bench serve --url "http://127.0.0.1:$port" --requests 8 \
     --concurrency 4 --output-len 6-10 --prompt-len 4-40 --json "$tmp/bench.json"
@@ -115,23 +186,17 @@ PY
     --requests 6 --rate 20 --output-len 4 --chat
   # a second server on the same port: refused
   expect 2 "cannot listen on 127.0.0.1:$port" -- "$MOE" serve --checkpoint "$tmp/tiny" --port "$port"
-  # SIGTERM during load: every request in flight ends with its answer, exit 0
-  python3 "$here/serve_client.py" "$port" load 12 "$tmp/load.txt" &
-  client=$!
-  sleep 1.5
-  stop_server "$tmp/s1.log" TERM
-  wait "$client"
-  n200=$(grep -c '^200 length 300$' "$tmp/load.txt")
-  if [[ $n200 -eq 12 ]]; then ok; else bad "requests in flight at SIGTERM: $(sort "$tmp/load.txt" | uniq -c | tr '\n' ';')"; fi
-  if grep -q "moe serve: stopped: .* requests done (0 cancelled at shutdown)" "$tmp/s1.log"; then ok; else bad "summary: $(tail -2 "$tmp/s1.log")"; fi
+  # SIGTERM during load: 12 requests (8 slots: some wait), 4 of them too long
+  # to end before the drain timeout (3 s) cancels them
+  under_load "$tmp/s1.log" 12 4 0 stop_server "$tmp/s1.log" TERM
 fi
 
 # two ranks, expert copies placed by eplb (re-planned every 2 steps): the same
-# answers, the placement's metrics, a full queue answers 503, SIGTERM to
-# mpirun ends every rank
+# answers, the placement's metrics, a full queue answers 503; then stopped
+# under load as docs/inference.md prescribes (SIGUSR1 to Open MPI's mpirun)
 # shellcheck disable=SC2086 # OVERSUB is empty or one flag
 if start_server "$tmp/s2.log" "$MPIEXEC" -n 2 $OVERSUB "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --slots 1 --queue 1 \
-  --placement eplb --place-slots 1 --place-every 2 --place-window 2; then
+  --placement eplb --place-slots 1 --place-every 2 --place-window 2 --drain-timeout 2; then
   python3 - "$port" "$tmp/gen.jsonl" "$tmp/p.jsonl" <<'PY' && ok || bad "2 ranks: answers differ from moe generate's"
 import http.client, json, sys
 port, gen, prompts = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -154,14 +219,13 @@ place = [float(v) for k, v in m.items() if k.startswith("moe_engine_place_second
 assert place and all(v >= 0 for v in place) and sum(place) > 0, place
 PY
   if python3 "$here/serve_client.py" "$port" busy; then ok; else bad "queue full (2 ranks)"; fi
+  # under load: a slot on each rank held by a request of 2^20 tokens, a third
+  # request waiting (the queue of 1), sent one at a time; all three end as
+  # "cancelled" when the drain timeout (2 s) runs out
   if [[ "$OVERSUB" == "--oversubscribe" ]]; then
-    stop_server "$tmp/s2.log" USR1  # Open MPI's mpirun forwards SIGUSR1 to the ranks
+    under_load "$tmp/s2.log" 3 2 1 stop_server "$tmp/s2.log" USR1  # Open MPI's mpirun forwards SIGUSR1
   else
-    # MPICH's hydra: SIGTERM to the ranks themselves (not to its proxy)
-    for p in $(descendants "$srv"); do
-      [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == "moe" ]] && kill -TERM "$p" 2>/dev/null
-    done
-    stop_server "$tmp/s2.log" CONT
+    under_load "$tmp/s2.log" 3 2 1 stop_mpich "$tmp/s2.log"
   fi
 fi
 

@@ -4,9 +4,11 @@
 // sampler, seeds and window rule. Requests of every kind (greedy, temperature
 // with top-k and top-p, stop strings, max_tokens 0, prompts longer than the
 // context, an empty prompt, generations past seq_len), through a queue small
-// enough to fill (BUSY), with the streamed text equal to the final text;
-// cancellation; shutdown releasing the followers; a missing checkpoint failing
-// on every rank. Also the sampler and the JSON request parser.
+// enough to fill (BUSY), with the streamed text equal to the final text; the
+// logits of every token the engine samples (moe_infer_step_logits) equal to
+// the reference's full forward over the same window (1e-5 relative), also in
+// steps where a rank has no rows; cancellation; shutdown releasing the followers; a missing
+// checkpoint failing on every rank. Also the sampler and the JSON request parser.
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -48,17 +50,40 @@ static void on_done(void *user, int64_t id, const moe_infer_result *r) {
   c->done_calls[id]++;
 }
 
+// A request's window as the engine holds it (the reference's rule): the
+// prompt's last seq_len tokens ("\n" for an empty prompt), each sampled token
+// appended, the last seq_len / 2 kept when the window is full.
+typedef struct {
+  int32_t win[256];
+  int wl;
+} window;
+
+static void window_init(window *w, const char *prompt, int S) {
+  const size_t plen = strlen(prompt);
+  w->wl = 0;
+  if (plen == 0) w->win[w->wl++] = '\n';
+  for (size_t i = plen > (size_t)S ? plen - S : 0; i < plen; i++)
+    w->win[w->wl++] = (unsigned char)prompt[i];
+}
+
+static void window_push(window *w, int tok, int S) {
+  if (w->wl < S) {
+    w->win[w->wl++] = tok;
+  } else {
+    const int keep = S / 2;
+    memmove(w->win, w->win + (w->wl - (keep - 1)), (size_t)(keep - 1) * sizeof(int32_t));
+    w->win[keep - 1] = tok;
+    w->wl = keep;
+  }
+}
+
 // The naive reference: full forward over the window for every token.
 static size_t reference(moe_gpt *m, const char *prompt, const moe_infer_params *p, char *text,
                         moe_infer_finish *finish) {
   const moe_gpt_config *c = moe_gpt_get_config(m);
   const int S = c->seq_len, V = c->vocab_size;
-  int32_t win[256];
-  int wl = 0;
-  const size_t plen = strlen(prompt);
-  if (plen == 0) win[wl++] = '\n';
-  for (size_t i = plen > (size_t)S ? plen - S : 0; i < plen; i++)
-    win[wl++] = (unsigned char)prompt[i];
+  window w;
+  window_init(&w, prompt, S);
   moe_rng rng;
   moe_rng_init(&rng, p->seed, 0);
   double scr[2 * 256];
@@ -67,8 +92,8 @@ static size_t reference(moe_gpt *m, const char *prompt, const moe_infer_params *
   text[0] = '\0';
   *finish = MOE_INFER_FINISH_LENGTH;
   for (int g = 0; g < p->max_tokens; g++) {
-    TU_CHECK(moe_gpt_forward(m, win, NULL, 1, wl, 0, NULL) == MOE_STATUS_OK, "ref forward");
-    const float *lg = moe_gpt_logits(m) + (size_t)(wl - 1) * V;
+    TU_CHECK(moe_gpt_forward(m, w.win, NULL, 1, w.wl, 0, NULL) == MOE_STATUS_OK, "ref forward");
+    const float *lg = moe_gpt_logits(m) + (size_t)(w.wl - 1) * V;
     const int tok = moe_infer_sample(lg, V, p->temperature, p->top_k, p->top_p,
                                      moe_rng_uniform(&rng), scr, order);
     text[n++] = (char)tok;
@@ -80,14 +105,35 @@ static size_t reference(moe_gpt *m, const char *prompt, const moe_infer_params *
         return n - k;
       }
     }
-    if (wl < S) {
-      win[wl++] = tok;
-    } else {
-      const int keep = S / 2;
-      memmove(win, win + (wl - (keep - 1)), (size_t)(keep - 1) * sizeof(int32_t));
-      win[keep - 1] = tok;
-      wl = keep;
-    }
+    window_push(&w, tok, S);
+  }
+  return n;
+}
+
+// The logits the engine sampled from in its last step against the reference's
+// full forward (moe_gpt_forward, one process) over each request's window at
+// 1e-5 relative; each window then takes the sampled token. Returns the rows
+// compared.
+static int check_step_logits(moe_infer *e, moe_gpt *ref, window *w, const char *label) {
+  const moe_gpt_config *c = moe_gpt_get_config(ref);
+  const moe_infer_step_row *rows = NULL;
+  const int n = moe_infer_step_logits(e, &rows);
+  for (int k = 0; k < n; k++) {
+    const int64_t id = rows[k].id;
+    TU_CHECK(id >= 1 && id <= NREQ && rows[k].logits && rows[k].token >= 0 &&
+                 rows[k].token < c->vocab_size,
+             "%s: step row %d: id %lld, token %d", label, k, (long long)id, rows[k].token);
+    if (id < 1 || id > NREQ || !rows[k].logits) continue;
+    window *wi = &w[id];
+    TU_CHECK(moe_gpt_forward(ref, wi->win, NULL, 1, wi->wl, 0, NULL) == MOE_STATUS_OK,
+             "ref forward");
+    char name[160];
+    snprintf(name, sizeof name, "%s: request %lld, window of %d: logits", label, (long long)id,
+             wi->wl);
+    tu_rel_close(name, rows[k].logits,
+                 moe_gpt_logits(ref) + (size_t)(wi->wl - 1) * (size_t)c->vocab_size,
+                 (size_t)c->vocab_size, 1e-5);
+    window_push(wi, rows[k].token, c->seq_len);
   }
   return n;
 }
@@ -217,6 +263,12 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement, int phase
     p[5].stop[1][1] = t[at + 1];
     p[5].stop[1][2] = '\0';
   }
+  // every token's logits against the reference's (rows of ids 1..NREQ)
+  static window win[NREQ + 1];
+  for (int i = 0; i < NREQ; i++) window_init(&win[i + 1], prompts[i], info.model.seq_len);
+  char label[64];
+  snprintf(label, sizeof label, "P=%d placement %s", g_world, moe_infer_placement_name(placement));
+  int64_t compared = 0, idle_compared = 0;
   int submitted = 0, busy = 0;
   while (submitted < NREQ || moe_infer_pending(e) > 0) {
     while (submitted < NREQ) {
@@ -231,9 +283,24 @@ static void test_engine(moe_ctx *ctx, const char *ckpt, int placement, int phase
                moe_ctx_error(ctx));
       submitted++;
     }
+    moe_infer_stats before, after;
+    moe_infer_get_stats(e, &before);
     TU_CHECK(moe_infer_step(e) == MOE_STATUS_OK, "step: %s", moe_ctx_error(ctx));
+    moe_infer_get_stats(e, &after);
+    const int rows = check_step_logits(e, ref, win, label);
+    compared += rows;
+    if (after.idle_rank_steps > before.idle_rank_steps) idle_compared += rows;
   }
   TU_CHECK(busy > 0, "the queue of 3 never filled");
+  {
+    moe_infer_stats s;
+    moe_infer_get_stats(e, &s);
+    TU_CHECK(compared == s.tokens && compared > 0, "%s: %lld rows of logits compared, %lld tokens",
+             label, (long long)compared, (long long)s.tokens);
+    // a rank with no rows in the step: the others' logits still right
+    if (g_world > 1)
+      TU_CHECK(idle_compared > 0, "%s: no logits compared in a step with an idle rank", label);
+  }
   for (int i = 0; i < NREQ; i++) {
     const int id = i + 1;
     char want[2048];

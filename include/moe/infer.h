@@ -146,6 +146,18 @@ int moe_infer_wait(moe_infer *e, int timeout_ms);
 // Rank 0: one step (collective with the followers): admit, compute, sample,
 // call back. Does nothing collective when no request is pending (returns OK).
 moe_status moe_infer_step(moe_infer *e);
+// Rank 0, the thread that steps: the rows the last moe_infer_step sampled a
+// token from, in the step's row order: each sequence's request id, the token
+// and the V logits it was sampled from (gathered from the rank that holds the
+// sequence). *rows stays valid until the next step; returns their number (0
+// after a step without tokens, and on the other ranks). For tests and tools
+// that check the engine's logits against a reference (tests/test_infer.c).
+typedef struct {
+  int64_t id;
+  int token;
+  const float *logits;  // (V)
+} moe_infer_step_row;
+int moe_infer_step_logits(const moe_infer *e, const moe_infer_step_row **rows);
 // Rank 0: steps until no request is pending.
 moe_status moe_infer_run(moe_infer *e);
 // Ranks other than 0: take part in the steps until rank 0 shuts down. Waits

@@ -84,7 +84,9 @@ struct moe_infer {
   moe_gpt_decode_row *mine;  // (step_rows): this rank's rows, local slots
   float *logits;             // (step_rows, V): this rank's rows' logits
   // rank 0
-  float *all_logits;  // (size * step_rows, V)
+  float *all_logits;              // (size * step_rows, V)
+  moe_infer_step_row *last_rows;  // (size * step_rows): the last step's sampled rows
+  int n_last;                     // (moe_infer_step_logits)
   int *counts, *displs;
   rq **slot_rq;     // (size * slots): the request in each global slot
   rq **row_rq;      // (size * step_rows)
@@ -247,7 +249,8 @@ moe_status moe_infer_memory(moe_ctx *ctx, const moe_gpt_config *cfg, const moe_i
   }
   const double rows = (double)world_size * ic->step_rows;
   out->bytes[MOE_MEM_WORKSPACE] +=
-      rows * (16.0 + (double)cfg->vocab_size * 4.0 + 8.0) + (double)cfg->vocab_size * 20.0;
+      rows * (16.0 + (double)cfg->vocab_size * 4.0 + 8.0 + (double)sizeof(moe_infer_step_row)) +
+      (double)cfg->vocab_size * 20.0;
 done:
   return st;
 }
@@ -835,6 +838,7 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       e->displs = moe_calloc((size_t)e->size, sizeof(int));
       e->slot_rq = moe_calloc((size_t)e->size * (size_t)ic->slots, sizeof(rq *));
       e->row_rq = moe_calloc(all, sizeof(rq *));
+      e->last_rows = moe_calloc(all, sizeof *e->last_rows);
       e->running_on = moe_calloc((size_t)e->size, sizeof(int));
       e->sample_scr = moe_malloc(2 * V * sizeof(double));
       e->sample_order = moe_malloc(V * sizeof(int));
@@ -843,9 +847,9 @@ moe_status moe_infer_create(moe_ctx *ctx, MPI_Comm world, const moe_infer_config
       e->lat = moe_malloc(2 * (size_t)LAT_CAP * sizeof(float));
     }
     const int ok = e->plan && e->mine && e->logits &&
-                   (e->rank != 0 ||
-                    (e->all_logits && e->counts && e->displs && e->slot_rq && e->row_rq &&
-                     e->running_on && e->sample_scr && e->sample_order && e->layer_ms && e->lat));
+                   (e->rank != 0 || (e->all_logits && e->counts && e->displs && e->slot_rq &&
+                                     e->row_rq && e->last_rows && e->running_on && e->sample_scr &&
+                                     e->sample_order && e->layer_ms && e->lat));
     if (!ok)
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "cannot allocate the engine's step buffers");
@@ -925,6 +929,7 @@ void moe_infer_destroy(moe_infer *e) {
   moe_free(e->displs);
   moe_free(e->slot_rq);
   moe_free(e->row_rq);
+  moe_free(e->last_rows);
   moe_free(e->running_on);
   moe_free(e->sample_scr);
   moe_free(e->sample_order);
@@ -1339,6 +1344,7 @@ moe_status moe_infer_step(moe_infer *e) {
   const uint64_t t0 = moe_time_ns();
   MOE_FAIL_IF(ctx, e->rank != 0, MOE_STATUS_INVALID_ARG,
               "moe_infer_step runs on rank 0 (the others run moe_infer_follow)");
+  e->n_last = 0;
   admit(e);
   const int n = build_rows(e);
   if (n == 0) goto done;
@@ -1373,6 +1379,7 @@ moe_status moe_infer_step(moe_infer *e) {
     const double u = moe_rng_uniform(&r->rng);
     const int tok = moe_infer_sample(lg, e->V, r->p.temperature, r->p.top_k, r->p.top_p, u,
                                      e->sample_scr, e->sample_order);
+    e->last_rows[e->n_last++] = (moe_infer_step_row){r->id, tok, lg};
     append_token(e, r, tok);
   }
   MOE_TRY(placement_step(e));  // the followers' come after their step
@@ -1398,6 +1405,11 @@ done:
   if (e->path_cnt) memcpy(e->path_cnt_pub, e->path_cnt, 3 * (size_t)e->n_moe * sizeof(int64_t));
   pthread_mutex_unlock(&e->mu);
   return st;
+}
+
+int moe_infer_step_logits(const moe_infer *e, const moe_infer_step_row **rows) {
+  if (rows) *rows = e->rank == 0 ? e->last_rows : NULL;
+  return e->rank == 0 ? e->n_last : 0;
 }
 
 void moe_infer_path_stats(moe_infer *e, int block, int64_t *evals, int64_t *accurate,

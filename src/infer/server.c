@@ -5,8 +5,9 @@
 // 413), parsed (moe_infer_request_from_json; 400 with the parser's message),
 // queued (moe_infer_submit; 503 when the queue is full), and answered by a
 // response whose content callback blocks until the engine's callbacks have
-// produced its bytes: for "stream": true a server-sent event per text piece,
-// then a final chunk with finish_reason and usage and "data: [DONE]"; else one
+// produced its bytes: for "stream": true a server-sent event per text piece
+// (a UTF-8 character split over tokens held back until complete), then a
+// final chunk with finish_reason and usage and "data: [DONE]"; else one
 // JSON object when the request ends. The request's state (http_req) is shared
 // by the connection's thread and the engine's thread and freed by the last of
 // the two to let go of it; a connection that ends before its request (the
@@ -96,7 +97,9 @@ typedef struct {
   char *out;  // bytes ready for the client
   size_t len, cap, sent;
   int oom;
-  int counted;  // in srv->active
+  int counted;   // in srv->active
+  char pend[4];  // a stream's text bytes held back: a UTF-8 character not yet complete
+  size_t n_pend;
 } http_req;
 
 // Gathered body of a POST (the connection's con_cls).
@@ -202,12 +205,29 @@ static void chunk_head(http_req *q) {
       q->cmpl_id, q->chat ? "chat.completion.chunk" : "text_completion", q->created, q->srv->model);
 }
 
-static void on_text(void *user, int64_t id, const char *bytes, size_t n) {
-  (void)id;
-  http_req *q = user;
-  if (!q->stream) return;
-  char *js = moe_infer_json_string(bytes, n);
-  pthread_mutex_lock(&q->mu);
+// Where the bytes b[0..n) may be cut for a stream chunk: before a UTF-8
+// character that starts in the last 3 bytes and would need bytes not yet
+// there (a lead byte followed by continuation bytes only). Tokens are bytes,
+// so a character can span tokens; the text up to the cut decodes
+// (moe_infer_json_string) as it does inside the whole text, so the chunks'
+// concatenation equals the non-streamed text.
+static size_t utf8_cut(const unsigned char *b, size_t n) {
+  for (size_t i = n > 3 ? n - 3 : 0; i < n; i++) {
+    const size_t need = b[i] >= 0xF0 && b[i] <= 0xF7   ? 4
+                        : b[i] >= 0xE0 && b[i] <= 0xEF ? 3
+                        : b[i] >= 0xC0 && b[i] <= 0xDF ? 2
+                                                       : 0;
+    if (need == 0 || i + need <= n) continue;
+    size_t j = i + 1;
+    while (j < n && (b[j] & 0xC0) == 0x80) j++;
+    if (j == n) return i;
+  }
+  return n;
+}
+
+// A stream chunk with the text bytes b[0..n) (q->mu held).
+static void stream_text(http_req *q, const char *b, size_t n) {
+  char *js = moe_infer_json_string(b, n);
   if (js) {
     chunk_head(q);
     if (q->chat)
@@ -217,9 +237,29 @@ static void on_text(void *user, int64_t id, const char *bytes, size_t n) {
   } else {
     q->oom = 1;
   }
+  moe_free(js);
+}
+
+static void on_text(void *user, int64_t id, const char *bytes, size_t n) {
+  (void)id;
+  http_req *q = user;
+  if (!q->stream) return;
+  pthread_mutex_lock(&q->mu);
+  // the bytes held back, then these: up to the cut now, the rest held
+  char *all = moe_malloc(q->n_pend + n);
+  if (all) {
+    memcpy(all, q->pend, q->n_pend);
+    memcpy(all + q->n_pend, bytes, n);
+    const size_t total = q->n_pend + n, cut = utf8_cut((const unsigned char *)all, total);
+    if (cut > 0) stream_text(q, all, cut);
+    q->n_pend = total - cut;  // at most 3
+    memcpy(q->pend, all + cut, q->n_pend);
+  } else {
+    q->oom = 1;
+  }
   pthread_cond_broadcast(&q->cv);
   pthread_mutex_unlock(&q->mu);
-  moe_free(js);
+  moe_free(all);
 }
 
 static void on_done(void *user, int64_t id, const moe_infer_result *r) {
@@ -234,6 +274,8 @@ static void on_done(void *user, int64_t id, const moe_infer_result *r) {
   char *js = q->stream ? NULL : moe_infer_json_string(r->text, r->text_len);
   pthread_mutex_lock(&q->mu);
   if (q->stream) {
+    if (q->n_pend > 0) stream_text(q, q->pend, q->n_pend);  // a character the text ends inside
+    q->n_pend = 0;
     chunk_head(q);
     if (q->chat)
       req_append(q, "\"index\":0,\"delta\":{},\"finish_reason\":\"%s\"}],\"usage\":%s}\n\n", fin,
