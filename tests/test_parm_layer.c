@@ -3,9 +3,10 @@
 // and moe_layer on the whole batch, and compares its outputs, dx, the aux and
 // z losses, the gate gradient and the gradients of the expert shards it holds
 // (relative error <= 1e-5), for every MP x EP x ESP layout in {1, 2, 4} that
-// divides the world (DP the rest), the three schedules (s2 with and without
-// SAA), every all-to-all algorithm, dropless and a capacity where nothing
-// drops, a data part with no tokens and all tokens routed to one expert.
+// divides the world (DP the rest) with every all-to-all algorithm and the
+// three schedules (s2 with and without SAA), 2 ranks per node, dropless and a
+// capacity where nothing drops, a data part with no tokens and all tokens
+// routed to one expert.
 // Then: SAA gives the sequential s2's bits; the EP&ESP all-to-all is byte
 // equal to the ESP-AllGather + EP all-to-all composition; bad layouts fail on
 // every rank (no hang). Run under mpirun with 1, 2 and 4 ranks.
@@ -300,23 +301,25 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   const int sizes[3] = {1, 2, 4};
-  // every layout, every schedule (s2 with and without SAA), the default algorithm
+  // every layout, every all-to-all algorithm, every schedule (s2 with and without SAA)
+  int nalgos = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
   for (int a = 0; a < 3; a++) {
     for (int b = 0; b < 3; b++) {
       for (int c = 0; c < 3; c++) {
         const int mp = sizes[a], ep = sizes[b], esp = sizes[c];
         if (g_world % (mp * ep * esp)) continue;
-        for (int s = 0; s < 4; s++) {
-          const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
-          const scenario sc = {mp, ep, esp, sched, s == 3, "mpi", 0.0, -1, 0, 0};
-          run_scenario(&sc);
+        for (int i = 0; i < nalgos; i++) {
+          for (int s = 0; s < 4; s++) {
+            const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
+            const scenario sc = {mp, ep, esp, sched, s == 3, algos[i]->name, 0.0, -1, 0, 0};
+            run_scenario(&sc);
+          }
         }
       }
     }
   }
-  // every all-to-all algorithm on the widest EP&ESP group and on MP x EP
-  int nalgos = 0;
-  const moe_a2a_algo *const *algos = moe_a2a_list(&nalgos);
+  // the algorithms again with 2 ranks per node, on the widest EP&ESP group and on MP x EP
   for (int i = 0; i < nalgos; i++) {
     for (int s = 0; s < 3; s++) {
       const int rpn = g_world >= 2 ? 2 : 1;
