@@ -58,7 +58,8 @@ moe_status moe_gpt_ckpt_read_info(moe_ctx *ctx, const char *path, moe_gpt_ckpt_i
 // from content version 3 on, one per MoE block (zeros when nothing set it).
 #define MOE_GPT_ROUTER_BIAS_NAME "h%d.moe.router_bias"
 
-// Loads every parameter tensor of model (this rank's slice of expert tensors)
+// Loads every parameter tensor of model (this rank's slice of expert tensors and,
+// with tensor parallelism, of the tensors split over MP: moe_gpt_param.tp_*)
 // and every MoE block's router bias (a version 1 or 2 file has none: zeros)
 // from path, and, when opt is not NULL, the AdamW moments and step count.
 // The checkpoint's model config must equal the model's (BAD_FORMAT naming the

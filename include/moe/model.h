@@ -111,7 +111,8 @@ extern const moe_gpt_moe_ops moe_gpt_moe_local;
 typedef struct moe_gpt moe_gpt;
 
 typedef enum {
-  MOE_GPT_PARAM_DENSE = 0,   // replicated on every rank (embeddings, attention, LN, dense FFN)
+  MOE_GPT_PARAM_DENSE = 0,   // embeddings, attention, LN, dense FFN: replicated over DP (and
+                             // over MP unless tp_dim >= 0: see moe_gpt_param.tp_dim)
   MOE_GPT_PARAM_GATE = 1,    // an MoE gate wg (replicated)
   MOE_GPT_PARAM_EXPERT = 2,  // expert tensors w1/b1/w2/b2 of the home experts
 } moe_gpt_param_kind;
@@ -130,6 +131,18 @@ typedef struct {
   int block;                // block index, -1 for wte/wpe/lnf
   int expert_first;         // EXPERT: first home expert; dims[0] = E; numel = count * rest
   int expert_count;         // EXPERT: home experts held here
+  // Tensor parallelism (moe_gpt_tp, MP size > 1): the dimension this tensor is
+  // split along over the MP ranks, or -1 when every MP rank holds it whole
+  // (then tp_parts 1, tp_first 0, tp_count 0). A split dimension is packed from
+  // tp_parts equal parts (3 for attn.w_qkv's and attn.b_qkv's q|k|v, else 1);
+  // this rank holds indices tp_first .. tp_first + tp_count - 1 of each part,
+  // the parts' pieces concatenated in order (w_qkv here: (M, 3 tp_count), its
+  // q, k, v columns). numel counts the slice. A split tensor's gradient holds
+  // only this rank's contribution: sum it over DP, never over MP; a tensor with
+  // tp_dim -1 has the same full gradient on every MP rank.
+  int tp_dim;
+  int tp_parts;
+  int tp_first, tp_count;
 } moe_gpt_param;
 
 // Creates the model for batches of up to max_batch sequences of up to
@@ -139,6 +152,41 @@ typedef struct {
 moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
                           const moe_gpt_moe_ops *ops, void *ops_user, moe_gpt **out);
 void moe_gpt_destroy(moe_gpt *model);  // NULL is a no-op
+
+// Tensor (model) parallelism, Megatron-LM style (Shoeybi et al. 2019;
+// docs/model.md "Tensor parallelism"): the collectives of the MP group, given by
+// the caller so that the model stays free of MPI. Every MP rank runs the same
+// forward and backward on the same tokens.
+typedef struct {
+  int size;  // MP ranks, >= 1 (1: no tensor parallelism)
+  int rank;  // this rank's index in the MP group, [0, size)
+  // buf (n floats) = its sum over the MP group's ranks, in place; collective
+  // (every MP rank calls it in the same order with the same n). A non-OK status
+  // stops the forward or backward and is returned (the callee sets ctx's message).
+  moe_status (*allreduce_sum)(void *user, float *buf, size_t n);
+  void *user;
+} moe_gpt_tp;
+
+// moe_gpt_create with tensor parallelism over tp's MP group. tp NULL or
+// tp->size 1: moe_gpt_create, bit for bit. With size P > 1 (n_head and, when a
+// block is dense, dense_hidden divisible by P, else INVALID_ARG naming the
+// field), this rank holds heads [rank NH/P, (rank + 1) NH/P): attn.w_qkv's and
+// attn.b_qkv's q, k and v columns of those heads (column-parallel) and
+// attn.w_proj's rows of those heads (row-parallel); a dense FFN's w_fc columns
+// and b_fc entries [rank Hd/P, (rank + 1) Hd/P) and those rows of w_fc2. The
+// embeddings, layernorms, attn.b_proj, ffn.b_fc2, the MoE blocks (through
+// their backend, fed the whole ln2 output on every MP rank) and the tied head
+// are whole on every MP rank: every rank computes the whole logits and loss.
+// The forward sums the attention projection's and the dense FFN's partial
+// outputs over MP before adding b_proj / b_fc2 (Megatron's g); the backward
+// sums the gradient entering ln1's and (dense blocks) ln2's backward (Megatron's
+// f). Refused with MP > 1: moe_gpt_set_deterministic(model, 1) and
+// moe_gpt_kv_create (INVALID_ARG). tp is copied; its user must outlive the model.
+moe_status moe_gpt_create_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
+                             const moe_gpt_moe_ops *ops, void *ops_user, const moe_gpt_tp *tp,
+                             moe_gpt **out);
+// MP ranks the model was created with (1 without tensor parallelism).
+int moe_gpt_tp_size(const moe_gpt *model);
 
 const moe_gpt_config *moe_gpt_get_config(const moe_gpt *model);
 int moe_gpt_num_params(const moe_gpt *model);  // number of tensors
@@ -166,10 +214,18 @@ size_t moe_gpt_activation_bytes(const moe_gpt *model);
 // optimizer category. INVALID_ARG for an invalid cfg or max_batch.
 moe_status moe_gpt_memory(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
                           const moe_memory_need *per_moe, int with_optim, moe_memory_need *out);
+// moe_gpt_memory for a model of moe_gpt_create_tp with mp_size MP ranks: the
+// split tensors, their gradients, AdamW state and the activations of this
+// rank's heads and dense hidden columns count as slices. mp_size 1: the same
+// bytes as moe_gpt_memory. INVALID_ARG as moe_gpt_create_tp for mp_size.
+moe_status moe_gpt_memory_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
+                             int mp_size, const moe_memory_need *per_moe, int with_optim,
+                             moe_memory_need *out);
 
 // GPT-2 init: weights N(0, init_std), the residual projections (attn.w_proj,
 // ffn.w_fc2) N(0, init_std / sqrt(2 L)), biases 0, LN gains 1, each tensor its
-// own RNG stream of seed (layout-independent); MoE layers through the backend's
+// own RNG stream of seed (layout-independent: under MP a slice gets exactly the
+// whole tensor's values there); MoE layers through the backend's
 // init_params(seed + 1000 + block).
 void moe_gpt_init_params(moe_gpt *model, uint64_t seed);
 void moe_gpt_zero_grad(moe_gpt *model);
@@ -182,6 +238,7 @@ void moe_gpt_zero_grad(moe_gpt *model);
 // the positions, usually) and a (max_batch * seq_len, vocab) dlogits buffer.
 // With moe_gemm on its fixed path (kernels.h) a sequence's gradient does not
 // depend on the other sequences either. Invalidates a pending backward.
+// INVALID_ARG when the model has MP > 1 (moe_gpt_create_tp) and on = 1.
 moe_status moe_gpt_set_deterministic(moe_gpt *model, int on);
 // Bytes moe_gpt_set_deterministic(model, 1) allocates for a model of cfg and max_batch.
 size_t moe_gpt_deterministic_bytes(const moe_gpt_config *cfg, int max_batch);
@@ -223,7 +280,9 @@ moe_status moe_gpt_backward(moe_gpt *model);
 // new is final: a chance to progress the sums in flight). Around an MoE
 // block's feed-forward backward it is called with ready = 3 just before (its
 // all-to-alls are imminent: Lina holds new sums back) and ready = 4 just
-// after (nothing new is final). A hook error stops
+// after (nothing new is final). Under MP (moe_gpt_create_tp) block l's
+// ready = 1 comes after the all-reduce of the gradient entering ln1's
+// backward, so it still means final. A hook error stops
 // the backward and is returned. fn NULL: none (the default).
 typedef moe_status (*moe_gpt_grad_hook)(void *user, int block, int ready);
 void moe_gpt_set_grad_hook(moe_gpt *model, moe_gpt_grad_hook fn, void *user);
@@ -241,8 +300,9 @@ typedef struct moe_gpt_kv moe_gpt_kv;
 // buffers.
 size_t moe_gpt_kv_bytes(const moe_gpt_config *cfg, int slots, int max_rows);
 // slots in [1, 65536]; max_rows in [1, the model's max_batch x seq_len] (the
-// MoE layers were created for that many tokens). INVALID_ARG naming the range;
-// OUT_OF_MEMORY with the bytes.
+// MoE layers were created for that many tokens). INVALID_ARG naming the range,
+// or when the model has MP > 1 (moe_gpt_create_tp: not supported); OUT_OF_MEMORY
+// with the bytes.
 moe_status moe_gpt_kv_create(moe_ctx *ctx, const moe_gpt *model, int slots, int max_rows,
                              moe_gpt_kv **out);
 void moe_gpt_kv_destroy(moe_gpt_kv *kv);  // NULL is a no-op

@@ -17,8 +17,15 @@
 // Backward walks the same steps in reverse with one residual gradient buffer
 // (N, M) that every branch accumulates into.
 //
+// Tensor parallelism (moe_gpt_create_tp, docs/model.md): each MP rank holds its
+// heads' columns of w_qkv and rows of w_proj, and its columns of w_fc and rows
+// of w_fc2; y w_proj and the dense FFN's output are partial sums, all-reduced
+// before b_proj / b_fc2 (Megatron's g); the gradients entering ln1's and ln2's
+// backward are all-reduced likewise (f). Everything else is replicated.
+//
 // Not here: the optimizer (optim.c), configuration (gpt_config.c), the MoE
-// layer itself (src/layer/), communication (the trainer's backend).
+// layer itself (src/layer/), communication (the trainer's backend and the
+// MP all-reduce it passes in moe_gpt_tp).
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,9 +55,11 @@ typedef struct {
   size_t offset;         // dense: offset in the dense region (floats)
 } param_slot;
 
+// tp_dim >= 0: the tensor is split along that dimension over the MP ranks
+// (when there are more than one), packed from tp_parts equal parts.
 static void add_param(moe_gpt *m, param_slot *slots, const char *name, moe_gpt_param_kind kind,
-                      int ndim, const int64_t *dims, int decay, int block, float **data,
-                      float **grad) {
+                      int ndim, const int64_t *dims, int decay, int block, int tp_dim, int tp_parts,
+                      float **data, float **grad) {
   moe_gpt_param *p = &m->params[m->n_params];
   memset(p, 0, sizeof *p);
   snprintf(p->name, sizeof p->name, "%s", name);
@@ -60,6 +69,15 @@ static void add_param(moe_gpt *m, param_slot *slots, const char *name, moe_gpt_p
   for (int d = 0; d < 4; d++) {
     p->dims[d] = d < ndim ? dims[d] : 1;
     numel *= (size_t)p->dims[d];
+  }
+  p->tp_dim = -1;
+  p->tp_parts = 1;
+  if (tp_dim >= 0 && m->tp.size > 1) {
+    p->tp_dim = tp_dim;
+    p->tp_parts = tp_parts;
+    p->tp_count = (int)(p->dims[tp_dim] / tp_parts / m->tp.size);
+    p->tp_first = m->tp.rank * p->tp_count;
+    numel /= (size_t)m->tp.size;
   }
   p->numel = numel;
   p->decay = decay;
@@ -86,28 +104,32 @@ static void build_param_table(moe_gpt *m, param_slot *slots) {
   char nm[64];
   m->n_params = 0;
   m->dense_floats = 0;
-  add_param(m, slots, "wte", D, 2, DIMS(V, M), 1, -1, &m->wte, &m->dwte);
-  add_param(m, slots, "wpe", D, 2, DIMS(S, M), 1, -1, &m->wpe, &m->dwpe);
+  add_param(m, slots, "wte", D, 2, DIMS(V, M), 1, -1, -1, 1, &m->wte, &m->dwte);
+  add_param(m, slots, "wpe", D, 2, DIMS(S, M), 1, -1, -1, 1, &m->wpe, &m->dwpe);
   for (int l = 0; l < c->n_layer; l++) {
     gpt_block *b = &m->blocks[l];
-#define ADD(suffix, ndim, dims, decay, field)                                   \
-  do {                                                                          \
-    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                               \
-    add_param(m, slots, nm, D, ndim, dims, decay, l, &b->p.field, &b->g.field); \
+// tp: the split dimension (-1: whole on every MP rank) and its parts
+#define ADD(suffix, ndim, dims, decay, tp, parts, field)                                   \
+  do {                                                                                     \
+    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                                          \
+    add_param(m, slots, nm, D, ndim, dims, decay, l, tp, parts, &b->p.field, &b->g.field); \
   } while (0)
-#define ADD_MOE(suffix, kind, ndim, dims, decay)                     \
-  do {                                                               \
-    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                    \
-    add_param(m, slots, nm, kind, ndim, dims, decay, l, NULL, NULL); \
+#define ADD_MOE(suffix, kind, ndim, dims, decay)                            \
+  do {                                                                      \
+    snprintf(nm, sizeof nm, "h%d.%s", l, suffix);                           \
+    add_param(m, slots, nm, kind, ndim, dims, decay, l, -1, 1, NULL, NULL); \
   } while (0)
-    ADD("ln1.g", 1, DIMS(M), 0, ln1_g);
-    ADD("ln1.b", 1, DIMS(M), 0, ln1_b);
-    ADD("attn.w_qkv", 2, DIMS(M, 3 * M), 1, w_qkv);
-    ADD("attn.b_qkv", 1, DIMS(3 * M), 0, b_qkv);
-    ADD("attn.w_proj", 2, DIMS(M, M), 1, w_proj);
-    ADD("attn.b_proj", 1, DIMS(M), 0, b_proj);
-    ADD("ln2.g", 1, DIMS(M), 0, ln2_g);
-    ADD("ln2.b", 1, DIMS(M), 0, ln2_b);
+    // Megatron's split: w_qkv by columns (each of q, k, v: this rank's heads),
+    // w_proj by rows; w_fc by columns, w_fc2 by rows; the biases that follow an
+    // all-reduce (b_proj, b_fc2) whole.
+    ADD("ln1.g", 1, DIMS(M), 0, -1, 1, ln1_g);
+    ADD("ln1.b", 1, DIMS(M), 0, -1, 1, ln1_b);
+    ADD("attn.w_qkv", 2, DIMS(M, 3 * M), 1, 1, 3, w_qkv);
+    ADD("attn.b_qkv", 1, DIMS(3 * M), 0, 0, 3, b_qkv);
+    ADD("attn.w_proj", 2, DIMS(M, M), 1, 0, 1, w_proj);
+    ADD("attn.b_proj", 1, DIMS(M), 0, -1, 1, b_proj);
+    ADD("ln2.g", 1, DIMS(M), 0, -1, 1, ln2_g);
+    ADD("ln2.b", 1, DIMS(M), 0, -1, 1, ln2_b);
     if (b->is_moe) {
       // decay on the matrices; the expert biases b1 (E, H), b2 (E, M) are biases
       ADD_MOE("moe.wg", MOE_GPT_PARAM_GATE, 2, DIMS(M, E), 1);
@@ -116,16 +138,16 @@ static void build_param_table(moe_gpt *m, param_slot *slots) {
       ADD_MOE("moe.w2", MOE_GPT_PARAM_EXPERT, 3, DIMS(E, H, M), 1);
       ADD_MOE("moe.b2", MOE_GPT_PARAM_EXPERT, 2, DIMS(E, M), 0);
     } else {
-      ADD("ffn.w_fc", 2, DIMS(M, Hd), 1, w_fc);
-      ADD("ffn.b_fc", 1, DIMS(Hd), 0, b_fc);
-      ADD("ffn.w_fc2", 2, DIMS(Hd, M), 1, w_fc2);
-      ADD("ffn.b_fc2", 1, DIMS(M), 0, b_fc2);
+      ADD("ffn.w_fc", 2, DIMS(M, Hd), 1, 1, 1, w_fc);
+      ADD("ffn.b_fc", 1, DIMS(Hd), 0, 0, 1, b_fc);
+      ADD("ffn.w_fc2", 2, DIMS(Hd, M), 1, 0, 1, w_fc2);
+      ADD("ffn.b_fc2", 1, DIMS(M), 0, -1, 1, b_fc2);
     }
 #undef ADD
 #undef ADD_MOE
   }
-  add_param(m, slots, "lnf.g", D, 1, DIMS(M), 0, -1, &m->lnf_g, &m->dlnf_g);
-  add_param(m, slots, "lnf.b", D, 1, DIMS(M), 0, -1, &m->lnf_b, &m->dlnf_b);
+  add_param(m, slots, "lnf.g", D, 1, DIMS(M), 0, -1, -1, 1, &m->lnf_g, &m->dlnf_g);
+  add_param(m, slots, "lnf.b", D, 1, DIMS(M), 0, -1, -1, 1, &m->lnf_b, &m->dlnf_b);
 }
 
 // Points the MoE entries of the table at the backend's tensors.
@@ -183,17 +205,18 @@ static int activation_specs(moe_gpt *m, int max_batch, float **resid, moe_tensor
                             float **shared_base, float **ints, int *any_dense_out) {
   const moe_gpt_config *c = &m->cfg;
   const int L = c->n_layer;
+  // this rank's attention columns Ma and dense hidden columns (Hd here) under MP
   const size_t N = (size_t)max_batch * (size_t)c->seq_len, M = (size_t)c->d_model,
-               V = (size_t)c->vocab_size, Hd = (size_t)c->dense_hidden;
+               V = (size_t)c->vocab_size, Hd = (size_t)m->hd_local, Ma = (size_t)m->m_local;
   const size_t att =
-      (size_t)max_batch * (size_t)c->n_head * (size_t)c->seq_len * (size_t)c->seq_len;
+      (size_t)max_batch * (size_t)m->nh_local * (size_t)c->seq_len * (size_t)c->seq_len;
   const size_t att_scr =
-      moe_attention_scratch_floats(max_batch, c->seq_len, c->n_head, c->d_model / c->n_head);
+      moe_attention_scratch_floats(max_batch, c->seq_len, m->nh_local, c->d_model / c->n_head);
   int any_dense = 0;
   for (int l = 0; l < L; l++) any_dense |= !m->blocks[l].is_moe;
   // Block scratch and dlogits share memory: dlogits is dead once dlnf and dwte are done.
   const size_t block_scr =
-      pad16(3 * N * M) + pad16(N * M) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
+      pad16(3 * N * Ma) + pad16(N * Ma) + (any_dense ? 2 * pad16(N * Hd) : 0) + pad16(att_scr);
   const size_t shared = block_scr > N * V ? block_scr : N * V;
   int n = 0;
 #define SPEC(name, count, ptr) \
@@ -204,9 +227,9 @@ static int activation_specs(moe_gpt *m, int max_batch, float **resid, moe_tensor
     SPEC("ln1", N * M, &b->ln1);
     SPEC("ln1_mean", N, &b->ln1_mean);
     SPEC("ln1_rstd", N, &b->ln1_rstd);
-    SPEC("qkv", 3 * N * M, &b->qkv);
+    SPEC("qkv", 3 * N * Ma, &b->qkv);
     SPEC("att", att, &b->att);
-    SPEC("atty", N * M, &b->atty);
+    SPEC("atty", N * Ma, &b->atty);
     SPEC("resid2", N * M, &b->resid2);
     SPEC("ln2", N * M, &b->ln2);
     SPEC("ln2_mean", N, &b->ln2_mean);
@@ -230,8 +253,56 @@ static int activation_specs(moe_gpt *m, int max_batch, float **resid, moe_tensor
   return n;
 }
 
+// ---- tensor parallelism -----------------------------------------------------------------
+
+// INVALID_ARG unless cfg's heads and dense hidden width split over mp MP ranks
+// (cfg already valid).
+static moe_status check_mp(moe_ctx *ctx, const moe_gpt_config *cfg, int mp) {
+  moe_status st = MOE_STATUS_OK;
+  int any_dense = 0;
+  for (int l = 0; l < cfg->n_layer; l++) any_dense |= !moe_gpt_block_is_moe(cfg, l);
+  MOE_FAIL_IF(ctx, mp < 1 || mp > cfg->n_head, MOE_STATUS_INVALID_ARG,
+              "MP ranks (%d) must be in [1, %d] (n_head)", mp, cfg->n_head);
+  MOE_FAIL_IF(ctx, cfg->n_head % mp != 0, MOE_STATUS_INVALID_ARG,
+              "n_head (%d) must be divisible by MP ranks (%d): a multiple of %d", cfg->n_head, mp,
+              mp);
+  MOE_FAIL_IF(ctx, any_dense && cfg->dense_hidden % mp != 0, MOE_STATUS_INVALID_ARG,
+              "dense_hidden (%d) must be divisible by MP ranks (%d): a multiple of %d",
+              cfg->dense_hidden, mp, mp);
+done:
+  return st;
+}
+
+// The model's MP group and the local widths (before the parameter table).
+static void set_mp(moe_gpt *m, const moe_gpt_tp *tp) {
+  memset(&m->tp, 0, sizeof m->tp);
+  m->tp.size = 1;
+  if (tp && tp->size > 1) m->tp = *tp;
+  const moe_gpt_config *c = &m->cfg;
+  m->nh_local = c->n_head / m->tp.size;
+  m->m_local = c->d_model / m->tp.size;
+  m->hd_local = c->dense_hidden / m->tp.size;
+}
+
+// buf (n floats) = its sum over the MP group (Megatron's g in the forward, f in
+// the backward). Nothing to do without MP.
+static moe_status mp_allreduce(moe_gpt *m, float *buf, size_t n) {
+  if (m->tp.size <= 1) return MOE_STATUS_OK;
+  return m->tp.allreduce_sum(m->tp.user, buf, n);
+}
+
+int moe_gpt_tp_size(const moe_gpt *m) { return m ? m->tp.size : 1; }
+
+// ---- create ---------------------------------------------------------------------------------
+
 moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
                           const moe_gpt_moe_ops *ops, void *ops_user, moe_gpt **out) {
+  return moe_gpt_create_tp(ctx, cfg, max_batch, ops, ops_user, NULL, out);
+}
+
+moe_status moe_gpt_create_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
+                             const moe_gpt_moe_ops *ops, void *ops_user, const moe_gpt_tp *tp,
+                             moe_gpt **out) {
   moe_status st = MOE_STATUS_OK;
   moe_gpt *m = NULL;
   param_slot *slots = NULL;
@@ -243,11 +314,20 @@ moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
               MOE_STATUS_INVALID_ARG,
               "max_batch (%d) must be in [1, %d] (max_batch x seq_len <= %d)", max_batch,
               MOE_MAX_TOKENS / cfg->seq_len, MOE_MAX_TOKENS);
+  if (tp) {
+    MOE_FAIL_IF(ctx, tp->size < 1, MOE_STATUS_INVALID_ARG, "MP ranks (%d) must be >= 1", tp->size);
+    MOE_FAIL_IF(ctx, tp->rank < 0 || tp->rank >= tp->size, MOE_STATUS_INVALID_ARG,
+                "MP rank (%d) must be in [0, %d]", tp->rank, tp->size - 1);
+    MOE_FAIL_IF(ctx, tp->size > 1 && !tp->allreduce_sum, MOE_STATUS_INVALID_ARG,
+                "MP ranks (%d) > 1 need an allreduce_sum", tp->size);
+    MOE_TRY(check_mp(ctx, cfg, tp->size));
+  }
   if (!ops) ops = &moe_gpt_moe_local;
   m = moe_calloc(1, sizeof *m);
   MOE_FAIL_IF(ctx, !m, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the model");
   m->ctx = ctx;
   m->cfg = *cfg;
+  set_mp(m, tp);
   m->cfg.moe.model_dim = cfg->d_model;
   m->cfg.moe.tokens = max_batch * cfg->seq_len;
   m->max_batch = max_batch;
@@ -299,8 +379,8 @@ moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
 
   // step 3: activations and backward scratch, one arena
   {
-    const size_t N = (size_t)max_batch * (size_t)c->seq_len, M = (size_t)c->d_model,
-                 Hd = (size_t)c->dense_hidden;
+    const size_t N = (size_t)max_batch * (size_t)c->seq_len, Ma = (size_t)m->m_local,
+                 Hd = (size_t)m->hd_local;
     m->resid = moe_calloc((size_t)L + 1, sizeof *m->resid);
     m->ce_seq = moe_calloc((size_t)max_batch, sizeof *m->ce_seq);
     MOE_FAIL_IF(ctx, !m->ce_seq, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the loss table");
@@ -321,9 +401,9 @@ moe_status moe_gpt_create(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
     m->dlogits = shared_base;
     float *p = shared_base;
     m->dqkv = p;
-    p += pad16(3 * N * M);
+    p += pad16(3 * N * Ma);
     m->datty = p;
-    p += pad16(N * M);
+    p += pad16(N * Ma);
     if (any_dense) {
       m->dh = p;
       p += pad16(N * Hd);
@@ -343,6 +423,12 @@ done:
 
 moe_status moe_gpt_memory(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
                           const moe_memory_need *per_moe, int with_optim, moe_memory_need *out) {
+  return moe_gpt_memory_tp(ctx, cfg, max_batch, ep_size, 1, per_moe, with_optim, out);
+}
+
+moe_status moe_gpt_memory_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch, int ep_size,
+                             int mp_size, const moe_memory_need *per_moe, int with_optim,
+                             moe_memory_need *out) {
   moe_status st = MOE_STATUS_OK;
   moe_gpt m;  // a model with its tables only: the sizes come from create's own code
   param_slot *slots = NULL;
@@ -359,7 +445,11 @@ moe_status moe_gpt_memory(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch
               MOE_MAX_TOKENS / cfg->seq_len, MOE_MAX_TOKENS);
   MOE_FAIL_IF(ctx, ep_size < 1 || cfg->moe.num_experts % ep_size != 0, MOE_STATUS_INVALID_ARG,
               "experts (%d) must be divisible by EP ranks (%d)", cfg->moe.num_experts, ep_size);
+  MOE_TRY(check_mp(ctx, cfg, mp_size));
   m.cfg = *cfg;
+  // the table of MP rank 0 (every rank's slices have the same sizes)
+  const moe_gpt_tp tp = {mp_size, 0, NULL, NULL};
+  set_mp(&m, &tp);
   m.cfg.moe.model_dim = cfg->d_model;
   m.cfg.moe.tokens = max_batch * cfg->seq_len;
   const int L = cfg->n_layer, max_params = 4 + 13 * L;
@@ -486,6 +576,18 @@ const float *moe_gpt_logits(const moe_gpt *m) { return m->logits; }
 
 // ---- init -----------------------------------------------------------------------------------
 
+// Index in the whole tensor of element j of this rank's slice (moe_gpt_param.tp_*).
+static size_t whole_index(const moe_gpt_param *p, size_t j) {
+  if (p->tp_dim < 0) return j;
+  size_t inner = 1;
+  for (int d = p->tp_dim + 1; d < p->ndim; d++) inner *= (size_t)p->dims[d];
+  const size_t whole = (size_t)p->dims[p->tp_dim], part = whole / (size_t)p->tp_parts;
+  const size_t count = (size_t)p->tp_count, held = count * (size_t)p->tp_parts;
+  const size_t in = j % inner, dl = (j / inner) % held, outer = j / inner / held;
+  const size_t d = dl / count * part + (size_t)p->tp_first + dl % count;
+  return (outer * whole + d) * inner + in;
+}
+
 void moe_gpt_init_params(moe_gpt *m, uint64_t seed) {
   const moe_gpt_config *c = &m->cfg;
   const float std = c->init_std, std_resid = c->init_std / sqrtf(2.0f * (float)c->n_layer);
@@ -496,9 +598,21 @@ void moe_gpt_init_params(moe_gpt *m, uint64_t seed) {
     leaf = leaf ? leaf + 1 : p->name;
     if (p->ndim >= 2) {
       const int resid = strcmp(leaf, "w_proj") == 0 || strcmp(leaf, "w_fc2") == 0;
+      const float sd = resid ? std_resid : std;
       moe_rng rng;
       moe_rng_init(&rng, seed, name_stream(p->name));
-      moe_rng_fill_normal(&rng, p->data, p->numel, 0.0f, resid ? std_resid : std);
+      if (p->tp_dim < 0) {
+        moe_rng_fill_normal(&rng, p->data, p->numel, 0.0f, sd);
+      } else {
+        // a slice: element w of the whole tensor is the normal drawn from the
+        // stream's 32-bit outputs 2w and 2w + 1 (moe_rng_normal takes exactly
+        // two; the stream is counter-based), so jump there: the slice gets the
+        // whole tensor's values without drawing the rest
+        for (size_t j = 0; j < p->numel; j++) {
+          rng.index = 2 * (uint64_t)whole_index(p, j);
+          p->data[j] = 0.0f + sd * moe_rng_normal(&rng);  // moe_rng_fill_normal's expression
+        }
+      }
     } else if (strcmp(leaf, "g") == 0) {
       for (size_t j = 0; j < p->numel; j++) p->data[j] = 1.0f;
     } else {
@@ -542,6 +656,9 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
               "loss_denominator (%g) must be finite", loss_denominator);
   const int N = b * s, M = c->d_model, V = c->vocab_size, NH = c->n_head, hd = M / NH;
   const int Hd = c->dense_hidden;
+  // under MP: this rank's heads, attention columns and dense hidden columns
+  const int mp = m->tp.size > 1, NHl = m->nh_local, Ma = m->m_local, Hl = m->hd_local;
+  const size_t NM = (size_t)N * M;
   for (int i = 0; i < N; i++) {
     MOE_FAIL_IF(ctx, tokens[i] < 0 || tokens[i] >= V, MOE_STATUS_INVALID_ARG,
                 "tokens[%d][%d] (%d) must be in [0, %d)", i / s, i % s, (int)tokens[i], V);
@@ -570,10 +687,21 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
     // attention branch
     moe_layernorm_forward(blk->ln1, blk->ln1_mean, blk->ln1_rstd, xl, p->ln1_g, p->ln1_b, N, M,
                           c->ln_eps);
-    moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * M);
-    moe_attention_forward(blk->atty, blk->att, blk->qkv, b, s, NH, hd);
-    memcpy(blk->resid2, xl, (size_t)N * M * sizeof(float));
-    linear_residual(blk->resid2, blk->atty, p->w_proj, p->b_proj, N, M, M);
+    if (mp) {
+      // column-parallel qkv of this rank's heads, row-parallel projection: the
+      // partial products summed over MP (g), then the residual and b_proj once
+      moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * Ma);
+      moe_attention_forward(blk->atty, blk->att, blk->qkv, b, s, NHl, hd);
+      moe_gemm(0, 0, N, M, Ma, 1.0f, blk->atty, Ma, p->w_proj, M, 0.0f, blk->resid2, M);
+      MOE_TRY(mp_allreduce(m, blk->resid2, NM));
+      moe_add_inplace(blk->resid2, xl, NM);
+      moe_bias_add_forward(blk->resid2, p->b_proj, N, M);
+    } else {
+      moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * M);
+      moe_attention_forward(blk->atty, blk->att, blk->qkv, b, s, NH, hd);
+      memcpy(blk->resid2, xl, (size_t)N * M * sizeof(float));
+      linear_residual(blk->resid2, blk->atty, p->w_proj, p->b_proj, N, M, M);
+    }
     // feed-forward branch
     moe_layernorm_forward(blk->ln2, blk->ln2_mean, blk->ln2_rstd, blk->resid2, p->ln2_g, p->ln2_b,
                           N, M, c->ln_eps);
@@ -581,12 +709,19 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       moe_layer_stats ls;
       memset(&ls, 0, sizeof ls);
       MOE_TRY(m->ops->forward(blk->moe, blk->ln2, N, xn, &ls));
-      const size_t nm = (size_t)N * M;
-      moe_add_inplace(xn, blk->resid2, nm);
+      moe_add_inplace(xn, blk->resid2, NM);
       res.aux += ls.aux_loss;
       res.z += ls.z_loss;
       res.dropped += ls.dropped;
       res.rerouted += ls.rerouted;
+    } else if (mp) {
+      // column-parallel w_fc, row-parallel w_fc2, partial outputs summed (g)
+      moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hl);
+      moe_gelu_forward(blk->fch_gelu, blk->fch, (size_t)N * Hl);
+      moe_gemm(0, 0, N, M, Hl, 1.0f, blk->fch_gelu, Hl, p->w_fc2, M, 0.0f, xn, M);
+      MOE_TRY(mp_allreduce(m, xn, NM));
+      moe_add_inplace(xn, blk->resid2, NM);
+      moe_bias_add_forward(xn, p->b_fc2, N, M);
     } else {
       moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hd);
       moe_gelu_forward(blk->fch_gelu, blk->fch, (size_t)N * Hd);
@@ -658,6 +793,10 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   moe_ctx *ctx = m ? m->ctx : NULL;
   MOE_FAIL_IF(ctx, !m, MOE_STATUS_INVALID_ARG, "model must not be NULL");
   m->have_forward = 0;
+  MOE_FAIL_IF(ctx, on && m->tp.size > 1, MOE_STATUS_INVALID_ARG,
+              "deterministic mode is not supported with tensor parallelism (MP ranks %d; "
+              "needs 1)",
+              m->tp.size);
   if (!on) {
     moe_pairwise_free(&m->pw);
     moe_free(m->dlogits_own);
@@ -743,7 +882,9 @@ moe_status moe_gpt_backward(moe_gpt *m) {
               "backward needs a successful forward with targets first");
   const moe_gpt_config *c = &m->cfg;
   const int b = m->b_last, s = m->s_last, N = b * s, M = c->d_model, V = c->vocab_size;
-  const int NH = c->n_head, hd = M / NH, Hd = c->dense_hidden;
+  const int hd = M / c->n_head;
+  // this rank's heads, attention columns and dense hidden columns (all of them without MP)
+  const int NHl = m->nh_local, Ma = m->m_local, Hd = m->hd_local;
   const size_t NM = (size_t)N * M;
 
   // step 1: dlogits = (softmax - onehot) / denominator on rows with a target
@@ -789,18 +930,20 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       GRAD_HOOK(l, 0);
       moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
       linear_backward_set(m, m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
-      GRAD_HOOK(l, 2);  // ffn.* final
+      GRAD_HOOK(l, 2);                       // ffn.* final
+      MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln2
     }
     layernorm_backward(m, m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
                        blk->ln2_rstd, p->ln2_g, N, M);
     // attention branch
-    linear_backward_set(m, m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, M,
+    linear_backward_set(m, m->datty, g->w_proj, g->b_proj, m->dresid, blk->atty, p->w_proj, N, Ma,
                         M);
     GRAD_HOOK(l, 0);
-    memset(m->dqkv, 0, 3 * NM * sizeof(float));
-    moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NH, hd);
+    memset(m->dqkv, 0, 3 * (size_t)N * Ma * sizeof(float));
+    moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NHl, hd);
     GRAD_HOOK(l, 0);
-    linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * M);
+    linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * Ma);
+    MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln1
     layernorm_backward(m, m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
                        blk->ln1_rstd, p->ln1_g, N, M);
     GRAD_HOOK(l, 1);

@@ -87,6 +87,9 @@ moe_status moe_gpt_kv_create(moe_ctx *ctx, const moe_gpt *model, int slots, int 
   moe_gpt_kv *kv = NULL;
   MOE_FAIL_IF(ctx, !model || !out, MOE_STATUS_INVALID_ARG, "model and out must not be NULL");
   *out = NULL;
+  MOE_FAIL_IF(ctx, model->tp.size > 1, MOE_STATUS_INVALID_ARG,
+              "KV-cache decoding is not supported with tensor parallelism (MP ranks %d; needs 1)",
+              model->tp.size);
   const moe_gpt_config *c = &model->cfg;
   const int row_cap = model->max_batch * c->seq_len;
   MOE_FAIL_IF(ctx, slots < 1 || slots > 65536, MOE_STATUS_INVALID_ARG,

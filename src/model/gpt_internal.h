@@ -6,14 +6,16 @@
 #include "moe/kernels.h"
 #include "moe/model.h"
 
-// Dense parameters of one block (data or gradients).
+// Dense parameters of one block (data or gradients). With tensor parallelism
+// (MP size P) this rank's slices: Ma = M / P attention columns (its NH / P
+// heads), Hl = Hd / P dense hidden columns; P = 1: Ma = M, Hl = Hd.
 typedef struct {
   float *ln1_g, *ln1_b;    // (M)
-  float *w_qkv, *b_qkv;    // (M, 3M), (3M)
-  float *w_proj, *b_proj;  // (M, M), (M)
+  float *w_qkv, *b_qkv;    // (M, 3 Ma), (3 Ma): q | k | v of this rank's heads
+  float *w_proj, *b_proj;  // (Ma, M), (M)
   float *ln2_g, *ln2_b;    // (M)
-  float *w_fc, *b_fc;      // (M, Hd), (Hd): dense blocks only
-  float *w_fc2, *b_fc2;    // (Hd, M), (M): dense blocks only
+  float *w_fc, *b_fc;      // (M, Hl), (Hl): dense blocks only
+  float *w_fc2, *b_fc2;    // (Hl, M), (M): dense blocks only
 } gpt_block_params;
 
 typedef struct {
@@ -23,12 +25,12 @@ typedef struct {
   gpt_block_params p, g;
   // activations, for N = max_batch * S rows
   float *ln1, *ln1_mean, *ln1_rstd;  // (N, M), (N), (N)
-  float *qkv;                        // (N, 3M)
-  float *att;                        // (B, NH, S, S)
-  float *atty;                       // (N, M): attention output before w_proj
+  float *qkv;                        // (N, 3 Ma)
+  float *att;                        // (B, NH / P, S, S)
+  float *atty;                       // (N, Ma): attention output before w_proj
   float *resid2;                     // (N, M): x_l + attention branch
   float *ln2, *ln2_mean, *ln2_rstd;  // (N, M), (N), (N)
-  float *fch, *fch_gelu;             // (N, Hd) each: dense blocks only
+  float *fch, *fch_gelu;             // (N, Hl) each: dense blocks only
 } gpt_block;
 
 struct moe_gpt {
@@ -37,6 +39,9 @@ struct moe_gpt {
   int max_batch;
   const moe_gpt_moe_ops *ops;
   void *ops_user;
+  moe_gpt_tp tp;                // tensor parallelism (size 1: none)
+  int nh_local;                 // heads held here: NH / P
+  int m_local, hd_local;        // Ma = M / P attention columns, Hl = Hd / P dense hidden columns
   moe_gpt_grad_hook grad_hook;  // moe_gpt_set_grad_hook (NULL: none)
   void *grad_hook_user;
   int n_blocks_created;  // backends created (for destroy)
@@ -60,9 +65,9 @@ struct moe_gpt {
   float *dresid;     // (N, M): gradient of the residual stream
   float *dln;        // (N, M): gradient of a layernorm output
   float *dlogits;    // (N, V): shares memory with the block scratch below
-  float *dqkv;       // (N, 3M)
-  float *datty;      // (N, M)
-  float *dh, *dfch;  // (N, Hd) each
+  float *dqkv;       // (N, 3 Ma)
+  float *datty;      // (N, Ma)
+  float *dh, *dfch;  // (N, Hl) each
   float *att_scratch;
   size_t moe_work_bytes;  // estimate of the MoE layers' own buffers (activation_bytes)
   // state of the last forward

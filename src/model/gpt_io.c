@@ -151,8 +151,9 @@ done:
 
 // ---- loading ------------------------------------------------------------------------------
 
-// Reads this rank's part of tensor `name` (numel elements from element `first`)
-// after checking the stored shape equals the whole shape of p.
+// Reads this rank's part of tensor `name` (numel elements from element `first`,
+// or the pieces of a tensor split over MP: moe_gpt_param.tp_*) after checking
+// the stored shape equals the whole shape of p.
 static moe_status read_part(moe_ctx *ctx, const char *path, moe_ckpt_reader *r, const char *name,
                             const moe_gpt_param *p, float *dst) {
   moe_status st = MOE_STATUS_OK;
@@ -163,6 +164,22 @@ static moe_status read_part(moe_ctx *ctx, const char *path, moe_ckpt_reader *r, 
   for (int k = 0; same && k < p->ndim; k++) same = d->dims[k] == p->dims[k];
   MOE_FAIL_IF(ctx, !same, MOE_STATUS_BAD_FORMAT,
               "%s: tensor '%s' has another shape or type than the model's", path, name);
+  if (p->tp_dim >= 0) {
+    // one run of tp_count x inner elements per outer index and part
+    size_t outer = 1, inner = 1;
+    for (int k = 0; k < p->tp_dim; k++) outer *= (size_t)p->dims[k];
+    for (int k = p->tp_dim + 1; k < p->ndim; k++) inner *= (size_t)p->dims[k];
+    const size_t dim = (size_t)p->dims[p->tp_dim], part = dim / (size_t)p->tp_parts;
+    const size_t run = (size_t)p->tp_count * inner;
+    for (size_t o = 0; o < outer; o++) {
+      for (int t = 0; t < p->tp_parts; t++) {
+        const size_t at = (o * dim + (size_t)t * part + (size_t)p->tp_first) * inner;
+        MOE_TRY(moe_ckpt_reader_read(r, i, at, run, dst));
+        dst += run;
+      }
+    }
+    goto done;
+  }
   size_t first = 0;
   if (p->kind == MOE_GPT_PARAM_EXPERT)
     first = (size_t)p->expert_first * (p->numel / (size_t)p->expert_count);
