@@ -146,7 +146,24 @@ static void usage(FILE *f) {
       "                        then and every --packing-every steps; not with\n"
       "                        --balance [off]\n"
       "  --packing-start S     the first step run packed [10]\n"
-      "  --packing-every K     lina: steps between checks [4]\n"
+      "  --packing-every K     lina: steps between checks [4]\n",
+      f);
+  fputs(
+      "Parm (docs/parm.md; any of these turns it on):\n"
+      "  --mp N                tensor parallelism: attention heads and dense FFNs split\n"
+      "                        over N consecutive ranks that train on the same sequences\n"
+      "                        (the batch divides over P / N data parts) [1]\n"
+      "  --esp N               experts sharded along their hidden size over N ranks [1]\n"
+      "                        (world = DP x MP x EP x ESP; --ep N: EP, else P / (MP ESP))\n"
+      "  --parm baseline|s1|s2|auto\n"
+      "                        the MoE blocks' schedule: DeepSpeed-MoE's baseline, Parm's\n"
+      "                        s1 or s2, or auto: Parm's Algorithm 1 on alpha-beta terms\n"
+      "                        measured at the start [s2]\n"
+      "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
+      "                        Parm sets --deterministic off and does not combine with\n"
+      "                        --balance, --expert-packing, --grad-bucket-mb,\n"
+      "                        --comm-priority lina, --gate topo, --router-bias-update,\n"
+      "                        --routing-trace, --trace, --schedule, --chunks or --compress\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -179,6 +196,7 @@ typedef struct {
   int model_flags;           // a model flag was given
   const char *profile_path;  // --profile: predictions, and the planner for auto
   int balance_slots;         // --balance-slots, -1: E / EP
+  int deterministic_set;     // --deterministic given
 } train_opts;
 
 static int any_auto(const moe_train_config *tc) {
@@ -339,6 +357,29 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     int kb = 0;
     cli_parse_int(a, "--micro-op-kb", 0, 1048576, &kb);
     tc->micro_op_kb = kb;
+  } else if (cli_opt(a, "--mp")) {
+    cli_parse_int(a, "--mp", 1, 1 << 20, &tc->mp);
+    tc->parm_on = 1;
+  } else if (cli_opt(a, "--esp")) {
+    cli_parse_int(a, "--esp", 1, 1 << 20, &tc->esp);
+    tc->parm_on = 1;
+  } else if (cli_opt(a, "--parm")) {
+    tc->parm_on = 1;
+    if (a->value && strcmp(a->value, "auto") == 0) {
+      tc->parm_auto = 1;
+    } else if (a->value) {
+      moe_ctx *ectx = NULL;
+      if (moe_ctx_create(&ectx) != MOE_STATUS_OK) {
+        cli_error("--parm: out of memory");
+        a->bad = 1;
+      } else if (moe_parm_schedule_parse(ectx, a->value, &tc->parm_schedule) != MOE_STATUS_OK) {
+        cli_error("--parm: %s, or auto", moe_ctx_error(ectx));
+        a->bad = 1;
+      }
+      moe_ctx_destroy(ectx);
+    }
+  } else if (cli_opt(a, "--saa")) {
+    cli_parse_on_off(a, "--saa", &tc->parm_saa);
   } else if (cli_opt(a, "--expert-packing")) {
     if (a->value && strcmp(a->value, "off") == 0) {
       tc->packing = 0;
@@ -404,6 +445,7 @@ static int parse_output_opt(cli_args *a, train_opts *o) {
     }
   } else if (cli_opt(a, "--deterministic")) {
     cli_parse_on_off(a, "--deterministic", &tc->deterministic);
+    o->deterministic_set = 1;
   } else if (cli_flag(a, "--quiet")) {
     tc->progress = 0;
   } else {
@@ -544,6 +586,9 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
     tc->optim.warmup_steps = tc->steps / 5;
   if (tc->resume && print_resume(o, ctx, &info) != CLI_OK) return CLI_USAGE;
+  // Parm's tensor parallelism sums over MP in MPI's order: not deterministic
+  // mode, which is off unless asked for (then the library refuses it)
+  if (tc->parm_on && !o->deterministic_set) tc->deterministic = 0;
   return check_combinations(o);
 }
 
@@ -655,6 +700,17 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         "MoE layers) %.3f at step %d -> %.3f at step %d; largest |bias| %.4f\n",
         (double)tc->router_bias_rate, r->expert_load_ratio_first, r->first_step,
         r->expert_load_ratio_last, r->last_step, r->router_bias_max);
+  if (tc->parm_on) {
+    printf("  parm: MP %d x EP %d x ESP %d (DP %d), schedule %s%s", tc->mp, r->ep_first, tc->esp,
+           world / (tc->mp * r->ep_first * tc->esp), moe_parm_schedule_name(r->parm_schedule),
+           r->parm_schedule == MOE_PARM_S2 ? (tc->parm_saa ? " with SAA" : " without SAA") : "");
+    if (tc->parm_auto && tc->mp > 1)
+      printf(
+          " (Algorithm 1 on alpha-beta terms measured at the start: s1 %.2f ms, s2 %.2f ms of "
+          "communication per MoE forward)",
+          r->parm_t1_ms, r->parm_t2_ms);
+    printf("\n");
+  }
   const moe_backend *be = moe_backend_current();
   const moe_precision prec = moe_precision_current();
   char prec_desc[64];

@@ -78,11 +78,18 @@ int moe_gpt_block_is_moe(const moe_gpt_config *cfg, int block);
 // parameter (no gradient, no optimizer state); DeepSeek-V3's aux-loss-free
 // update writes it in training (moe_train_config.router_bias_rate) and the
 // checkpoint stores it.
+// Experts sharded along H (Parm's ESP, include/moe/parm.h): shards > 1 when
+// this instance holds shard `shard` of each home expert: w1's columns and
+// b1's entries shard H/shards .. (shard + 1) H/shards - 1 and those rows of
+// w2 (w1 (home_count, M, H/shards), b1 (home_count, H/shards), w2
+// (home_count, H/shards, M)); b2 whole. The gradients are complete (the
+// backend sums them). shards 0 or 1: whole experts.
 typedef struct {
   int home_first, home_count;
   float *wg, *w1, *b1, *w2, *b2;
   float *dwg, *dw1, *db1, *dw2, *db2;
   float *router_bias;
+  int shard, shards;
 } moe_gpt_moe_tensors;
 
 // One MoE FFN implementation. `user` is the pointer given to moe_gpt_create.
@@ -140,10 +147,21 @@ typedef struct {
   // q, k, v columns). numel counts the slice. A split tensor's gradient holds
   // only this rank's contribution: sum it over DP, never over MP; a tensor with
   // tp_dim -1 has the same full gradient on every MP rank.
+  // An EXPERT tensor of a backend with sharded experts (moe_gpt_moe_tensors.shards
+  // > 1) uses the same fields for its shard (w1: dim 2, b1 and w2: dim 1); its
+  // gradient is complete (the backend's sums).
   int tp_dim;
   int tp_parts;
   int tp_first, tp_count;
 } moe_gpt_param;
+
+// Where this rank's slice of p sits in the whole tensor (row-major, dims):
+// the slice (numel elements, in its own order) is moe_gpt_param_runs(p)
+// contiguous runs of the whole tensor, run k of moe_gpt_param_run(p, k,
+// &offset) elements starting at element offset; runs follow the slice's
+// order. Covers the home experts (EXPERT), the MP split and the expert shard.
+size_t moe_gpt_param_runs(const moe_gpt_param *p);
+size_t moe_gpt_param_run(const moe_gpt_param *p, size_t k, size_t *offset);
 
 // Creates the model for batches of up to max_batch sequences of up to
 // cfg->seq_len tokens. ops NULL = moe_gpt_moe_local. Allocates every buffer;

@@ -130,6 +130,11 @@ moe_status moe_parm_layer_forward(moe_parm_layer *layer, const float *x, int tok
 // dy (T, M), the same on every MP peer -> dx (T, M) (overwritten); parameter
 // gradients added (+=). Collective over world.
 moe_status moe_parm_layer_backward(moe_parm_layer *layer, const float *dy, float *dx);
+// The same with dx += (a model's residual stream: moe_gpt_moe_ops.backward),
+// through the layer's own (T, M) buffer.
+moe_status moe_parm_layer_backward_add(moe_parm_layer *layer, const float *dy, float *dx);
+// ESP: the shards each expert is split into.
+int moe_parm_layer_shards(const moe_parm_layer *layer);
 
 // Times of the last forward (backward = 0) or backward (1) on this rank, ms.
 typedef struct {

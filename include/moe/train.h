@@ -22,6 +22,7 @@
 #include "moe/gpt_io.h"
 #include "moe/model.h"
 #include "moe/parallel.h"
+#include "moe/parm.h"
 #include "moe/perf.h"
 
 #ifdef __cplusplus
@@ -88,6 +89,18 @@ typedef struct {
   // hide with them), ms
   double grad_wait_ms;
 } moe_train_step_info;
+
+// MoE-GPT's Parm backend (docs/parm.md): the MoE blocks as moe_parm_layer
+// over `world` with `parm` (MP x EP x ESP, the schedule); MP peers feed it the
+// same tokens (the model's tensor parallelism). Its user outlives the model;
+// create fills impl. Every call is collective over world.
+typedef struct {
+  MPI_Comm world;
+  moe_parm_config parm;
+  void *impl[MOE_GPT_MAX_LAYERS];
+} moe_train_parm_user;
+extern const moe_gpt_moe_ops moe_train_parm_ops;
+moe_parm_layer *moe_train_parm_layer(void *impl);
 
 typedef struct {
   moe_gpt_config model;
@@ -210,6 +223,20 @@ typedef struct {
   // Not with load balancing. Defaults 10 and 4 (Lina's).
   int packing;
   int packing_start, packing_every;
+  // Parm (docs/parm.md), on when parm_on: tensor parallelism of the dense
+  // parts over MP ranks (moe_gpt_create_tp) and the MoE blocks on
+  // moe_parm_layer with experts sharded over ESP ranks; world = DP x MP x EP x
+  // ESP with EP = par.ep_size, or world / (MP ESP) when 0; MP peers train on
+  // the same sequences (batch divisible by world / MP). par.a2a and
+  // par.ranks_per_node apply. Not with deterministic mode, load balancing,
+  // expert packing, gradient buckets, the topology-aware gate, the router-bias
+  // update, traces, schedules other than sequential, chunks or compression.
+  int parm_on;
+  int mp, esp;                      // [1, 1]
+  moe_parm_schedule parm_schedule;  // [MOE_PARM_S2]
+  int parm_saa;                     // s2's SAA [1]
+  int parm_auto;  // 1: Parm's Algorithm 1 picks s1 or s2 per run from alpha-beta terms
+                  // measured at setup on the layout (moe_measure_parm_alpha_beta) [0]
 } moe_train_config;
 
 #define MOE_TRAIN_PACKING_LINA (-1)
@@ -334,6 +361,10 @@ typedef struct {
   // after, the expert and all-to-all micro-op times it compared (ms; 0 for a
   // fixed degree)
   int ep_first, ep_last;
+  // Parm (tc->parm_on): the schedule the MoE blocks ran (Algorithm 1's pick
+  // with parm_auto) and Algorithm 1's two predictions (ms, 0 without auto)
+  moe_parm_schedule parm_schedule;
+  double parm_t1_ms, parm_t2_ms;
   int packing_n;
   struct {
     int step, ep_from, ep_to;

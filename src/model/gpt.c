@@ -166,6 +166,14 @@ static void bind_moe_params(moe_gpt *m) {
     p->expert_first = t->home_first;
     p->expert_count = t->home_count;
     p->numel = per_expert * (size_t)t->home_count;
+    if (t->shards > 1 && strcmp(leaf, "b2") != 0) {  // sharded along H (b2 whole)
+      const int H = (int)p->dims[strcmp(leaf, "w1") == 0 ? 2 : 1];
+      p->tp_dim = strcmp(leaf, "w1") == 0 ? 2 : 1;
+      p->tp_parts = 1;
+      p->tp_count = H / t->shards;
+      p->tp_first = t->shard * p->tp_count;
+      p->numel /= (size_t)t->shards;
+    }
     if (strcmp(leaf, "w1") == 0) {
       p->data = t->w1;
       p->grad = t->dw1;
@@ -180,6 +188,50 @@ static void bind_moe_params(moe_gpt *m) {
       p->grad = t->db2;
     }
   }
+}
+
+// ---- where a slice sits ------------------------------------------------------------------
+
+// The slice's outer index range and run shape: outer indices [o0, o1) over
+// the dims before the split one (EXPERT: from the home experts only), parts
+// of the split dimension, run = tp_count x inner (or, unsplit, the whole rest).
+static void slice_shape(const moe_gpt_param *p, size_t *o0, size_t *o1, size_t *dim,
+                        size_t *inner) {
+  const int d = p->tp_dim;
+  size_t outer = 1, in = 1;
+  for (int k = 0; k < (d >= 0 ? d : 1); k++) outer *= (size_t)p->dims[k];
+  for (int k = (d >= 0 ? d + 1 : 1); k < p->ndim; k++) in *= (size_t)p->dims[k];
+  *dim = d >= 0 ? (size_t)p->dims[d] : 1;
+  *inner = in;
+  *o0 = 0;
+  *o1 = outer;
+  if (p->kind == MOE_GPT_PARAM_EXPERT && p->ndim > 0) {  // dims[0] = E: the home experts
+    const size_t per = outer / (size_t)p->dims[0];
+    *o0 = (size_t)p->expert_first * per;
+    *o1 = (size_t)(p->expert_first + p->expert_count) * per;
+  }
+}
+
+size_t moe_gpt_param_runs(const moe_gpt_param *p) {
+  if (p->tp_dim < 0) return 1;
+  size_t o0, o1, dim, inner;
+  slice_shape(p, &o0, &o1, &dim, &inner);
+  return (o1 - o0) * (size_t)p->tp_parts;
+}
+
+size_t moe_gpt_param_run(const moe_gpt_param *p, size_t k, size_t *offset) {
+  size_t o0, o1, dim, inner;
+  if (p->tp_dim < 0) {
+    // whole, or (EXPERT) the home experts' contiguous block
+    *offset = p->kind == MOE_GPT_PARAM_EXPERT && p->expert_count > 0
+                  ? (size_t)p->expert_first * (p->numel / (size_t)p->expert_count)
+                  : 0;
+    return p->numel;
+  }
+  slice_shape(p, &o0, &o1, &dim, &inner);
+  const size_t parts = (size_t)p->tp_parts, o = o0 + k / parts, t = k % parts;
+  *offset = (o * dim + t * (dim / parts) + (size_t)p->tp_first) * inner;
+  return (size_t)p->tp_count * inner;
 }
 
 // ---- create / destroy ------------------------------------------------------------------

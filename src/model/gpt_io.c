@@ -164,26 +164,13 @@ static moe_status read_part(moe_ctx *ctx, const char *path, moe_ckpt_reader *r, 
   for (int k = 0; same && k < p->ndim; k++) same = d->dims[k] == p->dims[k];
   MOE_FAIL_IF(ctx, !same, MOE_STATUS_BAD_FORMAT,
               "%s: tensor '%s' has another shape or type than the model's", path, name);
-  if (p->tp_dim >= 0) {
-    // one run of tp_count x inner elements per outer index and part
-    size_t outer = 1, inner = 1;
-    for (int k = 0; k < p->tp_dim; k++) outer *= (size_t)p->dims[k];
-    for (int k = p->tp_dim + 1; k < p->ndim; k++) inner *= (size_t)p->dims[k];
-    const size_t dim = (size_t)p->dims[p->tp_dim], part = dim / (size_t)p->tp_parts;
-    const size_t run = (size_t)p->tp_count * inner;
-    for (size_t o = 0; o < outer; o++) {
-      for (int t = 0; t < p->tp_parts; t++) {
-        const size_t at = (o * dim + (size_t)t * part + (size_t)p->tp_first) * inner;
-        MOE_TRY(moe_ckpt_reader_read(r, i, at, run, dst));
-        dst += run;
-      }
-    }
-    goto done;
+  const size_t runs = moe_gpt_param_runs(p);
+  for (size_t k = 0; k < runs; k++) {
+    size_t at = 0;
+    const size_t n = moe_gpt_param_run(p, k, &at);
+    MOE_TRY(moe_ckpt_reader_read(r, i, at, n, dst));
+    dst += n;
   }
-  size_t first = 0;
-  if (p->kind == MOE_GPT_PARAM_EXPERT)
-    first = (size_t)p->expert_first * (p->numel / (size_t)p->expert_count);
-  MOE_TRY(moe_ckpt_reader_read(r, i, first, p->numel, dst));
 done:
   return st;
 }

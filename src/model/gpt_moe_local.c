@@ -34,7 +34,9 @@ static moe_gpt_moe_tensors local_tensors(void *impl) {
                              t.db1,
                              t.dw2,
                              t.db2,
-                             t.router_bias};
+                             t.router_bias,
+                             0,
+                             1};
   return out;
 }
 

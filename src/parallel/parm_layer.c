@@ -53,6 +53,7 @@ struct moe_parm_layer {
   int R;
   size_t RI;
   float *xe, *ye, *dye, *dxe;  // (R, M) route order
+  float *dx_add;               // (T, M): backward_add's dx, added to the caller's
   float *xs;                   // (ESP R, M): part packed (EP&ESP) / rows gathered (baseline)
   float *xb;                   // (ESP R, M): the baseline's send rows; the rows coming back
   float *sum;                  // (R, M): local combines, packed
@@ -203,7 +204,7 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     out->bytes[MOE_MEM_PARAMS] = F * (np + E + M);
     out->bytes[MOE_MEM_GRADS] = 2 * F * np;
     out->bytes[MOE_MEM_ACTIVATIONS] =
-        F * (5 * T * E + T + 2 * T * K + 6 * R * M) +
+        F * (5 * T * E + T + 2 * T * K + 6 * R * M + T * M) +
         (double)moe_route_bytes(cfg->tokens, cfg->top_k, cfg->num_experts, (int)R);
     out->bytes[MOE_MEM_A2A] = F * (2 * ESP * R * M + 2 * RI * M + 4 * RI * hs);
     // balanced routing: each expert rank receives about what it sends (R x ESP rows)
@@ -218,6 +219,18 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
 done:
   return st;
 }
+
+// Every buffer alloc_all allocates (checked there, freed by destroy).
+#define PARM_BUFFERS(L)                                                                          \
+  {                                                                                              \
+    (L)->params, (L)->grads, (L)->gscratch, (L)->router_bias, (L)->zero_b2, (L)->logits,         \
+        (L)->probs, (L)->scores, (L)->dprobs, (L)->dlogits, (L)->lse, (L)->topk_p, (L)->dweight, \
+        (L)->stats, (L)->xe, (L)->ye, (L)->dye, (L)->dxe, (L)->sum, (L)->stg, (L)->xs, (L)->xb,  \
+        (L)->xr, (L)->yr, (L)->pre, (L)->h, (L)->dh, (L)->dpre, (L)->cnt_send, (L)->cnt_recv,    \
+        (L)->gcnt, (L)->part_lo, (L)->part_n, (L)->gfirst, (L)->grows, (L)->member_rows,         \
+        (L)->back_rows, (L)->sc, (L)->sd, (L)->rc, (L)->rd, (L)->mcnt, (L)->mdis, (L)->reqs,     \
+        (L)->dx_add                                                                              \
+  }
 
 // Every allocation of the layer (agreed on by the caller).
 static moe_status alloc_all(moe_parm_layer *L) {
@@ -245,6 +258,7 @@ static moe_status alloc_all(moe_parm_layer *L) {
   float **rows[] = {&L->xe, &L->ye, &L->dye, &L->dxe, &L->sum, &L->stg};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) *rows[i] = moe_malloc((R * M + 1) * 4);
   L->xs = moe_malloc((ESP * R * M + 1) * sizeof(float));
+  L->dx_add = moe_malloc((T * M + 1) * sizeof(float));
   L->xb = moe_malloc((ESP * R * M + 1) * sizeof(float));
   L->xr = moe_malloc((L->RI * M + 1) * sizeof(float));
   L->yr = moe_malloc((L->RI * M + 1) * sizeof(float));
@@ -269,14 +283,7 @@ static moe_status alloc_all(moe_parm_layer *L) {
   L->mcnt = moe_calloc(mm, sizeof(int));
   L->mdis = moe_calloc(mm, sizeof(int));
   L->reqs = moe_calloc(2 * P + (size_t)L->EP, sizeof(MPI_Request));
-  void *all[] = {L->params,    L->grads,   L->gscratch, L->router_bias, L->zero_b2,  L->logits,
-                 L->probs,     L->scores,  L->dprobs,   L->dlogits,     L->lse,      L->topk_p,
-                 L->dweight,   L->stats,   L->xe,       L->ye,          L->dye,      L->dxe,
-                 L->sum,       L->stg,     L->xs,       L->xb,          L->xr,       L->yr,
-                 L->pre,       L->h,       L->dh,       L->dpre,        L->cnt_send, L->cnt_recv,
-                 L->gcnt,      L->part_lo, L->part_n,   L->gfirst,      L->grows,    L->member_rows,
-                 L->back_rows, L->sc,      L->sd,       L->rc,          L->rd,       L->mcnt,
-                 L->mdis,      L->reqs};
+  void *all[] = PARM_BUFFERS(L);
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     MOE_FAIL_IF(ctx, !all[i], MOE_STATUS_OUT_OF_MEMORY,
                 "cannot allocate the Parm layer's buffers (%zu rows of %zu floats received)", L->RI,
@@ -418,14 +425,7 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
   }
   moe_route_free(&L->route);
   moe_workspace_free(&L->ws);
-  void *all[] = {L->params,    L->grads,   L->gscratch, L->router_bias, L->zero_b2,  L->logits,
-                 L->probs,     L->scores,  L->dprobs,   L->dlogits,     L->lse,      L->topk_p,
-                 L->dweight,   L->stats,   L->xe,       L->ye,          L->dye,      L->dxe,
-                 L->sum,       L->stg,     L->xs,       L->xb,          L->xr,       L->yr,
-                 L->pre,       L->h,       L->dh,       L->dpre,        L->cnt_send, L->cnt_recv,
-                 L->gcnt,      L->part_lo, L->part_n,   L->gfirst,      L->grows,    L->member_rows,
-                 L->back_rows, L->sc,      L->sd,       L->rc,          L->rd,       L->mcnt,
-                 L->mdis,      L->reqs};
+  void *all[] = PARM_BUFFERS(L);
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   moe_free(L);
 }
@@ -435,6 +435,8 @@ moe_parm_tensors moe_parm_layer_get_tensors(moe_parm_layer *L) { return L->t; }
 const moe_group *moe_parm_layer_a2a_group(const moe_parm_layer *L) { return &L->a2a; }
 MPI_Comm moe_parm_layer_mp_comm(const moe_parm_layer *L) { return L->mp; }
 const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *L) { return L->algo; }
+
+int moe_parm_layer_shards(const moe_parm_layer *L) { return L->ESP; }
 
 moe_parm_timing moe_parm_layer_timing(const moe_parm_layer *L, int backward) {
   return backward ? L->tb : L->tf;
@@ -1019,6 +1021,17 @@ moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx
     L->tb.reduce_ms = moe_time_ms_since(t0);
   }
   L->tb.total_ms = moe_time_ms_since(t_start);
+done:
+  return st;
+}
+
+moe_status moe_parm_layer_backward_add(moe_parm_layer *L, const float *dy, float *dx) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L, MOE_STATUS_INVALID_ARG, "layer must not be NULL");
+  MOE_TRY(moe_parm_layer_backward(L, dy, L->dx_add));
+  const size_t n = (size_t)L->tokens_last * (size_t)L->M;
+  for (size_t i = 0; i < n; i++) dx[i] += L->dx_add[i];
 done:
   return st;
 }

@@ -29,6 +29,7 @@
 #include "moe/compress.h"
 #include "moe/data.h"
 #include "moe/gpt_io.h"
+#include "moe/measure_mpi.h"
 #include "moe/progress.h"
 #include "train/train_internal.h"
 
@@ -57,6 +58,9 @@ void moe_train_config_default(moe_train_config *tc) {
   tc->comm_priority = MOE_COMM_PRIORITY_FIFO;
   tc->packing_start = 10;
   tc->packing_every = 4;
+  tc->mp = tc->esp = 1;
+  tc->parm_schedule = MOE_PARM_S2;
+  tc->parm_saa = 1;
 }
 
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
@@ -184,9 +188,25 @@ typedef struct {
   double *bias_load;              // (E): the router-bias update's load per expert
   moe_gpt_ckpt_info resume_info;  // the checkpoint resumed from (tc->resume)
   moe_train_schedule schedule;    // the learning-rate schedule used
-  moe_memory_need need;           // this rank's memory estimate (baseline included)
-  double need_max[2];             // the largest total and expected figure over the ranks
+  // Parm (tc->parm_on): the MP group, the ranks with this rank's mp (one copy
+  // of the global batch: the loss and dense gradient sums), the ranks with dp
+  // 0 (together they hold every slice: checkpoints), the first MoE block's
+  // EP x ESP group (the experts' norm); the data part this rank trains on and
+  // the parts' count (without Parm: its rank and the world size)
+  MPI_Comm mp_comm, data_comm, group0_comm, parm_a2a;
+  int part, parts;
+  moe_train_parm_user *parm_user;
+  moe_parm_schedule parm_pick;  // the schedule run (Algorithm 1's with parm_auto)
+  double parm_t1_ms, parm_t2_ms;
+  moe_memory_need need;  // this rank's memory estimate (baseline included)
+  double need_max[2];    // the largest total and expected figure over the ranks
 } run_state;
+
+// The ranks whose sums make the global batch's: Parm's data group (MP peers
+// hold the same sequences), else the world.
+static MPI_Comm sum_comm(const run_state *r) {
+  return r->data_comm != MPI_COMM_NULL && r->data_comm != 0 ? r->data_comm : r->world;
+}
 
 // MPI counts are int: large arrays move in pieces.
 #define MPI_PIECE ((size_t)1 << 30)
@@ -212,14 +232,67 @@ done:
   return st;
 }
 
+// Parm's layout and what it does not combine with (tc->parm_on); *ep its EP.
+static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size, int *ep) {
+  moe_status st = MOE_STATUS_OK;
+  const int mp = tc->mp, esp = tc->esp;
+  MOE_FAIL_IF(ctx, mp < 1 || esp < 1 || (long long)mp * esp > size || size % (mp * esp) != 0,
+              MOE_STATUS_INVALID_ARG,
+              "Parm: MP (%d) x ESP (%d) must divide the number of ranks (%d), each at least 1", mp,
+              esp, size);
+  *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size / (mp * esp);
+  MOE_FAIL_IF(ctx, (long long)mp * *ep * esp > size || size % (mp * *ep * esp) != 0,
+              MOE_STATUS_INVALID_ARG,
+              "Parm: MP x EP x ESP = %d x %d x %d must divide the number of ranks (%d)", mp, *ep,
+              esp, size);
+  MOE_FAIL_IF(ctx, tc->batch % (size / mp) != 0, MOE_STATUS_INVALID_ARG,
+              "batch (%d sequences) must be divisible by the data parts (%d ranks / MP %d = %d)",
+              tc->batch, size, mp, size / mp);
+  MOE_FAIL_IF(ctx, tc->model.moe_every > 0 && tc->model.moe.hidden_dim % esp != 0,
+              MOE_STATUS_INVALID_ARG,
+              "Parm: the expert hidden size (%d) must be divisible by ESP (%d)",
+              tc->model.moe.hidden_dim, esp);
+  MOE_FAIL_IF(ctx,
+              (int)tc->parm_schedule < 0 || (int)tc->parm_schedule >= MOE_PARM_SCHEDULES ||
+                  (tc->parm_saa != 0 && tc->parm_saa != 1),
+              MOE_STATUS_INVALID_ARG, "Parm: schedule %d or SAA %d out of range",
+              (int)tc->parm_schedule, tc->parm_saa);
+  // what the Parm layer and the tensor-parallel model do not (yet) combine with
+  const char *no =
+      tc->deterministic                             ? "deterministic mode (--deterministic on)"
+      : tc->balance.policy != MOE_BALANCE_NONE      ? "load balancing (--balance)"
+      : moe_train_packing_on(tc)                    ? "expert packing (--expert-packing)"
+      : tc->grad_bucket_mb > 0                      ? "gradient buckets (--grad-bucket-mb)"
+      : tc->comm_priority != MOE_COMM_PRIORITY_FIFO ? "Lina's priority (--comm-priority)"
+      : tc->par.topo_gate > 0                       ? "the topology-aware gate (--gate)"
+      : tc->router_bias_rate > 0                    ? "the router-bias update"
+      : tc->routing_trace                           ? "routing traces (--routing-trace)"
+      : tc->trace                                   ? "step traces (--trace)"
+      : tc->par.chunks > 1                          ? "chunks (--chunks)"
+      : tc->par.compress[0] && strcmp(tc->par.compress, "none") != 0  // catalogue: the identity
+          ? "compression (--compress)"
+          : tc->par.schedule[0] &&
+                    strcmp(tc->par.schedule, "sequential") != 0  // catalogue: the default
+                ? "task schedules (--schedule)"
+                : NULL;
+  MOE_FAIL_IF(ctx, no != NULL, MOE_STATUS_INVALID_ARG,
+              "Parm (--mp / --esp / --parm) does not combine with %s yet (docs/parm.md)", no);
+done:
+  return st;
+}
+
 static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int size, int *ep) {
   moe_status st = MOE_STATUS_OK;
   MOE_TRY(moe_gpt_config_validate(ctx, &tc->model));
   MOE_FAIL_IF(ctx, tc->batch < 1 || tc->batch > (1 << 20), MOE_STATUS_INVALID_ARG,
               "batch %d out of range [1, %d]", tc->batch, 1 << 20);
-  MOE_FAIL_IF(ctx, tc->batch % size != 0, MOE_STATUS_INVALID_ARG,
-              "batch (%d sequences) must be divisible by the number of ranks (%d)", tc->batch,
-              size);
+  if (tc->parm_on) {
+    MOE_TRY(parm_checks(ctx, tc, size, ep));
+  } else {
+    MOE_FAIL_IF(ctx, tc->batch % size != 0, MOE_STATUS_INVALID_ARG,
+                "batch (%d sequences) must be divisible by the number of ranks (%d)", tc->batch,
+                size);
+  }
   MOE_FAIL_IF(ctx, tc->steps < 1, MOE_STATUS_INVALID_ARG, "steps %d must be >= 1", tc->steps);
   MOE_FAIL_IF(ctx, tc->stop_step < 0, MOE_STATUS_INVALID_ARG, "stop step %d must be >= 0",
               tc->stop_step);
@@ -241,7 +314,7 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
   MOE_TRY(moe_compute_check(ctx, be, tc->precision));
   MOE_FAIL_IF(ctx, tc->threads < 0 || tc->threads > 256, MOE_STATUS_INVALID_ARG,
               "compute threads %d out of range [1, 256] (0: 1)", tc->threads);
-  *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
+  if (!tc->parm_on) *ep = tc->par.ep_size > 0 ? tc->par.ep_size : size;
   MOE_FAIL_IF(ctx, *ep > size || size % *ep != 0, MOE_STATUS_INVALID_ARG,
               "EP size %d must divide the number of ranks (%d)", *ep, size);
   if (tc->model.moe_every > 0)
@@ -302,6 +375,31 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
               "tc and out must be given, world_size >= 1");
   memset(out, 0, sizeof *out);
   MOE_TRY(check_config(ctx, tc, world_size, &ep));
+  if (tc->parm_on) {  // the Parm layer per MoE block, the tensor-parallel model
+    const int bl = tc->batch / (world_size / tc->mp), S = tc->model.seq_len;
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.mp = tc->mp;
+    pc.ep = ep;
+    pc.esp = tc->esp;
+    snprintf(pc.a2a, sizeof pc.a2a, "%s", tc->par.a2a);
+    pc.ranks_per_node = tc->par.ranks_per_node;
+    moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
+    lc.model_dim = tc->model.d_model;
+    lc.tokens = bl * S;
+    moe_memory_need block;
+    memset(&block, 0, sizeof block);
+    if (tc->model.moe_every > 0) MOE_TRY(moe_parm_layer_memory(ctx, &lc, &pc, world_size, &block));
+    MOE_TRY(moe_gpt_memory_tp(ctx, &tc->model, bl, ep, tc->mp, &block, 1, out));
+    int n_moe = 0;
+    for (int l = 0; l < tc->model.n_layer; l++) n_moe += moe_gpt_block_is_moe(&tc->model, l);
+    // the user structs, the token buffers, the packed dense gradients
+    out->bytes[MOE_MEM_WORKSPACE] +=
+        (double)(moe_align64(sizeof(moe_train_ep_user)) + moe_align64(sizeof(moe_train_parm_user)) +
+                 2 * moe_align64((size_t)bl * S * sizeof(int32_t)));
+    out->bytes[MOE_MEM_GRADS] += out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
+    goto done;
+  }
   // expert packing: the most experts per rank it can reach (a fixed degree, or
   // Lina's halving while even)
   const int packs = moe_train_packing_on(tc) && tc->model.moe_every > 0;
@@ -439,7 +537,9 @@ done:
 static moe_status allreduce_dense(run_state *r) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
-  if (r->size == 1 || r->dense_n == 0) return st;
+  int sum_size = 1;
+  MPI_Comm_size(sum_comm(r), &sum_size);
+  if (sum_size == 1 || r->dense_n == 0) return st;
   const int n = moe_gpt_num_params(r->model);
   size_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -453,7 +553,7 @@ static moe_status allreduce_dense(run_state *r) {
     if (!r->tc->deterministic)
       MOE_MPI_TRY_OP(
           ctx, "all-reduce of the dense gradients",
-          MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->world));
+          MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, sum_comm(r)));
   }
   if (r->tc->deterministic)
     MOE_TRY(moe_allreduce_fixed(ctx, &r->dense_fixed, r->dense_buf, r->dense_n, r->world,
@@ -473,9 +573,39 @@ done:
 // their reductions; each expert lives once per EP group.
 static void expert_sq_slots(run_state *r);
 
+// Parm: tensors whole on every MP rank once; MP slices summed over MP; the
+// experts' slices (shards, b2 once per ESP group) over the EP x ESP group.
+static moe_status grad_norm_parm(run_state *r, double *norm) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  double whole = 0, sq[2] = {0, 0};  // sq: MP slices, expert slices
+  const int n = moe_gpt_num_params(r->model);
+  const int shard0 = moe_parm_coords_of(&r->parm_user->parm, r->size, r->rank).esp == 0;
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    double a = 0;
+    for (size_t k = 0; k < p.numel; k++) a += (double)p.grad[k] * (double)p.grad[k];
+    if (p.kind == MOE_GPT_PARAM_EXPERT)
+      sq[1] += p.tp_dim >= 0 || shard0 ? a : 0;
+    else if (p.tp_dim >= 0)
+      sq[0] += a;
+    else
+      whole += a;
+  }
+  MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
+                 MPI_Allreduce(MPI_IN_PLACE, &sq[0], 1, MPI_DOUBLE, MPI_SUM, r->mp_comm));
+  if (r->parm_a2a != MPI_COMM_NULL)
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
+                   MPI_Allreduce(MPI_IN_PLACE, &sq[1], 1, MPI_DOUBLE, MPI_SUM, r->parm_a2a));
+  *norm = sqrt(whole + sq[0] + sq[1]);
+done:
+  return st;
+}
+
 static moe_status grad_norm(run_state *r, double *norm) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
+  if (r->parm_user) return grad_norm_parm(r, norm);
   double sq[3];
   moe_optim_grad_sq(r->model, sq);
   expert_sq_slots(r);
@@ -527,7 +657,7 @@ static moe_status validate(run_state *r, double *val_loss) {
   *val_loss = NAN;
   if (r->val_batches == 0) return st;
   for (int k = 0; k < r->val_batches; k++) {
-    const int first = k * r->tc->batch + r->rank * r->bl;
+    const int first = k * r->tc->batch + r->part * r->bl;
     moe_batch_val(&r->val, first, r->bl, r->s, r->tokens, r->targets);
     moe_gpt_loss l;
     MOE_TRY(moe_gpt_forward(r->model, r->tokens, r->targets, r->bl, r->s, 0, &l));
@@ -546,7 +676,7 @@ static moe_status validate(run_state *r, double *val_loss) {
                    MPI_Allreduce(MPI_IN_PLACE, &acc[1], 1, MPI_DOUBLE, MPI_SUM, r->world));
   } else {
     MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
-                   MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, r->world));
+                   MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, sum_comm(r)));
   }
   *val_loss = acc[1] > 0 ? acc[0] / acc[1] : NAN;
 done:
@@ -559,6 +689,70 @@ done:
 static float *ckpt_source(run_state *r, const moe_gpt_param *p, int i, int which) {
   if (which == 0) return p->data;
   return which == 1 ? moe_optim_m(r->opt, i) : moe_optim_v(r->opt, i);
+}
+
+// Parm's checkpoint gather of one tensor split over ranks (MP slices, expert
+// homes and shards): the ranks with dp 0 (group0_comm, rank 0 first) hold
+// every slice; each sends its slice and where it sits, rank 0 places them
+// into full (the whole tensor; slices held twice hold the same values).
+// Collective over group0_comm; the other ranks do nothing.
+static moe_status parm_gather(run_state *r, const moe_gpt_param *p, const float *src, float *full) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  float *tmp = NULL;
+  int64_t *all = NULL;
+  int g = 1, me = 0;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(r->group0_comm, &g));
+  MOE_MPI_TRY(ctx, MPI_Comm_rank(r->group0_comm, &me));
+  const int64_t mine[5] = {p->expert_first, p->expert_count, p->tp_first, p->tp_count,
+                           (int64_t)p->numel};
+  if (me == 0) {
+    all = moe_malloc((size_t)5 * g * sizeof(int64_t));
+    MOE_FAIL_IF(ctx, !all, MOE_STATUS_OUT_OF_MEMORY, "checkpoint: out of memory");
+  }
+  MOE_MPI_TRY_OP(ctx, "checkpoint: gather of slices",
+                 MPI_Gather(mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, 0, r->group0_comm));
+  if (me != 0) {
+    MOE_TRY(
+        moe_send_floats(ctx, src, p->numel, 0, 8, r->group0_comm, "checkpoint: send of slices"));
+    goto done;
+  }
+  size_t most = 0;
+  for (int q = 0; q < g; q++) most = (size_t)all[5 * q + 4] > most ? (size_t)all[5 * q + 4] : most;
+  tmp = moe_malloc((most + 1) * sizeof(float));
+  MOE_FAIL_IF(ctx, !tmp, MOE_STATUS_OUT_OF_MEMORY, "checkpoint: out of memory (%zu floats)", most);
+  for (int q = 0; q < g; q++) {
+    moe_gpt_param s = *p;
+    s.expert_first = (int)all[5 * q];
+    s.expert_count = (int)all[5 * q + 1];
+    s.tp_first = (int)all[5 * q + 2];
+    s.tp_count = (int)all[5 * q + 3];
+    s.numel = (size_t)all[5 * q + 4];
+    const float *slice = src;
+    if (q > 0) {
+      MOE_TRY(moe_recv_floats(ctx, tmp, s.numel, q, 8, r->group0_comm,
+                              "checkpoint: receive of slices"));
+      slice = tmp;
+    }
+    const size_t runs = moe_gpt_param_runs(&s);
+    for (size_t k = 0, at = 0; k < runs; k++) {
+      size_t off = 0;
+      const size_t len = moe_gpt_param_run(&s, k, &off);
+      memcpy(full + off, slice + at, len * sizeof(float));
+      at += len;
+    }
+  }
+done:
+  moe_free(tmp);
+  moe_free(all);
+  return st;
+}
+
+// Elements of p's whole tensor.
+static size_t whole_numel(const moe_gpt_param *p) {
+  size_t n = 1;
+  for (int d = 0; d < p->ndim; d++) n *= (size_t)p->dims[d];
+  return n;
 }
 
 // Collective. Rank 0 writes; the members of rank 0's EP group send their
@@ -631,6 +825,9 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     const moe_gpt_param p = moe_gpt_get_param(r->model, i);
     if (p.kind == MOE_GPT_PARAM_EXPERT && p.numel * (size_t)ep_size > full_n)
       full_n = p.numel * (size_t)ep_size;
+    if (r->parm_user && (p.kind == MOE_GPT_PARAM_EXPERT || p.tp_dim >= 0) &&
+        whole_numel(&p) > full_n)
+      full_n = whole_numel(&p);
   }
   if (r->rank == 0 && full_n) full = moe_malloc(full_n * sizeof(float));
   MOE_TRY(agree(r,
@@ -643,6 +840,13 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     const int i = k % n;
     const moe_gpt_param p = moe_gpt_get_param(r->model, i);
     const float *src = ckpt_source(r, &p, i, k / n);
+    if (r->parm_user && (p.kind == MOE_GPT_PARAM_EXPERT || p.tp_dim >= 0)) {
+      if (moe_parm_coords_of(&r->parm_user->parm, r->size, r->rank).dp != 0) continue;
+      MOE_TRY(parm_gather(r, &p, src, full));
+      if (r->rank == 0 && wst == MOE_STATUS_OK)
+        wst = moe_ckpt_writer_write(w, k, full, whole_numel(&p) * sizeof(float));
+      continue;
+    }
     if (p.kind != MOE_GPT_PARAM_EXPERT) {
       if (r->rank == 0 && wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, src, p.numel * sizeof(float));
@@ -778,6 +982,81 @@ static double median(double *v, int n) { return n > 0 ? moe_median(v, n) : NAN; 
 // The model on the expert-parallel backend with EP size ep, its optimizer,
 // the gradient buckets or packed buffer and the EP group; parameters at zero.
 // Collective. free_model undoes it (also after a failure part way).
+// Parm: the MP group's sum for the model's tensor parallelism.
+static moe_status mp_allreduce(void *user, float *buf, size_t n) {
+  moe_status st = MOE_STATUS_OK;
+  run_state *r = user;
+  for (size_t i = 0; i < n; i += MPI_PIECE) {
+    const size_t c = n - i < MPI_PIECE ? n - i : MPI_PIECE;
+    MOE_MPI_TRY_OP(r->ctx, "tensor parallelism's all-reduce",
+                   MPI_Allreduce(MPI_IN_PLACE, buf + i, (int)c, MPI_FLOAT, MPI_SUM, r->mp_comm));
+  }
+done:
+  return st;
+}
+
+// Parm's model: tensor-parallel over MP, the MoE blocks on the Parm layer
+// with EP ep; with parm_auto the schedule is Algorithm 1's pick from terms
+// measured now on the layout (the rows per EP rank of this batch around
+// their expected count). Collective.
+static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = r->ctx;
+  const moe_train_config *tc = r->tc;
+  r->parm_user = moe_calloc(1, sizeof *r->parm_user);
+  MOE_TRY(agree(r,
+                r->parm_user ? MOE_STATUS_OK
+                             : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                            "out of memory"),
+                "allocation"));
+  moe_parm_config *pc = &r->parm_user->parm;
+  moe_parm_config_default(pc);
+  pc->mp = tc->mp;
+  pc->ep = ep;
+  pc->esp = tc->esp;
+  pc->schedule = tc->parm_schedule;
+  pc->saa = tc->parm_saa;
+  pc->ranks_per_node = tc->par.ranks_per_node;
+  snprintf(pc->a2a, sizeof pc->a2a, "%s", tc->par.a2a);
+  r->parm_user->world = r->world;
+  if (tc->parm_auto && tc->model.moe_every > 0 && tc->mp > 1) {
+    const moe_layer_config *lc = &tc->model.moe;
+    const double f = lc->capacity_factor > 0 ? lc->capacity_factor : 1.0;
+    const double rows = f * lc->top_k * (double)r->bl * r->s / ((double)ep * tc->mp);
+    const int lo = rows / 2 < 1 ? 1 : (int)(rows / 2), hi = lo * 4;
+    moe_parm_alpha_beta ab;
+    MOE_TRY(
+        moe_measure_parm_alpha_beta(ctx, r->world, pc, tc->model.d_model, lo, hi, 4, 5, &ab, NULL));
+    moe_parm_sim_config sc;
+    moe_parm_sim_config_default(&sc);
+    sc.mp = tc->mp;
+    sc.ep = ep;
+    sc.esp = tc->esp;
+    sc.tokens = r->bl * r->s;
+    sc.model_dim = tc->model.d_model;
+    sc.hidden_dim = lc->hidden_dim;
+    sc.experts = lc->num_experts;
+    sc.top_k = lc->top_k;
+    sc.capacity_factor = lc->capacity_factor;
+    double t1 = 0, t2 = 0;
+    pc->schedule = (moe_parm_schedule)moe_parm_alg1(&ab, &sc, &t1, &t2);
+    r->parm_t1_ms = t1 * 1e3;
+    r->parm_t2_ms = t2 * 1e3;
+  }
+  r->parm_pick = pc->schedule;
+  const moe_gpt_tp tp = {tc->mp, moe_parm_coords_of(pc, r->size, r->rank).mp, mp_allreduce, r};
+  MOE_TRY(moe_gpt_create_tp(ctx, mc, r->bl, &moe_train_parm_ops, r->parm_user, &tp, &r->model));
+  // the first MoE block's EP x ESP group: its members hold every expert slice once
+  r->parm_a2a = MPI_COMM_NULL;
+  for (int b = 0; b < tc->model.n_layer; b++) {
+    if (!r->parm_user->impl[b]) continue;
+    r->parm_a2a = moe_parm_layer_a2a_group(r->parm_user->impl[b])->comm;
+    break;
+  }
+done:
+  return st;
+}
+
 static moe_status build_model(run_state *r, int ep) {
   moe_status st = MOE_STATUS_OK, local = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
@@ -803,7 +1082,11 @@ static moe_status build_model(run_state *r, int ep) {
   // earlier blocks' backward hides it (grads_wait below)
   r->user->par.defer_agg = r->user->par.copy_slots > 0;
   moe_gpt_config mc = tc->model;
-  MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
+  if (tc->parm_on) {
+    MOE_TRY(parm_model(r, ep, &mc));
+  } else {
+    MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
+  }
   local = tc->deterministic ? moe_gpt_set_deterministic(r->model, 1) : MOE_STATUS_OK;
   if (local == MOE_STATUS_OK && tc->deterministic) {
     int ntens = 0;
@@ -878,6 +1161,9 @@ static void free_model(run_state *r) {
   r->opt = NULL;
   moe_gpt_destroy(r->model);  // collective: destroys the EP layers
   r->model = NULL;
+  moe_free(r->parm_user);
+  r->parm_user = NULL;
+  r->parm_a2a = MPI_COMM_NULL;
   moe_free(r->user);
   r->user = NULL;
   r->ep_comm = MPI_COMM_NULL;
@@ -1092,7 +1378,22 @@ static moe_status setup(run_state *r, int *start_step) {
 
   local = check_config(ctx, tc, r->size, &ep);
   MOE_TRY(agree(r, local, "training config"));
-  r->bl = tc->batch / r->size;
+  r->part = r->rank;
+  r->parts = r->size;
+  if (tc->parm_on) {  // data parts: MP peers train on the same sequences
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.mp = tc->mp;
+    pc.ep = ep;
+    pc.esp = tc->esp;
+    const moe_parm_coords c = moe_parm_coords_of(&pc, r->size, r->rank);
+    r->part = moe_parm_data_index(&pc, r->size, r->rank);
+    r->parts = r->size / tc->mp;
+    MOE_MPI_TRY(ctx, MPI_Comm_split(r->world, r->part, c.mp, &r->mp_comm));
+    MOE_MPI_TRY(ctx, MPI_Comm_split(r->world, c.mp, r->rank, &r->data_comm));
+    MOE_MPI_TRY(ctx, MPI_Comm_split(r->world, c.dp == 0 ? 0 : 1, r->rank, &r->group0_comm));
+  }
+  r->bl = tc->batch / r->parts;
   r->s = tc->model.seq_len;
 
   // Text: every rank reads it (a shared file system, or the same package on every node).
@@ -1180,6 +1481,9 @@ static void teardown(run_state *r) {
   moe_free(r->bias_load);
   moe_fixed_sum_free(&r->dense_fixed);
   free_model(r);
+  MPI_Comm *comms[] = {&r->mp_comm, &r->data_comm, &r->group0_comm};
+  for (size_t i = 0; i < sizeof comms / sizeof comms[0]; i++)
+    if (*comms[i] != MPI_COMM_NULL && *comms[i] != 0) MPI_Comm_free(comms[i]);
   moe_text_free(r->text);
 }
 
@@ -1414,6 +1718,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->first_step = start;
   out->schedule = r.schedule;
   out->ep_first = r.ep;
+  out->parm_schedule = r.parm_pick;
+  out->parm_t1_ms = r.parm_t1_ms;
+  out->parm_t2_ms = r.parm_t2_ms;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
   out->last_step = end;
   MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
@@ -1459,7 +1766,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     // steps start together: clean per-step times
     MOE_MPI_TRY_OP(ctx, "barrier at the start of a step", MPI_Barrier(world));
     const uint64_t t0 = moe_time_ns();
-    moe_batch_train(&r.train, tc->seed, (uint64_t)step, r.rank * r.bl, r.bl, r.s, r.tokens,
+    moe_batch_train(&r.train, tc->seed, (uint64_t)step, r.part * r.bl, r.bl, r.s, r.tokens,
                     r.targets);
     moe_gpt_zero_grad(r.model);
     moe_gpt_loss l;
@@ -1498,8 +1805,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
     // sum covers only the dropped and re-selected counts (integers: exact in any order).
     const int det = tc->deterministic ? 1 : 0;
-    MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
-                   MPI_Allreduce(MPI_IN_PLACE, sums + det, 3 - det, MPI_DOUBLE, MPI_SUM, world));
+    MOE_MPI_TRY_OP(
+        ctx, "all-reduce of the step's loss",
+        MPI_Allreduce(MPI_IN_PLACE, sums + det, 3 - det, MPI_DOUBLE, MPI_SUM, sum_comm(&r)));
     if (det)
       MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
                                      "all-reduce of the step's loss"));

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# moe train with Parm (--mp, --esp, --parm; docs/parm.md) on the DEFAULT demo
+# model:
+#   - MP = 2 on 2 ranks, MP = 2 x EP = 2 and MP = 2 x ESP = 2 (baseline and
+#     s2) on 4 ranks train the 1-rank run's losses: the first step's within
+#     1e-5 (the same parameters and batch; only the sums' order differs), 8
+#     steps within 1e-3 (the MPI sums' order, as data-parallel training
+#     without deterministic mode: docs/parm.md gives the 20-step figures);
+#   - a checkpoint written at MP 2 x ESP 2 resumes at that layout to the
+#     uninterrupted run's losses byte for byte, and at 1 rank within 1e-6; a
+#     1-rank checkpoint resumes at MP 2 x ESP 2 within 1e-5; moe sample reads
+#     the MP checkpoint;
+#   - --parm auto runs Algorithm 1 on measured terms and says what it picked;
+#   - bad layouts and combinations are refused on every rank with exit 2.
+# Usage: parm_train_test.sh path/to/moe path/to/mpiexec
+set -u
+MOE=${1:?usage: parm_train_test.sh path/to/moe path/to/mpiexec}
+MPIEXEC=${2:?usage: parm_train_test.sh path/to/moe path/to/mpiexec}
+# shellcheck source=tests/lib.sh
+. "$(dirname "$0")/lib.sh"
+RUN=(train --seed 3 --eval-every 0 --eval-batches 1 --quiet --deterministic off)
+
+run() {  # run NAME RANKS ARGS...: output in $tmp/NAME.out, metrics in $tmp/NAME.jsonl
+  local name=$1 n=$2
+  shift 2
+  local cmd=("$MOE" "${RUN[@]}" --metrics "$tmp/$name.jsonl" "$@")
+  [[ $n -gt 1 ]] && cmd=("$MPIEXEC" -n "$n" $OVERSUB "${cmd[@]}")
+  if ! timeout 600 "${cmd[@]}" >"$tmp/$name.out" 2>&1; then
+    bad "$name: moe train failed"
+    tail -5 "$tmp/$name.out" >&2
+    return 1
+  fi
+  ok
+}
+
+# compare A B TOL_FIRST TOL_ALL [STEPS]: losses of B's steps against A's
+compare() {
+  if python3 - "$tmp/$1.jsonl" "$tmp/$2.jsonl" "$3" "$4" <<'PY'; then ok; else bad "$2 against $1"; fi
+import json, sys
+a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[1])}
+b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[2])}
+t_first, t_all = float(sys.argv[3]), float(sys.argv[4])
+assert b, "no steps"
+first = min(b)
+worst = 0.0
+for s, x in b.items():
+    d = abs(x - a[s]) / abs(a[s])
+    worst = max(worst, d)
+    assert d <= (t_first if s == first else t_all), f"step {s}: {x} vs {a[s]} (rel {d:.2e})"
+print(f"{sys.argv[2].split('/')[-1]}: steps {sorted(b)[0]}..{sorted(b)[-1]}, max rel diff {worst:.2e}")
+PY
+}
+
+run one 1 --steps 8
+run mp2 2 --steps 8 --mp 2 && compare one mp2 1e-5 1e-3
+run mp2ep2 4 --steps 8 --mp 2 --ep 2 --parm s1 && compare one mp2ep2 1e-5 1e-3
+run mp2esp2 4 --steps 8 --mp 2 --esp 2 && compare one mp2esp2 1e-5 1e-3
+run mp2esp2b 4 --steps 8 --mp 2 --esp 2 --parm baseline && compare one mp2esp2b 1e-5 1e-3
+grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule baseline" "$tmp/mp2esp2b.out" && ok ||
+  bad "the summary does not name the layout and schedule"
+
+# checkpoints across layouts
+run stop 4 --steps 8 --mp 2 --esp 2 --stop-at 4 --checkpoint "$tmp/mp.ckpt"
+run resumed 4 --steps 8 --mp 2 --esp 2 --resume "$tmp/mp.ckpt"
+if python3 - "$tmp/mp2esp2.jsonl" "$tmp/resumed.jsonl" <<'PY'; then ok; else bad "resumed at the same layout differs"; fi
+import json, sys
+a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[1])}
+b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[2])}
+assert sorted(b) == [5, 6, 7, 8], sorted(b)
+assert all(b[s] == a[s] for s in b), [(s, a[s], b[s]) for s in b]
+PY
+run resumed1 1 --steps 8 --resume "$tmp/mp.ckpt" && compare mp2esp2 resumed1 1e-6 1e-5
+run stop1 1 --steps 8 --stop-at 4 --checkpoint "$tmp/one.ckpt"
+run resumedmp 4 --steps 8 --mp 2 --esp 2 --resume "$tmp/one.ckpt" && compare one resumedmp 1e-5 1e-4
+expect 0 "." -- "$MOE" sample --checkpoint "$tmp/mp.ckpt" --length 16 --prompt "The "
+
+# Algorithm 1 at the start
+run auto 4 --steps 2 --mp 2 --parm auto
+grep -qE "parm: MP 2 x EP 2 x ESP 1 \(DP 1\), schedule s[12].*Algorithm 1 on alpha-beta terms measured" \
+  "$tmp/auto.out" && ok || bad "--parm auto does not report Algorithm 1's pick"
+
+# bad input: every rank refuses, exit 2
+S=(train --steps 2 --quiet --eval-every 0)
+expect 2 "MP \(3\) x ESP \(1\) must divide the number of ranks \(4\)" -- mpi 4 "$MOE" "${S[@]}" --mp 3
+expect 2 "expert hidden size \(255\) must be divisible by ESP \(2\)" -- \
+  mpi 2 "$MOE" "${S[@]}" --esp 2 --expert-hidden 255
+expect 2 "n_head|heads.*divisible|must be divisible by MP|head" -- \
+  mpi 4 "$MOE" "${S[@]}" --mp 4 --heads 2
+expect 2 "does not combine with load balancing" -- mpi 2 "$MOE" "${S[@]}" --mp 2 --balance eplb
+expect 2 "does not combine with deterministic mode \(--deterministic on\)" -- \
+  mpi 2 "$MOE" "${S[@]}" --mp 2 --deterministic on
+expect 2 "batch \(5 sequences\) must be divisible by the data parts \(4 ranks / MP 2 = 2\)" -- \
+  mpi 4 "$MOE" "${S[@]}" --mp 2 --batch 5
+expect 2 "unknown Parm schedule 's3' \(valid: baseline, s1, s2\), or auto" -- \
+  "$MOE" "${S[@]}" --parm s3
+finish parm_train
