@@ -643,8 +643,9 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
            r->first_val_step == r->first_step - 1 && r->first_step > 1
                ? " (the first: the resumed checkpoint)"
                : "");
-  printf("  median tokens/s %.0f, all-to-all share %.1f%%, exposed %.1f%%, wall %.1f s\n",
-         r->tokens_per_s, 100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
+  printf("  median tokens/s %.0f, %s share %.1f%%, exposed %.1f%%, wall %.1f s\n", r->tokens_per_s,
+         tc->parm_on ? "MoE collectives' (all-to-alls, MP and ESP)" : "all-to-all",
+         100 * r->a2a_share, 100 * r->exposed_share, r->train_s);
   if (world > 1) {
     char how[128] = "one packed all-reduce after the backward";
     if (r->grad_buckets > 0)

@@ -955,6 +955,20 @@ static void comm_times(run_state *r, double *comm_s, double *exposed_s, double *
   *comm_s = *exposed_s = 0;
   double passes_s = 0;
   int blocks = 0;
+  if (r->parm_user) {  // the Parm layer runs its collectives itself: none hidden
+    for (int b = 0; b < r->tc->model.n_layer; b++) {
+      if (!r->parm_user->impl[b]) continue;
+      blocks++;
+      for (int dir = 0; dir < 2; dir++) {
+        const moe_parm_timing t = moe_parm_layer_timing(r->parm_user->impl[b], dir);
+        *comm_s += (t.a2a_ms + t.esp_ms + t.mp_ms) * 1e-3;
+        passes_s += t.total_ms * 1e-3;
+      }
+    }
+    *exposed_s = *comm_s;
+    *pass_ms = blocks ? passes_s * 1e3 / blocks : NAN;
+    return;
+  }
   for (int b = 0; b < r->tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
     moe_ep_layer *l = moe_train_ep_layer(r->user->impl[b], NULL, NULL);
