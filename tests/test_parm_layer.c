@@ -380,6 +380,21 @@ int main(int argc, char **argv) {
     check_bad(2, 1, 1, 16, 4, 1, 1, "mpi", "MP group");
     check_bad(1, 1, 2, 16, 4, 1, 1, "mpi", "ESP group");
   }
+  if (g_world >= 2) {  // a configuration that differs on one rank: refused on every rank
+    moe_ctx *ctx = NULL;
+    moe_ctx_create(&ctx);
+    moe_layer_config cfg = tu_layer_config(8, 8, 16, 4, 1);
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.schedule = g_rank == 0 ? MOE_PARM_S1 : MOE_PARM_S2;
+    moe_parm_layer *L = NULL;
+    const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L &&
+                 strstr(moe_ctx_error(ctx), "Parm configuration differs between ranks"),
+             "a schedule differing on rank 0: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+    moe_parm_layer_destroy(L);
+    moe_ctx_destroy(ctx);
+  }
   const int rc = tu_mpi_finish("test_parm_layer");
   MPI_Finalize();
   return rc;

@@ -72,25 +72,48 @@ void moe_gate_spec_to_string(double topo_gate, char *buf, size_t len) {
   }
 }
 
-// FNV-1a, to compare configurations across ranks.
-static uint64_t fnv1a(const void *data, size_t n, uint64_t h) {
+uint64_t moe_parallel_fnv1a_(const void *data, size_t n, uint64_t h) {
   const unsigned char *p = data;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
   return h;
 }
 
-static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config *pc) {
+uint64_t moe_parallel_layer_hash_(const moe_layer_config *cfg) {
   char text[1024];
-  if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
-  uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
+  if (moe_layer_config_to_json(NULL, cfg, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
+  return moe_parallel_fnv1a_(text, strlen(text), 1469598103934665603ull);
+}
+
+moe_status moe_parallel_same_config_(moe_ctx *ctx, MPI_Comm world, uint64_t h, const char *what) {
+  moe_status st = MOE_STATUS_OK;
+  int W = 1;
+  uint64_t *hashes = NULL;
+  MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
+  hashes = moe_malloc((size_t)W * sizeof(uint64_t));
+  MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
+  MOE_MPI_TRY_OP(ctx, "MoE layer setup",
+                 MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
+  for (int r = 1; r < W; r++) {
+    MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
+                "the layer or %s configuration differs between ranks (rank %d differs from rank "
+                "0); every rank must pass the same configuration",
+                what, r);
+  }
+done:
+  moe_free(hashes);
+  return st;
+}
+
+static uint64_t config_hash(const moe_layer_config *c, const moe_parallel_config *pc) {
+  uint64_t h = moe_parallel_layer_hash_(c);
   const int ints[9] = {pc->ep_size,      pc->ep_strided, pc->ranks_per_node,
                        pc->grouped_size, pc->chunks,     pc->compress_backward,
                        pc->copy_slots,   pc->defer_agg,  pc->frozen_params};
-  h = fnv1a(ints, sizeof ints, h);
-  h = fnv1a(&pc->topo_gate, sizeof pc->topo_gate, h);
-  h = fnv1a(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
-  h = fnv1a(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
-  return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
+  h = moe_parallel_fnv1a_(ints, sizeof ints, h);
+  h = moe_parallel_fnv1a_(&pc->topo_gate, sizeof pc->topo_gate, h);
+  h = moe_parallel_fnv1a_(pc->schedule, strnlen(pc->schedule, sizeof pc->schedule), h);
+  h = moe_parallel_fnv1a_(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
+  return moe_parallel_fnv1a_(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
 
 // The topology-aware gate's locality (pc.topo_gate): expert e is local when
@@ -410,7 +433,6 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   moe_status st = MOE_STATUS_OK;
   moe_ep_layer *L = NULL;
   int *nodes = NULL;
-  uint64_t *hashes = NULL;
   int W = 0, rank = 0;
   if (out) *out = NULL;
   MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
@@ -429,19 +451,7 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   }
   MOE_TRY(moe_comm_agree(ctx, world, local, "layer setup"));
   // step 2: identical configuration everywhere
-  hashes = moe_malloc((size_t)W * sizeof(uint64_t));
-  MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
-  {
-    const uint64_t h = config_hash(cfg, pc);
-    MOE_MPI_TRY_OP(ctx, "MoE layer setup",
-                   MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
-    for (int r = 1; r < W; r++) {
-      MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
-                  "the layer or parallel configuration differs between ranks (rank %d differs "
-                  "from rank 0); every rank must pass the same configuration",
-                  r);
-    }
-  }
+  MOE_TRY(moe_parallel_same_config_(ctx, world, config_hash(cfg, pc), "parallel"));
   L = moe_calloc(1, sizeof *L);
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the layer");
   L->ctx = ctx;
@@ -497,7 +507,6 @@ moe_status moe_ep_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_con
   L = NULL;
 done:
   moe_free(nodes);
-  moe_free(hashes);
   moe_ep_layer_destroy(L);
   return st;
 }

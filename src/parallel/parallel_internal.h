@@ -9,6 +9,14 @@
 #include "moe/parallel.h"
 #include "moe/sched.h"
 
+// FNV-1a of n bytes after h (configurations compared across ranks).
+uint64_t moe_parallel_fnv1a_(const void *data, size_t n, uint64_t h);
+// The hash of a layer config (its JSON text), to extend with a layer's own fields.
+uint64_t moe_parallel_layer_hash_(const moe_layer_config *cfg);
+// Every rank's h equal to rank 0's, else INVALID_ARG on every rank naming the
+// first rank that differs (`what`: "parallel", "Parm"). Collective over world.
+moe_status moe_parallel_same_config_(moe_ctx *ctx, MPI_Comm world, uint64_t h, const char *what);
+
 // What one task of a pass works on.
 typedef struct {
   struct moe_ep_layer *L;

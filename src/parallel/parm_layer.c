@@ -22,6 +22,7 @@
 #include "moe/kernels.h"
 #include "moe/layer_ops.h"
 #include "moe/parm.h"
+#include "parallel/parallel_internal.h"
 
 struct moe_parm_layer {
   moe_ctx *ctx;
@@ -103,20 +104,12 @@ int moe_parm_data_index(const moe_parm_config *pc, int world, int rank) {
 
 // ---- setup -------------------------------------------------------------------
 
-static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 static uint64_t config_hash(const moe_layer_config *c, const moe_parm_config *pc) {
-  char text[1024];
-  if (moe_layer_config_to_json(NULL, c, text, sizeof text) != MOE_STATUS_OK) text[0] = '\0';
-  uint64_t h = fnv1a(text, strlen(text), 1469598103934665603ull);
+  uint64_t h = moe_parallel_layer_hash_(c);
   const int ints[8] = {
       pc->mp, pc->ep, pc->esp, (int)pc->schedule, pc->saa, pc->ranks_per_node, pc->intra_node, 0};
-  h = fnv1a(ints, sizeof ints, h);
-  return fnv1a(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
+  h = moe_parallel_fnv1a_(ints, sizeof ints, h);
+  return moe_parallel_fnv1a_(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
 
 static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
@@ -315,7 +308,6 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
   moe_status st = MOE_STATUS_OK;
   moe_parm_layer *L = NULL;
   int *nodes = NULL;
-  uint64_t *hashes = NULL;
   int W = 0, rank = 0;
   if (out) *out = NULL;
   MOE_MPI_TRY(ctx, MPI_Comm_size(world, &W));
@@ -329,19 +321,7 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
     local = local_checks(ctx, W, cfg, pc, &algo);
   }
   MOE_TRY(moe_comm_agree(ctx, world, local, "Parm layer setup"));
-  hashes = moe_malloc((size_t)W * sizeof(uint64_t));
-  MOE_FAIL_IF(ctx, !hashes, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d hashes", W);
-  {
-    const uint64_t h = config_hash(cfg, pc);
-    MOE_MPI_TRY_OP(ctx, "Parm layer setup",
-                   MPI_Allgather(&h, 1, MPI_UINT64_T, hashes, 1, MPI_UINT64_T, world));
-    for (int r = 1; r < W; r++) {
-      MOE_FAIL_IF(ctx, hashes[r] != hashes[0], MOE_STATUS_INVALID_ARG,
-                  "the layer or Parm configuration differs between ranks (rank %d differs from "
-                  "rank 0); every rank must pass the same configuration",
-                  r);
-    }
-  }
+  MOE_TRY(moe_parallel_same_config_(ctx, world, config_hash(cfg, pc), "Parm"));
   L = moe_calloc(1, sizeof *L);
   MOE_FAIL_IF(ctx, !L, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm layer");
   L->ctx = ctx;
@@ -410,7 +390,6 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
   L = NULL;
 done:
   moe_free(nodes);
-  moe_free(hashes);
   moe_parm_layer_destroy(L);
   return st;
 }
