@@ -65,9 +65,12 @@ if [[ "${MOE_MPICH_ALL:-0}" != 1 ]]; then
   # behind when the watchdog aborts the job, which the test counts as a
   # leftover; the watchdog itself is tested under Open MPI in the other stages),
   # memory_rss (the default model on 4 ranks; its RSS figures are Open MPI's),
-  # and train_packing (the default model on 4 and 6 ranks).
+  # train_packing (the default model on 4 and 6 ranks), parm_train (the
+  # default model on 4 ranks, a dozen runs) and parm_cli (4 ranks).
   if ((cores < 4)); then
-    for t in train_bitwise hang_cli memory_rss train_packing; do exclude="${exclude:+$exclude|}$t"; done
+    for t in train_bitwise hang_cli memory_rss train_packing parm_train parm_cli; do
+      exclude="${exclude:+$exclude|}$t"
+    done
   fi
 fi
 if [[ -n "$exclude" ]]; then
