@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # moe train with Parm (--mp, --esp, --parm; docs/parm.md) on the DEFAULT demo
 # model:
-#   - MP = 2 on 2 ranks, MP = 2 x EP = 2 and MP = 2 x ESP = 2 (baseline and
-#     s2) on 4 ranks train the 1-rank run's losses: the first step's within
-#     1e-5 (the same parameters and batch; only the sums' order differs), 8
-#     steps within 1e-3 (the MPI sums' order, as data-parallel training
-#     without deterministic mode: docs/parm.md gives the 20-step figures);
+#   - MP = 2 on 2 ranks; MP = 2 x EP = 2, MP = 2 x ESP = 2 (baseline and s2),
+#     MP = 2 x DP = 2 and ESP = 2 x EP = 2 on 4 ranks train the 1-rank run's
+#     losses and gradient norms: the first step's within 1e-5 (the same
+#     parameters and batch; only the sums' order differs), 8 steps within
+#     1e-4 (losses) and 1e-3 (norms) (the MPI sums' order, as data-parallel
+#     training without deterministic mode: docs/parm.md gives the 20-step
+#     figures);
 #   - a checkpoint written at MP 2 x ESP 2 resumes at that layout to the
-#     uninterrupted run's losses byte for byte, and at 1 rank within 1e-6; a
+#     uninterrupted run's losses byte for byte, and at 1 rank within 1e-6 (so
+#     do ones written at MP 2 x DP 2 and at ESP 2 x EP 2); a
 #     1-rank checkpoint resumes at MP 2 x ESP 2 within 1e-5; moe sample reads
 #     the MP checkpoint;
 #   - --parm auto runs Algorithm 1 on measured terms and says what it picked;
@@ -33,12 +36,14 @@ run() {  # run NAME RANKS ARGS...: output in $tmp/NAME.out, metrics in $tmp/NAME
   ok
 }
 
-# compare A B TOL_FIRST TOL_ALL [STEPS]: losses of B's steps against A's
+# compare A B TOL_FIRST TOL_ALL [KEY]: B's steps' KEY (loss) against A's; the
+# first step's within TOL_FIRST, the others within TOL_ALL (relative)
 compare() {
-  if python3 - "$tmp/$1.jsonl" "$tmp/$2.jsonl" "$3" "$4" <<'PY'; then ok; else bad "$2 against $1"; fi
+  if python3 - "$tmp/$1.jsonl" "$tmp/$2.jsonl" "$3" "$4" "${5:-loss}" <<'PY'; then ok; else bad "$2 against $1 (${5:-loss})"; fi
 import json, sys
-a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[1])}
-b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[2])}
+key = sys.argv[5]
+a = {json.loads(l)["step"]: json.loads(l)[key] for l in open(sys.argv[1])}
+b = {json.loads(l)["step"]: json.loads(l)[key] for l in open(sys.argv[2])}
 t_first, t_all = float(sys.argv[3]), float(sys.argv[4])
 assert b, "no steps"
 first = min(b)
@@ -47,15 +52,24 @@ for s, x in b.items():
     d = abs(x - a[s]) / abs(a[s])
     worst = max(worst, d)
     assert d <= (t_first if s == first else t_all), f"step {s}: {x} vs {a[s]} (rel {d:.2e})"
-print(f"{sys.argv[2].split('/')[-1]}: steps {sorted(b)[0]}..{sorted(b)[-1]}, max rel diff {worst:.2e}")
+print(f"{sys.argv[2].split('/')[-1]} {key}: steps {sorted(b)[0]}..{sorted(b)[-1]}, max rel diff {worst:.2e}")
 PY
 }
 
 run one 1 --steps 8
-run mp2 2 --steps 8 --mp 2 && compare one mp2 1e-5 1e-3
-run mp2ep2 4 --steps 8 --mp 2 --ep 2 --parm s1 && compare one mp2ep2 1e-5 1e-3
-run mp2esp2 4 --steps 8 --mp 2 --esp 2 && compare one mp2esp2 1e-5 1e-3
-run mp2esp2b 4 --steps 8 --mp 2 --esp 2 --parm baseline && compare one mp2esp2b 1e-5 1e-3
+# losses and gradient norms (a sum over the wrong ranks scales a gradient,
+# which AdamW's losses hardly show, its norm does)
+for layout in "mp2 2 --mp 2" "mp2ep2 4 --mp 2 --ep 2 --parm s1" "mp2esp2 4 --mp 2 --esp 2" \
+  "mp2esp2b 4 --mp 2 --esp 2 --parm baseline" "mp2dp2 4 --mp 2 --ep 1" "esp2ep2 4 --esp 2 --ep 2"; do
+  # shellcheck disable=SC2086
+  set -- $layout
+  name=$1 n=$2
+  shift 2
+  if run "$name" "$n" --steps 8 "$@"; then
+    compare one "$name" 1e-5 1e-4
+    compare one "$name" 1e-5 1e-3 grad_norm
+  fi
+done
 grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule baseline" "$tmp/mp2esp2b.out" && ok ||
   bad "the summary does not name the layout and schedule"
 
@@ -70,6 +84,11 @@ assert sorted(b) == [5, 6, 7, 8], sorted(b)
 assert all(b[s] == a[s] for s in b), [(s, a[s], b[s]) for s in b]
 PY
 run resumed1 1 --steps 8 --resume "$tmp/mp.ckpt" && compare mp2esp2 resumed1 1e-6 1e-5
+# with DP 2 (only the dp 0 ranks gather) and with experts both sharded and on two EP ranks
+run stopdp 4 --steps 8 --mp 2 --ep 1 --stop-at 4 --checkpoint "$tmp/dp.ckpt"
+run resumeddp 1 --steps 8 --resume "$tmp/dp.ckpt" && compare mp2dp2 resumeddp 1e-6 1e-5
+run stopesp 4 --steps 8 --esp 2 --ep 2 --stop-at 4 --checkpoint "$tmp/esp.ckpt"
+run resumedesp 1 --steps 8 --resume "$tmp/esp.ckpt" && compare esp2ep2 resumedesp 1e-6 1e-5
 run stop1 1 --steps 8 --stop-at 4 --checkpoint "$tmp/one.ckpt"
 run resumedmp 4 --steps 8 --mp 2 --esp 2 --resume "$tmp/one.ckpt" && compare one resumedmp 1e-5 1e-4
 expect 0 "." -- "$MOE" sample --checkpoint "$tmp/mp.ckpt" --length 16 --prompt "The "

@@ -235,6 +235,7 @@ static void check_dump_a2a(int ep, int esp, const char *algo_name) {
   {
     // rows[e] for EP rank e: random, the same formula on every rank
     int rows[8], first[8], recv_rows[8];
+    size_t counts[32];
     int at = 0;
     for (int e = 0; e < ep; e++) {
       rows[e] = (g_rank * 7 + e * 3) % 5;
@@ -252,7 +253,7 @@ static void check_dump_a2a(int ep, int esp, const char *algo_name) {
     moe_workspace ws;
     memset(&ws, 0, sizeof ws);
     const moe_status st =
-        moe_parm_dump_a2a(ctx, algo, &g, esp, send, rows, first, W, got, recv_rows, &ws);
+        moe_parm_dump_a2a(ctx, algo, &g, esp, send, rows, first, W, got, recv_rows, counts, &ws);
     TU_CHECK(st == MOE_STATUS_OK, "dump a2a %s: %s", algo_name, moe_ctx_error(ctx));
     // the composition, written out: member q's block for my EP rank, in member order
     size_t k = 0;
@@ -379,6 +380,36 @@ int main(int argc, char **argv) {
   if (g_world >= 2) {
     check_bad(2, 1, 1, 16, 4, 1, 1, "mpi", "MP group");
     check_bad(1, 1, 2, 16, 4, 1, 1, "mpi", "ESP group");
+  }
+  if (g_world >= 2) {
+    // MP peers must pass the same tokens: a count that differs on one of them,
+    // and (s2) other tokens of the same count, fail the forward on every rank
+    moe_ctx *ctx = NULL;
+    moe_ctx_create(&ctx);
+    moe_layer_config cfg = tu_layer_config(16, 8, 16, 4, 2);
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.mp = 2;
+    pc.ep = g_world / 2;
+    moe_parm_layer *L = NULL;
+    moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    TU_CHECK(st == MOE_STATUS_OK, "MP peers: create: %s", moe_ctx_error(ctx));
+    if (st == MOE_STATUS_OK) {
+      moe_parm_layer_init_params(L, 5);
+      float *x = tu_filled(16 * 8, 40 + (uint64_t)g_rank, -1, 1), *y = tu_fbuf(16 * 8);
+      st = moe_parm_layer_forward(L, x, g_rank == 1 ? 15 : 16, y, NULL);
+      // (the ranks of the other MP groups learn it from moe_comm_agree)
+      TU_CHECK(st == MOE_STATUS_INVALID_ARG &&
+                   (strstr(moe_ctx_error(ctx), "different token counts") ||
+                    (g_rank >= 2 && strstr(moe_ctx_error(ctx), "Parm forward failed on rank"))),
+               "MP peers with 15 and 16 tokens: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+      st = moe_parm_layer_forward(L, x, 16, y, NULL);  // other tokens on each rank
+      TU_CHECK(st == MOE_STATUS_INVALID_ARG && strstr(moe_ctx_error(ctx), "same tokens"),
+               "MP peers with other tokens under s2: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+    }
+    moe_parm_layer_destroy(L);
+    moe_ctx_destroy(ctx);
+    tu_free_all();
   }
   if (g_world >= 2) {  // a configuration that differs on one rank: refused on every rank
     moe_ctx *ctx = NULL;

@@ -161,10 +161,11 @@ const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *layer);
 // block: rows[ep'] rows of `width` floats at send + first[ep'] x width (the
 // Dump, without a copy). recv_rows[q'] (known to the caller from a counts
 // exchange) rows arrive from member q', stored in member order at recv.
-// Collective over g.
+// counts: 4 g->size entries of the caller's (the byte counts and
+// displacements; nothing is allocated). Collective over g.
 moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, int esp,
                              const float *send, const int *rows, const int *first, int width,
-                             float *recv, const int *recv_rows, moe_workspace *ws);
+                             float *recv, const int *recv_rows, size_t *counts, moe_workspace *ws);
 
 #ifdef __cplusplus
 }

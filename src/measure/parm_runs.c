@@ -203,6 +203,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
   float *send = NULL, *recv = NULL, *part = NULL, *gath = NULL;
   double *x = NULL, *y = NULL, *col = NULL;
   int *rows = NULL, *first = NULL, *rrows = NULL;
+  size_t *counts = NULL;
   MPI_Request *rq = NULL;
   moe_workspace ws;
   memset(&ws, 0, sizeof ws);
@@ -250,8 +251,10 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
     rows = moe_calloc((size_t)EP, sizeof(int));
     first = moe_calloc((size_t)EP, sizeof(int));
     rrows = moe_calloc((size_t)P, sizeof(int));
+    counts = moe_calloc((size_t)4 * P, sizeof(size_t));
     rq = moe_calloc((size_t)(2 * P + EP), sizeof(MPI_Request));
-    if (!send || !recv || !part || !gath || !x || !y || !col || !rows || !first || !rrows || !rq)
+    if (!send || !recv || !part || !gath || !x || !y || !col || !rows || !first || !rrows || !rq ||
+        !counts)
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "Parm alpha-beta: cannot allocate %zu floats", 3 * big);
     MOE_TRY(moe_comm_agree(ctx, world, local, "Parm alpha-beta allocation"));
@@ -271,7 +274,8 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
         MOE_MPI_TRY_OP(ctx, "Parm alpha-beta", MPI_Barrier(world));
         const uint64_t t0 = moe_time_ns();
         if (k == 0) {
-          MOE_TRY(moe_parm_dump_a2a(ctx, algo, g, ESP, send, rows, first, M, recv, rrows, &ws));
+          MOE_TRY(
+              moe_parm_dump_a2a(ctx, algo, g, ESP, send, rows, first, M, recv, rrows, counts, &ws));
         } else if (k == 1) {
           MOE_MPI_TRY_OP(ctx, "Parm alpha-beta",
                          MPI_Allgather(send, r * M, MPI_FLOAT, gath, r * M, MPI_FLOAT, mp));
@@ -302,7 +306,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
 done:
   moe_parm_layer_destroy(L);
   moe_workspace_free(&ws);
-  void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq};
+  void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq, counts};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   return st;
 }

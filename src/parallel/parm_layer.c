@@ -68,6 +68,8 @@ struct moe_parm_layer {
   int *back_rows;                        // (P): rows coming back from each member
   size_t *sc, *sd, *rc, *rd;             // (P) byte counts and displacements
   int *mcnt, *mdis;                      // (max(MP, ESP)) counts of the gathers
+  size_t *dump_counts, *back_displs;     // (4 P), (P): the EP&ESP all-to-all's byte counts
+  int *saa_cnt;                          // (2 MP EP): SAA's gathers' counts and displacements
   MPI_Request *reqs;                     // (2 P + EP)
   moe_workspace ws;
   // the pass
@@ -203,11 +205,12 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     // balanced routing: each expert rank receives about what it sends (R x ESP rows)
     const double balanced = ESP * R < RI ? ESP * R : RI;
     out->skew_bytes = F * (RI - balanced) * (2 * M + 4 * hs);
-    out->bytes[MOE_MEM_WORKSPACE] =
-        sizeof(int) * (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E + 4 * pc->ep + 2 * P +
-                       2 * (pc->mp + ESP)) +
-        sizeof(size_t) * 4 * P + sizeof(MPI_Request) * (2 * P + pc->ep) +
-        MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
+    out->bytes[MOE_MEM_WORKSPACE] = sizeof(int) * (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E +
+                                                   4 * pc->ep + 2 * P + 2 * (pc->mp + ESP)) +
+                                    sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
+                                    sizeof(MPI_Request) * (2 * P + pc->ep) +
+                                    MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) +
+                                    sizeof(moe_parm_layer) + 4096;
   }
 done:
   return st;
@@ -222,7 +225,7 @@ done:
         (L)->xr, (L)->yr, (L)->pre, (L)->h, (L)->dh, (L)->dpre, (L)->cnt_send, (L)->cnt_recv,    \
         (L)->gcnt, (L)->part_lo, (L)->part_n, (L)->gfirst, (L)->grows, (L)->member_rows,         \
         (L)->back_rows, (L)->sc, (L)->sd, (L)->rc, (L)->rd, (L)->mcnt, (L)->mdis, (L)->reqs,     \
-        (L)->dx_add                                                                              \
+        (L)->dx_add, (L)->dump_counts, (L)->back_displs, (L)->saa_cnt                            \
   }
 
 // Every allocation of the layer (agreed on by the caller).
@@ -276,6 +279,9 @@ static moe_status alloc_all(moe_parm_layer *L) {
   L->mcnt = moe_calloc(mm, sizeof(int));
   L->mdis = moe_calloc(mm, sizeof(int));
   L->reqs = moe_calloc(2 * P + (size_t)L->EP, sizeof(MPI_Request));
+  L->dump_counts = moe_calloc(4 * P, sizeof(size_t));
+  L->back_displs = moe_calloc(P, sizeof(size_t));
+  L->saa_cnt = moe_calloc((size_t)2 * L->MP * L->EP, sizeof(int));
   void *all[] = PARM_BUFFERS(L);
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     MOE_FAIL_IF(ctx, !all[i], MOE_STATUS_OUT_OF_MEMORY,
@@ -461,11 +467,8 @@ done:
 
 moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_group *g, int esp,
                              const float *send, const int *rows, const int *first, int width,
-                             float *recv, const int *recv_rows, moe_workspace *ws) {
-  moe_status st = MOE_STATUS_OK;
+                             float *recv, const int *recv_rows, size_t *b, moe_workspace *ws) {
   const int P = g->size;
-  size_t *b = moe_malloc((size_t)4 * P * sizeof(size_t));
-  MOE_FAIL_IF(ctx, !b, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d counts", 4 * P);
   const size_t row = (size_t)width * sizeof(float);
   size_t at = 0;
   for (int q = 0; q < P; q++) {
@@ -475,10 +478,7 @@ moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_g
     b[3 * P + q] = at;
     at += b[2 * P + q];
   }
-  st = moe_a2a_run(ctx, algo, g, send, b, b + P, recv, b + 2 * P, b + 3 * P, ws);
-done:
-  moe_free(b);
-  return st;
+  return moe_a2a_run(ctx, algo, g, send, b, b + P, recv, b + 2 * P, b + 3 * P, ws);
 }
 
 // ---- the pass's pieces -------------------------------------------------------------
@@ -627,7 +627,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
   }
   float *recv = backward ? L->yr : L->xr;
   MOE_TRY(moe_parm_dump_a2a(ctx, L->algo, &L->a2a, ESP, L->xs, L->grows, L->gfirst, L->M, recv,
-                            L->member_rows, &L->ws));
+                            L->member_rows, L->dump_counts, &L->ws));
   pt->a2a_ms += moe_time_ms_since(t0);
   t0 = moe_time_ns();
   run_shards(L, backward, L->cnt_recv, P * Eh, Eh, L->yr, tm);
@@ -648,15 +648,12 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
       L->sd[q] = sat;
       sat += L->sc[q];
     }
-    size_t *rc = L->rc, *rdb = moe_malloc((size_t)P * sizeof(size_t));
-    MOE_FAIL_IF(ctx, !rdb, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate %d counts", P);
+    size_t *rc = L->rc, *rdb = L->back_displs;
     for (int q = 0; q < P; q++) {
       rc[q] = (size_t)L->grows[q / ESP] * row;
       rdb[q] = back_at[q] * row;
     }
-    st = moe_a2a_run(ctx, L->algo, &L->a2a, L->yr, L->sc, L->sd, L->xb, rc, rdb, &L->ws);
-    moe_free(rdb);
-    MOE_TRY(st);
+    MOE_TRY(moe_a2a_run(ctx, L->algo, &L->a2a, L->yr, L->sc, L->sd, L->xb, rc, rdb, &L->ws));
     for (int g = 0; g < L->EP; g++) local_combine(L, g, L->xb, back_at);
     pt->a2a_ms += moe_time_ms_since(t0);
     if (!s2) {
@@ -694,8 +691,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
       sat += (size_t)L->member_rows[q];
     }
     // each EP rank's gather has its own counts (the same on every MP peer)
-    int *cnt = moe_malloc((size_t)2 * L->MP * L->EP * sizeof(int));
-    MOE_FAIL_IF(ctx, !cnt, MOE_STATUS_OUT_OF_MEMORY, "cannot allocate gather counts");
+    int *cnt = L->saa_cnt;
     size_t stg_at = 0;
     for (int i = 0; i < L->EP && st == MOE_STATUS_OK; i++) {
       const int g = (L->me.ep + i) % L->EP;
@@ -732,7 +728,6 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
         for (int m = 0; m < L->MP; m++) blk += (size_t)gc[m];
       }
     }
-    moe_free(cnt);
     pt->a2a_ms += moe_time_ms_since(t0);
   }
 done:
@@ -902,6 +897,24 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
                  MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)MOE_LOSS_STATS(L->E), MPI_DOUBLE,
                                MPI_SUM, s1 ? L->world : L->data));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
+  if (L->sched == MOE_PARM_S2 && L->MP > 1) {
+    // s2 splits each expert's rows over MP: the peers' routing must agree
+    // (the same tokens give the same routing; other tokens would corrupt the
+    // gathers): the counts' minimum and maximum over MP, one agreement
+    int *v = L->cnt_send;  // (2 E of its P ESP Eh + E + 1) free until the dispatch
+    for (int e = 0; e < L->E; e++) v[L->E + e] = -(v[e] = L->route.count[e]);
+    MOE_MPI_TRY_OP(ctx, "Parm forward",
+                   MPI_Allreduce(MPI_IN_PLACE, v, 2 * L->E, MPI_INT, MPI_MAX, L->mp));
+    moe_status local = MOE_STATUS_OK;
+    for (int e = 0; e < L->E && local == MOE_STATUS_OK; e++) {
+      if (v[e] != -v[L->E + e])
+        local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                             "Parm forward (s2): MP peers route %d..%d rows to expert %d; they "
+                             "must pass the same tokens",
+                             -v[L->E + e], v[e], e);
+    }
+    MOE_TRY(moe_comm_agree(ctx, L->world, local, "Parm forward"));
+  }
   moe_dispatch_forward(&L->route, xg, L->M, L->xe);
   if (L->sched == MOE_PARM_BASELINE) {
     MOE_TRY(baseline_pass(L, 0, L->xe, L->ye, &L->tf, &tm));
@@ -930,6 +943,19 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
   L->last.rerouted = 0;
   if (stats) *stats = L->last;
   L->tf.total_ms = moe_time_ms_since(t_start);
+done:
+  return st;
+}
+
+// buf (n floats) summed over comm in place, in pieces that fit MPI's int counts.
+static moe_status sum_pieces(moe_ctx *ctx, float *buf, size_t n, MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  const size_t piece = (size_t)1 << 30;
+  for (size_t i = 0; i < n; i += piece) {
+    const size_t c = n - i < piece ? n - i : piece;
+    MOE_MPI_TRY_OP(ctx, "Parm gradient sums",
+                   MPI_Allreduce(MPI_IN_PLACE, buf + i, (int)c, MPI_FLOAT, MPI_SUM, comm));
+  }
 done:
   return st;
 }
@@ -990,12 +1016,9 @@ moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx
     // every rank's tokens are its own), the shards over their holders (the
     // baseline computes every token on each MP peer: DP only)
     const uint64_t t0 = moe_time_ns();
-    MOE_MPI_TRY_OP(ctx, "Parm gradient sums",
-                   MPI_Allreduce(MPI_IN_PLACE, L->gscratch, (int)L->n_gate, MPI_FLOAT, MPI_SUM,
-                                 s1 ? L->world : L->data));
-    MOE_MPI_TRY_OP(ctx, "Parm gradient sums",
-                   MPI_Allreduce(MPI_IN_PLACE, L->gscratch + L->n_gate, (int)L->n_expert, MPI_FLOAT,
-                                 MPI_SUM, L->sched == MOE_PARM_BASELINE ? L->rep_dp : L->rep));
+    MOE_TRY(sum_pieces(ctx, L->gscratch, L->n_gate, s1 ? L->world : L->data));
+    MOE_TRY(sum_pieces(ctx, L->gscratch + L->n_gate, L->n_expert,
+                       L->sched == MOE_PARM_BASELINE ? L->rep_dp : L->rep));
     for (size_t i = 0; i < L->n_gate + L->n_expert; i++) L->grads[i] += L->gscratch[i];
     L->tb.reduce_ms = moe_time_ms_since(t0);
   }

@@ -696,20 +696,17 @@ static float *ckpt_source(run_state *r, const moe_gpt_param *p, int i, int which
 // every slice; each sends its slice and where it sits, rank 0 places them
 // into full (the whole tensor; slices held twice hold the same values).
 // Collective over group0_comm; the other ranks do nothing.
-static moe_status parm_gather(run_state *r, const moe_gpt_param *p, const float *src, float *full) {
+// Rank 0's buffers (all: 5 group0 sizes, tmp: the largest slice) are the
+// caller's, allocated before any collective.
+static moe_status parm_gather(run_state *r, const moe_gpt_param *p, const float *src, float *full,
+                              int64_t *all, float *tmp) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
-  float *tmp = NULL;
-  int64_t *all = NULL;
   int g = 1, me = 0;
   MOE_MPI_TRY(ctx, MPI_Comm_size(r->group0_comm, &g));
   MOE_MPI_TRY(ctx, MPI_Comm_rank(r->group0_comm, &me));
   const int64_t mine[5] = {p->expert_first, p->expert_count, p->tp_first, p->tp_count,
                            (int64_t)p->numel};
-  if (me == 0) {
-    all = moe_malloc((size_t)5 * g * sizeof(int64_t));
-    MOE_FAIL_IF(ctx, !all, MOE_STATUS_OUT_OF_MEMORY, "checkpoint: out of memory");
-  }
   MOE_MPI_TRY_OP(ctx, "checkpoint: gather of slices",
                  MPI_Gather(mine, 5, MPI_INT64_T, all, 5, MPI_INT64_T, 0, r->group0_comm));
   if (me != 0) {
@@ -717,10 +714,6 @@ static moe_status parm_gather(run_state *r, const moe_gpt_param *p, const float 
         moe_send_floats(ctx, src, p->numel, 0, 8, r->group0_comm, "checkpoint: send of slices"));
     goto done;
   }
-  size_t most = 0;
-  for (int q = 0; q < g; q++) most = (size_t)all[5 * q + 4] > most ? (size_t)all[5 * q + 4] : most;
-  tmp = moe_malloc((most + 1) * sizeof(float));
-  MOE_FAIL_IF(ctx, !tmp, MOE_STATUS_OUT_OF_MEMORY, "checkpoint: out of memory (%zu floats)", most);
   for (int q = 0; q < g; q++) {
     moe_gpt_param s = *p;
     s.expert_first = (int)all[5 * q];
@@ -743,8 +736,6 @@ static moe_status parm_gather(run_state *r, const moe_gpt_param *p, const float 
     }
   }
 done:
-  moe_free(tmp);
-  moe_free(all);
   return st;
 }
 
@@ -765,7 +756,8 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
   moe_ckpt_tensor_desc *descs = NULL;
   moe_ckpt_writer *w = NULL;
   char *config = NULL;
-  float *full = NULL;
+  float *full = NULL, *gather_tmp = NULL;
+  int64_t *gather_at = NULL;
   size_t full_n = 0;
   char msg[512] = "";
   int ok = 1;
@@ -830,11 +822,23 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
       full_n = whole_numel(&p);
   }
   if (r->rank == 0 && full_n) full = moe_malloc(full_n * sizeof(float));
+  int ok_buf = r->rank != 0 || !full_n || full;
+  if (r->rank == 0 && r->parm_user && ok_buf) {  // parm_gather's: the slices' places, one slice
+    int g = 1;
+    size_t most = 0;
+    MPI_Comm_size(r->group0_comm, &g);
+    for (int i = 0; i < n; i++) {
+      const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+      if ((p.kind == MOE_GPT_PARAM_EXPERT || p.tp_dim >= 0) && p.numel > most) most = p.numel;
+    }
+    gather_at = moe_malloc((size_t)5 * g * sizeof(int64_t));
+    gather_tmp = moe_malloc((most + 1) * sizeof(float));
+    ok_buf = gather_at && gather_tmp;
+  }
   MOE_TRY(agree(r,
-                r->rank != 0 || !full_n || full
-                    ? MOE_STATUS_OK
-                    : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
-                                   "checkpoint: out of memory (%zu floats)", full_n),
+                ok_buf ? MOE_STATUS_OK
+                       : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                      "checkpoint: out of memory (%zu floats)", full_n),
                 "checkpoint buffer"));
   for (int k = 0; k < 3 * n; k++) {
     const int i = k % n;
@@ -842,7 +846,7 @@ static moe_status save_checkpoint(run_state *r, const char *path, int step) {
     const float *src = ckpt_source(r, &p, i, k / n);
     if (r->parm_user && (p.kind == MOE_GPT_PARAM_EXPERT || p.tp_dim >= 0)) {
       if (moe_parm_coords_of(&r->parm_user->parm, r->size, r->rank).dp != 0) continue;
-      MOE_TRY(parm_gather(r, &p, src, full));
+      MOE_TRY(parm_gather(r, &p, src, full, gather_at, gather_tmp));
       if (r->rank == 0 && wst == MOE_STATUS_OK)
         wst = moe_ckpt_writer_write(w, k, full, whole_numel(&p) * sizeof(float));
       continue;
@@ -905,6 +909,8 @@ done:
   if (w) moe_ckpt_writer_abort(w);
   moe_free(bal_state);
   moe_free(full);
+  moe_free(gather_tmp);
+  moe_free(gather_at);
   moe_free(config);
   moe_free(descs);
   return st;
@@ -1037,7 +1043,11 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     const moe_layer_config *lc = &tc->model.moe;
     const double f = lc->capacity_factor > 0 ? lc->capacity_factor : 1.0;
     const double rows = f * lc->top_k * (double)r->bl * r->s / ((double)ep * tc->mp);
-    const int lo = rows / 2 < 1 ? 1 : (int)(rows / 2), hi = lo * 4;
+    // x 0.5 .. x 2 of the expected rows, within the measurement's 2^28 floats
+    const double cap = (double)(1 << 28) / ((double)tc->model.d_model * ep * tc->esp * tc->mp);
+    int hi = (int)(rows * 2 < cap ? rows * 2 : cap);
+    hi = hi < 2 ? 2 : hi;
+    const int lo = hi / 4 < 1 ? 1 : hi / 4;
     moe_parm_alpha_beta ab;
     MOE_TRY(
         moe_measure_parm_alpha_beta(ctx, r->world, pc, tc->model.d_model, lo, hi, 4, 5, &ab, NULL));
@@ -1819,6 +1829,9 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
     // Deterministic: the loss is the sequences' sums in global order (below), so MPI's
     // sum covers only the dropped and re-selected counts (integers: exact in any order).
     const int det = tc->deterministic ? 1 : 0;
+    if (r.parm_user && r.parm_pick == MOE_PARM_S1)  // each MP rank gated its own slice
+      MOE_MPI_TRY_OP(ctx, "all-reduce of the step's loss",
+                     MPI_Allreduce(MPI_IN_PLACE, &sums[1], 1, MPI_DOUBLE, MPI_SUM, r.mp_comm));
     MOE_MPI_TRY_OP(
         ctx, "all-reduce of the step's loss",
         MPI_Allreduce(MPI_IN_PLACE, sums + det, 3 - det, MPI_DOUBLE, MPI_SUM, sum_comm(&r)));
