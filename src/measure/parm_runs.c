@@ -173,7 +173,7 @@ done:
 // ESP members' rows are in, an MP-AllGather of r rows.
 static moe_status saa_pair(moe_ctx *ctx, const moe_group *g, MPI_Comm mp, int ep_me, int EP,
                            int ESP, int r, int M, const float *send, float *recv, float *part,
-                           float *gath, MPI_Request *rq) {
+                           float *gath, MPI_Request *rq, MPI_Status *sts) {
   moe_status st = MOE_STATUS_OK;
   const int P = g->size, n = r * M;
   int MP = 1;
@@ -185,12 +185,12 @@ static moe_status saa_pair(moe_ctx *ctx, const moe_group *g, MPI_Comm mp, int ep
     MOE_MPI_TRY(ctx, MPI_Isend(send + (size_t)q * n, n, MPI_FLOAT, q, 0x5ab, g->comm, &rq[P + q]));
   for (int i = 0; i < EP; i++) {
     const int e = (ep_me + i) % EP;
-    MOE_MPI_TRY(ctx, MPI_Waitall(ESP, rq + e * ESP, MPI_STATUSES_IGNORE));
+    MOE_MPI_TRY(ctx, MPI_Waitall(ESP, rq + e * ESP, sts));
     memcpy(part + (size_t)e * n, recv + (size_t)e * ESP * n, (size_t)n * sizeof(float));
     MOE_MPI_TRY(ctx, MPI_Iallgather(part + (size_t)e * n, n, MPI_FLOAT, gath + (size_t)e * MP * n,
                                     n, MPI_FLOAT, mp, &rq[2 * P + e]));
   }
-  MOE_MPI_TRY(ctx, MPI_Waitall(2 * P + EP, rq, MPI_STATUSES_IGNORE));
+  MOE_MPI_TRY(ctx, MPI_Waitall(2 * P + EP, rq, sts));
 done:
   return st;
 }
@@ -205,6 +205,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
   int *rows = NULL, *first = NULL, *rrows = NULL;
   size_t *counts = NULL;
   MPI_Request *rq = NULL;
+  MPI_Status *sts = NULL;  // not MPI_STATUSES_IGNORE: GCC 12 flags it in MPICH's MPI_Waitall
   moe_workspace ws;
   memset(&ws, 0, sizeof ws);
   {
@@ -253,8 +254,9 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
     rrows = moe_calloc((size_t)P, sizeof(int));
     counts = moe_calloc((size_t)4 * P, sizeof(size_t));
     rq = moe_calloc((size_t)(2 * P + EP), sizeof(MPI_Request));
+    sts = moe_calloc((size_t)(2 * P + EP), sizeof(MPI_Status));
     if (!send || !recv || !part || !gath || !x || !y || !col || !rows || !first || !rrows || !rq ||
-        !counts)
+        !sts || !counts)
       local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
                            "Parm alpha-beta: cannot allocate %zu floats", 3 * big);
     MOE_TRY(moe_comm_agree(ctx, world, local, "Parm alpha-beta allocation"));
@@ -280,7 +282,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
           MOE_MPI_TRY_OP(ctx, "Parm alpha-beta",
                          MPI_Allgather(send, r * M, MPI_FLOAT, gath, r * M, MPI_FLOAT, mp));
         } else {
-          MOE_TRY(saa_pair(ctx, g, mp, ep_me, EP, ESP, r, M, send, recv, part, gath, rq));
+          MOE_TRY(saa_pair(ctx, g, mp, ep_me, EP, ESP, r, M, send, recv, part, gath, rq, sts));
         }
         double ms = 0;
         MOE_TRY(slowest(ctx, world, moe_time_ms_since(t0), &ms));
@@ -306,7 +308,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
 done:
   moe_parm_layer_destroy(L);
   moe_workspace_free(&ws);
-  void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq, counts};
+  void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq, counts, sts};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   return st;
 }

@@ -70,6 +70,8 @@ struct moe_parm_layer {
   int *mcnt, *mdis;                      // (max(MP, ESP)) counts of the gathers
   size_t *dump_counts, *back_displs;     // (4 P), (P): the EP&ESP all-to-all's byte counts
   int *saa_cnt;                          // (2 MP EP): SAA's gathers' counts and displacements
+  MPI_Status *statuses;                  // (2 P + EP): SAA's waits (MPI_STATUSES_IGNORE is
+                                         // (MPI_Status *)1, which GCC 12 flags in MPI_Waitall)
   MPI_Request *reqs;                     // (2 P + EP)
   moe_workspace ws;
   // the pass
@@ -208,7 +210,7 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     out->bytes[MOE_MEM_WORKSPACE] = sizeof(int) * (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E +
                                                    4 * pc->ep + 2 * P + 2 * (pc->mp + ESP)) +
                                     sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
-                                    sizeof(MPI_Request) * (2 * P + pc->ep) +
+                                    (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
                                     MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) +
                                     sizeof(moe_parm_layer) + 4096;
   }
@@ -225,7 +227,7 @@ done:
         (L)->xr, (L)->yr, (L)->pre, (L)->h, (L)->dh, (L)->dpre, (L)->cnt_send, (L)->cnt_recv,    \
         (L)->gcnt, (L)->part_lo, (L)->part_n, (L)->gfirst, (L)->grows, (L)->member_rows,         \
         (L)->back_rows, (L)->sc, (L)->sd, (L)->rc, (L)->rd, (L)->mcnt, (L)->mdis, (L)->reqs,     \
-        (L)->dx_add, (L)->dump_counts, (L)->back_displs, (L)->saa_cnt                            \
+        (L)->dx_add, (L)->dump_counts, (L)->back_displs, (L)->saa_cnt, (L)->statuses             \
   }
 
 // Every allocation of the layer (agreed on by the caller).
@@ -282,6 +284,7 @@ static moe_status alloc_all(moe_parm_layer *L) {
   L->dump_counts = moe_calloc(4 * P, sizeof(size_t));
   L->back_displs = moe_calloc(P, sizeof(size_t));
   L->saa_cnt = moe_calloc((size_t)2 * L->MP * L->EP, sizeof(int));
+  L->statuses = moe_calloc(2 * P + (size_t)L->EP, sizeof(MPI_Status));
   void *all[] = PARM_BUFFERS(L);
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     MOE_FAIL_IF(ctx, !all[i], MOE_STATUS_OUT_OF_MEMORY,
@@ -695,7 +698,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
     size_t stg_at = 0;
     for (int i = 0; i < L->EP && st == MOE_STATUS_OK; i++) {
       const int g = (L->me.ep + i) % L->EP;
-      int rc = MPI_Waitall(ESP, rq + g * ESP, MPI_STATUSES_IGNORE);
+      int rc = MPI_Waitall(ESP, rq + g * ESP, L->statuses);
       if (rc != MPI_SUCCESS) {
         st = moe_mpi_error(ctx, rc, "MPI_Waitall (Parm SAA)", __FILE__, __LINE__);
         break;
@@ -714,7 +717,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
       if (rc != MPI_SUCCESS) st = moe_mpi_error(ctx, rc, "MPI_Iallgatherv", __FILE__, __LINE__);
     }
     const int wd = moe_watchdog_op_begin("Parm SAA", NULL);
-    const int rc1 = MPI_Waitall(2 * P + L->EP, rq, MPI_STATUSES_IGNORE);
+    const int rc1 = MPI_Waitall(2 * P + L->EP, rq, L->statuses);
     moe_watchdog_op_end(wd);
     if (st == MOE_STATUS_OK && rc1 != MPI_SUCCESS)
       st = moe_mpi_error(ctx, rc1, "MPI_Waitall (Parm SAA)", __FILE__, __LINE__);
