@@ -513,6 +513,29 @@ static void run_shards(moe_parm_layer *L, int backward, const int *nb, int block
   }
 }
 
+// Where part m of `parts` equal parts of n items starts (part m is
+// [split_at(n, m, parts), split_at(n, m + 1, parts))): s1's token slices and
+// s2's slices of each expert's rows.
+static int split_at(int n, int m, int parts) { return (int)((long long)n * m / parts); }
+
+// s1's MP-AllGather of the (tokens, M) slices of buf (in place): the
+// outputs in the forward, the input gradients in the backward.
+static moe_status mp_gather_tokens(moe_parm_layer *L, float *buf, int tokens, double *ms) {
+  moe_status st = MOE_STATUS_OK;
+  const uint64_t t0 = moe_time_ns();
+  for (int m = 0; m < L->MP; m++) {
+    const int lo = split_at(tokens, m, L->MP);
+    L->mcnt[m] = (split_at(tokens, m + 1, L->MP) - lo) * L->M;
+    L->mdis[m] = lo * L->M;
+  }
+  MOE_MPI_TRY_OP(
+      L->ctx, "Parm MP-AllGather",
+      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
+  *ms += moe_time_ms_since(t0);
+done:
+  return st;
+}
+
 // My part of each expert's rows (s2: a 1/MP slice; else all), packed from
 // src (route order) into xs; gfirst/grows per EP rank.
 static void pack_part(moe_parm_layer *L, const float *src) {
@@ -524,7 +547,7 @@ static void pack_part(moe_parm_layer *L, const float *src) {
     L->gfirst[g] = at;
     for (int el = 0; el < L->Eh; el++) {
       const int e = g * L->Eh + el, n = r->count[e];
-      const int lo = (int)((long long)n * m / split), hi = (int)((long long)n * (m + 1) / split);
+      const int lo = split_at(n, m, split), hi = split_at(n, m + 1, split);
       L->part_lo[e] = lo;
       L->part_n[e] = hi - lo;
       memcpy(L->xs + (size_t)at * M, src + (size_t)(r->offset[e] + lo) * M,
@@ -572,7 +595,7 @@ static void gather_counts(moe_parm_layer *L, int g0, int g1, int *mine) {
     int n = 0;
     for (int e = g0 * L->Eh; e < g1 * L->Eh; e++) {
       const int c = r->count[e];
-      n += (int)((long long)c * (m + 1) / L->MP) - (int)((long long)c * m / L->MP);
+      n += split_at(c, m + 1, L->MP) - split_at(c, m, L->MP);
     }
     L->mcnt[m] = n * L->M;
     L->mdis[m] = at;
@@ -589,7 +612,7 @@ static void gather_unpack(moe_parm_layer *L, int g0, int g1, const float *stg, f
   for (int m = 0; m < L->MP; m++) {
     for (int e = g0 * L->Eh; e < g1 * L->Eh; e++) {
       const int c = r->count[e];
-      const int lo = (int)((long long)c * m / L->MP), hi = (int)((long long)c * (m + 1) / L->MP);
+      const int lo = split_at(c, m, L->MP), hi = split_at(c, m + 1, L->MP);
       memcpy(dst + (size_t)(r->offset[e] + lo) * M, stg + at * M,
              (size_t)(hi - lo) * M * sizeof(float));
       at += (size_t)(hi - lo);
@@ -887,8 +910,8 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
   const moe_layer_config *c = &L->cfg;
   const size_t M = (size_t)L->M;
   const int s1 = L->sched == MOE_PARM_S1;
-  L->gate_first = s1 ? (int)((long long)tokens * L->me.mp / L->MP) : 0;
-  L->gate_tokens = s1 ? (int)((long long)tokens * (L->me.mp + 1) / L->MP) - L->gate_first : tokens;
+  L->gate_first = s1 ? split_at(tokens, L->me.mp, L->MP) : 0;
+  L->gate_tokens = s1 ? split_at(tokens, L->me.mp + 1, L->MP) - L->gate_first : tokens;
   const float *xg = x + (size_t)L->gate_first * M;
   // gate, routing, losses over the global batch
   moe_gate_buffers gb = {
@@ -925,18 +948,7 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
     MOE_TRY(epesp_pass(L, 0, L->xe, L->ye, &L->tf, &tm));
   }
   moe_combine_forward(&L->route, L->ye, L->M, L->gate_tokens, y + (size_t)L->gate_first * M);
-  if (s1 && L->MP > 1) {  // MP-AllGather of the outputs
-    const uint64_t t0 = moe_time_ns();
-    for (int m = 0; m < L->MP; m++) {
-      const int lo = (int)((long long)tokens * m / L->MP);
-      L->mcnt[m] = ((int)((long long)tokens * (m + 1) / L->MP) - lo) * L->M;
-      L->mdis[m] = lo * L->M;
-    }
-    MOE_MPI_TRY_OP(
-        ctx, "Parm MP-AllGather",
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, y, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
-    L->tf.mp_ms += moe_time_ms_since(t0);
-  }
+  if (s1 && L->MP > 1) MOE_TRY(mp_gather_tokens(L, y, tokens, &L->tf.mp_ms));
   L->x_last = x;
   L->tokens_last = tokens;
   L->have_forward = 1;
@@ -1002,18 +1014,7 @@ moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx
   moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL, NULL, 0, NULL, 0};
   moe_gate_backward(c, &gb, r, L->gate_tokens, L->stats, L->dweight, L->dprobs, L->dlogits,
                     L->x_last + g0 * M, L->t.wg, L->gscratch, dxg, &tm);
-  if (s1 && L->MP > 1) {  // MP-AllGather of the input gradients
-    const uint64_t t0 = moe_time_ns();
-    for (int m = 0; m < L->MP; m++) {
-      const int lo = (int)((long long)T * m / L->MP);
-      L->mcnt[m] = ((int)((long long)T * (m + 1) / L->MP) - lo) * L->M;
-      L->mdis[m] = lo * L->M;
-    }
-    MOE_MPI_TRY_OP(
-        ctx, "Parm MP-AllGather",
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, dx, L->mcnt, L->mdis, MPI_FLOAT, L->mp));
-    L->tb.mp_ms += moe_time_ms_since(t0);
-  }
+  if (s1 && L->MP > 1) MOE_TRY(mp_gather_tokens(L, dx, (int)T, &L->tb.mp_ms));
   {
     // sums over the replicas: the gate over one copy of the global batch (s1:
     // every rank's tokens are its own), the shards over their holders (the
