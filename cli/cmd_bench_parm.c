@@ -216,21 +216,7 @@ typedef struct {
 // s1 and s2 + SAA the measurement found faster (-1 when their quartile ranges
 // overlap: not beyond noise).
 static void judge(pb_row *w, const moe_parm_alpha_beta *ab) {
-  moe_parm_sim_config c;
-  moe_parm_sim_config_default(&c);
-  c.mp = w->pc.mp;
-  c.ep = w->pc.ep;
-  c.esp = w->pc.esp;
-  c.tokens = w->cfg.tokens;
-  c.model_dim = w->cfg.model_dim;
-  c.hidden_dim = w->cfg.hidden_dim;
-  c.experts = w->cfg.num_experts;
-  c.top_k = w->cfg.top_k;
-  c.capacity_factor = w->cfg.capacity_factor;
-  double t1 = 0, t2 = 0;
-  w->alg1 = moe_parm_alg1(ab, &c, &t1, &t2);
-  w->t1_ms = t1 * 1e3;
-  w->t2_ms = t2 * 1e3;
+  w->alg1 = moe_parm_pick(ab, &w->cfg, &w->pc, &w->t1_ms, &w->t2_ms);
   const moe_parm_run_result *a = &w->r[MOE_PARM_RUN_S1], *b = &w->r[MOE_PARM_RUN_S2_SAA];
   w->faster = a->total_q3 < b->total_q1   ? MOE_PARM_S1
               : b->total_q3 < a->total_q1 ? MOE_PARM_S2

@@ -154,6 +154,12 @@ const moe_group *moe_parm_layer_a2a_group(const moe_parm_layer *layer);
 MPI_Comm moe_parm_layer_mp_comm(const moe_parm_layer *layer);
 const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *layer);
 
+// Parm's Algorithm 1 (moe_parm_alg1) for the layer cfg (its tokens per data
+// part, M, K, capacity) on pc's layout: MOE_PARM_S1 or MOE_PARM_S2; t1_ms and
+// t2_ms (may be NULL) get its two predictions in ms. Local.
+moe_parm_schedule moe_parm_pick(const moe_parm_alpha_beta *ab, const moe_layer_config *cfg,
+                                const moe_parm_config *pc, double *t1_ms, double *t2_ms);
+
 // ---- the collectives of Parm, exposed for their tests ----------------------
 
 // EP&ESP all-to-all (Dump + one all-to-all): in the EP x ESP group g

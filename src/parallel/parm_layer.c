@@ -426,6 +426,26 @@ const moe_a2a_algo *moe_parm_layer_algo(const moe_parm_layer *L) { return L->alg
 
 int moe_parm_layer_shards(const moe_parm_layer *L) { return L->ESP; }
 
+moe_parm_schedule moe_parm_pick(const moe_parm_alpha_beta *ab, const moe_layer_config *cfg,
+                                const moe_parm_config *pc, double *t1_ms, double *t2_ms) {
+  moe_parm_sim_config c;
+  moe_parm_sim_config_default(&c);
+  c.mp = pc->mp;
+  c.ep = pc->ep;
+  c.esp = pc->esp;
+  c.tokens = cfg->tokens;
+  c.model_dim = cfg->model_dim;
+  c.hidden_dim = cfg->hidden_dim;
+  c.experts = cfg->num_experts;
+  c.top_k = cfg->top_k;
+  c.capacity_factor = cfg->capacity_factor;
+  double t1 = 0, t2 = 0;
+  const moe_parm_schedule s = (moe_parm_schedule)moe_parm_alg1(ab, &c, &t1, &t2);
+  if (t1_ms) *t1_ms = t1 * 1e3;
+  if (t2_ms) *t2_ms = t2 * 1e3;
+  return s;
+}
+
 moe_parm_timing moe_parm_layer_timing(const moe_parm_layer *L, int backward) {
   return backward ? L->tb : L->tf;
 }

@@ -1051,21 +1051,10 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     moe_parm_alpha_beta ab;
     MOE_TRY(
         moe_measure_parm_alpha_beta(ctx, r->world, pc, tc->model.d_model, lo, hi, 4, 5, &ab, NULL));
-    moe_parm_sim_config sc;
-    moe_parm_sim_config_default(&sc);
-    sc.mp = tc->mp;
-    sc.ep = ep;
-    sc.esp = tc->esp;
-    sc.tokens = r->bl * r->s;
-    sc.model_dim = tc->model.d_model;
-    sc.hidden_dim = lc->hidden_dim;
-    sc.experts = lc->num_experts;
-    sc.top_k = lc->top_k;
-    sc.capacity_factor = lc->capacity_factor;
-    double t1 = 0, t2 = 0;
-    pc->schedule = (moe_parm_schedule)moe_parm_alg1(&ab, &sc, &t1, &t2);
-    r->parm_t1_ms = t1 * 1e3;
-    r->parm_t2_ms = t2 * 1e3;
+    moe_layer_config layer = *lc;  // as the model passes it to the backend
+    layer.model_dim = tc->model.d_model;
+    layer.tokens = r->bl * r->s;
+    pc->schedule = moe_parm_pick(&ab, &layer, pc, &r->parm_t1_ms, &r->parm_t2_ms);
   }
   r->parm_pick = pc->schedule;
   const moe_gpt_tp tp = {tc->mp, moe_parm_coords_of(pc, r->size, r->rank).mp, mp_allreduce, r};
