@@ -65,7 +65,6 @@ struct moe_parm_layer {
   int *cnt_send, *cnt_recv;              // (P x ESP x Eh) counts exchanges
   int *gcnt;                             // (ESP x E): rows per expert of each ESP member
   int *member_rows;                      // (P): rows per member (received / sent back)
-  int *back_rows;                        // (P): rows coming back from each member
   size_t *sc, *sd, *rc, *rd;             // (P) byte counts and displacements
   int *mcnt, *mdis;                      // (max(MP, ESP)) counts of the gathers
   size_t *dump_counts, *back_displs;     // (4 P), (P): the EP&ESP all-to-all's byte counts
@@ -207,27 +206,27 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     // balanced routing: each expert rank receives about what it sends (R x ESP rows)
     const double balanced = ESP * R < RI ? ESP * R : RI;
     out->skew_bytes = F * (RI - balanced) * (2 * M + 4 * hs);
-    out->bytes[MOE_MEM_WORKSPACE] = sizeof(int) * (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E +
-                                                   4 * pc->ep + 2 * P + 2 * (pc->mp + ESP)) +
-                                    sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
-                                    (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
-                                    MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) +
-                                    sizeof(moe_parm_layer) + 4096;
+    out->bytes[MOE_MEM_WORKSPACE] =
+        sizeof(int) *
+            (2 * (P * ESP * Eh + E + 1) + ESP * E + 2 * E + 4 * pc->ep + P + 2 * (pc->mp + ESP)) +
+        sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
+        (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
+        MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
   }
 done:
   return st;
 }
 
 // Every buffer alloc_all allocates (checked there, freed by destroy).
-#define PARM_BUFFERS(L)                                                                          \
-  {                                                                                              \
-    (L)->params, (L)->grads, (L)->gscratch, (L)->router_bias, (L)->zero_b2, (L)->logits,         \
-        (L)->probs, (L)->scores, (L)->dprobs, (L)->dlogits, (L)->lse, (L)->topk_p, (L)->dweight, \
-        (L)->stats, (L)->xe, (L)->ye, (L)->dye, (L)->dxe, (L)->sum, (L)->stg, (L)->xs, (L)->xb,  \
-        (L)->xr, (L)->yr, (L)->pre, (L)->h, (L)->dh, (L)->dpre, (L)->cnt_send, (L)->cnt_recv,    \
-        (L)->gcnt, (L)->part_lo, (L)->part_n, (L)->gfirst, (L)->grows, (L)->member_rows,         \
-        (L)->back_rows, (L)->sc, (L)->sd, (L)->rc, (L)->rd, (L)->mcnt, (L)->mdis, (L)->reqs,     \
-        (L)->dx_add, (L)->dump_counts, (L)->back_displs, (L)->saa_cnt, (L)->statuses             \
+#define PARM_BUFFERS(L)                                                                            \
+  {                                                                                                \
+    (L)->params, (L)->grads, (L)->gscratch, (L)->router_bias, (L)->zero_b2, (L)->logits,           \
+        (L)->probs, (L)->scores, (L)->dprobs, (L)->dlogits, (L)->lse, (L)->topk_p, (L)->dweight,   \
+        (L)->stats, (L)->xe, (L)->ye, (L)->dye, (L)->dxe, (L)->sum, (L)->stg, (L)->xs, (L)->xb,    \
+        (L)->xr, (L)->yr, (L)->pre, (L)->h, (L)->dh, (L)->dpre, (L)->cnt_send, (L)->cnt_recv,      \
+        (L)->gcnt, (L)->part_lo, (L)->part_n, (L)->gfirst, (L)->grows, (L)->member_rows, (L)->sc,  \
+        (L)->sd, (L)->rc, (L)->rd, (L)->mcnt, (L)->mdis, (L)->reqs, (L)->dx_add, (L)->dump_counts, \
+        (L)->back_displs, (L)->saa_cnt, (L)->statuses                                              \
   }
 
 // Every allocation of the layer (agreed on by the caller).
@@ -272,7 +271,6 @@ static moe_status alloc_all(moe_parm_layer *L) {
   L->gfirst = moe_calloc((size_t)L->EP + 1, sizeof(int));
   L->grows = moe_calloc((size_t)L->EP + 1, sizeof(int));
   L->member_rows = moe_calloc(P, sizeof(int));
-  L->back_rows = moe_calloc(P, sizeof(int));
   L->sc = moe_calloc(P, sizeof(size_t));
   L->sd = moe_calloc(P, sizeof(size_t));
   L->rc = moe_calloc(P, sizeof(size_t));
