@@ -17,6 +17,7 @@
 
 #include "moe/a2a_catalog.h"
 #include "moe/core.h"
+#include "moe/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -279,6 +280,17 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, moe_fixed_sum *fs, float *buf, size
 // (every rank receives every slice). Collective; `what` as above.
 moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
                                   MPI_Comm comm, const char *what);
+
+// Runs chain ch (kernels.h) over comm, whose ranks all pass the same blocks,
+// segs and owner (owner[s] in [0, size)): on return every rank's blocks hold
+// the last segment's result. Blocks go through the segments as a wavefront
+// (block b's segment s beside block b + 1's segment s - 1), so the owners
+// compute in parallel; a block moves between consecutive owners that differ
+// (point-to-point, non-blocking sends), and the last segment's owner
+// broadcasts each block at the end. INVALID_ARG for a bad description (every
+// rank reaches the same verdict); `what` names the chain in errors and for the
+// hang watchdog (a string literal). Collective.
+moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, const char *what);
 
 // ---- gradient buckets overlapped with the backward (src/comm/grad_reducer.c) --------
 

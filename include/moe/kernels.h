@@ -206,6 +206,31 @@ const float *moe_pairwise_result(moe_pairwise *pw);
 void moe_pairwise_wgrad(moe_pairwise *pw, moe_gemm_fn gemm, float *dw, float *db, const float *x,
                         const float *dy, int slices, int rows, int din, int dout);
 
+// ---- fixed-order chains over ranks (moe_chain_run, comm.h) -----------------------------
+
+// A computation whose every element is one chain of operations in a fixed
+// order (moe_gemm_fixed's fused multiply-adds over k, moe_bias_add_backward's
+// rows), cut into pieces that several ranks hold: C is cut into `blocks`
+// independent blocks, and each block goes through the segments 0 .. segs - 1
+// in order. Segment s of every block is computed by rank owner[s] of a group;
+// it continues the block in place (compute), from what the previous segment's
+// owner left there (segment 0: from what its owner's block holds). So the
+// result has the bits of the whole chain computed on one rank. The MPI side
+// is moe_chain_run (comm.h); this description is MPI-free so that the model
+// can pass it to the callbacks of its tensor parallelism.
+#define MOE_CHAIN_SPANS 4
+typedef struct {
+  int blocks, segs;
+  const int *owner;  // (segs) the group rank that computes each segment
+  // This rank's segment `seg` of block `block` (called on its owner only).
+  void (*compute)(void *user, int block, int seg);
+  // The float ranges that make up block `block` on this rank (every rank's
+  // are the same sizes): writes ptr[i], n[i] (each at most INT_MAX floats)
+  // and returns their count, at most MOE_CHAIN_SPANS.
+  int (*spans)(void *user, int block, float **ptr, size_t *n);
+  void *user;
+} moe_chain;
+
 // ---- linear: y = x W + b ------------------------------------------------------------
 
 // y is (N, Dout), x is (N, Din), w is (Din, Dout), b is (Dout) or NULL. Overwrites y.
@@ -229,7 +254,9 @@ void moe_add_inplace(float *dst, const float *src, size_t n);
 // y (N, D) += b (D) broadcast over rows.
 void moe_bias_add_forward(float *y, const float *b, int n, int d);
 void moe_bias_add_forward_ref(float *y, const float *b, int n, int d);
-// db (D) += column sums of dy (N, D). (dy passes through to dx unchanged.)
+// db (D) += column sums of dy (N, D), one addition per element in row order
+// (rows split over consecutive calls give the same bits as one call).
+// (dy passes through to dx unchanged.)
 void moe_bias_add_backward(float *db, const float *dy, int n, int d);
 
 // ---- activations ------------------------------------------------------------------

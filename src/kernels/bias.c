@@ -26,29 +26,18 @@ void moe_bias_add_forward(float *y, const float *b, int n, int d) {
   }
 }
 
-// Column sums go through a block of BIAS_ROWS rows at a time into a small
-// stack accumulator: summing N = 8192 rows straight into db would let the
-// rounding error grow with N; two levels keep each sum ~BIAS_ROWS + N/BIAS_ROWS
-// additions deep, at the same speed (the accumulator stays in L1).
-#define BIAS_COLS 256
-#define BIAS_ROWS 64
-
+// Column sums: one addition per row and column, in row order, straight into
+// db (vectorized over the columns, which changes no bit). So splitting the
+// rows over consecutive calls gives the same bits as one call, as the fixed
+// GEMM's k-continuation does (kernels.h): an expert's bias gradient computed
+// piece by piece on several ranks in row order (the deterministic mode under
+// Parm's MP split of the rows) equals the single-process one.
 // db is (d), dy is (n, d).
 void moe_bias_add_backward(float *db, const float *dy, int n, int d) {
-  float acc[BIAS_COLS];
-  for (int j0 = 0; j0 < d; j0 += BIAS_COLS) {
-    const int jn = d - j0 < BIAS_COLS ? d - j0 : BIAS_COLS;
-    float *restrict dbr = db + j0;
-    for (int i0 = 0; i0 < n; i0 += BIAS_ROWS) {
-      const int i1 = n - i0 < BIAS_ROWS ? n : i0 + BIAS_ROWS;
-      float *restrict a = acc;
-      for (int j = 0; j < jn; j++) a[j] = 0.0f;
-      for (int i = i0; i < i1; i++) {
-        const float *restrict row = dy + (size_t)i * (size_t)d + (size_t)j0;
-        for (int j = 0; j < jn; j++) a[j] += row[j];
-      }
-      for (int j = 0; j < jn; j++) dbr[j] += a[j];
-    }
+  float *restrict dbr = db;
+  for (int i = 0; i < n; i++) {
+    const float *restrict row = dy + (size_t)i * (size_t)d;
+    for (int j = 0; j < d; j++) dbr[j] += row[j];
   }
 }
 
