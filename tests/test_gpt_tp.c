@@ -8,7 +8,9 @@
 // Also: the init gives each rank exactly the reference's values of its slice;
 // the parameter table describes the slices; MP size 1 gives the bits of
 // moe_gpt_create; heads or dense_hidden that do not split, deterministic
-// mode and KV-cache decoding are refused with MP > 1; moe_gpt_memory_tp is
+// mode without a chain and KV-cache decoding are refused with MP > 1; in
+// deterministic mode (the MP sums as moe_chain_run chains) loss, logits and
+// every gradient are the whole model's bits; moe_gpt_memory_tp is
 // what create_tp and the optimizer allocate; a whole checkpoint (parameters
 // and AdamW moments) loads each rank's slices. Run under mpirun with 1, 2, 4 ranks.
 #include <math.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #include "moe/checkpoint.h"
+#include "moe/comm.h"
 #include "moe/gpt_io.h"
 #include "moe/model.h"
 #include "testutil.h"
@@ -34,8 +37,13 @@ static moe_status mpi_sum(void *user, float *buf, size_t n) {
   return rc == MPI_SUCCESS ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
 }
 
+static moe_status mpi_chain(void *user, const moe_chain *ch) {
+  (void)user;
+  return moe_chain_run(g_ctx, MPI_COMM_WORLD, ch, "test MP chain");
+}
+
 static moe_gpt_tp world_tp(void) {
-  const moe_gpt_tp tp = {g_world, g_rank, mpi_sum, NULL};
+  const moe_gpt_tp tp = {g_world, g_rank, mpi_sum, NULL, mpi_chain};
   return tp;
 }
 
@@ -158,6 +166,24 @@ static void test_table_and_init(void) {
 // ---- forward and backward against the single-process model ---------------------------------
 
 // Checks loss, logits and every gradient of m (MP) against ref (whole).
+// Deterministic mode: the same bits.
+static void compare_bits(const char *when, moe_gpt *m, moe_gpt *ref, const moe_gpt_loss *lm,
+                         const moe_gpt_loss *lr, size_t n_logits) {
+  TU_CHECK(lm->loss == lr->loss && lm->aux == lr->aux && lm->z == lr->z,
+           "%s (deterministic): loss %.17g vs %.17g, aux %.17g vs %.17g (rank %d)", when, lm->loss,
+           lr->loss, lm->aux, lr->aux, g_rank);
+  TU_CHECK(memcmp(moe_gpt_logits(m), moe_gpt_logits(ref), n_logits * sizeof(float)) == 0,
+           "%s (deterministic): logits differ (rank %d)", when, g_rank);
+  for (int i = 0; i < moe_gpt_num_params(m); i++) {
+    const moe_gpt_param p = moe_gpt_get_param(m, i), r = moe_gpt_get_param(ref, i);
+    float *want = tu_fbuf(p.numel);
+    take_slice(&p, r.grad, want);
+    TU_CHECK(memcmp(p.grad, want, p.numel * sizeof(float)) == 0,
+             "%s (deterministic): d%s differs from the whole model's slice (rank %d, max rel %.3g)",
+             when, p.name, g_rank, tu_max_rel_err(p.grad, want, p.numel));
+  }
+}
+
 static void compare(const char *when, moe_gpt *m, moe_gpt *ref, const moe_gpt_loss *lm,
                     const moe_gpt_loss *lr, size_t n_logits) {
   char name[128];
@@ -177,11 +203,18 @@ static void compare(const char *when, moe_gpt *m, moe_gpt *ref, const moe_gpt_lo
   }
 }
 
-static void test_against_reference(void) {
+// det: both models in deterministic mode (the MP sums as chains), compared bit
+// for bit; a sequence count of 4 (the per-sequence leaves' tree).
+static void test_against_reference(int det) {
   const moe_gpt_config c = test_config();
   const moe_gpt_tp tp = world_tp();
-  const int B = 3, S = c.seq_len, N = B * S;
+  const int B = det ? 4 : 3, S = c.seq_len, N = B * S;
   moe_gpt *ref = create(&c, B, NULL), *m = create(&c, B, &tp);
+  if (det) {
+    TU_CHECK(moe_gpt_set_deterministic(ref, 1) == MOE_STATUS_OK &&
+                 moe_gpt_set_deterministic(m, 1) == MOE_STATUS_OK,
+             "deterministic mode with MP %d: %s", g_world, moe_ctx_error(g_ctx));
+  }
   // init, then biases away from 0 and gains away from 1 (they would hide
   // mistakes), then this rank's slices of the reference's values
   moe_gpt_init_params(ref, 5);
@@ -211,7 +244,11 @@ static void test_against_reference(void) {
     TU_CHECK(moe_gpt_backward(m) == MOE_STATUS_OK, "MP backward: %s", moe_ctx_error(g_ctx));
     char when[32];
     snprintf(when, sizeof when, "call %d", call + 1);
-    compare(when, m, ref, &lm, &lr, (size_t)b * s * c.vocab_size);
+    if (det) {
+      compare_bits(when, m, ref, &lm, &lr, (size_t)b * s * c.vocab_size);
+    } else {
+      compare(when, m, ref, &lm, &lr, (size_t)b * s * c.vocab_size);
+    }
   }
   moe_gpt_destroy(ref);
   moe_gpt_destroy(m);
@@ -221,7 +258,7 @@ static void test_against_reference(void) {
 // MP size 1 through the ops: the bits of moe_gpt_create.
 static void test_mp1_same_bits(void) {
   const moe_gpt_config c = test_config();
-  const moe_gpt_tp one = {1, 0, mpi_sum, NULL};
+  const moe_gpt_tp one = {1, 0, mpi_sum, NULL, NULL};
   const int B = 2, N = B * c.seq_len;
   moe_gpt *a = create(&c, B, NULL), *b = create(&c, B, &one);
   moe_gpt_init_params(a, 9);
@@ -288,9 +325,15 @@ static void test_refused(void) {
     // deterministic mode and KV-cache decoding
     c = test_config();
     m = create(&c, 2, &tp);
+    TU_CHECK(moe_gpt_set_deterministic(m, 1) == MOE_STATUS_OK, "deterministic with a chain: %s",
+             moe_ctx_error(g_ctx));
+    moe_gpt_destroy(m);
+    bad = tp;
+    bad.chain = NULL;
+    m = create(&c, 2, &bad);
     TU_CHECK(moe_gpt_set_deterministic(m, 1) == MOE_STATUS_INVALID_ARG &&
-                 strstr(moe_ctx_error(g_ctx), "deterministic mode is not supported") != NULL,
-             "deterministic mode with MP %d: %s", g_world, moe_ctx_error(g_ctx));
+                 strstr(moe_ctx_error(g_ctx), "needs the MP group's chain") != NULL,
+             "deterministic mode with MP %d without a chain: %s", g_world, moe_ctx_error(g_ctx));
     TU_CHECK(moe_gpt_set_deterministic(m, 0) == MOE_STATUS_OK, "deterministic off: %s",
              moe_ctx_error(g_ctx));
     moe_gpt_kv *kv = NULL;
@@ -444,7 +487,8 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   if (moe_ctx_create(&g_ctx) != MOE_STATUS_OK) MPI_Abort(MPI_COMM_WORLD, 2);
   test_table_and_init();
-  test_against_reference();
+  test_against_reference(0);
+  test_against_reference(1);
   test_mp1_same_bits();
   test_refused();
   test_checkpoint_load();

@@ -183,6 +183,11 @@ typedef struct {
   // stops the forward or backward and is returned (the callee sets ctx's message).
   moe_status (*allreduce_sum)(void *user, float *buf, size_t n);
   void *user;
+  // Deterministic mode under MP (moe_gpt_set_deterministic): runs chain ch
+  // (kernels.h) over the MP group, ch->owner naming MP ranks (moe_chain_run
+  // over the MP communicator); collective like allreduce_sum. NULL: deterministic
+  // mode is refused with MP > 1.
+  moe_status (*chain)(void *user, const moe_chain *ch);
 } moe_gpt_tp;
 
 // moe_gpt_create with tensor parallelism over tp's MP group. tp NULL or
@@ -198,8 +203,11 @@ typedef struct {
 // The forward sums the attention projection's and the dense FFN's partial
 // outputs over MP before adding b_proj / b_fc2 (Megatron's g); the backward
 // sums the gradient entering ln1's and (dense blocks) ln2's backward (Megatron's
-// f). Refused with MP > 1: moe_gpt_set_deterministic(model, 1) and
-// moe_gpt_kv_create (INVALID_ARG). tp is copied; its user must outlive the model.
+// f). In deterministic mode those sums are not all-reduced: each is one
+// fixed-order chain continued from MP rank to MP rank (tp->chain), so the
+// model has the single-process model's bits. Refused with MP > 1:
+// moe_gpt_kv_create, and moe_gpt_set_deterministic(model, 1) without a
+// tp->chain (INVALID_ARG). tp is copied; its user must outlive the model.
 moe_status moe_gpt_create_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_batch,
                              const moe_gpt_moe_ops *ops, void *ops_user, const moe_gpt_tp *tp,
                              moe_gpt **out);
@@ -256,7 +264,11 @@ void moe_gpt_zero_grad(moe_gpt *model);
 // the positions, usually) and a (max_batch * seq_len, vocab) dlogits buffer.
 // With moe_gemm on its fixed path (kernels.h) a sequence's gradient does not
 // depend on the other sequences either. Invalidates a pending backward.
-// INVALID_ARG when the model has MP > 1 (moe_gpt_create_tp) and on = 1.
+// With MP > 1 (moe_gpt_create_tp) the attention projection's and the dense
+// FFN's partial products, and the input gradients of w_qkv and w_fc, go
+// through the tp's chain in head (hidden column) order instead of an
+// all-reduce: the same bits as one rank's (docs/model.md). INVALID_ARG when
+// the model has MP > 1, on = 1 and no tp->chain.
 moe_status moe_gpt_set_deterministic(moe_gpt *model, int on);
 // Bytes moe_gpt_set_deterministic(model, 1) allocates for a model of cfg and max_batch.
 size_t moe_gpt_deterministic_bytes(const moe_gpt_config *cfg, int max_batch);

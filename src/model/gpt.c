@@ -500,7 +500,7 @@ moe_status moe_gpt_memory_tp(moe_ctx *ctx, const moe_gpt_config *cfg, int max_ba
   MOE_TRY(check_mp(ctx, cfg, mp_size));
   m.cfg = *cfg;
   // the table of MP rank 0 (every rank's slices have the same sizes)
-  const moe_gpt_tp tp = {mp_size, 0, NULL, NULL};
+  const moe_gpt_tp tp = {mp_size, 0, NULL, NULL, NULL};
   set_mp(&m, &tp);
   m.cfg.moe.model_dim = cfg->d_model;
   m.cfg.moe.tokens = max_batch * cfg->seq_len;
@@ -574,6 +574,7 @@ void moe_gpt_destroy(moe_gpt *m) {
   moe_arena_free(&m->act_arena);
   moe_pairwise_free(&m->pw);
   moe_free(m->dlogits_own);
+  moe_free(m->tp_owner);
   moe_free(m->ce_seq);
   moe_free(m->resid);
   moe_free(m->params);
@@ -692,6 +693,64 @@ static void linear_residual(float *y, const float *x, const float *w, const floa
   moe_bias_add_forward(y, b, n, dout);
 }
 
+// ---- deterministic mode under MP: the partial products as one chain ---------------------
+
+// C (n, cols) = init + A B^(T) over k, where k is cut into `parts` parts of
+// kp columns on every MP rank (attention: q, k, v; else one part), and the
+// whole k of the single-process model is part 0 of rank 0, part 0 of rank 1,
+// ..., part 1 of rank 0, ...: segment part x MP + rank. Row blocks go through
+// the MP ranks as a wavefront (moe_chain_run).
+typedef struct {
+  float *c;
+  const float *init;  // segment 0's start (the residual), NULL: 0
+  const float *a;     // (n, parts kp) this rank's
+  const float *b;     // trans_b 0: (parts kp, cols); 1: (cols, parts kp)
+  int trans_b, parts, kp, cols, n, blocks, mp;
+} tp_chain_arg;
+
+static void tp_rows(const tp_chain_arg *t, int block, int *r0, int *rn) {
+  *r0 = (int)((long long)t->n * block / t->blocks);
+  *rn = (int)((long long)t->n * (block + 1) / t->blocks) - *r0;
+}
+
+static void tp_chain_compute(void *user, int block, int seg) {
+  const tp_chain_arg *t = user;
+  int r0, rn;
+  tp_rows(t, block, &r0, &rn);
+  const int part = seg / t->mp, K = t->parts * t->kp;
+  float *c = t->c + (size_t)r0 * t->cols;
+  if (seg == 0 && t->init) memcpy(c, t->init + (size_t)r0 * t->cols, (size_t)rn * t->cols * 4);
+  const float beta = seg == 0 && !t->init ? 0.0f : 1.0f;
+  const float *a = t->a + (size_t)r0 * K + (size_t)part * t->kp;
+  if (t->trans_b) {
+    moe_gemm(0, 1, rn, t->cols, t->kp, 1.0f, a, K, t->b + (size_t)part * t->kp, K, beta, c,
+             t->cols);
+  } else {
+    moe_gemm(0, 0, rn, t->cols, t->kp, 1.0f, a, K, t->b + (size_t)part * t->kp * t->cols, t->cols,
+             beta, c, t->cols);
+  }
+}
+
+static int tp_chain_spans(void *user, int block, float **p, size_t *n) {
+  const tp_chain_arg *t = user;
+  int r0, rn;
+  tp_rows(t, block, &r0, &rn);
+  p[0] = t->c + (size_t)r0 * t->cols;
+  n[0] = (size_t)rn * t->cols;
+  return 1;
+}
+
+// Runs the chain over the MP group: c (n, cols) = init (or 0) + the product,
+// with the single-process model's bits on every MP rank.
+static moe_status tp_chain(moe_gpt *m, float *c, const float *init, const float *a, const float *b,
+                           int trans_b, int parts, int kp, int cols, int n) {
+  const int P = m->tp.size;
+  const int blocks = n >= 4 * 16 ? 4 : 1;  // a wavefront of row blocks when there are rows
+  tp_chain_arg t = {c, init, a, b, trans_b, parts, kp, cols, n, blocks, P};
+  const moe_chain ch = {blocks, parts * P, m->tp_owner, tp_chain_compute, tp_chain_spans, &t};
+  return m->tp.chain(m->tp.user, &ch);
+}
+
 moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *targets, int b, int s,
                            double loss_denominator, moe_gpt_loss *out) {
   moe_status st = MOE_STATUS_OK;
@@ -744,9 +803,13 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       // partial products summed over MP (g), then the residual and b_proj once
       moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * Ma);
       moe_attention_forward(blk->atty, blk->att, blk->qkv, b, s, NHl, hd);
-      moe_gemm(0, 0, N, M, Ma, 1.0f, blk->atty, Ma, p->w_proj, M, 0.0f, blk->resid2, M);
-      MOE_TRY(mp_allreduce(m, blk->resid2, NM));
-      moe_add_inplace(blk->resid2, xl, NM);
+      if (m->deterministic) {  // the single-process chain: x, then each rank's heads
+        MOE_TRY(tp_chain(m, blk->resid2, xl, blk->atty, p->w_proj, 0, 1, Ma, M, N));
+      } else {
+        moe_gemm(0, 0, N, M, Ma, 1.0f, blk->atty, Ma, p->w_proj, M, 0.0f, blk->resid2, M);
+        MOE_TRY(mp_allreduce(m, blk->resid2, NM));
+        moe_add_inplace(blk->resid2, xl, NM);
+      }
       moe_bias_add_forward(blk->resid2, p->b_proj, N, M);
     } else {
       moe_linear_forward(blk->qkv, blk->ln1, p->w_qkv, p->b_qkv, N, M, 3 * M);
@@ -770,9 +833,13 @@ moe_status moe_gpt_forward(moe_gpt *m, const int32_t *tokens, const int32_t *tar
       // column-parallel w_fc, row-parallel w_fc2, partial outputs summed (g)
       moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hl);
       moe_gelu_forward(blk->fch_gelu, blk->fch, (size_t)N * Hl);
-      moe_gemm(0, 0, N, M, Hl, 1.0f, blk->fch_gelu, Hl, p->w_fc2, M, 0.0f, xn, M);
-      MOE_TRY(mp_allreduce(m, xn, NM));
-      moe_add_inplace(xn, blk->resid2, NM);
+      if (m->deterministic) {
+        MOE_TRY(tp_chain(m, xn, blk->resid2, blk->fch_gelu, p->w_fc2, 0, 1, Hl, M, N));
+      } else {
+        moe_gemm(0, 0, N, M, Hl, 1.0f, blk->fch_gelu, Hl, p->w_fc2, M, 0.0f, xn, M);
+        MOE_TRY(mp_allreduce(m, xn, NM));
+        moe_add_inplace(xn, blk->resid2, NM);
+      }
       moe_bias_add_forward(xn, p->b_fc2, N, M);
     } else {
       moe_linear_forward(blk->fch, blk->ln2, p->w_fc, p->b_fc, N, M, Hd);
@@ -845,14 +912,16 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   moe_ctx *ctx = m ? m->ctx : NULL;
   MOE_FAIL_IF(ctx, !m, MOE_STATUS_INVALID_ARG, "model must not be NULL");
   m->have_forward = 0;
-  MOE_FAIL_IF(ctx, on && m->tp.size > 1, MOE_STATUS_INVALID_ARG,
-              "deterministic mode is not supported with tensor parallelism (MP ranks %d; "
-              "needs 1)",
+  MOE_FAIL_IF(ctx, on && m->tp.size > 1 && !m->tp.chain, MOE_STATUS_INVALID_ARG,
+              "deterministic mode with tensor parallelism (MP ranks %d) needs the MP group's "
+              "chain (moe_gpt_tp.chain)",
               m->tp.size);
   if (!on) {
     moe_pairwise_free(&m->pw);
     moe_free(m->dlogits_own);
     m->dlogits_own = NULL;
+    moe_free(m->tp_owner);
+    m->tp_owner = NULL;
     m->deterministic = 0;
     return st;
   }
@@ -864,12 +933,21 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   MOE_FAIL_IF(ctx, !m->dlogits_own, MOE_STATUS_OUT_OF_MEMORY,
               "deterministic mode: cannot allocate dlogits (%zu floats)",
               (size_t)m->max_batch * S * V);
+  if (m->tp.size > 1) {  // the chains' segment owners: part x MP + rank -> rank
+    const int P = m->tp.size;
+    m->tp_owner = moe_malloc(3 * (size_t)P * sizeof(int));
+    MOE_FAIL_IF(ctx, !m->tp_owner, MOE_STATUS_OUT_OF_MEMORY,
+                "deterministic mode: cannot allocate %d ints", 3 * P);
+    for (int i = 0; i < 3 * P; i++) m->tp_owner[i] = i % P;
+  }
   m->deterministic = 1;
 done:
   if (st != MOE_STATUS_OK) {
     moe_pairwise_free(&m->pw);
     moe_free(m->dlogits_own);
     m->dlogits_own = NULL;
+    moe_free(m->tp_owner);
+    m->tp_owner = NULL;
   }
   return st;
 }
@@ -897,9 +975,10 @@ static void slice_layernorm_backward(moe_gpt *m, float *dx, float *dgamma, float
 // ---- backward -------------------------------------------------------------------------------
 
 // dx (N, Din) = dy (N, Dout) w^T (overwritten); dw (Din, Dout) += x^T dy; db (Dout) += sums.
+// dx NULL: only the weight gradients (the caller computes dx).
 static void linear_backward_set(moe_gpt *m, float *dx, float *dw, float *db, const float *dy,
                                 const float *x, const float *w, int n, int din, int dout) {
-  moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
+  if (dx) moe_gemm(0, 1, n, din, dout, 1.0f, dy, dout, w, dout, 0.0f, dx, din);
   if (m->deterministic) {
     // one leaf per sequence (s rows)
     moe_pairwise_wgrad(&m->pw, NULL, dw, db, x, dy, m->b_last, m->s_last, din, dout);
@@ -937,6 +1016,7 @@ moe_status moe_gpt_backward(moe_gpt *m) {
   const int hd = M / c->n_head;
   // this rank's heads, attention columns and dense hidden columns (all of them without MP)
   const int NHl = m->nh_local, Ma = m->m_local, Hd = m->hd_local;
+  const int det_mp = m->deterministic && m->tp.size > 1;
   const size_t NM = (size_t)N * M;
 
   // step 1: dlogits = (softmax - onehot) / denominator on rows with a target
@@ -981,9 +1061,14 @@ moe_status moe_gpt_backward(moe_gpt *m) {
       memset(m->dfch, 0, (size_t)N * Hd * sizeof(float));
       GRAD_HOOK(l, 0);
       moe_gelu_backward(m->dfch, m->dh, blk->fch, (size_t)N * Hd);
-      linear_backward_set(m, m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc, N, M, Hd);
-      GRAD_HOOK(l, 2);                       // ffn.* final
-      MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln2
+      linear_backward_set(m, det_mp ? NULL : m->dln, g->w_fc, g->b_fc, m->dfch, blk->ln2, p->w_fc,
+                          N, M, Hd);
+      GRAD_HOOK(l, 2);  // ffn.* final
+      if (det_mp) {     // f: dln2 = dfch w_fc^T as one chain over the MP ranks' columns
+        MOE_TRY(tp_chain(m, m->dln, NULL, m->dfch, p->w_fc, 1, 1, Hd, M, N));
+      } else {
+        MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln2
+      }
     }
     layernorm_backward(m, m->dresid, g->ln2_g, g->ln2_b, m->dln, blk->resid2, blk->ln2_mean,
                        blk->ln2_rstd, p->ln2_g, N, M);
@@ -994,8 +1079,13 @@ moe_status moe_gpt_backward(moe_gpt *m) {
     memset(m->dqkv, 0, 3 * (size_t)N * Ma * sizeof(float));
     moe_attention_backward(m->dqkv, m->att_scratch, m->datty, blk->att, blk->qkv, b, s, NHl, hd);
     GRAD_HOOK(l, 0);
-    linear_backward_set(m, m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv, N, M, 3 * Ma);
-    MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln1
+    linear_backward_set(m, det_mp ? NULL : m->dln, g->w_qkv, g->b_qkv, m->dqkv, blk->ln1, p->w_qkv,
+                        N, M, 3 * Ma);
+    if (det_mp) {  // f: dln1 = dqkv w_qkv^T, k in the single-process order (q, k, v; heads)
+      MOE_TRY(tp_chain(m, m->dln, NULL, m->dqkv, p->w_qkv, 1, 3, Ma, M, N));
+    } else {
+      MOE_TRY(mp_allreduce(m, m->dln, NM));  // f: the MP ranks' parts of dln1
+    }
     layernorm_backward(m, m->dresid, g->ln1_g, g->ln1_b, m->dln, m->resid[l], blk->ln1_mean,
                        blk->ln1_rstd, p->ln1_g, N, M);
     GRAD_HOOK(l, 1);

@@ -1015,6 +1015,12 @@ done:
   return st;
 }
 
+// Parm in deterministic mode: the MP sums as fixed-order chains over the MP group.
+static moe_status mp_chain(void *user, const moe_chain *ch) {
+  run_state *r = user;
+  return moe_chain_run(r->ctx, r->mp_comm, ch, "tensor parallelism's chain");
+}
+
 // Parm's model: tensor-parallel over MP, the MoE blocks on the Parm layer
 // with EP ep; with parm_auto the schedule is Algorithm 1's pick from terms
 // measured now on the layout (the rows per EP rank of this batch around
@@ -1057,7 +1063,8 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     pc->schedule = moe_parm_pick(&ab, &layer, pc, &r->parm_t1_ms, &r->parm_t2_ms);
   }
   r->parm_pick = pc->schedule;
-  const moe_gpt_tp tp = {tc->mp, moe_parm_coords_of(pc, r->size, r->rank).mp, mp_allreduce, r};
+  const moe_gpt_tp tp = {tc->mp, moe_parm_coords_of(pc, r->size, r->rank).mp, mp_allreduce, r,
+                         mp_chain};
   MOE_TRY(moe_gpt_create_tp(ctx, mc, r->bl, &moe_train_parm_ops, r->parm_user, &tp, &r->model));
   // the first MoE block's EP x ESP group: its members hold every expert slice once
   r->parm_a2a = MPI_COMM_NULL;
