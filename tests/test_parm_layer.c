@@ -9,13 +9,16 @@
 // routed to one expert.
 // Then: SAA gives the sequential s2's bits; the EP&ESP all-to-all is byte
 // equal to the ESP-AllGather + EP all-to-all composition; bad layouts fail on
-// every rank (no hang). Run under mpirun with 1, 2 and 4 ranks.
+// every rank (no hang). Deterministic mode (slice_tokens): bit for bit with
+// one rank's expert-parallel layer on every MP x EP layout and schedule.
+// Run under mpirun with 1, 2 and 4 ranks.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe/moe.h"
+#include "moe/parallel.h"
 #include "moe/parm.h"
 #include "testutil.h"
 #include "testutil_mpi.h"
@@ -173,6 +176,108 @@ out:
   tu_free_all();
 }
 
+// Deterministic mode (pc.slice_tokens): Parm at MP x EP (ESP 1, DP the rest)
+// against the expert-parallel layer with slice_tokens on one rank fed the
+// whole global batch, bit for bit: outputs, dx, aux and z, the gate's
+// gradient and every held expert's gradients, after two passes (+=).
+static void check_deterministic(int mp, int ep, moe_parm_schedule sched, int saa, const char *a2a) {
+  if (g_world % (mp * ep) != 0) return;
+  char name[128];
+  snprintf(name, sizeof name, "deterministic MP %d EP %d %s%s %s", mp, ep,
+           moe_parm_schedule_name(sched), sched == MOE_PARM_S2 && !saa ? " (no SAA)" : "", a2a);
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  const moe_backend *was = moe_backend_current();
+  moe_backend_use(NULL, 1);  // the fixed-order GEMM
+  const int M = 12, H = 16, E = 4, K = 2, sl = 4, T = 16, parts = g_world / mp;
+  const int total = parts * T;
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
+  cfg.capacity_factor = 0.0;
+  moe_layer_config rcfg = cfg;
+  rcfg.tokens = total;
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.mp = mp;
+  pc.ep = ep;
+  pc.schedule = sched;
+  pc.saa = saa;
+  pc.slice_tokens = sl;
+  snprintf(pc.a2a, sizeof pc.a2a, "%s", a2a);
+  moe_parallel_config rpc;
+  moe_parallel_config_default(&rpc);
+  rpc.slice_tokens = sl;
+  moe_parm_layer *L = NULL;
+  moe_ep_layer *ref = NULL;
+  moe_memory_need need;
+  TU_CHECK(moe_parm_layer_memory(ctx, &cfg, &pc, g_world, &need) == MOE_STATUS_OK, "%s memory: %s",
+           name, moe_ctx_error(ctx));
+  const uint64_t before = moe_alloc_bytes();
+  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  {
+    const double got = (double)(moe_alloc_bytes() - before), want = moe_memory_need_total(&need);
+    TU_CHECK(got <= want && got >= 0.6 * want, "%s: create allocated %.0f bytes, estimate %.0f",
+             name, got, want);
+  }
+  st = moe_ep_layer_create(ctx, MPI_COMM_SELF, &rcfg, &rpc, &ref);
+  TU_CHECK(st == MOE_STATUS_OK, "%s reference: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) goto out;
+  moe_parm_layer_init_params(L, 7);
+  moe_ep_layer_init_params(ref, 7);
+  {
+    const moe_parm_tensors t = moe_parm_layer_get_tensors(L);
+    const moe_ep_tensors rt = moe_ep_layer_get_tensors(ref);
+    float *x = tu_filled((size_t)total * M, 11, -1, 1);
+    float *dy = tu_filled((size_t)total * M, 12, -1, 1);
+    float *yr = tu_fbuf((size_t)total * M), *dxr = tu_fbuf((size_t)total * M);
+    const int d = moe_parm_data_index(&pc, g_world, g_rank);
+    float *y = tu_fbuf((size_t)T * M), *dx = tu_fbuf((size_t)T * M);
+    moe_layer_stats rs, ls;
+    moe_parm_layer_zero_grad(L);
+    moe_ep_layer_zero_grad(ref);
+    for (int pass = 0; pass < 2 && st == MOE_STATUS_OK; pass++) {
+      st = moe_ep_layer_forward(ref, x, total, yr, &rs);
+      memset(dxr, 0, (size_t)total * M * sizeof(float));  // its dx is +=, Parm's =
+      if (st == MOE_STATUS_OK) st = moe_ep_layer_backward(ref, dy, dxr);
+      if (st == MOE_STATUS_OK) st = moe_parm_layer_forward(L, x + (size_t)d * T * M, T, y, &ls);
+      if (st == MOE_STATUS_OK) st = moe_parm_layer_backward(L, dy + (size_t)d * T * M, dx);
+    }
+    TU_CHECK(st == MOE_STATUS_OK, "%s passes: %s", name, moe_ctx_error(ctx));
+    if (st != MOE_STATUS_OK) goto out;
+    const size_t TM = (size_t)T * M, off = (size_t)d * TM;
+    TU_CHECK(memcmp(y, yr + off, TM * sizeof(float)) == 0, "%s rank %d: outputs differ", name,
+             g_rank);
+    TU_CHECK(memcmp(dx, dxr + off, TM * sizeof(float)) == 0, "%s rank %d: dx differs", name,
+             g_rank);
+    TU_CHECK(ls.aux_loss == rs.aux_loss && ls.z_loss == rs.z_loss,
+             "%s: aux %.17g vs %.17g, z %.17g vs %.17g", name, ls.aux_loss, rs.aux_loss, ls.z_loss,
+             rs.z_loss);
+    TU_CHECK(memcmp(t.dwg, rt.dwg, (size_t)M * E * sizeof(float)) == 0,
+             "%s rank %d: the gate's gradient differs (max rel %.3g)", name, g_rank,
+             tu_max_rel_err(t.dwg, rt.dwg, (size_t)M * E));
+    const size_t f = (size_t)t.home_first, n = (size_t)t.home_count;
+    const struct {
+      const char *what;
+      const float *got, *want;
+      size_t per;
+    } g[4] = {{"dw1", t.dw1, rt.dw1, (size_t)M * H},
+              {"db1", t.db1, rt.db1, (size_t)H},
+              {"dw2", t.dw2, rt.dw2, (size_t)H * M},
+              {"db2", t.db2, rt.db2, (size_t)M}};
+    for (int i = 0; i < 4; i++)
+      TU_CHECK(memcmp(g[i].got, g[i].want + f * g[i].per, n * g[i].per * sizeof(float)) == 0,
+               "%s rank %d: %s of experts %zu..%zu differs (max rel %.3g)", name, g_rank, g[i].what,
+               f, f + n - 1, tu_max_rel_err(g[i].got, g[i].want + f * g[i].per, n * g[i].per));
+  }
+out:
+  moe_parm_layer_destroy(L);
+  moe_ep_layer_destroy(ref);
+  moe_backend_use(was, 1);
+  moe_ctx_destroy(ctx);
+  tu_free_all();
+}
+
 // s2 with SAA against s2 without: the same bits (outputs, dx, gradients).
 static void check_saa_bitwise(int mp, int ep, int esp) {
   moe_ctx *ctx = NULL;
@@ -320,6 +425,17 @@ int main(int argc, char **argv) {
       }
     }
   }
+  // deterministic mode: bit for bit with one rank's expert-parallel layer
+  for (int a = 0; a < 3; a++) {
+    for (int b = 0; b < 3; b++) {
+      for (int s = 0; s < 4; s++) {
+        const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
+        check_deterministic(sizes[a], sizes[b], sched, s != 3, "mpi");
+      }
+    }
+  }
+  for (int i = 0; i < nalgos; i++)
+    check_deterministic(g_world >= 2 ? 2 : 1, 1, MOE_PARM_S2, 1, algos[i]->name);
   // the algorithms again with 2 ranks per node, on the widest EP&ESP group and on MP x EP
   for (int i = 0; i < nalgos; i++) {
     for (int s = 0; s < 3; s++) {

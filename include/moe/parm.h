@@ -66,6 +66,18 @@ typedef struct {
                  // it [1]
   int ranks_per_node;  // topology override (moe_topology_nodes); 0 = automatic [0]
   int intra_node;      // 1 = refuse a layout whose MP or ESP groups cross nodes [0]
+  // Deterministic mode (docs/parm.md "Deterministic mode"), 0 = off [0]: the
+  // gate's weight gradient is the pairwise sum over slices of slice_tokens
+  // tokens summed with moe_allreduce_fixed, the aux/z statistics are per-slice
+  // sums added in global slice order, and each expert's gradients are one
+  // fixed-order chain over its rows in global token order, continued from
+  // holder to holder (moe_chain_run) instead of summed. With moe_gemm on its
+  // fixed path, a power-of-two number of slices per rank and nothing dropped,
+  // outputs, losses and gradients have the single-process layer's bits (the
+  // expert-parallel layer's with slice_tokens, at 1 rank). Every rank's gate
+  // tokens (s1: its MP slice) must be a multiple of slice_tokens. ESP 1 only.
+  // [0, cfg.tokens]
+  int slice_tokens;
 } moe_parm_config;
 
 // The defaults in brackets above: MP = EP = ESP = 1.

@@ -84,6 +84,31 @@ uint64_t moe_parallel_layer_hash_(const moe_layer_config *cfg) {
   return moe_parallel_fnv1a_(text, strlen(text), 1469598103934665603ull);
 }
 
+moe_status moe_parallel_ordered_gate_sums_(moe_ctx *ctx, const moe_gate_buffers *gb, int E, int sl,
+                                           int tokens, double *slice_sums, int max_slices,
+                                           double *stats, MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  const int slices = tokens / sl;
+  for (int q = 0; q < slices; q++) {
+    double *o = slice_sums + (size_t)q * (size_t)(E + 1);
+    for (int e = 0; e < E; e++) {
+      double pe = 0.0;
+      for (int t = q * sl; t < (q + 1) * sl; t++) pe += gb->probs[(size_t)t * E + e];
+      o[e] = pe;
+    }
+    double z = 0.0;
+    for (int t = q * sl; t < (q + 1) * sl; t++) z += (double)gb->lse[t] * gb->lse[t];
+    o[E] = z;
+  }
+  double *out = slice_sums + (size_t)max_slices * (size_t)(E + 1);  // the spare row
+  MOE_TRY(moe_sum_slices_ordered(ctx, slice_sums, slices, E + 1, out, comm,
+                                 "the gate's loss statistics"));
+  for (int e = 0; e < E; e++) stats[E + e] = out[e];
+  stats[2 * E] = out[E];
+done:
+  return st;
+}
+
 moe_status moe_parallel_same_config_(moe_ctx *ctx, MPI_Comm world, uint64_t h, const char *what) {
   moe_status st = MOE_STATUS_OK;
   int W = 1;

@@ -657,32 +657,6 @@ done:
 
 // ---- fixed-order sums (pc.slice_tokens > 0) -----------------------------------------------------
 
-// The probability and lse^2 sums of the loss statistics, per slice of
-// slice_tokens tokens, added over the world's slices in global order; the
-// counts (integers, exact in any order) stay the allreduce's.
-static moe_status ordered_gate_sums(moe_ep_layer *L, const moe_gate_buffers *gb, int tokens) {
-  moe_status st = MOE_STATUS_OK;
-  const int E = L->E, sl = L->pc.slice_tokens, slices = tokens / sl;
-  for (int q = 0; q < slices; q++) {
-    double *o = L->slice_sums + (size_t)q * (size_t)(E + 1);
-    for (int e = 0; e < E; e++) {
-      double pe = 0.0;
-      for (int t = q * sl; t < (q + 1) * sl; t++) pe += gb->probs[(size_t)t * E + e];
-      o[e] = pe;
-    }
-    double z = 0.0;
-    for (int t = q * sl; t < (q + 1) * sl; t++) z += (double)gb->lse[t] * gb->lse[t];
-    o[E] = z;
-  }
-  double *out = L->slice_sums + (size_t)L->max_slices * (size_t)(E + 1);  // the spare row
-  MOE_TRY(moe_sum_slices_ordered(L->ctx, L->slice_sums, slices, E + 1, out, L->world,
-                                 "the gate's loss statistics"));
-  for (int e = 0; e < E; e++) L->stats[E + e] = out[e];
-  L->stats[2 * E] = out[E];
-done:
-  return st;
-}
-
 // ---- forward ---------------------------------------------------------------------------------
 
 moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, float *y,
@@ -740,7 +714,9 @@ moe_status moe_ep_layer_forward(moe_ep_layer *L, const float *x, int tokens, flo
   }
   MOE_FAIL_IF(ctx, L->stats[ns] > 0, MOE_STATUS_INVALID_ARG,
               "forward failed on %g other rank(s) (see their errors)", L->stats[ns]);
-  if (L->pc.slice_tokens > 0) MOE_TRY(ordered_gate_sums(L, &gb, tokens));
+  if (L->pc.slice_tokens > 0)
+    MOE_TRY(moe_parallel_ordered_gate_sums_(L->ctx, &gb, L->E, L->pc.slice_tokens, tokens,
+                                            L->slice_sums, L->max_slices, L->stats, L->world));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
   tm->gate_ms = moe_time_ms_since(t0);
   if (L->gate_hook)  // agreed: a rank whose hook failed after its collectives stops them all

@@ -6,6 +6,7 @@
 
 #include "moe/compress.h"
 #include "moe/expert.h"
+#include "moe/layer_ops.h"
 #include "moe/parallel.h"
 #include "moe/sched.h"
 
@@ -16,6 +17,16 @@ uint64_t moe_parallel_layer_hash_(const moe_layer_config *cfg);
 // Every rank's h equal to rank 0's, else INVALID_ARG on every rank naming the
 // first rank that differs (`what`: "parallel", "Parm"). Collective over world.
 moe_status moe_parallel_same_config_(moe_ctx *ctx, MPI_Comm world, uint64_t h, const char *what);
+
+// The deterministic mode's loss statistics (pc.slice_tokens > 0): the
+// probability and lse^2 sums of stats (MOE_LOSS_STATS(E), after their
+// all-reduce) replaced by per-slice sums of sl tokens added over comm's
+// slices in rank order (moe_sum_slices_ordered); the counts (integers, exact
+// in any order) stay the all-reduce's. slice_sums holds (max_slices + 1) x
+// (E + 1) doubles; tokens / sl <= max_slices. Collective over comm.
+moe_status moe_parallel_ordered_gate_sums_(moe_ctx *ctx, const moe_gate_buffers *gb, int E, int sl,
+                                           int tokens, double *slice_sums, int max_slices,
+                                           double *stats, MPI_Comm comm);
 
 // What one task of a pass works on.
 typedef struct {

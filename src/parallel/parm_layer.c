@@ -80,6 +80,14 @@ struct moe_parm_layer {
   int tokens_last, gate_first, gate_tokens, have_forward, recv_total;
   moe_layer_stats last;
   moe_parm_timing tf, tb;
+  // deterministic mode (pc.slice_tokens > 0)
+  int sl, max_slices;
+  moe_pairwise gate_pw;      // the gate's per-slice leaves
+  double *slice_sums;        // (max_slices + 1) x (E + 1): the ordered loss statistics
+  moe_fixed_sum fixed_gate;  // moe_allreduce_fixed's receive buffer (the gate's gradient)
+  size_t *blk_at;            // (P Eh + 1): where each received block (member, expert) starts
+  int *ch_owner, *ch_src;    // (DP EP MP): each chain segment's owner and source member
+  moe_layer_timing *ch_tm;   // the chain's expert timing (during the backward)
 };
 
 void moe_parm_config_default(moe_parm_config *pc) {
@@ -110,7 +118,8 @@ int moe_parm_data_index(const moe_parm_config *pc, int world, int rank) {
 static uint64_t config_hash(const moe_layer_config *c, const moe_parm_config *pc) {
   uint64_t h = moe_parallel_layer_hash_(c);
   const int ints[8] = {
-      pc->mp, pc->ep, pc->esp, (int)pc->schedule, pc->saa, pc->ranks_per_node, pc->intra_node, 0};
+      pc->mp,         pc->ep,          pc->esp, (int)pc->schedule, pc->saa, pc->ranks_per_node,
+      pc->intra_node, pc->slice_tokens};
   h = moe_parallel_fnv1a_(ints, sizeof ints, h);
   return moe_parallel_fnv1a_(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
@@ -135,6 +144,13 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
               MOE_STATUS_INVALID_ARG, "unknown Parm schedule %d (valid: baseline, s1, s2)",
               (int)pc->schedule);
   MOE_FAIL_IF(ctx, pc->saa != 0 && pc->saa != 1, MOE_STATUS_INVALID_ARG, "saa must be 0 or 1");
+  MOE_FAIL_IF(ctx, pc->slice_tokens < 0 || pc->slice_tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
+              "Parm slice_tokens (%d) must be in [0, %d] (the layer's tokens)", pc->slice_tokens,
+              cfg->tokens);
+  MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1, MOE_STATUS_INVALID_ARG,
+              "Parm deterministic mode (slice_tokens %d) is built for ESP 1 only (ESP %d): the "
+              "shards' partial outputs are not chained yet",
+              pc->slice_tokens, pc->esp);
   MOE_FAIL_IF(ctx, pc->ranks_per_node < 0 || (pc->ranks_per_node > 0 && W % pc->ranks_per_node),
               MOE_STATUS_INVALID_ARG, "ranks_per_node %d does not divide the %d ranks",
               pc->ranks_per_node, W);
@@ -212,6 +228,14 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
         (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
+    if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
+      const double slices = (double)(cfg->tokens / pc->slice_tokens);
+      const double segs = (double)world_size / (pc->mp * P) * pc->ep * pc->mp;
+      out->bytes[MOE_MEM_WORKSPACE] += (slices + 1) * (E + 1) * sizeof(double) +
+                                       (double)moe_pairwise_bytes((size_t)(M * E), (int)slices) +
+                                       (P * Eh + 1) * sizeof(size_t) + 2 * (segs + 1) * sizeof(int);
+      if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F * M * E;
+    }
   }
 done:
   return st;
@@ -290,6 +314,18 @@ static moe_status alloc_all(moe_parm_layer *L) {
                 M);
   }
   MOE_TRY(moe_route_init(ctx, &L->route, L->cfg.tokens, L->cfg.top_k, L->E, L->R));
+  if (L->pc.slice_tokens > 0) {  // deterministic mode's tables
+    L->sl = L->pc.slice_tokens;
+    L->max_slices = L->cfg.tokens / L->sl;
+    const size_t segs = (size_t)L->DP * L->EP * L->MP;
+    L->slice_sums = moe_calloc((size_t)(L->max_slices + 1) * (E + 1), sizeof(double));
+    L->blk_at = moe_calloc(P * Eh + 1, sizeof(size_t));
+    L->ch_owner = moe_calloc(segs + 1, sizeof(int));
+    L->ch_src = moe_calloc(segs + 1, sizeof(int));
+    MOE_FAIL_IF(ctx, !L->slice_sums || !L->blk_at || !L->ch_owner || !L->ch_src,
+                MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm layer's deterministic tables");
+    MOE_TRY(moe_pairwise_init(ctx, &L->gate_pw, M * E, L->max_slices));
+  }
   // the tensors' views
   float *p = L->params, *g = L->grads;
   const size_t sizes[5] = {L->n_gate, Eh * M * hs, Eh * hs, Eh * hs * M, Eh * M};
@@ -413,6 +449,10 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
   moe_workspace_free(&L->ws);
   void *all[] = PARM_BUFFERS(L);
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
+  moe_pairwise_free(&L->gate_pw);
+  moe_fixed_sum_free(&L->fixed_gate);
+  void *det[] = {L->slice_sums, L->blk_at, L->ch_owner, L->ch_src};
+  for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) moe_free(det[i]);
   moe_free(L);
 }
 
@@ -529,6 +569,80 @@ static void run_shards(moe_parm_layer *L, int backward, const int *nb, int block
     }
     at += n;
   }
+}
+
+// ---- deterministic mode: each expert's gradients as one chain ------------------------------
+
+// Block i = (member q, local expert el) of the received rows starts at blk_at[i].
+static void det_block_starts(moe_parm_layer *L) {
+  size_t at = 0;
+  for (int i = 0; i < L->P * L->Eh; i++) {
+    L->blk_at[i] = at;
+    at += (size_t)L->cnt_recv[i];
+  }
+}
+
+// Chain segment seg of expert el: its owner's block of the rows that came
+// from member ch_src[seg] (the expert's backward on them, into the scratch).
+static void det_compute(void *user, int el, int seg) {
+  moe_parm_layer *L = user;
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh, e = (size_t)el;
+  const size_t i = (size_t)L->ch_src[seg] * Eh + e, n = (size_t)L->cnt_recv[i], at = L->blk_at[i];
+  if (n == 0) return;
+  float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
+        *gb2 = gw2 + Eh * hs * M;
+  const moe_expert_params p = {L->t.w1 + e * M * hs, L->t.b1 + e * hs, L->t.w2 + e * hs * M,
+                               L->me.esp == 0 ? L->t.b2 + e * M : L->zero_b2};
+  const moe_expert_grads g = {gw1 + e * M * hs, gb1 + e * hs, gw2 + e * hs * M, gb2 + e * M};
+  L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
+                      L->yr + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, L->ch_tm);
+}
+
+static int det_spans(void *user, int el, float **p, size_t *n) {
+  moe_parm_layer *L = user;
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh, e = (size_t)el;
+  float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
+        *gb2 = gw2 + Eh * hs * M;
+  p[0] = gw1 + e * M * hs;
+  n[0] = M * hs;
+  p[1] = gb1 + e * hs;
+  n[1] = hs;
+  p[2] = gw2 + e * hs * M;
+  n[2] = hs * M;
+  p[3] = gb2 + e * M;
+  n[3] = M;
+  return 4;
+}
+
+// The shards' backward in deterministic mode (ESP 1): for each local expert,
+// one chain over the rows of the global batch in token order, which is data
+// part by data part, and inside a part MP rank by MP rank (s1's token slices,
+// s2's slices of the expert's rows); the part of data index d = dp EP + q
+// reached its home of MP rank m from member q. So segment (d, m) belongs to
+// the holder (dp, m): the rep group, rank dp MP + m (the baseline computes
+// every row on each MP rank: its own chain over DP, the rep_dp group).
+// Afterwards every holder has the whole gradients in its scratch.
+static moe_status det_shards_backward(moe_parm_layer *L, moe_layer_timing *tm) {
+  const int base = L->sched == MOE_PARM_BASELINE, mps = base ? 1 : L->MP;
+  int segs = 0;
+  for (int d = 0; d < L->DP * L->EP; d++) {
+    for (int m = 0; m < mps; m++) {
+      L->ch_owner[segs] = base ? d / L->EP : (d / L->EP) * L->MP + m;
+      L->ch_src[segs++] = d % L->EP;
+    }
+  }
+  det_block_starts(L);
+  L->ch_tm = tm;
+  const moe_chain ch = {L->Eh, segs, L->ch_owner, det_compute, det_spans, L};
+  return moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, "Parm's expert gradient chain");
+}
+
+// The shards over the received blocks: run_shards, or in the deterministic
+// backward the chains.
+static moe_status shards(moe_parm_layer *L, int backward, moe_layer_timing *tm) {
+  if (backward && L->sl > 0) return det_shards_backward(L, tm);
+  run_shards(L, backward, L->cnt_recv, L->P * L->Eh, L->Eh, L->yr, tm);
+  return MOE_STATUS_OK;
 }
 
 // Where part m of `parts` equal parts of n items starts (part m is
@@ -674,7 +788,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
                             L->member_rows, L->dump_counts, &L->ws));
   pt->a2a_ms += moe_time_ms_since(t0);
   t0 = moe_time_ns();
-  run_shards(L, backward, L->cnt_recv, P * Eh, Eh, L->yr, tm);
+  MOE_TRY(shards(L, backward, tm));
   pt->expert_ms += moe_time_ms_since(t0);
   // the way back: member q' sends me its shard's rows of my part for its experts
   t0 = moe_time_ns();
@@ -861,7 +975,7 @@ static moe_status baseline_pass(moe_parm_layer *L, int backward, const float *sr
   MOE_TRY(moe_a2a_run(ctx, L->algo, &L->ep, L->xb, L->sc, L->sd, recv, L->rc, L->rd, &L->ws));
   pt->a2a_ms += moe_time_ms_since(t0);
   t0 = moe_time_ns();
-  run_shards(L, backward, L->cnt_recv, EP * ESP * Eh, Eh, L->yr, tm);
+  MOE_TRY(shards(L, backward, tm));
   pt->expert_ms += moe_time_ms_since(t0);
   if (!backward && ESP > 1) {
     t0 = moe_time_ns();
@@ -923,6 +1037,13 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
                            "must pass the same tokens",
                            -red[1], red[0]);
     }
+    const int per = (L->sched == MOE_PARM_S1 ? L->MP : 1) * L->sl;
+    if (local == MOE_STATUS_OK && L->sl > 0 && tokens % per != 0) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm forward (deterministic): %d tokens do not cut into slices of %d "
+                           "tokens%s",
+                           tokens, L->sl, L->sched == MOE_PARM_S1 ? " on each MP rank (s1)" : "");
+    }
     MOE_TRY(moe_comm_agree(ctx, L->world, local, "Parm forward"));
   }
   const moe_layer_config *c = &L->cfg;
@@ -940,6 +1061,9 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
   MOE_MPI_TRY_OP(ctx, "Parm gate statistics",
                  MPI_Allreduce(MPI_IN_PLACE, L->stats, (int)MOE_LOSS_STATS(L->E), MPI_DOUBLE,
                                MPI_SUM, s1 ? L->world : L->data));
+  if (L->sl > 0)
+    MOE_TRY(moe_parallel_ordered_gate_sums_(ctx, &gb, L->E, L->sl, L->gate_tokens, L->slice_sums,
+                                            L->max_slices, L->stats, s1 ? L->world : L->data));
   moe_gate_losses(c, L->stats, &L->last.aux_loss, &L->last.z_loss);
   if (L->sched == MOE_PARM_S2 && L->MP > 1) {
     // s2 splits each expert's rows over MP: the peers' routing must agree
@@ -1031,16 +1155,26 @@ moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx
   moe_dispatch_backward(r, L->dxe, L->M, dxg);
   moe_gate_buffers gb = {L->logits, L->probs, L->lse, L->topk_p, NULL, NULL, NULL, 0, NULL, 0};
   moe_gate_backward(c, &gb, r, L->gate_tokens, L->stats, L->dweight, L->dprobs, L->dlogits,
-                    L->x_last + g0 * M, L->t.wg, L->gscratch, dxg, &tm);
+                    L->x_last + g0 * M, L->t.wg, L->sl > 0 ? NULL : L->gscratch, dxg, &tm);
+  if (L->sl > 0)  // x^T dlogits as the pairwise sum over slices of sl tokens
+    moe_pairwise_wgrad(&L->gate_pw, moe_gemm_fp32, L->gscratch, NULL, L->x_last + g0 * M,
+                       L->dlogits, L->gate_tokens / L->sl, L->sl, L->M, L->E);
   if (s1 && L->MP > 1) MOE_TRY(mp_gather_tokens(L, dx, (int)T, &L->tb.mp_ms));
   {
     // sums over the replicas: the gate over one copy of the global batch (s1:
     // every rank's tokens are its own), the shards over their holders (the
     // baseline computes every token on each MP peer: DP only)
     const uint64_t t0 = moe_time_ns();
-    MOE_TRY(sum_pieces(ctx, L->gscratch, L->n_gate, s1 ? L->world : L->data));
-    MOE_TRY(sum_pieces(ctx, L->gscratch + L->n_gate, L->n_expert,
-                       L->sched == MOE_PARM_BASELINE ? L->rep_dp : L->rep));
+    // (deterministic: the gate's in the fixed order; the experts' chains
+    // already left the whole gradients with every holder)
+    if (L->sl > 0) {
+      MOE_TRY(moe_allreduce_fixed(ctx, &L->fixed_gate, L->gscratch, L->n_gate,
+                                  s1 ? L->world : L->data, "Parm gradient sums"));
+    } else {
+      MOE_TRY(sum_pieces(ctx, L->gscratch, L->n_gate, s1 ? L->world : L->data));
+      MOE_TRY(sum_pieces(ctx, L->gscratch + L->n_gate, L->n_expert,
+                         L->sched == MOE_PARM_BASELINE ? L->rep_dp : L->rep));
+    }
     for (size_t i = 0; i < L->n_gate + L->n_expert; i++) L->grads[i] += L->gscratch[i];
     L->tb.reduce_ms = moe_time_ms_since(t0);
   }
