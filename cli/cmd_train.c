@@ -160,7 +160,9 @@ static void usage(FILE *f) {
       "                        s1 or s2, or auto: Parm's Algorithm 1 on alpha-beta terms\n"
       "                        measured at the start [s2]\n"
       "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
-      "                        Parm sets --deterministic off and does not combine with\n"
+      "                        deterministic mode (the default) needs ESP 1: with\n"
+      "                        --esp > 1 Parm sets --deterministic off. Parm does not\n"
+      "                        combine with\n"
       "                        --balance, --expert-packing, --grad-bucket-mb,\n"
       "                        --comm-priority lina, --gate topo, --router-bias-update,\n"
       "                        --routing-trace, --trace, --schedule, --chunks or --compress\n"
@@ -586,9 +588,9 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
     tc->optim.warmup_steps = tc->steps / 5;
   if (tc->resume && print_resume(o, ctx, &info) != CLI_OK) return CLI_USAGE;
-  // Parm's tensor parallelism sums over MP in MPI's order: not deterministic
-  // mode, which is off unless asked for (then the library refuses it)
-  if (tc->parm_on && !o->deterministic_set) tc->deterministic = 0;
+  // Parm's deterministic mode is built for ESP 1: with ESP > 1 it is off
+  // unless asked for (then the library refuses it)
+  if (tc->parm_on && tc->esp > 1 && !o->deterministic_set) tc->deterministic = 0;
   return check_combinations(o);
 }
 

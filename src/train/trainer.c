@@ -169,13 +169,11 @@ typedef struct {
   // its other tensors (ready 1); block -1 is wte/wpe, n_layer lnf
   moe_grad_reducer *grad_red;
   int grad_first[MOE_GPT_MAX_LAYERS + 2][2], grad_count[MOE_GPT_MAX_LAYERS + 2][2];
-  MPI_Comm ep_comm;   // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
-  double *expert_sq;  // deterministic: (expert tensors, E) square sums (grad_norm)
-  int expert_sq_n;
-  int in_group0;  // 1 when world rank 0 is in this rank's EP group
-  int ep;         // the EP size now (expert packing changes it)
-  int ep_base;    // the EP size the run was configured with
-  int ep_min;     // the smallest EP expert packing may reach (its layouts checked at setup)
+  MPI_Comm ep_comm;  // the EP group of this rank (MPI_COMM_NULL without MoE blocks)
+  int in_group0;     // 1 when world rank 0 is in this rank's EP group
+  int ep;            // the EP size now (expert packing changes it)
+  int ep_base;       // the EP size the run was configured with
+  int ep_min;        // the smallest EP expert packing may reach (its layouts checked at setup)
   double pack_ffn, pack_a2a;  // Lina's packing rule: the step's micro-op times (ms)
   moe_progress *progress;
   moe_metrics *metrics;
@@ -259,7 +257,7 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
               (int)tc->parm_schedule, tc->parm_saa);
   // what the Parm layer and the tensor-parallel model do not (yet) combine with
   const char *no =
-      tc->deterministic                             ? "deterministic mode (--deterministic on)"
+      tc->deterministic && esp > 1 ? "deterministic mode (--deterministic on) with ESP > 1"
       : tc->balance.policy != MOE_BALANCE_NONE      ? "load balancing (--balance)"
       : moe_train_packing_on(tc)                    ? "expert packing (--expert-packing)"
       : tc->grad_bucket_mb > 0                      ? "gradient buckets (--grad-bucket-mb)"
@@ -384,7 +382,8 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     pc.esp = tc->esp;
     snprintf(pc.a2a, sizeof pc.a2a, "%s", tc->par.a2a);
     pc.ranks_per_node = tc->par.ranks_per_node;
-    moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
+    pc.slice_tokens = tc->deterministic ? S : 0;  // as parm_model sets it
+    moe_layer_config lc = tc->model.moe;          // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
     lc.tokens = bl * S;
     moe_memory_need block;
@@ -427,14 +426,8 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     // (the dense gradient elements = the dense parameters' without padding: bounded by them)
     out->bytes[MOE_MEM_WORKSPACE] += (double)(moe_align64(sizeof(moe_train_ep_user)) +
                                               2 * moe_align64((size_t)bl * S * sizeof(int32_t)));
-    if (tc->deterministic) {  // the per-sequence sums' buffers and the gradient-norm slots
-      int n_exp = 0;
-      for (int l = 0; l < tc->model.n_layer; l++) n_exp += 4 * moe_gpt_block_is_moe(&tc->model, l);
-      out->bytes[MOE_MEM_WORKSPACE] +=
-          (double)(moe_gpt_deterministic_bytes(&tc->model, bl) +
-                   (n_exp ? moe_align64((size_t)n_exp * tc->model.moe.num_experts * sizeof(double))
-                          : 0));
-    }
+    if (tc->deterministic)  // the per-sequence sums' buffers
+      out->bytes[MOE_MEM_WORKSPACE] += (double)moe_gpt_deterministic_bytes(&tc->model, bl);
     int n_moe = 0;
     for (int l = 0; l < tc->model.n_layer; l++) n_moe += moe_gpt_block_is_moe(&tc->model, l);
     const double dense = out->bytes[MOE_MEM_PARAMS] - n_moe * block.bytes[MOE_MEM_PARAMS];
@@ -556,7 +549,7 @@ static moe_status allreduce_dense(run_state *r) {
           MPI_Allreduce(MPI_IN_PLACE, r->dense_buf + i, (int)c, MPI_FLOAT, MPI_SUM, sum_comm(r)));
   }
   if (r->tc->deterministic)
-    MOE_TRY(moe_allreduce_fixed(ctx, &r->dense_fixed, r->dense_buf, r->dense_n, r->world,
+    MOE_TRY(moe_allreduce_fixed(ctx, &r->dense_fixed, r->dense_buf, r->dense_n, sum_comm(r),
                                 "all-reduce of the dense gradients"));
   off = 0;
   for (int i = 0; i < n; i++) {
@@ -571,26 +564,131 @@ done:
 
 // Global L2 norm: dense and gate gradients are identical on every rank after
 // their reductions; each expert lives once per EP group.
-static void expert_sq_slots(run_state *r);
+
+// ---- the deterministic mode's exact norm ----
+// Each element's square (exact in double) is scaled by one power of two, the
+// same at every layout (from the largest square over the world and the model's
+// element count), and truncated to a 128-bit integer; integers add exactly in
+// any order, so the norm has the same bits however the tensors are sliced over
+// ranks (MP slices, expert homes) and in whatever order the slices are added.
+#if defined(__SIZEOF_INT128__)
+__extension__ typedef __int128 sq_acc;
+#else
+typedef double sq_acc;  // no 128-bit integers: a plain double sum (order-dependent)
+#endif
+
+static double max_sq(const moe_gpt_param *p) {
+  double m = 0.0;
+  for (size_t k = 0; k < p->numel; k++) {
+    const double v = (double)p->grad[k] * (double)p->grad[k];
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+static sq_acc exact_sq(const moe_gpt_param *p, double scale) {
+  sq_acc a = 0;
+  for (size_t k = 0; k < p->numel; k++)
+    a += (sq_acc)((double)p->grad[k] * (double)p->grad[k] * scale);
+  return a;
+}
+
+// *acc summed over comm (exact: every rank's value gathered, added in rank order).
+static moe_status sum_acc(run_state *r, sq_acc *acc, MPI_Comm comm) {
+  moe_status st = MOE_STATUS_OK;
+  int n = 1;
+  if (comm == MPI_COMM_NULL) return st;
+  MPI_Comm_size(comm, &n);
+  if (n == 1) return st;
+  sq_acc *all = moe_malloc((size_t)n * sizeof(sq_acc));
+  MOE_FAIL_IF(r->ctx, !all, MOE_STATUS_OUT_OF_MEMORY, "gradient norm: out of memory");
+  MOE_MPI_TRY_OP(
+      r->ctx, "all-gather of the gradient norm",
+      MPI_Allgather(acc, (int)sizeof(sq_acc), MPI_BYTE, all, (int)sizeof(sq_acc), MPI_BYTE, comm));
+  *acc = 0;
+  for (int i = 0; i < n; i++) *acc += all[i];
+done:
+  moe_free(all);
+  return st;
+}
+
+// which(p): 0 whole on every rank of the sum (counted once, locally), 1 a
+// slice summed over `slices`, 2 an expert tensor summed over `experts`, -1 not
+// counted on this rank (a copy held twice).
+typedef int (*norm_part_fn)(const run_state *r, const moe_gpt_param *p);
+
+static moe_status grad_norm_exact(run_state *r, norm_part_fn which, MPI_Comm slices,
+                                  MPI_Comm experts, double *norm) {
+  moe_status st = MOE_STATUS_OK;
+  const int n = moe_gpt_num_params(r->model);
+  double m = 0.0;
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    const double v = max_sq(&p);
+    m = v > m ? v : m;
+  }
+  MOE_MPI_TRY_OP(r->ctx, "all-reduce of the gradient norm",
+                 MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, r->world));
+  *norm = 0.0;
+  if (!(m > 0.0) || !isfinite(m)) {
+    *norm = m > 0.0 ? m : 0.0;  // inf or nan propagate; all zero: 0
+    return st;
+  }
+  // every square < 2^e; fewer than 2^b elements: the sum < 2^(e + b) <= 2^126 after scaling
+  int e = 0, b = 0;
+  (void)frexp(m, &e);
+  (void)frexp((double)moe_gpt_total_elements(r->model) + 1.0, &b);
+  const int shift = 125 - e - b;
+#if defined(__SIZEOF_INT128__)
+  const double scale = ldexp(1.0, shift);
+#else
+  const double scale = 1.0;
+#endif
+  sq_acc acc[3] = {0, 0, 0};
+  for (int i = 0; i < n; i++) {
+    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
+    const int w = which(r, &p);
+    if (w >= 0) acc[w] += exact_sq(&p, scale);
+  }
+  MOE_TRY(sum_acc(r, &acc[1], slices));
+  MOE_TRY(sum_acc(r, &acc[2], experts));
+  *norm = sqrt((double)(acc[0] + acc[1] + acc[2]) / scale);
+done:
+  return st;
+}
+
+static int norm_part_ep(const run_state *r, const moe_gpt_param *p) {
+  (void)r;
+  return p->kind == MOE_GPT_PARAM_EXPERT ? 2 : 0;
+}
+
+// Parm: MP slices over MP; expert shards over the EP x ESP group (b2 whole on
+// every shard: counted on shard 0).
+static int norm_part_parm(const run_state *r, const moe_gpt_param *p) {
+  if (p->kind == MOE_GPT_PARAM_EXPERT) {
+    const int shard0 = moe_parm_coords_of(&r->parm_user->parm, r->size, r->rank).esp == 0;
+    return p->tp_dim >= 0 || shard0 ? 2 : -1;
+  }
+  return p->tp_dim >= 0 ? 1 : 0;
+}
 
 // Parm: tensors whole on every MP rank once; MP slices summed over MP; the
 // experts' slices (shards, b2 once per ESP group) over the EP x ESP group.
 static moe_status grad_norm_parm(run_state *r, double *norm) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
+  if (r->tc->deterministic)
+    return grad_norm_exact(r, norm_part_parm, r->mp_comm, r->parm_a2a, norm);
   double whole = 0, sq[2] = {0, 0};  // sq: MP slices, expert slices
   const int n = moe_gpt_num_params(r->model);
-  const int shard0 = moe_parm_coords_of(&r->parm_user->parm, r->size, r->rank).esp == 0;
   for (int i = 0; i < n; i++) {
     const moe_gpt_param p = moe_gpt_get_param(r->model, i);
     double a = 0;
     for (size_t k = 0; k < p.numel; k++) a += (double)p.grad[k] * (double)p.grad[k];
-    if (p.kind == MOE_GPT_PARAM_EXPERT)
-      sq[1] += p.tp_dim >= 0 || shard0 ? a : 0;
-    else if (p.tp_dim >= 0)
-      sq[0] += a;
-    else
-      whole += a;
+    const int w = norm_part_parm(r, &p);
+    if (w == 2) sq[1] += a;
+    if (w == 1) sq[0] += a;
+    if (w == 0) whole += a;
   }
   MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
                  MPI_Allreduce(MPI_IN_PLACE, &sq[0], 1, MPI_DOUBLE, MPI_SUM, r->mp_comm));
@@ -606,46 +704,17 @@ static moe_status grad_norm(run_state *r, double *norm) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
   if (r->parm_user) return grad_norm_parm(r, norm);
+  if (r->tc->deterministic)
+    return grad_norm_exact(r, norm_part_ep, MPI_COMM_NULL, r->ep_comm, norm);
   double sq[3];
   moe_optim_grad_sq(r->model, sq);
-  expert_sq_slots(r);
-  if (r->tc->deterministic && r->ep_comm != MPI_COMM_NULL && r->expert_sq) {
-    // each expert's square sum in its own slot (one rank of the EP group holds
-    // it, the others add +0: exact), added in (tensor, expert) order
-    MOE_MPI_TRY_OP(
-        ctx, "all-reduce of the gradient norm",
-        MPI_Allreduce(MPI_IN_PLACE, r->expert_sq, r->expert_sq_n, MPI_DOUBLE, MPI_SUM, r->ep_comm));
-    sq[2] = 0.0;
-    for (int i = 0; i < r->expert_sq_n; i++) sq[2] += r->expert_sq[i];
-  } else if (r->ep_comm != MPI_COMM_NULL) {
+  if (r->ep_comm != MPI_COMM_NULL) {
     MOE_MPI_TRY_OP(ctx, "all-reduce of the gradient norm",
                    MPI_Allreduce(MPI_IN_PLACE, &sq[2], 1, MPI_DOUBLE, MPI_SUM, r->ep_comm));
   }
   *norm = sqrt(sq[0] + sq[1] + sq[2]);
 done:
   return st;
-}
-
-// Fills r->expert_sq: slot (expert tensor i, global expert e) = the square sum
-// of expert e's part of tensor i when this rank holds it, else 0.
-static void expert_sq_slots(run_state *r) {
-  if (!r->expert_sq) return;
-  memset(r->expert_sq, 0, (size_t)r->expert_sq_n * sizeof(double));
-  const int n = moe_gpt_num_params(r->model);
-  const int E = r->tc->model.moe.num_experts;
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    const moe_gpt_param p = moe_gpt_get_param(r->model, i);
-    if (p.kind != MOE_GPT_PARAM_EXPERT) continue;
-    const size_t per = p.expert_count > 0 ? p.numel / (size_t)p.expert_count : 0;
-    for (int j = 0; j < p.expert_count; j++) {
-      double s = 0.0;
-      const float *g = p.grad + (size_t)j * per;
-      for (size_t q = 0; q < per; q++) s += (double)g[q] * (double)g[q];
-      r->expert_sq[(size_t)k * E + (size_t)(p.expert_first + j)] = s;
-    }
-    k++;
-  }
 }
 
 // ---- validation -------------------------------------------------------------------------------
@@ -663,7 +732,7 @@ static moe_status validate(run_state *r, double *val_loss) {
     MOE_TRY(moe_gpt_forward(r->model, r->tokens, r->targets, r->bl, r->s, 0, &l));
     if (r->tc->deterministic) {  // this batch's sequences in global order, on every rank
       double b = 0.0;
-      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r->bl, 1, &b, r->world,
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r->bl, 1, &b, sum_comm(r),
                                      "all-reduce of the validation loss"));
       acc[0] += b;
     } else {
@@ -673,7 +742,7 @@ static moe_status validate(run_state *r, double *val_loss) {
   }
   if (r->tc->deterministic) {
     MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
-                   MPI_Allreduce(MPI_IN_PLACE, &acc[1], 1, MPI_DOUBLE, MPI_SUM, r->world));
+                   MPI_Allreduce(MPI_IN_PLACE, &acc[1], 1, MPI_DOUBLE, MPI_SUM, sum_comm(r)));
   } else {
     MOE_MPI_TRY_OP(ctx, "all-reduce of the validation loss",
                    MPI_Allreduce(MPI_IN_PLACE, acc, 2, MPI_DOUBLE, MPI_SUM, sum_comm(r)));
@@ -1063,6 +1132,7 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     pc->schedule = moe_parm_pick(&ab, &layer, pc, &r->parm_t1_ms, &r->parm_t2_ms);
   }
   r->parm_pick = pc->schedule;
+  pc->slice_tokens = tc->deterministic ? r->s : 0;  // after auto's measurements (no slices)
   const moe_gpt_tp tp = {tc->mp, moe_parm_coords_of(pc, r->size, r->rank).mp, mp_allreduce, r,
                          mp_chain};
   MOE_TRY(moe_gpt_create_tp(ctx, mc, r->bl, &moe_train_parm_ops, r->parm_user, &tp, &r->model));
@@ -1108,16 +1178,6 @@ static moe_status build_model(run_state *r, int ep) {
     MOE_TRY(moe_gpt_create(ctx, &mc, r->bl, &moe_train_ep_ops, r->user, &r->model));
   }
   local = tc->deterministic ? moe_gpt_set_deterministic(r->model, 1) : MOE_STATUS_OK;
-  if (local == MOE_STATUS_OK && tc->deterministic) {
-    int ntens = 0;
-    for (int i = 0; i < moe_gpt_num_params(r->model); i++)
-      ntens += moe_gpt_get_param(r->model, i).kind == MOE_GPT_PARAM_EXPERT;
-    r->expert_sq_n = ntens * tc->model.moe.num_experts;
-    if (r->expert_sq_n > 0) r->expert_sq = moe_malloc((size_t)r->expert_sq_n * sizeof(double));
-    if (r->expert_sq_n > 0 && !r->expert_sq)
-      local = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
-                           "deterministic mode: out of memory");
-  }
   MOE_TRY(agree(r, local, "deterministic mode"));
   moe_optim_config oc = tc->optim;
   oc.lr = r->schedule.lr;
@@ -1171,9 +1231,6 @@ static void free_model(run_state *r) {
   if (r->grad_red && r->user) set_layers_background(r, NULL, NULL);  // before it goes
   moe_grad_reducer_destroy(r->grad_red);
   r->grad_red = NULL;
-  moe_free(r->expert_sq);
-  r->expert_sq = NULL;
-  r->expert_sq_n = 0;
   moe_free(r->targets);
   moe_free(r->tokens);
   r->targets = r->tokens = NULL;
@@ -1832,7 +1889,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
         ctx, "all-reduce of the step's loss",
         MPI_Allreduce(MPI_IN_PLACE, sums + det, 3 - det, MPI_DOUBLE, MPI_SUM, sum_comm(&r)));
     if (det)
-      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], world,
+      MOE_TRY(moe_sum_slices_ordered(ctx, l.ce_seq, r.bl, 1, &sums[0], sum_comm(&r),
                                      "all-reduce of the step's loss"));
     const double step_s = (double)(moe_time_ns() - t0) * 1e-9;
 
