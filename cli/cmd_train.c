@@ -162,9 +162,9 @@ static void usage(FILE *f) {
       "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
       "                        deterministic mode (the default) needs ESP 1: with\n"
       "                        --esp > 1 Parm sets --deterministic off. Parm does not\n"
-      "                        combine with\n"
-      "                        --balance, --expert-packing, --grad-bucket-mb,\n"
-      "                        --comm-priority lina, --gate topo, --router-bias-update,\n"
+      "                        combine with --balance, --expert-packing,\n"
+      "                        --grad-bucket-mb, --comm-priority lina, --gate topo,\n"
+      "                        --router-bias-update,\n"
       "                        --routing-trace, --trace, --schedule, --chunks or --compress\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"

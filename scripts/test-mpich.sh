@@ -66,9 +66,10 @@ if [[ "${MOE_MPICH_ALL:-0}" != 1 ]]; then
   # leftover; the watchdog itself is tested under Open MPI in the other stages),
   # memory_rss (the default model on 4 ranks; its RSS figures are Open MPI's),
   # train_packing (the default model on 4 and 6 ranks), parm_train (the
-  # default model on 4 ranks, a dozen runs) and parm_cli (4 ranks).
+  # default model on 4 ranks, a dozen runs), parm_bitwise (the default model
+  # on 4 ranks) and parm_cli (4 ranks).
   if ((cores < 4)); then
-    for t in train_bitwise hang_cli memory_rss train_packing parm_train parm_cli; do
+    for t in train_bitwise hang_cli memory_rss train_packing parm_train parm_bitwise parm_cli; do
       exclude="${exclude:+$exclude|}$t"
     done
   fi

@@ -65,15 +65,21 @@ void moe_train_config_default(moe_train_config *tc) {
 
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size) {
   char buf[160] = "";
-  const int bl = world > 0 && tc->batch % world == 0 ? tc->batch / world : 0;
+  // Parm: MP peers hold the same sequences; its layer's chains make any EP and
+  // DP bitwise (docs/parm.md "Deterministic mode")
+  const int parts = tc->parm_on && tc->mp > 0 ? world / tc->mp : world;
+  const int bl = parts > 0 && tc->batch % parts == 0 ? tc->batch / parts : 0;
   moe_compressor comp;
   const int lossless =
       moe_compressor_get(NULL, tc->par.compress, &comp) == MOE_STATUS_OK && comp.lossless;
   if (!tc->deterministic) {
     snprintf(buf, sizeof buf, "deterministic mode is off");
   } else if (bl < 1 || (bl & (bl - 1)) != 0) {
-    snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, world);
-  } else if (tc->model.moe_every > 0 && tc->par.ep_size > 0 && tc->par.ep_size != world) {
+    snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, parts);
+  } else if (tc->parm_on && tc->esp > 1) {
+    snprintf(buf, sizeof buf, "Parm's ESP %d > 1 is not deterministic", tc->esp);
+  } else if (!tc->parm_on && tc->model.moe_every > 0 && tc->par.ep_size > 0 &&
+             tc->par.ep_size != world) {
     snprintf(buf, sizeof buf, "EP %d is not the rank count %d", tc->par.ep_size, world);
   } else if (tc->par.chunks != 1 ||
              strcmp(tc->par.schedule, "smart") == 0) {  // catalogue: cuts passes by peer group
