@@ -50,6 +50,25 @@ static void name_of(const scenario *sc, char *buf, size_t n) {
            sc->one_expert ? " one-expert" : "", sc->rpn);
 }
 
+// moe_parm_layer_create over the world, checking that moe_parm_layer_memory
+// bounds what it allocates and is not far above it; NULL on failure.
+static moe_parm_layer *create_checked(moe_ctx *ctx, const char *name, const moe_layer_config *cfg,
+                                      const moe_parm_config *pc) {
+  moe_parm_layer *L = NULL;
+  moe_memory_need need;
+  TU_CHECK(moe_parm_layer_memory(ctx, cfg, pc, g_world, &need) == MOE_STATUS_OK, "%s memory: %s",
+           name, moe_ctx_error(ctx));
+  const uint64_t before = moe_alloc_bytes();
+  const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, cfg, pc, &L);
+  TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
+  if (st != MOE_STATUS_OK) return NULL;
+  const double got = (double)(moe_alloc_bytes() - before), want = moe_memory_need_total(&need);
+  TU_CHECK(got <= want && got >= 0.6 * want, "%s: create allocated %.0f bytes, estimate %.0f", name,
+           got, want);
+  if (getenv("PARM_MEM_VERBOSE")) printf("%s: alloc %.0f est %.0f\n", name, got, want);
+  return L;
+}
+
 static void run_scenario(const scenario *sc) {
   char name[160];
   name_of(sc, name, sizeof name);
@@ -76,22 +95,10 @@ static void run_scenario(const scenario *sc) {
   pc.saa = sc->saa;
   pc.ranks_per_node = sc->rpn;
   snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
-  moe_parm_layer *L = NULL;
   moe_layer *ref = NULL;
-  moe_memory_need need;
-  TU_CHECK(moe_parm_layer_memory(ctx, &cfg, &pc, g_world, &need) == MOE_STATUS_OK, "%s memory: %s",
-           name, moe_ctx_error(ctx));
-  const uint64_t before = moe_alloc_bytes();
-  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
-  TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
+  moe_parm_layer *L = create_checked(ctx, name, &cfg, &pc);
+  moe_status st = L ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
   if (st != MOE_STATUS_OK) goto out;
-  {
-    // the estimate bounds what create allocates, and is not far above it
-    const double got = (double)(moe_alloc_bytes() - before), want = moe_memory_need_total(&need);
-    TU_CHECK(got <= want && got >= 0.6 * want, "%s: create allocated %.0f bytes, estimate %.0f",
-             name, got, want);
-    if (getenv("PARM_MEM_VERBOSE")) printf("%s: alloc %.0f est %.0f\n", name, got, want);
-  }
   st = moe_layer_create(ctx, &rcfg, &ref);
   TU_CHECK(st == MOE_STATUS_OK, "%s reference: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto out;
@@ -206,20 +213,10 @@ static void check_deterministic(int mp, int ep, moe_parm_schedule sched, int saa
   moe_parallel_config rpc;
   moe_parallel_config_default(&rpc);
   rpc.slice_tokens = sl;
-  moe_parm_layer *L = NULL;
   moe_ep_layer *ref = NULL;
-  moe_memory_need need;
-  TU_CHECK(moe_parm_layer_memory(ctx, &cfg, &pc, g_world, &need) == MOE_STATUS_OK, "%s memory: %s",
-           name, moe_ctx_error(ctx));
-  const uint64_t before = moe_alloc_bytes();
-  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
-  TU_CHECK(st == MOE_STATUS_OK, "%s create: %s", name, moe_ctx_error(ctx));
+  moe_parm_layer *L = create_checked(ctx, name, &cfg, &pc);
+  moe_status st = L ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
   if (st != MOE_STATUS_OK) goto out;
-  {
-    const double got = (double)(moe_alloc_bytes() - before), want = moe_memory_need_total(&need);
-    TU_CHECK(got <= want && got >= 0.6 * want, "%s: create allocated %.0f bytes, estimate %.0f",
-             name, got, want);
-  }
   st = moe_ep_layer_create(ctx, MPI_COMM_SELF, &rcfg, &rpc, &ref);
   TU_CHECK(st == MOE_STATUS_OK, "%s reference: %s", name, moe_ctx_error(ctx));
   if (st != MOE_STATUS_OK) goto out;
