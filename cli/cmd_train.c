@@ -158,6 +158,7 @@ static void usage(FILE *f) {
       "  --parm baseline|s1|s2|auto\n"
       "                        the MoE blocks' schedule: DeepSpeed-MoE's baseline, Parm's\n"
       "                        s1 or s2, or auto: Parm's Algorithm 1 on alpha-beta terms\n"
+      "                        from --profile (moe calibrate's, for this layout) or\n"
       "                        measured at the start [s2]\n"
       "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
       "                        deterministic mode (the default) needs ESP 1: with\n"
@@ -600,7 +601,8 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
 // (every rank agrees: the inputs are the same everywhere).
 static int plan_train(moe_ctx *ctx, train_opts *o, int rank, int world, moe_profile *prof) {
   moe_train_config *tc = &o->tc;
-  const int ep = tc->par.ep_size > 0 ? tc->par.ep_size : world;
+  // (Parm reads only the profile's "parm" terms, of its own layout: the ranks must match)
+  const int ep = tc->par.ep_size > 0 && !tc->parm_on ? tc->par.ep_size : world;
   const int rc = cli_profile_load_for(ctx, o->profile_path, world, ep, rank, prof);
   if (rc != CLI_OK) return rc;
   tc->profile = prof;
@@ -709,9 +711,10 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
            r->parm_schedule == MOE_PARM_S2 ? (tc->parm_saa ? " with SAA" : " without SAA") : "");
     if (tc->parm_auto && tc->mp > 1)
       printf(
-          " (Algorithm 1 on alpha-beta terms measured at the start: s1 %.2f ms, s2 %.2f ms of "
-          "communication per MoE forward)",
-          r->parm_t1_ms, r->parm_t2_ms);
+          " (Algorithm 1 on alpha-beta terms %s: s1 %.2f ms, s2 %.2f ms of communication per "
+          "MoE forward)",
+          r->parm_terms_profile ? "from the profile" : "measured at the start", r->parm_t1_ms,
+          r->parm_t2_ms);
     printf("\n");
   }
   const moe_backend *be = moe_backend_current();

@@ -2,7 +2,8 @@
 # moe bench parm (docs/parm.md) end to end on 4 ranks: the table of the
 # four variants for the default layouts, s2's outputs and input gradients the
 # baseline's (the command's own check, printed "ok"), the JSON; bad input
-# refused on every rank with exit 2 and a message naming the problem.
+# refused on every rank with exit 2 and a message naming the problem; moe
+# calibrate's Parm terms and moe train --parm auto reading them.
 # Usage: parm_cli_test.sh path/to/moe path/to/mpiexec
 set -u
 MOE=${1:?usage: parm_cli_test.sh path/to/moe path/to/mpiexec}
@@ -43,6 +44,22 @@ PY
 # one given layout with DP: 2 x 1 x 1 on 4 ranks is DP = 2
 expect 0 "^2x1x1 " -- mpi 4 "$MOE" bench parm "${SMALL[@]}" --capacity 0 --model 32 \
   --hidden 64 --layouts 2x1x1
+# moe calibrate measures Parm's terms per layout (2 ranks per node: MP 2 x EP 2 x
+# ESP 1 only), and moe train --parm auto takes them from the profile when it
+# holds its layout and all-to-all, else measures them at the start
+expect 0 "Parm's terms, MP 2 x EP 2 x ESP 1 with mpi \(seconds \+ per element\): EP&ESP" -- \
+  mpi 4 "$MOE" calibrate --out "$tmp/prof.json" --ranks-per-node 2 --a2a mpi --compress none \
+  --max-bytes 65536 --iters 2 --no-layers
+if python3 - "$tmp/prof.json" <<'PY'; then ok; else bad "the profile does not hold MP 2 x EP 2's terms"; fi
+import json, sys
+p = json.load(open(sys.argv[1]))["parm"]
+assert [(t["mp"], t["ep"], t["esp"], t["a2a"]) for t in p] == [(2, 2, 1, "mpi")], p
+PY
+T=(train --steps 2 --quiet --eval-every 0 --parm auto --profile "$tmp/prof.json")
+expect 0 "schedule s[12].*Algorithm 1 on alpha-beta terms from the profile" -- \
+  mpi 4 "$MOE" "${T[@]}" --mp 2
+expect 0 "schedule s[12].*Algorithm 1 on alpha-beta terms measured at the start" -- \
+  mpi 4 "$MOE" "${T[@]}" --mp 2 --ep 1
 # bad input: every rank refuses, exit 2
 expect 2 "MP x EP x ESP = 3 x 1 x 1 = 3 does not divide the 4 ranks" -- \
   mpi 4 "$MOE" bench parm "${SMALL[@]}" --layouts 3x1x1

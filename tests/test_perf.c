@@ -451,6 +451,10 @@ static void test_profile(void) {
   snprintf(p.codec_d[0].name, sizeof p.codec_d[0].name, "int8");
   p.codec_c[0].fit = (moe_linear_fit){0.0, 1e-9, 1.0, 0.0, 4, 0.0};
   p.codec_d[0].fit = (moe_linear_fit){0.0, 5e-10, 1.0, 0.0, 4, 0.0};
+  // Parm's terms of two layouts (one with a negative intercept: a fit's, allowed)
+  p.n_parm = 2;
+  p.parm[0] = (moe_parm_terms){2, 2, 1, "mpi", {-3e-5, 2e-9, 1e-5, 3e-9, 4e-6, 6e-9}};
+  p.parm[1] = (moe_parm_terms){2, 1, 2, "pairwise", {1e-5, 1e-9, 2e-5, 2e-9, 3e-5, 3e-9}};
   char *text = NULL;
   TU_CHECK(moe_profile_to_json(g_ctx, &p, &text) == MOE_STATUS_OK, "to_json: %s",
            moe_ctx_error(g_ctx));
@@ -462,7 +466,38 @@ static void test_profile(void) {
                !moe_profile_a2a(&q, "pipe") && moe_profile_codec(&q, "int8", NULL, NULL) &&
                !moe_profile_codec(&q, "zfp:8", NULL, NULL) && q.cluster.devices_per_node == 2,
            "round trip values");
+  {
+    const moe_parm_alpha_beta *a = moe_profile_parm(&q, 2, 2, 1, "mpi");
+    const moe_parm_alpha_beta *b = moe_profile_parm(&q, 2, 1, 2, "pairwise");
+    TU_CHECK(q.n_parm == 2 && a && memcmp(a, &p.parm[0].ab, sizeof *a) == 0 && b &&
+                 memcmp(b, &p.parm[1].ab, sizeof *b) == 0 &&
+                 !moe_profile_parm(&q, 2, 2, 1, "2dh") && !moe_profile_parm(&q, 4, 1, 1, "mpi") &&
+                 !moe_profile_parm(NULL, 2, 2, 1, "mpi"),
+             "round trip of Parm's terms");
+  }
   moe_free(text);
+  // Parm's terms: strict too
+#define PARM_OK_TERMS                                                          \
+  "\"alpha_a2a\": 0, \"beta_a2a\": 1e-9, \"alpha_mp\": 0, \"beta_mp\": 1e-9, " \
+  "\"alpha_o\": 0, \"beta_o\": 1e-9"
+#define PARM_HEAD "\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1, \"r2\": 1, \"points\": 2}, \"parm\": "
+  expect_bad_profile(PARM_HEAD "{}}", "'parm' must be an array");
+  expect_bad_profile(PARM_HEAD
+                     "[{\"mp\": 0, \"ep\": 2, \"esp\": 1, \"a2a\": \"mpi\", " PARM_OK_TERMS "}]}",
+                     "'parm[0].mp' (0) must be in [1, 1048576]");
+  expect_bad_profile(PARM_HEAD "[{\"mp\": 2, \"ep\": 2, \"esp\": 1, \"a2a\": \"mpi\"}]}",
+                     "parm[0] must be an object of exactly mp, ep, esp, a2a");
+  expect_bad_profile(PARM_HEAD
+                     "[{\"mp\": 2, \"ep\": 2, \"esp\": 1, \"a2a\": \"mpi\", "
+                     "\"alpha_a2a\": 0, \"beta_a2a\": 1e9, \"alpha_mp\": 0, "
+                     "\"beta_mp\": 1e-9, \"alpha_o\": 0, \"beta_o\": 1e-9}]}",
+                     "'parm[0].beta_a2a' (1e+09) must be a finite number of seconds");
+  expect_bad_profile(PARM_HEAD
+                     "[{\"mp\": 2, \"ep\": 2, \"esp\": 1, \"a2a\": \"mpi\", " PARM_OK_TERMS
+                     "}, {\"mp\": 2, \"ep\": 2, \"esp\": 1, \"a2a\": \"mpi\", " PARM_OK_TERMS "}]}",
+                     "parm[1] repeats parm[0]'s layout 2 x 2 x 1 with 'mpi'");
+#undef PARM_HEAD
+#undef PARM_OK_TERMS
   // strict parsing
   expect_bad_profile("\"gemm\": {\"alpha_s\": 0, \"beta_s\": 1e-12, \"r2\": 1, \"points\": 3}}",
                      "'a2a' is missing");

@@ -212,6 +212,20 @@ typedef struct {
   int samples;  // the layer runs given to the fit, including any it left out as outliers
 } moe_layer_corrections;
 
+// Parm's alpha-beta terms (eq. 12): seconds = alpha + beta x elements.
+typedef struct {
+  double alpha_a2a, beta_a2a;  // one EP&ESP all-to-all of V elements per device
+  double alpha_mp, beta_mp;    // one MP-AllGather of the T M elements of s1's output
+  double alpha_o, beta_o;      // the SAA pair (all-to-all of V and s2's MP-AllGather), in V
+} moe_parm_alpha_beta;
+
+// Parm's terms measured on one layout with one all-to-all (moe calibrate).
+typedef struct {
+  int mp, ep, esp;  // the layout (DP 1)
+  char a2a[32];     // the all-to-all algorithm of its EP&ESP all-to-all
+  moe_parm_alpha_beta ab;
+} moe_parm_terms;
+
 typedef struct {
   char name[64];
   moe_cluster cluster;
@@ -255,6 +269,11 @@ typedef struct {
   moe_named_fit codec_c[MOE_PROFILE_MAX], codec_d[MOE_PROFILE_MAX];
   // Optional corrections fitted on whole layer runs (calibrate's layer step).
   moe_layer_corrections layer_fit;
+  // Optional: Parm's alpha-beta terms per layout and all-to-all ("parm"; moe
+  // calibrate measures the layouts with MP >= 2 whose MP x ESP groups fit in
+  // a node); moe train --parm auto uses them for its layout (moe_profile_parm).
+  int n_parm;
+  moe_parm_terms parm[MOE_PROFILE_MAX];
 } moe_profile;
 
 // Profile JSON (written by `moe calibrate`, read by --profile):
@@ -284,6 +303,10 @@ moe_status moe_profile_check_ranks(moe_ctx *ctx, const moe_profile *prof, int ra
 moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out);
 // The fitted all-to-all model of algo, or NULL when the profile has none.
 const moe_linear_fit *moe_profile_a2a(const moe_profile *p, const char *algo);
+// Parm's terms of layout mp x ep x esp with all-to-all algo, or NULL when the
+// profile has none for it.
+const moe_parm_alpha_beta *moe_profile_parm(const moe_profile *p, int mp, int ep, int esp,
+                                            const char *algo);
 // The fitted codec models of a compressor name ("zfp:8" matches "zfp"), or 0.
 int moe_profile_codec(const moe_profile *p, const char *name, const moe_linear_fit **compress,
                       const moe_linear_fit **decompress);
@@ -577,13 +600,6 @@ typedef struct {
 // field and its valid range.
 moe_status moe_parm_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_parm_sim_config *c,
                              moe_parm_sim_result *out);
-
-// Parm's alpha-beta terms (eq. 12): seconds = alpha + beta x elements.
-typedef struct {
-  double alpha_a2a, beta_a2a;  // one EP&ESP all-to-all of V elements per device
-  double alpha_mp, beta_mp;    // one MP-AllGather of the T M elements of s1's output
-  double alpha_o, beta_o;      // the SAA pair (all-to-all of V and s2's MP-AllGather), in V
-} moe_parm_alpha_beta;
 
 // Fits the three pairs by least squares (moe_fit_linear) to the link model's
 // times of each collective on c's layout at T / 4, T / 2, T and 2 T tokens

@@ -367,6 +367,9 @@ typedef struct {
   // with parm_auto) and Algorithm 1's two predictions (ms, 0 without auto)
   moe_parm_schedule parm_schedule;
   double parm_t1_ms, parm_t2_ms;
+  // 1: auto's alpha-beta terms came from tc->profile (moe calibrate's "parm"
+  // for this layout and all-to-all); 0: measured at the start
+  int parm_terms_profile;
   int packing_n;
   struct {
     int step, ep_from, ep_to;

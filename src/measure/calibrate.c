@@ -841,6 +841,61 @@ done:
 }
 
 // The description: shape from the topology, rates from the fits.
+// ---- Parm's alpha-beta terms ------------------------------------------------------
+
+// moe_measure_parm_alpha_beta on every layout with MP >= 2 (a power of two),
+// ESP 1 or 2 and DP 1 whose MP x ESP groups fit in a node (Parm's placement:
+// with consecutive ranks per node they do), for each calibrated all-to-all
+// that runs on its groups: rows 16 .. 1024 of 256 floats per EP rank, 5
+// sizes. Layouts an algorithm cannot run on are skipped (every rank alike).
+static moe_status measure_parm(const cal *c, const moe_group *g, moe_profile *prof) {
+  moe_status st = MOE_STATUS_OK;
+  const int P = c->P, rpn = g->num_nodes > 0 ? g->node_size[0] : P;
+  for (int n = 1; n < g->num_nodes; n++)
+    if (g->node_size[n] != rpn) {
+      SAY(c, "Parm's terms: skipped (nodes of different sizes)");
+      return st;
+    }
+  for (int mp = 2; mp <= rpn; mp *= 2) {
+    for (int esp = 1; esp <= 2; esp++) {
+      if (rpn % (mp * esp) != 0 || P % (mp * esp) != 0) continue;
+      for (int i = 0; i < prof->n_a2a && prof->n_parm < MOE_PROFILE_MAX; i++) {
+        moe_parm_terms *t = &prof->parm[prof->n_parm];
+        moe_parm_config pc;
+        moe_parm_config_default(&pc);
+        pc.mp = mp;
+        pc.esp = esp;
+        pc.ep = P / (mp * esp);
+        pc.ranks_per_node = c->cfg->ranks_per_node;
+        snprintf(pc.a2a, sizeof pc.a2a, "%s", prof->a2a[i].name);
+        moe_linear_fit fits[3];
+        const moe_status got = moe_measure_parm_alpha_beta(c->ctx, c->comm, &pc, 256, 16, 1024, 5,
+                                                           c->cfg->iters, &t->ab, fits);
+        if (got == MOE_STATUS_INVALID_ARG) {  // the algorithm cannot run on these groups
+          SAY(c, "Parm's terms, MP %d x EP %d x ESP %d with %s: skipped (%s)", mp, pc.ep, esp,
+              pc.a2a, moe_ctx_error(c->ctx));
+          continue;
+        }
+        MOE_TRY(got);
+        t->mp = mp;
+        t->ep = pc.ep;
+        t->esp = esp;
+        snprintf(t->a2a, sizeof t->a2a, "%s", pc.a2a);
+        prof->n_parm++;
+        SAY(c,
+            "Parm's terms, MP %d x EP %d x ESP %d with %s (seconds + per element): EP&ESP "
+            "all-to-all %.1f us + %.3f ns (R2 %.3f), MP-AllGather %.1f us + %.3f ns (R2 %.3f), "
+            "SAA pair %.1f us + %.3f ns (R2 %.3f)",
+            mp, pc.ep, esp, pc.a2a, t->ab.alpha_a2a * 1e6, t->ab.beta_a2a * 1e9, fits[0].r2,
+            t->ab.alpha_mp * 1e6, t->ab.beta_mp * 1e9, fits[1].r2, t->ab.alpha_o * 1e6,
+            t->ab.beta_o * 1e9, fits[2].r2);
+      }
+    }
+  }
+done:
+  return st;
+}
+
 static void describe_cluster(const moe_group *g, int P, moe_profile *prof) {
   moe_cluster *cl = &prof->cluster;
   snprintf(cl->name, sizeof cl->name, "%s", prof->name);
@@ -1057,6 +1112,7 @@ moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config
   MOE_TRY(measure_small(&c, &prof->small_collective, &prof->copy_gbs));
   MOE_TRY(measure_a2a_allreduce(&c, &g, &prof->a2a_allreduce_slowdown));
   MOE_TRY(fit_all_codecs(&c, prof));
+  MOE_TRY(measure_parm(&c, &g, prof));
   describe_cluster(&g, c.P, prof);
   if (cfg->layers) MOE_TRY(layer_step(&c, prof, samples, n_samples));
 done:

@@ -65,6 +65,65 @@ done:
   return st;
 }
 
+// "parm": [{"mp": 2, "ep": 2, "esp": 1, "a2a": "mpi", "alpha_a2a": s, "beta_a2a": s, ...}]
+static moe_status parse_parm(moe_ctx *ctx, const cJSON *arr, moe_profile *p) {
+  moe_status st = MOE_STATUS_OK;
+  static const char *const terms[6] = {"alpha_a2a", "beta_a2a", "alpha_mp",
+                                       "beta_mp",   "alpha_o",  "beta_o"};
+  MOE_FAIL_IF(ctx, !cJSON_IsArray(arr), MOE_STATUS_INVALID_ARG,
+              "profile: 'parm' must be an array of {mp, ep, esp, a2a, alpha_a2a, beta_a2a, "
+              "alpha_mp, beta_mp, alpha_o, beta_o}");
+  MOE_FAIL_IF(ctx, cJSON_GetArraySize(arr) > MOE_PROFILE_MAX, MOE_STATUS_INVALID_ARG,
+              "profile: 'parm' has %d entries (at most %d)", cJSON_GetArraySize(arr),
+              MOE_PROFILE_MAX);
+  int i = 0;
+  for (const cJSON *e = arr->child; e; e = e->next, i++) {
+    moe_parm_terms *t = &p->parm[i];
+    char key[64];
+    MOE_FAIL_IF(ctx, !cJSON_IsObject(e) || cJSON_GetArraySize(e) != 10, MOE_STATUS_INVALID_ARG,
+                "profile: parm[%d] must be an object of exactly mp, ep, esp, a2a, alpha_a2a, "
+                "beta_a2a, alpha_mp, beta_mp, alpha_o, beta_o",
+                i);
+    int *sizes[3] = {&t->mp, &t->ep, &t->esp};
+    const char *names[3] = {"mp", "ep", "esp"};
+    for (int k = 0; k < 3; k++) {
+      snprintf(key, sizeof key, "parm[%d].%s", i, names[k]);
+      const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, names[k]);
+      MOE_FAIL_IF(ctx, !v, MOE_STATUS_INVALID_ARG, "profile: '%s' is missing", key);
+      MOE_TRY(moe_json_get_int(ctx, v, key, sizes[k]));
+      MOE_FAIL_IF(ctx, *sizes[k] < 1 || *sizes[k] > (1 << 20), MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' (%d) must be in [1, %d]", key, *sizes[k], 1 << 20);
+    }
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "a2a");
+    MOE_FAIL_IF(ctx, !cJSON_IsString(a) || strlen(a->valuestring) >= sizeof t->a2a,
+                MOE_STATUS_INVALID_ARG, "profile: parm[%d].a2a must be a string of < %zu bytes", i,
+                sizeof t->a2a);
+    snprintf(t->a2a, sizeof t->a2a, "%s", a->valuestring);
+    double *vals[6] = {&t->ab.alpha_a2a, &t->ab.beta_a2a, &t->ab.alpha_mp,
+                       &t->ab.beta_mp,   &t->ab.alpha_o,  &t->ab.beta_o};
+    for (int k = 0; k < 6; k++) {
+      snprintf(key, sizeof key, "parm[%d].%s", i, terms[k]);
+      const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, terms[k]);
+      MOE_FAIL_IF(ctx, !v, MOE_STATUS_INVALID_ARG, "profile: '%s' is missing", key);
+      MOE_TRY(moe_json_get_double(ctx, v, key, vals[k]));
+      // a least-squares intercept may be below 0 (it is not a latency), a slope hardly
+      MOE_FAIL_IF(ctx, !(fabs(*vals[k]) <= 1e3), MOE_STATUS_INVALID_ARG,
+                  "profile: '%s' (%g) must be a finite number of seconds in [-1000, 1000]", key,
+                  *vals[k]);
+    }
+    for (int j = 0; j < i; j++)
+      MOE_FAIL_IF(ctx,
+                  p->parm[j].mp == t->mp && p->parm[j].ep == t->ep && p->parm[j].esp == t->esp &&
+                      strcmp(p->parm[j].a2a, t->a2a) == 0,
+                  MOE_STATUS_INVALID_ARG,
+                  "profile: parm[%d] repeats parm[%d]'s layout %d x %d x %d with '%s'", i, j, t->mp,
+                  t->ep, t->esp, t->a2a);
+  }
+  p->n_parm = i;
+done:
+  return st;
+}
+
 static moe_status parse_named(moe_ctx *ctx, const cJSON *obj, const char *where, int codec,
                               moe_profile *p) {
   moe_status st = MOE_STATUS_OK;
@@ -317,6 +376,8 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
       a2a_points = it;  // resolved after 'a2a' is known
     } else if (strcmp(k, "layer_fit") == 0) {
       layer_fit = it;  // resolved after 'a2a' is known
+    } else if (strcmp(k, "parm") == 0) {
+      MOE_TRY(parse_parm(ctx, it, &p));
     } else if (strcmp(k, "outside") == 0) {
       MOE_TRY(parse_fit(ctx, it, k, &p.outside));
       p.have_step_fits |= 4;
@@ -325,7 +386,7 @@ moe_status moe_profile_from_json(moe_ctx *ctx, const char *json, moe_profile *ou
                "profile: unknown key '%s' (valid: profile_version, name, created_by, note, "
                "cluster, gemm, a2a, codecs, expert_fwd, expert_bwd, outside, expert_points, "
                "overlap, a2a_points, task_overhead_s, small_collective_s, copy_gbs, "
-               "a2a_allreduce_slowdown, layer_fit)",
+               "a2a_allreduce_slowdown, layer_fit, parm)",
                k);
     }
   }
@@ -551,6 +612,21 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
     }
     sb_printf(&b, "}}");
   }
+  if (p->n_parm > 0) {
+    sb_printf(&b, ",\n  \"parm\": [");
+    for (int i = 0; i < p->n_parm; i++) {
+      const moe_parm_terms *t = &p->parm[i];
+      sb_printf(&b, "%s\n    {\"mp\": %d, \"ep\": %d, \"esp\": %d, \"a2a\": ", i ? "," : "", t->mp,
+                t->ep, t->esp);
+      sb_string(&b, t->a2a);
+      sb_printf(&b,
+                ",\n     \"alpha_a2a\": %.17g, \"beta_a2a\": %.17g, \"alpha_mp\": %.17g, "
+                "\"beta_mp\": %.17g,\n     \"alpha_o\": %.17g, \"beta_o\": %.17g}",
+                t->ab.alpha_a2a, t->ab.beta_a2a, t->ab.alpha_mp, t->ab.beta_mp, t->ab.alpha_o,
+                t->ab.beta_o);
+    }
+    sb_printf(&b, "\n  ]");
+  }
   sb_printf(&b, ",\n  \"a2a\": {");
   for (int i = 0; i < p->n_a2a; i++) {
     sb_printf(&b, "%s\n    ", i ? "," : "");
@@ -575,6 +651,15 @@ moe_status moe_profile_to_json(moe_ctx *ctx, const moe_profile *p, char **out) {
 done:
   moe_free(b.buf);
   return st;
+}
+
+const moe_parm_alpha_beta *moe_profile_parm(const moe_profile *p, int mp, int ep, int esp,
+                                            const char *algo) {
+  for (int i = 0; p && algo && i < p->n_parm; i++) {
+    const moe_parm_terms *t = &p->parm[i];
+    if (t->mp == mp && t->ep == ep && t->esp == esp && strcmp(t->a2a, algo) == 0) return &t->ab;
+  }
+  return NULL;
 }
 
 const moe_linear_fit *moe_profile_a2a(const moe_profile *p, const char *algo) {

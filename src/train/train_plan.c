@@ -72,6 +72,7 @@ moe_status moe_train_plan_for_run_(moe_ctx *ctx, MPI_Comm world, const moe_train
   MOE_FAIL_IF(ctx, tc->allow_lossy && strcmp(tc->par.compress, "auto") != 0, MOE_STATUS_INVALID_ARG,
               "allow_lossy only applies to compress 'auto'");
   if (tc->model.moe_every == 0 && !has_auto(&tc->par)) goto done;  // nothing to predict
+  if (tc->parm_on) goto done;  // the profile's "parm" terms serve --parm auto (trainer.c)
   moe_plan plan;
   MOE_TRY(moe_train_plan(ctx, world, planned, &plan));
   *pred_ms = plan.predicted.pass_ms[0] + plan.predicted.pass_ms[1];

@@ -202,8 +202,9 @@ typedef struct {
   moe_train_parm_user *parm_user;
   moe_parm_schedule parm_pick;  // the schedule run (Algorithm 1's with parm_auto)
   double parm_t1_ms, parm_t2_ms;
-  moe_memory_need need;  // this rank's memory estimate (baseline included)
-  double need_max[2];    // the largest total and expected figure over the ranks
+  int parm_terms_profile;  // auto's terms came from tc->profile (else measured at the start)
+  moe_memory_need need;    // this rank's memory estimate (baseline included)
+  double need_max[2];      // the largest total and expected figure over the ranks
 } run_state;
 
 // The ranks whose sums make the global batch's: Parm's data group (MP peers
@@ -1129,9 +1130,19 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     int hi = (int)(rows * 2 < cap ? rows * 2 : cap);
     hi = hi < 2 ? 2 : hi;
     const int lo = hi / 4 < 1 ? 1 : hi / 4;
+    // the profile's terms when it has this layout (moe calibrate measures DP 1)
+    const moe_parm_alpha_beta *cal =
+        r->size == tc->mp * ep * tc->esp
+            ? moe_profile_parm(tc->profile, tc->mp, ep, tc->esp, pc->a2a)
+            : NULL;
     moe_parm_alpha_beta ab;
-    MOE_TRY(
-        moe_measure_parm_alpha_beta(ctx, r->world, pc, tc->model.d_model, lo, hi, 4, 5, &ab, NULL));
+    if (cal) {
+      ab = *cal;
+      r->parm_terms_profile = 1;
+    } else {
+      MOE_TRY(moe_measure_parm_alpha_beta(ctx, r->world, pc, tc->model.d_model, lo, hi, 4, 5, &ab,
+                                          NULL));
+    }
     moe_layer_config layer = *lc;  // as the model passes it to the backend
     layer.model_dim = tc->model.d_model;
     layer.tokens = r->bl * r->s;
@@ -1804,6 +1815,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->parm_schedule = r.parm_pick;
   out->parm_t1_ms = r.parm_t1_ms;
   out->parm_t2_ms = r.parm_t2_ms;
+  out->parm_terms_profile = r.parm_terms_profile;
   const int end = tc->stop_step > 0 && tc->stop_step < tc->steps ? tc->stop_step : tc->steps;
   out->last_step = end;
   MOE_FAIL_IF(ctx, start > end, MOE_STATUS_INVALID_ARG,
