@@ -161,9 +161,7 @@ static void usage(FILE *f) {
       "                        from --profile (moe calibrate's, for this layout) or\n"
       "                        measured at the start [s2]\n"
       "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
-      "                        deterministic mode (the default) needs ESP 1: with\n"
-      "                        --esp > 1 Parm sets --deterministic off. Parm does not\n"
-      "                        combine with --balance, --expert-packing,\n"
+      "                        Parm does not combine with --balance, --expert-packing,\n"
       "                        --grad-bucket-mb, --comm-priority lina, --gate topo,\n"
       "                        --router-bias-update,\n"
       "                        --routing-trace, --trace, --schedule, --chunks or --compress\n"
@@ -589,9 +587,6 @@ static int parse(int argc, char **argv, train_opts *o, moe_ctx *ctx) {
   if (!o->warmup_set && tc->optim.warmup_steps > tc->steps / 5)
     tc->optim.warmup_steps = tc->steps / 5;
   if (tc->resume && print_resume(o, ctx, &info) != CLI_OK) return CLI_USAGE;
-  // Parm's deterministic mode is built for ESP 1: with ESP > 1 it is off
-  // unless asked for (then the library refuses it)
-  if (tc->parm_on && tc->esp > 1 && !o->deterministic_set) tc->deterministic = 0;
   return check_combinations(o);
 }
 

@@ -106,8 +106,6 @@ expect 2 "expert hidden size \(255\) must be divisible by ESP \(2\)" -- \
 expect 2 "n_head|heads.*divisible|must be divisible by MP|head" -- \
   mpi 4 "$MOE" "${S[@]}" --mp 4 --heads 2
 expect 2 "does not combine with load balancing" -- mpi 2 "$MOE" "${S[@]}" --mp 2 --balance eplb
-expect 2 "does not combine with deterministic mode \(--deterministic on\) with ESP > 1" -- \
-  mpi 2 "$MOE" "${S[@]}" --esp 2 --deterministic on
 expect 2 "batch \(5 sequences\) must be divisible by the data parts \(4 ranks / MP 2 = 2\)" -- \
   mpi 4 "$MOE" "${S[@]}" --mp 2 --batch 5
 expect 2 "unknown Parm schedule 's3' \(valid: baseline, s1, s2\), or auto" -- \

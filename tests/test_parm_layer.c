@@ -10,7 +10,8 @@
 // Then: SAA gives the sequential s2's bits; the EP&ESP all-to-all is byte
 // equal to the ESP-AllGather + EP all-to-all composition; bad layouts fail on
 // every rank (no hang). Deterministic mode (slice_tokens): bit for bit with
-// one rank's expert-parallel layer on every MP x EP layout and schedule.
+// one rank's expert-parallel layer on every MP x EP x ESP layout and
+// schedule, and its refusals.
 // Run under mpirun with 1, 2 and 4 ranks.
 #include <math.h>
 #include <stdio.h>
@@ -187,10 +188,11 @@ out:
 // against the expert-parallel layer with slice_tokens on one rank fed the
 // whole global batch, bit for bit: outputs, dx, aux and z, the gate's
 // gradient and every held expert's gradients, after two passes (+=).
-static void check_deterministic(int mp, int ep, moe_parm_schedule sched, int saa, const char *a2a) {
-  if (g_world % (mp * ep) != 0) return;
+static void check_deterministic(int mp, int ep, int esp, moe_parm_schedule sched, int saa,
+                                const char *a2a) {
+  if (g_world % (mp * ep * esp) != 0) return;
   char name[128];
-  snprintf(name, sizeof name, "deterministic MP %d EP %d %s%s %s", mp, ep,
+  snprintf(name, sizeof name, "deterministic MP %d EP %d ESP %d %s%s %s", mp, ep, esp,
            moe_parm_schedule_name(sched), sched == MOE_PARM_S2 && !saa ? " (no SAA)" : "", a2a);
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
@@ -206,6 +208,7 @@ static void check_deterministic(int mp, int ep, moe_parm_schedule sched, int saa
   moe_parm_config_default(&pc);
   pc.mp = mp;
   pc.ep = ep;
+  pc.esp = esp;
   pc.schedule = sched;
   pc.saa = saa;
   pc.slice_tokens = sl;
@@ -253,19 +256,35 @@ static void check_deterministic(int mp, int ep, moe_parm_schedule sched, int saa
     TU_CHECK(memcmp(t.dwg, rt.dwg, (size_t)M * E * sizeof(float)) == 0,
              "%s rank %d: the gate's gradient differs (max rel %.3g)", name, g_rank,
              tu_max_rel_err(t.dwg, rt.dwg, (size_t)M * E));
-    const size_t f = (size_t)t.home_first, n = (size_t)t.home_count;
+    // the held experts' shards: columns s0 .. s0 + hs of w1 and b1, those rows of w2, b2 whole
+    const size_t f = (size_t)t.home_first, n = (size_t)t.home_count, hs = (size_t)t.hs;
+    const size_t s0 = (size_t)t.shard * hs, Ms = (size_t)M, Hs = (size_t)H;
+    float *want = tu_fbuf(n * (2 * Ms * hs + hs + Ms));
+    size_t k = 0;
+    for (size_t el = 0; el < n; el++)
+      for (size_t m = 0; m < Ms; m++)
+        for (size_t j = 0; j < hs; j++) want[k++] = rt.dw1[((f + el) * Ms + m) * Hs + s0 + j];
+    const size_t k1 = k;
+    for (size_t el = 0; el < n; el++)
+      for (size_t j = 0; j < hs; j++) want[k++] = rt.db1[(f + el) * Hs + s0 + j];
+    const size_t k2 = k;
+    for (size_t el = 0; el < n; el++)
+      for (size_t i = 0; i < hs * Ms; i++) want[k++] = rt.dw2[((f + el) * Hs + s0) * Ms + i];
+    const size_t k3 = k;
+    for (size_t el = 0; el < n; el++)
+      for (size_t i = 0; i < Ms; i++) want[k++] = rt.db2[(f + el) * Ms + i];
     const struct {
       const char *what;
       const float *got, *want;
-      size_t per;
-    } g[4] = {{"dw1", t.dw1, rt.dw1, (size_t)M * H},
-              {"db1", t.db1, rt.db1, (size_t)H},
-              {"dw2", t.dw2, rt.dw2, (size_t)H * M},
-              {"db2", t.db2, rt.db2, (size_t)M}};
+      size_t count;
+    } g[4] = {{"dw1", t.dw1, want, k1},
+              {"db1", t.db1, want + k1, k2 - k1},
+              {"dw2", t.dw2, want + k2, k3 - k2},
+              {"db2", t.db2, want + k3, k - k3}};
     for (int i = 0; i < 4; i++)
-      TU_CHECK(memcmp(g[i].got, g[i].want + f * g[i].per, n * g[i].per * sizeof(float)) == 0,
-               "%s rank %d: %s of experts %zu..%zu differs (max rel %.3g)", name, g_rank, g[i].what,
-               f, f + n - 1, tu_max_rel_err(g[i].got, g[i].want + f * g[i].per, n * g[i].per));
+      TU_CHECK(memcmp(g[i].got, g[i].want, g[i].count * sizeof(float)) == 0,
+               "%s rank %d: %s of experts %zu..%zu (shard %d) differs (max rel %.3g)", name, g_rank,
+               g[i].what, f, f + n - 1, t.shard, tu_max_rel_err(g[i].got, g[i].want, g[i].count));
   }
 out:
   moe_parm_layer_destroy(L);
@@ -398,6 +417,33 @@ static void check_bad(int mp, int ep, int esp, int H, int E, int rpn, int intra,
   moe_ctx_destroy(ctx);
 }
 
+// Deterministic mode's own refusals, on every rank: slice_tokens out of
+// range, and ESP > 1 with an expert kind other than 'ffn'.
+static void check_bad_deterministic(void) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg = tu_layer_config(8, 8, 8, 2, 1);
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.slice_tokens = 9;
+  moe_parm_layer *L = NULL;
+  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L &&
+               strstr(moe_ctx_error(ctx), "slice_tokens (9) must be in [0, 8]"),
+           "slice_tokens 9 of 8 tokens: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+  if (g_world >= 2) {
+    pc.slice_tokens = 4;
+    pc.esp = 2;
+    snprintf(cfg.expert, sizeof cfg.expert, "ffn-ref");
+    st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L &&
+                 strstr(moe_ctx_error(ctx), "expert 'ffn-ref' is not it"),
+             "deterministic ESP 2 with ffn-ref: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+  }
+  moe_parm_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -425,14 +471,19 @@ int main(int argc, char **argv) {
   // deterministic mode: bit for bit with one rank's expert-parallel layer
   for (int a = 0; a < 3; a++) {
     for (int b = 0; b < 3; b++) {
-      for (int s = 0; s < 4; s++) {
-        const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
-        check_deterministic(sizes[a], sizes[b], sched, s != 3, "mpi");
+      for (int c = 0; c < 3; c++) {
+        for (int s = 0; s < 4; s++) {
+          const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
+          check_deterministic(sizes[a], sizes[b], sizes[c], sched, s != 3, "mpi");
+        }
       }
     }
   }
-  for (int i = 0; i < nalgos; i++)
-    check_deterministic(g_world >= 2 ? 2 : 1, 1, MOE_PARM_S2, 1, algos[i]->name);
+  for (int i = 0; i < nalgos; i++) {
+    check_deterministic(g_world >= 2 ? 2 : 1, 1, 1, MOE_PARM_S2, 1, algos[i]->name);
+    check_deterministic(1, g_world >= 4 ? 2 : 1, g_world >= 2 ? 2 : 1, MOE_PARM_S1, 1,
+                        algos[i]->name);
+  }
   // the algorithms again with 2 ranks per node, on the widest EP&ESP group and on MP x EP
   for (int i = 0; i < nalgos; i++) {
     for (int s = 0; s < 3; s++) {
@@ -494,6 +545,7 @@ int main(int argc, char **argv) {
     check_bad(2, 1, 1, 16, 4, 1, 1, "mpi", "MP group");
     check_bad(1, 1, 2, 16, 4, 1, 1, "mpi", "ESP group");
   }
+  check_bad_deterministic();
   if (g_world >= 2) {
     // MP peers must pass the same tokens: a count that differs on one of them,
     // and (s2) other tokens of the same count, fail the forward on every rank

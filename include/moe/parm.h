@@ -74,9 +74,11 @@ typedef struct {
   // holder to holder (moe_chain_run) instead of summed. With moe_gemm on its
   // fixed path, a power-of-two number of slices per rank and nothing dropped,
   // outputs, losses and gradients have the single-process layer's bits (the
-  // expert-parallel layer's with slice_tokens, at 1 rank). Every rank's gate
-  // tokens (s1: its MP slice) must be a multiple of slice_tokens. ESP 1 only.
-  // [0, cfg.tokens]
+  // expert-parallel layer's with slice_tokens, at 1 rank). With ESP > 1 the
+  // shards' sums over H (the output's second GEMM, the input gradient's last)
+  // are chains over the ESP group too, for the 'ffn' expert (others are
+  // refused). Every rank's gate tokens (s1: its MP slice) must be a multiple
+  // of slice_tokens. [0, cfg.tokens]
   int slice_tokens;
 } moe_parm_config;
 

@@ -260,8 +260,8 @@ static inline int moe_train_packing_on(const moe_train_config *tc) {
 // deterministic on, B / world a power of two, EP = world, one chunk per pass
 // (chunks 1, not the smart schedule), a lossless compressor, dropless experts
 // (capacity is applied per source rank). With Parm (tc->parm_on): B / (world /
-// MP) a power of two and ESP 1, at any EP and DP (its layer chains the expert
-// gradients; docs/parm.md). Else 0 with the first reason that
+// MP) a power of two, at any EP, ESP and DP (its layer chains the expert
+// gradients and the shards' sums; docs/parm.md). Else 0 with the first reason that
 // fails in why (may be NULL). 'auto' choices are judged as given (chunks 0
 // or compress auto: not known to hold).
 int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why, size_t why_size);

@@ -86,7 +86,8 @@ struct moe_parm_layer {
   double *slice_sums;        // (max_slices + 1) x (E + 1): the ordered loss statistics
   moe_fixed_sum fixed_gate;  // moe_allreduce_fixed's receive buffer (the gate's gradient)
   size_t *blk_at;            // (P Eh + 1): where each received block (member, expert) starts
-  int *ch_owner, *ch_src;    // (DP EP MP): each chain segment's owner and source member
+  int *ch_owner, *ch_src;    // (DP P MP): each chain segment's owner and source member
+  int *esp_owner;            // (ESP): the shards' chains, segment s on ESP rank s
   moe_layer_timing *ch_tm;   // the chain's expert timing (during the backward)
 };
 
@@ -147,10 +148,11 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
   MOE_FAIL_IF(ctx, pc->slice_tokens < 0 || pc->slice_tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
               "Parm slice_tokens (%d) must be in [0, %d] (the layer's tokens)", pc->slice_tokens,
               cfg->tokens);
-  MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1, MOE_STATUS_INVALID_ARG,
-              "Parm deterministic mode (slice_tokens %d) is built for ESP 1 only (ESP %d): the "
-              "shards' partial outputs are not chained yet",
-              pc->slice_tokens, pc->esp);
+  MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1 && strcmp(cfg->expert, "ffn") != 0,
+              MOE_STATUS_INVALID_ARG,
+              "Parm deterministic mode (slice_tokens %d) with ESP %d chains the shards' GEMMs of "
+              "the 'ffn' expert; expert '%s' is not it",
+              pc->slice_tokens, pc->esp, cfg->expert);
   MOE_FAIL_IF(ctx, pc->ranks_per_node < 0 || (pc->ranks_per_node > 0 && W % pc->ranks_per_node),
               MOE_STATUS_INVALID_ARG, "ranks_per_node %d does not divide the %d ranks",
               pc->ranks_per_node, W);
@@ -230,10 +232,11 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
-      const double segs = (double)world_size / (pc->mp * P) * pc->ep * pc->mp;
+      const double segs = (double)world_size / (pc->mp * P) * P * pc->mp;
       out->bytes[MOE_MEM_WORKSPACE] += (slices + 1) * (E + 1) * sizeof(double) +
                                        (double)moe_pairwise_bytes((size_t)(M * E), (int)slices) +
-                                       (P * Eh + 1) * sizeof(size_t) + 2 * (segs + 1) * sizeof(int);
+                                       (P * Eh + 1) * sizeof(size_t) +
+                                       (2 * (segs + 1) + ESP) * sizeof(int);
       if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F * M * E;
     }
   }
@@ -317,13 +320,15 @@ static moe_status alloc_all(moe_parm_layer *L) {
   if (L->pc.slice_tokens > 0) {  // deterministic mode's tables
     L->sl = L->pc.slice_tokens;
     L->max_slices = L->cfg.tokens / L->sl;
-    const size_t segs = (size_t)L->DP * L->EP * L->MP;
+    const size_t segs = (size_t)L->DP * L->P * L->MP;
     L->slice_sums = moe_calloc((size_t)(L->max_slices + 1) * (E + 1), sizeof(double));
     L->blk_at = moe_calloc(P * Eh + 1, sizeof(size_t));
     L->ch_owner = moe_calloc(segs + 1, sizeof(int));
     L->ch_src = moe_calloc(segs + 1, sizeof(int));
-    MOE_FAIL_IF(ctx, !L->slice_sums || !L->blk_at || !L->ch_owner || !L->ch_src,
+    L->esp_owner = moe_calloc(ESP, sizeof(int));
+    MOE_FAIL_IF(ctx, !L->slice_sums || !L->blk_at || !L->ch_owner || !L->ch_src || !L->esp_owner,
                 MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm layer's deterministic tables");
+    for (size_t i = 0; i < ESP; i++) L->esp_owner[i] = (int)i;
     MOE_TRY(moe_pairwise_init(ctx, &L->gate_pw, M * E, L->max_slices));
   }
   // the tensors' views
@@ -451,7 +456,7 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   moe_pairwise_free(&L->gate_pw);
   moe_fixed_sum_free(&L->fixed_gate);
-  void *det[] = {L->slice_sums, L->blk_at, L->ch_owner, L->ch_src};
+  void *det[] = {L->slice_sums, L->blk_at, L->ch_owner, L->ch_src, L->esp_owner};
   for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) moe_free(det[i]);
   moe_free(L);
 }
@@ -594,8 +599,95 @@ static void det_compute(void *user, int el, int seg) {
   const moe_expert_params p = {L->t.w1 + e * M * hs, L->t.b1 + e * hs, L->t.w2 + e * hs * M,
                                L->me.esp == 0 ? L->t.b2 + e * M : L->zero_b2};
   const moe_expert_grads g = {gw1 + e * M * hs, gb1 + e * hs, gw2 + e * hs * M, gb2 + e * M};
-  L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
-                      L->yr + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, L->ch_tm);
+  if (L->ESP == 1) {
+    L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
+                        L->yr + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, L->ch_tm);
+    return;
+  }
+  // ESP > 1: the 'ffn' expert's backward (expert_ffn.c) but dX, whose sum over
+  // H runs over the shards (esp_dx_compute)
+  float *dy = L->yr + at * M, *dh = L->dh + at * hs, *dpre = L->dpre + at * hs;
+  const float *pre = L->pre + at * hs, *h = L->h + at * hs;
+  moe_bias_add_backward(g.db2, dy, (int)n, L->M);
+  moe_gemm(1, 0, L->hs, L->M, (int)n, 1.0f, h, L->hs, dy, L->M, 1.0f, g.dw2, L->M);
+  moe_gemm(0, 1, (int)n, L->hs, L->M, 1.0f, dy, L->M, p.w2, L->M, 0.0f, dh, L->hs);
+  memset(dpre, 0, n * hs * sizeof(float));
+  if (L->cfg.act == MOE_ACT_GELU) {
+    moe_gelu_backward(dpre, dh, pre, n * hs);
+  } else {
+    moe_relu_backward(dpre, dh, pre, n * hs);
+  }
+  moe_bias_add_backward(g.db1, dpre, (int)n, L->hs);
+  moe_gemm(1, 0, L->M, L->hs, (int)n, 1.0f, L->xr + at * M, L->M, dpre, L->hs, 1.0f, g.dw1, L->hs);
+}
+
+// ---- deterministic mode with ESP > 1: the shards' sums over H as chains ----------------
+
+// Received block b's rows: how many, and where they start.
+static size_t block_rows(const moe_parm_layer *L, int b, size_t *at) {
+  *at = L->blk_at[b];
+  return (size_t)L->cnt_recv[b];
+}
+
+static int esp_spans(void *user, int b, float **p, size_t *n) {
+  moe_parm_layer *L = user;
+  size_t at;
+  const size_t rows = block_rows(L, b, &at);
+  p[0] = L->yr + at * (size_t)L->M;
+  n[0] = rows * (size_t)L->M;
+  return 1;
+}
+
+// Forward segment s of block b: y = h w2 over H, shard s's hs columns of it
+// continuing shard s - 1's (shard 0: from 0), then b2 (the last shard).
+static void esp_y_compute(void *user, int b, int s) {
+  moe_parm_layer *L = user;
+  size_t at;
+  const size_t rows = block_rows(L, b, &at), M = (size_t)L->M, hs = (size_t)L->hs;
+  if (rows == 0) return;
+  const size_t el = (size_t)(b % L->Eh);
+  float *y = L->yr + at * M;
+  moe_gemm(0, 0, (int)rows, L->M, L->hs, 1.0f, L->h + at * hs, L->hs, L->t.w2 + el * hs * M, L->M,
+           s == 0 ? 0.0f : 1.0f, y, L->M);
+  if (s == L->ESP - 1) moe_bias_add_forward(y, L->t.b2 + el * M, (int)rows, L->M);
+}
+
+// Backward segment s of block b: dX = dpre w1^T over H, likewise (in place of
+// dy, which the weight gradients no longer need).
+static void esp_dx_compute(void *user, int b, int s) {
+  moe_parm_layer *L = user;
+  size_t at;
+  const size_t rows = block_rows(L, b, &at), M = (size_t)L->M, hs = (size_t)L->hs;
+  if (rows == 0) return;
+  const size_t el = (size_t)(b % L->Eh);
+  moe_gemm(0, 1, (int)rows, L->M, L->hs, 1.0f, L->dpre + at * hs, L->hs, L->t.w1 + el * M * hs,
+           L->hs, s == 0 ? 0.0f : 1.0f, L->yr + at * M, L->M);
+}
+
+// The shards' forward in deterministic mode with ESP > 1: the 'ffn' expert's
+// first GEMM, bias and activation on each shard's columns (no sum), then y
+// as one chain over the ESP group per received block; every shard ends with
+// the whole y of every block (so the way back takes shard 0's alone).
+static moe_status det_shards_forward(moe_parm_layer *L, moe_layer_timing *tm) {
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
+  det_block_starts(L);
+  for (int b = 0; b < L->P * L->Eh; b++) {
+    size_t at;
+    const size_t rows = block_rows(L, b, &at), el = (size_t)(b % L->Eh);
+    if (rows == 0) continue;
+    float *pre = L->pre + at * hs;
+    moe_gemm(0, 0, (int)rows, L->hs, L->M, 1.0f, L->xr + at * M, L->M, L->t.w1 + el * M * hs, L->hs,
+             0.0f, pre, L->hs);
+    moe_bias_add_forward(pre, L->t.b1 + el * hs, (int)rows, L->hs);
+    if (L->cfg.act == MOE_ACT_GELU) {
+      moe_gelu_forward(L->h + at * hs, pre, rows * hs);
+    } else {
+      moe_relu_forward(L->h + at * hs, pre, rows * hs);
+    }
+    tm->expert_flops += 4.0 * (double)rows * (double)M * (double)hs;
+  }
+  const moe_chain ch = {L->P * L->Eh, L->ESP, L->esp_owner, esp_y_compute, esp_spans, L};
+  return moe_chain_run(L->ctx, L->esp, &ch, "Parm's shard chain (forward)");
 }
 
 static int det_spans(void *user, int el, float **p, size_t *n) {
@@ -625,22 +717,29 @@ static int det_spans(void *user, int el, float **p, size_t *n) {
 static moe_status det_shards_backward(moe_parm_layer *L, moe_layer_timing *tm) {
   const int base = L->sched == MOE_PARM_BASELINE, mps = base ? 1 : L->MP;
   int segs = 0;
-  for (int d = 0; d < L->DP * L->EP; d++) {
+  for (int d = 0; d < L->DP * L->P; d++) {
     for (int m = 0; m < mps; m++) {
-      L->ch_owner[segs] = base ? d / L->EP : (d / L->EP) * L->MP + m;
-      L->ch_src[segs++] = d % L->EP;
+      L->ch_owner[segs] = base ? d / L->P : (d / L->P) * L->MP + m;
+      L->ch_src[segs++] = d % L->P;
     }
   }
   det_block_starts(L);
   L->ch_tm = tm;
   const moe_chain ch = {L->Eh, segs, L->ch_owner, det_compute, det_spans, L};
-  return moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, "Parm's expert gradient chain");
+  moe_status st =
+      moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, "Parm's expert gradient chain");
+  if (st == MOE_STATUS_OK && L->ESP > 1) {
+    const moe_chain dx = {L->P * L->Eh, L->ESP, L->esp_owner, esp_dx_compute, esp_spans, L};
+    st = moe_chain_run(L->ctx, L->esp, &dx, "Parm's shard chain (backward)");
+  }
+  return st;
 }
 
 // The shards over the received blocks: run_shards, or in the deterministic
 // backward the chains.
 static moe_status shards(moe_parm_layer *L, int backward, moe_layer_timing *tm) {
   if (backward && L->sl > 0) return det_shards_backward(L, tm);
+  if (L->sl > 0 && L->ESP > 1) return det_shards_forward(L, tm);
   run_shards(L, backward, L->cnt_recv, L->P * L->Eh, L->Eh, L->yr, tm);
   return MOE_STATUS_OK;
 }
@@ -697,7 +796,8 @@ static void local_combine(moe_parm_layer *L, int g, const float *back, const siz
   float *out = L->sum + (size_t)L->gfirst[g] * M;
   const float *b0 = back + back_at[g * L->ESP] * M;
   memcpy(out, b0, n * sizeof(float));
-  for (int s = 1; s < L->ESP; s++) {
+  // (deterministic: every shard holds the whole chained sum; shard 0's is it)
+  for (int s = 1; s < L->ESP && L->sl == 0; s++) {
     const float *bs = back + back_at[g * L->ESP + s] * M;
     for (size_t i = 0; i < n; i++) out[i] += bs[i];
   }
@@ -977,7 +1077,7 @@ static moe_status baseline_pass(moe_parm_layer *L, int backward, const float *sr
   t0 = moe_time_ns();
   MOE_TRY(shards(L, backward, tm));
   pt->expert_ms += moe_time_ms_since(t0);
-  if (!backward && ESP > 1) {
+  if (!backward && ESP > 1 && L->sl == 0) {  // (deterministic: chained, on every shard)
     t0 = moe_time_ns();
     MOE_MPI_TRY_OP(
         ctx, "Parm ESP-AllReduce",
@@ -1004,6 +1104,8 @@ static moe_status baseline_pass(moe_parm_layer *L, int backward, const float *sr
   pt->a2a_ms += moe_time_ms_since(t0);
   t0 = moe_time_ns();
   if (!backward) {  // ESP-Split: my rows
+    memcpy(dst, L->xs + (size_t)mdis[L->me.esp], (size_t)r->rows * row);
+  } else if (L->sl > 0) {  // deterministic: every shard holds the chained dX; my rows
     memcpy(dst, L->xs + (size_t)mdis[L->me.esp], (size_t)r->rows * row);
   } else {  // ESP-ReduceScatter of the shards' partial input gradients
     MOE_MPI_TRY_OP(ctx, "Parm ESP-ReduceScatter",

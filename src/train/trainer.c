@@ -76,8 +76,6 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
     snprintf(buf, sizeof buf, "deterministic mode is off");
   } else if (bl < 1 || (bl & (bl - 1)) != 0) {
     snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, parts);
-  } else if (tc->parm_on && tc->esp > 1) {
-    snprintf(buf, sizeof buf, "Parm's ESP %d > 1 is not deterministic", tc->esp);
   } else if (!tc->parm_on && tc->model.moe_every > 0 && tc->par.ep_size > 0 &&
              tc->par.ep_size != world) {
     snprintf(buf, sizeof buf, "EP %d is not the rank count %d", tc->par.ep_size, world);
@@ -264,8 +262,7 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
               (int)tc->parm_schedule, tc->parm_saa);
   // what the Parm layer and the tensor-parallel model do not (yet) combine with
   const char *no =
-      tc->deterministic && esp > 1 ? "deterministic mode (--deterministic on) with ESP > 1"
-      : tc->balance.policy != MOE_BALANCE_NONE      ? "load balancing (--balance)"
+      tc->balance.policy != MOE_BALANCE_NONE        ? "load balancing (--balance)"
       : moe_train_packing_on(tc)                    ? "expert packing (--expert-packing)"
       : tc->grad_bucket_mb > 0                      ? "gradient buckets (--grad-bucket-mb)"
       : tc->comm_priority != MOE_COMM_PRIORITY_FIFO ? "Lina's priority (--comm-priority)"
