@@ -94,7 +94,8 @@ static void cut(int *at, int parts, int total, uint64_t *s, int allow_empty) {
       if (at[i] <= at[i - 1]) at[i] = at[i - 1] + 1 <= total ? at[i - 1] + 1 : total;
 }
 
-static void one_case(moe_ctx *ctx, uint64_t seed, int owner_mode) {
+// cs: the kept state (grown as the cases need) or NULL (one of the call alone).
+static void one_case(moe_ctx *ctx, uint64_t seed, int owner_mode, moe_chain_state *cs) {
   uint64_t s = seed;  // the same draws on every rank
   gemm_case g;
   memset(&g, 0, sizeof g);
@@ -145,12 +146,12 @@ static void one_case(moe_ctx *ctx, uint64_t seed, int owner_mode) {
   char what[160];
   snprintf(what, sizeof what, "seed %llu owners %d: m %d n %d k %d, %d blocks, %d segments",
            (unsigned long long)seed, owner_mode, g.m, g.n, g.k, g.blocks, g.segs);
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &ch, "test chain") == MOE_STATUS_OK,
+  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &ch, cs, "test chain") == MOE_STATUS_OK,
            "chain failed: %s", what);
   TU_CHECK(memcmp(c, ref, (size_t)g.m * g.n * sizeof(float)) == 0,
            "GEMM chain differs from one call: %s", what);
-  moe_chain cs = {1, g.segs, owner, sum_compute, sum_spans, &g};
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &cs, "test column sums") == MOE_STATUS_OK,
+  moe_chain sums = {1, g.segs, owner, sum_compute, sum_spans, &g};
+  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &sums, cs, "test column sums") == MOE_STATUS_OK,
            "column-sum chain failed: %s", what);
   TU_CHECK(memcmp(db, dbref, (size_t)g.n * sizeof(float)) == 0,
            "column-sum chain differs from one call: %s", what);
@@ -185,26 +186,33 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
+  moe_chain_state kept = {NULL, NULL, 0};
   for (int mode = 0; mode < 3; mode++)
-    for (uint64_t seed = 1; seed <= 40; seed++) one_case(ctx, seed * 7919 + (uint64_t)mode, mode);
+    for (uint64_t seed = 1; seed <= 40; seed++)
+      one_case(ctx, seed * 7919 + (uint64_t)mode, mode, seed % 2 ? &kept : NULL);
+  TU_CHECK(kept.cap >= 4 && kept.req && kept.sts, "the kept state holds requests (cap %zu)",
+           kept.cap);
+  moe_chain_state_free(&kept);
+  TU_CHECK(kept.cap == 0 && !kept.req, "moe_chain_state_free zeroes the state");
 
   // bad descriptions: the same verdict on every rank, nobody waits
   int owner_bad[2] = {0, g_world};
   moe_chain bad = {1, 2, owner_bad, no_compute, no_spans, NULL};
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &bad, "bad owner") == MOE_STATUS_INVALID_ARG,
+  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &bad, NULL, "bad owner") == MOE_STATUS_INVALID_ARG,
            "bad description accepted");
   TU_CHECK(strstr(moe_ctx_error(ctx), "owner") != NULL, "error names the problem: %s",
            moe_ctx_error(ctx));
   moe_chain neg = {-1, 1, owner_bad, no_compute, no_spans, NULL};
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &neg, "negative") == MOE_STATUS_INVALID_ARG,
+  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &neg, NULL, "negative") == MOE_STATUS_INVALID_ARG,
            "bad description accepted");
   int owner_ok[1] = {0};
   moe_chain none = {0, 1, owner_ok, no_compute, no_spans, NULL};
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &none, "empty") == MOE_STATUS_OK,
+  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &none, NULL, "empty") == MOE_STATUS_OK,
            "an empty chain fails");
   moe_chain many = {1, 1, owner_ok, no_compute, no_spans, NULL};
-  TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &many, "too many ranges") == MOE_STATUS_INVALID_ARG,
-           "bad description accepted");
+  TU_CHECK(
+      moe_chain_run(ctx, MPI_COMM_WORLD, &many, NULL, "too many ranges") == MOE_STATUS_INVALID_ARG,
+      "bad description accepted");
   TU_CHECK(strstr(moe_ctx_error(ctx), "ranges") != NULL, "error names the problem: %s",
            moe_ctx_error(ctx));
   MPI_Barrier(MPI_COMM_WORLD);

@@ -37,9 +37,11 @@ static moe_status mpi_sum(void *user, float *buf, size_t n) {
   return rc == MPI_SUCCESS ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
 }
 
+static moe_chain_state g_chains;  // the MP chains' requests, kept between calls
+
 static moe_status mpi_chain(void *user, const moe_chain *ch) {
   (void)user;
-  return moe_chain_run(g_ctx, MPI_COMM_WORLD, ch, "test MP chain");
+  return moe_chain_run(g_ctx, MPI_COMM_WORLD, ch, &g_chains, "test MP chain");
 }
 
 static moe_gpt_tp world_tp(void) {
@@ -493,6 +495,7 @@ int main(int argc, char **argv) {
   test_refused();
   test_checkpoint_load();
   test_memory();
+  moe_chain_state_free(&g_chains);
   moe_ctx_destroy(g_ctx);
   const int rc = tu_mpi_finish("test_gpt_tp");
   MPI_Finalize();

@@ -281,16 +281,30 @@ moe_status moe_allreduce_fixed(moe_ctx *ctx, moe_fixed_sum *fs, float *buf, size
 moe_status moe_sum_slices_ordered(moe_ctx *ctx, const double *mine, int slices, int n, double *out,
                                   MPI_Comm comm, const char *what);
 
+// What moe_chain_run keeps from one call to the next at one call site: its
+// request and status storage (grown on demand). Zero it before the first call;
+// moe_chain_state_free frees it (local).
+typedef struct {
+  MPI_Request *req;
+  MPI_Status *sts;  // not MPI_STATUSES_IGNORE: GCC 12 flags MPICH's in MPI_Waitall
+  size_t cap;       // entries of each
+} moe_chain_state;
+void moe_chain_state_free(moe_chain_state *cs);  // NULL or zeroed is a no-op; zeroes it
+
 // Runs chain ch (kernels.h) over comm, whose ranks all pass the same blocks,
 // segs and owner (owner[s] in [0, size)): on return every rank's blocks hold
 // the last segment's result. Blocks go through the segments as a wavefront
 // (block b's segment s beside block b + 1's segment s - 1), so the owners
 // compute in parallel; a block moves between consecutive owners that differ
 // (point-to-point, non-blocking sends), and the last segment's owner
-// broadcasts each block at the end. INVALID_ARG for a bad description (every
-// rank reaches the same verdict); `what` names the chain in errors and for the
-// hang watchdog (a string literal). Collective.
-moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, const char *what);
+// broadcasts each block at the end. cs (may be NULL: a state of this call
+// alone) keeps the request storage: a call with more blocks than it holds
+// grows it and agrees over comm first (OUT_OF_MEMORY on every rank if one
+// failed); later calls allocate nothing. INVALID_ARG for a bad description
+// (every rank reaches the same verdict); `what` names the chain in errors and
+// for the hang watchdog (a string literal). Collective.
+moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, moe_chain_state *cs,
+                         const char *what);
 
 // ---- gradient buckets overlapped with the backward (src/comm/grad_reducer.c) --------
 

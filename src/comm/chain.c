@@ -46,21 +46,49 @@ done:
   return st;
 }
 
-moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, const char *what) {
+void moe_chain_state_free(moe_chain_state *cs) {
+  if (!cs) return;
+  moe_free(cs->req);
+  moe_free(cs->sts);
+  memset(cs, 0, sizeof *cs);
+}
+
+// cs holds at least n requests; grown with an agreement (every rank grows at
+// the same call: they pass the same blocks).
+static moe_status reserve(moe_ctx *ctx, MPI_Comm comm, moe_chain_state *cs, size_t n,
+                          const char *what) {
+  moe_status st = MOE_STATUS_OK, mine = MOE_STATUS_OK;
+  if (cs->cap >= n) return st;
+  moe_chain_state_free(cs);
+  cs->req = moe_malloc(n * sizeof *cs->req);
+  cs->sts = moe_malloc(n * sizeof *cs->sts);
+  if (cs->req && cs->sts) {
+    cs->cap = n;
+  } else {
+    moe_chain_state_free(cs);
+    mine = moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                        "%s (fixed-order chain): out of memory (%zu requests)", what, n);
+  }
+  MOE_TRY(moe_comm_agree(ctx, comm, mine, what));
+done:
+  return st;
+}
+
+moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, moe_chain_state *cs,
+                         const char *what) {
   moe_status st = MOE_STATUS_OK;
   int me = 0, size = 1;
-  MPI_Request *req = NULL;
-  MPI_Status *sts = NULL;
+  moe_chain_state own = {NULL, NULL, 0};
+  if (!cs) cs = &own;
   MOE_MPI_TRY(ctx, MPI_Comm_rank(comm, &me));
   MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &size));
   MOE_TRY(check(ctx, ch, size));
   if (ch->blocks == 0 || ch->segs == 0) return st;
   const int B = ch->blocks, S = ch->segs, root = ch->owner[S - 1];
   const size_t nreq = (size_t)B * MOE_CHAIN_SPANS;
-  req = moe_malloc(nreq * sizeof *req);
-  sts = moe_malloc(nreq * sizeof *sts);
-  MOE_FAIL_IF(ctx, !req || !sts, MOE_STATUS_OUT_OF_MEMORY,
-              "%s (fixed-order chain): out of memory (%zu requests)", what, nreq);
+  MOE_TRY(reserve(ctx, comm, cs, nreq, what));
+  MPI_Request *req = cs->req;
+  MPI_Status *sts = cs->sts;
   for (size_t i = 0; i < nreq; i++) req[i] = MPI_REQUEST_NULL;
   float *p[MOE_CHAIN_SPANS];
   size_t n[MOE_CHAIN_SPANS];
@@ -100,8 +128,7 @@ moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, const
     }
   }
 done:
-  moe_free(req);
-  moe_free(sts);
+  moe_chain_state_free(&own);
   return st;
 }
 

@@ -88,6 +88,7 @@ struct moe_parm_layer {
   size_t *blk_at;            // (P Eh + 1): where each received block (member, expert) starts
   int *ch_owner, *ch_src;    // (DP P MP): each chain segment's owner and source member
   int *esp_owner;            // (ESP): the shards' chains, segment s on ESP rank s
+  moe_chain_state chains;    // moe_chain_run's requests (grown at the first backward)
   moe_layer_timing *ch_tm;   // the chain's expert timing (during the backward)
 };
 
@@ -233,10 +234,11 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
       const double segs = (double)world_size / (pc->mp * P) * P * pc->mp;
-      out->bytes[MOE_MEM_WORKSPACE] += (slices + 1) * (E + 1) * sizeof(double) +
-                                       (double)moe_pairwise_bytes((size_t)(M * E), (int)slices) +
-                                       (P * Eh + 1) * sizeof(size_t) +
-                                       (2 * (segs + 1) + ESP) * sizeof(int);
+      out->bytes[MOE_MEM_WORKSPACE] +=
+          (slices + 1) * (E + 1) * sizeof(double) +
+          (double)moe_pairwise_bytes((size_t)(M * E), (int)slices) + (P * Eh + 1) * sizeof(size_t) +
+          (2 * (segs + 1) + ESP) * sizeof(int) +
+          P * Eh * MOE_CHAIN_SPANS * (double)(sizeof(MPI_Request) + sizeof(MPI_Status));
       if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F * M * E;
     }
   }
@@ -456,6 +458,7 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   moe_pairwise_free(&L->gate_pw);
   moe_fixed_sum_free(&L->fixed_gate);
+  moe_chain_state_free(&L->chains);
   void *det[] = {L->slice_sums, L->blk_at, L->ch_owner, L->ch_src, L->esp_owner};
   for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) moe_free(det[i]);
   moe_free(L);
@@ -687,7 +690,7 @@ static moe_status det_shards_forward(moe_parm_layer *L, moe_layer_timing *tm) {
     tm->expert_flops += 4.0 * (double)rows * (double)M * (double)hs;
   }
   const moe_chain ch = {L->P * L->Eh, L->ESP, L->esp_owner, esp_y_compute, esp_spans, L};
-  return moe_chain_run(L->ctx, L->esp, &ch, "Parm's shard chain (forward)");
+  return moe_chain_run(L->ctx, L->esp, &ch, &L->chains, "Parm's shard chain (forward)");
 }
 
 static int det_spans(void *user, int el, float **p, size_t *n) {
@@ -726,11 +729,11 @@ static moe_status det_shards_backward(moe_parm_layer *L, moe_layer_timing *tm) {
   det_block_starts(L);
   L->ch_tm = tm;
   const moe_chain ch = {L->Eh, segs, L->ch_owner, det_compute, det_spans, L};
-  moe_status st =
-      moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, "Parm's expert gradient chain");
+  moe_status st = moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, &L->chains,
+                                "Parm's expert gradient chain");
   if (st == MOE_STATUS_OK && L->ESP > 1) {
     const moe_chain dx = {L->P * L->Eh, L->ESP, L->esp_owner, esp_dx_compute, esp_spans, L};
-    st = moe_chain_run(L->ctx, L->esp, &dx, "Parm's shard chain (backward)");
+    st = moe_chain_run(L->ctx, L->esp, &dx, &L->chains, "Parm's shard chain (backward)");
   }
   return st;
 }

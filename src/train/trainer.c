@@ -200,9 +200,10 @@ typedef struct {
   moe_train_parm_user *parm_user;
   moe_parm_schedule parm_pick;  // the schedule run (Algorithm 1's with parm_auto)
   double parm_t1_ms, parm_t2_ms;
-  int parm_terms_profile;  // auto's terms came from tc->profile (else measured at the start)
-  moe_memory_need need;    // this rank's memory estimate (baseline included)
-  double need_max[2];      // the largest total and expected figure over the ranks
+  int parm_terms_profile;     // auto's terms came from tc->profile (else measured at the start)
+  moe_chain_state tp_chains;  // deterministic MP: the model's chains' requests (mp_chain)
+  moe_memory_need need;       // this rank's memory estimate (baseline included)
+  double need_max[2];         // the largest total and expected figure over the ranks
 } run_state;
 
 // The ranks whose sums make the global batch's: Parm's data group (MP peers
@@ -1091,7 +1092,7 @@ done:
 // Parm in deterministic mode: the MP sums as fixed-order chains over the MP group.
 static moe_status mp_chain(void *user, const moe_chain *ch) {
   run_state *r = user;
-  return moe_chain_run(r->ctx, r->mp_comm, ch, "tensor parallelism's chain");
+  return moe_chain_run(r->ctx, r->mp_comm, ch, &r->tp_chains, "tensor parallelism's chain");
 }
 
 // Parm's model: tensor-parallel over MP, the MoE blocks on the Parm layer
@@ -1254,6 +1255,7 @@ static void free_model(run_state *r) {
   r->model = NULL;
   moe_free(r->parm_user);
   r->parm_user = NULL;
+  moe_chain_state_free(&r->tp_chains);
   r->parm_a2a = MPI_COMM_NULL;
   moe_free(r->user);
   r->user = NULL;
