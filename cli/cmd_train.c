@@ -723,8 +723,9 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   char why[160];
   if (moe_train_bitwise_across_p(tc, world, why, sizeof why)) {
     printf(
-        "  deterministic: on; bitwise the same losses and parameters on any rank count with "
-        "B/P a power of two\n");
+        "  deterministic: on; bitwise the same losses and parameters on any rank count%s with "
+        "%s a power of two\n",
+        tc->parm_on ? " and Parm layout" : "", tc->parm_on ? "B/(P/MP)" : "B/P");
   } else {
     printf("  deterministic: %s; bits vary with the rank count (%s)\n",
            tc->deterministic ? "on" : "off", why);
