@@ -567,10 +567,11 @@ done:
   return st;
 }
 
-// Global L2 norm: dense and gate gradients are identical on every rank after
-// their reductions; each expert lives once per EP group.
-
-// ---- the deterministic mode's exact norm ----
+// ---- the global L2 gradient norm ----
+// Dense and gate gradients are identical on every rank after their
+// reductions; each expert lives once per EP group.
+//
+// The deterministic mode's is exact:
 // Each element's square (exact in double) is scaled by one power of two, the
 // same at every layout (from the largest square over the world and the model's
 // element count), and truncated to a 128-bit integer; integers add exactly in
@@ -598,22 +599,23 @@ static sq_acc exact_sq(const moe_gpt_param *p, double scale) {
   return a;
 }
 
-// *acc summed over comm (exact: every rank's value gathered, added in rank order).
+// *acc (>= 0) summed over comm, exactly: as three 64-bit integer pieces (bits
+// 0-31, 32-63 and the rest), each small enough that MPI's sum of them over
+// up to 2^31 ranks cannot overflow.
 static moe_status sum_acc(run_state *r, sq_acc *acc, MPI_Comm comm) {
   moe_status st = MOE_STATUS_OK;
-  int n = 1;
   if (comm == MPI_COMM_NULL) return st;
-  MPI_Comm_size(comm, &n);
-  if (n == 1) return st;
-  sq_acc *all = moe_malloc((size_t)n * sizeof(sq_acc));
-  MOE_FAIL_IF(r->ctx, !all, MOE_STATUS_OUT_OF_MEMORY, "gradient norm: out of memory");
-  MOE_MPI_TRY_OP(
-      r->ctx, "all-gather of the gradient norm",
-      MPI_Allgather(acc, (int)sizeof(sq_acc), MPI_BYTE, all, (int)sizeof(sq_acc), MPI_BYTE, comm));
-  *acc = 0;
-  for (int i = 0; i < n; i++) *acc += all[i];
+#if defined(__SIZEOF_INT128__)
+  long long v[3] = {(long long)(*acc & 0xffffffff), (long long)((*acc >> 32) & 0xffffffff),
+                    (long long)(*acc >> 64)};
+  MOE_MPI_TRY_OP(r->ctx, "all-reduce of the gradient norm",
+                 MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_LONG_LONG, MPI_SUM, comm));
+  *acc = ((sq_acc)v[2] << 64) + ((sq_acc)v[1] << 32) + (sq_acc)v[0];
+#else
+  MOE_MPI_TRY_OP(r->ctx, "all-reduce of the gradient norm",
+                 MPI_Allreduce(MPI_IN_PLACE, acc, 1, MPI_DOUBLE, MPI_SUM, comm));
+#endif
 done:
-  moe_free(all);
   return st;
 }
 
@@ -635,8 +637,8 @@ static moe_status grad_norm_exact(run_state *r, norm_part_fn which, MPI_Comm sli
   MOE_MPI_TRY_OP(r->ctx, "all-reduce of the gradient norm",
                  MPI_Allreduce(MPI_IN_PLACE, &m, 1, MPI_DOUBLE, MPI_MAX, r->world));
   *norm = 0.0;
-  if (!(m > 0.0) || !isfinite(m)) {
-    *norm = m > 0.0 ? m : 0.0;  // inf or nan propagate; all zero: 0
+  if (!isfinite(m) || m == 0.0) {  // an inf or NaN gradient gives that norm; all zero, 0
+    *norm = m;
     return st;
   }
   // every square < 2^e; fewer than 2^b elements: the sum < 2^(e + b) <= 2^126 after scaling
