@@ -149,8 +149,9 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
   MOE_FAIL_IF(ctx, pc->slice_tokens < 0 || pc->slice_tokens > cfg->tokens, MOE_STATUS_INVALID_ARG,
               "Parm slice_tokens (%d) must be in [0, %d] (the layer's tokens)", pc->slice_tokens,
               cfg->tokens);
-  MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1 && strcmp(cfg->expert, "ffn") != 0,
-              MOE_STATUS_INVALID_ARG,
+  // deterministic ESP > 1: the shards' chains (det_shards_forward, det_compute) re-state its GEMMs
+  const int ffn = strcmp(cfg->expert, "ffn") == 0;  // catalogue: the chains' expert kind
+  MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1 && !ffn, MOE_STATUS_INVALID_ARG,
               "Parm deterministic mode (slice_tokens %d) with ESP %d chains the shards' GEMMs of "
               "the 'ffn' expert; expert '%s' is not it",
               pc->slice_tokens, pc->esp, cfg->expert);
