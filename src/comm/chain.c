@@ -132,4 +132,7 @@ done:
   return st;
 }
 
+#else
+// Without MPI this file has nothing to compile (ISO C wants a declaration).
+typedef int moe_comm_chain_needs_mpi;
 #endif  // MOE_HAVE_MPI
