@@ -556,23 +556,37 @@ moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_g
 // One shard's FFN over the received blocks: forward (x -> pre, h, y) or
 // backward (dy in dyx -> dx in dyx, gradients into the scratch). Blocks:
 // nb[i] rows of local expert el[i], in order.
-static void run_shards(moe_parm_layer *L, int backward, const int *nb, int blocks, int cycle,
-                       float *dyx, moe_layer_timing *tm) {
+// Local expert el's shard: its parameters (b2 added by shard 0 only) and the
+// backward's scratch for its gradients (wg | w1 | b1 | w2 | b2, expert-major
+// within each).
+static moe_expert_params shard_params(const moe_parm_layer *L, size_t el) {
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
+  const moe_expert_params p = {L->t.w1 + el * M * hs, L->t.b1 + el * hs, L->t.w2 + el * hs * M,
+                               L->me.esp == 0 ? L->t.b2 + el * M : L->zero_b2};
+  return p;
+}
+
+static moe_expert_grads shard_scratch_grads(const moe_parm_layer *L, size_t el) {
   const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh;
   float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
         *gb2 = gw2 + Eh * hs * M;
+  const moe_expert_grads g = {gw1 + el * M * hs, gb1 + el * hs, gw2 + el * hs * M, gb2 + el * M};
+  return g;
+}
+
+static void run_shards(moe_parm_layer *L, int backward, const int *nb, int blocks, int cycle,
+                       float *dyx, moe_layer_timing *tm) {
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
   size_t at = 0;
   for (int i = 0; i < blocks; i++) {
     const size_t el = (size_t)(i % cycle), n = (size_t)nb[i];
     if (n == 0) continue;
-    const moe_expert_params p = {L->t.w1 + el * M * hs, L->t.b1 + el * hs, L->t.w2 + el * hs * M,
-                                 L->me.esp == 0 ? L->t.b2 + el * M : L->zero_b2};
+    const moe_expert_params p = shard_params(L, el);
     if (!backward) {
       L->expert->forward(&L->scfg, &p, L->xr + at * M, (int)n, L->pre + at * hs, L->h + at * hs,
                          L->yr + at * M, tm);
     } else {
-      const moe_expert_grads g = {gw1 + el * M * hs, gb1 + el * hs, gw2 + el * hs * M,
-                                  gb2 + el * M};
+      const moe_expert_grads g = shard_scratch_grads(L, el);
       L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
                           dyx + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, tm);
     }
@@ -598,11 +612,8 @@ static void det_compute(void *user, int el, int seg) {
   const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh, e = (size_t)el;
   const size_t i = (size_t)L->ch_src[seg] * Eh + e, n = (size_t)L->cnt_recv[i], at = L->blk_at[i];
   if (n == 0) return;
-  float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
-        *gb2 = gw2 + Eh * hs * M;
-  const moe_expert_params p = {L->t.w1 + e * M * hs, L->t.b1 + e * hs, L->t.w2 + e * hs * M,
-                               L->me.esp == 0 ? L->t.b2 + e * M : L->zero_b2};
-  const moe_expert_grads g = {gw1 + e * M * hs, gb1 + e * hs, gw2 + e * hs * M, gb2 + e * M};
+  const moe_expert_params p = shard_params(L, e);
+  const moe_expert_grads g = shard_scratch_grads(L, e);
   if (L->ESP == 1) {
     L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
                         L->yr + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, L->ch_tm);
@@ -695,17 +706,16 @@ static moe_status det_shards_forward(moe_parm_layer *L, moe_layer_timing *tm) {
 }
 
 static int det_spans(void *user, int el, float **p, size_t *n) {
-  moe_parm_layer *L = user;
-  const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh, e = (size_t)el;
-  float *gw1 = L->gscratch + L->n_gate, *gb1 = gw1 + Eh * M * hs, *gw2 = gb1 + Eh * hs,
-        *gb2 = gw2 + Eh * hs * M;
-  p[0] = gw1 + e * M * hs;
+  const moe_parm_layer *L = user;
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
+  const moe_expert_grads g = shard_scratch_grads(L, (size_t)el);
+  p[0] = g.dw1;
   n[0] = M * hs;
-  p[1] = gb1 + e * hs;
+  p[1] = g.db1;
   n[1] = hs;
-  p[2] = gw2 + e * hs * M;
+  p[2] = g.dw2;
   n[2] = hs * M;
-  p[3] = gb2 + e * M;
+  p[3] = g.db2;
   n[3] = M;
   return 4;
 }
