@@ -92,7 +92,7 @@ static void usage(FILE *f) {
       "  --profile FILE        a profile from 'moe calibrate' on these P ranks (EP = P):\n"
       "                        predicts the MoE layer's passes, reported next to the\n"
       "                        measured ones, and lets the four options above be auto\n"
-            "                        (the planner picks the least predicted time for the\n"
+      "                        (the planner picks the least predicted time for the\n"
       "                        MoE layer's shape: B/P x S tokens per rank); with Parm,\n"
       "                        --parm auto reads its layout's terms from it\n"
       "  --allow-lossy         let --compress auto pick lossy compressors\n"
