@@ -592,10 +592,23 @@ static double max_sq(const moe_gpt_param *p) {
   return m;
 }
 
+// trunc(s) for 0 <= s < 2^126 as hi * 2^63 + lo with hi = trunc(s / 2^63) and
+// lo = trunc(s - hi * 2^63): the subtraction is exact (both are multiples of
+// s's ulp, or s is a multiple of 2^63 and lo = 0), and both parts convert with
+// one 64-bit instruction instead of libgcc's double to 128-bit call (which
+// cost 7% of a 1-rank training step). Same integer, same bits.
 static sq_acc exact_sq(const moe_gpt_param *p, double scale) {
   sq_acc a = 0;
-  for (size_t k = 0; k < p->numel; k++)
-    a += (sq_acc)((double)p->grad[k] * (double)p->grad[k] * scale);
+  for (size_t k = 0; k < p->numel; k++) {
+    const double s = (double)p->grad[k] * (double)p->grad[k] * scale;
+#if defined(__SIZEOF_INT128__)
+    const long long hi = (long long)(s * 0x1p-63);
+    const long long lo = (long long)(s - (double)hi * 0x1p63);
+    a += ((sq_acc)hi << 63) + (sq_acc)lo;
+#else
+    a += s;
+#endif
+  }
   return a;
 }
 
