@@ -9,21 +9,31 @@
 # FUZZ_TIMEOUT=S is libFuzzer's per-input limit (default 10 s: an input
 # slower than that is a finding); FUZZ_RUN_DIR keeps the run's corpora, logs
 # and findings there (default BUILD_DIR/fuzz-run; emptied first, and only if
-# an earlier run of this script made it).
+# an earlier run of this script made it); FUZZ_CPU_SECONDS=N also stops a
+# harness once its process has used N s of CPU time (user + system), so that
+# a long campaign beside other work gives each harness the same fuzzing
+# effort whatever the machine's load (the wall limit SECONDS_PER_HARNESS
+# still applies: make it large enough).
 #
 # Fails (exit 1) if any harness finds a crash, a failed invariant, a leak, a
 # timeout or an out-of-memory input; prints, for each, the input libFuzzer
 # saved and the command that reproduces it. Prints a table: harness, runs
 # (inputs executed), cov and ft (libFuzzer's coverage counters: code edges and
-# features reached, from its final stats), corpus size and result.
+# features reached, from its final stats), CPU minutes the harness used,
+# corpus size and result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-15}"
 build="${2:-build-fuzz}"
 jobs="${FUZZ_JOBS:-1}"
 timeout_s="${FUZZ_TIMEOUT:-10}"
+cpu_s="${FUZZ_CPU_SECONDS:-0}"
 [[ "$secs" =~ ^[0-9]+$ && "$secs" -ge 1 ]] || {
   echo "fuzz.sh: SECONDS_PER_HARNESS must be a positive integer (got '$secs')" >&2
+  exit 2
+}
+[[ "$cpu_s" =~ ^[0-9]+$ ]] || {
+  echo "fuzz.sh: FUZZ_CPU_SECONDS must be a non-negative integer (got '$cpu_s')" >&2
   exit 2
 }
 [[ "$jobs" =~ ^[0-9]+$ && "$jobs" -ge 1 ]] || {
@@ -65,10 +75,29 @@ run_one() {
   case "$h" in
     layer_config | gpt_config | cluster | profile | layer_samples | gpt_ckpt | trace | paths) dict=(-dict="$json_dict") ;;
   esac
-  local rc=0
+  local rc=0 pid used=0 stopped=0 tck
+  tck=$(getconf CLK_TCK)
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     "$bin" -max_total_time="$secs" -timeout="$timeout_s" -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$d/findings/" "${dict[@]}" "$d/corpus" >"$d/log" 2>&1 || rc=$?
+    -artifact_prefix="$d/findings/" "${dict[@]}" "$d/corpus" >"$d/log" 2>&1 &
+  pid=$!
+  # CPU time from /proc/PID/stat (fields 14 and 15, clock ticks), every 5 s
+  while kill -0 "$pid" 2>/dev/null; do
+    used=$(awk -v t="$tck" '{sub(/^.*\) /, ""); print int(($12 + $13) / t)}' "/proc/$pid/stat" \
+      2>/dev/null || echo "$used")
+    echo "$used" >"$d/cpu"
+    if ((cpu_s > 0 && used >= cpu_s)); then
+      stopped=1
+      kill -INT "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 5
+  done
+  wait "$pid" || rc=$?
+  # libFuzzer exits 72 when interrupted: the stop asked for, not a finding
+  if ((stopped)) && [[ $rc == 72 ]]; then
+    if grep -q 'run interrupted' "$d/log"; then rc=0; fi
+  fi
   echo "$rc" >"$d/rc"
 }
 
@@ -81,8 +110,8 @@ wait
 
 # ---- report ---------------------------------------------------------------------
 failed=0
-printf '\n| %-14s | %10s | %6s | %7s | %6s | %-8s |\n' harness runs cov ft corpus result
-printf '|%s|%s|%s|%s|%s|%s|\n' ---------------- ------------ -------- --------- -------- ----------
+printf '\n| %-14s | %10s | %6s | %7s | %7s | %6s | %-8s |\n' harness runs cov ft "CPU min" corpus result
+printf '|%s|%s|%s|%s|%s|%s|%s|\n' ---------------- ------------ -------- --------- --------- -------- ----------
 for h in "${harnesses[@]}"; do
   d="$run/$h"
   rc=$(cat "$d/rc")
@@ -91,14 +120,15 @@ for h in "${harnesses[@]}"; do
   cov=$(sed -nE 's/.*cov: ([0-9]+).*/\1/p' <<<"$last")
   ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$last")
   corp=$(find "$d/corpus" -type f | wc -l)
+  cpu_min=$(awk '{printf "%.1f", $1 / 60}' "$d/cpu" 2>/dev/null || echo "?")
   findings=$(find "$d/findings" -type f | sort)
   result=ok
   if [[ "$rc" != 0 || -n "$findings" ]]; then
     result=FAIL
     failed=1
   fi
-  printf '| %-14s | %10s | %6s | %7s | %6s | %-8s |\n' "$h" "${runs:-?}" "${cov:-?}" "${ft:-?}" \
-    "$corp" "$result"
+  printf '| %-14s | %10s | %6s | %7s | %7s | %6s | %-8s |\n' "$h" "${runs:-?}" "${cov:-?}" "${ft:-?}" \
+    "$cpu_min" "$corp" "$result"
 done
 for h in "${harnesses[@]}"; do
   d="$run/$h"
@@ -117,4 +147,6 @@ if ((failed)); then
   echo "fuzz.sh: FAILED (a harness found a crash, invariant failure, leak or timeout)"
   exit 1
 fi
-echo "fuzz.sh: ${#harnesses[@]} harnesses, ${secs} s each, no finding"
+limit="${secs} s"
+((cpu_s > 0)) && limit="${secs} s wall or ${cpu_s} s of CPU"
+echo "fuzz.sh: ${#harnesses[@]} harnesses, up to ${limit} each, no finding"
