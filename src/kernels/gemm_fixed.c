@@ -17,7 +17,11 @@
 // strip is copied into a zero-padded buffer) and multiplied into an mr x nr
 // tile of C held in registers (AVX-512: 8 x 32, AVX2: 6 x 16, portable:
 // 6 x 16). Edge tiles go through a scratch tile. The padding only ever feeds
-// rows and columns that are thrown away. With beta = 0 the first block of k
+// rows and columns that are thrown away. The AVX2 path has a kernel for every
+// partial tile (1-6 rows by 8 or 16 columns): the bottom strip is read in place
+// and only a column edge that is not a multiple of 8 needs the scratch tile
+// (at libmoe's shapes, e.g. attention's 32-row tiles, the padded rows were
+// 11% of the products). With beta = 0 the first block of k
 // starts its chains at 0 instead of reading C (the same value: C after beta).
 //
 // Single-threaded: the callers' parallelism is ranks and the executor's threads.
@@ -58,6 +62,9 @@ typedef struct {
   ukernel_fn fn;
   int mr, nr;
   const char *name;
+  // NULL, or the partial tiles: parts[(mr - 1) * 2 + nv - 1] computes mr <= MR
+  // rows and nv * NR / 2 columns reading only those rows of A (nr = 16 kernels).
+  const ukernel_fn *parts;
 } ukernel;
 
 enum { PMR = 6, PNR = 16 };  // the portable kernel's tile
@@ -79,57 +86,77 @@ static void ukernel_portable(int kc, const float *a, ptrdiff_t rsa, ptrdiff_t cs
 }
 
 #if MOE_FIXED_X86
-__attribute__((target("avx2,fma"))) static void ukernel_avx2(int kc, const float *a, ptrdiff_t rsa,
-                                                             ptrdiff_t csa, const float *bp,
-                                                             float *c, ptrdiff_t ldc, int zero) {
+// The AVX2 tile, for any mr <= 6 rows and nv = 1 or 2 vectors of 8 columns
+// (the panel is 16 wide whatever nv): always inlined with constant shapes, so
+// each variant below is fully unrolled with its accumulators in registers.
+// Every element is the same chain whatever the variant.
+__attribute__((target("avx2,fma"), always_inline)) static inline void avx2_tile(
+    const int mr, const int nv, int kc, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
+    const float *bp, float *c, ptrdiff_t ldc, int zero) {
+  // Named accumulators, not an array: GCC keeps an array of vectors on the
+  // stack (a store per FMA), named ones in registers. Rows >= mr and the
+  // second vector when nv == 1 are dead code for the constant shapes.
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  if (!zero) {
-    c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
-    c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
-    c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
-    c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
-    c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
-    c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+#define AVX2_ROWS(X) \
+  X(0, c00, c01) X(1, c10, c11) X(2, c20, c21) X(3, c30, c31) X(4, c40, c41) X(5, c50, c51)
+#define AVX2_LOAD(I, A0, A1)                           \
+  if (mr > I && !zero) {                               \
+    A0 = _mm256_loadu_ps(c + I * ldc);                 \
+    if (nv > 1) A1 = _mm256_loadu_ps(c + I * ldc + 8); \
   }
-  const float *a0 = a, *a1 = a + rsa, *a2 = a + 2 * rsa, *a3 = a + 3 * rsa, *a4 = a + 4 * rsa,
-              *a5 = a + 5 * rsa;
+  AVX2_ROWS(AVX2_LOAD)
   for (int p = 0; p < kc; p++) {
     const ptrdiff_t o = (ptrdiff_t)p * csa;
-    const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b1 = nv > 1 ? _mm256_loadu_ps(bp + 8) : b0;
     bp += 16;
-    __m256 av = _mm256_broadcast_ss(a0 + o);
-    c00 = _mm256_fmadd_ps(av, b0, c00);
-    c01 = _mm256_fmadd_ps(av, b1, c01);
-    av = _mm256_broadcast_ss(a1 + o);
-    c10 = _mm256_fmadd_ps(av, b0, c10);
-    c11 = _mm256_fmadd_ps(av, b1, c11);
-    av = _mm256_broadcast_ss(a2 + o);
-    c20 = _mm256_fmadd_ps(av, b0, c20);
-    c21 = _mm256_fmadd_ps(av, b1, c21);
-    av = _mm256_broadcast_ss(a3 + o);
-    c30 = _mm256_fmadd_ps(av, b0, c30);
-    c31 = _mm256_fmadd_ps(av, b1, c31);
-    av = _mm256_broadcast_ss(a4 + o);
-    c40 = _mm256_fmadd_ps(av, b0, c40);
-    c41 = _mm256_fmadd_ps(av, b1, c41);
-    av = _mm256_broadcast_ss(a5 + o);
-    c50 = _mm256_fmadd_ps(av, b0, c50);
-    c51 = _mm256_fmadd_ps(av, b1, c51);
+#define AVX2_FMA(I, A0, A1)                                 \
+  if (mr > I) {                                             \
+    const __m256 av = _mm256_broadcast_ss(a + I * rsa + o); \
+    A0 = _mm256_fmadd_ps(av, b0, A0);                       \
+    if (nv > 1) A1 = _mm256_fmadd_ps(av, b1, A1);           \
   }
-  _mm256_storeu_ps(c, c00);
-  _mm256_storeu_ps(c + 8, c01);
-  _mm256_storeu_ps(c + ldc, c10);
-  _mm256_storeu_ps(c + ldc + 8, c11);
-  _mm256_storeu_ps(c + 2 * ldc, c20);
-  _mm256_storeu_ps(c + 2 * ldc + 8, c21);
-  _mm256_storeu_ps(c + 3 * ldc, c30);
-  _mm256_storeu_ps(c + 3 * ldc + 8, c31);
-  _mm256_storeu_ps(c + 4 * ldc, c40);
-  _mm256_storeu_ps(c + 4 * ldc + 8, c41);
-  _mm256_storeu_ps(c + 5 * ldc, c50);
-  _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+    AVX2_ROWS(AVX2_FMA)
+  }
+#define AVX2_STORE(I, A0, A1)                          \
+  if (mr > I) {                                        \
+    _mm256_storeu_ps(c + I * ldc, A0);                 \
+    if (nv > 1) _mm256_storeu_ps(c + I * ldc + 8, A1); \
+  }
+  AVX2_ROWS(AVX2_STORE)
+#undef AVX2_STORE
+#undef AVX2_FMA
+#undef AVX2_LOAD
+#undef AVX2_ROWS
 }
+
+#define AVX2_VARIANT(MR_, NV_)                                                         \
+  __attribute__((target("avx2,fma"))) static void ukernel_avx2_##MR_##x##NV_(          \
+      int kc, const float *a, ptrdiff_t rsa, ptrdiff_t csa, const float *bp, float *c, \
+      ptrdiff_t ldc, int zero) {                                                       \
+    avx2_tile(MR_, NV_, kc, a, rsa, csa, bp, c, ldc, zero);                            \
+  }
+AVX2_VARIANT(1, 1)
+AVX2_VARIANT(2, 1)
+AVX2_VARIANT(3, 1)
+AVX2_VARIANT(4, 1)
+AVX2_VARIANT(5, 1)
+AVX2_VARIANT(6, 1)
+AVX2_VARIANT(1, 2)
+AVX2_VARIANT(2, 2)
+AVX2_VARIANT(3, 2)
+AVX2_VARIANT(4, 2)
+AVX2_VARIANT(5, 2)
+AVX2_VARIANT(6, 2)
+#undef AVX2_VARIANT
+
+// part[(mr - 1) * 2 + nv - 1]: the tile of mr rows and 8 * nv columns.
+static const ukernel_fn avx2_parts[12] = {ukernel_avx2_1x1, ukernel_avx2_1x2, ukernel_avx2_2x1,
+                                          ukernel_avx2_2x2, ukernel_avx2_3x1, ukernel_avx2_3x2,
+                                          ukernel_avx2_4x1, ukernel_avx2_4x2, ukernel_avx2_5x1,
+                                          ukernel_avx2_5x2, ukernel_avx2_6x1, ukernel_avx2_6x2};
+#define ukernel_avx2 ukernel_avx2_6x2
 
 // 8 x 32: 16 accumulators of 16 floats.
 __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int kc, const float *a,
@@ -160,7 +187,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int kc, c
 
 // ---- dispatch ---------------------------------------------------------------------
 
-static const ukernel k_portable = {ukernel_portable, PMR, PNR, "portable (fmaf)"};
+static const ukernel k_portable = {ukernel_portable, PMR, PNR, "portable (fmaf)", NULL};
 
 // MOE_GEMM_FIXED_ISA=portable or avx2 in the environment (read once) picks a
 // narrower kernel than the CPU's best: the tests run the AVX2 kernel on an
@@ -173,9 +200,9 @@ static ukernel pick_kernel(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       if (__builtin_cpu_supports("avx512f") && !(force && strcmp(force, "avx2") == 0)) {
-        return (ukernel){ukernel_avx512, 8, 32, "avx512"};
+        return (ukernel){ukernel_avx512, 8, 32, "avx512", NULL};
       }
-      return (ukernel){ukernel_avx2, 6, 16, "avx2+fma"};
+      return (ukernel){ukernel_avx2, 6, 16, "avx2+fma", avx2_parts};
     }
   }
 #endif
@@ -294,6 +321,23 @@ static void tile(const ukernel *kern, int kc, const float *ap, ptrdiff_t rsa, pt
     return;
   }
   float t[MRMAX * NRMAX];
+  if (kern->parts) {  // mr rows of A only; the columns in halves of the panel
+    const int half = NR / 2, nv = (nr + half - 1) / half;
+    const ukernel_fn fn = kern->parts[(mr - 1) * 2 + nv - 1];
+    if (nr % half == 0) {
+      fn(kc, ap, rsa, csa, bp, c, ldc, zero);
+      return;
+    }
+    for (int i = 0; i < mr; i++) {
+      for (int j = 0; j < NR; j++)
+        t[i * NR + j] = !zero && j < nr ? c[(size_t)i * (size_t)ldc + (size_t)j] : 0.0f;
+    }
+    fn(kc, ap, rsa, csa, bp, t, NR, zero);
+    for (int i = 0; i < mr; i++) {
+      for (int j = 0; j < nr; j++) c[(size_t)i * (size_t)ldc + (size_t)j] = t[i * NR + j];
+    }
+    return;
+  }
   for (int i = 0; i < MR; i++) {
     for (int j = 0; j < NR; j++) {
       t[i * NR + j] = !zero && i < mr && j < nr ? c[(size_t)i * (size_t)ldc + (size_t)j] : 0.0f;
@@ -338,15 +382,16 @@ static void gemm_fixed_with(const ukernel *kern, int trans_a, int trans_b, int m
       for (int i0 = 0; i0 < m; i0 += MC) {
         const int mc = m - i0 < MC ? m - i0 : MC;
         const int mfull = mc / MR * MR;  // rows in whole strips
-        if (mfull < mc) pack_a_strip(apad, av, i0 + mfull, mc - mfull, p0, kc, MR);
+        if (mfull < mc && !kern->parts) pack_a_strip(apad, av, i0 + mfull, mc - mfull, p0, kc, MR);
         for (int jp = 0; jp < nc; jp += NR) {
           const int nr = nc - jp < NR ? nc - jp : NR;
           const float *bp = bpack + (size_t)(jp / NR) * (size_t)kc * NR;
           for (int ir = 0; ir < mc; ir += MR) {
             float *ct = c + (size_t)(i0 + ir) * (size_t)ldc + (size_t)(j0 + jp);
-            if (ir < mfull) {
+            if (ir < mfull || kern->parts) {
               const float *as = av.a + (ptrdiff_t)(i0 + ir) * av.rsa + (ptrdiff_t)p0 * av.csa;
-              tile(kern, kc, as, av.rsa, av.csa, bp, ct, ldc, MR, nr, zero);
+              tile(kern, kc, as, av.rsa, av.csa, bp, ct, ldc, ir < mfull ? MR : mc - mfull, nr,
+                   zero);
             } else {
               tile(kern, kc, apad, 1, MR, bp, ct, ldc, mc - mfull, nr, zero);
             }
