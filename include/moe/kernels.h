@@ -131,7 +131,9 @@ void moe_gemm_ref(int trans_a, int trans_b, int m, int n, int k, float alpha, co
 //   - the AVX2+FMA path and the portable path (fmaf) agree, so the bits do not
 //     depend on the CPU's vector width either.
 // Single-threaded. Speed: close to OpenBLAS's single-threaded sgemm on AVX2
-// machines (`moe bench gemm`), far below it without FMA (software fmaf).
+// and AVX-512 machines (`moe bench layer --backend fixed|openblas`,
+// bench/compute_bench.sh, docs/benchmarks.md), far below it without FMA
+// (software fmaf).
 void moe_gemm_fixed(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                     int lda, const float *b, int ldb, float beta, float *c, int ldc);
 // The path moe_gemm_fixed runs on this CPU: "avx512", "avx2+fma" or
