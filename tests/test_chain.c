@@ -24,11 +24,14 @@ typedef struct {
   const int *kcut;  // (segs + 1) where each segment's k starts
   const float *a, *b;
   float *c;
-  const int *rcut;  // (blocks + 1) where each block's rows start
+  const int *rcut;   // (blocks + 1) where each block's rows start
+  const int *owner;  // (segs) each segment's rank
   // column sums: rows of dy cut into segments as k is, into db (n) in two halves
   const float *dy;
   float *db;
 } gemm_case;
+
+static int case_owner(void *user, int seg) { return ((const gemm_case *)user)->owner[seg]; }
 
 static void gemm_compute(void *user, int block, int seg) {
   gemm_case *g = user;
@@ -142,7 +145,8 @@ static void one_case(moe_ctx *ctx, uint64_t seed, int owner_mode, moe_chain_stat
   for (int j = 0; j < g.n; j++) db[j] = g_rank == owner[0] ? db0[j] : -7.0f;
   g.c = c;
   g.db = db;
-  moe_chain ch = {g.blocks, g.segs, owner, gemm_compute, gemm_spans, &g};
+  g.owner = owner;
+  moe_chain ch = {g.blocks, g.segs, case_owner, gemm_compute, gemm_spans, &g};
   char what[160];
   snprintf(what, sizeof what, "seed %llu owners %d: m %d n %d k %d, %d blocks, %d segments",
            (unsigned long long)seed, owner_mode, g.m, g.n, g.k, g.blocks, g.segs);
@@ -150,7 +154,7 @@ static void one_case(moe_ctx *ctx, uint64_t seed, int owner_mode, moe_chain_stat
            "chain failed: %s", what);
   TU_CHECK(memcmp(c, ref, (size_t)g.m * g.n * sizeof(float)) == 0,
            "GEMM chain differs from one call: %s", what);
-  moe_chain sums = {1, g.segs, owner, sum_compute, sum_spans, &g};
+  moe_chain sums = {1, g.segs, case_owner, sum_compute, sum_spans, &g};
   TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &sums, cs, "test column sums") == MOE_STATUS_OK,
            "column-sum chain failed: %s", what);
   TU_CHECK(memcmp(db, dbref, (size_t)g.n * sizeof(float)) == 0,
@@ -196,20 +200,20 @@ int main(int argc, char **argv) {
   TU_CHECK(kept.cap == 0 && !kept.req, "moe_chain_state_free zeroes the state");
 
   // bad descriptions: the same verdict on every rank, nobody waits
-  int owner_bad[2] = {0, g_world};
-  moe_chain bad = {1, 2, owner_bad, no_compute, no_spans, NULL};
+  const int owner_bad[2] = {0, g_world}, owner_ok[1] = {0};
+  gemm_case bad_case = {.owner = owner_bad}, ok_case = {.owner = owner_ok};
+  moe_chain bad = {1, 2, case_owner, no_compute, no_spans, &bad_case};
   TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &bad, NULL, "bad owner") == MOE_STATUS_INVALID_ARG,
            "bad description accepted");
   TU_CHECK(strstr(moe_ctx_error(ctx), "owner") != NULL, "error names the problem: %s",
            moe_ctx_error(ctx));
-  moe_chain neg = {-1, 1, owner_bad, no_compute, no_spans, NULL};
+  moe_chain neg = {-1, 1, case_owner, no_compute, no_spans, &bad_case};
   TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &neg, NULL, "negative") == MOE_STATUS_INVALID_ARG,
            "bad description accepted");
-  int owner_ok[1] = {0};
-  moe_chain none = {0, 1, owner_ok, no_compute, no_spans, NULL};
+  moe_chain none = {0, 1, case_owner, no_compute, no_spans, &ok_case};
   TU_CHECK(moe_chain_run(ctx, MPI_COMM_WORLD, &none, NULL, "empty") == MOE_STATUS_OK,
            "an empty chain fails");
-  moe_chain many = {1, 1, owner_ok, no_compute, no_spans, NULL};
+  moe_chain many = {1, 1, case_owner, no_compute, no_spans, &ok_case};
   TU_CHECK(
       moe_chain_run(ctx, MPI_COMM_WORLD, &many, NULL, "too many ranges") == MOE_STATUS_INVALID_ARG,
       "bad description accepted");

@@ -214,7 +214,7 @@ void moe_pairwise_wgrad(moe_pairwise *pw, moe_gemm_fn gemm, float *dw, float *db
 // order (moe_gemm_fixed's fused multiply-adds over k, moe_bias_add_backward's
 // rows), cut into pieces that several ranks hold: C is cut into `blocks`
 // independent blocks, and each block goes through the segments 0 .. segs - 1
-// in order. Segment s of every block is computed by rank owner[s] of a group;
+// in order. Segment s of every block is computed by rank owner(s) of a group;
 // it continues the block in place (compute), from what the previous segment's
 // owner left there (segment 0: from what its owner's block holds). So the
 // result has the bits of the whole chain computed on one rank. The MPI side
@@ -223,7 +223,8 @@ void moe_pairwise_wgrad(moe_pairwise *pw, moe_gemm_fn gemm, float *dw, float *db
 #define MOE_CHAIN_SPANS 4
 typedef struct {
   int blocks, segs;
-  const int *owner;  // (segs) the group rank that computes each segment
+  // The group rank that computes segment `seg` (the same answer on every rank).
+  int (*owner)(void *user, int seg);
   // This rank's segment `seg` of block `block` (called on its owner only).
   void (*compute)(void *user, int block, int seg);
   // The float ranges that make up block `block` on this rank (every rank's

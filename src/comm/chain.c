@@ -24,10 +24,11 @@ static moe_status check(moe_ctx *ctx, const moe_chain *ch, int size) {
   if (ch->blocks == 0 || ch->segs == 0) return st;
   MOE_FAIL_IF(ctx, !ch->owner || !ch->compute || !ch->spans, MOE_STATUS_INVALID_ARG,
               "fixed-order chain: owner, compute and spans must not be NULL");
-  for (int s = 0; s < ch->segs; s++)
-    MOE_FAIL_IF(ctx, ch->owner[s] < 0 || ch->owner[s] >= size, MOE_STATUS_INVALID_ARG,
-                "fixed-order chain: segment %d's owner (%d) must be in [0, %d)", s, ch->owner[s],
-                size);
+  for (int s = 0; s < ch->segs; s++) {
+    const int o = ch->owner(ch->user, s);
+    MOE_FAIL_IF(ctx, o < 0 || o >= size, MOE_STATUS_INVALID_ARG,
+                "fixed-order chain: segment %d's owner (%d) must be in [0, %d)", s, o, size);
+  }
 done:
   return st;
 }
@@ -84,7 +85,7 @@ moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, moe_c
   MOE_MPI_TRY(ctx, MPI_Comm_size(comm, &size));
   MOE_TRY(check(ctx, ch, size));
   if (ch->blocks == 0 || ch->segs == 0) return st;
-  const int B = ch->blocks, S = ch->segs, root = ch->owner[S - 1];
+  const int B = ch->blocks, S = ch->segs, root = ch->owner(ch->user, S - 1);
   const size_t nreq = (size_t)B * MOE_CHAIN_SPANS;
   MOE_TRY(reserve(ctx, comm, cs, nreq, what));
   MPI_Request *req = cs->req;
@@ -99,23 +100,24 @@ moe_status moe_chain_run(moe_ctx *ctx, MPI_Comm comm, const moe_chain *ch, moe_c
   for (int t = 0; t <= B + S - 2; t++) {
     for (int s = 0; s < S; s++) {
       const int b = t - s;
-      if (b < 0 || b >= B || ch->owner[s] != me) continue;
+      if (b < 0 || b >= B || ch->owner(ch->user, s) != me) continue;
       MOE_TRY(spans_of(ctx, ch, b, p, n, &k));
       MPI_Request *rb = req + (size_t)b * MOE_CHAIN_SPANS;
-      if (s > 0 && ch->owner[s - 1] != me) {
+      const int prev = s > 0 ? ch->owner(ch->user, s - 1) : me;
+      const int next = s + 1 < S ? ch->owner(ch->user, s + 1) : me;
+      if (prev != me) {
         // this block's own earlier send must have left before it is overwritten
         MOE_MPI_TRY_OP(ctx, what, MPI_Waitall(MOE_CHAIN_SPANS, rb, sts));
         for (int i = 0; i < k; i++)
-          MOE_MPI_TRY_OP(ctx, what,
-                         MPI_Recv(p[i], (int)n[i], MPI_FLOAT, ch->owner[s - 1], CHAIN_TAG, comm,
-                                  MPI_STATUS_IGNORE));
-      }
-      ch->compute(ch->user, b, s);
-      if (s + 1 < S && ch->owner[s + 1] != me) {
-        for (int i = 0; i < k; i++)
           MOE_MPI_TRY_OP(
               ctx, what,
-              MPI_Isend(p[i], (int)n[i], MPI_FLOAT, ch->owner[s + 1], CHAIN_TAG, comm, &rb[i]));
+              MPI_Recv(p[i], (int)n[i], MPI_FLOAT, prev, CHAIN_TAG, comm, MPI_STATUS_IGNORE));
+      }
+      ch->compute(ch->user, b, s);
+      if (next != me) {
+        for (int i = 0; i < k; i++)
+          MOE_MPI_TRY_OP(ctx, what,
+                         MPI_Isend(p[i], (int)n[i], MPI_FLOAT, next, CHAIN_TAG, comm, &rb[i]));
       }
     }
   }

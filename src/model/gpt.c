@@ -574,7 +574,6 @@ void moe_gpt_destroy(moe_gpt *m) {
   moe_arena_free(&m->act_arena);
   moe_pairwise_free(&m->pw);
   moe_free(m->dlogits_own);
-  moe_free(m->tp_owner);
   moe_free(m->ce_seq);
   moe_free(m->resid);
   moe_free(m->params);
@@ -731,6 +730,8 @@ static void tp_chain_compute(void *user, int block, int seg) {
   }
 }
 
+static int tp_chain_owner(void *user, int seg) { return seg % ((const tp_chain_arg *)user)->mp; }
+
 static int tp_chain_spans(void *user, int block, float **p, size_t *n) {
   const tp_chain_arg *t = user;
   int r0, rn;
@@ -747,7 +748,7 @@ static moe_status tp_chain(moe_gpt *m, float *c, const float *init, const float 
   const int P = m->tp.size;
   const int blocks = n >= 4 * 16 ? 4 : 1;  // a wavefront of row blocks when there are rows
   tp_chain_arg t = {c, init, a, b, trans_b, parts, kp, cols, n, blocks, P};
-  const moe_chain ch = {blocks, parts * P, m->tp_owner, tp_chain_compute, tp_chain_spans, &t};
+  const moe_chain ch = {blocks, parts * P, tp_chain_owner, tp_chain_compute, tp_chain_spans, &t};
   return m->tp.chain(m->tp.user, &ch);
 }
 
@@ -920,8 +921,6 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
     moe_pairwise_free(&m->pw);
     moe_free(m->dlogits_own);
     m->dlogits_own = NULL;
-    moe_free(m->tp_owner);
-    m->tp_owner = NULL;
     m->deterministic = 0;
     return st;
   }
@@ -933,21 +932,12 @@ moe_status moe_gpt_set_deterministic(moe_gpt *m, int on) {
   MOE_FAIL_IF(ctx, !m->dlogits_own, MOE_STATUS_OUT_OF_MEMORY,
               "deterministic mode: cannot allocate dlogits (%zu floats)",
               (size_t)m->max_batch * S * V);
-  if (m->tp.size > 1) {  // the chains' segment owners: part x MP + rank -> rank
-    const int P = m->tp.size;
-    m->tp_owner = moe_malloc(3 * (size_t)P * sizeof(int));
-    MOE_FAIL_IF(ctx, !m->tp_owner, MOE_STATUS_OUT_OF_MEMORY,
-                "deterministic mode: cannot allocate %d ints", 3 * P);
-    for (int i = 0; i < 3 * P; i++) m->tp_owner[i] = i % P;
-  }
   m->deterministic = 1;
 done:
   if (st != MOE_STATUS_OK) {
     moe_pairwise_free(&m->pw);
     moe_free(m->dlogits_own);
     m->dlogits_own = NULL;
-    moe_free(m->tp_owner);
-    m->tp_owner = NULL;
   }
   return st;
 }

@@ -77,7 +77,6 @@ struct moe_gpt {
   double *ce_seq;  // (max_batch): the last forward's cross-entropy sum of each sequence
   // fixed-order weight gradients (moe_gpt_set_deterministic): one leaf per sequence
   int deterministic;
-  int *tp_owner;  // deterministic with MP > 1: the chains' owners (3 MP: segment % MP)
   moe_pairwise pw;
   float *dlogits_own;  // (N, V): dlogits kept to the end of the backward (not shared)
 };

@@ -86,8 +86,6 @@ struct moe_parm_layer {
   double *slice_sums;        // (max_slices + 1) x (E + 1): the ordered loss statistics
   moe_fixed_sum fixed_gate;  // moe_allreduce_fixed's receive buffer (the gate's gradient)
   size_t *blk_at;            // (P Eh + 1): where each received block (member, expert) starts
-  int *ch_owner, *ch_src;    // (DP P MP): each chain segment's owner and source member
-  int *esp_owner;            // (ESP): the shards' chains, segment s on ESP rank s
   moe_chain_state chains;    // moe_chain_run's requests (grown at the first backward)
   moe_layer_timing *ch_tm;   // the chain's expert timing (during the backward)
 };
@@ -234,11 +232,9 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
-      const double segs = (double)world_size / (pc->mp * P) * P * pc->mp;
       out->bytes[MOE_MEM_WORKSPACE] +=
           (slices + 1) * (E + 1) * sizeof(double) +
           (double)moe_pairwise_bytes((size_t)(M * E), (int)slices) + (P * Eh + 1) * sizeof(size_t) +
-          (2 * (segs + 1) + ESP) * sizeof(int) +
           P * Eh * MOE_CHAIN_SPANS * (double)(sizeof(MPI_Request) + sizeof(MPI_Status));
       if (world_size > 1) out->bytes[MOE_MEM_GRADS] += F * M * E;
     }
@@ -323,15 +319,10 @@ static moe_status alloc_all(moe_parm_layer *L) {
   if (L->pc.slice_tokens > 0) {  // deterministic mode's tables
     L->sl = L->pc.slice_tokens;
     L->max_slices = L->cfg.tokens / L->sl;
-    const size_t segs = (size_t)L->DP * L->P * L->MP;
     L->slice_sums = moe_calloc((size_t)(L->max_slices + 1) * (E + 1), sizeof(double));
     L->blk_at = moe_calloc(P * Eh + 1, sizeof(size_t));
-    L->ch_owner = moe_calloc(segs + 1, sizeof(int));
-    L->ch_src = moe_calloc(segs + 1, sizeof(int));
-    L->esp_owner = moe_calloc(ESP, sizeof(int));
-    MOE_FAIL_IF(ctx, !L->slice_sums || !L->blk_at || !L->ch_owner || !L->ch_src || !L->esp_owner,
-                MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm layer's deterministic tables");
-    for (size_t i = 0; i < ESP; i++) L->esp_owner[i] = (int)i;
+    MOE_FAIL_IF(ctx, !L->slice_sums || !L->blk_at, MOE_STATUS_OUT_OF_MEMORY,
+                "cannot allocate the Parm layer's deterministic tables");
     MOE_TRY(moe_pairwise_init(ctx, &L->gate_pw, M * E, L->max_slices));
   }
   // the tensors' views
@@ -460,7 +451,7 @@ void moe_parm_layer_destroy(moe_parm_layer *L) {
   moe_pairwise_free(&L->gate_pw);
   moe_fixed_sum_free(&L->fixed_gate);
   moe_chain_state_free(&L->chains);
-  void *det[] = {L->slice_sums, L->blk_at, L->ch_owner, L->ch_src, L->esp_owner};
+  void *det[] = {L->slice_sums, L->blk_at};
   for (size_t i = 0; i < sizeof det / sizeof det[0]; i++) moe_free(det[i]);
   moe_free(L);
 }
@@ -605,12 +596,30 @@ static void det_block_starts(moe_parm_layer *L) {
   }
 }
 
+// The expert gradients' chain (det_shards_backward): segment seg = d x mps + m
+// is data index d's rows from MP rank m (mps = MP, or 1 for the baseline,
+// which computes every row on each MP rank); they came from member d % P.
+static int det_mps(const moe_parm_layer *L) { return L->sched == MOE_PARM_BASELINE ? 1 : L->MP; }
+
+static int det_owner(void *user, int seg) {
+  const moe_parm_layer *L = user;
+  const int mps = det_mps(L), d = seg / mps, m = seg % mps;
+  return mps == 1 ? d / L->P : (d / L->P) * L->MP + m;
+}
+
+// The shards' chains: segment s on ESP rank s.
+static int esp_owner(void *user, int seg) {
+  (void)user;
+  return seg;
+}
+
 // Chain segment seg of expert el: its owner's block of the rows that came
-// from member ch_src[seg] (the expert's backward on them, into the scratch).
+// from member (seg / mps) % P (the expert's backward on them, into the scratch).
 static void det_compute(void *user, int el, int seg) {
   moe_parm_layer *L = user;
   const size_t M = (size_t)L->M, hs = (size_t)L->hs, Eh = (size_t)L->Eh, e = (size_t)el;
-  const size_t i = (size_t)L->ch_src[seg] * Eh + e, n = (size_t)L->cnt_recv[i], at = L->blk_at[i];
+  const size_t i = (size_t)(seg / det_mps(L) % L->P) * Eh + e, n = (size_t)L->cnt_recv[i],
+               at = L->blk_at[i];
   if (n == 0) return;
   const moe_expert_params p = shard_params(L, e);
   const moe_expert_grads g = shard_scratch_grads(L, e);
@@ -701,7 +710,7 @@ static moe_status det_shards_forward(moe_parm_layer *L, moe_layer_timing *tm) {
     }
     tm->expert_flops += 4.0 * (double)rows * (double)M * (double)hs;
   }
-  const moe_chain ch = {L->P * L->Eh, L->ESP, L->esp_owner, esp_y_compute, esp_spans, L};
+  const moe_chain ch = {L->P * L->Eh, L->ESP, esp_owner, esp_y_compute, esp_spans, L};
   return moe_chain_run(L->ctx, L->esp, &ch, &L->chains, "Parm's shard chain (forward)");
 }
 
@@ -729,21 +738,14 @@ static int det_spans(void *user, int el, float **p, size_t *n) {
 // every row on each MP rank: its own chain over DP, the rep_dp group).
 // Afterwards every holder has the whole gradients in its scratch.
 static moe_status det_shards_backward(moe_parm_layer *L, moe_layer_timing *tm) {
-  const int base = L->sched == MOE_PARM_BASELINE, mps = base ? 1 : L->MP;
-  int segs = 0;
-  for (int d = 0; d < L->DP * L->P; d++) {
-    for (int m = 0; m < mps; m++) {
-      L->ch_owner[segs] = base ? d / L->P : (d / L->P) * L->MP + m;
-      L->ch_src[segs++] = d % L->P;
-    }
-  }
+  const int base = L->sched == MOE_PARM_BASELINE;
   det_block_starts(L);
   L->ch_tm = tm;
-  const moe_chain ch = {L->Eh, segs, L->ch_owner, det_compute, det_spans, L};
+  const moe_chain ch = {L->Eh, L->DP * L->P * det_mps(L), det_owner, det_compute, det_spans, L};
   moe_status st = moe_chain_run(L->ctx, base ? L->rep_dp : L->rep, &ch, &L->chains,
                                 "Parm's expert gradient chain");
   if (st == MOE_STATUS_OK && L->ESP > 1) {
-    const moe_chain dx = {L->P * L->Eh, L->ESP, L->esp_owner, esp_dx_compute, esp_spans, L};
+    const moe_chain dx = {L->P * L->Eh, L->ESP, esp_owner, esp_dx_compute, esp_spans, L};
     st = moe_chain_run(L->ctx, L->esp, &dx, &L->chains, "Parm's shard chain (backward)");
   }
   return st;
