@@ -292,7 +292,7 @@ typedef struct {
 void moe_chain_state_free(moe_chain_state *cs);  // NULL or zeroed is a no-op; zeroes it
 
 // Runs chain ch (kernels.h) over comm, whose ranks all pass the same blocks,
-// segs and owner (owner[s] in [0, size)): on return every rank's blocks hold
+// segs and owner (owner(user, s) in [0, size)): on return every rank's blocks hold
 // the last segment's result. Blocks go through the segments as a wavefront
 // (block b's segment s beside block b + 1's segment s - 1), so the owners
 // compute in parallel; a block moves between consecutive owners that differ
