@@ -188,73 +188,6 @@ static int parse_opts(int argc, char **argv, pb_opts *o) {
   return CLI_OK;
 }
 
-// The default layouts on P ranks: MP, ESP in {1, 2}, EP the rest (DP = 1).
-static void default_layouts(pb_opts *o, int P) {
-  o->n_layout = 0;
-  for (int mp = 1; mp <= 2; mp++) {
-    for (int esp = 1; esp <= 2; esp++) {
-      if (P % (mp * esp)) continue;
-      o->layout[o->n_layout][0] = mp;
-      o->layout[o->n_layout][1] = P / (mp * esp);
-      o->layout[o->n_layout][2] = esp;
-      o->n_layout++;
-    }
-  }
-}
-
-typedef struct {
-  moe_layer_config cfg;
-  moe_parm_config pc;
-  moe_parm_run_result r[MOE_PARM_RUNS];
-  int layout;           // index into the layouts
-  int alg1;             // Algorithm 1's pick on the layout's measured terms (MOE_PARM_S1 / S2)
-  double t1_ms, t2_ms;  // its two predictions
-  int faster;           // measured: MOE_PARM_S1 or MOE_PARM_S2 (s2 with SAA), -1 within noise
-} pb_row;
-
-// Algorithm 1 for a row: its prediction from the layout's terms, and which of
-// s1 and s2 + SAA the measurement found faster (-1 when their quartile ranges
-// overlap: not beyond noise).
-static void judge(pb_row *w, const moe_parm_alpha_beta *ab) {
-  w->alg1 = moe_parm_pick(ab, &w->cfg, &w->pc, &w->t1_ms, &w->t2_ms);
-  const moe_parm_run_result *a = &w->r[MOE_PARM_RUN_S1], *b = &w->r[MOE_PARM_RUN_S2_SAA];
-  w->faster = a->total_q3 < b->total_q1   ? MOE_PARM_S1
-              : b->total_q3 < a->total_q1 ? MOE_PARM_S2
-                                          : -1;
-}
-
-static void write_json(FILE *f, const pb_opts *o, int P, const pb_row *rows, int n) {
-  fprintf(f,
-          "{\n  \"benchmark\": \"parm\",\n  \"ranks\": %d,\n  \"a2a\": \"%s\",\n  \"rounds\": %d,"
-          "\n  \"warmup\": %d,\n  \"configs\": [",
-          P, o->a2a, o->bc.rounds, o->bc.warmup);
-  for (int i = 0; i < n; i++) {
-    const pb_row *w = &rows[i];
-    fprintf(f,
-            "%s\n    {\"mp\": %d, \"ep\": %d, \"esp\": %d, \"tokens\": %d, \"model\": %d, "
-            "\"hidden\": %d, \"experts\": %d, \"top_k\": %d, \"capacity\": %g, \"alg1\": "
-            "\"%s\", \"alg1_t1_ms\": %.6f, \"alg1_t2_ms\": %.6f, \"faster\": \"%s\", "
-            "\"variants\": [",
-            i ? "," : "", w->pc.mp, w->pc.ep, w->pc.esp, w->cfg.tokens, w->cfg.model_dim,
-            w->cfg.hidden_dim, w->cfg.num_experts, w->cfg.top_k, w->cfg.capacity_factor,
-            moe_parm_schedule_name(w->alg1), w->t1_ms, w->t2_ms,
-            w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster));
-    for (int v = 0; v < MOE_PARM_RUNS; v++) {
-      const moe_parm_run_result *r = &w->r[v];
-      fprintf(f,
-              "%s\n      {\"variant\": \"%s\", \"total_ms\": %.6f, \"total_q1\": %.6f, "
-              "\"total_q3\": %.6f, \"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"speedup\": %.6f, "
-              "\"a2a_ms\": %.6f, \"mp_ms\": %.6f, \"esp_ms\": %.6f, \"expert_ms\": %.6f, "
-              "\"max_rel_diff\": %.3e, \"dropped\": %d}",
-              v ? "," : "", moe_parm_run_name(v), r->total_ms, r->total_q1, r->total_q3, r->fwd_ms,
-              r->bwd_ms, r->total_ms > 0 ? w->r[0].total_ms / r->total_ms : 0.0, r->a2a_ms,
-              r->mp_ms, r->esp_ms, r->expert_ms, r->max_rel_diff, r->dropped);
-    }
-    fprintf(f, "\n    ]}");
-  }
-  fprintf(f, "\n  ]\n}\n");
-}
-
 // The layer config of one grid point.
 static moe_layer_config config_of(const pb_opts *o, int t, int m, int h, int f) {
   moe_layer_config c;
@@ -281,10 +214,10 @@ int cmd_bench_parm(int argc, char **argv) {
   moe_ctx *ctx = NULL;
   cli_out out = {0};
   moe_watchdog *wd = NULL;
-  pb_row *rows = NULL;
+  moe_parm_grid_row *rows = NULL;
   moe_parm_alpha_beta ab[PB_MAX];
   int n = 0;
-  if (o.n_layout == 0) default_layouts(&o, P);
+  if (o.n_layout == 0) o.n_layout = moe_parm_grid_default_layouts(P, o.layout);
   const int total = o.n_layout * o.n_tokens * o.n_model * o.n_hidden * o.n_f;
 
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
@@ -309,7 +242,7 @@ int cmd_bench_parm(int argc, char **argv) {
       for (int m = 0; m < o.n_model; m++) {
         for (int h = 0; h < o.n_hidden; h++) {
           for (int f = 0; f < o.n_f; f++) {
-            pb_row *w = &rows[n++];
+            moe_parm_grid_row *w = &rows[n++];
             w->layout = l;
             w->cfg = config_of(&o, t, m, h, f);
             moe_parm_config_default(&w->pc);
@@ -319,11 +252,8 @@ int cmd_bench_parm(int argc, char **argv) {
             w->pc.ranks_per_node = o.ranks_per_node;
             snprintf(w->pc.a2a, sizeof w->pc.a2a, "%s", o.a2a);
             moe_memory_need need;
-            const moe_status est = moe_parm_layer_memory(ctx, &w->cfg, &w->pc, P, &need);
-            if (est == MOE_STATUS_OK) {  // and the benchmark's six token buffers
-              need.bytes[MOE_MEM_ACTIVATIONS] +=
-                  6.0 * w->cfg.tokens * (double)w->cfg.model_dim * sizeof(float);
-            } else if (rank == 0) {
+            const moe_status est = moe_measure_parm_memory(ctx, &w->cfg, &w->pc, P, &need);
+            if (est != MOE_STATUS_OK && rank == 0) {
               cli_error("bench parm: layout %dx%dx%d, T %d M %d H %d: %s", w->pc.mp, w->pc.ep,
                         w->pc.esp, w->cfg.tokens, w->cfg.model_dim, w->cfg.hidden_dim,
                         moe_ctx_error(ctx));
@@ -355,20 +285,8 @@ int cmd_bench_parm(int argc, char **argv) {
     fflush(stdout);
   }
   for (int l = 0; l < o.n_layout; l++) {
-    // the rows per EP rank of the layout's shapes (s2's part: f K T / (EP MP))
-    double lo = 1e30, hi = 0;
-    int width = 0;
-    for (int i = 0; i < n; i++) {
-      if (rows[i].layout != l) continue;
-      const moe_layer_config *c = &rows[i].cfg;
-      const double f = c->capacity_factor > 0 ? c->capacity_factor : 1.0;
-      const double r = f * c->top_k * c->tokens / ((double)rows[i].pc.ep * rows[i].pc.mp);
-      lo = r < lo ? r : lo;
-      hi = r > hi ? r : hi;
-      width = c->model_dim > width ? c->model_dim : width;
-    }
-    int r_lo = (int)(lo < 1 ? 1 : lo), r_hi = (int)hi;
-    if (r_hi < 2 * r_lo) r_hi = 2 * r_lo;
+    int r_lo, r_hi, width;
+    moe_parm_grid_ab_range(rows, n, l, &r_lo, &r_hi, &width);
     moe_parm_config pc;
     moe_parm_config_default(&pc);
     pc.mp = o.layout[l][0];
@@ -411,9 +329,8 @@ int cmd_bench_parm(int argc, char **argv) {
         "saa x", "a2a s1", "mp s1", "mp s2", "alg1", "faster", "max diff");
     fflush(stdout);
   }
-  double worst_s2 = 0;
   for (int i = 0; i < n; i++) {
-    pb_row *w = &rows[i];
+    moe_parm_grid_row *w = &rows[i];
     const moe_status st = moe_measure_parm(ctx, MPI_COMM_WORLD, &w->cfg, &w->pc, &o.bc, w->r);
     if (st == MOE_STATUS_COMM) {  // peers may wait inside an exchange
       cli_error("%s", moe_ctx_error(ctx));
@@ -424,13 +341,8 @@ int cmd_bench_parm(int argc, char **argv) {
       rc = st == MOE_STATUS_INVALID_ARG ? CLI_USAGE : CLI_FAILED;
       goto done;
     }
-    judge(w, &ab[w->layout]);
+    moe_parm_grid_judge(w, &ab[w->layout]);
     const moe_parm_run_result *r = w->r;
-    double diff = 0;
-    for (int v = 1; v < MOE_PARM_RUNS; v++) {
-      if (v != MOE_PARM_RUN_S1 && r[v].max_rel_diff > worst_s2) worst_s2 = r[v].max_rel_diff;
-      if (r[v].max_rel_diff > diff) diff = r[v].max_rel_diff;
-    }
     if (rank == 0) {
       char lay[32];
       snprintf(lay, sizeof lay, "%dx%dx%d", w->pc.mp, w->pc.ep, w->pc.esp);
@@ -442,47 +354,30 @@ int cmd_bench_parm(int argc, char **argv) {
           r[1].total_ms, r[2].total_ms, r[3].total_ms, b / r[1].total_ms, b / r[2].total_ms,
           r[2].total_ms / r[3].total_ms, r[1].a2a_ms, r[1].mp_ms, r[2].mp_ms,
           moe_parm_schedule_name(w->alg1),
-          w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster), diff,
+          w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster), w->max_diff,
           r[1].dropped != r[0].dropped ? " (s1 drops differ)" : "");
       fflush(stdout);
     }
   }
   if (rank == 0) {
-    // the speedup ranges over the grid
-    double lo[3] = {1e30, 1e30, 1e30}, hi[3] = {0, 0, 0};
-    for (int i = 0; i < n; i++) {
-      for (int v = 1; v < MOE_PARM_RUNS; v++) {
-        const double s = rows[i].r[0].total_ms / rows[i].r[v].total_ms;
-        if (s < lo[v - 1]) lo[v - 1] = s;
-        if (s > hi[v - 1]) hi[v - 1] = s;
-      }
-    }
+    moe_parm_grid_summary sum;
+    moe_parm_grid_summarize(rows, n, &sum);
     printf(
         "\nspeedup over baseline: s1 %.2f-%.2fx, s2 %.2f-%.2fx, s2+saa %.2f-%.2fx (Parm: s1 "
         "2.1-5.77x, s2 1.99-5.38x over DeepSpeed-MoE on GPUs)\n",
-        lo[0], hi[0], lo[1], hi[1], lo[2], hi[2]);
-    int judged = 0, right = 0, noise = 0;
-    for (int i = 0; i < n; i++) {
-      if (rows[i].pc.mp == 1) continue;  // s1 and s2 are one schedule
-      if (rows[i].faster < 0) {
-        noise++;
-        continue;
-      }
-      judged++;
-      right += rows[i].alg1 == rows[i].faster;
-    }
+        sum.lo[0], sum.hi[0], sum.lo[1], sum.hi[1], sum.lo[2], sum.hi[2]);
     printf(
         "Algorithm 1 (measured alpha-beta terms) picked the faster of s1 and s2+saa in %d of "
         "%d configs with MP > 1 where they differ beyond noise (quartiles apart); %d within "
         "noise\n",
-        right, judged, noise);
+        sum.right, sum.judged, sum.noise);
     printf(
         "s2's outputs and input gradients against the baseline's: max relative difference "
         "%.1e (%s)\n",
-        worst_s2, worst_s2 <= 1e-4 ? "ok" : "FAIL: the schedules must keep the math");
-    if (worst_s2 > 1e-4) rc = CLI_FAILED;
+        sum.worst_s2, sum.worst_s2 <= 1e-4 ? "ok" : "FAIL: the schedules must keep the math");
+    if (sum.worst_s2 > 1e-4) rc = CLI_FAILED;
     if (out.f) {
-      write_json(out.f, &o, P, rows, n);
+      moe_parm_grid_write_json(out.f, rows, n, P, o.a2a, &o.bc);
       if (cli_out_commit(&out) != CLI_OK)
         rc = CLI_FAILED;
       else

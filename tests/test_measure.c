@@ -182,6 +182,80 @@ static void test_calibrate(void) {
            "unknown a2a: %s", moe_ctx_error(g_ctx));
 }
 
+// moe bench parm's grid helpers on hand-made rows: the layouts, the fitted
+// range, the judge (quartiles apart or noise, Algorithm 1 on given terms) and
+// the summary's speedups, score and worst s2 difference.
+static void test_parm_grid(void) {
+  int lay[4][3];
+  TU_CHECK(moe_parm_grid_default_layouts(4, lay) == 4 && lay[0][1] == 4 && lay[3][0] == 2 &&
+               lay[3][1] == 1 && lay[3][2] == 2,
+           "4 ranks: 1x4x1 .. 2x1x2");
+  TU_CHECK(moe_parm_grid_default_layouts(3, lay) == 1 && lay[0][0] == 1 && lay[0][1] == 3,
+           "3 ranks: 1x3x1 only");
+  moe_parm_grid_row rows[3];
+  memset(rows, 0, sizeof rows);
+  for (int i = 0; i < 3; i++) {
+    moe_layer_config_default(&rows[i].cfg);
+    moe_parm_config_default(&rows[i].pc);
+    rows[i].cfg.top_k = 2;
+    rows[i].pc.mp = 2;
+    rows[i].pc.ep = 2;
+    rows[i].pc.esp = 1;
+    rows[i].layout = i < 2 ? 0 : 1;
+    for (int v = 0; v < MOE_PARM_RUNS; v++) {  // baseline 10 ms, s1 5, s2 4, s2+saa 4
+      moe_parm_run_result *r = &rows[i].r[v];
+      r->total_ms = v == 0 ? 10 : v == 1 ? 5 : 4;
+      r->total_q1 = r->total_ms - 0.4;
+      r->total_q3 = r->total_ms + 0.4;
+      r->max_rel_diff = 1e-7 * v;
+    }
+  }
+  rows[0].cfg.tokens = 100;
+  rows[0].cfg.model_dim = 64;
+  rows[0].cfg.capacity_factor = 0;  // dropless: f = 1
+  rows[1].cfg.tokens = 400;
+  rows[1].cfg.model_dim = 128;
+  rows[1].cfg.capacity_factor = 1.5;
+  int lo, hi, width;
+  moe_parm_grid_ab_range(rows, 3, 0, &lo, &hi, &width);
+  // 2 x 100 / (2 x 2) = 50 rows; 1.5 x 2 x 400 / 4 = 300
+  TU_CHECK(lo == 50 && hi == 300 && width == 128, "range %d..%d width %d", lo, hi, width);
+  rows[1].cfg = rows[0].cfg;
+  moe_parm_grid_ab_range(rows, 3, 0, &lo, &hi, &width);
+  TU_CHECK(lo == 50 && hi == 100 && width == 64, "one size: %d..%d (twice the low end)", lo, hi);
+
+  moe_parm_alpha_beta ab = {1e-4, 1e-9, 1e-4, 1e-9, 1e-4, 1e-9};
+  moe_parm_grid_judge(&rows[0], &ab);
+  double t1, t2;
+  const moe_parm_schedule want = moe_parm_pick(&ab, &rows[0].cfg, &rows[0].pc, &t1, &t2);
+  TU_CHECK(rows[0].alg1 == (int)want && rows[0].t1_ms == t1 && rows[0].t2_ms == t2,
+           "judge runs Algorithm 1 on the row");
+  TU_CHECK(rows[0].faster == MOE_PARM_S2, "s2+saa (3.6-4.4 ms) apart from s1 (4.6-5.4 ms): %d",
+           rows[0].faster);
+  TU_CHECK(fabs(rows[0].max_diff - 3e-7) < 1e-12, "max diff %g", rows[0].max_diff);
+  rows[1].r[MOE_PARM_RUN_S1].total_q1 = 3.0;  // quartile ranges overlap: noise
+  moe_parm_grid_judge(&rows[1], &ab);
+  TU_CHECK(rows[1].faster == -1, "overlapping quartiles are noise: %d", rows[1].faster);
+  rows[2].r[MOE_PARM_RUN_S1].total_ms = 2;
+  rows[2].r[MOE_PARM_RUN_S1].total_q1 = 1.5;
+  rows[2].r[MOE_PARM_RUN_S1].total_q3 = 2.5;
+  moe_parm_grid_judge(&rows[2], &ab);
+  TU_CHECK(rows[2].faster == MOE_PARM_S1, "s1 faster: %d", rows[2].faster);
+  rows[2].alg1 = MOE_PARM_S1;
+  rows[0].alg1 = MOE_PARM_S1;  // wrong on purpose
+  moe_parm_grid_summary sum;
+  moe_parm_grid_summarize(rows, 3, &sum);
+  TU_CHECK(sum.judged == 2 && sum.right == 1 && sum.noise == 1, "score %d of %d, %d noise",
+           sum.right, sum.judged, sum.noise);
+  TU_CHECK(sum.lo[0] == 2 && sum.hi[0] == 5 && sum.lo[1] == 2.5 && sum.hi[2] == 2.5,
+           "speedups s1 %g-%g s2 %g-%g", sum.lo[0], sum.hi[0], sum.lo[1], sum.hi[1]);
+  TU_CHECK(fabs(sum.worst_s2 - 3e-7) < 1e-12, "worst s2 difference %g (s1's not counted)",
+           sum.worst_s2);
+  rows[1].pc.mp = 1;  // s1 and s2 are one schedule: not judged
+  moe_parm_grid_summarize(rows, 3, &sum);
+  TU_CHECK(sum.judged == 2 && sum.noise == 0, "MP 1 rows are not judged");
+}
+
 int main(int argc, char **argv) {
   (void)argc;
   (void)argv;
@@ -194,6 +268,7 @@ int main(int argc, char **argv) {
   moe_ctx_create(&g_ctx);
   test_layer_runs();
   test_calibrate();
+  test_parm_grid();
   moe_ctx_destroy(g_ctx);
   int failures = tu_failures, all = 0;
   MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

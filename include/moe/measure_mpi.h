@@ -17,6 +17,7 @@
 #define MOE_MEASURE_MPI_H
 
 #include <mpi.h>
+#include <stdio.h>
 
 #include "moe/balance.h"
 #include "moe/comm.h"
@@ -217,6 +218,54 @@ typedef struct {
 moe_status moe_measure_parm(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
                             const moe_parm_config *pc, const moe_parm_bench_config *bc,
                             moe_parm_run_result *out);
+
+// The bytes one rank of moe_measure_parm needs: the layer's
+// (moe_parm_layer_memory) and the benchmark's six token buffers.
+moe_status moe_measure_parm_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                   const moe_parm_config *pc, int world_size, moe_memory_need *out);
+
+// ---- moe bench parm's grid: one row per layer shape and layout ----------------------------
+
+typedef struct {
+  moe_layer_config cfg;
+  moe_parm_config pc;
+  moe_parm_run_result r[MOE_PARM_RUNS];  // moe_measure_parm's
+  int layout;                            // which of the grid's layouts (its alpha-beta terms)
+  // moe_parm_grid_judge's:
+  int alg1;             // Algorithm 1's pick (MOE_PARM_S1 or MOE_PARM_S2)
+  double t1_ms, t2_ms;  // its two predictions
+  int faster;           // measured: MOE_PARM_S1 or MOE_PARM_S2 (s2 with SAA); -1 within noise
+  double max_diff;      // the largest max_rel_diff of the variants
+} moe_parm_grid_row;
+
+// The default layouts on P ranks (layouts[i] = MP, EP, ESP; at most 4): MP
+// and ESP in {1, 2} where they divide P, EP the rest (DP = 1). Returns the count.
+int moe_parm_grid_default_layouts(int P, int layouts[][3]);
+
+// The range moe_measure_parm_alpha_beta fits layout `layout`'s terms over: the
+// rows per EP rank of its rows' shapes (s2's part: f K T / (EP MP), f = 1
+// dropless) from *rows_lo to *rows_hi (at least twice rows_lo), and the
+// widest model_dim.
+void moe_parm_grid_ab_range(const moe_parm_grid_row *rows, int n, int layout, int *rows_lo,
+                            int *rows_hi, int *width);
+
+// Fills row's alg1, t1_ms, t2_ms (Algorithm 1 on ab), faster (which of s1 and
+// s2 + SAA the measurement found faster: their quartile ranges apart, else
+// -1) and max_diff.
+void moe_parm_grid_judge(moe_parm_grid_row *row, const moe_parm_alpha_beta *ab);
+
+typedef struct {
+  double lo[3], hi[3];  // speedups over the baseline of s1, s2, s2+SAA: range over the rows
+  // Algorithm 1 on the rows with MP > 1: right of judged (s1 and s2+SAA apart), noise (not)
+  int judged, right, noise;
+  double worst_s2;  // the largest max_rel_diff of s2 and s2+SAA (they keep the math)
+} moe_parm_grid_summary;
+void moe_parm_grid_summarize(const moe_parm_grid_row *rows, int n, moe_parm_grid_summary *out);
+
+// The grid as JSON (docs/parm.md): ranks, all-to-all, rounds, and every row
+// with its variants.
+void moe_parm_grid_write_json(FILE *f, const moe_parm_grid_row *rows, int n, int ranks,
+                              const char *a2a, const moe_parm_bench_config *bc);
 
 // Parm's alpha-beta terms (moe_parm_alpha_beta, eq. 12) measured on pc's
 // layout (its MP, EP, ESP groups and all-to-all): the EP&ESP all-to-all of V

@@ -9,6 +9,7 @@
 
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,6 +312,117 @@ done:
   void *all[] = {send, recv, part, gath, x, y, col, rows, first, rrows, rq, counts, sts};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) moe_free(all[i]);
   return st;
+}
+
+moe_status moe_measure_parm_memory(moe_ctx *ctx, const moe_layer_config *cfg,
+                                   const moe_parm_config *pc, int world_size,
+                                   moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_parm_layer_memory(ctx, cfg, pc, world_size, out));
+  // x, dy, y, dx and the baseline's y and dx
+  out->bytes[MOE_MEM_ACTIVATIONS] += 6.0 * cfg->tokens * (double)cfg->model_dim * sizeof(float);
+done:
+  return st;
+}
+
+// ---- the grid ----------------------------------------------------------------------
+
+int moe_parm_grid_default_layouts(int P, int layouts[][3]) {
+  int n = 0;
+  for (int mp = 1; mp <= 2; mp++) {
+    for (int esp = 1; esp <= 2; esp++) {
+      if (P % (mp * esp)) continue;
+      layouts[n][0] = mp;
+      layouts[n][1] = P / (mp * esp);
+      layouts[n][2] = esp;
+      n++;
+    }
+  }
+  return n;
+}
+
+void moe_parm_grid_ab_range(const moe_parm_grid_row *rows, int n, int layout, int *rows_lo,
+                            int *rows_hi, int *width) {
+  double lo = 1e30, hi = 0;
+  *width = 0;
+  for (int i = 0; i < n; i++) {
+    if (rows[i].layout != layout) continue;
+    const moe_layer_config *c = &rows[i].cfg;
+    const double f = c->capacity_factor > 0 ? c->capacity_factor : 1.0;
+    const double r = f * c->top_k * c->tokens / ((double)rows[i].pc.ep * rows[i].pc.mp);
+    lo = r < lo ? r : lo;
+    hi = r > hi ? r : hi;
+    *width = c->model_dim > *width ? c->model_dim : *width;
+  }
+  *rows_lo = (int)(lo < 1 ? 1 : lo);
+  *rows_hi = (int)hi;
+  if (*rows_hi < 2 * *rows_lo) *rows_hi = 2 * *rows_lo;
+}
+
+void moe_parm_grid_judge(moe_parm_grid_row *w, const moe_parm_alpha_beta *ab) {
+  w->alg1 = moe_parm_pick(ab, &w->cfg, &w->pc, &w->t1_ms, &w->t2_ms);
+  const moe_parm_run_result *a = &w->r[MOE_PARM_RUN_S1], *b = &w->r[MOE_PARM_RUN_S2_SAA];
+  w->faster = a->total_q3 < b->total_q1   ? MOE_PARM_S1
+              : b->total_q3 < a->total_q1 ? MOE_PARM_S2
+                                          : -1;
+  w->max_diff = 0;
+  for (int v = 1; v < MOE_PARM_RUNS; v++)
+    if (w->r[v].max_rel_diff > w->max_diff) w->max_diff = w->r[v].max_rel_diff;
+}
+
+void moe_parm_grid_summarize(const moe_parm_grid_row *rows, int n, moe_parm_grid_summary *out) {
+  memset(out, 0, sizeof *out);
+  for (int v = 0; v < 3; v++) out->lo[v] = 1e30;
+  for (int i = 0; i < n; i++) {
+    const moe_parm_grid_row *w = &rows[i];
+    for (int v = 1; v < MOE_PARM_RUNS; v++) {
+      const double s = w->r[0].total_ms / w->r[v].total_ms;
+      if (s < out->lo[v - 1]) out->lo[v - 1] = s;
+      if (s > out->hi[v - 1]) out->hi[v - 1] = s;
+      if (v != MOE_PARM_RUN_S1 && w->r[v].max_rel_diff > out->worst_s2)
+        out->worst_s2 = w->r[v].max_rel_diff;
+    }
+    if (w->pc.mp == 1) continue;  // s1 and s2 are one schedule
+    if (w->faster < 0) {
+      out->noise++;
+      continue;
+    }
+    out->judged++;
+    out->right += w->alg1 == w->faster;
+  }
+}
+
+void moe_parm_grid_write_json(FILE *f, const moe_parm_grid_row *rows, int n, int ranks,
+                              const char *a2a, const moe_parm_bench_config *bc) {
+  fprintf(f,
+          "{\n  \"benchmark\": \"parm\",\n  \"ranks\": %d,\n  \"a2a\": \"%s\",\n  \"rounds\": %d,"
+          "\n  \"warmup\": %d,\n  \"configs\": [",
+          ranks, a2a, bc->rounds, bc->warmup);
+  for (int i = 0; i < n; i++) {
+    const moe_parm_grid_row *w = &rows[i];
+    fprintf(f,
+            "%s\n    {\"mp\": %d, \"ep\": %d, \"esp\": %d, \"tokens\": %d, \"model\": %d, "
+            "\"hidden\": %d, \"experts\": %d, \"top_k\": %d, \"capacity\": %g, \"alg1\": "
+            "\"%s\", \"alg1_t1_ms\": %.6f, \"alg1_t2_ms\": %.6f, \"faster\": \"%s\", "
+            "\"variants\": [",
+            i ? "," : "", w->pc.mp, w->pc.ep, w->pc.esp, w->cfg.tokens, w->cfg.model_dim,
+            w->cfg.hidden_dim, w->cfg.num_experts, w->cfg.top_k, w->cfg.capacity_factor,
+            moe_parm_schedule_name(w->alg1), w->t1_ms, w->t2_ms,
+            w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster));
+    for (int v = 0; v < MOE_PARM_RUNS; v++) {
+      const moe_parm_run_result *r = &w->r[v];
+      fprintf(f,
+              "%s\n      {\"variant\": \"%s\", \"total_ms\": %.6f, \"total_q1\": %.6f, "
+              "\"total_q3\": %.6f, \"fwd_ms\": %.6f, \"bwd_ms\": %.6f, \"speedup\": %.6f, "
+              "\"a2a_ms\": %.6f, \"mp_ms\": %.6f, \"esp_ms\": %.6f, \"expert_ms\": %.6f, "
+              "\"max_rel_diff\": %.3e, \"dropped\": %d}",
+              v ? "," : "", moe_parm_run_name(v), r->total_ms, r->total_q1, r->total_q3, r->fwd_ms,
+              r->bwd_ms, r->total_ms > 0 ? w->r[0].total_ms / r->total_ms : 0.0, r->a2a_ms,
+              r->mp_ms, r->esp_ms, r->expert_ms, r->max_rel_diff, r->dropped);
+    }
+    fprintf(f, "\n    ]}");
+  }
+  fprintf(f, "\n  ]\n}\n");
 }
 
 #else
