@@ -544,9 +544,6 @@ moe_status moe_parm_dump_a2a(moe_ctx *ctx, const moe_a2a_algo *algo, const moe_g
 
 // ---- the pass's pieces -------------------------------------------------------------
 
-// One shard's FFN over the received blocks: forward (x -> pre, h, y) or
-// backward (dy in dyx -> dx in dyx, gradients into the scratch). Blocks:
-// nb[i] rows of local expert el[i], in order.
 // Local expert el's shard: its parameters (b2 added by shard 0 only) and the
 // backward's scratch for its gradients (wg | w1 | b1 | w2 | b2, expert-major
 // within each).
@@ -565,6 +562,9 @@ static moe_expert_grads shard_scratch_grads(const moe_parm_layer *L, size_t el) 
   return g;
 }
 
+// One shard's FFN over the received blocks: forward (x -> pre, h, y) or
+// backward (dy in dyx -> dx in dyx, gradients into the scratch). Blocks:
+// nb[i] rows of local expert el[i], in order.
 static void run_shards(moe_parm_layer *L, int backward, const int *nb, int blocks, int cycle,
                        float *dyx, moe_layer_timing *tm) {
   const size_t M = (size_t)L->M, hs = (size_t)L->hs;
