@@ -2,7 +2,8 @@
 # moe train with Parm (--mp, --esp, --parm; docs/parm.md) on the DEFAULT demo
 # model:
 #   - MP = 2 on 2 ranks; MP = 2 x EP = 2, MP = 2 x ESP = 2 (baseline and s2),
-#     MP = 2 x DP = 2 and ESP = 2 x EP = 2 on 4 ranks train the 1-rank run's
+#     MP = 2 x DP = 2 and ESP = 2 x EP = 2 on 4 ranks, and s1 / s2 with their
+#     EP&ESP pass in chunks (--chunks, --schedule) train the 1-rank run's
 #     losses and gradient norms: the first step's within 1e-5 (the same
 #     parameters and batch; only the sums' order differs), 8 steps within
 #     1e-4 (losses) and 1e-3 (norms) (the MPI sums' order, as data-parallel
@@ -60,7 +61,9 @@ run one 1 --steps 8
 # losses and gradient norms (a sum over the wrong ranks scales a gradient,
 # which AdamW's losses hardly show, its norm does)
 for layout in "mp2 2 --mp 2" "mp2ep2 4 --mp 2 --ep 2 --parm s1" "mp2esp2 4 --mp 2 --esp 2" \
-  "mp2esp2b 4 --mp 2 --esp 2 --parm baseline" "mp2dp2 4 --mp 2 --ep 1" "esp2ep2 4 --esp 2 --ep 2"; do
+  "mp2esp2b 4 --mp 2 --esp 2 --parm baseline" "mp2dp2 4 --mp 2 --ep 1" "esp2ep2 4 --esp 2 --ep 2" \
+  "mp2esp2c 4 --mp 2 --esp 2 --chunks 3 --schedule optsche" \
+  "mp2c 2 --mp 2 --parm s1 --chunks 2 --schedule pipeline"; do
   # shellcheck disable=SC2086
   set -- $layout
   name=$1 n=$2
@@ -72,6 +75,8 @@ for layout in "mp2 2 --mp 2" "mp2ep2 4 --mp 2 --ep 2 --parm s1" "mp2esp2 4 --mp 
 done
 grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule baseline" "$tmp/mp2esp2b.out" && ok ||
   bad "the summary does not name the layout and schedule"
+grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule s2, EP&ESP pass in 3 chunks (task schedule optsche" \
+  "$tmp/mp2esp2c.out" && ok || bad "the summary does not name the chunks and task schedule"
 
 # checkpoints across layouts
 run stop 4 --steps 8 --mp 2 --esp 2 --stop-at 4 --checkpoint "$tmp/mp.ckpt"
@@ -106,6 +111,10 @@ expect 2 "expert hidden size \(255\) must be divisible by ESP \(2\)" -- \
 expect 2 "n_head|heads.*divisible|must be divisible by MP|head" -- \
   mpi 4 "$MOE" "${S[@]}" --mp 4 --heads 2
 expect 2 "does not combine with load balancing" -- mpi 2 "$MOE" "${S[@]}" --mp 2 --balance eplb
+expect 2 "chunked pass \(--chunks 2\) does not run in deterministic mode; add --deterministic off" -- \
+  mpi 2 "$MOE" "${S[@]}" --mp 2 --chunks 2
+expect 2 "does not combine with a task schedule whose chunks are peer groups" -- \
+  mpi 2 "$MOE" "${S[@]}" --mp 2 --schedule smart --deterministic off
 expect 2 "batch \(5 sequences\) must be divisible by the data parts \(4 ranks / MP 2 = 2\)" -- \
   mpi 4 "$MOE" "${S[@]}" --mp 2 --batch 5
 expect 2 "unknown Parm schedule 's3' \(valid: baseline, s1, s2\), or auto" -- \

@@ -33,10 +33,12 @@ typedef struct {
   moe_parm_schedule sched;
   int saa;
   const char *a2a;
-  double f;        // capacity factor (0: dropless; large: a capacity without drops)
-  int zero_part;   // data part with no tokens, or -1
-  int one_expert;  // every first choice to expert 1 (a router bias)
-  int rpn;         // ranks per node (0: automatic)
+  double f;            // capacity factor (0: dropless; large: a capacity without drops)
+  int zero_part;       // data part with no tokens, or -1
+  int one_expert;      // every first choice to expert 1 (a router bias)
+  int rpn;             // ranks per node (0: automatic)
+  int chunks;          // s1 / s2's EP&ESP pass in chunks on the executor (0 or 1: unchunked)
+  const char *tsched;  // its task schedule (NULL: the default)
 } scenario;
 
 // Tokens of data part d (MP peers share it) and where it starts.
@@ -45,10 +47,11 @@ static int part_tokens(const scenario *sc, int d) {
 }
 
 static void name_of(const scenario *sc, char *buf, size_t n) {
-  snprintf(buf, n, "mp%d ep%d esp%d %s%s %s f%g%s%s rpn%d", sc->mp, sc->ep, sc->esp,
+  snprintf(buf, n, "mp%d ep%d esp%d %s%s %s f%g%s%s rpn%d chunks %d %s", sc->mp, sc->ep, sc->esp,
            moe_parm_schedule_name(sc->sched), sc->sched == MOE_PARM_S2 && sc->saa ? "+saa" : "",
            sc->a2a, sc->f, sc->zero_part >= 0 ? " zero-part" : "",
-           sc->one_expert ? " one-expert" : "", sc->rpn);
+           sc->one_expert ? " one-expert" : "", sc->rpn, sc->chunks > 1 ? sc->chunks : 1,
+           sc->tsched ? sc->tsched : "");
 }
 
 // moe_parm_layer_create over the world, checking that moe_parm_layer_memory
@@ -96,6 +99,8 @@ static void run_scenario(const scenario *sc) {
   pc.saa = sc->saa;
   pc.ranks_per_node = sc->rpn;
   snprintf(pc.a2a, sizeof pc.a2a, "%s", sc->a2a);
+  if (sc->chunks > 1) pc.chunks = sc->chunks;
+  if (sc->tsched) snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", sc->tsched);
   moe_layer *ref = NULL;
   moe_parm_layer *L = create_checked(ctx, name, &cfg, &pc);
   moe_status st = L ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
@@ -182,6 +187,36 @@ out:
   moe_layer_destroy(ref);
   moe_ctx_destroy(ctx);
   tu_free_all();
+}
+
+// Chunked passes: chunks out of range, a schedule that cuts by peer groups or
+// does not exist, chunks with deterministic mode: refused on every rank.
+static void check_bad_chunks(void) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg = tu_layer_config(8, 8, 8, 2, 1);
+  struct {
+    int chunks, slice;
+    const char *sched, *want;
+  } bad[5] = {{0, 0, "sequential", "chunks 0 out of range [1, 64]"},
+              {65, 0, "sequential", "chunks 65 out of range [1, 64]"},
+              {2, 0, "smart", "cuts a pass by peer groups"},
+              {2, 0, "nope", "nope"},
+              {2, 4, "sequential", "chunks 2 is not supported with it"}};
+  for (int i = 0; i < 5; i++) {
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.chunks = bad[i].chunks;
+    pc.slice_tokens = bad[i].slice;
+    snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", bad[i].sched);
+    moe_parm_layer *L = NULL;
+    const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L && strstr(moe_ctx_error(ctx), bad[i].want),
+             "chunks %d schedule %s slice %d: status %d, '%s' (want '%s')", bad[i].chunks,
+             bad[i].sched, bad[i].slice, (int)st, moe_ctx_error(ctx), bad[i].want);
+    moe_parm_layer_destroy(L);
+  }
+  moe_ctx_destroy(ctx);
 }
 
 // Deterministic mode (pc.slice_tokens): Parm at MP x EP (ESP 1, DP the rest)
@@ -461,7 +496,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < nalgos; i++) {
           for (int s = 0; s < 4; s++) {
             const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
-            const scenario sc = {mp, ep, esp, sched, s == 3, algos[i]->name, 0.0, -1, 0, 0};
+            const scenario sc = {mp,  ep, esp, sched, s == 3, algos[i]->name,
+                                 0.0, -1, 0,   0,     0,      NULL};
             run_scenario(&sc);
           }
         }
@@ -497,7 +533,9 @@ int main(int argc, char **argv) {
                              0.0,
                              -1,
                              0,
-                             rpn};
+                             rpn,
+                             0,
+                             NULL};
       run_scenario(&wide);
       const scenario mpep = {g_world >= 2 ? 2 : 1,
                              g_world >= 2 ? g_world / 2 : 1,
@@ -508,7 +546,9 @@ int main(int argc, char **argv) {
                              0.0,
                              -1,
                              0,
-                             rpn};
+                             rpn,
+                             0,
+                             NULL};
       run_scenario(&mpep);
     }
   }
@@ -516,12 +556,61 @@ int main(int argc, char **argv) {
   // a data part with no tokens, every first choice to one expert
   for (int s = 0; s < 3; s++) {
     const int mp = g_world >= 2 ? 2 : 1, esp = g_world >= 4 ? 2 : 1;
-    const scenario cap = {mp, 1, esp, (moe_parm_schedule)s, 1, "mpi", 8.0, -1, 0, 0};
+    const scenario cap = {mp, 1, esp, (moe_parm_schedule)s, 1, "mpi", 8.0, -1, 0, 0, 0, NULL};
     run_scenario(&cap);
-    const scenario zero = {mp, 1, esp, (moe_parm_schedule)s, 1, "pairwise", 0.0, 0, 0, 0};
+    const scenario zero = {mp, 1, esp, (moe_parm_schedule)s, 1, "pairwise", 0.0, 0, 0, 0, 0, NULL};
     run_scenario(&zero);
-    const scenario hot = {1, g_world, 1, (moe_parm_schedule)s, 1, "mpi", 0.0, -1, 1, 0};
+    const scenario hot = {1, g_world, 1, (moe_parm_schedule)s, 1, "mpi", 0.0, -1, 1, 0, 0, NULL};
     run_scenario(&hot);
+  }
+  // s1 and s2's EP&ESP pass in chunks on the executor: every layout with each
+  // row-chunked task schedule; every algorithm; more chunks than rows; with a
+  // capacity, an empty data part and one hot expert
+  {
+    const char *ts[3] = {"sequential", "pipeline", "optsche"};
+    for (int a = 0; a < 3; a++) {
+      for (int b = 0; b < 3; b++) {
+        for (int c = 0; c < 3; c++) {
+          const int mp = sizes[a], ep = sizes[b], esp = sizes[c];
+          if (g_world % (mp * ep * esp)) continue;
+          for (int s = 1; s < 4; s++) {
+            const moe_parm_schedule sched = s < 3 ? (moe_parm_schedule)s : MOE_PARM_S2;
+            const scenario sc = {mp, ep, esp, sched, s == 3, "mpi", 0.0, -1, 0, 0, 3, ts[s - 1]};
+            run_scenario(&sc);
+          }
+        }
+      }
+    }
+    const int mp = g_world >= 2 ? 2 : 1, rest = g_world / mp;
+    for (int i = 0; i < nalgos; i++) {
+      const scenario sc = {mp,
+                           rest >= 2 ? rest / 2 : 1,
+                           rest >= 2 ? 2 : 1,
+                           MOE_PARM_S2,
+                           1,
+                           algos[i]->name,
+                           0.0,
+                           -1,
+                           0,
+                           g_world >= 2 ? 2 : 0,
+                           2,
+                           "optsche"};
+      run_scenario(&sc);
+    }
+    for (int s = 1; s < 3; s++) {
+      const scenario many = {mp, rest, 1,         (moe_parm_schedule)s, 0, "mpi", 0.0, -1, 0,
+                             0,  16,   "pipeline"};
+      run_scenario(&many);
+      const scenario cap = {mp, 1, rest,     (moe_parm_schedule)s, 0, "mpi", 8.0, -1, 0,
+                            0,  2, "optsche"};
+      run_scenario(&cap);
+      const scenario zero = {mp, rest, 1,   (moe_parm_schedule)s, 1, "pairwise", 0.0, 0, 0,
+                             0,  3,    NULL};
+      run_scenario(&zero);
+      const scenario hot = {1, g_world, 1,         (moe_parm_schedule)s, 1, "mpi", 0.0, -1, 1,
+                            0, 4,       "pipeline"};
+      run_scenario(&hot);
+    }
   }
   // SAA = sequential, bit for bit
   if (g_world >= 2) check_saa_bitwise(2, g_world / 2, 1);
@@ -546,6 +635,7 @@ int main(int argc, char **argv) {
     check_bad(1, 1, 2, 16, 4, 1, 1, "mpi", "ESP group");
   }
   check_bad_deterministic();
+  check_bad_chunks();
   if (g_world >= 2) {
     // MP peers must pass the same tokens: a count that differs on one of them,
     // and (s2) other tokens of the same count, fail the forward on every rank

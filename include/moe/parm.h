@@ -53,6 +53,7 @@
 #include "moe/comm.h"
 #include "moe/layer.h"
 #include "moe/perf.h"  // moe_parm_schedule
+#include "moe/sched.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +81,17 @@ typedef struct {
   // refused). Every rank's gate tokens (s1: its MP slice) must be a multiple
   // of slice_tokens. [0, cfg.tokens]
   int slice_tokens;
+  // s1 and s2's EP&ESP pass (Dump + all-to-all, shards, all-to-all back) cut
+  // into `chunks` chunks (each (member, expert) block's rows split evenly)
+  // and run as tasks on the two-stream executor (moe/sched.h) in the order
+  // of `task_schedule`, so the all-to-all of one chunk overlaps the shards of
+  // another (ScheMoE's schedules, composed with Parm's pass). chunks 1 runs
+  // the pass without the executor. The baseline's passes are not chunked.
+  // Not with slice_tokens > 0. With chunks > 1, s2's MP-AllGather runs after
+  // the pass (saa has no effect). [1, 1..MOE_MAX_CHUNKS]
+  int chunks;
+  char task_schedule[16];    // moe_schedule_algo_find name, row-chunked ones ["sequential"]
+  moe_executor_config exec;  // the executor's wait policy [moe_executor_config_default()]
 } moe_parm_config;
 
 // The defaults in brackets above: MP = EP = ESP = 1.

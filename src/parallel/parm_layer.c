@@ -22,73 +22,7 @@
 #include "moe/kernels.h"
 #include "moe/layer_ops.h"
 #include "moe/parm.h"
-#include "parallel/parallel_internal.h"
-
-struct moe_parm_layer {
-  moe_ctx *ctx;
-  moe_layer_config cfg;   // the layer
-  moe_layer_config scfg;  // the same with hidden_dim = hs (one shard)
-  moe_parm_config pc;
-  const moe_a2a_algo *algo;
-  const moe_expert_kind *expert;
-  MPI_Comm world;   // duplicate, errors return
-  MPI_Comm mp;      // same (dp, ep, esp): MP peers, ordered by mp
-  MPI_Comm esp;     // same (dp, mp, ep): the shards of one expert set, by esp
-  MPI_Comm data;    // same mp: one copy of the global batch
-  MPI_Comm rep;     // same (ep, esp): every holder of my shards (DP x MP)
-  MPI_Comm rep_dp;  // same (mp, ep, esp): holders over DP only (baseline)
-  moe_group a2a;    // same (dp, mp): EP x ESP members, q = ep x ESP + esp
-  moe_group ep;     // same (dp, mp, esp): EP members, by ep
-  int W, DP, MP, EP, ESP, P, E, Eh, M, H, hs;
-  moe_parm_coords me;
-  // parameters (wg | w1 | b1 | w2 | b2), gradients in the same order, and the
-  // backward's own gradients before their sums (same order)
-  float *params, *grads, *gscratch, *router_bias, *zero_b2;
-  size_t n_gate, n_expert;  // floats of wg and of the expert shards
-  moe_parm_tensors t;
-  // gate and routing (T tokens)
-  float *logits, *probs, *lse, *topk_p, *scores, *dprobs, *dlogits, *dweight;
-  moe_route route;
-  double *stats;
-  // rows: R = rows of T tokens' gate, RI = the most rows an expert rank receives
-  int R;
-  size_t RI;
-  float *xe, *ye, *dye, *dxe;  // (R, M) route order
-  float *dx_add;               // (T, M): backward_add's dx, added to the caller's
-  float *xs;                   // (ESP R, M): part packed (EP&ESP) / rows gathered (baseline)
-  float *xb;                   // (ESP R, M): the baseline's send rows; the rows coming back
-  float *sum;                  // (R, M): local combines, packed
-  float *stg;                  // (R, M): the MP-AllGather's rows
-  float *xr, *yr, *pre, *h, *dh, *dpre;  // received: (RI, M) and (RI, hs)
-  int *part_lo, *part_n;                 // (E): my part of each expert's rows
-  int *gfirst, *grows;                   // (EP): the part of EP rank g's experts, packed
-  int *cnt_send, *cnt_recv;              // (P x ESP x Eh) counts exchanges
-  int *gcnt;                             // (ESP x E): rows per expert of each ESP member
-  int *member_rows;                      // (P): rows per member (received / sent back)
-  size_t *sc, *sd, *rc, *rd;             // (P) byte counts and displacements
-  int *mcnt, *mdis;                      // (max(MP, ESP)) counts of the gathers
-  size_t *dump_counts, *back_displs;     // (4 P), (P): the EP&ESP all-to-all's byte counts
-  int *saa_cnt;                          // (2 MP EP): SAA's gathers' counts and displacements
-  MPI_Status *statuses;                  // (2 P + EP): SAA's waits (MPI_STATUSES_IGNORE is
-                                         // (MPI_Status *)1, which GCC 12 flags in MPI_Waitall)
-  MPI_Request *reqs;                     // (2 P + EP)
-  moe_workspace ws;
-  // the pass
-  moe_parm_schedule sched;
-  int saa;
-  const float *x_last;
-  int tokens_last, gate_first, gate_tokens, have_forward, recv_total;
-  moe_layer_stats last;
-  moe_parm_timing tf, tb;
-  // deterministic mode (pc.slice_tokens > 0)
-  int sl, max_slices;
-  moe_pairwise gate_pw;      // the gate's per-slice leaves
-  double *slice_sums;        // (max_slices + 1) x (E + 1): the ordered loss statistics
-  moe_fixed_sum fixed_gate;  // moe_allreduce_fixed's receive buffer (the gate's gradient)
-  size_t *blk_at;            // (P Eh + 1): where each received block (member, expert) starts
-  moe_chain_state chains;    // moe_chain_run's requests (grown at the first backward)
-  moe_layer_timing *ch_tm;   // the chain's expert timing (during the backward)
-};
+#include "parallel/parm_internal.h"
 
 void moe_parm_config_default(moe_parm_config *pc) {
   memset(pc, 0, sizeof *pc);
@@ -96,6 +30,9 @@ void moe_parm_config_default(moe_parm_config *pc) {
   pc->schedule = MOE_PARM_S2;
   snprintf(pc->a2a, sizeof pc->a2a, "mpi");
   pc->saa = 1;
+  pc->chunks = 1;
+  snprintf(pc->task_schedule, sizeof pc->task_schedule, "sequential");
+  pc->exec = moe_executor_config_default();
 }
 
 moe_parm_coords moe_parm_coords_of(const moe_parm_config *pc, int world, int rank) {
@@ -117,10 +54,12 @@ int moe_parm_data_index(const moe_parm_config *pc, int world, int rank) {
 
 static uint64_t config_hash(const moe_layer_config *c, const moe_parm_config *pc) {
   uint64_t h = moe_parallel_layer_hash_(c);
-  const int ints[8] = {
-      pc->mp,         pc->ep,          pc->esp, (int)pc->schedule, pc->saa, pc->ranks_per_node,
-      pc->intra_node, pc->slice_tokens};
+  const int ints[10] = {
+      pc->mp,         pc->ep,           pc->esp,    (int)pc->schedule, pc->saa, pc->ranks_per_node,
+      pc->intra_node, pc->slice_tokens, pc->chunks, (int)pc->exec.wait};
   h = moe_parallel_fnv1a_(ints, sizeof ints, h);
+  h = moe_parallel_fnv1a_(pc->task_schedule, strnlen(pc->task_schedule, sizeof pc->task_schedule),
+                          h);
   return moe_parallel_fnv1a_(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
 
@@ -157,6 +96,22 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
               MOE_STATUS_INVALID_ARG, "ranks_per_node %d does not divide the %d ranks",
               pc->ranks_per_node, W);
   MOE_TRY(moe_a2a_find(ctx, pc->a2a, algo));
+  MOE_FAIL_IF(ctx, pc->chunks < 1 || pc->chunks > MOE_MAX_CHUNKS, MOE_STATUS_INVALID_ARG,
+              "Parm chunks %d out of range [1, %d]", pc->chunks, MOE_MAX_CHUNKS);
+  {
+    const moe_schedule_algo *ts = NULL;
+    MOE_FAIL_IF(ctx, memchr(pc->task_schedule, 0, sizeof pc->task_schedule) == NULL,
+                MOE_STATUS_INVALID_ARG, "Parm task schedule name is not terminated");
+    MOE_TRY(moe_schedule_algo_find(ctx, pc->task_schedule, &ts));
+    MOE_FAIL_IF(ctx, ts->chunking != MOE_CHUNK_ROWS, MOE_STATUS_INVALID_ARG,
+                "task schedule '%s' cuts a pass by peer groups; Parm's EP&ESP pass is cut by rows "
+                "(schedules: %s, except '%s')",
+                pc->task_schedule, moe_schedule_algo_names(), pc->task_schedule);
+  }
+  MOE_FAIL_IF(ctx, pc->chunks > 1 && pc->slice_tokens > 0, MOE_STATUS_INVALID_ARG,
+              "Parm deterministic mode (slice_tokens %d) runs unchunked passes; chunks %d is not "
+              "supported with it (use chunks 1)",
+              pc->slice_tokens, pc->chunks);
   MOE_TRY(moe_expert_kind_find(ctx, cfg->expert, &(const moe_expert_kind *){NULL}));
   // MPI's int counts: the largest gather and reduction of the layer
   {
@@ -230,6 +185,12 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
         (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
+    if (pc->chunks > 1) {  // the chunk plan, graphs, schedules and task records
+      const double r = pc->chunks, tasks = MOE_CT_KINDS * r;
+      out->bytes[MOE_MEM_WORKSPACE] += sizeof(size_t) * 5 * r * P +
+                                       2 * r * sizeof(moe_parm_task_arg) +
+                                       tasks * (2 * sizeof(moe_task) + 4 * sizeof(int) + 256);
+    }
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
       out->bytes[MOE_MEM_WORKSPACE] +=
@@ -428,6 +389,9 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
     MOE_TRY(moe_comm_agree(ctx, L->world, ok, "Parm layout"));
   }
   MOE_TRY(moe_comm_agree(ctx, L->world, alloc_all(L), "Parm layer allocation"));
+  L->r = 1;
+  if (pc->chunks > 1)
+    MOE_TRY(moe_comm_agree(ctx, L->world, moe_parm_chunks_init_(L), "Parm chunked pass setup"));
   *out = L;
   L = NULL;
 done:
@@ -438,6 +402,7 @@ done:
 
 void moe_parm_layer_destroy(moe_parm_layer *L) {
   if (!L) return;
+  moe_parm_chunks_free_(L);
   moe_group_free(&L->a2a);
   moe_group_free(&L->ep);
   MPI_Comm *comms[] = {&L->mp, &L->esp, &L->data, &L->rep, &L->rep_dp, &L->world};
@@ -565,23 +530,27 @@ static moe_expert_grads shard_scratch_grads(const moe_parm_layer *L, size_t el) 
 // One shard's FFN over the received blocks: forward (x -> pre, h, y) or
 // backward (dy in dyx -> dx in dyx, gradients into the scratch). Blocks:
 // nb[i] rows of local expert el[i], in order.
+void moe_parm_shard_block_(moe_parm_layer *L, int backward, size_t at, size_t n, size_t el,
+                           float *dyx, moe_layer_timing *tm) {
+  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
+  if (n == 0) return;
+  const moe_expert_params p = shard_params(L, el);
+  if (!backward) {
+    L->expert->forward(&L->scfg, &p, L->xr + at * M, (int)n, L->pre + at * hs, L->h + at * hs,
+                       L->yr + at * M, tm);
+  } else {
+    const moe_expert_grads g = shard_scratch_grads(L, el);
+    L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
+                        dyx + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, tm);
+  }
+}
+
 static void run_shards(moe_parm_layer *L, int backward, const int *nb, int blocks, int cycle,
                        float *dyx, moe_layer_timing *tm) {
-  const size_t M = (size_t)L->M, hs = (size_t)L->hs;
   size_t at = 0;
   for (int i = 0; i < blocks; i++) {
-    const size_t el = (size_t)(i % cycle), n = (size_t)nb[i];
-    if (n == 0) continue;
-    const moe_expert_params p = shard_params(L, el);
-    if (!backward) {
-      L->expert->forward(&L->scfg, &p, L->xr + at * M, (int)n, L->pre + at * hs, L->h + at * hs,
-                         L->yr + at * M, tm);
-    } else {
-      const moe_expert_grads g = shard_scratch_grads(L, el);
-      L->expert->backward(&L->scfg, &p, &g, L->xr + at * M, L->pre + at * hs, L->h + at * hs,
-                          dyx + at * M, (int)n, L->dh + at * hs, L->dpre + at * hs, tm);
-    }
-    at += n;
+    moe_parm_shard_block_(L, backward, at, (size_t)nb[i], (size_t)(i % cycle), dyx, tm);
+    at += (size_t)nb[i];
   }
 }
 
@@ -899,35 +868,47 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
     MOE_FAIL_IF(ctx, (size_t)L->recv_total > L->RI, MOE_STATUS_INTERNAL,
                 "Parm layer: %d rows received, buffers hold %zu", L->recv_total, L->RI);
   }
-  float *recv = backward ? L->yr : L->xr;
-  MOE_TRY(moe_parm_dump_a2a(ctx, L->algo, &L->a2a, ESP, L->xs, L->grows, L->gfirst, L->M, recv,
-                            L->member_rows, L->dump_counts, &L->ws));
-  pt->a2a_ms += moe_time_ms_since(t0);
-  t0 = moe_time_ns();
-  MOE_TRY(shards(L, backward, tm));
-  pt->expert_ms += moe_time_ms_since(t0);
-  // the way back: member q' sends me its shard's rows of my part for its experts
-  t0 = moe_time_ns();
-  size_t at = 0;
-  size_t *back_at = L->rd;  // rows
-  for (int q = 0; q < P; q++) {
-    back_at[q] = at;
-    at += (size_t)L->grows[q / ESP];
+  // the way back: member q' sends me its shard's rows of my part for its
+  // experts, into xb at back_at[q'] (rows)
+  size_t *back_at = L->rd;
+  {
+    size_t at = 0;
+    for (int q = 0; q < P; q++) {
+      back_at[q] = at;
+      at += (size_t)L->grows[q / ESP];
+    }
   }
-  const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1;
-  if (!(s2 && L->saa)) {
-    size_t sat = 0;
-    for (int q = 0; q < P; q++) {
-      L->sc[q] = (size_t)L->member_rows[q] * row;
-      L->sd[q] = sat;
-      sat += L->sc[q];
+  const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1, saa = s2 && L->saa && L->r == 1;
+  if (L->r > 1) {  // way there, shards and way back as the executor's tasks
+    double ems = 0;
+    MOE_TRY(moe_parm_chunked_pass_(L, backward, L->xb, back_at, tm, &ems));
+    pt->expert_ms += ems;
+    pt->a2a_ms += moe_time_ms_since(t0) - ems;
+  } else {
+    float *recv = backward ? L->yr : L->xr;
+    MOE_TRY(moe_parm_dump_a2a(ctx, L->algo, &L->a2a, ESP, L->xs, L->grows, L->gfirst, L->M, recv,
+                              L->member_rows, L->dump_counts, &L->ws));
+    pt->a2a_ms += moe_time_ms_since(t0);
+    t0 = moe_time_ns();
+    MOE_TRY(shards(L, backward, tm));
+    pt->expert_ms += moe_time_ms_since(t0);
+  }
+  t0 = moe_time_ns();
+  if (!saa) {
+    if (L->r == 1) {
+      size_t sat = 0;
+      for (int q = 0; q < P; q++) {
+        L->sc[q] = (size_t)L->member_rows[q] * row;
+        L->sd[q] = sat;
+        sat += L->sc[q];
+      }
+      size_t *rc = L->rc, *rdb = L->back_displs;
+      for (int q = 0; q < P; q++) {
+        rc[q] = (size_t)L->grows[q / ESP] * row;
+        rdb[q] = back_at[q] * row;
+      }
+      MOE_TRY(moe_a2a_run(ctx, L->algo, &L->a2a, L->yr, L->sc, L->sd, L->xb, rc, rdb, &L->ws));
     }
-    size_t *rc = L->rc, *rdb = L->back_displs;
-    for (int q = 0; q < P; q++) {
-      rc[q] = (size_t)L->grows[q / ESP] * row;
-      rdb[q] = back_at[q] * row;
-    }
-    MOE_TRY(moe_a2a_run(ctx, L->algo, &L->a2a, L->yr, L->sc, L->sd, L->xb, rc, rdb, &L->ws));
     for (int g = 0; g < L->EP; g++) local_combine(L, g, L->xb, back_at);
     pt->a2a_ms += moe_time_ms_since(t0);
     if (!s2) {
@@ -1147,6 +1128,11 @@ moe_status moe_parm_layer_forward(moe_parm_layer *L, const float *x, int tokens,
   {
     // local checks, then the MP peers' token counts: one agreement
     moe_status local = moe_forward_checks(ctx, &L->cfg, x, tokens, y);
+    if (local == MOE_STATUS_OK && L->broken) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm layer: an earlier chunked pass failed with an all-to-all in "
+                           "flight; destroy and recreate the layer");
+    }
     int tt[2] = {tokens, -tokens}, red[2] = {0, 0};
     MOE_MPI_TRY_OP(ctx, "Parm forward", MPI_Allreduce(tt, red, 2, MPI_INT, MPI_MAX, L->mp));
     if (local == MOE_STATUS_OK && red[0] != -red[1]) {
@@ -1244,6 +1230,10 @@ moe_status moe_parm_layer_backward(moe_parm_layer *L, const float *dy, float *dx
     if (!L->have_forward) {
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "backward needs a successful forward first");
+    } else if (L->broken) {
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm layer: an earlier chunked pass failed with an all-to-all in "
+                           "flight; destroy and recreate the layer");
     } else if (L->tokens_last > 0 && (!dy || !dx)) {
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "dy and dx must not be NULL");

@@ -262,6 +262,9 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
               MOE_STATUS_INVALID_ARG, "Parm: schedule %d or SAA %d out of range",
               (int)tc->parm_schedule, tc->parm_saa);
   // what the Parm layer and the tensor-parallel model do not (yet) combine with
+  const moe_schedule_algo *ts = NULL;
+  const int peer_groups = moe_schedule_algo_find(NULL, tc->par.schedule, &ts) == MOE_STATUS_OK &&
+                          ts->chunking != MOE_CHUNK_ROWS;
   const char *no =
       tc->balance.policy != MOE_BALANCE_NONE        ? "load balancing (--balance)"
       : moe_train_packing_on(tc)                    ? "expert packing (--expert-packing)"
@@ -271,15 +274,19 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
       : tc->router_bias_rate > 0                    ? "the router-bias update"
       : tc->routing_trace                           ? "routing traces (--routing-trace)"
       : tc->trace                                   ? "step traces (--trace)"
-      : tc->par.chunks > 1                          ? "chunks (--chunks)"
       : tc->par.compress[0] && strcmp(tc->par.compress, "none") != 0  // catalogue: the identity
           ? "compression (--compress)"
-          : tc->par.schedule[0] &&
-                    strcmp(tc->par.schedule, "sequential") != 0  // catalogue: the default
-                ? "task schedules (--schedule)"
-                : NULL;
+          : tc->par.chunks == 0                     ? "--chunks auto"
+            : strcmp(tc->par.schedule, "auto") == 0 ? "--schedule auto"
+            : peer_groups ? "a task schedule whose chunks are peer groups (--schedule)"
+                          : NULL;
   MOE_FAIL_IF(ctx, no != NULL, MOE_STATUS_INVALID_ARG,
               "Parm (--mp / --esp / --parm) does not combine with %s yet (docs/parm.md)", no);
+  // s1 / s2's chunked EP&ESP pass keeps no fixed order of the expert gradients' sums
+  MOE_FAIL_IF(ctx, tc->par.chunks > 1 && tc->deterministic, MOE_STATUS_INVALID_ARG,
+              "Parm's chunked pass (--chunks %d) does not run in deterministic mode; add "
+              "--deterministic off, or use --chunks 1",
+              tc->par.chunks);
 done:
   return st;
 }
@@ -387,8 +394,10 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     pc.esp = tc->esp;
     snprintf(pc.a2a, sizeof pc.a2a, "%s", tc->par.a2a);
     pc.ranks_per_node = tc->par.ranks_per_node;
-    pc.slice_tokens = tc->deterministic ? S : 0;  // as parm_model sets it
-    moe_layer_config lc = tc->model.moe;          // as moe_gpt_create passes it to the backend
+    pc.chunks = tc->par.chunks;  // as parm_model sets them
+    snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", tc->par.schedule);
+    pc.slice_tokens = tc->deterministic ? S : 0;
+    moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
     lc.tokens = bl * S;
     moe_memory_need block;
@@ -1131,6 +1140,9 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
   pc->esp = tc->esp;
   pc->schedule = tc->parm_schedule;
   pc->saa = tc->parm_saa;
+  pc->chunks = tc->par.chunks;
+  snprintf(pc->task_schedule, sizeof pc->task_schedule, "%s", tc->par.schedule);
+  pc->exec = tc->par.exec;
   pc->ranks_per_node = tc->par.ranks_per_node;
   snprintf(pc->a2a, sizeof pc->a2a, "%s", tc->par.a2a);
   r->parm_user->world = r->world;
