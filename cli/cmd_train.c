@@ -703,15 +703,11 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         (double)tc->router_bias_rate, r->expert_load_ratio_first, r->first_step,
         r->expert_load_ratio_last, r->last_step, r->router_bias_max);
   if (tc->parm_on) {
-    const int chunked = tc->par.chunks > 1 && r->parm_schedule != MOE_PARM_BASELINE;
     printf("  parm: MP %d x EP %d x ESP %d (DP %d), schedule %s%s", tc->mp, r->ep_first, tc->esp,
            world / (tc->mp * r->ep_first * tc->esp), moe_parm_schedule_name(r->parm_schedule),
-           r->parm_schedule == MOE_PARM_S2 && !chunked
-               ? (tc->parm_saa ? " with SAA" : " without SAA")
-               : "");
-    if (chunked)
-      printf(", EP&ESP pass in %d chunks (task schedule %s%s)", tc->par.chunks, tc->par.schedule,
-             r->parm_schedule == MOE_PARM_S2 ? "; the MP-AllGather after it" : "");
+           r->parm_schedule == MOE_PARM_S2 ? (tc->parm_saa ? " with SAA" : " without SAA") : "");
+    if (tc->par.chunks > 1 && r->parm_schedule != MOE_PARM_BASELINE)
+      printf(", EP&ESP pass in %d chunks (task schedule %s)", tc->par.chunks, tc->par.schedule);
     if (tc->parm_auto && tc->mp > 1)
       printf(
           " (Algorithm 1 on alpha-beta terms %s: s1 %.2f ms, s2 %.2f ms of communication per "

@@ -75,7 +75,7 @@ for layout in "mp2 2 --mp 2" "mp2ep2 4 --mp 2 --ep 2 --parm s1" "mp2esp2 4 --mp 
 done
 grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule baseline" "$tmp/mp2esp2b.out" && ok ||
   bad "the summary does not name the layout and schedule"
-grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule s2, EP&ESP pass in 3 chunks (task schedule optsche" \
+grep -q "parm: MP 2 x EP 1 x ESP 2 (DP 1), schedule s2 with SAA, EP&ESP pass in 3 chunks (task schedule optsche)" \
   "$tmp/mp2esp2c.out" && ok || bad "the summary does not name the chunks and task schedule"
 
 # checkpoints across layouts

@@ -330,7 +330,7 @@ out:
 }
 
 // s2 with SAA against s2 without: the same bits (outputs, dx, gradients).
-static void check_saa_bitwise(int mp, int ep, int esp) {
+static void check_saa_bitwise(int mp, int ep, int esp, int chunks, const char *tsched) {
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
   const int M = 16, H = 24, E = 8, K = 2, T = 37;
@@ -341,6 +341,8 @@ static void check_saa_bitwise(int mp, int ep, int esp) {
   pc.ep = ep;
   pc.esp = esp;
   pc.schedule = MOE_PARM_S2;
+  pc.chunks = chunks;
+  snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", tsched);
   moe_parm_layer *L = NULL;
   moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
   TU_CHECK(st == MOE_STATUS_OK, "saa create: %s", moe_ctx_error(ctx));
@@ -366,7 +368,8 @@ static void check_saa_bitwise(int mp, int ep, int esp) {
   if (st == MOE_STATUS_OK) {
     TU_CHECK(memcmp(y[0], y[1], (size_t)T * M * 4) == 0 &&
                  memcmp(dx[0], dx[1], (size_t)T * M * 4) == 0 && memcmp(g[0], g[1], ng * 4) == 0,
-             "mp%d ep%d esp%d: s2 with SAA differs from s2 without it", mp, ep, esp);
+             "mp%d ep%d esp%d chunks %d %s: s2 with SAA differs from s2 without it", mp, ep, esp,
+             chunks, tsched);
   }
 out:
   moe_parm_layer_destroy(L);
@@ -613,9 +616,16 @@ int main(int argc, char **argv) {
     }
   }
   // SAA = sequential, bit for bit
-  if (g_world >= 2) check_saa_bitwise(2, g_world / 2, 1);
-  if (g_world >= 4) check_saa_bitwise(2, 1, 2);
-  check_saa_bitwise(1, g_world, 1);
+  // (also in chunks: SAA's gathers as tasks, each schedule, more chunks than some blocks' rows)
+  const char *ts[3] = {"sequential", "pipeline", "optsche"};
+  for (int c = 0; c < 4; c++) {
+    const int chunks = c == 0 ? 1 : c == 3 ? 8 : c + 1;
+    const char *tsched = ts[c % 3];
+    if (g_world >= 2) check_saa_bitwise(2, g_world / 2, 1, chunks, tsched);
+    if (g_world >= 4) check_saa_bitwise(2, 1, 2, chunks, tsched);
+    if (g_world >= 4) check_saa_bitwise(4, 1, 1, chunks, tsched);
+    check_saa_bitwise(1, g_world, 1, chunks, tsched);
+  }
   // EP&ESP all-to-all = AllGather + all-to-all
   for (int i = 0; i < nalgos; i++) {
     for (int esp = 1; esp <= g_world; esp *= 2) {

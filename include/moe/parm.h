@@ -87,8 +87,9 @@ typedef struct {
   // of `task_schedule`, so the all-to-all of one chunk overlaps the shards of
   // another (ScheMoE's schedules, composed with Parm's pass). chunks 1 runs
   // the pass without the executor. The baseline's passes are not chunked.
-  // Not with slice_tokens > 0. With chunks > 1, s2's MP-AllGather runs after
-  // the pass (saa has no effect). [1, 1..MOE_MAX_CHUNKS]
+  // Not with slice_tokens > 0. With chunks > 1 and saa, s2's MP-AllGather is
+  // a task per chunk after its all-to-all back (SAA in chunks: the gather of
+  // one chunk overlaps the shards of the next). [1, 1..MOE_MAX_CHUNKS]
   int chunks;
   char task_schedule[16];    // moe_schedule_algo_find name, row-chunked ones ["sequential"]
   moe_executor_config exec;  // the executor's wait policy [moe_executor_config_default()]

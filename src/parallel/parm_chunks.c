@@ -24,7 +24,14 @@
 //         order changes with r, within rounding)
 //   A2^c  all-to-all of chunk c's outputs (yr) back into the caller's buffer
 //         at back_at (comm stream)
+//   G^c   s2 with SAA only, after A2^c on the comm stream: chunk c's ESP
+//         partials summed in shard order (the local combine) and all-gathered
+//         over MP (MPI_Iallgatherv) while the compute stream runs other
+//         chunks' shards: Parm's SAA as a task. Every MP peer cuts its part
+//         of each EP rank's experts the same way, so the gather of chunk c
+//         holds, peer by peer, each peer's chunk c of each EP rank's rows.
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <string.h>
 
 #include "parallel/parm_internal.h"
@@ -126,21 +133,193 @@ static moe_status task_e(void *arg, moe_ctx *ctx) {
   return MOE_STATUS_OK;
 }
 
-moe_status moe_parm_chunks_init_(moe_parm_layer *L) {
+// ---- SAA's tasks -------------------------------------------------------------------------------
+
+// The rows of my part of expert e on MP peer m (s2's split of its n_e rows).
+static size_t part_rows(const moe_parm_layer *L, int e, int m) {
+  const size_t n = (size_t)L->route.count[e];
+  return cut(n, m + 1, L->MP) - cut(n, m, L->MP);
+}
+
+// Every MP peer's rows per EP rank, each chunk's gather counts and where my
+// summed rows of each chunk start.
+static void plan_saa(moe_parm_layer *L) {
+  const int MP = L->MP, EP = L->EP, r = L->r, M = L->M;
+  for (int m = 0; m < MP; m++) {
+    for (int g = 0; g < EP; g++) {
+      size_t n = 0;
+      for (int e = g * L->Eh; e < (g + 1) * L->Eh; e++) n += part_rows(L, e, m);
+      L->saa_rows[m * EP + g] = (int)n;
+    }
+  }
+  int at = 0;
+  size_t mine = 0;
+  for (int c = 0; c < r; c++) {
+    L->ch_gsend[c] = mine;
+    for (int m = 0; m < MP; m++) {
+      size_t n = 0;
+      for (int g = 0; g < EP; g++) {
+        const size_t rows = (size_t)L->saa_rows[m * EP + g];
+        n += cut(rows, c + 1, r) - cut(rows, c, r);
+      }
+      L->ch_gcnt[c * MP + m] = (int)n * M;
+      L->ch_gdis[c * MP + m] = at;
+      at += (int)n * M;
+      if (m == L->me.mp) mine += n;
+    }
+  }
+}
+
+// G^c: chunk c's local combine into saa_buf, then its MP-AllGather started.
+static moe_status task_g(void *arg, moe_ctx *ctx) {
+  moe_status st = MOE_STATUS_OK;
+  moe_parm_task_arg *a = arg;
+  moe_parm_layer *L = a->L;
+  const int c = a->chunk, MP = L->MP;
+  const size_t M = (size_t)L->M;
+  float *const first = L->saa_buf + L->ch_gsend[c] * M;
+  float *out = first;
+  for (int g = 0; g < L->EP; g++) {
+    const size_t ng = (size_t)L->grows[g];
+    const size_t lo = cut(ng, c, L->r), n = (cut(ng, c + 1, L->r) - lo) * M;
+    memcpy(out, L->ch_back + (L->ch_back_at[g * L->ESP] + lo) * M, n * sizeof(float));
+    for (int s = 1; s < L->ESP; s++) {
+      const float *b = L->ch_back + (L->ch_back_at[g * L->ESP + s] + lo) * M;
+      for (size_t i = 0; i < n; i++) out[i] += b[i];
+    }
+    out += n;
+  }
+  L->ch_gather_t0 = moe_time_ns();
+  const int rc =
+      MPI_Iallgatherv(first, L->ch_gcnt[c * MP + L->me.mp], MPI_FLOAT, L->stg, L->ch_gcnt + c * MP,
+                      L->ch_gdis + c * MP, MPI_FLOAT, L->mp, &L->ch_greq);
+  if (rc != MPI_SUCCESS) {
+    L->ch_greq = MPI_REQUEST_NULL;
+    MOE_TRY(moe_mpi_error(ctx, rc, "MPI_Iallgatherv (Parm SAA)", __FILE__, __LINE__));
+  }
+  L->ch_gwatch = moe_watchdog_op_begin("Parm SAA", "the MP-AllGather of a chunk");
+done:
+  return st;
+}
+
+static void gather_done(moe_parm_layer *L) {
+  moe_watchdog_op_end(L->ch_gwatch);
+  L->ch_gwatch = 0;
+  L->ch_gather_ns += moe_time_ns() - L->ch_gather_t0;
+}
+
+static moe_status task_g_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
+  moe_parm_layer *L = ((moe_parm_task_arg *)arg)->L;
+  int flag = 0;
+  const int rc = MPI_Test(&L->ch_greq, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    gather_done(L);
+    return moe_mpi_error(ctx, rc, "MPI_Test (Parm SAA)", __FILE__, __LINE__);
+  }
+  *state = flag ? MOE_TASK_DONE : MOE_TASK_PENDING;
+  if (flag) gather_done(L);
+  return MOE_STATUS_OK;
+}
+
+static moe_status task_g_wait(void *arg, moe_ctx *ctx) {
+  moe_parm_layer *L = ((moe_parm_task_arg *)arg)->L;
+  const int rc = MPI_Wait(&L->ch_greq, MPI_STATUS_IGNORE);
+  gather_done(L);
+  return rc == MPI_SUCCESS ? MOE_STATUS_OK
+                           : moe_mpi_error(ctx, rc, "MPI_Wait (Parm SAA)", __FILE__, __LINE__);
+}
+
+void moe_parm_saa_unpack_(moe_parm_layer *L, float *dst) {
+  const moe_route *rt = &L->route;
+  const int MP = L->MP, EP = L->EP, r = L->r;
+  const size_t M = (size_t)L->M;
+  for (int c = 0; c < r; c++) {
+    for (int m = 0; m < MP; m++) {
+      size_t from = (size_t)L->ch_gdis[c * MP + m] / M;  // rows of stg
+      for (int g = 0; g < EP; g++) {
+        const size_t rows = (size_t)L->saa_rows[m * EP + g];
+        const size_t lo = cut(rows, c, r), hi = cut(rows, c + 1, r);
+        // peer m's section of g's experts: expert-major, part_rows(e, m) each
+        size_t b0 = 0;
+        for (int e = g * L->Eh; e < (g + 1) * L->Eh && b0 < hi; e++) {
+          const size_t b1 = b0 + part_rows(L, e, m);
+          const size_t x = b0 > lo ? b0 : lo, z = b1 < hi ? b1 : hi;
+          if (z > x) {
+            const size_t row = (size_t)rt->offset[e] + cut((size_t)rt->count[e], m, MP) + (x - b0);
+            memcpy(dst + row * M, L->stg + (from + x - lo) * M, (z - x) * M * sizeof(float));
+          }
+          b0 = b1;
+        }
+        from += hi - lo;
+      }
+    }
+  }
+}
+
+// Graph [backward][saa]: moe_chunk_pass_build's, plus (saa) G^c after A2^c
+// on the comm stream.
+static moe_status build(moe_parm_layer *L, int backward, int saa, void *const *args) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L->ctx;
-  const int r = L->pc.chunks, max_tasks = MOE_CT_KINDS * r;
-  MOE_TRY(moe_schedule_algo_find(ctx, L->pc.task_schedule, &L->tsched));
-  L->r = r;
-  L->ch = moe_calloc((size_t)CH_ARRAYS * (size_t)r * (size_t)L->P, sizeof(size_t));
-  L->targ = moe_calloc(2 * (size_t)r, sizeof *L->targ);
-  MOE_FAIL_IF(ctx, !L->ch || !L->targ, MOE_STATUS_OUT_OF_MEMORY,
-              "cannot allocate the Parm chunk plan (%d chunks)", r);
+  const int r = L->r;
+  moe_task_graph *gr = &L->graph[backward][saa];
+  moe_schedule *so = &L->order[backward][saa];
   const moe_chunk_task_fns none = {NULL, NULL, NULL};
   moe_chunk_task_fns fns[MOE_CT_KINDS] = {none, none, none, none, none, none, none};
   fns[MOE_CT_A1] = (moe_chunk_task_fns){task_a1, task_a_test, task_a_wait};
   fns[MOE_CT_E] = (moe_chunk_task_fns){task_e, NULL, NULL};
   fns[MOE_CT_A2] = (moe_chunk_task_fns){task_a2, task_a_test, task_a_wait};
+  int tidx[MOE_MAX_CHUNKS][MOE_CT_KINDS];
+  MOE_TRY(moe_chunk_pass_build(ctx, L->tsched, r, 0, backward, fns, args, gr, so, tidx));
+  if (!saa) goto done;
+  int gidx[MOE_MAX_CHUNKS];
+  for (int c = 0; c < r; c++) {
+    char name[MOE_TASK_NAME_MAX];
+    snprintf(name, sizeof name, "G%s^%d", backward ? "'" : "", c);
+    const int dep = tidx[c][MOE_CT_A2];
+    const moe_task_desc d = {MOE_STREAM_COMM, name,    c,    task_g, task_g_test,
+                             task_g_wait,     args[c], &dep, 1};
+    MOE_TRY(moe_task_graph_add(ctx, gr, &d, &gidx[c]));
+  }
+  {
+    // the comm order again, each G^c right after its A2^c
+    int comm[MOE_CT_KINDS * MOE_MAX_CHUNKS], cpu[MOE_CT_KINDS * MOE_MAX_CHUNKS];
+    const int nc = so->len[MOE_STREAM_COMM], np = so->len[MOE_STREAM_COMPUTE];
+    memcpy(comm, so->order[MOE_STREAM_COMM], (size_t)nc * sizeof(int));
+    memcpy(cpu, so->order[MOE_STREAM_COMPUTE], (size_t)np * sizeof(int));
+    moe_schedule_clear(so);
+    for (int i = 0; i < np; i++) MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMPUTE, cpu[i]));
+    for (int i = 0; i < nc; i++) {
+      MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMM, comm[i]));
+      for (int c = 0; c < r; c++) {
+        if (comm[i] == tidx[c][MOE_CT_A2])
+          MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMM, gidx[c]));
+      }
+    }
+  }
+  MOE_TRY(moe_schedule_validate(ctx, gr, so));
+done:
+  return st;
+}
+
+moe_status moe_parm_chunks_init_(moe_parm_layer *L) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L->ctx;
+  const int r = L->pc.chunks, max_tasks = (MOE_CT_KINDS + 1) * r;
+  MOE_TRY(moe_schedule_algo_find(ctx, L->pc.task_schedule, &L->tsched));
+  L->r = r;
+  L->ch = moe_calloc((size_t)CH_ARRAYS * (size_t)r * (size_t)L->P, sizeof(size_t));
+  L->targ = moe_calloc(2 * (size_t)r, sizeof *L->targ);
+  L->saa_rows = moe_calloc((size_t)L->MP * (size_t)L->EP, sizeof(int));
+  L->ch_gcnt = moe_calloc((size_t)r * (size_t)L->MP, sizeof(int));
+  L->ch_gdis = moe_calloc((size_t)r * (size_t)L->MP, sizeof(int));
+  L->ch_gsend = moe_calloc((size_t)r, sizeof(size_t));
+  L->saa_buf = moe_malloc(((size_t)L->R * (size_t)L->M + 1) * sizeof(float));
+  L->ch_greq = MPI_REQUEST_NULL;
+  MOE_FAIL_IF(ctx,
+              !L->ch || !L->targ || !L->saa_rows || !L->ch_gcnt || !L->ch_gdis || !L->ch_gsend ||
+                  !L->saa_buf,
+              MOE_STATUS_OUT_OF_MEMORY, "cannot allocate the Parm chunk plan (%d chunks)", r);
   void *args[MOE_MAX_CHUNKS];
   for (int dir = 0; dir < 2; dir++) {
     for (int c = 0; c < r; c++) {
@@ -150,10 +329,11 @@ moe_status moe_parm_chunks_init_(moe_parm_layer *L) {
       a->backward = dir;
       args[c] = a;
     }
-    MOE_TRY(moe_task_graph_init(ctx, &L->graph[dir], max_tasks, max_tasks));
-    MOE_TRY(moe_schedule_init(ctx, &L->order[dir], max_tasks));
-    MOE_TRY(moe_chunk_pass_build(ctx, L->tsched, r, 0, dir, fns, args, &L->graph[dir],
-                                 &L->order[dir], NULL));
+    for (int saa = 0; saa < 2; saa++) {
+      MOE_TRY(moe_task_graph_init(ctx, &L->graph[dir][saa], max_tasks, max_tasks));
+      MOE_TRY(moe_schedule_init(ctx, &L->order[dir][saa], max_tasks));
+      MOE_TRY(build(L, dir, saa, args));
+    }
   }
   MOE_TRY(moe_executor_create(ctx, &L->pc.exec, max_tasks, &L->ex));
 done:
@@ -164,26 +344,36 @@ void moe_parm_chunks_free_(moe_parm_layer *L) {
   moe_executor_destroy(L->ex);
   L->ex = NULL;
   for (int dir = 0; dir < 2; dir++) {
-    moe_task_graph_free(&L->graph[dir]);
-    moe_schedule_free(&L->order[dir]);
+    for (int saa = 0; saa < 2; saa++) {
+      moe_task_graph_free(&L->graph[dir][saa]);
+      moe_schedule_free(&L->order[dir][saa]);
+    }
   }
   moe_workspace_free(&L->a2a_ws);
-  moe_free(L->ch);
-  moe_free(L->targ);
+  void *p[] = {L->ch, L->targ, L->saa_rows, L->ch_gcnt, L->ch_gdis, L->ch_gsend, L->saa_buf};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) moe_free(p[i]);
   L->ch = NULL;
   L->targ = NULL;
+  L->saa_rows = L->ch_gcnt = L->ch_gdis = NULL;
+  L->ch_gsend = NULL;
+  L->saa_buf = NULL;
 }
 
-moe_status moe_parm_chunked_pass_(moe_parm_layer *L, int backward, float *back,
-                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms) {
+moe_status moe_parm_chunked_pass_(moe_parm_layer *L, int backward, int saa, float *back,
+                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms,
+                                  double *gather_ms) {
   plan(L, back_at);
+  if (saa) plan_saa(L);
   L->ch_back = back;
+  L->ch_back_at = back_at;
   L->ch_pass_tm = tm;
-  L->ch_expert_ns = 0;
-  const moe_status st = moe_executor_run(L->ex, &L->graph[backward], &L->order[backward], L->ctx);
-  // An all-to-all still in flight can be neither cancelled nor freed, and its
+  L->ch_expert_ns = L->ch_gather_ns = 0;
+  const moe_status st =
+      moe_executor_run(L->ex, &L->graph[backward][saa], &L->order[backward][saa], L->ctx);
+  // A collective still in flight can be neither cancelled nor freed, and its
   // buffers are this layer's: the layer refuses further passes.
-  if (st != MOE_STATUS_OK && L->pending.active) L->broken = 1;
+  if (st != MOE_STATUS_OK && (L->pending.active || L->ch_greq != MPI_REQUEST_NULL)) L->broken = 1;
   *expert_ms = (double)L->ch_expert_ns * 1e-6;
+  *gather_ms = (double)L->ch_gather_ns * 1e-6;
   return st;
 }

@@ -186,10 +186,16 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
     if (pc->chunks > 1) {  // the chunk plan, graphs, schedules and task records
-      const double r = pc->chunks, tasks = MOE_CT_KINDS * r;
-      out->bytes[MOE_MEM_WORKSPACE] += sizeof(size_t) * 5 * r * P +
+      const double r = pc->chunks, tasks = (MOE_CT_KINDS + 1) * r;
+      // four graphs and schedules ([backward][saa], tasks each) and their
+      // validations' scratch, the executor's records, the plan's arrays (32
+      // blocks, each rounded up by malloc)
+      out->bytes[MOE_MEM_WORKSPACE] += 4 * tasks * (sizeof(moe_task) + 7 * sizeof(int)) +
+                                       tasks * (1 + sizeof(moe_task_record) + 2 * sizeof(int)) +
+                                       2048 + 32 * 16 + sizeof(size_t) * 6 * r * P +
                                        2 * r * sizeof(moe_parm_task_arg) +
-                                       tasks * (2 * sizeof(moe_task) + 4 * sizeof(int) + 256);
+                                       sizeof(int) * (pc->mp * (double)pc->ep + 2 * r * pc->mp);
+      out->bytes[MOE_MEM_A2A] += F * (R * M + 1);  // SAA's summed rows
     }
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
@@ -878,12 +884,19 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
       at += (size_t)L->grows[q / ESP];
     }
   }
-  const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1, saa = s2 && L->saa && L->r == 1;
-  if (L->r > 1) {  // way there, shards and way back as the executor's tasks
-    double ems = 0;
-    MOE_TRY(moe_parm_chunked_pass_(L, backward, L->xb, back_at, tm, &ems));
+  const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1, saa = s2 && L->saa;
+  if (L->r > 1) {  // way there, shards, way back (and SAA's gathers) as the executor's tasks
+    double ems = 0, gms = 0;
+    MOE_TRY(moe_parm_chunked_pass_(L, backward, saa, L->xb, back_at, tm, &ems, &gms));
     pt->expert_ms += ems;
-    pt->a2a_ms += moe_time_ms_since(t0) - ems;
+    pt->mp_ms += gms;
+    pt->a2a_ms += moe_time_ms_since(t0) - ems - gms;
+    if (saa) {
+      t0 = moe_time_ns();
+      moe_parm_saa_unpack_(L, dst);
+      pt->mp_ms += moe_time_ms_since(t0);
+      goto done;
+    }
   } else {
     float *recv = backward ? L->yr : L->xr;
     MOE_TRY(moe_parm_dump_a2a(ctx, L->algo, &L->a2a, ESP, L->xs, L->grows, L->gfirst, L->M, recv,
