@@ -29,6 +29,8 @@ typedef struct {
   int layout[PB_MAX][3], n_layout;  // MP, EP, ESP
   int experts, top_k;
   const char *a2a;
+  int chunks;                 // s1 / s2's EP&ESP pass in chunks on the executor
+  const char *task_schedule;  // their order
   int ranks_per_node;
   moe_parm_bench_config bc;
   const char *json_path;
@@ -59,12 +61,17 @@ static void usage(FILE *f) {
           "  --experts E        [4]; divisible by every EP\n"
           "  --top-k K          [2]\n"
           "  --a2a NAME         all-to-all algorithm: %s [mpi]\n"
+          "  --chunks R         s1 and s2 run their EP&ESP pass (and s2+saa its SAA) in R\n"
+          "                     chunks on the two-stream executor, 1..%d; the baseline\n"
+          "                     stays unchunked [1]\n"
+          "  --schedule NAME    the chunks' task schedule: %s, except those that\n"
+          "                     cut by peer groups [sequential]\n"
           "  --rounds N         timed rounds, 1..100000 [7]\n"
           "  --warmup N         untimed rounds first, 0..1000 [2]\n"
           "  --ranks-per-node N pretend every N consecutive ranks share a node [0: real]\n"
           "  --json FILE        write the results as JSON (rank 0)\n" CLI_MAX_MEMORY_HELP
               CLI_HANG_TIMEOUT_HELP,
-          names);
+          names, MOE_MAX_CHUNKS, moe_schedule_algo_names());
 }
 
 // A comma list of ints in [lo, hi] into v (at most PB_MAX); 0 after printing why.
@@ -122,6 +129,7 @@ static int parse_opts(int argc, char **argv, pb_opts *o) {
   o->experts = 4;
   o->top_k = 2;
   o->a2a = "mpi";  // catalogue: the default all-to-all
+  o->chunks = 1;
   moe_parm_bench_config_default(&o->bc);
   o->hang_timeout = CLI_HANG_TIMEOUT_DEFAULT;
   cli_args a;
@@ -164,6 +172,20 @@ static int parse_opts(int argc, char **argv, pb_opts *o) {
       cli_parse_int(&a, "--top-k", 1, MOE_MAX_EXPERTS, &o->top_k);
     } else if (cli_opt(&a, "--a2a")) {
       o->a2a = a.value;
+    } else if (cli_opt(&a, "--chunks")) {
+      cli_parse_int(&a, "--chunks", 1, MOE_MAX_CHUNKS, &o->chunks);
+    } else if (cli_opt(&a, "--schedule")) {
+      const moe_schedule_algo *ts = NULL;
+      o->task_schedule = a.value;
+      if (moe_schedule_algo_find(NULL, a.value, &ts) != MOE_STATUS_OK) {
+        cli_error("--schedule: unknown task schedule '%s' (valid: %s)", a.value,
+                  moe_schedule_algo_names());
+        a.bad = 1;
+      } else if (ts->chunking != MOE_CHUNK_ROWS) {
+        cli_error("--schedule %s cuts a pass by peer groups; Parm's EP&ESP pass is cut by rows",
+                  a.value);
+        a.bad = 1;
+      }
     } else if (cli_opt(&a, "--rounds")) {
       cli_parse_int(&a, "--rounds", 1, 100000, &o->bc.rounds);
     } else if (cli_opt(&a, "--warmup")) {
@@ -251,6 +273,9 @@ int cmd_bench_parm(int argc, char **argv) {
             w->pc.esp = o.layout[l][2];
             w->pc.ranks_per_node = o.ranks_per_node;
             snprintf(w->pc.a2a, sizeof w->pc.a2a, "%s", o.a2a);
+            w->pc.chunks = o.chunks;
+            if (o.task_schedule)
+              snprintf(w->pc.task_schedule, sizeof w->pc.task_schedule, "%s", o.task_schedule);
             moe_memory_need need;
             const moe_status est = moe_measure_parm_memory(ctx, &w->cfg, &w->pc, P, &need);
             if (est != MOE_STATUS_OK && rank == 0) {
@@ -320,8 +345,14 @@ int cmd_bench_parm(int argc, char **argv) {
   if (rank == 0) {
     printf(
         "moe bench parm: P=%d ranks, %d configs, E %d, top-%d, all-to-all %s, %d rounds after "
-        "%d warm-up; ms are medians of the slowest rank's forward + backward\n\n",
+        "%d warm-up; ms are medians of the slowest rank's forward + backward\n",
         P, total, o.experts, o.top_k, o.a2a, o.bc.rounds, o.bc.warmup);
+    if (o.chunks > 1)
+      printf(
+          "s1, s2 and s2+saa: the EP&ESP pass in %d chunks on the executor (task schedule "
+          "%s); the baseline unchunked\n",
+          o.chunks, rows[0].pc.task_schedule);
+    printf("\n");
     printf(
         "\n%-9s %5s %5s %5s %4s | %9s %9s %9s %9s | %6s %6s %6s | %7s %7s %7s | %4s %6s | "
         "%9s\n",

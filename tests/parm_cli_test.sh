@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # moe bench parm (docs/parm.md) end to end on 4 ranks: the table of the
 # four variants for the default layouts, s2's outputs and input gradients the
-# baseline's (the command's own check, printed "ok"), the JSON; bad input
+# baseline's (the command's own check, printed "ok"), the JSON; the same with
+# s1 and s2's EP&ESP pass in chunks (--chunks, --schedule); bad input
 # refused on every rank with exit 2 and a message naming the problem; moe
 # calibrate's Parm terms and moe train --parm auto reading them.
 # Usage: parm_cli_test.sh path/to/moe path/to/mpiexec
@@ -41,6 +42,30 @@ for x in c:
     # s2 keeps the baseline's math
     assert x["variants"][2]["max_rel_diff"] <= 1e-4 and x["variants"][3]["max_rel_diff"] <= 1e-4
 PY
+# s1 and s2 in chunks on the executor: named in the header and the JSON, s2
+# and s2+saa still the baseline's math
+out="$tmp/chunks.out"
+if timeout 300 "$MPIEXEC" -n 4 $OVERSUB "$MOE" bench parm "${SMALL[@]}" --capacity 0 \
+  --layouts 2x2x1,2x1x2 --chunks 3 --schedule optsche --json "$tmp/chunks.json" >"$out" 2>&1; then
+  ok
+else
+  bad "bench parm --chunks failed"
+  tail -5 "$out" >&2
+fi
+grep -q "s1, s2 and s2+saa: the EP&ESP pass in 3 chunks on the executor (task schedule optsche)" \
+  "$out" && ok || bad "the header does not name the chunks"
+grep -qE "max relative difference .* \(ok\)" "$out" && ok || bad "chunked s2 against the baseline not ok"
+if python3 - "$tmp/chunks.json" <<'PY'; then ok; else bad "the chunked JSON"; fi
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["chunks"] == 3 and d["task_schedule"] == "optsche", (d["chunks"], d["task_schedule"])
+assert len(d["configs"]) == 2
+for x in d["configs"]:
+    assert x["variants"][2]["max_rel_diff"] <= 1e-4 and x["variants"][3]["max_rel_diff"] <= 1e-4
+PY
+expect 2 "--schedule smart cuts a pass by peer groups" -- "$MOE" bench parm --schedule smart
+expect 2 "--schedule: unknown task schedule 'nope' \(valid: " -- "$MOE" bench parm --schedule nope
+expect 2 "--chunks \(65\) must be in \[1, 64\]" -- "$MOE" bench parm --chunks 65
 # one given layout with DP: 2 x 1 x 1 on 4 ranks is DP = 2
 expect 0 "^2x1x1 " -- mpi 4 "$MOE" bench parm "${SMALL[@]}" --capacity 0 --model 32 \
   --hidden 64 --layouts 2x1x1

@@ -396,8 +396,9 @@ void moe_parm_grid_write_json(FILE *f, const moe_parm_grid_row *rows, int n, int
                               const char *a2a, const moe_parm_bench_config *bc) {
   fprintf(f,
           "{\n  \"benchmark\": \"parm\",\n  \"ranks\": %d,\n  \"a2a\": \"%s\",\n  \"rounds\": %d,"
-          "\n  \"warmup\": %d,\n  \"configs\": [",
-          ranks, a2a, bc->rounds, bc->warmup);
+          "\n  \"warmup\": %d,\n  \"chunks\": %d,\n  \"task_schedule\": \"%s\",\n  \"configs\": [",
+          ranks, a2a, bc->rounds, bc->warmup, n > 0 ? rows[0].pc.chunks : 1,
+          n > 0 ? rows[0].pc.task_schedule : "");
   for (int i = 0; i < n; i++) {
     const moe_parm_grid_row *w = &rows[i];
     fprintf(f,
