@@ -85,8 +85,7 @@ static void usage(FILE *f) {
       "  --ep N                ranks the experts are spread over; DP = P / N [P]\n"
       "  --a2a NAME            all-to-all algorithm, or auto [mpi]\n"
       "  --schedule NAME       %s, or auto [sequential]\n"
-      "  --chunks R            chunks per all-to-all, or auto [1]; with Parm (--mp, --esp):\n"
-      "                        s1 / s2's EP&ESP pass in R chunks (--deterministic off)\n"
+      "  --chunks R            chunks per all-to-all, or auto [1]\n"
       "  --compress SPEC       %s (lossy ones change results),\n"
       "                        or auto (lossless only, unless --allow-lossy) [none]\n"
       "  --compress-backward   also compress the backward's gradients\n"
@@ -163,10 +162,13 @@ static void usage(FILE *f) {
       "                        from --profile (moe calibrate's, for this layout) or\n"
       "                        measured at the start [s2]\n"
       "  --saa on|off          s2: overlap the MP-AllGather with the all-to-all back [on]\n"
+      "                        --chunks R, --schedule NAME and --compress SPEC apply to s1\n"
+      "                        and s2's EP&ESP pass (R > 1 and lossy SPECs need\n"
+      "                        --deterministic off; not schedules cut by peer groups)\n"
       "                        Parm does not combine with --balance, --expert-packing,\n"
       "                        --grad-bucket-mb, --comm-priority lina, --gate topo,\n"
-      "                        --router-bias-update,\n"
-      "                        --routing-trace, --trace, --schedule, --chunks or --compress\n"
+      "                        --router-bias-update, --routing-trace, --trace, or 'auto'\n"
+      "                        for --schedule, --chunks or --compress\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"
@@ -708,6 +710,12 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
            r->parm_schedule == MOE_PARM_S2 ? (tc->parm_saa ? " with SAA" : " without SAA") : "");
     if (tc->par.chunks > 1 && r->parm_schedule != MOE_PARM_BASELINE)
       printf(", EP&ESP pass in %d chunks (task schedule %s)", tc->par.chunks, tc->par.schedule);
+    moe_compressor comp;
+    if (r->parm_schedule != MOE_PARM_BASELINE &&
+        moe_compressor_get(NULL, tc->par.compress, &comp) == MOE_STATUS_OK &&
+        !moe_compressor_is_identity(&comp))
+      printf(", its payloads compressed with %s%s", tc->par.compress,
+             tc->par.compress_backward ? " (the backward's too)" : " (forward only)");
     if (tc->parm_auto && tc->mp > 1)
       printf(
           " (Algorithm 1 on alpha-beta terms %s: s1 %.2f ms, s2 %.2f ms of communication per "

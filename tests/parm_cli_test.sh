@@ -63,6 +63,10 @@ assert len(d["configs"]) == 2
 for x in d["configs"]:
     assert x["variants"][2]["max_rel_diff"] <= 1e-4 and x["variants"][3]["max_rel_diff"] <= 1e-4
 PY
+# a lossy compressor of the EP&ESP payloads: reported, not held to the baseline's math
+expect 0 "max relative difference [0-9.e+-]+ \(not checked: the lossy compressor changes them\)" -- \
+  mpi 4 "$MOE" bench parm "${SMALL[@]}" --capacity 0 --layouts 2x2x1 --chunks 2 --compress bf16
+expect 2 "--compress: unknown or malformed compressor 'zzz'" -- "$MOE" bench parm --compress zzz
 expect 2 "--schedule smart cuts a pass by peer groups" -- "$MOE" bench parm --schedule smart
 expect 2 "--schedule: unknown task schedule 'nope' \(valid: " -- "$MOE" bench parm --schedule nope
 expect 2 "--chunks \(65\) must be in \[1, 64\]" -- "$MOE" bench parm --chunks 65

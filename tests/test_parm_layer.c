@@ -189,6 +189,141 @@ out:
   tu_free_all();
 }
 
+// One forward + backward of s2 (MP x EP x ESP, `chunks`, compressor comp,
+// compress_backward cb) on fixed tokens; y, dx and the gradients into the
+// caller's buffers (T x M, T x M, ng). 0 on failure (reported).
+static int compressed_pass(int mp, int ep, int esp, int chunks, const char *comp, int cb, int saa,
+                           const float *x, const float *dy, int T, float *y, float *dx, float *g,
+                           size_t *ng) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  const int M = 16, H = 24, E = 8, K = 2;
+  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
+  moe_parm_config pc;
+  moe_parm_config_default(&pc);
+  pc.mp = mp;
+  pc.ep = ep;
+  pc.esp = esp;
+  pc.schedule = MOE_PARM_S2;
+  pc.saa = saa;
+  pc.chunks = chunks;
+  pc.compress_backward = cb;
+  snprintf(pc.compress, sizeof pc.compress, "%s", comp);
+  snprintf(pc.task_schedule, sizeof pc.task_schedule, "optsche");
+  char name[128];
+  snprintf(name, sizeof name, "mp%d ep%d esp%d chunks %d %s%s%s", mp, ep, esp, chunks, comp,
+           cb ? " +backward" : "", saa ? " saa" : "");
+  moe_parm_layer *L = create_checked(ctx, name, &cfg, &pc);
+  moe_status st = L ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
+  if (L) {
+    moe_parm_layer_init_params(L, 3);
+    moe_parm_layer_zero_grad(L);
+    st = moe_parm_layer_forward(L, x, T, y, NULL);
+    if (st == MOE_STATUS_OK) st = moe_parm_layer_backward(L, dy, dx);
+    TU_CHECK(st == MOE_STATUS_OK, "%s: %s", name, moe_ctx_error(ctx));
+    const moe_parm_tensors t = moe_parm_layer_get_tensors(L);
+    *ng = (size_t)M * E + (size_t)t.home_count * (2 * (size_t)M * t.hs + t.hs + M);
+    memcpy(g, t.dwg, *ng * sizeof(float));
+  }
+  moe_parm_layer_destroy(L);
+  moe_ctx_destroy(ctx);
+  return L && st == MOE_STATUS_OK;
+}
+
+static double max_abs_of(const float *a, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+  return m;
+}
+
+static double max_abs_diff_of(const float *a, const float *b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; i++) {
+    const double d = fabs((double)a[i] - (double)b[i]);
+    if (isnan(d)) return INFINITY;
+    m = fmax(m, d);
+  }
+  return m;
+}
+
+// The chunked pass with a compressor (the Dump's block compressed once per EP
+// rank): outputs within the codec's bound of the uncompressed pass and not
+// equal to them (the payloads were compressed); compress_backward keeps the
+// forward and changes dx; SAA's tasks keep the bits; a NaN that int8
+// refuses fails the pass on every rank.
+static void check_compressed(int mp, int ep, int esp) {
+  const int T = 29, M = 16;
+  const size_t n = (size_t)T * M, gmax = 1 << 16;
+  const int d = (g_rank / mp) % (g_world / mp);
+  float *x = tu_filled(n, 300 + (uint64_t)d, -1, 1), *dy = tu_filled(n, 400 + (uint64_t)d, -1, 1);
+  float *y0 = tu_fbuf(n), *dx0 = tu_fbuf(n), *g0 = tu_fbuf(gmax);
+  size_t ng = 0;
+  int ok = compressed_pass(mp, ep, esp, 2, "none", 0, 1, x, dy, T, y0, dx0, g0, &ng);
+  const char *comps[3] = {"fp16", "bf16", "int8"};
+  const double bound[3] = {0x1p-8, 0x1p-5, 0x1p-4};
+  for (int i = 0; i < 3 && ok; i++) {
+    for (int chunks = 1; chunks <= 3; chunks += 2) {
+      float *y = tu_fbuf(n), *dx = tu_fbuf(n), *g = tu_fbuf(gmax), *yb = tu_fbuf(n),
+            *dxb = tu_fbuf(n), *gb = tu_fbuf(gmax), *ys = tu_fbuf(n), *dxs = tu_fbuf(n),
+            *gs = tu_fbuf(gmax);
+      ok = compressed_pass(mp, ep, esp, chunks, comps[i], 0, 1, x, dy, T, y, dx, g, &ng) &&
+           compressed_pass(mp, ep, esp, chunks, comps[i], 1, 1, x, dy, T, yb, dxb, gb, &ng) &&
+           compressed_pass(mp, ep, esp, chunks, comps[i], 1, 0, x, dy, T, ys, dxs, gs, &ng);
+      if (!ok) break;
+      double err = max_abs_diff_of(y, y0, n), scale = max_abs_of(y0, n);
+      int ydiff = memcmp(y, yb, n * 4) != 0, dxdiff = memcmp(dx, dxb, n * 4) != 0;
+      int saadiff =
+          memcmp(ys, yb, n * 4) != 0 || memcmp(dxs, dxb, n * 4) != 0 || memcmp(gs, gb, ng * 4) != 0;
+      double e_s = 0, s_s = 0;
+      MPI_Allreduce(&err, &e_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(&scale, &s_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &ydiff, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &dxdiff, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      MPI_Allreduce(MPI_IN_PLACE, &saadiff, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+      const int moved = mp * ep * esp > 1;  // one rank alone: the all-to-all is still compressed
+      TU_CHECK(e_s <= s_s * bound[i] && (e_s > 0 || !moved),
+               "mp%d ep%d esp%d chunks %d %s: max |y - y_none| = %g (max |y| %g, bound %g)", mp, ep,
+               esp, chunks, comps[i], e_s, s_s, s_s * bound[i]);
+      TU_CHECK(!ydiff, "mp%d ep%d esp%d chunks %d %s: compress_backward changed y", mp, ep, esp,
+               chunks, comps[i]);
+      TU_CHECK(dxdiff, "mp%d ep%d esp%d chunks %d %s: compress_backward left dx unchanged", mp, ep,
+               esp, chunks, comps[i]);
+      TU_CHECK(!saadiff, "mp%d ep%d esp%d chunks %d %s: SAA's tasks changed the results", mp, ep,
+               esp, chunks, comps[i]);
+    }
+  }
+  {
+    // int8 refuses NaN: the pass fails on every rank with the compressor named
+    moe_ctx *ctx = NULL;
+    moe_ctx_create(&ctx);
+    moe_layer_config cfg = tu_layer_config(T, M, 24, 8, 2);
+    cfg.check_finite = 0;
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.mp = mp;
+    pc.ep = ep;
+    pc.esp = esp;
+    pc.chunks = 2;
+    snprintf(pc.compress, sizeof pc.compress, "int8");
+    moe_parm_layer *L = NULL;
+    moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    TU_CHECK(st == MOE_STATUS_OK, "int8 NaN create: %s", moe_ctx_error(ctx));
+    if (st == MOE_STATUS_OK) {
+      moe_parm_layer_init_params(L, 3);
+      float *xn = tu_filled(n, 300 + (uint64_t)d, -1, 1), *y = tu_fbuf(n);
+      xn[5] = NAN;  // (every rank: MP peers pass the same tokens)
+      st = moe_parm_layer_forward(L, xn, T, y, NULL);
+      TU_CHECK(st != MOE_STATUS_OK && (strstr(moe_ctx_error(ctx), "compressor int8") ||
+                                       strstr(moe_ctx_error(ctx), "failed on rank") ||
+                                       strstr(moe_ctx_error(ctx), "NaN")),
+               "int8 with a NaN: status %d, '%s'", (int)st, moe_ctx_error(ctx));
+    }
+    moe_parm_layer_destroy(L);
+    moe_ctx_destroy(ctx);
+  }
+  tu_free_all();
+}
+
 // Chunked passes: chunks out of range, a schedule that cuts by peer groups or
 // does not exist, chunks with deterministic mode: refused on every rank.
 static void check_bad_chunks(void) {
@@ -197,18 +332,22 @@ static void check_bad_chunks(void) {
   moe_layer_config cfg = tu_layer_config(8, 8, 8, 2, 1);
   struct {
     int chunks, slice;
-    const char *sched, *want;
-  } bad[5] = {{0, 0, "sequential", "chunks 0 out of range [1, 64]"},
-              {65, 0, "sequential", "chunks 65 out of range [1, 64]"},
-              {2, 0, "smart", "cuts a pass by peer groups"},
-              {2, 0, "nope", "nope"},
-              {2, 4, "sequential", "chunks 2 is not supported with it"}};
-  for (int i = 0; i < 5; i++) {
+    const char *sched, *comp, *want;
+  } bad[8] = {{0, 0, "sequential", "none", "chunks 0 out of range [1, 64]"},
+              {65, 0, "sequential", "none", "chunks 65 out of range [1, 64]"},
+              {2, 0, "smart", "none", "cuts a pass by peer groups"},
+              {2, 0, "nope", "none", "nope"},
+              {2, 4, "sequential", "none", "chunks 2 is not supported with it"},
+              {1, 4, "sequential", "fp16", "compressor 'fp16' is not supported with it"},
+              {1, 0, "sequential", "nope", "nope"},
+              {1, 0, "sequential", "zfp:99", "zfp"}};
+  for (int i = 0; i < 8; i++) {
     moe_parm_config pc;
     moe_parm_config_default(&pc);
     pc.chunks = bad[i].chunks;
     pc.slice_tokens = bad[i].slice;
     snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", bad[i].sched);
+    snprintf(pc.compress, sizeof pc.compress, "%s", bad[i].comp);
     moe_parm_layer *L = NULL;
     const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
     TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L && strstr(moe_ctx_error(ctx), bad[i].want),
@@ -646,6 +785,11 @@ int main(int argc, char **argv) {
   }
   check_bad_deterministic();
   check_bad_chunks();
+  // compression of the chunked pass
+  check_compressed(1, g_world, 1);
+  if (g_world >= 2) check_compressed(2, g_world / 2, 1);
+  if (g_world >= 4) check_compressed(1, 2, 2);
+  if (g_world >= 4) check_compressed(2, 1, 2);
   if (g_world >= 2) {
     // MP peers must pass the same tokens: a count that differs on one of them,
     // and (s2) other tokens of the same count, fail the forward on every rank

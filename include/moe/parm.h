@@ -93,6 +93,14 @@ typedef struct {
   int chunks;
   char task_schedule[16];    // moe_schedule_algo_find name, row-chunked ones ["sequential"]
   moe_executor_config exec;  // the executor's wait policy [moe_executor_config_default()]
+  // Compression of the EP&ESP pass's payloads (moe_compressor_get spec, e.g.
+  // "fp16", "zfp:12"): C1 / D1 / C2 / D2 tasks around its all-to-alls (the
+  // Dump's rows compressed once per EP rank), so s1 and s2 run on the
+  // executor (with `chunks` chunks, 1 included). Lossy compressors change the
+  // results (opt-in). The baseline's passes are not compressed. Not with
+  // slice_tokens > 0. ["none"]
+  char compress[32];
+  int compress_backward;  // 1: the backward's gradients too [0]
 } moe_parm_config;
 
 // The defaults in brackets above: MP = EP = ESP = 1.

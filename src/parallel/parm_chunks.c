@@ -15,7 +15,17 @@
 // leaves them, and every chunk's rows are their own region of each buffer:
 // tasks of different chunks never touch the same memory.
 //
-// Tasks of chunk c (moe_chunk_pass_build, no compression):
+// Tasks of chunk c (moe_chunk_pass_build; C and D only with a compressor):
+//   C1^c  compress my chunk c rows of each EP rank's part (xs) once per EP
+//         rank into csend (compute stream): the Dump sends that one block to
+//         each of its ESP shards
+//   D1^c  decompress each member's block (crecv) into xr / yr
+//   C2^c  compress each member's chunk c outputs (yr) into crecv, in place of
+//         what D1^c read
+//   D2^c  decompress each member's partials (cback) into the caller's buffer
+// A compressor can refuse its input (int8 and zfp reject NaN/Inf): the task
+// zeroes its output and records the failure, the pass runs to its end (no
+// peer is left waiting in an all-to-all), and then every rank agrees on it.
 //   A1^c  all-to-all of chunk c's rows (comm stream): xs -> xr (forward) or
 //         the gradients -> yr (backward)
 //   E^c   the shards on chunk c's rows of every (member, expert) block:
@@ -43,8 +53,17 @@ enum {
   CH_RECV_BYTES,      // chunk c of member q's section of the received rows
   CH_RECV_AT,         //   where it starts in xr / yr (also the way back's send side)
   CH_BACK_AT,         // way back: where chunk c of member q's partials lands
+  // compressed (the same blocks, compressed, each at a 64-byte boundary)
+  CH_CSEND_BYTES,  // chunk c of my part for member q's EP rank, compressed
+  CH_CSEND_AT,     //   in csend (the same block for g's shards)
+  CH_CRECV_BYTES,  // member q's chunk c block, compressed
+  CH_CRECV_AT,     //   in crecv (also the compressed way back's send side)
+  CH_CBACK_AT,     // where member q's compressed partials land in cback
   CH_ARRAYS
 };
+#define CBLOCK_ALIGN 64
+
+static size_t round_up(size_t n) { return (n + CBLOCK_ALIGN - 1) / CBLOCK_ALIGN * CBLOCK_ALIGN; }
 
 // Rows before chunk c of r of a block of n rows.
 static size_t cut(size_t n, int c, int r) { return n * (size_t)c / (size_t)r; }
@@ -53,9 +72,22 @@ static size_t *ch_at(const moe_parm_layer *L, int kind, int c) {
   return L->ch + ((size_t)kind * (size_t)L->r + (size_t)c) * (size_t)L->P;
 }
 
-// Every chunk's counts and displacements for this pass's blocks.
-static void plan(moe_parm_layer *L, const size_t *back_at) {
-  const size_t row = (size_t)L->M * sizeof(float);
+void moe_parm_compressed_bounds_(const moe_compressor *comp, int r, int EP, int P, size_t part_rows,
+                                 size_t recv_rows, size_t back_rows, size_t M, size_t b[3]) {
+  // a block of n rows takes at most max_bytes(n): summed over the blocks of
+  // N rows in all, max_bytes(N) plus, per block, a block of 4 rows' (zfp's
+  // row blocks and the header) and the alignment
+  const size_t per = moe_compress_max_bytes(comp, 4, M) + CBLOCK_ALIGN;
+  b[0] = moe_compress_max_bytes(comp, part_rows, M) + (size_t)r * (size_t)EP * per;
+  b[1] = moe_compress_max_bytes(comp, recv_rows, M) + (size_t)r * (size_t)P * per;
+  b[2] = moe_compress_max_bytes(comp, back_rows, M) + (size_t)r * (size_t)P * per;
+}
+
+// Every chunk's counts and displacements for this pass's blocks (and, with
+// a compressor, their compressed sizes and places).
+static moe_status plan(moe_parm_layer *L, const size_t *back_at) {
+  moe_status st = MOE_STATUS_OK;
+  const size_t M = (size_t)L->M, row = M * sizeof(float);
   size_t section = 0;
   for (int q = 0; q < L->P; q++) {
     const int g = q / L->ESP;
@@ -71,12 +103,134 @@ static void plan(moe_parm_layer *L, const size_t *back_at) {
     }
     section += nm;
   }
+  if (!L->compress_on) goto done;
+  {
+    size_t s_at = 0, r_at = 0, b_at = 0;
+    for (int c = 0; c < L->r; c++) {
+      for (int q = 0; q < L->P; q++) {
+        const int g = q / L->ESP;
+        const size_t ns = ch_at(L, CH_SEND_BYTES, c)[q] / row;
+        const size_t cs = ns ? moe_compress_max_bytes(&L->comp, ns, M) : 0;
+        if (q % L->ESP == 0) {  // one block per EP rank: its shards share it
+          ch_at(L, CH_CSEND_AT, c)[q] = s_at;
+          s_at += round_up(cs);
+        } else {
+          ch_at(L, CH_CSEND_AT, c)[q] = ch_at(L, CH_CSEND_AT, c)[g * L->ESP];
+        }
+        ch_at(L, CH_CSEND_BYTES, c)[q] = cs;
+        ch_at(L, CH_CBACK_AT, c)[q] = b_at;
+        b_at += round_up(cs);
+        const size_t nr = ch_at(L, CH_RECV_BYTES, c)[q] / row;
+        const size_t cr = nr ? moe_compress_max_bytes(&L->comp, nr, M) : 0;
+        ch_at(L, CH_CRECV_BYTES, c)[q] = cr;
+        ch_at(L, CH_CRECV_AT, c)[q] = r_at;
+        r_at += round_up(cr);
+      }
+    }
+    // (reserved at create for any routing: these only grow if a bound was wrong)
+    MOE_TRY(moe_workspace_reserve(L->ctx, &L->csend, s_at ? s_at : CBLOCK_ALIGN));
+    MOE_TRY(moe_workspace_reserve(L->ctx, &L->crecv, r_at ? r_at : CBLOCK_ALIGN));
+    MOE_TRY(moe_workspace_reserve(L->ctx, &L->cback, b_at ? b_at : CBLOCK_ALIGN));
+  }
+done:
+  return st;
+}
+
+// ---- the compression tasks -----------------------------------------------------------------
+
+static void soft_fail(moe_parm_layer *L, moe_ctx *ctx, int c, const char *what, void *out,
+                      size_t bytes) {
+  if (!L->soft_failed) {
+    snprintf(L->soft_msg, sizeof L->soft_msg, "Parm %s of chunk %d (compressor %s) failed: %s",
+             what, c + 1, L->comp.name, moe_ctx_error(ctx));
+    L->soft_failed = 1;
+  }
+  if (out && bytes) memset(out, 0, bytes);
+  moe_ctx_clear_error(ctx);
+}
+
+// rows (n rows of M floats) -> out (exactly `bytes`: sizes depend only on the shape)
+static void compress_block(moe_parm_layer *L, moe_ctx *ctx, int c, const float *rows, size_t n,
+                           char *out, size_t bytes, const char *what) {
+  if (n == 0) return;
+  size_t got = 0;
+  moe_status s = moe_compress(&L->comp, ctx, rows, n, (size_t)L->M, out, bytes, &got);
+  if (s == MOE_STATUS_OK && got != bytes)
+    s = moe_error_at(ctx, MOE_STATUS_INTERNAL, __FILE__, __LINE__,
+                     "compressed %zu rows to %zu bytes, expected %zu", n, got, bytes);
+  if (s != MOE_STATUS_OK) soft_fail(L, ctx, c, what, out, bytes);
+}
+
+static void decompress_block(moe_parm_layer *L, moe_ctx *ctx, int c, const char *in, size_t bytes,
+                             size_t n, float *rows, const char *what) {
+  if (n == 0) return;
+  if (moe_decompress(&L->comp, ctx, in, bytes, n, (size_t)L->M, rows) != MOE_STATUS_OK)
+    soft_fail(L, ctx, c, what, rows, n * (size_t)L->M * sizeof(float));
+}
+
+static moe_status task_c1(void *arg, moe_ctx *ctx) {
+  moe_parm_task_arg *a = arg;
+  moe_parm_layer *L = a->L;
+  const int c = a->chunk;
+  const size_t row = (size_t)L->M * sizeof(float);
+  for (int q = 0; q < L->P; q += L->ESP) {
+    compress_block(L, ctx, c, L->xs + ch_at(L, CH_SEND_AT, c)[q] / sizeof(float),
+                   ch_at(L, CH_SEND_BYTES, c)[q] / row,
+                   (char *)L->csend.buf + ch_at(L, CH_CSEND_AT, c)[q],
+                   ch_at(L, CH_CSEND_BYTES, c)[q], "compression C1");
+  }
+  return MOE_STATUS_OK;
+}
+
+static moe_status task_d1(void *arg, moe_ctx *ctx) {
+  moe_parm_task_arg *a = arg;
+  moe_parm_layer *L = a->L;
+  const int c = a->chunk;
+  const size_t row = (size_t)L->M * sizeof(float);
+  float *to = a->backward ? L->yr : L->xr;
+  for (int q = 0; q < L->P; q++) {
+    decompress_block(L, ctx, c, (const char *)L->crecv.buf + ch_at(L, CH_CRECV_AT, c)[q],
+                     ch_at(L, CH_CRECV_BYTES, c)[q], ch_at(L, CH_RECV_BYTES, c)[q] / row,
+                     to + ch_at(L, CH_RECV_AT, c)[q] / sizeof(float), "decompression D1");
+  }
+  return MOE_STATUS_OK;
+}
+
+static moe_status task_c2(void *arg, moe_ctx *ctx) {
+  moe_parm_task_arg *a = arg;
+  moe_parm_layer *L = a->L;
+  const int c = a->chunk;
+  const size_t row = (size_t)L->M * sizeof(float);
+  for (int q = 0; q < L->P; q++) {
+    compress_block(L, ctx, c, L->yr + ch_at(L, CH_RECV_AT, c)[q] / sizeof(float),
+                   ch_at(L, CH_RECV_BYTES, c)[q] / row,
+                   (char *)L->crecv.buf + ch_at(L, CH_CRECV_AT, c)[q],
+                   ch_at(L, CH_CRECV_BYTES, c)[q], "compression C2");
+  }
+  return MOE_STATUS_OK;
+}
+
+static moe_status task_d2(void *arg, moe_ctx *ctx) {
+  moe_parm_task_arg *a = arg;
+  moe_parm_layer *L = a->L;
+  const int c = a->chunk;
+  const size_t row = (size_t)L->M * sizeof(float);
+  for (int q = 0; q < L->P; q++) {
+    decompress_block(L, ctx, c, (const char *)L->cback.buf + ch_at(L, CH_CBACK_AT, c)[q],
+                     ch_at(L, CH_CSEND_BYTES, c)[q], ch_at(L, CH_SEND_BYTES, c)[q] / row,
+                     L->ch_back + ch_at(L, CH_BACK_AT, c)[q] / sizeof(float), "decompression D2");
+  }
+  return MOE_STATUS_OK;
 }
 
 static moe_status task_a1(void *arg, moe_ctx *ctx) {
   moe_parm_task_arg *a = arg;
   moe_parm_layer *L = a->L;
   const int c = a->chunk;
+  if (a->compressed)
+    return moe_a2a_start(ctx, L->algo, &L->a2a, L->csend.buf, ch_at(L, CH_CSEND_BYTES, c),
+                         ch_at(L, CH_CSEND_AT, c), L->crecv.buf, ch_at(L, CH_CRECV_BYTES, c),
+                         ch_at(L, CH_CRECV_AT, c), &L->a2a_ws, &L->pending);
   return moe_a2a_start(ctx, L->algo, &L->a2a, L->xs, ch_at(L, CH_SEND_BYTES, c),
                        ch_at(L, CH_SEND_AT, c), a->backward ? L->yr : L->xr,
                        ch_at(L, CH_RECV_BYTES, c), ch_at(L, CH_RECV_AT, c), &L->a2a_ws,
@@ -87,6 +241,10 @@ static moe_status task_a2(void *arg, moe_ctx *ctx) {
   moe_parm_task_arg *a = arg;
   moe_parm_layer *L = a->L;
   const int c = a->chunk;
+  if (a->compressed)
+    return moe_a2a_start(ctx, L->algo, &L->a2a, L->crecv.buf, ch_at(L, CH_CRECV_BYTES, c),
+                         ch_at(L, CH_CRECV_AT, c), L->cback.buf, ch_at(L, CH_CSEND_BYTES, c),
+                         ch_at(L, CH_CBACK_AT, c), &L->a2a_ws, &L->pending);
   return moe_a2a_start(ctx, L->algo, &L->a2a, L->yr, ch_at(L, CH_RECV_BYTES, c),
                        ch_at(L, CH_RECV_AT, c), L->ch_back, ch_at(L, CH_SEND_BYTES, c),
                        ch_at(L, CH_BACK_AT, c), &L->a2a_ws, &L->pending);
@@ -269,14 +427,19 @@ static moe_status build(moe_parm_layer *L, int backward, int saa, void *const *a
   fns[MOE_CT_A1] = (moe_chunk_task_fns){task_a1, task_a_test, task_a_wait};
   fns[MOE_CT_E] = (moe_chunk_task_fns){task_e, NULL, NULL};
   fns[MOE_CT_A2] = (moe_chunk_task_fns){task_a2, task_a_test, task_a_wait};
+  fns[MOE_CT_C1] = (moe_chunk_task_fns){task_c1, NULL, NULL};
+  fns[MOE_CT_D1] = (moe_chunk_task_fns){task_d1, NULL, NULL};
+  fns[MOE_CT_C2] = (moe_chunk_task_fns){task_c2, NULL, NULL};
+  fns[MOE_CT_D2] = (moe_chunk_task_fns){task_d2, NULL, NULL};
+  const int compressed = ((moe_parm_task_arg *)args[0])->compressed;
   int tidx[MOE_MAX_CHUNKS][MOE_CT_KINDS];
-  MOE_TRY(moe_chunk_pass_build(ctx, L->tsched, r, 0, backward, fns, args, gr, so, tidx));
+  MOE_TRY(moe_chunk_pass_build(ctx, L->tsched, r, compressed, backward, fns, args, gr, so, tidx));
   if (!saa) goto done;
   int gidx[MOE_MAX_CHUNKS];
   for (int c = 0; c < r; c++) {
     char name[MOE_TASK_NAME_MAX];
     snprintf(name, sizeof name, "G%s^%d", backward ? "'" : "", c);
-    const int dep = tidx[c][MOE_CT_A2];
+    const int dep = tidx[c][compressed ? MOE_CT_D2 : MOE_CT_A2];  // the partials in place
     const moe_task_desc d = {MOE_STREAM_COMM, name,    c,    task_g, task_g_test,
                              task_g_wait,     args[c], &dep, 1};
     MOE_TRY(moe_task_graph_add(ctx, gr, &d, &gidx[c]));
@@ -327,6 +490,7 @@ moe_status moe_parm_chunks_init_(moe_parm_layer *L) {
       a->L = L;
       a->chunk = c;
       a->backward = dir;
+      a->compressed = L->compress_on && (dir == 0 || L->pc.compress_backward);
       args[c] = a;
     }
     for (int saa = 0; saa < 2; saa++) {
@@ -334,6 +498,14 @@ moe_status moe_parm_chunks_init_(moe_parm_layer *L) {
       MOE_TRY(moe_schedule_init(ctx, &L->order[dir][saa], max_tasks));
       MOE_TRY(build(L, dir, saa, args));
     }
+  }
+  if (L->compress_on) {  // for any routing, so that no pass allocates
+    size_t b[3];
+    moe_parm_compressed_bounds_(&L->comp, r, L->EP, L->P, (size_t)L->R, L->RI,
+                                (size_t)L->ESP * (size_t)L->R, (size_t)L->M, b);
+    MOE_TRY(moe_workspace_reserve(ctx, &L->csend, b[0]));
+    MOE_TRY(moe_workspace_reserve(ctx, &L->crecv, b[1]));
+    MOE_TRY(moe_workspace_reserve(ctx, &L->cback, b[2]));
   }
   MOE_TRY(moe_executor_create(ctx, &L->pc.exec, max_tasks, &L->ex));
 done:
@@ -350,6 +522,9 @@ void moe_parm_chunks_free_(moe_parm_layer *L) {
     }
   }
   moe_workspace_free(&L->a2a_ws);
+  moe_workspace_free(&L->csend);
+  moe_workspace_free(&L->crecv);
+  moe_workspace_free(&L->cback);
   void *p[] = {L->ch, L->targ, L->saa_rows, L->ch_gcnt, L->ch_gdis, L->ch_gsend, L->saa_buf};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) moe_free(p[i]);
   L->ch = NULL;
@@ -362,18 +537,31 @@ void moe_parm_chunks_free_(moe_parm_layer *L) {
 moe_status moe_parm_chunked_pass_(moe_parm_layer *L, int backward, int saa, float *back,
                                   const size_t *back_at, moe_layer_timing *tm, double *expert_ms,
                                   double *gather_ms) {
-  plan(L, back_at);
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(plan(L, back_at));
   if (saa) plan_saa(L);
+  L->soft_failed = 0;
+  L->soft_msg[0] = '\0';
   L->ch_back = back;
   L->ch_back_at = back_at;
   L->ch_pass_tm = tm;
   L->ch_expert_ns = L->ch_gather_ns = 0;
-  const moe_status st =
-      moe_executor_run(L->ex, &L->graph[backward][saa], &L->order[backward][saa], L->ctx);
-  // A collective still in flight can be neither cancelled nor freed, and its
-  // buffers are this layer's: the layer refuses further passes.
-  if (st != MOE_STATUS_OK && (L->pending.active || L->ch_greq != MPI_REQUEST_NULL)) L->broken = 1;
+  st = moe_executor_run(L->ex, &L->graph[backward][saa], &L->order[backward][saa], L->ctx);
   *expert_ms = (double)L->ch_expert_ns * 1e-6;
   *gather_ms = (double)L->ch_gather_ns * 1e-6;
+  if (st != MOE_STATUS_OK) {
+    // A collective still in flight can be neither cancelled nor freed, and
+    // its buffers are this layer's: the layer refuses further passes.
+    if (L->pending.active || L->ch_greq != MPI_REQUEST_NULL) L->broken = 1;
+    goto done;
+  }
+  if (L->targ[backward * L->r].compressed) {  // a refused input fails the pass on every rank
+    const moe_status local = L->soft_failed ? moe_error_at(L->ctx, MOE_STATUS_INVALID_ARG, __FILE__,
+                                                           __LINE__, "%s", L->soft_msg)
+                                            : MOE_STATUS_OK;
+    MOE_TRY(moe_comm_agree(L->ctx, L->world, local,
+                           backward ? "Parm backward compression" : "Parm forward compression"));
+  }
+done:
   return st;
 }

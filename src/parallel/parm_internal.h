@@ -17,6 +17,7 @@ typedef struct {
   struct moe_parm_layer *L;
   int chunk;
   int backward;
+  int compressed;  // this pass compresses its payloads
 } moe_parm_task_arg;
 
 struct moe_parm_layer {
@@ -108,6 +109,14 @@ struct moe_parm_layer {
   moe_layer_timing *ch_pass_tm;  // the expert tasks' timing (during a pass)
   uint64_t ch_expert_ns;         // their time in this pass
   int broken;                    // a pass failed with an all-to-all in flight
+  // compression of the chunked pass (pc.compress; parm_chunks.c)
+  moe_compressor comp;
+  int compress_on;      // comp is not the identity
+  moe_workspace csend;  // (chunk, EP rank) compressed blocks of my part
+  moe_workspace crecv;  // (chunk, member) compressed blocks received (and sent back)
+  moe_workspace cback;  // (chunk, member) compressed partials coming back
+  int soft_failed;      // a compression task failed this pass (its output zeroed)
+  char soft_msg[256];   // the first failure
 };
 
 // Shard block: rows at .. at + n of the received rows (xr; pre, h, dh, dpre
@@ -116,7 +125,13 @@ struct moe_parm_layer {
 void moe_parm_shard_block_(moe_parm_layer *L, int backward, size_t at, size_t n, size_t el,
                            float *dyx, moe_layer_timing *tm);
 
-// The chunked pass (pc.chunks > 1): graphs, schedules and executor (allocated
+// Bytes of the compressed buffers of a chunked pass (r chunks, EP ranks, P
+// members), bounds for any routing: b[0] csend (my part: at most part_rows),
+// b[1] crecv (recv_rows), b[2] cback (back_rows); each block rounded to 64 bytes.
+void moe_parm_compressed_bounds_(const moe_compressor *comp, int r, int EP, int P, size_t part_rows,
+                                 size_t recv_rows, size_t back_rows, size_t M, size_t b[3]);
+
+// The executor's pass (pc.chunks > 1 or compression): graphs, schedules and executor (allocated
 // by moe_parm_layer_create; freed by destroy; NULL-safe).
 moe_status moe_parm_chunks_init_(moe_parm_layer *L);
 void moe_parm_chunks_free_(moe_parm_layer *L);

@@ -33,6 +33,14 @@ void moe_parm_config_default(moe_parm_config *pc) {
   pc->chunks = 1;
   snprintf(pc->task_schedule, sizeof pc->task_schedule, "sequential");
   pc->exec = moe_executor_config_default();
+  snprintf(pc->compress, sizeof pc->compress, "none");  // catalogue: the identity
+}
+
+// s1 and s2 run their EP&ESP pass on the executor: in chunks, or compressed.
+static int uses_executor(const moe_parm_config *pc) {
+  moe_compressor comp;
+  return pc->chunks > 1 || (moe_compressor_get(NULL, pc->compress, &comp) == MOE_STATUS_OK &&
+                            !moe_compressor_is_identity(&comp));
 }
 
 moe_parm_coords moe_parm_coords_of(const moe_parm_config *pc, int world, int rank) {
@@ -54,12 +62,21 @@ int moe_parm_data_index(const moe_parm_config *pc, int world, int rank) {
 
 static uint64_t config_hash(const moe_layer_config *c, const moe_parm_config *pc) {
   uint64_t h = moe_parallel_layer_hash_(c);
-  const int ints[10] = {
-      pc->mp,         pc->ep,           pc->esp,    (int)pc->schedule, pc->saa, pc->ranks_per_node,
-      pc->intra_node, pc->slice_tokens, pc->chunks, (int)pc->exec.wait};
+  const int ints[11] = {pc->mp,
+                        pc->ep,
+                        pc->esp,
+                        (int)pc->schedule,
+                        pc->saa,
+                        pc->ranks_per_node,
+                        pc->intra_node,
+                        pc->slice_tokens,
+                        pc->chunks,
+                        (int)pc->exec.wait,
+                        pc->compress_backward};
   h = moe_parallel_fnv1a_(ints, sizeof ints, h);
   h = moe_parallel_fnv1a_(pc->task_schedule, strnlen(pc->task_schedule, sizeof pc->task_schedule),
                           h);
+  h = moe_parallel_fnv1a_(pc->compress, strnlen(pc->compress, sizeof pc->compress), h);
   return moe_parallel_fnv1a_(pc->a2a, strnlen(pc->a2a, sizeof pc->a2a), h);
 }
 
@@ -107,6 +124,20 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
                 "task schedule '%s' cuts a pass by peer groups; Parm's EP&ESP pass is cut by rows "
                 "(schedules: %s, except '%s')",
                 pc->task_schedule, moe_schedule_algo_names(), pc->task_schedule);
+  }
+  {
+    moe_compressor comp;
+    MOE_FAIL_IF(ctx, memchr(pc->compress, 0, sizeof pc->compress) == NULL, MOE_STATUS_INVALID_ARG,
+                "Parm compressor spec is not terminated");
+    MOE_TRY(moe_compressor_get(ctx, pc->compress, &comp));
+    MOE_FAIL_IF(ctx, pc->compress_backward != 0 && pc->compress_backward != 1,
+                MOE_STATUS_INVALID_ARG, "Parm compress_backward must be 0 or 1 (got %d)",
+                pc->compress_backward);
+    MOE_FAIL_IF(ctx, !moe_compressor_is_identity(&comp) && pc->slice_tokens > 0,
+                MOE_STATUS_INVALID_ARG,
+                "Parm deterministic mode (slice_tokens %d) does not compress its payloads; "
+                "compressor '%s' is not supported with it (use none)",
+                pc->slice_tokens, pc->compress);
   }
   MOE_FAIL_IF(ctx, pc->chunks > 1 && pc->slice_tokens > 0, MOE_STATUS_INVALID_ARG,
               "Parm deterministic mode (slice_tokens %d) runs unchunked passes; chunks %d is not "
@@ -185,7 +216,7 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
         sizeof(size_t) * 9 * P + sizeof(int) * 2 * pc->mp * pc->ep +
         (sizeof(MPI_Request) + sizeof(MPI_Status)) * (2 * P + pc->ep) +
         MOE_LOSS_STATS(cfg->num_experts) * sizeof(double) + sizeof(moe_parm_layer) + 4096;
-    if (pc->chunks > 1) {  // the chunk plan, graphs, schedules and task records
+    if (uses_executor(pc)) {  // the chunk plan, graphs, schedules and task records
       const double r = pc->chunks, tasks = (MOE_CT_KINDS + 1) * r;
       // four graphs and schedules ([backward][saa], tasks each) and their
       // validations' scratch, the executor's records, the plan's arrays (32
@@ -196,6 +227,15 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
                                        2 * r * sizeof(moe_parm_task_arg) +
                                        sizeof(int) * (pc->mp * (double)pc->ep + 2 * r * pc->mp);
       out->bytes[MOE_MEM_A2A] += F * (R * M + 1);  // SAA's summed rows
+      moe_compressor comp;
+      moe_compressor_get(NULL, pc->compress, &comp);  // checked above
+      if (!moe_compressor_is_identity(&comp)) {       // csend, crecv, cback (moe_parm_chunks_init_)
+        size_t b[3];
+        moe_parm_compressed_bounds_(&comp, pc->chunks, pc->ep, (int)P, (size_t)R,
+                                    recv_rows_max(cfg, pc->ep, pc->esp), (size_t)ESP * (size_t)R,
+                                    (size_t)M, b);
+        out->bytes[MOE_MEM_A2A] += (double)b[0] + (double)b[1] + (double)b[2] + 3 * 256;
+      }
     }
     if (pc->slice_tokens > 0) {  // alloc_det's tables, and moe_allreduce_fixed's buffer
       const double slices = (double)(cfg->tokens / pc->slice_tokens);
@@ -396,7 +436,9 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
   }
   MOE_TRY(moe_comm_agree(ctx, L->world, alloc_all(L), "Parm layer allocation"));
   L->r = 1;
-  if (pc->chunks > 1)
+  moe_compressor_get(ctx, pc->compress, &L->comp);  // checked above
+  L->compress_on = !moe_compressor_is_identity(&L->comp);
+  if (uses_executor(pc))
     MOE_TRY(moe_comm_agree(ctx, L->world, moe_parm_chunks_init_(L), "Parm chunked pass setup"));
   *out = L;
   L = NULL;
@@ -885,7 +927,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
     }
   }
   const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1, saa = s2 && L->saa;
-  if (L->r > 1) {  // way there, shards, way back (and SAA's gathers) as the executor's tasks
+  if (L->ex) {  // way there, shards, way back (and SAA's gathers) as the executor's tasks
     double ems = 0, gms = 0;
     MOE_TRY(moe_parm_chunked_pass_(L, backward, saa, L->xb, back_at, tm, &ems, &gms));
     pt->expert_ms += ems;
@@ -908,7 +950,7 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
   }
   t0 = moe_time_ns();
   if (!saa) {
-    if (L->r == 1) {
+    if (!L->ex) {
       size_t sat = 0;
       for (int q = 0; q < P; q++) {
         L->sc[q] = (size_t)L->member_rows[q] * row;

@@ -265,21 +265,20 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
   const moe_schedule_algo *ts = NULL;
   const int peer_groups = moe_schedule_algo_find(NULL, tc->par.schedule, &ts) == MOE_STATUS_OK &&
                           ts->chunking != MOE_CHUNK_ROWS;
-  const char *no =
-      tc->balance.policy != MOE_BALANCE_NONE        ? "load balancing (--balance)"
-      : moe_train_packing_on(tc)                    ? "expert packing (--expert-packing)"
-      : tc->grad_bucket_mb > 0                      ? "gradient buckets (--grad-bucket-mb)"
-      : tc->comm_priority != MOE_COMM_PRIORITY_FIFO ? "Lina's priority (--comm-priority)"
-      : tc->par.topo_gate > 0                       ? "the topology-aware gate (--gate)"
-      : tc->router_bias_rate > 0                    ? "the router-bias update"
-      : tc->routing_trace                           ? "routing traces (--routing-trace)"
-      : tc->trace                                   ? "step traces (--trace)"
-      : tc->par.compress[0] && strcmp(tc->par.compress, "none") != 0  // catalogue: the identity
-          ? "compression (--compress)"
-          : tc->par.chunks == 0                     ? "--chunks auto"
-            : strcmp(tc->par.schedule, "auto") == 0 ? "--schedule auto"
-            : peer_groups ? "a task schedule whose chunks are peer groups (--schedule)"
-                          : NULL;
+  const char *no = tc->balance.policy != MOE_BALANCE_NONE ? "load balancing (--balance)"
+                   : moe_train_packing_on(tc)             ? "expert packing (--expert-packing)"
+                   : tc->grad_bucket_mb > 0               ? "gradient buckets (--grad-bucket-mb)"
+                   : tc->comm_priority != MOE_COMM_PRIORITY_FIFO
+                       ? "Lina's priority (--comm-priority)"
+                   : tc->par.topo_gate > 0                 ? "the topology-aware gate (--gate)"
+                   : tc->router_bias_rate > 0              ? "the router-bias update"
+                   : tc->routing_trace                     ? "routing traces (--routing-trace)"
+                   : tc->trace                             ? "step traces (--trace)"
+                   : strcmp(tc->par.compress, "auto") == 0 ? "--compress auto"
+                   : tc->par.chunks == 0                   ? "--chunks auto"
+                   : strcmp(tc->par.schedule, "auto") == 0 ? "--schedule auto"
+                   : peer_groups ? "a task schedule whose chunks are peer groups (--schedule)"
+                                 : NULL;
   MOE_FAIL_IF(ctx, no != NULL, MOE_STATUS_INVALID_ARG,
               "Parm (--mp / --esp / --parm) does not combine with %s yet (docs/parm.md)", no);
   // s1 / s2's chunked EP&ESP pass keeps no fixed order of the expert gradients' sums
@@ -287,6 +286,15 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
               "Parm's chunked pass (--chunks %d) does not run in deterministic mode; add "
               "--deterministic off, or use --chunks 1",
               tc->par.chunks);
+  {
+    moe_compressor comp;
+    MOE_TRY(moe_compressor_get(ctx, tc->par.compress, &comp));
+    MOE_FAIL_IF(ctx, !moe_compressor_is_identity(&comp) && tc->deterministic,
+                MOE_STATUS_INVALID_ARG,
+                "Parm's compressed pass (--compress %s) does not run in deterministic mode; add "
+                "--deterministic off",
+                tc->par.compress);
+  }
 done:
   return st;
 }
@@ -396,6 +404,8 @@ moe_status moe_train_memory(moe_ctx *ctx, const moe_train_config *tc, int world_
     pc.ranks_per_node = tc->par.ranks_per_node;
     pc.chunks = tc->par.chunks;  // as parm_model sets them
     snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", tc->par.schedule);
+    snprintf(pc.compress, sizeof pc.compress, "%s", tc->par.compress);
+    pc.compress_backward = tc->par.compress_backward;
     pc.slice_tokens = tc->deterministic ? S : 0;
     moe_layer_config lc = tc->model.moe;  // as moe_gpt_create passes it to the backend
     lc.model_dim = tc->model.d_model;
@@ -1143,6 +1153,8 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
   pc->chunks = tc->par.chunks;
   snprintf(pc->task_schedule, sizeof pc->task_schedule, "%s", tc->par.schedule);
   pc->exec = tc->par.exec;
+  snprintf(pc->compress, sizeof pc->compress, "%s", tc->par.compress);
+  pc->compress_backward = tc->par.compress_backward;
   pc->ranks_per_node = tc->par.ranks_per_node;
   snprintf(pc->a2a, sizeof pc->a2a, "%s", tc->par.a2a);
   r->parm_user->world = r->world;
