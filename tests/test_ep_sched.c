@@ -584,29 +584,13 @@ static void test_special(void) {
 
 // ---- 2. compression ---------------------------------------------------------------------------
 
-static double max_abs(const float *a, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
-  return m;
-}
-
-static double max_abs_diff(const float *a, const float *b, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    const double d = fabs((double)a[i] - (double)b[i]);
-    if (isnan(d)) return INFINITY;
-    m = fmax(m, d);
-  }
-  return m;
-}
-
 // Global max over the world of max |got - ref| and of max |ref| on y.
 static void y_error(const result *got, const result *ref, const batch *bt, double *err,
                     double *scale) {
   double v[2] = {0.0, 0.0};
   if (got->ok && ref->ok && bt->T > 0) {
-    v[0] = max_abs_diff(got->y, ref->y, (size_t)bt->T * M_DIM);
-    v[1] = max_abs(ref->y, (size_t)bt->T * M_DIM);
+    v[0] = tu_max_abs_diff(got->y, ref->y, (size_t)bt->T * M_DIM);
+    v[1] = tu_max_abs(ref->y, (size_t)bt->T * M_DIM);
   }
   if (!got->ok || !ref->ok) v[0] = INFINITY;
   MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);

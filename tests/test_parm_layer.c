@@ -230,22 +230,6 @@ static int compressed_pass(int mp, int ep, int esp, int chunks, const char *comp
   return L && st == MOE_STATUS_OK;
 }
 
-static double max_abs_of(const float *a, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
-  return m;
-}
-
-static double max_abs_diff_of(const float *a, const float *b, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; i++) {
-    const double d = fabs((double)a[i] - (double)b[i]);
-    if (isnan(d)) return INFINITY;
-    m = fmax(m, d);
-  }
-  return m;
-}
-
 // The chunked pass with a compressor (the Dump's block compressed once per EP
 // rank): outputs within the codec's bound of the uncompressed pass and not
 // equal to them (the payloads were compressed); compress_backward keeps the
@@ -270,7 +254,7 @@ static void check_compressed(int mp, int ep, int esp) {
            compressed_pass(mp, ep, esp, chunks, comps[i], 1, 1, x, dy, T, yb, dxb, gb, &ng) &&
            compressed_pass(mp, ep, esp, chunks, comps[i], 1, 0, x, dy, T, ys, dxs, gs, &ng);
       if (!ok) break;
-      double err = max_abs_diff_of(y, y0, n), scale = max_abs_of(y0, n);
+      double err = tu_max_abs_diff(y, y0, n), scale = tu_max_abs(y0, n);
       int ydiff = memcmp(y, yb, n * 4) != 0, dxdiff = memcmp(dx, dxb, n * 4) != 0;
       int saadiff =
           memcmp(ys, yb, n * 4) != 0 || memcmp(dxs, dxb, n * 4) != 0 || memcmp(gs, gb, ng * 4) != 0;

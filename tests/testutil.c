@@ -58,6 +58,22 @@ double tu_max_rel_err(const float *got, const float *ref, size_t n) {
   return maxdiff / (maxref > 1e-30 ? maxref : 1e-30);
 }
 
+double tu_max_abs(const float *a, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+  return m;
+}
+
+double tu_max_abs_diff(const float *a, const float *b, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const double d = fabs((double)a[i] - (double)b[i]);
+    if (isnan(d)) return INFINITY;
+    m = fmax(m, d);
+  }
+  return m;
+}
+
 int tu_rel_close(const char *name, const float *got, const float *ref, size_t n, double tol) {
   const double err = tu_max_rel_err(got, ref, n);
   tu_checks++;

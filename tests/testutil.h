@@ -31,6 +31,9 @@ int tu_allclose(const char *name, const float *got, const float *ref, size_t n, 
                 double rtol);
 // Tensor-wise relative error max_i |got_i - ref_i| / max(max_i |ref_i|, 1e-30).
 double tu_max_rel_err(const float *got, const float *ref, size_t n);
+// max |a[i]|; max |a[i] - b[i]| (infinity if a difference is NaN)
+double tu_max_abs(const float *a, size_t n);
+double tu_max_abs_diff(const float *a, const float *b, size_t n);
 // Checks tu_max_rel_err(got, ref) <= tol; prints the worst element on failure.
 int tu_rel_close(const char *name, const float *got, const float *ref, size_t n, double tol);
 // Equality of integer arrays, printing the first 5 differences.
