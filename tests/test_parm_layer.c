@@ -189,12 +189,12 @@ out:
   tu_free_all();
 }
 
-// One forward + backward of s2 (MP x EP x ESP, `chunks`, compressor comp,
+// One forward + backward of s2 (MP x EP x ESP, `chunks` in order tsched, compressor comp,
 // compress_backward cb) on fixed tokens; y, dx and the gradients into the
 // caller's buffers (T x M, T x M, ng). 0 on failure (reported).
-static int compressed_pass(int mp, int ep, int esp, int chunks, const char *comp, int cb, int saa,
-                           const float *x, const float *dy, int T, float *y, float *dx, float *g,
-                           size_t *ng) {
+static int s2_pass(int mp, int ep, int esp, int chunks, const char *tsched, const char *comp,
+                   int cb, int saa, const float *x, const float *dy, int T, float *y, float *dx,
+                   float *g, size_t *ng) {
   moe_ctx *ctx = NULL;
   moe_ctx_create(&ctx);
   const int M = 16, H = 24, E = 8, K = 2;
@@ -209,10 +209,10 @@ static int compressed_pass(int mp, int ep, int esp, int chunks, const char *comp
   pc.chunks = chunks;
   pc.compress_backward = cb;
   snprintf(pc.compress, sizeof pc.compress, "%s", comp);
-  snprintf(pc.task_schedule, sizeof pc.task_schedule, "optsche");
+  snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", tsched);
   char name[128];
-  snprintf(name, sizeof name, "mp%d ep%d esp%d chunks %d %s%s%s", mp, ep, esp, chunks, comp,
-           cb ? " +backward" : "", saa ? " saa" : "");
+  snprintf(name, sizeof name, "mp%d ep%d esp%d chunks %d %s %s%s%s", mp, ep, esp, chunks, tsched,
+           comp, cb ? " +backward" : "", saa ? " saa" : "");
   moe_parm_layer *L = create_checked(ctx, name, &cfg, &pc);
   moe_status st = L ? MOE_STATUS_OK : MOE_STATUS_INTERNAL;
   if (L) {
@@ -242,7 +242,7 @@ static void check_compressed(int mp, int ep, int esp) {
   float *x = tu_filled(n, 300 + (uint64_t)d, -1, 1), *dy = tu_filled(n, 400 + (uint64_t)d, -1, 1);
   float *y0 = tu_fbuf(n), *dx0 = tu_fbuf(n), *g0 = tu_fbuf(gmax);
   size_t ng = 0;
-  int ok = compressed_pass(mp, ep, esp, 2, "none", 0, 1, x, dy, T, y0, dx0, g0, &ng);
+  int ok = s2_pass(mp, ep, esp, 2, "optsche", "none", 0, 1, x, dy, T, y0, dx0, g0, &ng);
   const char *comps[3] = {"fp16", "bf16", "int8"};
   const double bound[3] = {0x1p-8, 0x1p-5, 0x1p-4};
   for (int i = 0; i < 3 && ok; i++) {
@@ -250,9 +250,9 @@ static void check_compressed(int mp, int ep, int esp) {
       float *y = tu_fbuf(n), *dx = tu_fbuf(n), *g = tu_fbuf(gmax), *yb = tu_fbuf(n),
             *dxb = tu_fbuf(n), *gb = tu_fbuf(gmax), *ys = tu_fbuf(n), *dxs = tu_fbuf(n),
             *gs = tu_fbuf(gmax);
-      ok = compressed_pass(mp, ep, esp, chunks, comps[i], 0, 1, x, dy, T, y, dx, g, &ng) &&
-           compressed_pass(mp, ep, esp, chunks, comps[i], 1, 1, x, dy, T, yb, dxb, gb, &ng) &&
-           compressed_pass(mp, ep, esp, chunks, comps[i], 1, 0, x, dy, T, ys, dxs, gs, &ng);
+      ok = s2_pass(mp, ep, esp, chunks, "optsche", comps[i], 0, 1, x, dy, T, y, dx, g, &ng) &&
+           s2_pass(mp, ep, esp, chunks, "optsche", comps[i], 1, 1, x, dy, T, yb, dxb, gb, &ng) &&
+           s2_pass(mp, ep, esp, chunks, "optsche", comps[i], 1, 0, x, dy, T, ys, dxs, gs, &ng);
       if (!ok) break;
       double err = tu_max_abs_diff(y, y0, n), scale = tu_max_abs(y0, n);
       int ydiff = memcmp(y, yb, n * 4) != 0, dxdiff = memcmp(dx, dxb, n * 4) != 0;
@@ -454,49 +454,27 @@ out:
 
 // s2 with SAA against s2 without: the same bits (outputs, dx, gradients).
 static void check_saa_bitwise(int mp, int ep, int esp, int chunks, const char *tsched) {
-  moe_ctx *ctx = NULL;
-  moe_ctx_create(&ctx);
-  const int M = 16, H = 24, E = 8, K = 2, T = 37;
-  moe_layer_config cfg = tu_layer_config(T, M, H, E, K);
-  moe_parm_config pc;
-  moe_parm_config_default(&pc);
-  pc.mp = mp;
-  pc.ep = ep;
-  pc.esp = esp;
-  pc.schedule = MOE_PARM_S2;
-  pc.chunks = chunks;
-  snprintf(pc.task_schedule, sizeof pc.task_schedule, "%s", tsched);
-  moe_parm_layer *L = NULL;
-  moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
-  TU_CHECK(st == MOE_STATUS_OK, "saa create: %s", moe_ctx_error(ctx));
-  if (st != MOE_STATUS_OK) goto out;
-  moe_parm_layer_init_params(L, 3);
-  const int d = moe_parm_data_index(&pc, g_world, g_rank);
-  float *x = tu_filled((size_t)T * M, 100 + (uint64_t)d, -1, 1);
-  float *dy = tu_filled((size_t)T * M, 200 + (uint64_t)d, -1, 1);
+  const int T = 37, M = 16;
+  const size_t n = (size_t)T * M, gmax = 1 << 16;
+  const int d = g_rank / mp;  // the data part (MP peers share it)
+  const float *x = tu_filled(n, 100 + (uint64_t)d, -1, 1);
+  const float *dy = tu_filled(n, 200 + (uint64_t)d, -1, 1);
   float *y[2], *dx[2], *g[2];
-  const moe_parm_tensors t = moe_parm_layer_get_tensors(L);
-  const size_t ng = (size_t)M * E + (size_t)t.home_count * (2 * (size_t)M * t.hs + t.hs + M);
-  for (int saa = 0; saa < 2 && st == MOE_STATUS_OK; saa++) {
-    y[saa] = tu_fbuf((size_t)T * M);
-    dx[saa] = tu_fbuf((size_t)T * M);
-    g[saa] = tu_fbuf(ng);
-    st = moe_parm_layer_set_schedule(L, MOE_PARM_S2, saa);
-    moe_parm_layer_zero_grad(L);
-    if (st == MOE_STATUS_OK) st = moe_parm_layer_forward(L, x, T, y[saa], NULL);
-    if (st == MOE_STATUS_OK) st = moe_parm_layer_backward(L, dy, dx[saa]);
-    memcpy(g[saa], t.dwg, ng * sizeof(float));  // the gradients are contiguous from dwg
+  size_t ng = 0;
+  int ok = 1;
+  for (int saa = 0; saa < 2; saa++) {
+    y[saa] = tu_fbuf(n);
+    dx[saa] = tu_fbuf(n);
+    g[saa] = tu_fbuf(gmax);
+    ok = ok && s2_pass(mp, ep, esp, chunks, tsched, "none", 0, saa, x, dy, T, y[saa], dx[saa],
+                       g[saa], &ng);
   }
-  TU_CHECK(st == MOE_STATUS_OK, "saa passes: %s", moe_ctx_error(ctx));
-  if (st == MOE_STATUS_OK) {
-    TU_CHECK(memcmp(y[0], y[1], (size_t)T * M * 4) == 0 &&
-                 memcmp(dx[0], dx[1], (size_t)T * M * 4) == 0 && memcmp(g[0], g[1], ng * 4) == 0,
+  if (ok) {
+    TU_CHECK(memcmp(y[0], y[1], n * 4) == 0 && memcmp(dx[0], dx[1], n * 4) == 0 &&
+                 memcmp(g[0], g[1], ng * 4) == 0,
              "mp%d ep%d esp%d chunks %d %s: s2 with SAA differs from s2 without it", mp, ep, esp,
              chunks, tsched);
   }
-out:
-  moe_parm_layer_destroy(L);
-  moe_ctx_destroy(ctx);
   tu_free_all();
 }
 
