@@ -59,6 +59,7 @@ if python3 - "$tmp/chunks.json" <<'PY'; then ok; else bad "the chunked JSON"; fi
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["chunks"] == 3 and d["task_schedule"] == "optsche", (d["chunks"], d["task_schedule"])
+assert d["compress"] == "none" and d["compress_backward"] == 0, (d["compress"], d["compress_backward"])
 assert len(d["configs"]) == 2
 for x in d["configs"]:
     assert x["variants"][2]["max_rel_diff"] <= 1e-4 and x["variants"][3]["max_rel_diff"] <= 1e-4

@@ -583,11 +583,50 @@ static void check_bad_deterministic(void) {
   moe_ctx_destroy(ctx);
 }
 
+// MPI at MPI_THREAD_FUNNELED (--funneled): the chunked and the compressed
+// pass are refused on every rank (they call MPI from a second thread); the
+// unchunked layer is created.
+static int funneled_only(void) {
+  moe_ctx *ctx = NULL;
+  moe_ctx_create(&ctx);
+  moe_layer_config cfg = tu_layer_config(8, 8, 16, 4, 2);
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);  // (an MPI may provide more than asked for: then all are created)
+  for (int i = 0; i < 3; i++) {
+    moe_parm_config pc;
+    moe_parm_config_default(&pc);
+    pc.ep = g_world;
+    if (i == 1) pc.chunks = 2;
+    if (i == 2) snprintf(pc.compress, sizeof pc.compress, "fp16");
+    moe_parm_layer *L = NULL;
+    const moe_status st = moe_parm_layer_create(ctx, MPI_COMM_WORLD, &cfg, &pc, &L);
+    if (i == 0 || level >= MPI_THREAD_SERIALIZED) {
+      TU_CHECK(st == MOE_STATUS_OK && L, "funneled (provided %d), case %d: %s", level, i,
+               moe_ctx_error(ctx));
+    } else {
+      TU_CHECK(st == MOE_STATUS_INVALID_ARG && !L &&
+                   (strstr(moe_ctx_error(ctx), "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE") ||
+                    strstr(moe_ctx_error(ctx), "failed on rank")),
+               "funneled, %s: status %d, '%s'", i == 1 ? "chunks 2" : "fp16", (int)st,
+               moe_ctx_error(ctx));
+    }
+    moe_parm_layer_destroy(L);
+  }
+  moe_ctx_destroy(ctx);
+  return tu_mpi_finish("test_parm_layer --funneled");
+}
+
 int main(int argc, char **argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const int funneled = argc > 1 && strcmp(argv[argc - 1], "--funneled") == 0;
+  MPI_Init_thread(&argc, &argv, funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+  if (funneled) {
+    const int rc = funneled_only();
+    MPI_Finalize();
+    return rc;
+  }
   const int sizes[3] = {1, 2, 4};
   // every layout, every all-to-all algorithm, every schedule (s2 with and without SAA)
   int nalgos = 0;

@@ -262,9 +262,9 @@ typedef struct {
 } moe_parm_grid_summary;
 void moe_parm_grid_summarize(const moe_parm_grid_row *rows, int n, moe_parm_grid_summary *out);
 
-// The grid as JSON (docs/parm.md): ranks, all-to-all, rounds, the chunks and
-// task schedule of s1 and s2's EP&ESP pass (the first row's), and every row
-// with its variants.
+// The grid as JSON (docs/parm.md): ranks, all-to-all, rounds, the chunks,
+// task schedule and compressor of s1 and s2's EP&ESP pass (the first row's),
+// and every row with its variants.
 void moe_parm_grid_write_json(FILE *f, const moe_parm_grid_row *rows, int n, int ranks,
                               const char *a2a, const moe_parm_bench_config *bc);
 

@@ -44,7 +44,10 @@
 // (tests/test_parm_layer.c). With a capacity, baseline and s2 drop per source
 // rank (as moe_ep_layer), s1 per MP slice.
 //
-// Threading: one thread per rank; MPI initialised by the caller.
+// Threading: one thread per rank; MPI initialised by the caller. With chunks
+// > 1 or a compressor (moe_parm_config) the EP&ESP pass runs its all-to-alls
+// and SAA's gathers on a communication thread of the executor: MPI must then
+// be initialised with MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE.
 #ifndef MOE_PARM_H
 #define MOE_PARM_H
 
@@ -133,8 +136,11 @@ typedef struct {
 // below 1; mp x ep x esp does not divide the world; E is not divisible by
 // EP; H is not divisible by ESP; the all-to-all is unknown or cannot run on
 // its group's nodes; ranks_per_node does not divide the world; intra_node is
-// set and an MP or ESP group spans two nodes; the configurations differ
-// between ranks.
+// set and an MP or ESP group spans two nodes; chunks is out of range, the
+// task schedule unknown or cut by peer groups, the compressor unknown;
+// chunks > 1 or a lossy compressor with slice_tokens; MPI below
+// MPI_THREAD_SERIALIZED with chunks or a compressor; the configurations
+// differ between ranks.
 moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_config *cfg,
                                  const moe_parm_config *pc, moe_parm_layer **out);
 // The bytes one rank of moe_parm_layer_create(world of world_size ranks)

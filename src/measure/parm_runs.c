@@ -396,9 +396,11 @@ void moe_parm_grid_write_json(FILE *f, const moe_parm_grid_row *rows, int n, int
                               const char *a2a, const moe_parm_bench_config *bc) {
   fprintf(f,
           "{\n  \"benchmark\": \"parm\",\n  \"ranks\": %d,\n  \"a2a\": \"%s\",\n  \"rounds\": %d,"
-          "\n  \"warmup\": %d,\n  \"chunks\": %d,\n  \"task_schedule\": \"%s\",\n  \"configs\": [",
+          "\n  \"warmup\": %d,\n  \"chunks\": %d,\n  \"task_schedule\": \"%s\",\n  "
+          "\"compress\": \"%s\",\n  \"compress_backward\": %d,\n  \"configs\": [",
           ranks, a2a, bc->rounds, bc->warmup, n > 0 ? rows[0].pc.chunks : 1,
-          n > 0 ? rows[0].pc.task_schedule : "");
+          n > 0 ? rows[0].pc.task_schedule : "", n > 0 ? rows[0].pc.compress : "",
+          n > 0 ? rows[0].pc.compress_backward : 0);
   for (int i = 0; i < n; i++) {
     const moe_parm_grid_row *w = &rows[i];
     fprintf(f,

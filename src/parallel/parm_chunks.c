@@ -61,6 +61,7 @@ enum {
   CH_CBACK_AT,     // where member q's compressed partials land in cback
   CH_ARRAYS
 };
+_Static_assert(CH_ARRAYS == MOE_PARM_CH_ARRAYS, "the plan's arrays (moe_parm_layer_memory)");
 #define CBLOCK_ALIGN 64
 
 static size_t round_up(size_t n) { return (n + CBLOCK_ALIGN - 1) / CBLOCK_ALIGN * CBLOCK_ALIGN; }
@@ -347,7 +348,6 @@ static moe_status task_g(void *arg, moe_ctx *ctx) {
     }
     out += n;
   }
-  L->ch_gather_t0 = moe_time_ns();
   const int rc =
       MPI_Iallgatherv(first, L->ch_gcnt[c * MP + L->me.mp], MPI_FLOAT, L->stg, L->ch_gcnt + c * MP,
                       L->ch_gdis + c * MP, MPI_FLOAT, L->mp, &L->ch_greq);
@@ -363,7 +363,6 @@ done:
 static void gather_done(moe_parm_layer *L) {
   moe_watchdog_op_end(L->ch_gwatch);
   L->ch_gwatch = 0;
-  L->ch_gather_ns += moe_time_ns() - L->ch_gather_t0;
 }
 
 static moe_status task_g_test(void *arg, moe_ctx *ctx, moe_task_state *state) {
@@ -438,14 +437,17 @@ static moe_status build(moe_parm_layer *L, int backward, int saa, void *const *a
   int gidx[MOE_MAX_CHUNKS];
   for (int c = 0; c < r; c++) {
     char name[MOE_TASK_NAME_MAX];
-    snprintf(name, sizeof name, "G%s^%d", backward ? "'" : "", c);
+    snprintf(name, sizeof name, "G%s^%d", backward ? "'" : "", c + 1);
     const int dep = tidx[c][compressed ? MOE_CT_D2 : MOE_CT_A2];  // the partials in place
     const moe_task_desc d = {MOE_STREAM_COMM, name,    c,    task_g, task_g_test,
                              task_g_wait,     args[c], &dep, 1};
     MOE_TRY(moe_task_graph_add(ctx, gr, &d, &gidx[c]));
   }
   {
-    // the comm order again, each G^c right after its A2^c
+    // the comm order again: each G^c right after its A2^c; compressed, the
+    // G tasks after the last A2 (G^c waits for D2^c, which the row-chunked
+    // schedules run after every chunk's shards: right after A2^c it would
+    // hold the later chunks' way back behind the compute stream)
     int comm[MOE_CT_KINDS * MOE_MAX_CHUNKS], cpu[MOE_CT_KINDS * MOE_MAX_CHUNKS];
     const int nc = so->len[MOE_STREAM_COMM], np = so->len[MOE_STREAM_COMPUTE];
     memcpy(comm, so->order[MOE_STREAM_COMM], (size_t)nc * sizeof(int));
@@ -454,11 +456,13 @@ static moe_status build(moe_parm_layer *L, int backward, int saa, void *const *a
     for (int i = 0; i < np; i++) MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMPUTE, cpu[i]));
     for (int i = 0; i < nc; i++) {
       MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMM, comm[i]));
-      for (int c = 0; c < r; c++) {
+      for (int c = 0; c < r && !compressed; c++) {
         if (comm[i] == tidx[c][MOE_CT_A2])
           MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMM, gidx[c]));
       }
     }
+    for (int c = 0; c < r && compressed; c++)
+      MOE_TRY(moe_schedule_push(ctx, so, MOE_STREAM_COMM, gidx[c]));
   }
   MOE_TRY(moe_schedule_validate(ctx, gr, so));
 done:
@@ -535,20 +539,23 @@ void moe_parm_chunks_free_(moe_parm_layer *L) {
 }
 
 moe_status moe_parm_chunked_pass_(moe_parm_layer *L, int backward, int saa, float *back,
-                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms,
-                                  double *gather_ms) {
+                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms) {
   moe_status st = MOE_STATUS_OK;
-  MOE_TRY(plan(L, back_at));
+  if (L->compress_on) {  // (the buffers are reserved at create; should one grow and fail, every
+                         // rank must know before the first all-to-all)
+    MOE_TRY(moe_comm_agree(L->ctx, L->world, plan(L, back_at), "Parm chunk plan"));
+  } else {
+    MOE_TRY(plan(L, back_at));
+  }
   if (saa) plan_saa(L);
   L->soft_failed = 0;
   L->soft_msg[0] = '\0';
   L->ch_back = back;
   L->ch_back_at = back_at;
   L->ch_pass_tm = tm;
-  L->ch_expert_ns = L->ch_gather_ns = 0;
+  L->ch_expert_ns = 0;
   st = moe_executor_run(L->ex, &L->graph[backward][saa], &L->order[backward][saa], L->ctx);
   *expert_ms = (double)L->ch_expert_ns * 1e-6;
-  *gather_ms = (double)L->ch_gather_ns * 1e-6;
   if (st != MOE_STATUS_OK) {
     // A collective still in flight can be neither cancelled nor freed, and
     // its buffers are this layer's: the layer refuses further passes.

@@ -12,6 +12,8 @@
 #include "moe/sched.h"
 #include "parallel/parallel_internal.h"
 
+#define MOE_PARM_CH_ARRAYS 10  // the chunk plan's (r x P) arrays (parm_chunks.c)
+
 // What one task of a chunked EP&ESP pass works on.
 typedef struct {
   struct moe_parm_layer *L;
@@ -93,19 +95,17 @@ struct moe_parm_layer {
   moe_parm_task_arg *targ;          // (2 r): forward's chunks, then backward's
   moe_a2a_pending pending;          // the comm stream's all-to-all in flight
   moe_workspace a2a_ws;             // its workspace (the comm thread's)
-  size_t *ch;                       // (5 r P): per chunk and member, bytes: see parm_chunks.c
+  size_t *ch;                       // (CH_ARRAYS r P): per chunk and member, bytes: parm_chunks.c
   float *ch_back;                   // the pass's destination of the way back
   const size_t *ch_back_at;         // where member q's partials start in it (rows)
   // SAA in chunks (s2 with saa): G^c sums chunk c's ESP partials and
   // all-gathers them over MP while other chunks still compute
-  int *saa_rows;           // (MP x EP): rows of MP peer m's part of EP rank g's experts
-  int *ch_gcnt, *ch_gdis;  // (r x MP): chunk c's gather counts, displacements (floats)
-  size_t *ch_gsend;        // (r): where my chunk c's summed rows start in saa_buf (rows)
-  float *saa_buf;          // (R, M): my summed rows, chunk by chunk
-  MPI_Request ch_greq;     // the gather in flight
-  int ch_gwatch;           // its hang watchdog token
-  uint64_t ch_gather_ns;   // the gathers' time in this pass (start to done)
-  uint64_t ch_gather_t0;
+  int *saa_rows;                 // (MP x EP): rows of MP peer m's part of EP rank g's experts
+  int *ch_gcnt, *ch_gdis;        // (r x MP): chunk c's gather counts, displacements (floats)
+  size_t *ch_gsend;              // (r): where my chunk c's summed rows start in saa_buf (rows)
+  float *saa_buf;                // (R, M): my summed rows, chunk by chunk
+  MPI_Request ch_greq;           // the gather in flight
+  int ch_gwatch;                 // its hang watchdog token
   moe_layer_timing *ch_pass_tm;  // the expert tasks' timing (during a pass)
   uint64_t ch_expert_ns;         // their time in this pass
   int broken;                    // a pass failed with an all-to-all in flight
@@ -143,10 +143,9 @@ void moe_parm_chunks_free_(moe_parm_layer *L);
 // the expert tasks' time.
 // With saa (s2, MP > 1): the partials are summed and all-gathered over MP
 // chunk by chunk (SAA's tasks), into stg; moe_parm_saa_unpack_ then puts
-// them in route order. *gather_ms gets the gathers' time (0 without saa).
+// them in route order.
 moe_status moe_parm_chunked_pass_(moe_parm_layer *L, int backward, int saa, float *back,
-                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms,
-                                  double *gather_ms);
+                                  const size_t *back_at, moe_layer_timing *tm, double *expert_ms);
 // dst (route order) <- every MP peer's rows of every expert, from stg after
 // a chunked pass with saa.
 void moe_parm_saa_unpack_(moe_parm_layer *L, float *dst);

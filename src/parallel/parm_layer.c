@@ -221,11 +221,11 @@ moe_status moe_parm_layer_memory(moe_ctx *ctx, const moe_layer_config *cfg,
       // four graphs and schedules ([backward][saa], tasks each) and their
       // validations' scratch, the executor's records, the plan's arrays (32
       // blocks, each rounded up by malloc)
-      out->bytes[MOE_MEM_WORKSPACE] += 4 * tasks * (sizeof(moe_task) + 7 * sizeof(int)) +
-                                       tasks * (1 + sizeof(moe_task_record) + 2 * sizeof(int)) +
-                                       2048 + 32 * 16 + sizeof(size_t) * 6 * r * P +
-                                       2 * r * sizeof(moe_parm_task_arg) +
-                                       sizeof(int) * (pc->mp * (double)pc->ep + 2 * r * pc->mp);
+      out->bytes[MOE_MEM_WORKSPACE] +=
+          4 * tasks * (sizeof(moe_task) + 7 * sizeof(int)) +
+          tasks * (1 + sizeof(moe_task_record) + 2 * sizeof(int)) + 2048 + 32 * 16 +
+          sizeof(size_t) * (MOE_PARM_CH_ARRAYS + 1) * r * P + 2 * r * sizeof(moe_parm_task_arg) +
+          sizeof(int) * (pc->mp * (double)pc->ep + 2 * r * pc->mp);
       out->bytes[MOE_MEM_A2A] += F * (R * M + 1);  // SAA's summed rows
       moe_compressor comp;
       moe_compressor_get(NULL, pc->compress, &comp);  // checked above
@@ -368,6 +368,16 @@ moe_status moe_parm_layer_create(moe_ctx *ctx, MPI_Comm world, const moe_layer_c
                          "out, cfg and pc must not be NULL");
   } else {
     local = local_checks(ctx, W, cfg, pc, &algo);
+  }
+  if (local == MOE_STATUS_OK && uses_executor(pc)) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_SERIALIZED)
+      local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                           "Parm's chunked or compressed pass runs its all-to-alls on a "
+                           "communication thread: initialise MPI with MPI_Init_thread and "
+                           "MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE (provided level: %d)",
+                           level);
   }
   MOE_TRY(moe_comm_agree(ctx, world, local, "Parm layer setup"));
   MOE_TRY(moe_parallel_same_config_(ctx, world, config_hash(cfg, pc), "Parm"));
@@ -928,11 +938,12 @@ static moe_status epesp_pass(moe_parm_layer *L, int backward, const float *src, 
   }
   const int s2 = L->sched == MOE_PARM_S2 && L->MP > 1, saa = s2 && L->saa;
   if (L->ex) {  // way there, shards, way back (and SAA's gathers) as the executor's tasks
-    double ems = 0, gms = 0;
-    MOE_TRY(moe_parm_chunked_pass_(L, backward, saa, L->xb, back_at, tm, &ems, &gms));
+    // (the expert tasks' time; the rest of the pass's, its all-to-alls and
+    // with SAA its gathers, as the unchunked SAA counts them: all-to-all)
+    double ems = 0;
+    MOE_TRY(moe_parm_chunked_pass_(L, backward, saa, L->xb, back_at, tm, &ems));
     pt->expert_ms += ems;
-    pt->mp_ms += gms;
-    pt->a2a_ms += moe_time_ms_since(t0) - ems - gms;
+    pt->a2a_ms += moe_time_ms_since(t0) - ems;
     if (saa) {
       t0 = moe_time_ns();
       moe_parm_saa_unpack_(L, dst);
