@@ -224,7 +224,8 @@ typedef struct {
 // NULL for all no-ops) and args[c] (or NULL) give the tasks' functions and arguments. graph needs
 // room for 7 r tasks and 7 r dependencies and sched for 7 r tasks per stream; both are cleared
 // first. tidx (r rows, may be NULL) receives the task indices (-1 for absent kinds). Used by the
-// expert-parallel layer and by the simulator, so both run the same graphs.
+// expert-parallel layer, by Parm's chunked EP&ESP pass (which appends SAA's
+// gather tasks) and by the simulator, so they run the same graphs.
 moe_status moe_chunk_pass_build(moe_ctx *ctx, const moe_schedule_algo *algo, int r, int compressed,
                                 int backward, const moe_chunk_task_fns *fns, void *const *args,
                                 moe_task_graph *graph, moe_schedule *sched,
