@@ -11,7 +11,8 @@
 # 1000*CAMPAIGN_SEED + P), CAMPAIGN_RANKS (default "1 2 3 4 6 8"),
 # CAMPAIGN_CHUNK (cases per mpirun, default 500), CAMPAIGN_TIMEOUT (seconds a case
 # may take, default 120), CAMPAIGN_LOG (every run's output, default
-# BUILD/campaign.log). Every MISMATCH and HANG line carries a command that
+# BUILD/campaign.log), CAMPAIGN_ARGS (extra campaign arguments, e.g. "--parm" for
+# Parm's layer). Every MISMATCH and HANG line carries a command that
 # reproduces the case. Exit: 0 when every case matched, 1 on any mismatch or
 # hang, 2 on bad arguments.
 set -uo pipefail
@@ -23,6 +24,7 @@ ranks=${CAMPAIGN_RANKS:-1 2 3 4 6 8}
 chunk=${CAMPAIGN_CHUNK:-500}
 timeout=${CAMPAIGN_TIMEOUT:-120}
 log=${CAMPAIGN_LOG:-$build/campaign.log}
+read -r -a extra <<<"${CAMPAIGN_ARGS:-}"
 prog="$build/tests/campaign"
 [[ "$cases" =~ ^[0-9]+$ && "$seed" =~ ^[0-9]+$ && "$chunk" =~ ^[1-9][0-9]*$ ]] || {
   echo "campaign.sh: CASES, CAMPAIGN_SEED and CAMPAIGN_CHUNK must be integers (got '$cases', '$seed', '$chunk')" >&2
@@ -61,12 +63,12 @@ for p in $ranks; do
   first=0
   while ((first < n)); do
     k=$((n - first < chunk ? n - first : chunk))
-    out=$(scripts/moe-mpirun -n "$p" "$prog" --seed "$pseed" --cases "$k" --first "$first" \
-      --timeout "$timeout" 2>&1)
+    out=$(scripts/moe-mpirun -n "$p" "$prog" "${extra[@]}" --seed "$pseed" --cases "$k" \
+      --first "$first" --timeout "$timeout" 2>&1)
     rc=$?
     echo "$out" >>"$log"
     echo "$out" | grep -A1 '^MISMATCH' | grep -v '^--$'
-    summary=$(echo "$out" | grep '^campaign P=')
+    summary=$(echo "$out" | grep -E '^campaign( --parm)? P=')
     if [[ -n "$summary" ]]; then
       read -r cc ce cr cd cm <<<"$(echo "$summary" | sed -E \
         's/.*cases ([0-9]+), equal ([0-9]+) \(of which rejected as documented ([0-9]+), with drops ([0-9]+)\), mismatches ([0-9]+).*/\1 \2 \3 \4 \5/')"

@@ -45,9 +45,12 @@
 // every rank and ends the job (exit 3). Exit: 0 all cases equal, 1 a mismatch,
 // 2 bad arguments.
 //
-// Not drawn (not in the layer yet): load balancing, Parm layouts; lossy
-// compressors (they change results by design; tests/test_ep_sched.c bounds them).
+// Not drawn (not in the layer yet): load balancing; lossy compressors (they
+// change results by design; tests/test_ep_sched.c bounds them). Parm's layouts
+// are drawn with --parm (tests/campaign_parm.c).
 #define _POSIX_C_SOURCE 200809L
+#include "campaign.h"
+
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -62,10 +65,6 @@
 #include "moe/moe.h"
 #include "moe/parallel.h"
 
-#define REL_TOL 2e-5
-#define ABS_TOL 1e-6
-#define MAX_P 64
-#define MAX_PASSES 2
 #define MAX_REPLICAS 6
 
 // ---- the case ------------------------------------------------------------------------------
@@ -83,16 +82,16 @@ typedef struct {
   char reject_why[96];
 } camp_case;
 
-static int g_rank, g_world;
+int g_rank, g_world;
 static int *g_auto_nodes;  // node of each rank with ranks_per_node = 0
-static int g_verbose;
+int g_verbose;
 static char g_repro[512];  // the current case's reproduce line (the alarm handler prints it)
 static const char *g_prog;
 
-static int draw(moe_rng *r, int lo, int hi) {  // uniform in [lo, hi]
+int draw(moe_rng *r, int lo, int hi) {  // uniform in [lo, hi]
   return lo + (int)(moe_rng_u32(r) % (uint32_t)(hi - lo + 1));
 }
-static int chance(moe_rng *r, double p) { return moe_rng_uniform(r) < p; }
+int chance(moe_rng *r, double p) { return moe_rng_uniform(r) < p; }
 
 // The seed of case i of a campaign with seed S (Philox of (i, S)).
 static uint64_t case_seed_of(uint64_t S, uint64_t i) {
@@ -277,20 +276,13 @@ static void describe(const camp_case *c, char *buf, size_t len) {
 // ---- comparisons ---------------------------------------------------------------------------
 
 // The worst error seen per quantity, as a fraction of the tolerance's relative part.
-enum { Q_Y, Q_DX, Q_AUX, Q_Z, Q_DWG, Q_DW1, Q_DB1, Q_DW2, Q_DB2, Q_W, Q_COUNT };
 static const char *q_names[Q_COUNT] = {"y",   "dx",  "aux", "z",   "dwg",
                                        "dw1", "db1", "dw2", "db2", "weight"};
 static double g_worst[Q_COUNT], g_worst_abs[Q_COUNT], g_worst_tol[Q_COUNT];
 static int g_plant = -1;  // --plant NAME: report an error in that quantity (self-check)
 static int g_plant_hang;  // --plant hang: the last rank stalls in the first case
 
-typedef struct {
-  int failed;
-  char first[512];  // the first failure of this rank
-} verdict;
-
-static void fail(verdict *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void fail(verdict *v, const char *fmt, ...) {
+void fail(verdict *v, const char *fmt, ...) {
   if (!v->failed) {
     va_list ap;
     va_start(ap, fmt);
@@ -301,8 +293,7 @@ static void fail(verdict *v, const char *fmt, ...) {
 }
 
 // max |got - ref| <= REL_TOL * max |ref| + ABS_TOL over the tensor.
-static void close_to(verdict *v, int q, const char *what, const float *got, const float *ref,
-                     size_t n) {
+void close_to(verdict *v, int q, const char *what, const float *got, const float *ref, size_t n) {
   double diff = 0.0, mag = 0.0;
   size_t worst = 0;
   for (size_t i = 0; i < n; i++) {
@@ -325,7 +316,7 @@ static void close_to(verdict *v, int q, const char *what, const float *got, cons
   }
 }
 
-static void equal_int(verdict *v, const char *what, long got, long ref) {
+void equal_int(verdict *v, const char *what, long got, long ref) {
   if (got != ref) fail(v, "%s: got %ld, reference %ld", what, got, ref);
 }
 
@@ -348,10 +339,81 @@ static void on_alarm(int sig) {
   _exit(3);
 }
 
-static float *fzero(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+float *fzero(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
-static void set_hot(float *wg, int hot) {
+void set_hot(float *wg, int hot) {
   if (hot >= 0) wg[hot] += 4.0f;  // wg[0, hot]: feature 0 (set to 1) pulls to `hot`
+}
+
+void pass_inputs(uint64_t seed, int pass, int Tg, int M, int hot, float **x, float **dy) {
+  *x = fzero((size_t)Tg * M);
+  *dy = fzero((size_t)Tg * M);
+  moe_rng rx;
+  moe_rng_init(&rx, seed, 100 + (uint64_t)pass);
+  moe_rng_fill_uniform(&rx, *x, (size_t)Tg * M, -1.0f, 1.0f);
+  moe_rng_init(&rx, seed, 200 + (uint64_t)pass);
+  moe_rng_fill_uniform(&rx, *dy, (size_t)Tg * M, -1.0f, 1.0f);
+  if (hot >= 0)
+    for (int i = 0; i < Tg; i++) (*x)[(size_t)i * M] = 1.0f;
+}
+
+moe_status reference_layers(moe_ctx *ctx, const moe_layer_config *cfg, int Tg_max, uint64_t seed,
+                            int hot, moe_layer **R, moe_layer **G, moe_layer **B) {
+  moe_layer_config gcfg = *cfg;
+  gcfg.tokens = Tg_max;
+  moe_status st = MOE_STATUS_OK;
+  if (!(cfg->capacity_factor > 0.0)) {
+    st = moe_layer_create(ctx, &gcfg, R);
+  } else {
+    gcfg.capacity_factor = 0.0;  // the losses do not depend on dropping
+    moe_layer_config bcfg = *cfg;
+    bcfg.aux_loss_coef = 0.0f;
+    bcfg.z_loss_coef = 0.0f;
+    st = moe_layer_create(ctx, &gcfg, G);
+    if (st == MOE_STATUS_OK) st = moe_layer_create(ctx, &bcfg, B);
+  }
+  moe_layer *all[3] = {*R, *G, *B};
+  for (int i = 0; i < 3 && st == MOE_STATUS_OK; i++) {
+    if (!all[i]) continue;
+    moe_layer_init_params(all[i], seed);
+    set_hot(moe_layer_get_tensors(all[i]).wg, hot);
+    moe_layer_zero_grad(all[i]);
+  }
+  return st;
+}
+
+void compare_pass(verdict *v, int pass, const float *y, const float *dx, const moe_layer_stats *s,
+                  const float *y_ref, const float *dx_ref, float aux, float z, int rows,
+                  int dropped, size_t n) {
+  char what[64];
+  snprintf(what, sizeof what, "pass %d y", pass);
+  close_to(v, Q_Y, what, y, y_ref, n);
+  snprintf(what, sizeof what, "pass %d dx", pass);
+  close_to(v, Q_DX, what, dx, dx_ref, n);
+  snprintf(what, sizeof what, "pass %d aux", pass);
+  close_to(v, Q_AUX, what, &s->aux_loss, &aux, 1);
+  snprintf(what, sizeof what, "pass %d z", pass);
+  close_to(v, Q_Z, what, &s->z_loss, &z, 1);
+  snprintf(what, sizeof what, "pass %d rows", pass);
+  equal_int(v, what, s->rows, rows);
+  snprintf(what, sizeof what, "pass %d dropped", pass);
+  equal_int(v, what, s->dropped, dropped);
+}
+
+int verdict_agree(const verdict *v, int *dropped_any) {
+  int bad = v->failed ? 1 : 0, any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, dropped_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any) {
+    for (int r = 0; r < g_world; r++) {  // rank by rank, so the lines do not interleave
+      if (r == g_rank && bad) {
+        fprintf(stderr, "  rank %d: %d failure(s), first: %s\n", g_rank, v->failed, v->first);
+        fflush(stderr);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+  }
+  return any;
 }
 
 // Runs one case; returns 1 when it matched (or was rejected as documented) on
@@ -418,15 +480,7 @@ static int run_case(const camp_case *c, int *rejected, int *dropped_any) {
       q->Tg += c->T[p][r];
     }
     if (q->Tg > Tg_max) Tg_max = q->Tg;
-    q->x = fzero((size_t)q->Tg * M);
-    q->dy = fzero((size_t)q->Tg * M);
-    moe_rng rx;
-    moe_rng_init(&rx, c->seed, 100 + (uint64_t)p);
-    moe_rng_fill_uniform(&rx, q->x, (size_t)q->Tg * M, -1.0f, 1.0f);
-    moe_rng_init(&rx, c->seed, 200 + (uint64_t)p);
-    moe_rng_fill_uniform(&rx, q->dy, (size_t)q->Tg * M, -1.0f, 1.0f);
-    if (c->hot >= 0)
-      for (int i = 0; i < q->Tg; i++) q->x[(size_t)i * M] = 1.0f;
+    pass_inputs(c->seed, p, q->Tg, M, c->hot, &q->x, &q->dy);
     const int Tm = c->T[p][me];
     q->y_ref = fzero((size_t)Tm * M);
     q->dx_ref = fzero((size_t)Tm * M);
@@ -434,32 +488,9 @@ static int run_case(const camp_case *c, int *rejected, int *dropped_any) {
     q->slot = calloc((size_t)Tm * K + 1, sizeof(int32_t));
     q->weight = fzero((size_t)Tm * K);
   }
-  moe_layer_config gcfg = *cfg;
-  gcfg.tokens = Tg_max;
-  if (dropless) {
-    if (moe_layer_create(ctx, &gcfg, &R) != MOE_STATUS_OK) {
-      fail(&v, "reference create: %s", moe_ctx_error(ctx));
-      goto verdict;
-    }
-    moe_layer_init_params(R, c->seed);
-    set_hot(moe_layer_get_tensors(R).wg, c->hot);
-    moe_layer_zero_grad(R);
-  } else {
-    gcfg.capacity_factor = 0.0;  // the losses do not depend on dropping
-    moe_layer_config bcfg = *cfg;
-    bcfg.aux_loss_coef = 0.0f;
-    bcfg.z_loss_coef = 0.0f;
-    if (moe_layer_create(ctx, &gcfg, &G) != MOE_STATUS_OK ||
-        moe_layer_create(ctx, &bcfg, &B) != MOE_STATUS_OK) {
-      fail(&v, "reference create: %s", moe_ctx_error(ctx));
-      goto verdict;
-    }
-    moe_layer_init_params(G, c->seed);
-    moe_layer_init_params(B, c->seed);
-    set_hot(moe_layer_get_tensors(G).wg, c->hot);
-    set_hot(moe_layer_get_tensors(B).wg, c->hot);
-    moe_layer_zero_grad(G);
-    moe_layer_zero_grad(B);
+  if (reference_layers(ctx, cfg, Tg_max, c->seed, c->hot, &R, &G, &B) != MOE_STATUS_OK) {
+    fail(&v, "reference create: %s", moe_ctx_error(ctx));
+    goto verdict;
   }
   zeros = fzero((size_t)Tg_max * M);
   for (int p = 0; p < c->passes; p++) {
@@ -541,20 +572,10 @@ static int run_case(const camp_case *c, int *rejected, int *dropped_any) {
       fail(&v, "pass %d backward: %s: %s", p, moe_status_str(st), moe_ctx_error(ctx));
       break;
     }
-    snprintf(what, sizeof what, "pass %d y", p);
-    close_to(&v, Q_Y, what, y, q->y_ref, (size_t)Tm * M);
-    snprintf(what, sizeof what, "pass %d dx", p);
-    close_to(&v, Q_DX, what, dx, q->dx_ref, (size_t)Tm * M);
-    snprintf(what, sizeof what, "pass %d aux", p);
-    close_to(&v, Q_AUX, what, &s.aux_loss, &q->aux, 1);
-    snprintf(what, sizeof what, "pass %d z", p);
-    close_to(&v, Q_Z, what, &s.z_loss, &q->z, 1);
+    compare_pass(&v, p, y, dx, &s, q->y_ref, q->dx_ref, q->aux, q->z, q->rows, q->dropped,
+                 (size_t)Tm * M);
     snprintf(what, sizeof what, "pass %d stats.tokens", p);
     equal_int(&v, what, s.tokens, Tm);
-    snprintf(what, sizeof what, "pass %d rows", p);
-    equal_int(&v, what, s.rows, q->rows);
-    snprintf(what, sizeof what, "pass %d dropped", p);
-    equal_int(&v, what, s.dropped, q->dropped);
     const moe_route *rt = moe_ep_layer_get_route(L);
     for (int i = 0; i < Tm * K; i++) {
       if (rt->expert[i] != q->expert[i]) {
@@ -593,19 +614,7 @@ static int run_case(const camp_case *c, int *rejected, int *dropped_any) {
   }
 
 verdict:;
-  int bad = v.failed ? 1 : 0, any = 0;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, dropped_any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any) {
-    // rank by rank, so the lines do not interleave
-    for (int r = 0; r < P; r++) {
-      if (r == me && bad) {
-        fprintf(stderr, "  rank %d: %d failure(s), first: %s\n", me, v.failed, v.first);
-        fflush(stderr);
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
-    }
-  }
+  const int any = verdict_agree(&v, dropped_any);
   moe_ep_layer_destroy(L);
   moe_layer_destroy(R);
   moe_layer_destroy(G);
@@ -635,7 +644,7 @@ static const char *g_cov_name[COV_NAMES];
 static long g_cov[COV_NAMES];
 static int g_ncov;
 
-static void cov(const char *name) {
+void cov(const char *name) {
   for (int i = 0; i < g_ncov; i++) {
     if (strcmp(g_cov_name[i], name) == 0) {
       g_cov[i]++;
@@ -690,9 +699,11 @@ static void count_case(const camp_case *c) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: mpirun -n P campaign --seed S --cases N [--first I] [--timeout SEC] "
+          "usage: mpirun -n P campaign [--parm] --seed S --cases N [--first I] [--timeout SEC] "
           "[--verbose]\n"
-          "       mpirun -n P campaign --case-seed X [--verbose]\n"
+          "       mpirun -n P campaign [--parm] --case-seed X [--verbose]\n"
+          "  --parm: Parm's layer (MP x EP x ESP, its schedules, chunks; tests/campaign_parm.c)\n"
+          "  instead of the expert-parallel layer.\n"
           "  S, X: integers >= 0; N >= 0 cases (case i has seed philox(i, S)); I >= 0 the first\n"
           "  case index; SEC in [1, 3600] seconds a case may take before it counts as a hang\n"
           "  (default 120). Every rank must pass the same arguments.\n"
@@ -716,11 +727,13 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   g_prog = argv[0];
   uint64_t seed = 1, cases = 0, first = 0, case_seed = 0, timeout = 120;
-  int have_case = 0, have_cases = 0, bad = 0;
+  int have_case = 0, have_cases = 0, bad = 0, parm = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--verbose") == 0) {
       g_verbose = 1;
+    } else if (strcmp(a, "--parm") == 0) {
+      parm = 1;
     } else if (strcmp(a, "--seed") == 0 && parse_u64(val, &seed)) {
       i++;
     } else if (strcmp(a, "--cases") == 0 && parse_u64(val, &cases) && cases <= 100000000) {
@@ -782,15 +795,24 @@ int main(int argc, char **argv) {
   for (uint64_t i = 0; i < n; i++) {
     const uint64_t cs = have_case ? case_seed : case_seed_of(seed, first + i);
     camp_case c;
-    draw_case(cs, &c);
-    count_case(&c);
+    parm_case *pcase = NULL;
     char desc[1024];
-    describe(&c, desc, sizeof desc);
+    if (parm) {
+      pcase = parm_case_draw(cs);
+      if (!pcase) MPI_Abort(MPI_COMM_WORLD, 2);
+      parm_case_count(pcase);
+      parm_case_describe(pcase, desc, sizeof desc);
+    } else {
+      draw_case(cs, &c);
+      count_case(&c);
+      describe(&c, desc, sizeof desc);
+    }
     snprintf(g_repro, sizeof g_repro,
              "HANG rank %d: case index %llu (seed %llu) did not finish in %llu s; reproduce: "
-             "mpirun -n %d --oversubscribe %s --case-seed %llu --verbose\n",
+             "mpirun -n %d --oversubscribe %s%s --case-seed %llu --verbose\n",
              g_rank, (unsigned long long)(first + i), (unsigned long long)cs,
-             (unsigned long long)timeout, g_world, g_prog, (unsigned long long)cs);
+             (unsigned long long)timeout, g_world, g_prog, parm ? " --parm" : "",
+             (unsigned long long)cs);
     if (g_verbose && g_rank == 0) {
       printf("case %llu seed %llu: %s\n", (unsigned long long)(first + i), (unsigned long long)cs,
              desc);
@@ -798,8 +820,9 @@ int main(int argc, char **argv) {
     }
     alarm((unsigned)timeout);
     int rej = 0, drops = 0;
-    const int good = run_case(&c, &rej, &drops);
+    const int good = parm ? parm_case_run(pcase, &drops) : run_case(&c, &rej, &drops);
     alarm(0);
+    parm_case_free(pcase);
     rejected += rej;
     with_drops += drops;
     if (good) {
@@ -808,9 +831,10 @@ int main(int argc, char **argv) {
       mismatches++;
       if (g_rank == 0) {
         printf(
-            "MISMATCH case %llu (%s)\n  reproduce: mpirun -n %d --oversubscribe %s --case-seed "
+            "MISMATCH case %llu (%s)\n  reproduce: mpirun -n %d --oversubscribe %s%s --case-seed "
             "%llu --verbose\n",
-            (unsigned long long)(first + i), desc, g_world, g_prog, (unsigned long long)cs);
+            (unsigned long long)(first + i), desc, g_world, g_prog, parm ? " --parm" : "",
+            (unsigned long long)cs);
         fflush(stdout);
       }
     }
@@ -821,10 +845,10 @@ int main(int argc, char **argv) {
   MPI_Allreduce(MPI_IN_PLACE, g_worst_tol, Q_COUNT, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (g_rank == 0) {
     printf(
-        "campaign P=%d seed=%llu first=%llu: cases %llu, equal %ld (of which rejected as "
+        "campaign%s P=%d seed=%llu first=%llu: cases %llu, equal %ld (of which rejected as "
         "documented %ld, with drops %ld), mismatches %ld, hangs 0, %.2f s\n",
-        g_world, (unsigned long long)seed, (unsigned long long)first, (unsigned long long)n, ok,
-        rejected, with_drops, mismatches, wall);
+        parm ? " --parm" : "", g_world, (unsigned long long)seed, (unsigned long long)first,
+        (unsigned long long)n, ok, rejected, with_drops, mismatches, wall);
     printf("worst relative error (max|diff| / max|ref| per tensor):");
     for (int q = 0; q < Q_COUNT; q++) printf(" %s %.2e", q_names[q], g_worst[q]);
     printf("\ncoverage (cases):");
