@@ -139,8 +139,10 @@ void moe_parm_chunks_free_(moe_parm_layer *L);
 // gfirst / grows) goes to every shard of its experts (forward: into xr;
 // backward: the gradients into yr), the shards run on each chunk as it
 // arrives, their outputs come back into `back` (member q's at back_at[q]
-// rows). Needs the forward's counts (cnt_recv, member_rows). *expert_ms gets
-// the expert tasks' time.
+// rows); with a compressor (pc.compress, pc.compress_backward for the
+// backward) the payloads travel compressed (C and D tasks). Needs the
+// forward's counts (cnt_recv, member_rows). *expert_ms gets the expert
+// tasks' time.
 // With saa (s2, MP > 1): the partials are summed and all-gathered over MP
 // chunk by chunk (SAA's tasks), into stg; moe_parm_saa_unpack_ then puts
 // them in route order.
