@@ -236,18 +236,19 @@ typedef struct {
   // ScheMoE's task model: this variant's graphs and schedules simulated with
   // the baseline's per-kind times split evenly over the chunks
   double model_ms, model_speedup, model_efficiency;
-  double total_q1, total_q3;    // quartiles of the total over the iterations (noise)
-  double predicted_ms;          // moe_simulate_layer with --profile; NaN without
-  int planned;                  // chosen by the planner ("auto")
-  long long rows, dropped;      // over all ranks, last iteration
-  const char *balance;          // load-balancing policy
-  int copies;                   // expert copies in force, last iteration
-  double balance_ms, trans_ms;  // balancing step (load, plan, Trans) and its Trans, median
-  long long max_rank_rows;      // most rows one rank computed, last iteration
-  double balance_ratio;         // max_rank_rows / mean over ranks
-  double skew_tv;               // --skew: the bias fit's total variation
-  long long offnode_rows;       // rows sent to other nodes, all ranks, last iteration
-  long long rerouted;           // choices the topology-aware gate re-selected, last iteration
+  double total_q1, total_q3;     // quartiles of the total over the iterations (noise)
+  double predicted_ms;           // moe_simulate_layer with --profile; NaN without
+  int planned;                   // chosen by the planner ("auto")
+  long long rows, dropped;       // over all ranks, last iteration
+  const char *balance;           // load-balancing policy
+  int copies;                    // expert copies in force, last iteration
+  double balance_ms, trans_ms;   // balancing step (load, plan, Trans) and its Trans, median
+  double pred_ms, pred_none_ms;  // the last plan's predicted time with / without its copies
+  long long max_rank_rows;       // most rows one rank computed, last iteration
+  double balance_ratio;          // max_rank_rows / mean over ranks
+  double skew_tv;                // --skew: the bias fit's total variation
+  long long offnode_rows;        // rows sent to other nodes, all ranks, last iteration
+  long long rerouted;            // choices the topology-aware gate re-selected, last iteration
 } ep_result;
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
@@ -681,6 +682,8 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->copies = m->copies;
     r->balance_ms = m->balance_ms;
     r->trans_ms = m->trans_ms;
+    r->pred_ms = m->pred_ms;
+    r->pred_none_ms = m->pred_none_ms;
     r->max_rank_rows = m->max_rank_rows;
     r->balance_ratio = m->balance_ratio;
     r->skew_tv = m->skew_tv;
@@ -765,8 +768,9 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
     return;
   }
   if (base->skew_tv > 0.0) printf("skew fit: total variation %.4f\n", base->skew_tv);
-  printf("%-8s %-8s %-8s %-10s %3s %10s %8s %6s %9s %9s %10s\n", "balance", "a2a", "compress",
-         "schedule", "r", "busiest", "ratio", "copies", "step ms", "trans ms", "vs none");
+  printf("%-8s %-8s %-8s %-10s %3s %10s %8s %6s %9s %9s %10s %10s\n", "balance", "a2a", "compress",
+         "schedule", "r", "busiest", "ratio", "copies", "step ms", "trans ms", "vs none",
+         "predicted");
   for (int i = 0; i < n; i++) {
     const ep_result *r = &rs[i];
     // the same variant without balancing, when it ran
@@ -781,14 +785,25 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
     printf("%-8s %-8s %-8s %-10s %3d %10lld %8.3f %6d %9.2f %9.2f", r->balance, r->a2a, r->compress,
            r->schedule, r->chunks, r->max_rank_rows, r->balance_ratio, r->copies, r->balance_ms,
            r->trans_ms);
-    if (none && r->total_ms > 0) printf(" %9.3fx", none->total_ms / r->total_ms);
+    if (none && r->total_ms > 0) {
+      printf(" %9.3fx", none->total_ms / r->total_ms);
+    } else {
+      printf(" %10s", "-");
+    }
+    if (isfinite(r->pred_ms) && isfinite(r->pred_none_ms) && r->pred_ms > 0) {
+      printf(" %9.3fx", r->pred_none_ms / r->pred_ms);
+    } else {
+      printf(" %10s", "-");
+    }
     printf("\n");
   }
   printf(
       "(busiest: rows the busiest rank's experts computed, last iteration; ratio: over the\n"
       "mean; step ms: all-gather of the last iteration's load, plan, posting Trans; trans ms:\n"
       "the Trans no compute hid (the expert task's wait for the copies' parameters); both inside\n"
-      "fwd ms; vs none: the same variant's total without balancing over this one's)\n\n");
+      "fwd ms; vs none: the same variant's total without balancing over this one's;\n"
+      "predicted: the same for the last plan under the balancer's model, the speedup it\n"
+      "was chosen for)\n\n");
 }
 
 // "key": value, null for NaN/Inf.
@@ -857,6 +872,8 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       fprintf(f, "\"balance\": \"%s\", \"copies\": %d, ", r->balance, r->copies);
       json_num(f, "balance_ms", r->balance_ms, ", ");
       json_num(f, "trans_ms", r->trans_ms, ", ");
+      json_num(f, "balance_pred_ms", r->pred_ms, ", ");
+      json_num(f, "balance_pred_none_ms", r->pred_none_ms, ", ");
       json_num(f, "fwd_ms", r->fwd_ms, ", ");
       json_num(f, "bwd_ms", r->bwd_ms, ", ");
       json_num(f, "total_ms", r->total_ms, ", ");

@@ -252,6 +252,65 @@ static void test_prophet(void) {
                near(ms, 197),
            "eq 6: %g, want 197", ms);
 
+  // Per link (cost.ranks_per_node = 2: ranks 0, 1 on node 0 and 2, 3 on node 1;
+  // W = 1000 B/s per rank: 1 ms per row over a rank's link, 8 ms per copy's
+  // parameters). Without copies, off-node rows: sent = 1, 1, 6 (src2: e0 5,
+  // e1 1), 7 (src3: e0 1, e1 6); received = 6, 7, 1, 1: T_A2A = 7;
+  // T' = 28 + 60 = 88.
+  // With n = 1's answer (e0 on 1, 2; e1 on 2, 3): H = 9, 9, 10, 11; off-node
+  // rows: sent 1, 1, 0, 1 (src3's e0 goes home), received 1, 0, 1, 1: T_A2A = 1.
+  // Copies crossing nodes: e0 -> 2, e1 -> 2, e1 -> 3 (e0 -> 1 stays on node 0):
+  // rank 1 sends two, rank 2 receives two: T_Trans = T_Agg = 2 x 8 = 16 (the
+  // flat eq 4 spreads 4 copies over 4 links: 8 each).
+  // T' = 4 + 33 + 32 = 69; eq 8: T_PTrans = 16 - 11 = 5, T_PAgg = 0: 42.
+  moe_balance_cost links = cost;
+  links.ranks_per_node = 2;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, NULL, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 88),
+           "per link, no copies: %g, want 88", ms);
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 69),
+           "per link, n = 1's plan: %g, want 69", ms);
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &links, MOE_BALANCE_MODEL_PROPHET_SCHED, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 42),
+           "per link, eq 8: %g, want 42", ms);
+  // e0 copied to every rank: its home sends two copies off node (16 ms), where
+  // eq 4 charges 3 x 8 / 4 = 6. H = 8, 16, 9, 6 -> 48; off-node rows: src0
+  // sends e2 1, src1 e3 1, src2 e1 1, src3 e1 6; received: rank1 7: T_A2A = 7.
+  // T' = 28 + 48 + 32 = 108 (flat: R = 1, 8, 1, 1 -> 32 + 48 + 12 = 92).
+  uint8_t all0[16] = {0};
+  all0[0 * 4 + 1] = all0[0 * 4 + 2] = all0[0 * 4 + 3] = 1;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, all0, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 108),
+           "per link, e0 everywhere: %g, want 108", ms);
+  TU_CHECK(moe_balance_predict(g_ctx, &load, all0, &cost, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 92),
+           "flat, e0 everywhere: %g, want 92", ms);
+  // one node (g >= P): nothing crosses: T' = 3 max(H) = 60 without copies, 33 with.
+  links.ranks_per_node = 4;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, NULL, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 60),
+           "one node, no copies: %g, want 60", ms);
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 33),
+           "one node, n = 1's plan: %g, want 33", ms);
+  // FasterMoE's model ignores the layout: the same with and without it.
+  double flat_ms = -1;
+  links.ranks_per_node = 2;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &links, MOE_BALANCE_MODEL_FASTERMOE, &ms) ==
+                   MOE_STATUS_OK &&
+               moe_balance_predict(g_ctx, &load, want, &cost, MOE_BALANCE_MODEL_FASTERMOE,
+                                   &flat_ms) == MOE_STATUS_OK &&
+               ms == flat_ms,
+           "FasterMoE's model with a layout: %g, without %g", ms, flat_ms);
+
   // A plan that lowers T' but raises max(H) is refused. E = P = 2, W = 100 B/s
   // (10 ms per row received), 1 ms per row computed, param 0:
   //   src0: 5 0 | src1: 10 6: H = 15, 6; R = 10, 0: T' = 400 + 45 = 445.
@@ -420,6 +479,7 @@ static void test_random(void) {
     moe_balance_cost cost;
     moe_balance_cost_default(&cost, 64 << (iter % 4), 128 << (iter % 3));
     cost.fnec_ms = (iter % 5) * 0.01;
+    cost.ranks_per_node = (iter / 6) % 3;  // flat, one rank per node, pairs
     const int slots = (int)(rnd() % (uint32_t)(E - E / P + 1));
     double ma, mb;
     // shadow
@@ -579,6 +639,10 @@ static void test_bad_input(void) {
       "prophet's model (0)");
   EXPECT_BAD(moe_balance_predict(g_ctx, &ok, NULL, &cost, MOE_BALANCE_MODEL_COUNT_, &ms),
              "model (3) must be in [0, 3)");
+  moe_balance_cost bad_nodes = cost;
+  bad_nodes.ranks_per_node = -1;
+  EXPECT_BAD(moe_balance_predict(g_ctx, &ok, NULL, &bad_nodes, MOE_BALANCE_MODEL_PROPHET, &ms),
+             "ranks_per_node (-1) must be >= 0");
   rep[2 * 4 + 2] = 1;  // expert 2's home is rank 2
   EXPECT_BAD(moe_balance_rows(g_ctx, &ok, rep, rows), "replica[2][2] is set on expert 2's home");
   rep[2 * 4 + 2] = 0;

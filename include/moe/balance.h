@@ -85,6 +85,19 @@ typedef struct {
   double expert_param_bytes;  // one expert's parameters = its gradients' bytes (>= 0)
   double fnec_ms, bnec_ms;    // Pro-Prophet's non-MoE forward / backward compute
                               // beside the layer (eq 8); 0 = unknown (no overlap)
+  // The EP group's node layout for eq 6 / 8 (not FasterMoE's model). 0: the
+  // papers' form (every rank its own node: T_A2A over every row a rank
+  // receives, Trans spread evenly over the P links). g >= 1:
+  // rank p sits on node p / g, and only what crosses nodes is charged, each
+  // rank at its own link of net_bytes_per_s (full duplex):
+  //   T_A2A = max_i max(rows i sends off-node, rows i receives off-node) M act_bytes / W
+  //   T_Trans = T_Agg = max_i max(copies i sends off-node, copies i receives
+  //             off-node) param_bytes / W
+  // (a copy's home sends its parameters to each copy, so the home of a hot
+  // expert copied to every node pays all of them, not 1/P of them). g >= P
+  // (one node) charges nothing to the network. Set from the layer's nodes
+  // (moe_ep_layer_ranks_per_node) by the runs that measure the rates.
+  int ranks_per_node;
 } moe_balance_cost;
 
 // FasterMoE's code defaults (shadow_policy.global_policy): flops_per_s =
@@ -116,6 +129,7 @@ typedef enum {
   //   T_FEC = max_i H_i 4 M H / F             (H_i: rows i computes, eq 2)
   //   T_Trans = T_Agg = c param_bytes / (P W) (c: copies in the bitmap, the
   //   paper's s (D - n) when each of s experts goes to D - n ranks; eq 4, 5)
+  // (with cost.ranks_per_node > 0, T_A2A and T_Trans per link, above)
   MOE_BALANCE_MODEL_PROPHET,
   // Pro-Prophet eq 8 (with its scheduler): as eq 6 with
   //   T_PTrans = max(0, T_Trans - T_FEC - fnec_ms),
@@ -286,13 +300,16 @@ void moe_balance_config_default(moe_balance_config *cfg, int policy, int model_d
 typedef struct moe_balancer moe_balancer;
 
 typedef struct {
-  int planned;          // 1: this step ran the planner (else the last plan was kept)
-  int copies;           // copies in the placement returned
-  double predicted_ms;  // the planner's prediction for its plan (NAN when not planned)
-  double ratio_before;  // balance ratio of the step's load without copies
-  double ratio_after;   // ... and under the placement returned (moe_balance_rows)
-  double plan_ms;       // wall time of this call
-  int chosen;           // auto: the policy whose plan it took (else the policy itself)
+  int planned;               // 1: this step ran the planner (else the last plan was kept)
+  int copies;                // copies in the placement returned
+  double predicted_ms;       // the planner's prediction for its plan (NAN when not planned)
+  double predicted_none_ms;  // the same model's prediction without copies for the load
+                             // planned from (NAN when not planned): predicted_none_ms /
+                             // predicted_ms is the speedup the plan was chosen for
+  double ratio_before;       // balance ratio of the step's load without copies
+  double ratio_after;        // ... and under the placement returned (moe_balance_rows)
+  double plan_ms;            // wall time of this call
+  int chosen;                // auto: the policy whose plan it took (else the policy itself)
 } moe_balance_step_info;
 
 // Allocates everything the steps use (window, scratch). INVALID_ARG for an

@@ -70,10 +70,12 @@ typedef struct {
   double balance_ratio;             // max_rank_rows / mean over the ranks (1 = balanced)
   double skew_tv;                   // with mc->skew: the fit's total variation (0 without)
   double balance_ms;                // median time of the balancing step (load, plan, posting Trans)
-  double trans_ms;         // median Trans no compute hid (posting + waiting in the forward)
-  int copies;              // expert copies in force in the last iteration
-  long long offnode_rows;  // rows sent to ranks on other nodes, all ranks, last iteration
-  long long rerouted;      // choices the topology-aware gate re-selected, all ranks, last iteration
+  double trans_ms;               // median Trans no compute hid (posting + waiting in the forward)
+  int copies;                    // expert copies in force in the last iteration
+  double pred_ms, pred_none_ms;  // the last plan's predicted time with and without its copies
+                                 // (moe_balance_step_info; NAN without a plan)
+  long long offnode_rows;        // rows sent to ranks on other nodes, all ranks, last iteration
+  long long rerouted;  // choices the topology-aware gate re-selected, all ranks, last iteration
 } moe_measure_result;
 
 // Creates the n variants' layers for cfg (tokens per rank) over comm, then

@@ -253,6 +253,11 @@ moe_executor_background moe_ep_layer_background(const moe_ep_layer *layer, int b
 // the all-to-alls' busy time summed over the world. 0 when not measurable (no
 // pass yet, no rows). Collective over world.
 moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *net_bytes_per_s);
+// The EP group's ranks per node for the balancing models
+// (moe_balance_cost.ranks_per_node): g when the group spans several nodes of
+// g members each with EP rank p on the (p / g)-th node; 0 otherwise (one
+// node, unequal nodes or another order: the models' flat form). Local.
+int moe_ep_layer_ranks_per_node(const moe_ep_layer *layer);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every
 // rank. Collective over world (an all-gather in the EP group and a sum over

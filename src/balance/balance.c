@@ -84,6 +84,9 @@ moe_status moe_balance_check_cost(moe_ctx *ctx, const moe_balance_cost *cost) {
               "balance: fnec_ms (%g) must be finite and >= 0", cost->fnec_ms);
   MOE_FAIL_IF(ctx, !(cost->bnec_ms >= 0) || !isfinite(cost->bnec_ms), MOE_STATUS_INVALID_ARG,
               "balance: bnec_ms (%g) must be finite and >= 0", cost->bnec_ms);
+  MOE_FAIL_IF(ctx, cost->ranks_per_node < 0, MOE_STATUS_INVALID_ARG,
+              "balance: ranks_per_node (%d) must be >= 0 (0: the papers' flat form)",
+              cost->ranks_per_node);
 done:
   return st;
 }
@@ -204,6 +207,49 @@ static int64_t max_of(const int64_t *x, int n) {
   return m;
 }
 
+static int64_t max_pair(const int64_t *a, const int64_t *b, int n) {
+  int64_t m = 0;
+  for (int i = 0; i < n; i++) {
+    if (a[i] > m) m = a[i];
+    if (b[i] > m) m = b[i];
+  }
+  return m;
+}
+
+// sent, recv (P): the rows each rank sends to / receives from ranks on other
+// nodes (rank p on node p / g) under the rule.
+static void links_unchecked(const moe_balance_load *load, const uint8_t *replica, int g,
+                            int64_t *sent, int64_t *recv) {
+  const int E = load->num_experts, P = load->num_ranks;
+  for (int p = 0; p < P; p++) sent[p] = recv[p] = 0;
+  for (int src = 0; src < P; src++) {
+    const int64_t *c = load->counts + (size_t)src * (size_t)E;
+    for (int e = 0; e < E; e++) {
+      const int t = target_of(load, replica, e, src);
+      if (t / g == src / g) continue;  // stays on its node
+      sent[src] += c[e];
+      recv[t] += c[e];
+    }
+  }
+}
+
+// sent, recv (P): the copies whose parameters each rank sends to / receives
+// from another node (home(e) sends one to each copy of e).
+static void copies_off_node(const moe_balance_load *load, const uint8_t *replica, int g,
+                            int64_t *sent, int64_t *recv) {
+  const int E = load->num_experts, P = load->num_ranks;
+  for (int p = 0; p < P; p++) sent[p] = recv[p] = 0;
+  if (!replica) return;
+  for (int e = 0; e < E; e++) {
+    const int h = moe_balance_home(E, P, e);
+    for (int p = 0; p < P; p++) {
+      if (!replica[(size_t)e * (size_t)P + (size_t)p] || p / g == h / g) continue;
+      sent[h]++;
+      recv[p]++;
+    }
+  }
+}
+
 double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t *replica,
                                      const moe_balance_cost *cost, moe_balance_model model,
                                      int64_t *scratch) {
@@ -232,10 +278,19 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
     const double shadow_s = 2.0 * (double)r * cost->expert_param_bytes / W;
     return (comp_s + comm_s + shadow_s) * 1e3;
   }
-  moe_balance_traffic_unchecked(load, replica, NULL, recv);
-  const double a2a_ms = (double)max_of(recv, P) * row_bytes / W * 1e3;  // eq 1
-  const double fec_ms = bmax * 4.0 * M * H / F * 1e3;                   // eq 2 (BEC: eq 3)
-  const double trans_ms = (double)c * cost->expert_param_bytes / ((double)P * W) * 1e3;  // eq 4
+  double a2a_ms, trans_ms;
+  if (cost->ranks_per_node > 0) {  // per link: what crosses nodes, each rank at its own
+    int64_t *sent = rows;          // rows is spent (bmax)
+    links_unchecked(load, replica, cost->ranks_per_node, sent, recv);
+    a2a_ms = (double)max_pair(sent, recv, P) * row_bytes / W * 1e3;
+    copies_off_node(load, replica, cost->ranks_per_node, sent, recv);
+    trans_ms = (double)max_pair(sent, recv, P) * cost->expert_param_bytes / W * 1e3;
+  } else {
+    moe_balance_traffic_unchecked(load, replica, NULL, recv);
+    a2a_ms = (double)max_of(recv, P) * row_bytes / W * 1e3;                   // eq 1
+    trans_ms = (double)c * cost->expert_param_bytes / ((double)P * W) * 1e3;  // eq 4
+  }
+  const double fec_ms = bmax * 4.0 * M * H / F * 1e3;  // eq 2 (BEC: eq 3)
   const double agg_ms = trans_ms;  // eq 5: the gradients are as large as the parameters
   if (model == MOE_BALANCE_MODEL_PROPHET) return 4.0 * a2a_ms + 3.0 * fec_ms + trans_ms + agg_ms;
   // eq 8: Trans hides behind FEC and FNEC, Agg behind BEC = 2 FEC and BNEC

@@ -175,6 +175,7 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
   moe_balance_step_info in;
   memset(&in, 0, sizeof in);
   in.predicted_ms = NAN;
+  in.predicted_none_ms = NAN;
   in.chosen = b->cfg.policy;
   const int plan = b->cfg.policy != MOE_BALANCE_NONE && b->step % b->cfg.replan_every == 0;
   if (b->step < BALANCER_STEP_MAX) b->step++;
@@ -201,6 +202,12 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
       default:
         memset(replica, 0, n);
         break;
+    }
+    if (c->policy != MOE_BALANCE_NONE) {
+      // shadow plans with FasterMoE's model (moe_balance_plan_shadow), the others with c->model
+      const moe_balance_model m =
+          c->policy == MOE_BALANCE_SHADOW ? MOE_BALANCE_MODEL_FASTERMOE : c->model;
+      MOE_TRY(moe_balance_predict(ctx, &load, NULL, &c->cost, m, &in.predicted_none_ms));
     }
     moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     memcpy(b->current, replica, n);

@@ -83,7 +83,8 @@ typedef struct {
   int64_t *load;     // (EP, E)
   uint8_t *replica;  // (E, EP)
   int copies;
-  int have_cost;  // the rates are set (given, or measured on the first iteration)
+  double pred_ms, pred_none_ms;  // the last plan's (moe_balance_step_info)
+  int have_cost;                 // the rates are set (given, or measured on the first iteration)
 } balancing;
 
 // The last iteration's load, the next placement, posting its Trans; *ms the
@@ -98,6 +99,10 @@ static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer,
                          "the balancing plan"));
   MOE_TRY(moe_ep_layer_set_placement(layer, bal->replica));
   bal->copies = info.copies;
+  if (info.planned) {
+    bal->pred_ms = info.predicted_ms;
+    bal->pred_none_ms = info.predicted_none_ms;
+  }
   *ms = moe_time_ms_since(t0);
 done:
   return st;
@@ -252,6 +257,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     const moe_ep_tensors t = moe_ep_layer_get_tensors(layers[k]);
     const int E = cfg->num_experts, P = E / t.home_count;
     moe_status bst = moe_balancer_create(ctx, bc, E, P, &bals[k].b);
+    bals[k].pred_ms = bals[k].pred_none_ms = NAN;
     if (bst == MOE_STATUS_OK) {
       bals[k].load = moe_calloc((size_t)E * P, sizeof(int64_t));
       bals[k].replica = moe_calloc((size_t)E * P, 1);
@@ -276,6 +282,9 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
           if (net > 0) bc.cost.net_bytes_per_s = net;
           if (!(bc.cost.flops_per_s > 0))
             moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
+          // the rate is the off-node one when the group spans nodes: charge
+          // what crosses them (moe_balance_cost.ranks_per_node)
+          bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(layers[k]);
           MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_set_cost(bals[k].b, &bc.cost),
                                  "measure: balancer"));
           bals[k].have_cost = 1;
@@ -352,6 +361,8 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     r->balance_ms = med[13];
     r->trans_ms = med[14];
     r->copies = bals[k].copies;
+    r->pred_ms = bals[k].b ? bals[k].pred_ms : NAN;
+    r->pred_none_ms = bals[k].b ? bals[k].pred_none_ms : NAN;
     r->max_rank_rows = most;
     r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
     r->skew_tv = skew_tv;

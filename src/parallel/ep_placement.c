@@ -564,6 +564,16 @@ double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
   return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;
 }
 
+int moe_ep_layer_ranks_per_node(const moe_ep_layer *L) {
+  if (!L || L->ep.num_nodes < 2 || L->P % L->ep.num_nodes != 0) return 0;
+  const int g = L->P / L->ep.num_nodes;
+  // node ids follow the lowest member rank (moe_group), so a block layout
+  // numbers its nodes 0, 1, ... in rank order
+  for (int p = 0; p < L->P; p++)
+    if (L->ep.node_of[p] != p / g) return 0;
+  return g;
+}
+
 moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L ? L->ctx : NULL;

@@ -1690,6 +1690,8 @@ static moe_status make_balancer(run_state *r, int b, moe_ep_layer *l, int measur
       MOE_TRY(moe_ep_layer_rates(l, &f, &n));
       if (f > 0) bc.cost.flops_per_s = f;
       if (n > 0) bc.cost.net_bytes_per_s = n;
+      // the measured rate is the off-node one when the group spans nodes
+      bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(l);
     }
   }
   MOE_TRY(agree(
