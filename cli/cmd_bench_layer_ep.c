@@ -158,7 +158,10 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         (docs/balance.md); each runs every variant; after each\n"
           "                         iteration the load is all-gathered, the policy plans the\n"
           "                         next placement of expert copies and the copies receive\n"
-          "                         their parameters; needs EP >= 2 [none]\n"
+          "                         their parameters; prints per variant the balance, the\n"
+          "                         copies, the Trans no compute hid and the speedup over\n"
+          "                         none, measured and as the plan's model predicted it;\n"
+          "                         needs EP >= 2 [none]\n"
           "  --balance-slots N      expert copy slots per rank, 0..E-E/EP [E/EP]\n"
           "  --replan-every N       plan every N iterations, keep the plan between [1]\n",
           moe_balance_policy_names());
@@ -244,6 +247,7 @@ typedef struct {
   int copies;                    // expert copies in force, last iteration
   double balance_ms, trans_ms;   // balancing step (load, plan, Trans) and its Trans, median
   double pred_ms, pred_none_ms;  // the last plan's predicted time with / without its copies
+  moe_balance_cost bal_cost;     // the rates its plans used
   long long max_rank_rows;       // most rows one rank computed, last iteration
   double balance_ratio;          // max_rank_rows / mean over ranks
   double skew_tv;                // --skew: the bias fit's total variation
@@ -684,6 +688,7 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->trans_ms = m->trans_ms;
     r->pred_ms = m->pred_ms;
     r->pred_none_ms = m->pred_none_ms;
+    r->bal_cost = m->bal_cost;
     r->max_rank_rows = m->max_rank_rows;
     r->balance_ratio = m->balance_ratio;
     r->skew_tv = m->skew_tv;
@@ -803,7 +808,26 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
       "the Trans no compute hid (the expert task's wait for the copies' parameters); both inside\n"
       "fwd ms; vs none: the same variant's total without balancing over this one's;\n"
       "predicted: the same for the last plan under the balancer's model, the speedup it\n"
-      "was chosen for)\n\n");
+      "was chosen for)\n");
+  // the rates every policy planned with (the medians of the variants' first iterations)
+  for (int i = 0; i < n; i++) {
+    const ep_result *r = &rs[i];
+    const moe_balance_cost *c = &r->bal_cost;
+    if (moe_balance_policy_find(r->balance) == MOE_BALANCE_NONE || !(c->flops_per_s > 0)) continue;
+    printf(
+        "the plans' rates (medians over the variants' first iterations): expert GEMMs "
+        "%.2f GFLOP/s per rank, network %.1f MB/s per %s,",
+        c->flops_per_s / 1e9, c->net_bytes_per_s / 1e6,
+        c->ranks_per_node > 0 ? "rank's link off its node" : "rank");
+    if (c->ranks_per_node > 0) printf(" %d ranks per node,", c->ranks_per_node);
+    if (c->compute_slots > 0) {
+      printf(" %.2f ranks computing at once\n", c->compute_slots);
+    } else {
+      printf(" every rank computing at once\n");
+    }
+    break;
+  }
+  printf("\n");
 }
 
 // "key": value, null for NaN/Inf.

@@ -9,10 +9,11 @@
 // Usage: mpiexec -n P test_a2a [data_dir (ignored)] [--verbose]
 // Prints a line per failed check; rank 0 ends with "test_a2a: N passed, M
 // failed" (sums over ranks). Every rank exits non-zero if any rank failed.
-#define _POSIX_C_SOURCE 200112L  // setenv, unsetenv
+#define _GNU_SOURCE  // setenv, unsetenv, sched_getaffinity, CPU_COUNT
 
 #include <math.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,6 +617,38 @@ static void test_topology(void) {
   free(out);
 }
 
+// moe_comm_cpu_share: one rank alone has a core; on a machine (the tests run on
+// one: its MPI shared-memory domain), every rank gets
+// min(1, cores / ranks), the cores being the union of the ranks' affinity masks
+// (Open MPI binds 2 ranks to a core each, and leaves oversubscribed ranks unbound).
+static void test_cpu_share(void) {
+  double share = -1.0;
+  moe_status st = moe_comm_cpu_share(g_ctx, MPI_COMM_SELF, &share);
+  TU_CHECK(st == MOE_STATUS_OK && share == 1.0, "cpu share of one rank: %s, %g", moe_status_str(st),
+           share);
+  st = moe_comm_cpu_share(g_ctx, MPI_COMM_WORLD, &share);
+  MPI_Comm host;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_world_rank, MPI_INFO_NULL, &host);
+  int local = 1;
+  MPI_Comm_size(host, &local);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) CPU_ZERO(&set);
+  MPI_Allreduce(MPI_IN_PLACE, &set, (int)sizeof set, MPI_BYTE, MPI_BOR, host);
+  const int cores = CPU_COUNT(&set);
+  double lo = share, hi = share;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, host);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, host);
+  MPI_Comm_free(&host);
+  const double want = cores < 1 || cores >= local ? 1.0 : (double)cores / local;
+  TU_CHECK(st == MOE_STATUS_OK && share > 0.0 && share <= 1.0 && lo == hi &&
+               (cores < 1 || share == want),
+           "cpu share %g (host: %d ranks, %d cores: want %g; %g..%g over the host)", share, local,
+           cores, want, lo, hi);
+  st = moe_comm_cpu_share(g_ctx, MPI_COMM_WORLD, NULL);
+  TU_CHECK(st == MOE_STATUS_INVALID_ARG, "cpu share into NULL: %s", moe_status_str(st));
+}
+
 // ---- main ---------------------------------------------------------------------------------------
 
 int main(int argc, char **argv) {
@@ -630,6 +663,7 @@ int main(int argc, char **argv) {
   const int P = g_world_size;
   test_registry();
   test_topology();
+  test_cpu_share();
   test_fixed_sums();
 
   layout L;

@@ -311,6 +311,35 @@ static void test_prophet(void) {
                ms == flat_ms,
            "FasterMoE's model with a layout: %g, without %g", ms, flat_ms);
 
+  // Ranks sharing cores (cost.compute_slots = 2 of P = 4): the compute term
+  // takes max(max H, sum H / 2) rows. Without copies H = 20, 10, 4, 5 (sum 39):
+  // max(20, 19.5) = 20, T' = 108 as before. n = 1's plan: H = 9, 9, 10, 11:
+  // max(11, 19.5) = 19.5: T' = 4 + 58.5 + 16 = 78.5 (53 with a core per rank).
+  moe_balance_cost shared = cost;
+  shared.compute_slots = 2;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, NULL, &shared, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 108),
+           "2 compute slots, no copies: %g, want 108", ms);
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &shared, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 78.5),
+           "2 compute slots, n = 1's plan: %g, want 78.5", ms);
+  // FasterMoE's model: its compute term 3 x 4 M H B / F grows by 3 x (19.5 - 11) ms
+  double own = -1;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &shared, MOE_BALANCE_MODEL_FASTERMOE, &ms) ==
+                   MOE_STATUS_OK &&
+               moe_balance_predict(g_ctx, &load, want, &cost, MOE_BALANCE_MODEL_FASTERMOE, &own) ==
+                   MOE_STATUS_OK &&
+               near(ms - own, 25.5),
+           "2 compute slots under FasterMoE's model: %g - %g, want 25.5 more", ms, own);
+  // slots >= P (and 0) change nothing
+  shared.compute_slots = 4;
+  TU_CHECK(moe_balance_predict(g_ctx, &load, want, &shared, MOE_BALANCE_MODEL_PROPHET, &ms) ==
+                   MOE_STATUS_OK &&
+               near(ms, 53),
+           "4 compute slots of 4: %g, want 53", ms);
+
   // A plan that lowers T' but raises max(H) is refused. E = P = 2, W = 100 B/s
   // (10 ms per row received), 1 ms per row computed, param 0:
   //   src0: 5 0 | src1: 10 6: H = 15, 6; R = 10, 0: T' = 400 + 45 = 445.
@@ -480,6 +509,7 @@ static void test_random(void) {
     moe_balance_cost_default(&cost, 64 << (iter % 4), 128 << (iter % 3));
     cost.fnec_ms = (iter % 5) * 0.01;
     cost.ranks_per_node = (iter / 6) % 3;  // flat, one rank per node, pairs
+    cost.compute_slots = (iter / 18) % 3;  // one per rank, 1, 2
     const int slots = (int)(rnd() % (uint32_t)(E - E / P + 1));
     double ma, mb;
     // shadow
@@ -639,6 +669,10 @@ static void test_bad_input(void) {
       "prophet's model (0)");
   EXPECT_BAD(moe_balance_predict(g_ctx, &ok, NULL, &cost, MOE_BALANCE_MODEL_COUNT_, &ms),
              "model (3) must be in [0, 3)");
+  moe_balance_cost bad_slots = cost;
+  bad_slots.compute_slots = -0.5;
+  EXPECT_BAD(moe_balance_predict(g_ctx, &ok, NULL, &bad_slots, MOE_BALANCE_MODEL_PROPHET, &ms),
+             "compute_slots (-0.5) must be finite and >= 0");
   moe_balance_cost bad_nodes = cost;
   bad_nodes.ranks_per_node = -1;
   EXPECT_BAD(moe_balance_predict(g_ctx, &ok, NULL, &bad_nodes, MOE_BALANCE_MODEL_PROPHET, &ms),

@@ -98,6 +98,14 @@ typedef struct {
   // (one node) charges nothing to the network. Set from the layer's nodes
   // (moe_ep_layer_ranks_per_node) by the runs that measure the rates.
   int ranks_per_node;
+  // Ranks of the group that compute at once (every model): 0, or >= P, when
+  // each rank has its own core or device; fewer when ranks share cores (4
+  // ranks on 2 cores: 2). The compute term then takes
+  //   max(max_i H_i, sum_i H_i / compute_slots)
+  // rows instead of max_i H_i: moving rows off the busiest rank shortens the
+  // step only down to the shared cores' total. Set from the machine
+  // (moe_ep_layer_compute_slots) by the runs that measure the rates.
+  double compute_slots;
 } moe_balance_cost;
 
 // FasterMoE's code defaults (shadow_policy.global_policy): flops_per_s =

@@ -424,6 +424,13 @@ uint64_t moe_grad_reducer_step_start_ns(const moe_grad_reducer *r);
 moe_status moe_comm_memory_check(moe_ctx *ctx, MPI_Comm comm, const moe_memory_need *need,
                                  size_t max_memory, const char *what_to_change);
 
+// This rank's share of a CPU core: 1 when the ranks of comm on its machine
+// (the same kernel boot id, else host name: network namespaces of one machine,
+// such as the emulated cluster's nodes, count as one) have at least as many
+// cores (the union of their affinity masks) as ranks, else cores / ranks (4
+// ranks on 2 cores: 0.5 each, two compute at a time). Collective over comm.
+moe_status moe_comm_cpu_share(moe_ctx *ctx, MPI_Comm comm, double *share);
+
 #define MOE_MPI_TRY(ctx, call)                                       \
   do {                                                               \
     const int mpi_rc_ = (call);                                      \

@@ -247,17 +247,26 @@ void moe_ep_layer_set_background_extra(moe_ep_layer *layer, moe_task_test_fn tes
 moe_executor_background moe_ep_layer_background(const moe_ep_layer *layer, int backward);
 // The machine's rates seen by the last forward and backward, for the
 // balancing planners (moe_balance_cost): *flops_per_s = the experts' GEMM
-// FLOPs over their time on the slowest rank; *net_bytes_per_s = the bytes of
-// the rows that left their rank (their node, when the EP group spans several
-// nodes: the slow link) in the four all-to-alls, summed over the world, over
-// the all-to-alls' busy time summed over the world. 0 when not measurable (no
-// pass yet, no rows). Collective over world.
+// FLOPs over their time on the slowest rank (on the fastest when ranks share
+// cores, moe_ep_layer_compute_slots: a core to itself is the rate the model's
+// compute_slots term divides by); *net_bytes_per_s = one link's
+// rate: the bytes the busiest link carried in the four all-to-alls (per pass,
+// the most rows any rank sent away or received: from other ranks, or from
+// other nodes when the EP group spans several, M fp32 values each) over the
+// sum, per all-to-all, of the least time a rank spent in it (a rank that
+// arrived early waits inside for the last one: load imbalance, not transfer).
+// 0 when not measurable (no pass yet, no rows). Collective over world.
 moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *net_bytes_per_s);
 // The EP group's ranks per node for the balancing models
 // (moe_balance_cost.ranks_per_node): g when the group spans several nodes of
 // g members each with EP rank p on the (p / g)-th node; 0 otherwise (one
 // node, unequal nodes or another order: the models' flat form). Local.
 int moe_ep_layer_ranks_per_node(const moe_ep_layer *layer);
+// The EP group's ranks that compute at once (moe_balance_cost.compute_slots):
+// the sum over its ranks of each one's share of a core among the world's
+// ranks on its host (moe_comm_cpu_share): P when every rank has a core of
+// its own, 2 for 4 ranks on a 2-core host. Collective over world.
+moe_status moe_ep_layer_compute_slots(moe_ep_layer *layer, double *slots);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every
 // rank. Collective over world (an all-gather in the EP group and a sum over

@@ -84,6 +84,9 @@ moe_status moe_balance_check_cost(moe_ctx *ctx, const moe_balance_cost *cost) {
               "balance: fnec_ms (%g) must be finite and >= 0", cost->fnec_ms);
   MOE_FAIL_IF(ctx, !(cost->bnec_ms >= 0) || !isfinite(cost->bnec_ms), MOE_STATUS_INVALID_ARG,
               "balance: bnec_ms (%g) must be finite and >= 0", cost->bnec_ms);
+  MOE_FAIL_IF(
+      ctx, !(cost->compute_slots >= 0) || !isfinite(cost->compute_slots), MOE_STATUS_INVALID_ARG,
+      "balance: compute_slots (%g) must be finite and >= 0 (0: one per rank)", cost->compute_slots);
   MOE_FAIL_IF(ctx, cost->ranks_per_node < 0, MOE_STATUS_INVALID_ARG,
               "balance: ranks_per_node (%d) must be >= 0 (0: the papers' flat form)",
               cost->ranks_per_node);
@@ -269,18 +272,26 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
       r += k > 0;
     }
   }
+  // the busiest rank's rows, or the shared cores' share of all rows when
+  // fewer ranks than P compute at once (cost->compute_slots)
   const double bmax = (double)max_of(rows, P);
+  double bcomp = bmax;
+  if (cost->compute_slots > 0 && cost->compute_slots < P) {
+    int64_t sum = 0;
+    for (int p = 0; p < P; p++) sum += rows[p];
+    bcomp = fmax(bmax, (double)sum / cost->compute_slots);
+  }
   if (model == MOE_BALANCE_MODEL_FASTERMOE) {
     // eq 7 / 8: max_w {3 x 4 M H B_w / F + 4 B_w M act_bytes / W} + 2 r param / W;
     // both terms of the max grow with B_w, so the max is at the largest B_w
-    const double comp_s = 3.0 * 4.0 * M * H * bmax / F;
+    const double comp_s = 3.0 * 4.0 * M * H * bcomp / F;
     const double comm_s = 4.0 * bmax * row_bytes / W;
     const double shadow_s = 2.0 * (double)r * cost->expert_param_bytes / W;
     return (comp_s + comm_s + shadow_s) * 1e3;
   }
   double a2a_ms, trans_ms;
   if (cost->ranks_per_node > 0) {  // per link: what crosses nodes, each rank at its own
-    int64_t *sent = rows;          // rows is spent (bmax)
+    int64_t *sent = rows;          // rows is spent (bmax, bcomp)
     links_unchecked(load, replica, cost->ranks_per_node, sent, recv);
     a2a_ms = (double)max_pair(sent, recv, P) * row_bytes / W * 1e3;
     copies_off_node(load, replica, cost->ranks_per_node, sent, recv);
@@ -290,7 +301,7 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
     a2a_ms = (double)max_of(recv, P) * row_bytes / W * 1e3;                   // eq 1
     trans_ms = (double)c * cost->expert_param_bytes / ((double)P * W) * 1e3;  // eq 4
   }
-  const double fec_ms = bmax * 4.0 * M * H / F * 1e3;  // eq 2 (BEC: eq 3)
+  const double fec_ms = bcomp * 4.0 * M * H / F * 1e3;  // eq 2 (BEC: eq 3)
   const double agg_ms = trans_ms;  // eq 5: the gradients are as large as the parameters
   if (model == MOE_BALANCE_MODEL_PROPHET) return 4.0 * a2a_ms + 3.0 * fec_ms + trans_ms + agg_ms;
   // eq 8: Trans hides behind FEC and FNEC, Agg behind BEC = 2 FEC and BNEC

@@ -84,6 +84,7 @@ typedef struct {
   uint8_t *replica;  // (E, EP)
   int copies;
   double pred_ms, pred_none_ms;  // the last plan's (moe_balance_step_info)
+  moe_balance_cost cost;         // the rates set (measured) for the plans
   int have_cost;                 // the rates are set (given, or measured on the first iteration)
 } balancing;
 
@@ -105,6 +106,58 @@ static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer,
   }
   *ms = moe_time_ms_since(t0);
 done:
+  return st;
+}
+
+// After the first round (every variant ran once, without copies): the rates
+// of the variants whose balancer has none given, measured on each of them
+// (moe_ep_layer_rates), and their medians given to all of them. One round's
+// rates move by tens of percent between variants, and the policies are then
+// compared under the same machine.
+static moe_status set_rates(moe_ctx *ctx, const moe_layer_config *cfg, MPI_Comm comm,
+                            const moe_measure_variant *variants, moe_ep_layer **layers,
+                            balancing *bals, int n) {
+  moe_status st = MOE_STATUS_OK;
+  double *f = moe_malloc(2 * (size_t)n * sizeof *f), *w = f ? f + n : NULL;
+  MOE_TRY(moe_comm_agree(ctx, comm,
+                         f ? MOE_STATUS_OK
+                           : moe_error_at(ctx, MOE_STATUS_OUT_OF_MEMORY, __FILE__, __LINE__,
+                                          "measure: cannot allocate %d variants' rates", n),
+                         "measure: rates"));
+  {
+    int nf = 0, nw = 0, first = -1;
+    for (int k = 0; k < n; k++) {
+      if (!bals[k].b || bals[k].have_cost) continue;
+      double fk = 0, wk = 0;
+      MOE_TRY(moe_ep_layer_rates(layers[k], &fk, &wk));
+      if (fk > 0) f[nf++] = fk;
+      if (wk > 0) w[nw++] = wk;
+      if (first < 0) first = k;
+    }
+    if (first < 0) goto done;
+    const double fm = nf ? moe_median(f, nf) : 0.0;  // sorts
+    const double wm = nw ? moe_median(w, nw) : 0.0;
+    double slots = 0.0;
+    MOE_TRY(moe_ep_layer_compute_slots(layers[first], &slots));
+    for (int k = first; k < n; k++) {
+      if (!bals[k].b || bals[k].have_cost) continue;
+      moe_balance_config bc = variants[k].balance;  // its cost, measured
+      if (fm > 0) bc.cost.flops_per_s = fm;
+      if (wm > 0) bc.cost.net_bytes_per_s = wm;
+      if (!(bc.cost.flops_per_s > 0))
+        moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
+      // the rate is the off-node one when the group spans nodes: charge what
+      // crosses them (moe_balance_cost.ranks_per_node)
+      bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(layers[k]);
+      bc.cost.compute_slots = slots;
+      MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_set_cost(bals[k].b, &bc.cost),
+                             "measure: balancer"));
+      bals[k].cost = bc.cost;
+      bals[k].have_cost = 1;
+    }
+  }
+done:
+  moe_free(f);
   return st;
 }
 
@@ -258,6 +311,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     const int E = cfg->num_experts, P = E / t.home_count;
     moe_status bst = moe_balancer_create(ctx, bc, E, P, &bals[k].b);
     bals[k].pred_ms = bals[k].pred_none_ms = NAN;
+    bals[k].cost = bc->cost;
     if (bst == MOE_STATUS_OK) {
       bals[k].load = moe_calloc((size_t)E * P, sizeof(int64_t));
       bals[k].replica = moe_calloc((size_t)E * P, 1);
@@ -273,23 +327,6 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       double v[N_COLS];
       uint64_t fns = 0;
       MOE_TRY(time_iteration(ctx, cfg, comm, &b, layers[k], &bals[k], &stats[k], v, &fns));
-      if (bals[k].b) {
-        if (!bals[k].have_cost) {
-          moe_balance_config bc = variants[k].balance;  // its cost, measured
-          double f = 0, net = 0;
-          MOE_TRY(moe_ep_layer_rates(layers[k], &f, &net));
-          if (f > 0) bc.cost.flops_per_s = f;
-          if (net > 0) bc.cost.net_bytes_per_s = net;
-          if (!(bc.cost.flops_per_s > 0))
-            moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
-          // the rate is the off-node one when the group spans nodes: charge
-          // what crosses them (moe_balance_cost.ranks_per_node)
-          bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(layers[k]);
-          MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_set_cost(bals[k].b, &bc.cost),
-                                 "measure: balancer"));
-          bals[k].have_cost = 1;
-        }
-      }
       if (k == n - 1) fwd_pass_ns = fns;
       if (i < mc->warmup) continue;
       const size_t at = ((size_t)k * it + (size_t)(i - mc->warmup)) * N_COLS;
@@ -297,6 +334,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
       MOE_MPI_TRY_OP(ctx, "all-reduce of the timings",
                      MPI_Allreduce(v, slow + at, N_COLS, MPI_DOUBLE, MPI_MAX, comm));
     }
+    if (i == 0) MOE_TRY(set_rates(ctx, cfg, comm, variants, layers, bals, n));
   }
   for (int k = 0; k < n; k++) {
     moe_measure_result *r = &out[k];
@@ -363,6 +401,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     r->copies = bals[k].copies;
     r->pred_ms = bals[k].b ? bals[k].pred_ms : NAN;
     r->pred_none_ms = bals[k].b ? bals[k].pred_none_ms : NAN;
+    r->bal_cost = bals[k].cost;
     r->max_rank_rows = most;
     r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
     r->skew_tv = skew_tv;

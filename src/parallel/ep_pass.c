@@ -906,6 +906,17 @@ long long moe_ep_rows_sent_away_(const moe_ep_layer *L, int across_nodes) {
   return n;
 }
 
+long long moe_ep_rows_received_from_away_(const moe_ep_layer *L, int across_nodes) {
+  if (!L->have_forward) return 0;
+  const int mine = L->ep.node_of[L->me];
+  long long n = 0;
+  for (int c = 0; c < L->r; c++)
+    for (int p = 0; p < L->P; p++)
+      if (across_nodes ? L->ep.node_of[p] != mine : p != L->me)
+        n += (long long)L->plan.recv_block_rows[IDX2(L, c, p)];
+  return n;
+}
+
 long long moe_ep_layer_offnode_rows(const moe_ep_layer *L) {
   return L ? moe_ep_rows_sent_away_(L, 1) : 0;
 }

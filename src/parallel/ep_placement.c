@@ -574,6 +574,23 @@ int moe_ep_layer_ranks_per_node(const moe_ep_layer *L) {
   return g;
 }
 
+moe_status moe_ep_layer_compute_slots(moe_ep_layer *L, double *slots) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L || !slots, MOE_STATUS_INVALID_ARG, "layer and slots must not be NULL");
+  {
+    // a rank's share of a core among all the world's ranks on its host, summed
+    // over the EP group
+    double share = 1.0;
+    MOE_TRY(moe_comm_cpu_share(ctx, L->world, &share));
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the compute slots",
+                   MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_SUM, L->ep.comm));
+    *slots = share;
+  }
+done:
+  return st;
+}
+
 moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L ? L->ctx : NULL;
@@ -582,7 +599,8 @@ moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
   {
     const double gemm_s = (L->fwd_timing.expert_gemm_ms + L->bwd_timing.expert_gemm_ms) * 1e-3;
     double f = gemm_s > 0 ? (L->fwd_timing.expert_flops + L->bwd_timing.expert_flops) / gemm_s : 0;
-    double a2a_s = 0.0;
+    // per pass (forward, backward) and kind (A1, A2): this rank's all-to-all time
+    double a2a_s[4] = {0.0, 0.0, 0.0, 0.0};
     for (int d = 0; d < 2; d++) {
       const moe_task_graph *g = NULL;
       const moe_task_record *rec = NULL;
@@ -590,22 +608,37 @@ moe_status moe_ep_layer_rates(moe_ep_layer *L, double *flops, double *net) {
       for (int i = 0; g && rec && i < g->n_tasks; i++) {
         const int k = g->tasks[i].kind;
         if ((k == MOE_CT_A1 || k == MOE_CT_A2) && rec[i].ran)
-          a2a_s += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-9;
+          a2a_s[2 * d + (k == MOE_CT_A2)] += (double)(rec[i].end_ns - rec[i].start_ns) * 1e-9;
       }
     }
-    // Each of the 4 all-to-alls moves the rows that leave this rank, M floats
-    // each: over the slowest link, the rows that leave its node when the EP
-    // group spans several nodes (a copy's Trans mostly crosses that link too).
-    // The rate is the world's bytes over the world's busy time: a rank that
-    // moved little and waited long weighs as little as it moved.
-    const long long leaving = moe_ep_rows_sent_away_(L, L->ep.num_nodes > 1);
-    double bt[2] = {4.0 * (double)leaving * (double)L->cfg.model_dim * 4.0, a2a_s};
-    if (f <= 0) f = INFINITY;  // no rows here: not the slowest rank
+    // The link rate, as the per-link model charges it (moe_balance_cost): each
+    // of the 4 all-to-alls carries, over the busiest link (the slow one: the
+    // node's, when the EP group spans several nodes), the larger of the rows
+    // a rank sends away and receives, M floats each; it takes the time of the
+    // rank that waited least inside it (one that arrived early also waits for
+    // the last, which is load imbalance, not transfer).
+    const int across = L->ep.num_nodes > 1;
+    const long long away = moe_ep_rows_sent_away_(L, across);
+    const long long from = moe_ep_rows_received_from_away_(L, across);
+    double link = (double)(away > from ? away : from);
+    // The GEMM rate of a rank with a core to itself: the slowest rank's when
+    // every rank has one; when ranks share cores (moe_ep_layer_compute_slots)
+    // the fastest rank's, as the rates of the others are slowed by the sharing
+    // (the models count it in moe_balance_cost.compute_slots).
+    double slots = (double)L->P;
+    MOE_TRY(moe_ep_layer_compute_slots(L, &slots));
+    const int shared = slots < (double)L->P - 1e-9;
+    if (f <= 0) f = shared ? 0.0 : INFINITY;  // no rows here: not the rank to go by
+    MOE_MPI_TRY_OP(
+        ctx, "all-reduce of the measured rates",
+        MPI_Allreduce(MPI_IN_PLACE, &f, 1, MPI_DOUBLE, shared ? MPI_MAX : MPI_MIN, L->world));
     MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
-                   MPI_Allreduce(MPI_IN_PLACE, &f, 1, MPI_DOUBLE, MPI_MIN, L->world));
+                   MPI_Allreduce(MPI_IN_PLACE, &link, 1, MPI_DOUBLE, MPI_MAX, L->world));
     MOE_MPI_TRY_OP(ctx, "all-reduce of the measured rates",
-                   MPI_Allreduce(MPI_IN_PLACE, bt, 2, MPI_DOUBLE, MPI_SUM, L->world));
-    *flops = isfinite(f) ? f : 0.0;
+                   MPI_Allreduce(MPI_IN_PLACE, a2a_s, 4, MPI_DOUBLE, MPI_MIN, L->world));
+    const double bt[2] = {4.0 * link * (double)L->cfg.model_dim * 4.0,
+                          a2a_s[0] + a2a_s[1] + a2a_s[2] + a2a_s[3]};
+    *flops = isfinite(f) && f > 0 ? f : 0.0;
     *net = bt[0] > 0 && bt[1] > 0 ? bt[0] / bt[1] : 0.0;
   }
 done:

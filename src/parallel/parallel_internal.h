@@ -206,6 +206,9 @@ void moe_ep_balance_record_(moe_ep_layer *L, int backward, uint64_t start_ns, ui
 // Kept rows of the last forward this rank sent away: to ranks on other nodes
 // (across_nodes 1) or to any other rank (0).
 long long moe_ep_rows_sent_away_(const moe_ep_layer *L, int across_nodes);
+// Rows of the last forward this rank received from ranks on other nodes
+// (across_nodes 1) or from any other rank (0), over every chunk.
+long long moe_ep_rows_received_from_away_(const moe_ep_layer *L, int across_nodes);
 // Allocates the chunk plan, task graphs and executor (ep_pass.c); local.
 moe_status moe_ep_pass_init_(moe_ep_layer *L);
 void moe_ep_pass_free_(moe_ep_layer *L);

@@ -1692,6 +1692,7 @@ static moe_status make_balancer(run_state *r, int b, moe_ep_layer *l, int measur
       if (n > 0) bc.cost.net_bytes_per_s = n;
       // the measured rate is the off-node one when the group spans nodes
       bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(l);
+      MOE_TRY(moe_ep_layer_compute_slots(l, &bc.cost.compute_slots));
     }
   }
   MOE_TRY(agree(
