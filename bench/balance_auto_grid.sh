@@ -92,4 +92,19 @@ print("| T:M:H:E | skew | ratio without copies | total ms (median) | best | auto
 print("|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(rows))
 print("\nauto within 5%% of the best on %d of %d points; it took the best policy's plan in most runs on %d" % (within, len(rows), same))
+# the noise: two policies of one run that placed the same plan (same copies and
+# busiest rank), measured apart
+gaps = []
+for runs in points.values():
+    for d in runs:
+        vs = [x for x in d["configs"][0]["variants"]]
+        for a in range(len(vs)):
+            for b in range(a + 1, len(vs)):
+                x, y = vs[a], vs[b]
+                if x["copies"] == y["copies"] and x["max_rank_rows"] == y["max_rank_rows"]:
+                    gaps.append(abs(x["total_ms"] - y["total_ms"]) / min(x["total_ms"], y["total_ms"]))
+if gaps:
+    gaps.sort()
+    print("noise: %d pairs of variants of one run with the same plan differ by %.1f%% (median), %.1f%% (largest)" % (
+        len(gaps), 100 * statistics.median(gaps), 100 * gaps[-1]))
 PY

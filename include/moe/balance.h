@@ -295,8 +295,8 @@ typedef struct {
   int slots;                // copies a rank may hold (the layer's copy_slots), >= 0; eplb's R
   int prophet_n;            // Pro-Prophet's n [MOE_BALANCE_PROPHET_N_DEFAULT]
   double prophet_alpha;     // Pro-Prophet's alpha [MOE_BALANCE_PROPHET_ALPHA_DEFAULT]
-  moe_balance_model model;  // prophet and eplb [MOE_BALANCE_MODEL_PROPHET: eq 6, Trans and
-                            // Agg exposed, as the mechanism runs them until a scheduler hides them]
+  moe_balance_model model;  // prophet, eplb and auto [MOE_BALANCE_MODEL_PROPHET: eq 6, Trans
+                            // and Agg charged in full; eq 8 measured no better, see balancer.c]
   moe_balance_cost cost;    // the machine's rates (moe_balance_cost_default / _from_profile)
 } moe_balance_config;
 
@@ -308,16 +308,18 @@ void moe_balance_config_default(moe_balance_config *cfg, int policy, int model_d
 typedef struct moe_balancer moe_balancer;
 
 typedef struct {
-  int planned;               // 1: this step ran the planner (else the last plan was kept)
-  int copies;                // copies in the placement returned
-  double predicted_ms;       // the planner's prediction for its plan (NAN when not planned)
-  double predicted_none_ms;  // the same model's prediction without copies for the load
-                             // planned from (NAN when not planned): predicted_none_ms /
-                             // predicted_ms is the speedup the plan was chosen for
-  double ratio_before;       // balance ratio of the step's load without copies
-  double ratio_after;        // ... and under the placement returned (moe_balance_rows)
-  double plan_ms;            // wall time of this call
-  int chosen;                // auto: the policy whose plan it took (else the policy itself)
+  int planned;                       // 1: this step ran the planner (else the last plan was kept)
+  int copies;                        // copies in the placement returned
+  double predicted_ms;               // the planner's prediction for its plan (NAN when not planned)
+  double predicted_none_ms;          // the same model's prediction without copies for the load
+                                     // planned from (NAN when not planned): predicted_none_ms /
+                                     // predicted_ms is the speedup the plan was chosen for
+  double ratio_before;               // balance ratio of the step's load without copies
+  double ratio_after;                // ... and under the placement returned (moe_balance_rows)
+  double plan_ms;                    // wall time of this call
+  int chosen;                        // auto: the policy whose plan it took (else the policy itself)
+  double auto_ms[MOE_BALANCE_AUTO];  // auto, when it planned: each candidate's prediction
+                                     // (by policy: none, shadow, prophet, eplb); else NAN
 } moe_balance_step_info;
 
 // Allocates everything the steps use (window, scratch). INVALID_ARG for an

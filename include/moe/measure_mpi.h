@@ -74,9 +74,10 @@ typedef struct {
   int copies;                    // expert copies in force in the last iteration
   double pred_ms, pred_none_ms;  // the last plan's predicted time with and without its copies
                                  // (moe_balance_step_info; NAN without a plan)
-  moe_balance_cost bal_cost;     // the rates the plans used (measured on the first iteration;
-                                 // zeros without balancing)
-  long long offnode_rows;        // rows sent to ranks on other nodes, all ranks, last iteration
+  double auto_ms[MOE_BALANCE_AUTO];  // auto's last plan: each candidate's prediction (NAN else)
+  moe_balance_cost bal_cost;         // the rates the plans used (measured on the first iteration;
+                                     // zeros without balancing)
+  long long offnode_rows;            // rows sent to ranks on other nodes, all ranks, last iteration
   long long rerouted;  // choices the topology-aware gate re-selected, all ranks, last iteration
 } moe_measure_result;
 

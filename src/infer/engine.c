@@ -464,6 +464,7 @@ static moe_status placement_init(moe_infer *e) {
                                e->user->par.copy_slots);
     bc.window = 1;
     bc.replan_every = 1;
+    bc.model = MOE_BALANCE_MODEL_PROPHET;  // eq 6: Trans in full (a step has no backward)
     // The model charges each copy a Trans and an Agg per step (training).
     // Serving sends a copy's parameters once per plan at most and has no
     // Agg: the bytes are spread over the steps between plans.

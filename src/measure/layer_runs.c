@@ -84,8 +84,9 @@ typedef struct {
   uint8_t *replica;  // (E, EP)
   int copies;
   double pred_ms, pred_none_ms;  // the last plan's (moe_balance_step_info)
-  moe_balance_cost cost;         // the rates set (measured) for the plans
-  int have_cost;                 // the rates are set (given, or measured on the first iteration)
+  double auto_ms[MOE_BALANCE_AUTO];
+  moe_balance_cost cost;  // the rates set (measured) for the plans
+  int have_cost;          // the rates are set (given, or measured on the first iteration)
 } balancing;
 
 // The last iteration's load, the next placement, posting its Trans; *ms the
@@ -103,6 +104,7 @@ static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer,
   if (info.planned) {
     bal->pred_ms = info.predicted_ms;
     bal->pred_none_ms = info.predicted_none_ms;
+    memcpy(bal->auto_ms, info.auto_ms, sizeof bal->auto_ms);
   }
   *ms = moe_time_ms_since(t0);
 done:
@@ -311,6 +313,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     const int E = cfg->num_experts, P = E / t.home_count;
     moe_status bst = moe_balancer_create(ctx, bc, E, P, &bals[k].b);
     bals[k].pred_ms = bals[k].pred_none_ms = NAN;
+    for (int i = 0; i < MOE_BALANCE_AUTO; i++) bals[k].auto_ms[i] = NAN;
     bals[k].cost = bc->cost;
     if (bst == MOE_STATUS_OK) {
       bals[k].load = moe_calloc((size_t)E * P, sizeof(int64_t));
@@ -402,6 +405,7 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     r->pred_ms = bals[k].b ? bals[k].pred_ms : NAN;
     r->pred_none_ms = bals[k].b ? bals[k].pred_none_ms : NAN;
     r->bal_cost = bals[k].cost;
+    for (int i = 0; i < MOE_BALANCE_AUTO; i++) r->auto_ms[i] = bals[k].b ? bals[k].auto_ms[i] : NAN;
     r->max_rank_rows = most;
     r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
     r->skew_tv = skew_tv;
