@@ -78,4 +78,6 @@ done:
   moe_free(keys);
   return st;
 }
-#endif
+#else
+typedef int moe_cpu_share_needs_mpi;
+#endif  // MOE_HAVE_MPI
