@@ -280,7 +280,7 @@ static void test_prophet(void) {
   // e0 copied to every rank: its home sends two copies off node (16 ms), where
   // eq 4 charges 3 x 8 / 4 = 6. H = 8, 16, 9, 6 -> 48; off-node rows: src0
   // sends e2 1, src1 e3 1, src2 e1 1, src3 e1 6; received: rank1 7: T_A2A = 7.
-  // T' = 28 + 48 + 32 = 108 (flat: R = 1, 8, 1, 1 -> 32 + 48 + 12 = 92).
+  // T' = 28 + 48 + 32 = 108 (flat: R = 0, 8, 1, 1 -> 32 + 48 + 12 = 92).
   uint8_t all0[16] = {0};
   all0[0 * 4 + 1] = all0[0 * 4 + 2] = all0[0 * 4 + 3] = 1;
   TU_CHECK(moe_balance_predict(g_ctx, &load, all0, &links, MOE_BALANCE_MODEL_PROPHET, &ms) ==

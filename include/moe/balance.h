@@ -310,7 +310,8 @@ typedef struct moe_balancer moe_balancer;
 typedef struct {
   int planned;                       // 1: this step ran the planner (else the last plan was kept)
   int copies;                        // copies in the placement returned
-  double predicted_ms;               // the planner's prediction for its plan (NAN when not planned)
+  double predicted_ms;               // the model's prediction for the placement returned (fitted to
+                                     // the slots; NAN when not planned)
   double predicted_none_ms;          // the same model's prediction without copies for the load
                                      // planned from (NAN when not planned): predicted_none_ms /
                                      // predicted_ms is the speedup the plan was chosen for

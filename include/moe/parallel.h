@@ -259,13 +259,16 @@ moe_executor_background moe_ep_layer_background(const moe_ep_layer *layer, int b
 moe_status moe_ep_layer_rates(moe_ep_layer *layer, double *flops_per_s, double *net_bytes_per_s);
 // The EP group's ranks per node for the balancing models
 // (moe_balance_cost.ranks_per_node): g when the group spans several nodes of
-// g members each with EP rank p on the (p / g)-th node; 0 otherwise (one
-// node, unequal nodes or another order: the models' flat form). Local.
-int moe_ep_layer_ranks_per_node(const moe_ep_layer *layer);
+// g members each with EP rank p on the (p / g)-th node, and every EP group of
+// the world has that g; 0 otherwise (one node, unequal nodes, another order,
+// or groups laid out differently: the models' flat form). The same on every
+// rank. Collective over world.
+moe_status moe_ep_layer_ranks_per_node(moe_ep_layer *layer, int *ranks_per_node);
 // The EP group's ranks that compute at once (moe_balance_cost.compute_slots):
 // the sum over its ranks of each one's share of a core among the world's
-// ranks on its host (moe_comm_cpu_share): P when every rank has a core of
-// its own, 2 for 4 ranks on a 2-core host. Collective over world.
+// ranks on its machine (moe_comm_cpu_share), the least over the world's EP
+// groups (the same on every rank): P when every rank has a core of its own,
+// 2 for an EP group of 4 ranks on a 2-core machine. Collective over world.
 moe_status moe_ep_layer_compute_slots(moe_ep_layer *layer, double *slots);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every

@@ -218,13 +218,15 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
         memset(replica, 0, n);
         break;
     }
+    moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     if (c->policy != MOE_BALANCE_NONE) {
-      // shadow plans with FasterMoE's model (moe_balance_plan_shadow), the others with c->model
+      // shadow plans with FasterMoE's model (moe_balance_plan_shadow), the
+      // others with c->model; the placement as fitted to the slots, and none
       const moe_balance_model m =
           c->policy == MOE_BALANCE_SHADOW ? MOE_BALANCE_MODEL_FASTERMOE : c->model;
+      MOE_TRY(moe_balance_predict(ctx, &load, replica, &c->cost, m, &in.predicted_ms));
       MOE_TRY(moe_balance_predict(ctx, &load, NULL, &c->cost, m, &in.predicted_none_ms));
     }
-    moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     memcpy(b->current, replica, n);
     in.planned = 1;
   } else {

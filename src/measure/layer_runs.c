@@ -139,19 +139,18 @@ static moe_status set_rates(moe_ctx *ctx, const moe_layer_config *cfg, MPI_Comm 
     if (first < 0) goto done;
     const double fm = nf ? moe_median(f, nf) : 0.0;  // sorts
     const double wm = nw ? moe_median(w, nw) : 0.0;
-    double slots = 0.0;
-    MOE_TRY(moe_ep_layer_compute_slots(layers[first], &slots));
     for (int k = first; k < n; k++) {
       if (!bals[k].b || bals[k].have_cost) continue;
       moe_balance_config bc = variants[k].balance;  // its cost, measured
-      if (fm > 0) bc.cost.flops_per_s = fm;
-      if (wm > 0) bc.cost.net_bytes_per_s = wm;
       if (!(bc.cost.flops_per_s > 0))
         moe_balance_cost_default(&bc.cost, cfg->model_dim, cfg->hidden_dim);
+      if (fm > 0) bc.cost.flops_per_s = fm;
+      if (wm > 0) bc.cost.net_bytes_per_s = wm;
       // the rate is the off-node one when the group spans nodes: charge what
-      // crosses them (moe_balance_cost.ranks_per_node)
-      bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(layers[k]);
-      bc.cost.compute_slots = slots;
+      // crosses them (moe_balance_cost.ranks_per_node); the variant's own
+      // layout and cores (collective: the same k on every rank)
+      MOE_TRY(moe_ep_layer_ranks_per_node(layers[k], &bc.cost.ranks_per_node));
+      MOE_TRY(moe_ep_layer_compute_slots(layers[k], &bc.cost.compute_slots));
       MOE_TRY(moe_comm_agree(ctx, comm, moe_balancer_set_cost(bals[k].b, &bc.cost),
                              "measure: balancer"));
       bals[k].cost = bc.cost;

@@ -564,14 +564,33 @@ double moe_ep_layer_trans_ms(const moe_ep_layer *L) {
   return L ? L->trans_post_ms + L->trans_wait_ms : 0.0;
 }
 
-int moe_ep_layer_ranks_per_node(const moe_ep_layer *L) {
-  if (!L || L->ep.num_nodes < 2 || L->P % L->ep.num_nodes != 0) return 0;
+// This EP group's g (local): see moe_ep_layer_ranks_per_node.
+static int group_ranks_per_node(const moe_ep_layer *L) {
+  if (L->ep.num_nodes < 2 || L->P % L->ep.num_nodes != 0) return 0;
   const int g = L->P / L->ep.num_nodes;
   // node ids follow the lowest member rank (moe_group), so a block layout
   // numbers its nodes 0, 1, ... in rank order
   for (int p = 0; p < L->P; p++)
     if (L->ep.node_of[p] != p / g) return 0;
   return g;
+}
+
+moe_status moe_ep_layer_ranks_per_node(moe_ep_layer *L, int *ranks_per_node) {
+  moe_status st = MOE_STATUS_OK;
+  moe_ctx *ctx = L ? L->ctx : NULL;
+  MOE_FAIL_IF(ctx, !L || !ranks_per_node, MOE_STATUS_INVALID_ARG,
+              "layer and ranks_per_node must not be NULL");
+  {
+    // every EP group of the world plans from the same load and must reach the
+    // same bitmap: the same g everywhere, or the flat form
+    const int g = group_ranks_per_node(L);
+    int v[2] = {g, -g};
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the ranks per node",
+                   MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, L->world));
+    *ranks_per_node = v[0] == -v[1] ? g : 0;
+  }
+done:
+  return st;
 }
 
 moe_status moe_ep_layer_compute_slots(moe_ep_layer *L, double *slots) {
@@ -585,6 +604,10 @@ moe_status moe_ep_layer_compute_slots(moe_ep_layer *L, double *slots) {
     MOE_TRY(moe_comm_cpu_share(ctx, L->world, &share));
     MOE_MPI_TRY_OP(ctx, "all-reduce of the compute slots",
                    MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_SUM, L->ep.comm));
+    // the same on every rank of the world (every EP group plans from the same
+    // load and must reach the same bitmap): the least of the groups'
+    MOE_MPI_TRY_OP(ctx, "all-reduce of the compute slots",
+                   MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MIN, L->world));
     *slots = share;
   }
 done:

@@ -1668,7 +1668,8 @@ static void router_bias_step(run_state *r, int b, const int64_t *load, int P,
 // differ between two runs of the same config, and with it the summation
 // order of the expert gradients); else, with `measure`, those of the layer's
 // last step (moe_ep_layer_rates), without it the defaults (a resumed run
-// takes its checkpoint's).
+// takes its checkpoint's); with measured or resumed rates, the machine's
+// layout (moe_ep_layer_ranks_per_node, moe_ep_layer_compute_slots).
 static moe_status make_balancer(run_state *r, int b, moe_ep_layer *l, int measure) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = r->ctx;
@@ -1685,13 +1686,17 @@ static moe_status make_balancer(run_state *r, int b, moe_ep_layer *l, int measur
     } else if (tc->deterministic) {
       bc.cost.flops_per_s = MOE_TRAIN_BALANCE_FLOPS;
       bc.cost.net_bytes_per_s = MOE_TRAIN_BALANCE_NET;
-    } else if (measure) {
-      double f = 0, n = 0;
-      MOE_TRY(moe_ep_layer_rates(l, &f, &n));
-      if (f > 0) bc.cost.flops_per_s = f;
-      if (n > 0) bc.cost.net_bytes_per_s = n;
-      // the measured rate is the off-node one when the group spans nodes
-      bc.cost.ranks_per_node = moe_ep_layer_ranks_per_node(l);
+    } else {
+      if (measure) {
+        double f = 0, n = 0;
+        MOE_TRY(moe_ep_layer_rates(l, &f, &n));
+        if (f > 0) bc.cost.flops_per_s = f;
+        if (n > 0) bc.cost.net_bytes_per_s = n;
+      }
+      // the layout the measured rates belong to (the off-node link when the
+      // group spans nodes; cores shared): also for a resumed run, whose
+      // checkpoint holds the rates but not the layout
+      MOE_TRY(moe_ep_layer_ranks_per_node(l, &bc.cost.ranks_per_node));
       MOE_TRY(moe_ep_layer_compute_slots(l, &bc.cost.compute_slots));
     }
   }
