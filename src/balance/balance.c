@@ -113,8 +113,10 @@ void moe_balance_rows_unchecked(const moe_balance_load *load, const uint8_t *rep
   }
 }
 
-void moe_balance_traffic_unchecked(const moe_balance_load *load, const uint8_t *replica,
-                                   int64_t *sent, int64_t *recv) {
+// sent, recv (P), either NULL: the rows each rank sends to / receives from
+// ranks on other nodes of g ranks (rank p on node p / g; g = 1: other ranks).
+static void traffic_between_nodes(const moe_balance_load *load, const uint8_t *replica, int g,
+                                  int64_t *sent, int64_t *recv) {
   const int E = load->num_experts, P = load->num_ranks;
   for (int p = 0; p < P; p++) {
     if (sent) sent[p] = 0;
@@ -124,11 +126,16 @@ void moe_balance_traffic_unchecked(const moe_balance_load *load, const uint8_t *
     const int64_t *c = load->counts + (size_t)src * (size_t)E;
     for (int e = 0; e < E; e++) {
       const int t = target_of(load, replica, e, src);
-      if (t == src) continue;  // computed where it is: not on the wire
+      if (t / g == src / g) continue;  // computed on its node (g = 1: where it is)
       if (sent) sent[src] += c[e];
       if (recv) recv[t] += c[e];
     }
   }
+}
+
+void moe_balance_traffic_unchecked(const moe_balance_load *load, const uint8_t *replica,
+                                   int64_t *sent, int64_t *recv) {
+  traffic_between_nodes(load, replica, 1, sent, recv);
 }
 
 moe_status moe_balance_rows(moe_ctx *ctx, const moe_balance_load *load, const uint8_t *replica,
@@ -219,23 +226,6 @@ static int64_t max_pair(const int64_t *a, const int64_t *b, int n) {
   return m;
 }
 
-// sent, recv (P): the rows each rank sends to / receives from ranks on other
-// nodes (rank p on node p / g) under the rule.
-static void links_unchecked(const moe_balance_load *load, const uint8_t *replica, int g,
-                            int64_t *sent, int64_t *recv) {
-  const int E = load->num_experts, P = load->num_ranks;
-  for (int p = 0; p < P; p++) sent[p] = recv[p] = 0;
-  for (int src = 0; src < P; src++) {
-    const int64_t *c = load->counts + (size_t)src * (size_t)E;
-    for (int e = 0; e < E; e++) {
-      const int t = target_of(load, replica, e, src);
-      if (t / g == src / g) continue;  // stays on its node
-      sent[src] += c[e];
-      recv[t] += c[e];
-    }
-  }
-}
-
 // sent, recv (P): the copies whose parameters each rank sends to / receives
 // from another node (home(e) sends one to each copy of e).
 static void copies_off_node(const moe_balance_load *load, const uint8_t *replica, int g,
@@ -292,7 +282,7 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
   double a2a_ms, trans_ms;
   if (cost->ranks_per_node > 0) {  // per link: what crosses nodes, each rank at its own
     int64_t *sent = rows;          // rows is spent (bmax, bcomp)
-    links_unchecked(load, replica, cost->ranks_per_node, sent, recv);
+    traffic_between_nodes(load, replica, cost->ranks_per_node, sent, recv);
     a2a_ms = (double)max_pair(sent, recv, P) * row_bytes / W * 1e3;
     copies_off_node(load, replica, cost->ranks_per_node, sent, recv);
     trans_ms = (double)max_pair(sent, recv, P) * cost->expert_param_bytes / W * 1e3;
