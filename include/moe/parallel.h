@@ -268,7 +268,9 @@ moe_status moe_ep_layer_ranks_per_node(moe_ep_layer *layer, int *ranks_per_node)
 // the sum over its ranks of each one's share of a core among the world's
 // ranks on its machine (moe_comm_cpu_share), the least over the world's EP
 // groups (the same on every rank): P when every rank has a core of its own,
-// 2 for an EP group of 4 ranks on a 2-core machine. Collective over world.
+// 2 for an EP group of 4 ranks on a 2-core machine. Collective over world on
+// the layer's first call (every rank's first call is the same one); later
+// calls return the value kept then, without communicating.
 moe_status moe_ep_layer_compute_slots(moe_ep_layer *layer, double *slots);
 // The load of the last forward: counts (EP, E) = rows EP rank p's tokens
 // kept for expert e, summed over the DP groups (int64), the same on every

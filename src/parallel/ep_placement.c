@@ -597,6 +597,10 @@ moe_status moe_ep_layer_compute_slots(moe_ep_layer *L, double *slots) {
   moe_status st = MOE_STATUS_OK;
   moe_ctx *ctx = L ? L->ctx : NULL;
   MOE_FAIL_IF(ctx, !L || !slots, MOE_STATUS_INVALID_ARG, "layer and slots must not be NULL");
+  if (L->compute_slots > 0) {  // known: the machine does not change
+    *slots = L->compute_slots;
+    goto done;
+  }
   {
     // a rank's share of a core among all the world's ranks on its host, summed
     // over the EP group
@@ -608,7 +612,7 @@ moe_status moe_ep_layer_compute_slots(moe_ep_layer *L, double *slots) {
     // load and must reach the same bitmap): the least of the groups'
     MOE_MPI_TRY_OP(ctx, "all-reduce of the compute slots",
                    MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MIN, L->world));
-    *slots = share;
+    *slots = L->compute_slots = share;
   }
 done:
   return st;

@@ -99,6 +99,7 @@ struct moe_ep_layer {
   moe_workspace bufa, bufb, ex_x, pre, h, dh, dpre, a2a_ws;
   moe_workspace csend, crecv;  // compressed payloads, (chunk, peer) blocks
   int recv_rows;
+  double compute_slots;  // moe_ep_layer_compute_slots, once known (0: not yet)
   // counts exchange: (P, E + 1) ints, rows per expert then the sender's capacity
   int *cnt_send, *cnt_recv;
   moe_ep_chunk_plan plan;      // of the last forward (the backward reuses it)
