@@ -239,21 +239,20 @@ typedef struct {
   // ScheMoE's task model: this variant's graphs and schedules simulated with
   // the baseline's per-kind times split evenly over the chunks
   double model_ms, model_speedup, model_efficiency;
-  double total_q1, total_q3;         // quartiles of the total over the iterations (noise)
-  double predicted_ms;               // moe_simulate_layer with --profile; NaN without
-  int planned;                       // chosen by the planner ("auto")
-  long long rows, dropped;           // over all ranks, last iteration
-  const char *balance;               // load-balancing policy
-  int copies;                        // expert copies in force, last iteration
-  double balance_ms, trans_ms;       // balancing step (load, plan, Trans) and its Trans, median
-  double pred_ms, pred_none_ms;      // the last plan's predicted time with / without its copies
-  moe_balance_cost bal_cost;         // the rates its plans used
-  double auto_ms[MOE_BALANCE_AUTO];  // auto: each candidate's predicted ms
-  long long max_rank_rows;           // most rows one rank computed, last iteration
-  double balance_ratio;              // max_rank_rows / mean over ranks
-  double skew_tv;                    // --skew: the bias fit's total variation
-  long long offnode_rows;            // rows sent to other nodes, all ranks, last iteration
-  long long rerouted;                // choices the topology-aware gate re-selected, last iteration
+  double total_q1, total_q3;    // quartiles of the total over the iterations (noise)
+  double predicted_ms;          // moe_simulate_layer with --profile; NaN without
+  int planned;                  // chosen by the planner ("auto")
+  long long rows, dropped;      // over all ranks, last iteration
+  const char *balance;          // load-balancing policy
+  int copies;                   // expert copies in force, last iteration
+  double balance_ms, trans_ms;  // balancing step (load, plan, Trans) and its Trans, median
+  moe_balance_step_info plan;   // its last plan's predictions (moe_measure_result.bal_plan)
+  moe_balance_cost bal_cost;    // the rates its plans used
+  long long max_rank_rows;      // most rows one rank computed, last iteration
+  double balance_ratio;         // max_rank_rows / mean over ranks
+  double skew_tv;               // --skew: the bias fit's total variation
+  long long offnode_rows;       // rows sent to other nodes, all ranks, last iteration
+  long long rerouted;           // choices the topology-aware gate re-selected, last iteration
 } ep_result;
 
 // Splits a comma-separated list into a copy (buf) and token pointers.
@@ -687,10 +686,8 @@ static int run_group(moe_ctx *ctx, const ep_opts *o, const moe_layer_config *cfg
     r->copies = m->copies;
     r->balance_ms = m->balance_ms;
     r->trans_ms = m->trans_ms;
-    r->pred_ms = m->pred_ms;
-    r->pred_none_ms = m->pred_none_ms;
+    r->plan = m->bal_plan;
     r->bal_cost = m->bal_cost;
-    memcpy(r->auto_ms, m->auto_ms, sizeof r->auto_ms);
     r->max_rank_rows = m->max_rank_rows;
     r->balance_ratio = m->balance_ratio;
     r->skew_tv = m->skew_tv;
@@ -797,8 +794,9 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
     } else {
       printf(" %10s", "-");
     }
-    if (isfinite(r->pred_ms) && isfinite(r->pred_none_ms) && r->pred_ms > 0) {
-      printf(" %9.3fx", r->pred_none_ms / r->pred_ms);
+    if (isfinite(r->plan.predicted_ms) && isfinite(r->plan.predicted_none_ms) &&
+        r->plan.predicted_ms > 0) {
+      printf(" %9.3fx", r->plan.predicted_none_ms / r->plan.predicted_ms);
     } else {
       printf(" %10s", "-");
     }
@@ -813,11 +811,11 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
       "was chosen for)\n");
   for (int i = 0; i < n; i++) {  // what auto weighed (its last plan)
     const ep_result *r = &rs[i];
-    if (moe_balance_policy_find(r->balance) != MOE_BALANCE_AUTO || !isfinite(r->auto_ms[0]))
+    if (moe_balance_policy_find(r->balance) != MOE_BALANCE_AUTO || !isfinite(r->plan.auto_ms[0]))
       continue;
     printf("auto's last plan, predicted ms per candidate:");
     for (int p = 0; p < MOE_BALANCE_AUTO; p++)
-      printf(" %s %.1f%s", moe_balance_policy_name(p), r->auto_ms[p],
+      printf(" %s %.1f%s", moe_balance_policy_name(p), r->plan.auto_ms[p],
              p + 1 < MOE_BALANCE_AUTO ? "," : "\n");
     break;
   }
@@ -908,12 +906,12 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       fprintf(f, "\"balance\": \"%s\", \"copies\": %d, ", r->balance, r->copies);
       json_num(f, "balance_ms", r->balance_ms, ", ");
       json_num(f, "trans_ms", r->trans_ms, ", ");
-      json_num(f, "balance_pred_ms", r->pred_ms, ", ");
-      json_num(f, "balance_pred_none_ms", r->pred_none_ms, ", ");
+      json_num(f, "balance_pred_ms", r->plan.predicted_ms, ", ");
+      json_num(f, "balance_pred_none_ms", r->plan.predicted_none_ms, ", ");
       if (moe_balance_policy_find(r->balance) == MOE_BALANCE_AUTO) {
         fprintf(f, "\"auto_candidates_ms\": {");
         for (int p = 0; p < MOE_BALANCE_AUTO; p++)
-          json_num(f, moe_balance_policy_name(p), r->auto_ms[p],
+          json_num(f, moe_balance_policy_name(p), r->plan.auto_ms[p],
                    p + 1 < MOE_BALANCE_AUTO ? ", " : "}, ");
       }
       json_num(f, "fwd_ms", r->fwd_ms, ", ");

@@ -70,14 +70,13 @@ typedef struct {
   double balance_ratio;             // max_rank_rows / mean over the ranks (1 = balanced)
   double skew_tv;                   // with mc->skew: the fit's total variation (0 without)
   double balance_ms;                // median time of the balancing step (load, plan, posting Trans)
-  double trans_ms;               // median Trans no compute hid (posting + waiting in the forward)
-  int copies;                    // expert copies in force in the last iteration
-  double pred_ms, pred_none_ms;  // the last plan's predicted time with and without its copies
-                                 // (moe_balance_step_info; NAN without a plan)
-  double auto_ms[MOE_BALANCE_AUTO];  // auto's last plan: each candidate's prediction (NAN else)
-  moe_balance_cost bal_cost;         // the rates the plans used (measured on the first iteration;
-                                     // zeros without balancing)
-  long long offnode_rows;            // rows sent to ranks on other nodes, all ranks, last iteration
+  double trans_ms;                 // median Trans no compute hid (posting + waiting in the forward)
+  int copies;                      // expert copies in force in the last iteration
+  moe_balance_step_info bal_plan;  // the last balancing step that planned: predicted_ms,
+                                   // predicted_none_ms, auto_ms (NAN without one)
+  moe_balance_cost bal_cost;       // the rates the plans used (measured on the first iteration;
+                                   // zeros without balancing)
+  long long offnode_rows;          // rows sent to ranks on other nodes, all ranks, last iteration
   long long rerouted;  // choices the topology-aware gate re-selected, all ranks, last iteration
 } moe_measure_result;
 

@@ -83,10 +83,9 @@ typedef struct {
   int64_t *load;     // (EP, E)
   uint8_t *replica;  // (E, EP)
   int copies;
-  double pred_ms, pred_none_ms;  // the last plan's (moe_balance_step_info)
-  double auto_ms[MOE_BALANCE_AUTO];
-  moe_balance_cost cost;  // the rates set (measured) for the plans
-  int have_cost;          // the rates are set (given, or measured on the first iteration)
+  moe_balance_step_info plan;  // the last step that planned (predictions NAN before one)
+  moe_balance_cost cost;       // the rates set (measured) for the plans
+  int have_cost;               // the rates are set (given, or measured on the first iteration)
 } balancing;
 
 // The last iteration's load, the next placement, posting its Trans; *ms the
@@ -102,9 +101,7 @@ static moe_status balance_step(moe_ctx *ctx, MPI_Comm comm, moe_ep_layer *layer,
   MOE_TRY(moe_ep_layer_set_placement(layer, bal->replica));
   bal->copies = info.copies;
   if (info.planned) {
-    bal->pred_ms = info.predicted_ms;
-    bal->pred_none_ms = info.predicted_none_ms;
-    memcpy(bal->auto_ms, info.auto_ms, sizeof bal->auto_ms);
+    bal->plan = info;
   }
   *ms = moe_time_ms_since(t0);
 done:
@@ -307,12 +304,12 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
   for (int k = 0; k < n; k++) {
     // load balancing: the balancer and its tables, agreed (every rank the same config)
     const moe_balance_config *bc = &variants[k].balance;
+    bals[k].plan.predicted_ms = bals[k].plan.predicted_none_ms = NAN;  // no plan yet (or ever)
+    for (int i = 0; i < MOE_BALANCE_AUTO; i++) bals[k].plan.auto_ms[i] = NAN;
     if (bc->policy == MOE_BALANCE_NONE) continue;
     const moe_ep_tensors t = moe_ep_layer_get_tensors(layers[k]);
     const int E = cfg->num_experts, P = E / t.home_count;
     moe_status bst = moe_balancer_create(ctx, bc, E, P, &bals[k].b);
-    bals[k].pred_ms = bals[k].pred_none_ms = NAN;
-    for (int i = 0; i < MOE_BALANCE_AUTO; i++) bals[k].auto_ms[i] = NAN;
     bals[k].cost = bc->cost;
     if (bst == MOE_STATUS_OK) {
       bals[k].load = moe_calloc((size_t)E * P, sizeof(int64_t));
@@ -401,10 +398,8 @@ moe_status moe_measure_layer_variants(moe_ctx *ctx, MPI_Comm comm, const moe_lay
     r->balance_ms = med[13];
     r->trans_ms = med[14];
     r->copies = bals[k].copies;
-    r->pred_ms = bals[k].b ? bals[k].pred_ms : NAN;
-    r->pred_none_ms = bals[k].b ? bals[k].pred_none_ms : NAN;
+    r->bal_plan = bals[k].plan;  // NAN predictions without a plan
     r->bal_cost = bals[k].cost;
-    for (int i = 0; i < MOE_BALANCE_AUTO; i++) r->auto_ms[i] = bals[k].b ? bals[k].auto_ms[i] : NAN;
     r->max_rank_rows = most;
     r->balance_ratio = all > 0 ? (double)most * world / (double)all : 1.0;
     r->skew_tv = skew_tv;
