@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -249,10 +250,15 @@ int cli_out_open(cli_out *o, const char *path) {
     cli_error("output path '%s' is too long", path);
     return CLI_FAILED;
   }
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {  // caught before any work, not at the end
+    cli_error("output '%s' is a directory: give a file path", path);
+    return CLI_USAGE;
+  }
   o->f = fopen(o->tmp, "w");
   if (!o->f) {
     cli_error("cannot write '%s': %s", o->tmp, strerror(errno));
-    return CLI_FAILED;
+    return CLI_USAGE;
   }
   return CLI_OK;
 }

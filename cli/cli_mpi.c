@@ -9,10 +9,10 @@
 #include "moe/infer.h"
 
 int cli_out_open_root(cli_out *o, const char *path, int rank) {
-  int ok = 1;
-  if (rank == 0 && path) ok = cli_out_open(o, path) == CLI_OK;
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return ok ? CLI_OK : CLI_FAILED;
+  int rc = CLI_OK;
+  if (rank == 0 && path) rc = cli_out_open(o, path);
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return rc;
 }
 
 int cli_memory_check_world(moe_ctx *ctx, moe_status estimate, moe_memory_need *need,

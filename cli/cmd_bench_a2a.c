@@ -288,8 +288,7 @@ int cmd_bench_a2a(int argc, char **argv) {
     }
   }
   // Rank 0 opens the JSON output now, and every rank learns whether it could.
-  if (cli_out_open_root(&out, o.json_path, rank) != CLI_OK) {
-    rc = CLI_FAILED;
+  if ((rc = cli_out_open_root(&out, o.json_path, rank)) != CLI_OK) {
     goto done;
   }
   json = out.f;

@@ -176,8 +176,7 @@ int cmd_bench_contention(int argc, char **argv) {
     rc = CLI_USAGE;
     goto done;
   }
-  if (cli_out_open_root(&out, o.json_path, rank) != CLI_OK) {
-    rc = CLI_FAILED;
+  if ((rc = cli_out_open_root(&out, o.json_path, rank)) != CLI_OK) {
     goto done;
   }
   if (moe_group_init_topology(ctx, &g, MPI_COMM_WORLD, o.ranks_per_node) != MOE_STATUS_OK) {

@@ -67,6 +67,25 @@ int cli_bench_layer_is_ep(int argc, char **argv) {
 }
 
 void cli_bench_layer_ep_usage(FILE *f) {
+  // the options that select this benchmark, from the list that does
+  char which[512] = "";
+  const size_t n_opts = sizeof ep_only_opts / sizeof ep_only_opts[0];
+  size_t len = 0, line = 0;
+  for (size_t k = 0; k < n_opts; k++) {
+    char item[48];
+    const int w = snprintf(item, sizeof item, "%s%s%s", ep_only_opts[k],
+                           k + 2 < n_opts   ? ","
+                           : k + 1 < n_opts ? " or"
+                                            : "",
+                           k + 1 < n_opts ? " " : "");
+    if (line + (size_t)w > 78 && len + 1 < sizeof which) {  // wrap at the help's width
+      which[len - 1] = '\n';
+      line = 0;
+    }
+    len += (size_t)snprintf(which + len, sizeof which - len, "%s", item);
+    line += (size_t)w;
+    if (len >= sizeof which) break;
+  }
   char a2a[256] = "mpi";  // catalogue: shown when this build has no MPI
 #if MOE_CLI_MPI
   moe_a2a_names(a2a, sizeof a2a, 0);
@@ -74,10 +93,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
   fprintf(f,
           "\n"
           "distributed benchmark (MPI): 'mpirun -n P moe bench layer [options]', or one\n"
-          "process as an MPI singleton. Used instead of the above when any of --schedule,\n"
-          "--chunks, --a2a, --compress, --compress-backward, --grid, --ep, --ranks-per-node,\n"
-          "--trace, --profile or --allow-lossy is given, or when the job has more than one\n"
-          "rank.%s\n"
+          "process as an MPI singleton. Used instead of the above when any of\n%s\n"
+          "is given, or when the job has more than one rank.%s\n"
           "Times the expert-parallel layer forward and backward for every variant\n"
           "a2a x compress x (schedule, chunks); sequential at r=1 always runs as the\n"
           "baseline of each (a2a, compress). The variants of one (a2a, compress) run\n"
@@ -122,7 +139,8 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "  --poll-us MIN,MAX      poll-backoff sleeps, microseconds, doubling from MIN to\n"
           "                         MAX [the executor's defaults]\n"
           "  --iters N              timed iterations per variant, 1..10000 [5; 3 with --grid]\n"
-          "  --warmup N             untimed iterations first, 0..1000 [1]\n"
+          "  --warmup N             untimed iterations first, 0..1000 [1; at least 1 with\n"
+          "                         --balance: the first measures the planners' rates]\n"
           "  --threads N            compute threads per rank, 1..256 [1]\n"
           "  --seed S               parameter and input seed [1]\n"
           "  --json FILE            write the configs and every variant's numbers (rank 0)\n"
@@ -136,6 +154,7 @@ void cli_bench_layer_ep_usage(FILE *f) {
           "                         them); variants unless given: the first schedule\n"
           "                         (the baseline) at r=1, every other one at r=2\n"
           "                         (peer-group ones at their groups)\n",
+          which,
 #if MOE_CLI_MPI
           "",
 #else
@@ -815,7 +834,7 @@ static void print_table(const ep_result *rs, int n, int with_prediction) {
       continue;
     printf("auto's last plan, predicted ms per candidate:");
     for (int p = 0; p < MOE_BALANCE_AUTO; p++)
-      printf(" %s %.1f%s", moe_balance_policy_name(p), r->plan.auto_ms[p],
+      printf(" %s %.4g%s", moe_balance_policy_name(p), r->plan.auto_ms[p],
              p + 1 < MOE_BALANCE_AUTO ? "," : "\n");
     break;
   }
@@ -999,6 +1018,15 @@ static int check_world(moe_ctx *ctx, ep_opts *o, int rank, int world, int *nodes
              o->ep < 2) {
     if (rank == 0) cli_error("--balance needs an EP size of at least 2 (got %d)", o->ep);
     rc = CLI_USAGE;
+  } else if ((o->n_bal > 1 || strcmp(o->bals[0], "none") != 0) &&  // catalogue: no balancing
+             o->warmup < 1) {
+    if (rank == 0) {
+      cli_error(
+          "--balance needs --warmup 1 or more (got %d): the first iteration measures the rates "
+          "the policies plan with, and runs without copies",
+          o->warmup);
+    }
+    rc = CLI_USAGE;
   } else if (o->balance_slots > o->cfg.num_experts - o->cfg.num_experts / o->ep) {
     if (rank == 0) {
       cli_error("--balance-slots (%d) must be in [0, %d] (the experts an EP rank does not hold)",
@@ -1078,15 +1106,15 @@ static void make_configs(const ep_opts *o, moe_layer_config *cfgs) {
 // Rank 0 opens --json and probes --trace, so an unwritable path fails before
 // the long run; every rank learns the outcome. CLI_OK or CLI_FAILED.
 static int open_outputs(const ep_opts *o, int rank, cli_out *json) {
-  int ok = 1;
-  if (rank == 0 && o->json_path) ok = cli_out_open(json, o->json_path) == CLI_OK;
-  if (rank == 0 && ok && o->trace_path) {
+  int rc = CLI_OK;
+  if (rank == 0 && o->json_path) rc = cli_out_open(json, o->json_path);
+  if (rank == 0 && rc == CLI_OK && o->trace_path) {
     cli_out probe = {0};
-    ok = cli_out_open(&probe, o->trace_path) == CLI_OK;
+    rc = cli_out_open(&probe, o->trace_path);
     cli_out_abort(&probe);
   }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return ok ? CLI_OK : CLI_FAILED;
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return rc;
 }
 
 // 'auto': the planner's choice for config c (number index) replaces the

@@ -314,8 +314,7 @@ int cmd_bench_parm(int argc, char **argv) {
       }
     }
   }
-  if (cli_out_open_root(&out, o.json_path, rank) != CLI_OK) {
-    rc = CLI_FAILED;
+  if ((rc = cli_out_open_root(&out, o.json_path, rank)) != CLI_OK) {
     goto done;
   }
   if (rank == 0) {

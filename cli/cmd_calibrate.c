@@ -272,8 +272,7 @@ int cmd_calibrate(int argc, char **argv) {
     goto done;
   }
   if (cli_watchdog_start(ctx, o.hang_timeout, rank, &wd) != CLI_OK) MPI_Abort(MPI_COMM_WORLD, 1);
-  if (cli_out_open_root(&out, o.out, rank) != CLI_OK) {
-    rc = CLI_FAILED;
+  if ((rc = cli_out_open_root(&out, o.out, rank)) != CLI_OK) {
     goto done;
   }
   if (o.refit) {

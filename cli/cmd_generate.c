@@ -251,8 +251,7 @@ int cmd_generate(int argc, char **argv) {
   rc = cli_infer_create(ctx, &ic, rank, "generate", &eng);
   if (rc != CLI_OK) goto done;
   moe_status st = MOE_STATUS_OK;
-  if (cli_out_open_root(&out, strcmp(output, "-") == 0 ? NULL : output, rank) != CLI_OK) {
-    rc = CLI_FAILED;
+  if ((rc = cli_out_open_root(&out, strcmp(output, "-") == 0 ? NULL : output, rank)) != CLI_OK) {
     if (rank == 0 && moe_infer_shutdown(eng) == MOE_STATUS_OK)
       cli_infer_paths_write(ctx, eng, record_file, rank, 0, "generate");
     else if (rank != 0 && moe_infer_follow(eng) == MOE_STATUS_OK)

@@ -49,8 +49,11 @@ typedef struct {
   // --parm: Parm's schedules over a grid of configurations
   int parm;
   int parm_mp[SIM_MAX_LIST], n_parm_mp, parm_esp[SIM_MAX_LIST], n_parm_esp, parm_ep;
-  const char *parm_opt;  // the last --mp, --esp or --ep given (NULL: none)
-  int act_bytes_set;     // --act-bytes given
+  const char *parm_opt;   // the last --mp, --esp or --ep given (NULL: none)
+  const char *sched_opt;  // the last option of the schedule simulation given (NULL: none)
+  const char *bal_opt;    // the last --skew or --balance-slots given (NULL: none)
+  const char *lina_opt;   // the last --lina-* option given (NULL: none)
+  int act_bytes_set;      // --act-bytes given
 } sim_opts;
 
 typedef struct {
@@ -100,7 +103,8 @@ static void simulate_usage(FILE *f) {
           "  --compress-backward    also compress the backward's gradients\n"
           "  --codec-gbs C,D        compressor throughput per device, GB/s [this machine's\n"
           "                         one-core numbers, docs/compression.md]\n"
-          "  --json FILE            write every variant's numbers as JSON\n"
+          "  --json FILE            write every variant's numbers as JSON (also with\n"
+          "                         --balance and --parm; not with --lina, --lina-train)\n"
           "\n"
           "columns: fwd/bwd/total ms predicted; speedup over sequential r=1 with the same\n"
           "all-to-all and compressor; comm, comp = summed task times of both passes;\n"
@@ -301,6 +305,7 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
       cli_parse_int(&a, "--devices", 1, 1 << 20, &o->devices);
     } else if (cli_layer_shape_opt(&a, &o->cfg, &o->layer_set)) {
     } else if (cli_opt(&a, "--a2a")) {
+      o->sched_opt = "--a2a";
       o->a2a_set = 1;
       o->a2a_all = a.value && strcmp(a.value, "all") == 0;
       if (a.value) {
@@ -309,18 +314,21 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
         parse_names(&a, "--a2a", a.value, all, &o->a2as[0][0], 32, &o->n_a2a);
       }
     } else if (cli_opt(&a, "--schedule")) {
+      o->sched_opt = "--schedule";
       if (a.value) {
         o->sched_set = strcmp(a.value, "all") != 0;
         parse_names(&a, "--schedule", a.value, moe_schedule_algo_names(), &o->scheds[0][0], 16,
                     &o->n_sched);
       }
     } else if (cli_opt(&a, "--compress")) {
+      o->sched_opt = "--compress";
       if (a.value) {
         char all[256];
         all_compressors(all, sizeof all);
         parse_names(&a, "--compress", a.value, all, &o->comps[0][0], 32, &o->n_comp);
       }
     } else if (cli_opt(&a, "--chunks")) {
+      o->sched_opt = "--chunks";
       char items[SIM_MAX_LIST][16];
       if (a.value && parse_names(&a, "--chunks", a.value, "", &items[0][0], 16, &o->n_chunks)) {
         for (int i = 0; i < o->n_chunks && !a.bad; i++) {
@@ -334,10 +342,13 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
         }
       }
     } else if (cli_opt(&a, "--group-size")) {
+      o->sched_opt = "--group-size";
       cli_parse_int(&a, "--group-size", 1, 1 << 20, &o->group_size);
     } else if (cli_flag(&a, "--compress-backward")) {
+      o->sched_opt = "--compress-backward";
       o->compress_backward = 1;
     } else if (cli_opt(&a, "--codec-gbs")) {
+      o->sched_opt = "--codec-gbs";
       char tail = 0;
       if (a.value && (sscanf(a.value, "%lf,%lf%c", &o->cgbs, &o->dgbs, &tail) != 2 ||
                       !(o->cgbs > 0) || !(o->dgbs > 0) || o->cgbs > 1e6 || o->dgbs > 1e6)) {
@@ -362,23 +373,31 @@ static int parse_sim(int argc, char **argv, sim_opts *o) {
                       moe_balance_policy_names());
             a.bad = 1;
           } else if (o->n_bal < 8) {
-            o->bal[o->n_bal++] = p;
+            int seen = 0;  // a policy named twice is planned once
+            for (int k = 0; k < o->n_bal; k++) seen |= o->bal[k] == p;
+            if (!seen) o->bal[o->n_bal++] = p;
           }
         }
       }
     } else if (!o->roofline && cli_opt(&a, "--skew")) {
+      o->bal_opt = "--skew";
       cli_parse_skew(&a, "--skew", &o->skew);
     } else if (!o->roofline && cli_opt(&a, "--balance-slots")) {
+      o->bal_opt = "--balance-slots";
       cli_parse_int(&a, "--balance-slots", 0, 1 << 20, &o->balance_slots);
     } else if (!o->roofline && cli_opt(&a, "--lina")) {
       o->lina_trace = a.value;
     } else if (!o->roofline && cli_opt(&a, "--lina-from-block")) {
+      o->lina_opt = "--lina-from-block";
       cli_parse_int(&a, "--lina-from-block", 0, 255, &o->lina.from_block);
     } else if (!o->roofline && cli_opt(&a, "--lina-pack")) {
+      o->lina_opt = "--lina-pack";
       cli_parse_int(&a, "--lina-pack", 1, 65536, &o->lina.max_pack);
     } else if (!o->roofline && cli_opt(&a, "--lina-replan-ms")) {
+      o->lina_opt = "--lina-replan-ms";
       cli_parse_double(&a, "--lina-replan-ms", 0, 1e6, &o->lina.replan_ms);
     } else if (!o->roofline && cli_opt(&a, "--lina-check-ms")) {
+      o->lina_opt = "--lina-check-ms";
       cli_parse_double(&a, "--lina-check-ms", 0, 1e6, &o->lina.check_ms);
     } else if (!o->roofline && cli_opt(&a, "--act-bytes")) {
       cli_parse_int(&a, "--act-bytes", 1, 8, &o->lina.act_bytes);
@@ -569,6 +588,34 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
 }
 
 // --balance: each policy's plan on the skewed load, under both models.
+// --balance's rows as JSON (--json).
+static int balance_json(const char *path, const sim_opts *o, const moe_cluster *c, const char *skew,
+                        int slots, const moe_balance_sim_result *res) {
+  cli_out out;
+  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  FILE *f = out.f;
+  char cfg[1024];
+  if (moe_layer_config_to_json(NULL, &o->cfg, cfg, sizeof cfg) != MOE_STATUS_OK) cfg[0] = 0;
+  fputs("{\"tool\": \"moe simulate --balance\", \"cluster\": ", f);
+  cli_json_string(f, c->name);
+  fprintf(f, ", \"nodes\": %d, \"devices_per_node\": %d, \"layer\": %s, \"skew\": ", c->nodes,
+          c->devices_per_node, cfg[0] ? cfg : "null");
+  cli_json_string(f, skew);
+  fprintf(f, ", \"slots\": %d,\n \"policies\": [\n", slots);
+  for (int i = 0; i < o->n_bal; i++) {
+    const moe_balance_sim_result *r = &res[i];
+    fprintf(f,
+            "  {\"policy\": \"%s\", \"copies\": %d, \"ratio_before\": %.6g, "
+            "\"ratio_after\": %.6g, \"fastermoe_none_ms\": %.6g, \"fastermoe_ms\": %.6g, "
+            "\"prophet_none_ms\": %.6g, \"prophet_ms\": %.6g}%s\n",
+            moe_balance_policy_name(r->policy), r->copies, r->ratio_before, r->ratio_after,
+            r->none_fastermoe, r->ms_fastermoe, r->none_prophet, r->ms_prophet,
+            i + 1 < o->n_bal ? "," : "");
+  }
+  fputs(" ]\n}\n", f);
+  return cli_out_commit(&out);
+}
+
 static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *c) {
   const int D = moe_cluster_devices(c), E = o->cfg.num_experts;
   if (E % D != 0) {
@@ -621,6 +668,10 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
       "copies, eq. 8 with; Pro-Prophet eq. 6, Trans and Agg exposed. ratio: the busiest\n"
       "device's rows over the mean, without and with the plan's copies.)\n");
   free(shares);
+  if (o->json_path) {
+    rc = balance_json(o->json_path, o, c, spec, slots, res);
+    if (rc == CLI_OK) printf("wrote %s\n", o->json_path);
+  }
   return rc;
 }
 
@@ -935,6 +986,34 @@ static int simulate_main(int argc, char **argv, int roofline) {
   }
   if (o.parm && (o.lina_train || o.lina_trace || o.n_bal > 0)) {
     cli_error("--parm, --lina-train, --lina and --balance are different simulations: give one");
+    return CLI_USAGE;
+  }
+  if (o.bal_opt && !o.n_bal) {
+    cli_error("%s belongs to --balance (give --balance, or leave it out)", o.bal_opt);
+    return CLI_USAGE;
+  }
+  if (o.lina_opt && !o.lina_trace) {
+    cli_error("%s belongs to --lina (give --lina, or leave it out)", o.lina_opt);
+    return CLI_USAGE;
+  }
+  if (o.sched_opt && (o.parm || o.lina_train || o.lina_trace || o.n_bal > 0)) {
+    cli_error("%s belongs to the schedules' simulation; --%s simulates without it (leave it out)",
+              o.sched_opt,
+              o.parm         ? "parm"
+              : o.lina_train ? "lina-train"
+              : o.lina_trace ? "lina"
+                             : "balance");
+    return CLI_USAGE;
+  }
+  if (o.n_bal > 0 && (o.layer_set & CLI_LAYER_CAPACITY)) {
+    cli_error(
+        "--capacity-factor does not apply to --balance: its load is every device's T x K rows "
+        "shared by the skew, dropless (leave it out)");
+    return CLI_USAGE;
+  }
+  if (o.json_path && (o.lina_train || o.lina_trace)) {
+    cli_error("--json is not written by --%s (its table is the output; leave --json out)",
+              o.lina_train ? "lina-train" : "lina");
     return CLI_USAGE;
   }
   if (o.parm && o.profile) {

@@ -328,8 +328,11 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
         cli_error("--balance: policy '%s' is unknown (valid: %s)", a->value,
                   moe_balance_policy_names());
         a->bad = 1;
-      } else {
+      } else {  // the policy's own defaults (eplb's 10-step window); options keep theirs
+        moe_balance_config d;
+        moe_balance_config_default(&d, p, tc->model.d_model, tc->model.moe.hidden_dim, 0);
         tc->balance.policy = p;
+        tc->balance.window = d.window;
       }
     }
   } else if (cli_opt(a, "--balance-slots")) {
@@ -683,13 +686,14 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
   }
   if (tc->balance.policy != MOE_BALANCE_NONE)
     printf(
-        "  balance: %s, mean over steps and MoE layers: balance ratio %.3f without copies, "
-        "%.3f with; %.1f copies\n"
+        "  balance: %s (load window %d steps, re-plan every %d, %d copy slots per rank), mean "
+        "over steps and MoE layers: balance ratio %.3f without copies, %.3f with; %.1f copies\n"
         "  balance overhead not hidden, ms per step: %.2f load, plan and Trans posting, %.2f "
         "Trans wait, %.2f Agg (%.1f%% of the step; block-wise scheduler %s)\n",
-        moe_balance_policy_name(tc->balance.policy), r->balance_before, r->balance_after,
-        r->balance_copies, r->balance_ms, r->trans_wait_ms, r->agg_ms,
-        100.0 * r->balance_exposed_share, tc->balance_blockwise ? "on" : "off");
+        moe_balance_policy_name(tc->balance.policy), tc->balance.window, tc->balance.replan_every,
+        tc->balance.slots, r->balance_before, r->balance_after, r->balance_copies, r->balance_ms,
+        r->trans_wait_ms, r->agg_ms, 100.0 * r->balance_exposed_share,
+        tc->balance_blockwise ? "on" : "off");
   if (tc->par.topo_gate > 0 && tc->model.moe_every > 0) {  // a dense model has no gate
     char gate[32];
     moe_gate_spec_to_string(tc->par.topo_gate, gate, sizeof gate);

@@ -49,6 +49,33 @@ expect 2 "--balance needs an EP size of at least 2 \(got 1\)" -- "$MOE" bench la
 expect 2 "--replan-every \(0\) must be in \[1, 1000000\]" -- "$MOE" bench layer --balance eplb --replan-every 0
 expect 0 "prophet +[0-9]+ +[0-9.]+ +[0-9.]+" -- "$MOE" simulate --balance all --cluster proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16
 expect 2 "--balance: policy 'x' is unknown" -- "$MOE" simulate --balance x
+# --balance's JSON; a policy named twice is planned once; the options of other
+# simulations are refused with it, and its own without it
+expect 0 "wrote $tmp/bal.json" -- "$MOE" simulate --balance shadow,eplb,shadow --cluster \
+  proprophet-4x4-rtx3090 --tokens 1024 --model 256 --hidden 512 --experts 16 --json "$tmp/bal.json"
+if /usr/bin/env python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+p = d["policies"]
+assert d["cluster"] == "proprophet-4x4-rtx3090" and d["skew"] == "zipf:1.2" and d["slots"] == 1, d
+assert [x["policy"] for x in p] == ["shadow", "eplb"], p
+assert all(x["ratio_after"] <= x["ratio_before"] and x["prophet_ms"] <= x["prophet_none_ms"] for x in p), p
+assert p[0]["fastermoe_ms"] <= p[0]["fastermoe_none_ms"] and p[0]["copies"] > 0, p
+' "$tmp/bal.json" 2>/dev/null; then
+  ok
+else
+  bad "moe simulate --balance --json wrote no valid JSON"
+fi
+expect 2 "--skew belongs to --balance" -- "$MOE" simulate --skew zipf:2
+expect 2 "--balance-slots belongs to --balance" -- "$MOE" simulate --balance-slots 3
+expect 2 "--schedule belongs to the schedules' simulation; --balance simulates without it" -- \
+  "$MOE" simulate --balance all --schedule sequential
+expect 2 "--a2a belongs to the schedules' simulation; --parm simulates without it" -- \
+  "$MOE" simulate --parm --a2a pipe
+expect 2 "--capacity-factor does not apply to --balance" -- "$MOE" simulate --balance all \
+  --capacity-factor 0.1
+expect 2 "--lina-pack belongs to --lina" -- "$MOE" simulate --lina-pack 3
+expect 2 "--json is not written by --lina-train" -- "$MOE" simulate --lina-train --json "$tmp/lt.json"
 # Lina's training step: four policies on Lina's testbed; bad options
 expect 0 "^packing +8 .* 1\.[0-9]{2}x$" -- "$MOE" simulate --lina-train --layers 4
 expect 0 "lina-4x4-a100 \(4 x 4 A100-40GB\), 4 blocks \(2 MoE\)" -- "$MOE" simulate --lina-train --layers 4
@@ -185,7 +212,7 @@ assert any(e["ph"] == "X" and e["tid"] == 0 for e in ev)
   expect 2 "--a2a: .*'nope' is unknown" -- "$MOE" bench layer --a2a nope
   expect 2 "--ep \(2\) must divide the number of ranks \(1\)" -- "$MOE" bench layer --ep 2
   expect 2 "--grid sets the tokens" -- "$MOE" bench layer --grid --tokens 64
-  expect 1 "cannot write '$tmp/no/dir/t.json.tmp'" -- "$MOE" bench layer --tokens 8 --model 8 \
+  expect 2 "cannot write '$tmp/no/dir/t.json.tmp'" -- "$MOE" bench layer --tokens 8 --model 8 \
     --hidden 8 --iters 1 --trace "$tmp/no/dir/t.json"
 fi
 

@@ -493,6 +493,7 @@ static void test_random(void) {
   int64_t counts[16 * 8];
   uint8_t a[16 * 8], b[16 * 8];
   int nonempty[3] = {0, 0, 0};  // plans with a copy: shadow, prophet, eplb
+  int fallbacks = 0;            // prophet plans whose cut to the slots no longer beat none
   for (int iter = 0; iter < 300; iter++) {
     const int E = shapes[iter % 6][0], P = shapes[iter % 6][1];
     // skewed: a few hot experts, some zeros
@@ -528,6 +529,27 @@ static void test_random(void) {
       check_plan("prophet", iter, &load, &cost, pm, a, ma, 1);
       nonempty[1] += memchr(a, 1, (size_t)(E * P)) != NULL;
     }
+    // prophet's last plan cut to the slots (moe_balance_fit_plan): the cut
+    // plan where it still beats none, else no copies
+    {
+      memcpy(b, a, (size_t)(E * P));
+      moe_balance_fit_slots(b, counts, E, P, slots);
+      double cut_ms = 0.0, fit_ms = 0.0, none_ms = 0.0;
+      moe_balance_predict(g_ctx, &load, b, &cost, pm, &cut_ms);
+      TU_CHECK(moe_balance_fit_plan(g_ctx, &load, a, slots, &cost, pm, &fit_ms, &none_ms) ==
+                   MOE_STATUS_OK,
+               "fit_plan #%d: %s", iter, moe_ctx_error(g_ctx));
+      if (cut_ms < none_ms) {
+        TU_CHECK(bitmap_is(a, b, E * P) && fit_ms == cut_ms,
+                 "fit_plan #%d: the cut plan (%.17g ms < none's %.17g) was not kept", iter, cut_ms,
+                 none_ms);
+      } else {
+        TU_CHECK(!memchr(a, 1, (size_t)(E * P)) && fit_ms == none_ms,
+                 "fit_plan #%d: the cut plan (%.17g ms >= none's %.17g) was kept", iter, cut_ms,
+                 none_ms);
+        fallbacks += memchr(b, 1, (size_t)(E * P)) != NULL;
+      }
+    }
     // eplb
     const moe_balance_model em = (moe_balance_model)(iter % 3);
     moe_balance_plan_eplb(g_ctx, &load, &cost, em, slots, a, &ma);
@@ -545,6 +567,9 @@ static void test_random(void) {
   printf("random loads: plans with copies: shadow %d/300, prophet %d/500, eplb %d/300\n",
          nonempty[0], nonempty[1], nonempty[2]);
   TU_CHECK(nonempty[0] > 30 && nonempty[1] > 30 && nonempty[2] > 30, "too few plans with copies");
+  printf("random loads: prophet plans cut to the slots that fell back to no copies: %d/300\n",
+         fallbacks);
+  TU_CHECK(fallbacks > 0, "no cut plan fell back to no copies: the check was not exercised");
 }
 
 // ---- window, catalogue, costs -----------------------------------------------------------------

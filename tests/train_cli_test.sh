@@ -108,7 +108,7 @@ for s in (1, 2, 3):
 PY
 then ok; else bad "routing trace content"; fi
 # load balancing: the summary's balance line; bad policy; one rank (EP 1)
-expect 0 "balance: eplb, mean over steps and MoE layers: balance ratio" -- mpi 2 "$MOE" train "${TINY[@]}" \
+expect 0 "balance: eplb \(load window 10 steps, re-plan every 1, 2 copy slots per rank\), mean over steps and MoE layers: balance ratio" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --steps 3 --balance eplb --eval-every 0 --eval-batches 1
 expect 0 "balance overhead not hidden, ms per step: [0-9.]+ load, plan and Trans posting, [0-9.]+ Trans wait, [0-9.]+ Agg \([0-9.]+% of the step; block-wise scheduler off\)" -- \
   mpi 2 "$MOE" train "${TINY[@]}" --steps 3 --balance eplb --balance-blockwise off --eval-every 0 \
@@ -120,9 +120,15 @@ expect 2 "--balance-blockwise: 'maybe' is not one of on, off" -- "$MOE" train "$
 expect 2 "--balance: policy 'magic' is unknown \(valid: none, shadow, prophet, eplb, auto\)" -- mpi 2 "$MOE" train \
   "${TINY[@]}" --steps 1 --balance magic
 expect 2 "needs an EP size of at least 2 \(got 1\)" -- "$MOE" train "${TINY[@]}" --steps 1 --balance shadow
+# what acts on MoE layers only, on a dense model: refused, not a silent no-op
+expect 2 "load balancing \(--balance\) needs MoE layers; this model has none \(moe_every 0\)" -- mpi 2 \
+  "$MOE" train "${TINY[@]}" --steps 1 --moe-every 0 --balance shadow
+expect 2 "a routing trace \(--routing-trace\) needs MoE layers" -- "$MOE" train "${TINY[@]}" --steps 1 \
+  --moe-every 0 --routing-trace "$tmp/dense.jsonl"
+if [[ ! -e "$tmp/dense.jsonl" ]]; then ok; else bad "a refused routing trace was written"; fi
 # Trans and Agg of load balancing in the Chrome trace (the default model without
 # the aux loss: its router skews within a few steps, so copies are placed)
-expect 0 "balance: shadow, mean over steps" -- mpi 2 "$MOE" train --steps 12 --aux-coef 0 \
+expect 0 "balance: shadow \(load window 1 steps, re-plan every 1, 4 copy slots per rank\), mean over steps" -- mpi 2 "$MOE" train --steps 12 --aux-coef 0 \
   --balance shadow --batch 8 --eval-every 0 --eval-batches 1 --trace "$tmp/bal.trace"
 if python3 - "$tmp/bal.trace" <<'PY'
 import json, sys
@@ -140,6 +146,12 @@ expect 2 "--gate: gate 'topo:2': the ratio W_net/W_local must be a number in \(0
 expect 0 "topology: [0-9]+ of [0-9]+ rows crossed nodes \([0-9.]+%\); the topology-aware gate re-selected [1-9]" -- \
   mpi 2 "$MOE" bench layer --gate topo --ranks-per-node 1 --tokens 64 --model 32 --hidden 64 \
   --experts 4 --capacity-factor 0 --iters 1 --warmup 0
+# --balance compares balanced iterations only: the first (the rates) is a warm-up
+expect 2 "--balance needs --warmup 1 or more \(got 0\)" -- mpi 2 "$MOE" bench layer --balance shadow \
+  --tokens 64 --model 32 --hidden 64 --experts 4 --iters 1 --warmup 0
+# an output that is a directory is refused before the benchmark runs
+expect 2 "output '$tmp' is a directory: give a file path" -- mpi 2 "$MOE" bench layer --balance shadow \
+  --tokens 64 --model 32 --hidden 64 --experts 4 --iters 1 --json "$tmp"
 # the router-bias update: its summary line; a rate out of range
 expect 0 "router-bias update 0.01: expert load ratio" -- "$MOE" train "${TINY[@]}" --steps 2 \
   --router-bias-update 0.01 --eval-every 0 --eval-batches 1
@@ -261,6 +273,32 @@ expect 2 "schedule is kept on resume .*asks for lr 0.01" -- mpi 2 "$MOE" train "
   --resume "$tmp/r.ckpt" --lr 0.01 --quiet
 expect 2 "--steps 10 would end it early: use --stop-at 10" -- mpi 2 "$MOE" train "${TINY[@]}" \
   --resume "$tmp/r.ckpt" --steps 10 --quiet
+# Resumed with balancing the checkpoint did not have: a warning (seen by
+# default) that the copies are planned afresh
+expect 0 "r.ckpt: 2 of 2 MoE blocks plan their copies afresh from step 7 \(block 0 has no balancer state\)" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --balance eplb --eval-every 0 \
+  --checkpoint "$tmp/rb.ckpt"
+# A resumed run appends to a routing trace of its own shape only: another
+# run's trace or a file that is no trace is refused and left as it was; an
+# empty file gets the header
+printf '%s\n' '{"format": "libmoe-routing-trace", "version": 1, "ranks": 1, "experts": 8, "top_k": 2, "tokens_per_rank": 256, "moe_layers": [0]}' \
+  >"$tmp/other.jsonl"
+printf 'not a trace\n' >"$tmp/junk.jsonl"
+cp "$tmp/other.jsonl" "$tmp/other.snap"
+cp "$tmp/junk.jsonl" "$tmp/junk.snap"
+expect 2 "the routing trace '.*other.jsonl' was written by another run \(ranks 1, experts 8, top_k 2, tokens per rank 256, 1 MoE layers\); this run has 2, 4, " -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --routing-trace "$tmp/other.jsonl" --quiet
+expect 2 "appends to the routing trace '.*junk.jsonl', which cannot be read" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --routing-trace "$tmp/junk.jsonl" --quiet
+if cmp -s "$tmp/other.jsonl" "$tmp/other.snap" && cmp -s "$tmp/junk.jsonl" "$tmp/junk.snap"; then ok; else
+  bad "a refused routing trace was changed"
+fi
+: >"$tmp/empty.jsonl"
+mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --routing-trace "$tmp/empty.jsonl" --quiet \
+  >/dev/null 2>&1
+if head -1 "$tmp/empty.jsonl" | grep -q '"format": *"libmoe-routing-trace".*"ranks": *2'; then ok; else
+  bad "an empty routing trace got no header on resume"
+fi
 
 # A corrupted checkpoint: clear error from sample and train; the file is not touched.
 cp "$tmp/c.ckpt" "$tmp/bad.ckpt"

@@ -22,6 +22,14 @@ double moe_balance_predict_unchecked(const moe_balance_load *load, const uint8_t
 // highest expert), so the copies that move the most work stay.
 void moe_balance_fit_slots(uint8_t *replica, const int64_t *counts, int num_experts, int num_ranks,
                            int slots);
+// A planner's replica fitted to the slots (moe_balance_fit_slots), then
+// checked again: when the fitted placement is predicted no faster than no
+// copies under model m (the model the policy planned with), no copies, as
+// every planner returns when nothing beats none. *ms and *none_ms (either may
+// be NULL): the predictions of the placement returned and of no copies.
+moe_status moe_balance_fit_plan(moe_ctx *ctx, const moe_balance_load *load, uint8_t *replica,
+                                int slots, const moe_balance_cost *cost, moe_balance_model m,
+                                double *ms, double *none_ms);
 // INVALID_ARG naming the first field of cost out of range (NULL included).
 moe_status moe_balance_check_cost(moe_ctx *ctx, const moe_balance_cost *cost);
 

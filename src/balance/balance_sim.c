@@ -74,7 +74,11 @@ moe_status moe_balance_simulate(moe_ctx *ctx, const moe_cluster *cl, const moe_l
         MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG, "balance policy %d is unknown (valid: %s)",
                  policies[i], moe_balance_policy_names());
     }
-    moe_balance_fit_slots(rep, counts, E, P, slots);
+    if (policies[i] != MOE_BALANCE_NONE)  // the model the policy planned with judges the cut
+      MOE_TRY(moe_balance_fit_plan(ctx, &load, rep, slots, &cost,
+                                   policies[i] == MOE_BALANCE_SHADOW ? MOE_BALANCE_MODEL_FASTERMOE
+                                                                     : MOE_BALANCE_MODEL_PROPHET,
+                                   NULL, NULL));
     for (size_t k = 0; k < (size_t)E * P; k++) r->copies += rep[k] != 0;
     MOE_TRY(moe_balance_rows(ctx, &load, NULL, rows));
     r->ratio_before = moe_balance_ratio(rows, P);

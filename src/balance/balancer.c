@@ -119,6 +119,25 @@ void moe_balance_fit_slots(uint8_t *rep, const int64_t *counts, int E, int P, in
   }
 }
 
+moe_status moe_balance_fit_plan(moe_ctx *ctx, const moe_balance_load *load, uint8_t *replica,
+                                int slots, const moe_balance_cost *cost, moe_balance_model m,
+                                double *ms, double *none_ms) {
+  moe_status st = MOE_STATUS_OK;
+  const size_t n = (size_t)load->num_experts * load->num_ranks;
+  moe_balance_fit_slots(replica, load->counts, load->num_experts, load->num_ranks, slots);
+  double t = 0.0, t0 = 0.0;
+  MOE_TRY(moe_balance_predict(ctx, load, NULL, cost, m, &t0));
+  MOE_TRY(moe_balance_predict(ctx, load, replica, cost, m, &t));
+  if (t >= t0) {
+    memset(replica, 0, n);
+    t = t0;
+  }
+  if (ms) *ms = t;
+  if (none_ms) *none_ms = t0;
+done:
+  return st;
+}
+
 // moe_balance_plan_auto, with every candidate's prediction in cand_ms
 // (MOE_BALANCE_AUTO entries, by policy: none, shadow, prophet, eplb) when not NULL.
 static moe_status plan_auto(moe_ctx *ctx, const moe_balance_load *load,
@@ -218,14 +237,14 @@ moe_status moe_balancer_step(moe_balancer *b, const int64_t *counts, uint8_t *re
         memset(replica, 0, n);
         break;
     }
-    moe_balance_fit_slots(replica, b->mean, E, P, c->slots);
     if (c->policy != MOE_BALANCE_NONE) {
       // shadow plans with FasterMoE's model (moe_balance_plan_shadow), the
-      // others with c->model; the placement as fitted to the slots, and none
+      // others with c->model; the placement as fitted to the slots (none
+      // when the fitted one no longer beats it), and none
       const moe_balance_model m =
           c->policy == MOE_BALANCE_SHADOW ? MOE_BALANCE_MODEL_FASTERMOE : c->model;
-      MOE_TRY(moe_balance_predict(ctx, &load, replica, &c->cost, m, &in.predicted_ms));
-      MOE_TRY(moe_balance_predict(ctx, &load, NULL, &c->cost, m, &in.predicted_none_ms));
+      MOE_TRY(moe_balance_fit_plan(ctx, &load, replica, c->slots, &c->cost, m, &in.predicted_ms,
+                                   &in.predicted_none_ms));
     }
     memcpy(b->current, replica, n);
     in.planned = 1;

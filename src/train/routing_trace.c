@@ -6,12 +6,14 @@
 // (docs/balance.md "Routing traces").
 //
 // The format and its writer: src/layer/trace_shares.c. A resumed run appends
-// lines without a second header when the file exists.
+// lines without a second header when the file exists and is a trace of the
+// same shape (else it is refused, nothing written).
 //
 // Not here: reading traces back (moe_routing_trace_load).
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "train/train_internal.h"
 
@@ -21,6 +23,37 @@ struct moe_routing_trace {
   int world, E;
   int32_t *mine, *all;  // (E) this rank's counts, (P, E) gathered on rank 0
 };
+
+// An existing trace a resumed run appends to: a routing trace (readable
+// whole) of this run's ranks, experts, top-k, tokens per rank and MoE blocks.
+static moe_status check_append(moe_ctx *ctx, const char *path, int P, const moe_gpt_config *model,
+                               int tokens_per_rank, const int *blocks, int n_blocks) {
+  moe_status st = MOE_STATUS_OK;
+  moe_routing_trace_data d;
+  if (moe_routing_trace_load(ctx, path, &d) != MOE_STATUS_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", moe_ctx_error(ctx));
+    moe_ctx_clear_error(ctx);
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+             "a resumed run appends to the routing trace '%s', which cannot be read (%s): give "
+             "another file",
+             path, why);
+  }
+  int same = d.ranks == P && d.experts == model->moe.num_experts && d.top_k == model->moe.top_k &&
+             d.tokens_per_rank == tokens_per_rank && d.n_layers == n_blocks;
+  for (int i = 0; same && i < n_blocks; i++) same = d.layers[i] == blocks[i];
+  if (!same)
+    moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
+                 "the routing trace '%s' was written by another run (ranks %d, experts %d, top_k "
+                 "%d, tokens per rank %d, %d MoE layers); this run has %d, %d, %d, %d and %d: a "
+                 "resumed run appends only to its own trace, give another file",
+                 path, d.ranks, d.experts, d.top_k, d.tokens_per_rank, d.n_layers, P,
+                 model->moe.num_experts, model->moe.top_k, tokens_per_rank, n_blocks);
+  st = same ? MOE_STATUS_OK : MOE_STATUS_INVALID_ARG;
+  moe_routing_trace_data_free(&d);
+done:
+  return st;
+}
 
 moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *path, int append,
                                    const moe_gpt_config *model, int tokens_per_rank,
@@ -47,18 +80,22 @@ moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *pat
   }
   if (local == MOE_STATUS_OK && rank == 0) {
     snprintf(t->path, sizeof t->path, "%s", path);
-    FILE *probe = append ? fopen(path, "r") : NULL;
-    const int has_header = probe != NULL;
-    if (probe) fclose(probe);
-    t->f = fopen(path, append ? "a" : "w");
-    if (!t->f) {
+    int blocks[MOE_GPT_MAX_LAYERS], n_blocks = 0;
+    for (int b = 0; b < model->n_layer; b++)
+      if (moe_gpt_block_is_moe(model, b)) blocks[n_blocks++] = b;
+    // a resumed run appends to a trace of its own shape only (an empty file
+    // gets the header); anything else is refused before a line is written
+    struct stat sb;
+    const int has_header = append && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
+    if (has_header) local = check_append(ctx, path, P, model, tokens_per_rank, blocks, n_blocks);
+    t->f = local != MOE_STATUS_OK ? NULL : fopen(path, append ? "a" : "w");
+    if (local != MOE_STATUS_OK) {
+      // the check's error
+    } else if (!t->f) {
       // a path that cannot be written is a bad argument (exit 2 in the CLI)
       local = moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
                            "cannot open the routing trace '%s': %s", path, strerror(errno));
     } else if (!has_header) {
-      int blocks[MOE_GPT_MAX_LAYERS], n_blocks = 0;
-      for (int b = 0; b < model->n_layer; b++)
-        if (moe_gpt_block_is_moe(model, b)) blocks[n_blocks++] = b;
       moe_routing_trace_write_header(t->f, P, E, model->moe.top_k, tokens_per_rank, blocks,
                                      n_blocks);
       if (fflush(t->f) != 0)

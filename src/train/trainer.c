@@ -339,6 +339,15 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
     MOE_FAIL_IF(ctx, tc->model.moe.num_experts % *ep != 0, MOE_STATUS_INVALID_ARG,
                 "experts (%d) must be divisible by the EP size (%d)", tc->model.moe.num_experts,
                 *ep);
+  {  // what acts on MoE layers only: refused on a dense model, not silently a no-op
+    const char *moe_only = tc->balance.policy != MOE_BALANCE_NONE ? "load balancing (--balance)"
+                           : tc->routing_trace        ? "a routing trace (--routing-trace)"
+                           : tc->router_bias_rate > 0 ? "the router-bias update"
+                           : tc->par.topo_gate > 0    ? "the topology-aware gate (--gate)"
+                                                      : NULL;
+    MOE_FAIL_IF(ctx, tc->model.moe_every <= 0 && moe_only, MOE_STATUS_INVALID_ARG,
+                "%s needs MoE layers; this model has none (moe_every 0)", moe_only);
+  }
   if (tc->balance.policy != MOE_BALANCE_NONE && tc->model.moe_every > 0) {
     const int E = tc->model.moe.num_experts;
     MOE_FAIL_IF(ctx, !moe_balance_policy_name(tc->balance.policy), MOE_STATUS_INVALID_ARG,
@@ -1720,6 +1729,8 @@ static moe_status restore_balancers(run_state *r) {
   const moe_train_config *tc = r->tc;
   moe_ckpt_reader *rd = NULL;
   uint8_t *buf = NULL;
+  int afresh = 0, blocks = 0;  // MoE blocks planning afresh, of all
+  char why[256] = "";          // the first one's reason
   MOE_TRY(agree(r, moe_ckpt_reader_open(ctx, tc->resume, &rd), "reading the balancers' state"));
   for (int b = 0; b < tc->model.n_layer; b++) {
     if (!r->user->impl[b]) continue;
@@ -1728,10 +1739,9 @@ static moe_status restore_balancers(run_state *r) {
     snprintf(name, sizeof name, MOE_TRAIN_BALANCE_STATE_NAME, b);
     const int i = moe_ckpt_reader_find(rd, name);
     const moe_ckpt_tensor_desc *d = i >= 0 ? moe_ckpt_reader_desc(rd, i) : NULL;
+    blocks++;
     if (!d || d->dtype != MOE_CKPT_U8 || d->ndim != 1) {
-      if (r->rank == 0)
-        MOE_INFO("%s: no balancer state for block %d: it plans afresh from step %d", tc->resume, b,
-                 r->resume_info.step + 1);
+      if (!afresh++) snprintf(why, sizeof why, "block %d has no balancer state", b);
       continue;
     }
     MOE_TRY(make_balancer(r, b, l, 0));
@@ -1743,9 +1753,7 @@ static moe_status restore_balancers(run_state *r) {
                                           "cannot allocate %zu bytes of balancer state", bytes);
     MOE_TRY(agree(r, local, "reading the balancers' state"));
     if (moe_balancer_state_load(r->bal[b], buf, bytes) != MOE_STATUS_OK) {
-      if (r->rank == 0)
-        MOE_INFO("%s: block %d's %s; it plans afresh from step %d", tc->resume, b,
-                 moe_ctx_error(ctx), r->resume_info.step + 1);
+      if (!afresh++) snprintf(why, sizeof why, "block %d's %s", b, moe_ctx_error(ctx));
       moe_ctx_clear_error(ctx);
       moe_balancer_destroy(r->bal[b]);
       r->bal[b] = NULL;
@@ -1753,6 +1761,10 @@ static moe_status restore_balancers(run_state *r) {
     }
     MOE_TRY(moe_ep_layer_set_placement(l, moe_balancer_placement(r->bal[b])));
   }
+  // a warning, so it is seen by default: the run is not the uninterrupted one
+  if (afresh && r->rank == 0)
+    MOE_WARN("%s: %d of %d MoE blocks plan their copies afresh from step %d (%s)", tc->resume,
+             afresh, blocks, r->resume_info.step + 1, why);
 done:
   moe_free(buf);
   moe_ckpt_reader_close(rd);
