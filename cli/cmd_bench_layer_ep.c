@@ -927,6 +927,19 @@ static int write_json(cli_out *out, moe_ctx *ctx, const ep_opts *o, int world, i
       json_num(f, "trans_ms", r->trans_ms, ", ");
       json_num(f, "balance_pred_ms", r->plan.predicted_ms, ", ");
       json_num(f, "balance_pred_none_ms", r->plan.predicted_none_ms, ", ");
+      if (moe_balance_policy_find(r->balance) != MOE_BALANCE_NONE) {
+        // what the policy planned with: slots, period, window and the rates
+        const moe_balance_cost *bc = &r->bal_cost;
+        moe_balance_config d;  // the policy's window, as run_group configured it
+        moe_balance_config_default(&d, moe_balance_policy_find(r->balance), cfgs[c].model_dim,
+                                   cfgs[c].hidden_dim, 0);
+        fprintf(f, "\"balance_slots\": %d, \"replan_every\": %d, \"balance_window\": %d, ",
+                balance_slots(o, &cfgs[c]), o->replan_every, d.window);
+        json_num(f, "plan_gemm_flops_per_s", bc->flops_per_s, ", ");
+        json_num(f, "plan_net_bytes_per_s", bc->net_bytes_per_s, ", ");
+        json_num(f, "plan_compute_slots", bc->compute_slots, ", ");
+        fprintf(f, "\"plan_ranks_per_node\": %d, ", bc->ranks_per_node);
+      }
       if (moe_balance_policy_find(r->balance) == MOE_BALANCE_AUTO) {
         fprintf(f, "\"auto_candidates_ms\": {");
         for (int p = 0; p < MOE_BALANCE_AUTO; p++)

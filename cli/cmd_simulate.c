@@ -629,6 +629,12 @@ static int simulate_balance(moe_ctx *ctx, const sim_opts *o, const moe_cluster *
               most);
     return CLI_USAGE;
   }
+  if (o->skew.kind == MOE_SKEW_NONE) {  // a router, not shares: bench layer's
+    cli_error(
+        "--skew none is the router as initialised (moe bench layer); moe simulate routes by "
+        "shares: give uniform, zipf:S, hot:F or trace:FILE");
+    return CLI_USAGE;
+  }
   if (cli_check_skew(&o->skew, E, o->cfg.top_k, 1) != CLI_OK) return CLI_USAGE;
   double *shares = malloc((size_t)E * sizeof(double));
   moe_balance_sim_result res[8];

@@ -75,6 +75,7 @@ expect 2 "--a2a belongs to the schedules' simulation; --parm simulates without i
 expect 2 "--capacity-factor does not apply to --balance" -- "$MOE" simulate --balance all \
   --capacity-factor 0.1
 expect 2 "--lina-pack belongs to --lina" -- "$MOE" simulate --lina-pack 3
+expect 2 "--skew none is the router as initialised" -- "$MOE" simulate --balance all --skew none
 expect 2 "--json is not written by --lina-train" -- "$MOE" simulate --lina-train --json "$tmp/lt.json"
 # Lina's training step: four policies on Lina's testbed; bad options
 expect 0 "^packing +8 .* 1\.[0-9]{2}x$" -- "$MOE" simulate --lina-train --layers 4

@@ -275,8 +275,10 @@ static void test_trace(void) {
   } bad[] = {
       {body, "", "recorded with 4 experts and top_k 2; this layer has 8", 8, 2,
        MOE_STATUS_INVALID_ARG},
-      {body, "#1", "no routed rows in the lines selected", 4, 2, MOE_STATUS_INVALID_ARG},
-      {body, "@3-9", "no routed rows in the lines selected", 4, 2, MOE_STATUS_INVALID_ARG},
+      {body, "#1", "#1 names no MoE layer of the trace (its moe_layers: 0, 2)", 4, 2,
+       MOE_STATUS_INVALID_ARG},
+      {body, "@3-9", "no routed rows in the lines selected (0 lines of every MoE layer, steps 3-9)",
+       4, 2, MOE_STATUS_INVALID_ARG},
       {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, 2, 3], [1, 2, 3, 4]]}\n", "",
        "must hold 4 numbers", 4, 2, MOE_STATUS_BAD_FORMAT},
       {"{\"step\": 1, \"layer\": 0, \"counts\": [[1, 2, 3, 4]]}\n", "", "must be 2 rows", 4, 2,

@@ -149,6 +149,19 @@ expect 0 "topology: [0-9]+ of [0-9]+ rows crossed nodes \([0-9.]+%\); the topolo
 # --balance compares balanced iterations only: the first (the rates) is a warm-up
 expect 2 "--balance needs --warmup 1 or more \(got 0\)" -- mpi 2 "$MOE" bench layer --balance shadow \
   --tokens 64 --model 32 --hidden 64 --experts 4 --iters 1 --warmup 0
+# a balanced variant's JSON says what it planned with: slots, period, window, rates
+expect 0 "eplb +mpi" -- mpi 2 "$MOE" bench layer --balance none,eplb --tokens 64 --model 32 \
+  --hidden 64 --experts 4 --schedule sequential --chunks 1 --iters 1 --skew zipf:1.2 \
+  --json "$tmp/bal_bench.json"
+if python3 - "$tmp/bal_bench.json" <<'PY'
+import json, sys
+v = json.load(open(sys.argv[1]))["configs"][0]["variants"]
+e = [x for x in v if x["balance"] == "eplb"]
+assert e and all(x["balance_slots"] == 2 and x["replan_every"] == 1 and x["balance_window"] == 10 for x in e), e
+assert all(x["plan_gemm_flops_per_s"] > 0 and x["plan_net_bytes_per_s"] > 0 for x in e), e
+assert all("balance_window" not in x for x in v if x["balance"] == "none"), v
+PY
+then ok; else bad "bench layer --balance --json lacks the plan's slots, period, window or rates"; fi
 # an output that is a directory is refused before the benchmark runs
 expect 2 "output '$tmp' is a directory: give a file path" -- mpi 2 "$MOE" bench layer --balance shadow \
   --tokens 64 --model 32 --hidden 64 --experts 4 --iters 1 --json "$tmp"

@@ -66,7 +66,9 @@ typedef struct {
 static moe_status parse_header(moe_ctx *ctx, const char *path, const char *line, trace_header *h) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
-  MOE_TRY(moe_json_parse_object(ctx, line, "routing trace header", &root));
+  char what[600];
+  snprintf(what, sizeof what, "routing trace %s: the header", path);
+  MOE_TRY(moe_json_parse_object(ctx, line, what, &root));
   const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
   MOE_FAIL_IF(ctx, !cJSON_IsString(fmt) || strcmp(fmt->valuestring, "libmoe-routing-trace") != 0,
               MOE_STATUS_BAD_FORMAT,
@@ -117,8 +119,8 @@ static moe_status add_line(moe_ctx *ctx, const char *path, int lineno, const cha
                            const trace_header *h, const moe_skew *sel, double *sums, int *used) {
   moe_status st = MOE_STATUS_OK;
   cJSON *root = NULL;
-  char what[64];
-  snprintf(what, sizeof what, "routing trace line %d", lineno);
+  char what[600];
+  snprintf(what, sizeof what, "routing trace %s line %d", path, lineno);
   MOE_TRY(moe_json_parse_object(ctx, line, what, &root));
   int step = 0, layer = -1;
   MOE_TRY(moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "step"), what, &step));
@@ -236,10 +238,26 @@ moe_status moe_routing_trace_shares(moe_ctx *ctx, const moe_skew *sel, int E, in
   MOE_TRY(scan_trace(ctx, sel->path, E, K, &h, shares_line, &a));
   double total = 0;
   for (int e = 0; e < E; e++) total += a.sums[e];
-  MOE_FAIL_IF(ctx, a.body == 0 || !(total > 0), MOE_STATUS_INVALID_ARG,
-              "%s: no routed rows in the lines selected (%d lines of layer %d, steps %d-%d; -1 "
-              "and 0: all)",
-              sel->path, a.body, sel->trace_layer, sel->trace_first, sel->trace_last);
+  if (sel->trace_layer >= 0) {  // a layer the trace does not have: say which it has
+    int known = 0;
+    char list[256] = "";
+    for (int i = 0, len = 0; i < h.n_layers && len < (int)sizeof list - 8; i++) {
+      known |= h.layers[i] == sel->trace_layer;
+      len += snprintf(list + len, sizeof list - (size_t)len, "%s%d", i ? ", " : "", h.layers[i]);
+    }
+    MOE_FAIL_IF(ctx, !known, MOE_STATUS_INVALID_ARG,
+                "%s: #%d names no MoE layer of the trace (its moe_layers: %s)", sel->path,
+                sel->trace_layer, list);
+  }
+  if (a.body == 0 || !(total > 0)) {
+    char layer[32] = "every MoE layer", steps[48] = "every step";
+    if (sel->trace_layer >= 0) snprintf(layer, sizeof layer, "layer %d", sel->trace_layer);
+    if (sel->trace_first > 0 || sel->trace_last > 0)
+      snprintf(steps, sizeof steps, "steps %d-%d", sel->trace_first, sel->trace_last);
+    MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
+             "%s: no routed rows in the lines selected (%d lines of %s, %s)", sel->path, a.body,
+             layer, steps);
+  }
   for (int e = 0; e < E; e++) shares[e] = a.sums[e] / total;
   if (lines_read) *lines_read = a.body;
 done:
@@ -286,8 +304,8 @@ static moe_status load_line(moe_ctx *ctx, const char *path, int lineno, const ch
   const moe_skew all = {.kind = MOE_SKEW_TRACE, .trace_layer = -1};
   int used = 0;
   MOE_TRY(add_line(ctx, path, lineno, line, h, &all, rows, &used));
-  char what[64];
-  snprintf(what, sizeof what, "routing trace line %d", lineno);
+  char what[600];
+  snprintf(what, sizeof what, "routing trace %s line %d", path, lineno);
   MOE_TRY(moe_json_parse_object(ctx, line, what, &root));
   MOE_TRY(
       moe_json_get_int(ctx, cJSON_GetObjectItemCaseSensitive(root, "step"), what, &d->step[d->n]));
