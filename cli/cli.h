@@ -112,8 +112,12 @@ int cli_out_commit(cli_out *o);
 // Closes and removes the temporary; a no-op when o is not open.
 void cli_out_abort(cli_out *o);
 // Under mpirun (cli_mpi.c, MPI builds): rank 0 opens path (nothing when path is
-// NULL) and every rank learns whether it could: CLI_OK or CLI_FAILED on all.
+// NULL) and every rank learns whether it could: CLI_OK, or cli_out_open's error
+// (CLI_USAGE: a directory, or a file that cannot be created) on all.
 int cli_out_open_root(cli_out *o, const char *path, int rank);
+// Collective: whether rank 0 could write path (a NULL path: yes), tried and
+// removed before the work that ends by writing it; else the error (CLI_USAGE).
+int cli_out_probe_root(const char *path, int rank);
 // Under mpirun (cli_mpi.c): the memory bound of an MPI command. estimate is
 // this rank's status of computing need; need gets the process baseline, the
 // ranks agree on the estimate and check every rank's need against its limit

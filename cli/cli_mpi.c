@@ -15,6 +15,13 @@ int cli_out_open_root(cli_out *o, const char *path, int rank) {
   return rc;
 }
 
+int cli_out_probe_root(const char *path, int rank) {
+  cli_out probe = {0};
+  const int rc = cli_out_open_root(&probe, path, rank);
+  cli_out_abort(&probe);
+  return rc;
+}
+
 int cli_memory_check_world(moe_ctx *ctx, moe_status estimate, moe_memory_need *need,
                            size_t max_memory, const char *hint, int rank) {
   need->bytes[MOE_MEM_BASELINE] = (double)moe_memory_baseline_bytes();

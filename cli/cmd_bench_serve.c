@@ -100,9 +100,23 @@ static int healthy(moe_ctx *ctx, const char *url) {
   return ok;
 }
 
-// sig to every descendant of pid (Linux /proc: a launcher such as MPICH's
-// hydra may start the ranks outside its process group), depth-first.
-static void signal_tree(pid_t pid, int sig, int depth) {
+// Whether process p exists and is not a zombie (/proc/p/stat's state).
+static int alive(pid_t p) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)p);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  const size_t got = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[got] = '\0';
+  const char *rp = strrchr(buf, ')');
+  char state = 0;
+  return rp && sscanf(rp + 1, " %c", &state) == 1 && state != 'Z' && state != 'X';
+}
+
+// pid's descendants (Linux /proc: a launcher such as MPICH's hydra may start
+// the ranks outside its process group), depth-first, into tree (at most max).
+static void collect_tree(pid_t pid, pid_t *tree, int *n_out, int max, int depth) {
   if (depth > 8) return;
   DIR *d = opendir("/proc");
   if (!d) return;
@@ -124,27 +138,40 @@ static void signal_tree(pid_t pid, int sig, int depth) {
     if (rp && sscanf(rp + 1, " %*c %ld", &ppid) == 1 && ppid == (long)pid) kids[n++] = (pid_t)p;
   }
   closedir(d);
-  for (int i = 0; i < n; i++) {
-    signal_tree(kids[i], sig, depth + 1);
-    kill(kids[i], sig);
+  for (int i = 0; i < n && *n_out < max; i++) {
+    tree[(*n_out)++] = kids[i];
+    collect_tree(kids[i], tree, n_out, max, depth + 1);
   }
 }
 
-// SIGTERM to the server's process group and its descendants (moe serve
-// drains and exits 0); SIGKILL after 60 s; then waits until url stops
-// answering (at most 30 s).
+// SIGTERM to the server's process group and every descendant (moe serve
+// drains and exits 0), then waits until all of them are gone (the launcher
+// exits before its ranks do), SIGKILL to those left after 60 s; then until
+// url stops answering (at most 30 s). The next placement's server starts on
+// idle cores and a free port.
 static void stop_server(moe_ctx *ctx, pid_t pid, const char *url) {
   if (pid <= 0) return;
-  signal_tree(pid, SIGTERM, 0);
+  enum { TREE_MAX = 1024 };
+  pid_t tree[TREE_MAX];
+  int n = 0;
+  collect_tree(pid, tree, &n, TREE_MAX, 0);  // before the signal: orphans lose their parent
+  for (int i = 0; i < n; i++) kill(tree[i], SIGTERM);
   kill(-pid, SIGTERM);
-  int status = 0;
+  int status = 0, reaped = 0, killed = 0;
   const double t0 = now_s();
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (now_s() - t0 > 60) {
+  for (;;) {
+    if (!reaped && waitpid(pid, &status, WNOHANG) == pid) reaped = 1;
+    int left = !reaped;  // (zombies are gone: the group may hold ones nobody reaps)
+    for (int i = 0; i < n && !left; i++) left = alive(tree[i]);
+    if (!left) break;
+    if (!killed && now_s() - t0 > 60) {
       cli_error("bench serve: the server did not stop in 60 s after SIGTERM: killing it");
-      signal_tree(pid, SIGKILL, 0);
+      for (int i = 0; i < n; i++) kill(tree[i], SIGKILL);
       kill(-pid, SIGKILL);
-      waitpid(pid, &status, 0);
+      killed = 1;
+    }
+    if (now_s() - t0 > 90) {
+      cli_error("bench serve: processes of the server outlived SIGKILL by 30 s");
       break;
     }
     sleep_ms(50);
@@ -242,6 +269,14 @@ static int run_placement(moe_ctx *ctx, const moe_loadgen_config *c, run_row *row
   return CLI_OK;
 }
 
+// A number as JSON: null when not finite (nothing was measured).
+static void json_value(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.6g", v);
+  else
+    fputs("null", f);
+}
+
 static int cmp_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -322,10 +357,8 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
           "a2a_layer_p95_ms", "balance_none",     "balance_placed",   "replans"};
       fprintf(jf, "{\"placement\":\"%s\",\"rounds\":%d", names[i], rounds);
       for (int k = 0; k < 12; k++) {
-        if (isnan(v[k]))
-          fprintf(jf, ",\"%s\":null", keys[k]);
-        else
-          fprintf(jf, ",\"%s\":%.6g", keys[k], v[k]);
+        fprintf(jf, ",\"%s\":", keys[k]);
+        json_value(jf, v[k]);
       }
       fprintf(jf, "}\n");
     }
@@ -341,7 +374,8 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
 int cmd_bench_serve(int argc, char **argv) {
   moe_loadgen_config c;
   moe_loadgen_config_default(&c);
-  const char *json = NULL, *launch = NULL;
+  const char *json = NULL, *launch = NULL, *place_opt = NULL;
+  char url[512];
   char place[MAX_PLACEMENTS][32];
   int n_place = 0, rounds = 1;
   double launch_timeout = 300;
@@ -360,7 +394,14 @@ int cmd_bench_serve(int argc, char **argv) {
       moe_ctx_destroy(ctx);
       return CLI_OK;
     } else if (cli_opt(&a, "--url")) {
-      c.url = a.value;
+      if (a.value && strlen(a.value) < sizeof url) {  // without trailing slashes: URL + PATH
+        snprintf(url, sizeof url, "%s", a.value);
+        for (size_t n = strlen(url); n > 0 && url[n - 1] == '/'; n--) url[n - 1] = '\0';
+        c.url = url;
+      } else if (a.value) {
+        cli_error("bench serve: --url of %zu bytes (at most %zu)", strlen(a.value), sizeof url - 1);
+        a.bad = 1;
+      }
     } else if (cli_opt(&a, "--requests")) {
       cli_parse_int(&a, "--requests", 1, 1000000, &c.requests);
     } else if (cli_opt(&a, "--rate")) {
@@ -419,8 +460,10 @@ int cmd_bench_serve(int argc, char **argv) {
     } else if (cli_opt(&a, "--launch")) {
       launch = a.value;
     } else if (cli_opt(&a, "--rounds")) {
+      place_opt = "--rounds";
       cli_parse_int(&a, "--rounds", 1, MAX_ROUNDS, &rounds);
     } else if (cli_opt(&a, "--launch-timeout")) {
+      place_opt = "--launch-timeout";
       cli_parse_double(&a, "--launch-timeout", 1, 86400, &launch_timeout);
     } else {
       cli_error("bench serve: unknown option '%s' (see moe bench serve --help)", cli_args_peek(&a));
@@ -433,6 +476,11 @@ int cmd_bench_serve(int argc, char **argv) {
         "server once per placement)");
     a.bad = 1;
   }
+  if (!a.bad && place_opt && n_place == 0) {
+    cli_error("bench serve: %s belongs to --placement and --launch (give them, or leave it out)",
+              place_opt);
+    a.bad = 1;
+  }
   if (a.bad) {
     moe_ctx_destroy(ctx);
     return CLI_USAGE;
@@ -440,9 +488,9 @@ int cmd_bench_serve(int argc, char **argv) {
   c.seed = seed;
   cli_out jo;
   memset(&jo, 0, sizeof jo);
-  if (json && cli_out_open(&jo, json) != CLI_OK) {
+  if (json && (rc = cli_out_open(&jo, json)) != CLI_OK) {
     moe_ctx_destroy(ctx);
-    return CLI_FAILED;
+    return rc;
   }
   char *m0 = NULL, *m1 = NULL;
   if (n_place > 0) {
@@ -517,18 +565,37 @@ int cmd_bench_serve(int argc, char **argv) {
     printf(" (first: %s)\n", r.first_error);
     rc = CLI_FAILED;
   }
-  if (jo.f) {
-    fprintf(jo.f,
-            "{\"url\":\"%s\",\"chat\":%d,\"requests\":%d,\"rate\":%g,\"concurrency\":%d,"
-            "\"prompt_len\":[%d,%d],\"output_len\":[%d,%d],\"ok\":%d,\"failed\":%d,\"wall_s\":%.4f,"
-            "\"requests_per_s\":%.4f,\"tokens_per_s\":%.3f,\"ttft_ms\":[%.3f,%.3f,%.3f],"
-            "\"itl_ms\":[%.4f,%.4f,%.4f],\"latency_ms\":[%.3f,%.3f,%.3f],\"step_s\":%.4f,"
-            "\"moe_share\":%.4f,\"a2a_share\":%.4f}\n",
-            c.url, c.chat, c.requests, c.rate, c.concurrency, c.prompt_min, c.prompt_max,
-            c.output_min, c.output_max, r.ok, r.failed, r.wall_s, r.requests_per_s, r.tokens_per_s,
-            r.ttft_ms[0], r.ttft_ms[1], r.ttft_ms[2], r.itl_ms[0], r.itl_ms[1], r.itl_ms[2],
-            r.latency_ms[0], r.latency_ms[1], r.latency_ms[2], step_s,
-            step_s > 0 ? moe_total / step_s : 0, step_s > 0 ? a2a_total / step_s : 0);
+  if (jo.f) {  // a value not measured (no request answered) is null
+    FILE *f = jo.f;
+    fputs("{\"url\":", f);
+    cli_json_string(f, c.url);
+    fprintf(f,
+            ",\"chat\":%d,\"requests\":%d,\"rate\":%g,\"concurrency\":%d,\"prompt_len\":[%d,%d],"
+            "\"output_len\":[%d,%d],\"ok\":%d,\"failed\":%d",
+            c.chat, c.requests, c.rate, c.concurrency, c.prompt_min, c.prompt_max, c.output_min,
+            c.output_max, r.ok, r.failed);
+    const double one[3] = {r.wall_s, r.requests_per_s, r.tokens_per_s};
+    static const char *const one_keys[3] = {"wall_s", "requests_per_s", "tokens_per_s"};
+    for (int k = 0; k < 3; k++) {
+      fprintf(f, ",\"%s\":", one_keys[k]);
+      json_value(f, one[k]);
+    }
+    const double *three[3] = {r.ttft_ms, r.itl_ms, r.latency_ms};
+    static const char *const three_keys[3] = {"ttft_ms", "itl_ms", "latency_ms"};
+    for (int k = 0; k < 3; k++) {
+      fprintf(f, ",\"%s\":[", three_keys[k]);
+      for (int q = 0; q < 3; q++) {
+        json_value(f, three[k][q]);
+        fputs(q < 2 ? "," : "]", f);
+      }
+    }
+    fputs(",\"step_s\":", f);
+    json_value(f, step_s);
+    fputs(",\"moe_share\":", f);
+    json_value(f, step_s > 0 ? moe_total / step_s : NAN);
+    fputs(",\"a2a_share\":", f);
+    json_value(f, step_s > 0 ? a2a_total / step_s : NAN);
+    fputs("}\n", f);
     if (cli_out_commit(&jo) != CLI_OK && rc == CLI_OK) rc = CLI_FAILED;
   }
 done:

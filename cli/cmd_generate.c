@@ -28,7 +28,7 @@ static void usage(FILE *f) {
           "  --max-tokens N        default for lines without max_tokens [64]\n"
           "  --temperature T       default temperature, [0, 100] [0.8]\n"
           "  --top-k K             default top-k, 0 = all [40]\n"
-          "  --top-p P             default top-p, (0, 1] [1]\n"
+          "  --top-p P             default top-p, 1e-9..1 [1]\n"
           "  --seed S              a line without \"seed\" uses S + its line index "
           "[1]\n" CLI_INFER_ENGINE_HELP
           "  --timings             add queue_ms, first_token_ms and total_ms to each line\n"
@@ -172,8 +172,11 @@ int cmd_generate(int argc, char **argv) {
   defaults.top_k = 40;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
+  int saved[2];  // the options' errors once, from rank 0
+  cli_silence_begin(rank != 0, saved);
   while (!cli_args_done(&a) && !a.bad) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      cli_silence_end(saved);
       if (rank == 0) usage(stdout);
       MPI_Finalize();
       return CLI_OK;
@@ -209,6 +212,7 @@ int cmd_generate(int argc, char **argv) {
       a.bad = 1;
     }
   }
+  cli_silence_end(saved);
   if (!a.bad && (!ckpt || !input)) {
     if (rank == 0) cli_error("generate: --checkpoint FILE and --input FILE are required");
     a.bad = 1;
@@ -247,6 +251,8 @@ int cmd_generate(int argc, char **argv) {
     rc = in_rc;
     goto done;
   }
+  // --record-paths is written at the end: a path that cannot be is refused now
+  if ((rc = cli_out_probe_root(record_file, rank)) != CLI_OK) goto done;
   ic.max_memory = max_memory;  // the memory bound: checked by create before it allocates
   rc = cli_infer_create(ctx, &ic, rank, "generate", &eng);
   if (rc != CLI_OK) goto done;

@@ -71,8 +71,11 @@ int cmd_serve(int argc, char **argv) {
   int rc = CLI_OK;
   cli_args a;
   cli_args_init(&a, argc, argv, 2);
+  int saved[2];  // the options' errors once, from rank 0
+  cli_silence_begin(rank != 0, saved);
   while (!cli_args_done(&a) && !a.bad) {
     if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+      cli_silence_end(saved);
       if (rank == 0) usage(stdout);
       MPI_Finalize();
       return CLI_OK;
@@ -104,6 +107,7 @@ int cmd_serve(int argc, char **argv) {
       a.bad = 1;
     }
   }
+  cli_silence_end(saved);
   if (!a.bad && !ckpt) {
     if (rank == 0) cli_error("serve: --checkpoint FILE is required");
     a.bad = 1;
@@ -143,6 +147,8 @@ int cmd_serve(int argc, char **argv) {
     moe_ctx_destroy(ctx);
     MPI_Abort(MPI_COMM_WORLD, CLI_FAILED);
   }
+  // --record-paths is written at shutdown: a path that cannot be is refused now
+  if ((rc = cli_out_probe_root(record_file, rank)) != CLI_OK) goto done;
   ic.max_memory = max_memory;  // the memory bound: checked by create before it allocates
   rc = cli_infer_create(ctx, &ic, rank, "serve", &eng);
   if (rc != CLI_OK) goto done;

@@ -166,6 +166,24 @@ printf '{"prompt":"a","colour":"red"}\n' >"$tmp/bad2.jsonl"
 expect 2 "line 1: request: unrecognized key 'colour'" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/bad2.jsonl" --output "$tmp/ob.jsonl"
 printf 'not json\n' >"$tmp/bad3.jsonl"
 expect 2 "line 1" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/bad3.jsonl" --output "$tmp/ob.jsonl"
+# "id" echoed exactly or refused: a string (invalid UTF-8 as U+FFFD, as all
+# output) or an integer below 2^53; a larger one (it would come back rounded) is refused
+printf '{"prompt":"a","max_tokens":1,"id":"\xff\xfe"}\n{"prompt":"b","max_tokens":1,"id":-9007199254740991}\n' \
+  >"$tmp/ids.jsonl"
+"$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/ids.jsonl" --output "$tmp/ids.out" --quiet
+python3 - "$tmp/ids.out" <<'PY' && ok || bad "ids not echoed exactly: $(cat "$tmp/ids.out")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+assert rows[0]["id"] == "\ufffd\ufffd" and rows[1]["id"] == -9007199254740991, rows
+PY
+for id in 9007199254740993 1e400 true '[1]'; do
+  printf '{"prompt":"a","id":%s}\n' "$id" >"$tmp/badid.jsonl"
+  expect 2 "badid.jsonl line 1: 'id' must be a string or an integer in \[-\(2\^53 - 1\), 2\^53 - 1\]" -- \
+    "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/badid.jsonl" --output "$tmp/ob.jsonl"
+done
+# --record-paths is written at the end: a path that cannot be is refused before any work
+expect 2 "output '$tmp' is a directory" -- mpi 2 "$MOE" generate --checkpoint "$tmp/m.ckpt" \
+  --input "$tmp/p.jsonl" --output "$tmp/ob.jsonl" --record-paths "$tmp"
 printf '\n\n' >"$tmp/empty.jsonl"
 expect 2 "holds no prompt" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/empty.jsonl"
 expect 2 "cannot open --input" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/nope.jsonl"

@@ -175,6 +175,31 @@ def api(generated, prompts):
         check(ok, f"bad request {raw[:40]!r}: {st} {t[:200]}")
     st, _, t = request("POST", "/v1/chat/completions", {"prompt": "a"})
     check(st == 400 and "'prompt'" in t, f"chat with prompt: {st} {t}")
+    for body, words in (
+            ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "'messages[0].name' must be a string"),
+            ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3, "max_tokens": 2},
+             "give one of 'max_completion_tokens' and 'max_tokens'"),
+            ({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 3},
+             "give one of 'max_completion_tokens' and 'max_tokens'")):
+        st, _, t = request("POST", "/v1/chat/completions", body)
+        check(st == 400 and words in t, f"chat {body}: {st} {t}")
+    # an error message longer than any fixed buffer (a key of 900 invalid bytes,
+    # each escaped as \ufffd) is still one JSON object
+    st, _, t = request("POST", "/v1/completions", raw=b'{"prompt": "a", "' + b"\xff" * 900 + b'": 1}')
+    try:
+        ok = st == 400 and "unrecognized key" in json.loads(t)["error"]["message"]
+    except ValueError:
+        ok = False
+    check(ok, f"a long error message: {st} {t[:100]}...{t[-100:]}")
+    # a body with another method: read and answered 405 / 404, the connection kept
+    for method, path, code in (("PUT", "/v1/completions", 405), ("DELETE", "/health", 405),
+                               ("PATCH", "/nope", 404)):
+        try:
+            st, _, t = request(method, path, {"prompt": "a"}, timeout=30)
+            ok = st == code and "error" in json.loads(t)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            st, t, ok = -1, repr(e), False
+        check(ok, f"{method} {path} with a body: {st} {t}")
     st, _, t = request("GET", "/v1/completions")
     check(st == 405 and "POST" in t, f"GET completions: {st} {t}")
     st, _, t = request("GET", "/v2/nothing")

@@ -182,8 +182,18 @@ assert r["ok"] == 8 and r["failed"] == 0 and r["output_len"] == [6, 10]
 assert 0 < r["ttft_ms"][0] <= r["ttft_ms"][1] <= r["ttft_ms"][2] <= r["latency_ms"][2]
 assert r["tokens_per_s"] > 0 and 0 < r["moe_share"] <= 1.0 and 0 <= r["a2a_share"] <= r["moe_share"]
 PY
-  expect 0 "open loop at 20 requests/s" -- "$MOE" bench serve --url "http://127.0.0.1:$port" \
+  # (a URL with a trailing slash names the same server)
+  expect 0 "open loop at 20 requests/s" -- "$MOE" bench serve --url "http://127.0.0.1:$port/" \
     --requests 6 --rate 20 --output-len 4 --chat
+  # every request refused (413: prompts over --max-body): exit 1, and the JSON
+  # holds null where nothing was measured
+  expect 1 "2 x HTTP 413" -- "$MOE" bench serve --url "http://127.0.0.1:$port" --requests 2 \
+    --prompt-len 5000 --output-len 2 --json "$tmp/fail.json"
+  python3 - "$tmp/fail.json" <<'PY' && ok || bad "bench serve JSON of failed requests: $(cat "$tmp/fail.json")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["ok"] == 0 and r["failed"] == 2 and r["ttft_ms"] == [None] * 3 and r["latency_ms"] == [None] * 3, r
+PY
   # a second server on the same port: refused
   expect 2 "cannot listen on 127.0.0.1:$port" -- "$MOE" serve --checkpoint "$tmp/tiny" --port "$port"
   # SIGTERM during load: 12 requests (8 slots: some wait), 4 of them too long
@@ -217,6 +227,12 @@ assert float(m['moe_placement_balance_ratio{copies="placed"}']) >= 1.0, m
 assert int(m["moe_placement_copies_sent_total"]) >= 0 and float(m["moe_placement_seconds_total"]) > 0, m
 place = [float(v) for k, v in m.items() if k.startswith("moe_engine_place_seconds_total{block=")]
 assert place and all(v >= 0 for v in place) and sum(place) > 0, place
+# the MoE layer summary: _count every sample (a step's MoE block), _sum their seconds
+moe = [float(v) for k, v in m.items() if k.startswith("moe_engine_moe_seconds_total{block=")]
+n = int(m["moe_engine_moe_layer_seconds_count"])
+assert n > 0 and n == int(m["moe_engine_steps_total"]) * len(moe), (n, m["moe_engine_steps_total"], moe)
+assert abs(float(m["moe_engine_moe_layer_seconds_sum"]) - sum(moe)) <= 1e-4 + 1e-3 * sum(moe), m
+assert int(m["moe_engine_a2a_layer_seconds_count"]) == n and "moe_engine_a2a_layer_seconds_sum" in m, m
 PY
   if python3 "$here/serve_client.py" "$port" busy; then ok; else bad "queue full (2 ranks)"; fi
   # under load: a slot on each rank held by a request of 2^20 tokens, a third
@@ -249,9 +265,22 @@ if python3 -c "import socket; socket.create_connection(('127.0.0.1', $bport), 1)
 else
   ok
 fi
+# ... nor any of its processes (the launcher exits before its ranks: bench
+# serve waits for all of them)
+if pgrep -f -- "--port $bport" >/dev/null; then
+  bad "bench serve --placement returned while processes of its servers ran: $(pgrep -af -- "--port $bport")"
+else
+  ok
+fi
 expect 2 "--placement 'frob' is unknown \(valid: uniform, eplb, lina\)" -- "$MOE" bench serve \
   --placement uniform,frob --launch true
 expect 2 "--placement and --launch go together" -- "$MOE" bench serve --placement uniform
+expect 2 "--rounds belongs to --placement and --launch" -- "$MOE" bench serve --rounds 2
+expect 2 "output '$tmp' is a directory" -- "$MOE" bench serve --json "$tmp"
+expect 2 "the model name must be under 128 bytes of valid UTF-8 with no quote, backslash or control" -- \
+  "$MOE" serve --checkpoint "$tmp/tiny" --port 0 --model $'a\tb'
+expect 2 "cannot write '$tmp/no/dir/p.json.tmp'" -- "$MOE" serve --checkpoint "$tmp/tiny" --port 0 \
+  --record-paths "$tmp/no/dir/p.json"
 expect 1 "exited \(status 3\) before answering" -- "$MOE" bench serve --url "http://127.0.0.1:$bport" \
   --placement uniform --launch "exit 3; :"
 

@@ -224,6 +224,10 @@ moe_status moe_infer_paths_json(moe_infer *e, char **out);
 // ms. Returns the samples used (0: none yet; the outputs are then 0).
 // Thread-safe.
 int moe_infer_layer_quantiles(moe_infer *e, const double *q, int n, double *moe_ms, double *a2a_ms);
+// Rank 0: every sample pushed so far (one per step and MoE block), and the
+// sums of their MoE forward and all-to-all times in ms (either may be NULL):
+// a summary's _count and _sum, beside quantiles of the last 65536. Thread-safe.
+int64_t moe_infer_layer_samples(moe_infer *e, double *moe_ms_sum, double *a2a_ms_sum);
 
 // ---- the HTTP server (moe serve) --------------------------------------------
 

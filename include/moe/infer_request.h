@@ -81,7 +81,8 @@ moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p);
 //   (numbers), top_k (integer; llama.cpp's extension), seed (integer >= 0),
 //   stop (a string or an array of at most MOE_INFER_MAX_STOP strings), stream
 //   (boolean), model (string, kept), n (only 1), user (string, ignored);
-//   with MOE_INFER_JSON_ID also "id" (any JSON value, kept as its JSON text).
+//   with MOE_INFER_JSON_ID also "id" (a string, or an integer of magnitude < 2^53;
+//   kept as its JSON text, echoed exactly).
 // Anything else is refused naming the key (as the OpenAI API refuses an
 // unrecognized argument), as are a wrong type, a value out of range
 // (moe_infer_params_validate), a NUL inside a string and malformed JSON.

@@ -105,6 +105,7 @@ struct moe_infer {
   double *layer_ms_pub;  // their copy (under mu)
   float *lat;            // (2, LAT_CAP) ring under mu: MoE forward and all-to-all ms of
   int64_t lat_n;         // a step's MoE block (rank 0); samples pushed so far
+  double lat_sum[2];     // under mu: the sums of every sample pushed (MoE, all-to-all ms)
   // expert placement (ic.placement other than uniform, size > 1; every rank)
   int n_moe;  // MoE blocks
   moe_ep_layer *moe_layer[MOE_GPT_MAX_LAYERS];
@@ -1068,6 +1069,21 @@ int moe_infer_layer_quantiles(moe_infer *e, const double *q, int n, double *moe_
   return (int)k;
 }
 
+int64_t moe_infer_layer_samples(moe_infer *e, double *moe_ms_sum, double *a2a_ms_sum) {
+  int64_t n = 0;
+  double m = 0, a = 0;
+  if (e->rank == 0 && e->lat) {
+    pthread_mutex_lock(&e->mu);
+    n = e->lat_n;
+    m = e->lat_sum[0];
+    a = e->lat_sum[1];
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (moe_ms_sum) *moe_ms_sum = m;
+  if (a2a_ms_sum) *a2a_ms_sum = a;
+  return n;
+}
+
 void moe_infer_layer_times(moe_infer *e, int block, double *moe_ms, double *a2a_ms,
                            double *place_ms) {
   double m = 0, a = 0, pl = 0;
@@ -1218,6 +1234,8 @@ static moe_status run_rows(moe_infer *e, int n) {
       const size_t at = (size_t)(e->lat_n++ % LAT_CAP);
       e->lat[at] = (float)fwd.total_ms;
       e->lat[LAT_CAP + at] = (float)((double)bd.comm_ns * 1e-6);
+      e->lat_sum[0] += fwd.total_ms;
+      e->lat_sum[1] += (double)bd.comm_ns * 1e-6;
       pthread_mutex_unlock(&e->mu);
     }
   }

@@ -100,7 +100,10 @@ static moe_status chat_prompt(moe_ctx *ctx, const cJSON *msgs, moe_infer_request
         MOE_FAIL_IF(ctx, content != NULL, MOE_STATUS_INVALID_ARG,
                     "'messages[%d]': key 'content' appears twice", i);
         content = f;
-      } else if (strcmp(f->string, "name") != 0) {
+      } else if (strcmp(f->string, "name") == 0) {  // accepted, not part of the prompt
+        MOE_FAIL_IF(ctx, !cJSON_IsString(f), MOE_STATUS_INVALID_ARG,
+                    "'messages[%d].name' must be a string", i);
+      } else {
         MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
                  "'messages[%d]': unrecognized key '%s' (known: role, content, name)", i,
                  f->string);
@@ -162,6 +165,9 @@ moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t le
       MOE_TRY(chat_prompt(ctx, it, &r));
       have_prompt = 1;
     } else if (chat && strcmp(k, "max_completion_tokens") == 0) {
+      MOE_FAIL_IF(ctx, cJSON_GetObjectItemCaseSensitive(root, "max_tokens") != NULL,
+                  MOE_STATUS_INVALID_ARG,
+                  "give one of 'max_completion_tokens' and 'max_tokens' (its older name)");
       MOE_TRY(moe_json_get_int(ctx, it, k, &r.params.max_tokens));
     } else if (!chat && strcmp(k, "prompt") == 0) {
       const char *s = NULL;
@@ -209,7 +215,19 @@ moe_status moe_infer_request_from_json(moe_ctx *ctx, const char *json, size_t le
       const char *s = NULL;
       MOE_TRY(get_string(ctx, it, k, &s));
     } else if (strcmp(k, "id") == 0 && (flags & MOE_INFER_JSON_ID)) {
-      r.id_json = cJSON_PrintUnformatted(it);
+      // echoed exactly: a string (as every JSON output: invalid UTF-8 as
+      // U+FFFD) or an integer below 2^53 in magnitude (a larger literal may
+      // round to one of these when parsed: 2^53 + 1 reads as 2^53, refused)
+      const double v = cJSON_IsNumber(it) ? it->valuedouble : NAN;
+      MOE_FAIL_IF(ctx, !cJSON_IsString(it) && !(fabs(v) < 9007199254740992.0 && v == floor(v)),
+                  MOE_STATUS_INVALID_ARG,
+                  "'id' must be a string or an integer in [-(2^53 - 1), 2^53 - 1] (echoed "
+                  "exactly)");
+      if (cJSON_IsString(it)) {
+        r.id_json = moe_infer_json_string(it->valuestring, strlen(it->valuestring));
+      } else if ((r.id_json = moe_malloc(32)) != NULL) {
+        snprintf(r.id_json, 32, "%lld", (long long)v);
+      }
       MOE_FAIL_IF(ctx, !r.id_json, MOE_STATUS_OUT_OF_MEMORY, "request: out of memory");
     } else {
       MOE_FAIL(ctx, MOE_STATUS_INVALID_ARG,
@@ -234,7 +252,7 @@ done:
 void moe_infer_request_free(moe_infer_request *r) {
   if (!r) return;
   moe_free(r->prompt);
-  if (r->id_json) cJSON_free(r->id_json);
+  moe_free(r->id_json);
   r->prompt = NULL;
   r->id_json = NULL;
 }

@@ -150,13 +150,23 @@ static enum MHD_Result send_error(moe_server *s, struct MHD_Connection *c, int e
                  : code == 413 ? ST_413
                                : ST_503;
   count(s, ep, st);
-  char *m = moe_infer_json_string(msg, strlen(msg));
-  char buf[4096];
-  snprintf(buf, sizeof buf,
-           "{\"error\":{\"message\":%s,\"type\":\"%s\",\"param\":null,\"code\":null}}\n",
-           m ? m : "\"error\"", type);
+  char *m = moe_infer_json_string(msg, strlen(msg));  // up to 6 bytes per byte of msg
+  const size_t len = (m ? strlen(m) : 8) + strlen(type) + 64;
+  char *buf = moe_malloc(len);
+  enum MHD_Result r;
+  if (buf) {
+    snprintf(buf, len,
+             "{\"error\":{\"message\":%s,\"type\":\"%s\",\"param\":null,\"code\":null}}\n",
+             m ? m : "\"error\"", type);
+    r = send_text(c, code, "application/json", buf);
+  } else {
+    r = send_text(c, code, "application/json",
+                  "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                  "\"param\":null,\"code\":null}}\n");
+  }
+  moe_free(buf);
   moe_free(m);
-  return send_text(c, code, "application/json", buf);
+  return r;
 }
 
 // ---- the request's bytes --------------------------------------------------------------
@@ -529,16 +539,20 @@ static enum MHD_Result metrics(moe_server *s, struct MHD_Connection *c) {
     const double q[3] = {0.5, 0.95, 0.99};
     double lm[3], am[3];
     const int k = moe_infer_layer_quantiles(s->engine, q, 3, lm, am);
+    double msum = 0, asum = 0;  // _count and _sum: every sample, the quantiles the last 65536
+    const long long all = (long long)moe_infer_layer_samples(s->engine, &msum, &asum);
     P("# HELP moe_engine_moe_layer_seconds A MoE layer's forward per step and block (rank 0; "
-      "the last 65536).\n# TYPE moe_engine_moe_layer_seconds summary\n");
+      "quantiles of the last 65536).\n# TYPE moe_engine_moe_layer_seconds summary\n");
     for (int i = 0; i < 3 && k > 0; i++)
       P("moe_engine_moe_layer_seconds{quantile=\"%g\"} %.6f\n", q[i], lm[i] / 1000);
-    P("moe_engine_moe_layer_seconds_count %d\n", k);
-    P("# HELP moe_engine_a2a_layer_seconds Its all-to-alls per step and block (rank 0; the last "
-      "65536).\n# TYPE moe_engine_a2a_layer_seconds summary\n");
+    P("moe_engine_moe_layer_seconds_sum %.6f\nmoe_engine_moe_layer_seconds_count %lld\n",
+      msum / 1000, all);
+    P("# HELP moe_engine_a2a_layer_seconds Its all-to-alls per step and block (rank 0; "
+      "quantiles of the last 65536).\n# TYPE moe_engine_a2a_layer_seconds summary\n");
     for (int i = 0; i < 3 && k > 0; i++)
       P("moe_engine_a2a_layer_seconds{quantile=\"%g\"} %.6f\n", q[i], am[i] / 1000);
-    P("moe_engine_a2a_layer_seconds_count %d\n", k);
+    P("moe_engine_a2a_layer_seconds_sum %.6f\nmoe_engine_a2a_layer_seconds_count %lld\n",
+      asum / 1000, all);
   }
   P("# HELP moe_path_checks_total Steps whose estimated popularity (--paths) was checked "
     "against the gate, per block.\n# TYPE moe_path_checks_total counter\n"
@@ -612,6 +626,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (post && cl && strtoull(cl, NULL, 10) > s->sc.max_body) cs->too_large = 1;
     return MHD_YES;
   }
+  if (*upload_size > 0 && !post) {  // another method's body: read and dropped, then 404/405
+    *upload_size = 0;
+    return MHD_YES;
+  }
   if (post && *upload_size > 0) {  // body bytes
     if (!cs->too_large && cs->len + *upload_size > s->sc.max_body) cs->too_large = 1;
     if (!cs->too_large) {
@@ -682,9 +700,15 @@ moe_status moe_serve_start(moe_ctx *ctx, moe_infer *e, const moe_serve_config *s
               "max body (%zu bytes) must be in [64, 1 GiB]", sc->max_body);
   MOE_FAIL_IF(ctx, sc->max_connections < 1 || sc->max_connections > 65536, MOE_STATUS_INVALID_ARG,
               "max connections (%d) must be in [1, 65536]", sc->max_connections);
-  MOE_FAIL_IF(ctx, !sc->model || strlen(sc->model) >= 128 || strpbrk(sc->model, "\"\\\n"),
-              MOE_STATUS_INVALID_ARG,
-              "the model name must have under 128 bytes and no quote, backslash or newline");
+  {  // the name goes into every response as is: text JSON needs no escape for
+    const size_t n = sc->model ? strlen(sc->model) : 0;
+    char *js = sc->model && n < 128 ? moe_infer_json_string(sc->model, n) : NULL;
+    const int plain = js && strlen(js) == n + 2 && memcmp(js + 1, sc->model, n) == 0;
+    moe_free(js);
+    MOE_FAIL_IF(ctx, !plain, MOE_STATUS_INVALID_ARG,
+                "the model name must be under 128 bytes of valid UTF-8 with no quote, backslash "
+                "or control character");
+  }
   struct sockaddr_in addr;
   memset(&addr, 0, sizeof addr);
   addr.sin_family = AF_INET;
