@@ -440,7 +440,7 @@ static void test_request_json(moe_ctx *ctx) {
   const char *ok =
       "{\"prompt\":\"Hi\\u00e9\",\"max_tokens\":5,\"temperature\":0,\"top_p\":0.5,"
       "\"top_k\":3,\"seed\":9,\"stop\":[\"a\",\"bc\"],\"stream\":true,\"model\":\"m\","
-      "\"n\":1,\"user\":\"u\",\"id\":{\"k\":[1,2]}}";
+      "\"n\":1,\"user\":\"u\",\"id\":\"q\\u00e9\"}";
   TU_CHECK(
       moe_infer_request_from_json(ctx, ok, strlen(ok), &d, MOE_INFER_JSON_ID, &r) == MOE_STATUS_OK,
       "valid request: %s", moe_ctx_error(ctx));
@@ -448,7 +448,7 @@ static void test_request_json(moe_ctx *ctx) {
                r.params.temperature == 0 && r.params.top_p == 0.5 && r.params.top_k == 3 &&
                r.params.seed == 9 && r.has_seed && r.params.n_stop == 2 &&
                strcmp(r.params.stop[1], "bc") == 0 && r.stream == 1 && strcmp(r.model, "m") == 0 &&
-               r.id_json && strcmp(r.id_json, "{\"k\":[1,2]}") == 0,
+               r.id_json && strcmp(r.id_json, "\"q\xc3\xa9\"") == 0,
            "fields");
   moe_infer_request_free(&r);
   struct {
