@@ -65,6 +65,8 @@ void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out);
 // Parse a->value as a size ("512M", "2G", moe_size_parse) into *out, or print
 // the error naming opt and the accepted form and set a->bad.
 void cli_parse_size(cli_args *a, const char *opt, size_t *out);
+// The same, with 0 (or 0 with a unit) allowed: where 0 means none or "one".
+void cli_parse_size_or_zero(cli_args *a, const char *opt, size_t *out);
 
 // The help line of --max-memory, shared by every command that allocates a shape.
 #define CLI_MAX_MEMORY_HELP                                                          \

@@ -241,6 +241,20 @@ void cli_parse_size(cli_args *a, const char *opt, size_t *out) {
   moe_ctx_destroy(ctx);
 }
 
+void cli_parse_size_or_zero(cli_args *a, const char *opt, size_t *out) {
+  if (!a->value) return;
+  char *end = NULL;
+  errno = 0;
+  const double v = strtod(a->value, &end);
+  if (end != a->value && v == 0.0 && errno == 0 && strspn(a->value, "0.") > 0 &&
+      (*end == '\0' || strchr("kKmMgGtTbB", *end) != NULL) && strlen(end) <= 3 &&
+      strspn(end, "kKmMgGtTiIbB") == strlen(end)) {
+    *out = 0;
+    return;
+  }
+  cli_parse_size(a, opt, out);
+}
+
 // ---- atomic output files ---------------------------------------------------------
 
 int cli_out_open(cli_out *o, const char *path) {

@@ -44,7 +44,8 @@ static void usage(FILE *f) {
           "  --layers N             all-to-alls per round, 1..1000 [4]\n"
           "  --gap-ms G             the gap after each, 0..60000 ms [5]\n"
           "  --sum-bytes S          gradients summed beside them, 0..4G [4M]\n"
-          "  --bucket-bytes S       their buckets, 0 = one bucket [0]\n"
+          "  --bucket-bytes S       their buckets, 0 = one bucket [0]; a bucket holds\n"
+          "                         whole 64 KiB tensors, so one under 64 KiB holds one\n"
           "  --micro-op-kb K        lina's micro-ops, 1..1048576 KiB [256]\n"
           "  --deterministic on|off the sum: on, the fixed-order tree of deterministic\n"
           "                         training; off, MPI_Iallreduce [on]\n"
@@ -72,7 +73,7 @@ static int parse_opts(int argc, char **argv, ct_opts *o) {
     } else if (cli_opt(&a, "--algo") || cli_opt(&a, "--a2a")) {
       o->algo = a.value;
     } else if (cli_opt(&a, "--a2a-bytes")) {
-      cli_parse_size(&a, "--a2a-bytes", &o->c.a2a_bytes);
+      cli_parse_size_or_zero(&a, "--a2a-bytes", &o->c.a2a_bytes);
       if (!a.bad && o->c.a2a_bytes > ((size_t)1 << 30)) {
         cli_error("--a2a-bytes (%zu) must be in [0, 1073741824]", o->c.a2a_bytes);
         a.bad = 1;
@@ -82,13 +83,13 @@ static int parse_opts(int argc, char **argv, ct_opts *o) {
     } else if (cli_opt(&a, "--gap-ms")) {
       cli_parse_double(&a, "--gap-ms", 0, 60000, &o->c.gap_ms);
     } else if (cli_opt(&a, "--sum-bytes")) {
-      cli_parse_size(&a, "--sum-bytes", &o->c.sum_bytes);
+      cli_parse_size_or_zero(&a, "--sum-bytes", &o->c.sum_bytes);
       if (!a.bad && o->c.sum_bytes > ((size_t)1 << 32)) {
         cli_error("--sum-bytes (%zu) must be in [0, 4294967296]", o->c.sum_bytes);
         a.bad = 1;
       }
     } else if (cli_opt(&a, "--bucket-bytes")) {
-      cli_parse_size(&a, "--bucket-bytes", &o->c.bucket_bytes);
+      cli_parse_size_or_zero(&a, "--bucket-bytes", &o->c.bucket_bytes);
     } else if (cli_opt(&a, "--micro-op-kb")) {
       cli_parse_int(&a, "--micro-op-kb", 1, 1048576, &micro_kb);
     } else if (cli_opt(&a, "--deterministic")) {
@@ -143,7 +144,10 @@ static void write_json(FILE *f, const ct_opts *o, const char *algo, int P, int n
 
 int cmd_bench_contention(int argc, char **argv) {
   ct_opts o;
+  int saved[2];  // the options' errors once, from the launcher's rank 0
+  cli_silence_begin(moe_launcher_rank() != 0, saved);
   int rc = parse_opts(argc, argv, &o);
+  cli_silence_end(saved);
   if (rc < 0) return CLI_OK;
   if (rc != CLI_OK) return rc;
 

@@ -99,6 +99,7 @@ static int int_list(const char *opt, const char *text, int lo, int hi, int *v, i
 }
 
 static int layouts(const char *text, pb_opts *o) {
+  if (!text) return 0;  // (cli_opt said the value is missing)
   char buf[512];
   snprintf(buf, sizeof buf, "%s", text);
   o->n_layout = 0;
@@ -116,6 +117,8 @@ static int layouts(const char *text, pb_opts *o) {
     o->layout[o->n_layout][2] = c;
     o->n_layout++;
   }
+  if (o->n_layout == 0)
+    cli_error("--layouts: '%s' is empty: give MPxEPxESP triples, e.g. 2x2x1,1x2x2", text);
   return o->n_layout > 0;
 }
 
@@ -240,7 +243,10 @@ static moe_layer_config config_of(const pb_opts *o, int t, int m, int h, int f) 
 
 int cmd_bench_parm(int argc, char **argv) {
   pb_opts o;
+  int saved[2];  // the options' errors once, from the launcher's rank 0
+  cli_silence_begin(moe_launcher_rank() != 0, saved);
   int rc = parse_opts(argc, argv, &o);
+  cli_silence_end(saved);
   if (rc < 0) return CLI_OK;
   if (rc != CLI_OK) return rc;
 
@@ -405,9 +411,11 @@ int cmd_bench_parm(int argc, char **argv) {
           lay, w->cfg.tokens, w->cfg.model_dim, w->cfg.hidden_dim, w->cfg.capacity_factor, b,
           r[1].total_ms, r[2].total_ms, r[3].total_ms, b / r[1].total_ms, b / r[2].total_ms,
           r[2].total_ms / r[3].total_ms, r[1].a2a_ms, r[1].mp_ms, r[2].mp_ms,
-          moe_parm_schedule_name(w->alg1),
-          w->faster < 0 ? "noise" : moe_parm_schedule_name(w->faster), w->max_diff,
-          r[1].dropped != r[0].dropped ? " (s1 drops differ)" : "");
+          w->pc.mp == 1 ? "-" : moe_parm_schedule_name(w->alg1),  // s1 = s2 without MP
+          w->pc.mp == 1   ? "-"
+          : w->faster < 0 ? "noise"
+                          : moe_parm_schedule_name(w->faster),
+          w->max_diff, r[1].dropped != r[0].dropped ? " (s1 drops differ)" : "");
       fflush(stdout);
     }
   }

@@ -146,7 +146,7 @@ static void usage(FILE *f) {
       "                        micro-op is shorter than an all-to-all one, checked\n"
       "                        then and every --packing-every steps; not with\n"
       "                        --balance [off]\n"
-      "  --packing-start S     the first step run packed [10]\n"
+      "  --packing-start S     the first step run packed (lina: at least 2) [10]\n"
       "  --packing-every K     lina: steps between checks [4]\n",
       f);
   fputs(
@@ -202,6 +202,7 @@ typedef struct {
   const char *profile_path;  // --profile: predictions, and the planner for auto
   int balance_slots;         // --balance-slots, -1: E / EP
   int deterministic_set;     // --deterministic given
+  int micro_op_set;          // --micro-op-kb given
 } train_opts;
 
 static int any_auto(const moe_train_config *tc) {
@@ -365,6 +366,7 @@ static int parse_run_opt(cli_args *a, train_opts *o) {
     int kb = 0;
     cli_parse_int(a, "--micro-op-kb", 0, 1048576, &kb);
     tc->micro_op_kb = kb;
+    o->micro_op_set = 1;
   } else if (cli_opt(a, "--mp")) {
     cli_parse_int(a, "--mp", 1, 1 << 20, &tc->mp);
     tc->parm_on = 1;
@@ -563,6 +565,10 @@ static int check_combinations(train_opts *o) {
     cli_error("--allow-lossy only applies to --compress auto");
     return CLI_USAGE;
   }
+  if (o->micro_op_set && !(tc->grad_bucket_mb > 0)) {
+    cli_error("--micro-op-kb cuts the gradient buckets' sums: give --grad-bucket-mb > 0 too");
+    return CLI_USAGE;
+  }
   return CLI_OK;
 }
 
@@ -677,10 +683,15 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
             r->packing_log[i].ep_from, r->packing_log[i].ep_to);
       else
         printf(
-            "; after step %d: expert micro-op %.2f ms %s all-to-all micro-op %.2f ms: EP %d kept",
+            "; after step %d: expert micro-op %.2f ms %s all-to-all micro-op %.2f ms: EP %d "
+            "kept%s",
             r->packing_log[i].step, r->packing_log[i].ffn_ms,
             r->packing_log[i].ffn_ms < r->packing_log[i].a2a_ms ? "<" : ">=",
-            r->packing_log[i].a2a_ms, r->packing_log[i].ep_from);
+            r->packing_log[i].a2a_ms, r->packing_log[i].ep_from,
+            r->packing_log[i].ffn_ms < r->packing_log[i].a2a_ms &&
+                    r->packing_log[i].ep_from <= r->ep_min
+                ? " (the smallest EP the all-to-all runs on)"
+                : "");
     }
     printf("\n");
   }
@@ -720,7 +731,13 @@ static void print_summary(const moe_train_config *tc, const moe_train_result *r,
         !moe_compressor_is_identity(&comp))
       printf(", its payloads compressed with %s%s", tc->par.compress,
              tc->par.compress_backward ? " (the backward's too)" : " (forward only)");
-    if (tc->parm_auto && tc->mp > 1)
+    if (tc->parm_auto && tc->mp > 1 && tc->model.moe_every > 0 && isnan(r->parm_t1_ms))
+      printf(
+          " (Algorithm 1 on alpha-beta terms %s: s2 %.2f ms of communication per MoE forward; "
+          "s1 cannot run deterministically here: a data part's sequences do not divide over "
+          "the MP ranks)",
+          r->parm_terms_profile ? "from the profile" : "measured at the start", r->parm_t2_ms);
+    else if (tc->parm_auto && tc->mp > 1 && tc->model.moe_every > 0)
       printf(
           " (Algorithm 1 on alpha-beta terms %s: s1 %.2f ms, s2 %.2f ms of communication per "
           "MoE forward)",

@@ -84,6 +84,8 @@ expect 2 "packing \(3\) must divide the devices" -- "$MOE" simulate --lina-train
 expect 2 "--contention \(0.5\) must be in" -- "$MOE" simulate --lina-train --contention 0.5
 expect 2 "different simulations" -- "$MOE" simulate --lina-train --balance eplb
 expect 2 "--layers belongs to --lina-train" -- "$MOE" simulate --layers 4
+expect 2 "moe_every \(13\) must be in \[1, 12\] \(the layers: else no block is MoE\)" -- "$MOE" \
+  simulate --lina-train --moe-every 13
 # Parm's schedules: a row of the grid on testbed A, testbed B at 16 devices, JSON; bad layouts
 expect 0 "^ +2048 +1024 +1024 +1\.2 +1 +2 +2 +2 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+x +s[12] +s[12] +yes$" -- \
   "$MOE" simulate --parm --tokens 2048 --model 1024 --hidden 1024 --capacity-factor 1.2

@@ -50,6 +50,15 @@ run4 part2 --steps 6 --expert-packing 2 --packing-start 3 --checkpoint "$tmp/par
 cmp -s "$tmp/whole.ckpt" "$tmp/part.ckpt" ||
   bad "packing 2: stopped at 4 and resumed, the checkpoint differs from the uninterrupted run's"
 grep -q "EP 2 at step 5" "$tmp/part2.out" || bad "packing 2: the resumed run did not start packed"
+# --packing-start 1: packed from the first step, and resumed bitwise too
+run4 first --steps 2 --expert-packing 2 --packing-start 1 --checkpoint "$tmp/first.ckpt"
+grep -q "expert packing (fixed): EP 2 at step 1, 2 at step 2" "$tmp/first.out" ||
+  bad "packing 2 from step 1: the first step did not run packed: $(grep 'expert packing' "$tmp/first.out")"
+run4 firstp1 --steps 2 --stop-at 1 --expert-packing 2 --packing-start 1 --checkpoint "$tmp/firstp.ckpt"
+run4 firstp2 --steps 2 --expert-packing 2 --packing-start 1 --checkpoint "$tmp/firstp.ckpt" \
+  --resume "$tmp/firstp.ckpt"
+cmp -s "$tmp/first.ckpt" "$tmp/firstp.ckpt" ||
+  bad "packing 2 from step 1: stopped at 1 and resumed, the checkpoint differs from the uninterrupted run's"
 
 # 3. losses against 1 rank
 timeout 600 "$MOE" "${RUN[@]}" --steps 8 --metrics "$tmp/one.jsonl" >"$tmp/one.out" 2>&1 ||
@@ -108,6 +117,10 @@ expect 2 "--expert-packing \(off, lina or a degree\)" -- "$MOE" "${RUN[@]}" --st
 expect 2 "--expert-packing \(off, lina or a degree\) \(0\) must be in \[1, 1024\]" -- "$MOE" "${RUN[@]}" \
   --steps 1 --expert-packing 0
 expect 2 "--packing-start \(0\) must be in" -- "$MOE" "${RUN[@]}" --steps 1 --packing-start 0
+expect 2 "Lina's packing decides from a step's measured micro-ops: its packing start \(1\) must be at least 2" \
+  -- mpi 2 "$MOE" "${RUN[@]}" --steps 1 --expert-packing lina --packing-start 1
+expect 2 "expert packing \(--expert-packing\) needs MoE layers; this model has none" -- mpi 2 "$MOE" \
+  "${RUN[@]}" --steps 1 --expert-packing 2 --moe-every 0
 # a packed layout the all-to-all cannot run on (2dh needs as many ranks of
 # every node in an EP group: 3 of 6 ranks on nodes of 2 are not): refused
 # before the first step

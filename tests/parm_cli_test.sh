@@ -98,6 +98,11 @@ expect 2 "hidden size H = 63 is not divisible by ESP = 2" -- \
 expect 2 "3 experts do not divide over EP = 2" -- \
   mpi 4 "$MOE" bench parm "${SMALL[@]}" --experts 3 --top-k 1 --layouts 2x2x1
 expect 2 "--layouts: '2x2' is not a list" -- mpi 2 "$MOE" bench parm --layouts 2x2
+expect 2 "--layouts: ',' is empty: give MPxEPxESP triples" -- "$MOE" bench parm --layouts ,
+expect 2 "option --layouts needs a value" -- "$MOE" bench parm --layouts
+# an option's error once, not once per rank
+n=$(mpi 2 "$MOE" bench parm --chunks 0 2>&1 | grep -c "must be in \[1, 64\]")
+[[ $n -eq 1 ]] && ok || bad "bench parm --chunks 0 under 2 ranks: the error printed $n times"
 expect 2 "--tokens: 'a' is not a list" -- mpi 2 "$MOE" bench parm --tokens a
 expect 2 "unknown all-to-all|nope" -- mpi 2 "$MOE" bench parm "${SMALL[@]}" --a2a nope
 expect 2 "exceeds the limit|--max-memory" -- \

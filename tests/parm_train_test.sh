@@ -116,6 +116,11 @@ expect 0 "." -- "$MOE" sample --checkpoint "$tmp/mp.ckpt" --length 16 --prompt "
 run auto 4 --steps 2 --mp 2 --parm auto
 grep -qE "parm: MP 2 x EP 2 x ESP 1 \(DP 1\), schedule s[12].*Algorithm 1 on alpha-beta terms measured" \
   "$tmp/auto.out" && ok || bad "--parm auto does not report Algorithm 1's pick"
+# ... where s1 cannot cut a data part's sequences over the MP ranks
+# (deterministic mode, 1 sequence per data part): it takes s2 and says why
+run autos2 4 --steps 1 --mp 2 --parm auto --batch 2 --deterministic on
+grep -qE "schedule s2 with SAA.*s1 cannot run deterministically here" "$tmp/autos2.out" && ok ||
+  bad "--parm auto with a batch s1 cannot cut: $(grep parm: "$tmp/autos2.out")"
 
 # bad input: every rank refuses, exit 2
 S=(train --steps 2 --quiet --eval-every 0)
@@ -135,4 +140,13 @@ expect 2 "batch \(5 sequences\) must be divisible by the data parts \(4 ranks / 
   mpi 4 "$MOE" "${S[@]}" --mp 2 --batch 5
 expect 2 "unknown Parm schedule 's3' \(valid: baseline, s1, s2\), or auto" -- \
   "$MOE" "${S[@]}" --parm s3
+# s1 with a batch it cannot cut: refused before any output is opened
+printf 'kept\n' >"$tmp/kept.jsonl"
+expect 2 "Parm s1 in deterministic mode cuts each data part's 1 sequences over the 2 MP ranks: the batch \(2\) must be a multiple of 4" -- \
+  mpi 4 "$MOE" "${S[@]}" --mp 2 --parm s1 --batch 2 --metrics "$tmp/kept.jsonl"
+[[ $(cat "$tmp/kept.jsonl") == kept ]] && ok || bad "a refused s1 run changed its --metrics file"
+expect 2 "expert sharding \(--esp\) needs MoE layers; this model has none" -- \
+  mpi 2 "$MOE" "${S[@]}" --esp 2 --moe-every 0
+expect 2 "a Parm schedule \(--parm, --saa; --mp alone splits the attention\) needs MoE layers" -- \
+  mpi 2 "$MOE" "${S[@]}" --mp 2 --parm s1 --moe-every 0
 finish parm_train

@@ -49,6 +49,31 @@ static void test_fit(void) {
   double yc[3] = {5, 5, 5}, xc[3] = {1, 2, 3};
   TU_CHECK(moe_fit_linear(g_ctx, xc, yc, 3, &f) == MOE_STATUS_OK && f.r2 == 1.0 && f.beta == 0.0,
            "constant y: r2 %g beta %g", f.r2, f.beta);
+  // non-negative: a line the data would tilt below zero at either end
+  {
+    const double xa[4] = {1, 2, 3, 4}, ya[4] = {0.5, 2.5, 4.5, 6.5};  // alpha -1.5, beta 2
+    TU_CHECK(moe_fit_linear_nonneg(g_ctx, xa, ya, 4, &f) == MOE_STATUS_OK && f.alpha == 0.0 &&
+                 close_rel(f.beta, (0.5 + 5 + 13.5 + 26) / 30.0, 1e-12),
+             "nonneg, alpha < 0: alpha %g beta %g (want 0, %g)", f.alpha, f.beta, 45.0 / 30.0);
+    const double yb[4] = {4, 3, 2, 1};  // beta -1: the mean, 2.5
+    TU_CHECK(moe_fit_linear_nonneg(g_ctx, xa, yb, 4, &f) == MOE_STATUS_OK && f.beta == 0.0 &&
+                 close_rel(f.alpha, 2.5, 1e-12),
+             "nonneg, beta < 0: alpha %g beta %g (want 2.5, 0)", f.alpha, f.beta);
+    TU_CHECK(moe_fit_linear_nonneg(g_ctx, x, y, 17, &f) == MOE_STATUS_OK &&
+                 close_rel(f.alpha, 25e-6, 1e-9) && close_rel(f.beta, 1e-10, 1e-9),
+             "nonneg keeps a valid line: alpha %g beta %g", f.alpha, f.beta);
+    // the boundary optimum: no other non-negative line on a grid fits better
+    double best = 0;
+    for (int i = 0; i < 4; i++) best += (ya[i] - 1.5 * xa[i]) * (ya[i] - 1.5 * xa[i]);
+    int beaten = 0;
+    for (double a = 0; a <= 2.0; a += 0.01)
+      for (double b = 0; b <= 3.0; b += 0.01) {
+        double r = 0;
+        for (int i = 0; i < 4; i++) r += (ya[i] - a - b * xa[i]) * (ya[i] - a - b * xa[i]);
+        beaten += r < best - 1e-9;
+      }
+    TU_CHECK(!beaten, "nonneg: %d grid lines fit better than the boundary optimum", beaten);
+  }
   // errors
   TU_CHECK(moe_fit_linear(g_ctx, x, y, 1, &f) == MOE_STATUS_INVALID_ARG &&
                strstr(moe_ctx_error(g_ctx), "at least 2"),

@@ -183,6 +183,11 @@ expect 2 "--grad-bucket-mb \(5000\) must be in \[0, 4096\]" -- "$MOE" train "${T
   --grad-bucket-mb 5000
 expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb -1
 expect 2 "--grad-bucket-mb" -- "$MOE" train "${TINY[@]}" --steps 1 --grad-bucket-mb lots
+# Lina's priority and micro-ops act on the buckets: refused without them
+expect 2 "Lina's priority \(--comm-priority lina\) orders the gradient buckets' all-reduce micro-ops: give --grad-bucket-mb > 0 too" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 1 --comm-priority lina
+expect 2 "--micro-op-kb cuts the gradient buckets' sums: give --grad-bucket-mb > 0 too" -- \
+  "$MOE" train "${TINY[@]}" --steps 1 --micro-op-kb 4
 expect 0 "dense gradients' sum \([0-9]+ buckets of 0.001 MiB during the backward, lina priority\)" -- \
   mpi 2 "$MOE" train "${TINY[@]}" --steps 2 --grad-bucket-mb 0.001 --micro-op-kb 1 \
   --comm-priority lina --eval-every 0 --eval-batches 1
@@ -206,6 +211,9 @@ assert m["lina"]["micro_ops"] == 16 and m["fifo"]["micro_ops"] == 1, m
 expect 0 "^fifo .* ok$" -- mpi 2 "$MOE" bench contention --a2a-bytes 4K --layers 1 --gap-ms 0 \
   --sum-bytes 8K --deterministic off --rounds 1 --warmup 0
 expect 2 "--layers \(0\) must be in \[1, 1000\]" -- "$MOE" bench contention --layers 0
+# 0 bytes to sum, as the help allows: only the all-to-alls alone
+expect 0 "^alone " -- "$MOE" bench contention --a2a-bytes 4K --layers 1 --gap-ms 0 --sum-bytes 0 \
+  --bucket-bytes 0 --rounds 1 --warmup 0
 expect 2 "--micro-op-kb \(0\) must be in \[1, 1048576\]" -- "$MOE" bench contention --micro-op-kb 0
 expect 2 "--gap-ms" -- "$MOE" bench contention --gap-ms -1
 expect 2 "--deterministic" -- "$MOE" bench contention --deterministic maybe

@@ -78,6 +78,11 @@ moe_status moe_group_init_topology(moe_ctx *ctx, moe_group *g, MPI_Comm comm, in
 // that variable's name, or NULL. Reads the environment only: callable before
 // MPI_Init, from any thread.
 int moe_launcher_size(const char **var);
+// This process's rank as the launcher says (OMPI_COMM_WORLD_RANK, PMI_RANK,
+// PMIX_RANK, SLURM_PROCID, the first set to a non-negative integer), or 0: so
+// that only one process prints what every process would find before MPI_Init
+// (the options' errors).
+int moe_launcher_rank(void);
 // INVALID_ARG, naming the fix, when the launcher started several processes but
 // MPI_COMM_WORLD has one rank: the program was started by a launcher of another
 // MPI, or by srun with a PMI plug-in its MPI does not speak, and every process

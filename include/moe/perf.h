@@ -38,6 +38,12 @@ typedef struct {
 // all y are equal and so fitted), otherwise 1 - SS_res / SS_tot.
 moe_status moe_fit_linear(moe_ctx *ctx, const double *x, const double *y, int n,
                           moe_linear_fit *out);
+// The same fit with alpha >= 0 and beta >= 0 (a latency and a time per byte
+// cannot be negative; noisy small sizes can tilt the unconstrained line below
+// zero): the least-squares line among those, so alpha = 0 (a line through the
+// origin) or beta = 0 (the mean) when the unconstrained one is outside.
+moe_status moe_fit_linear_nonneg(moe_ctx *ctx, const double *x, const double *y, int n,
+                                 moe_linear_fit *out);
 // alpha + beta * x.
 double moe_fit_eval(const moe_linear_fit *fit, double x);
 // y = alpha + beta * x + gamma * w by least squares (n >= 3): for example an

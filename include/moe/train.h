@@ -363,6 +363,7 @@ typedef struct {
   // after, the expert and all-to-all micro-op times it compared (ms; 0 for a
   // fixed degree)
   int ep_first, ep_last;
+  int ep_min;  // expert packing: the smallest EP the all-to-all runs on (Lina stops there)
   // Parm (tc->parm_on): the schedule the MoE blocks ran (Algorithm 1's pick
   // with parm_auto) and Algorithm 1's two predictions (ms, 0 without auto)
   moe_parm_schedule parm_schedule;

@@ -34,6 +34,22 @@ int moe_launcher_size(const char **var) {
   return 1;
 }
 
+// The same launchers' variables for the process's rank, in the same order.
+static const char *const k_rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                                          "SLURM_PROCID"};
+
+int moe_launcher_rank(void) {
+  for (size_t i = 0; i < sizeof k_rank_vars / sizeof k_rank_vars[0]; i++) {
+    const char *v = getenv(k_rank_vars[i]);
+    if (!v || !*v) continue;
+    char *end = NULL;
+    const long r = strtol(v, &end, 10);
+    if (*end != '\0' || r < 0 || r > INT_MAX) continue;
+    return (int)r;
+  }
+  return 0;
+}
+
 moe_status moe_launch_check(moe_ctx *ctx) {
   moe_status st = MOE_STATUS_OK;
   int world = 0;

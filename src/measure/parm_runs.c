@@ -297,7 +297,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
   {
     moe_linear_fit f[3];
     for (int k = 0; k < 3; k++)
-      MOE_TRY(moe_fit_linear(ctx, x + k * points, y + k * points, points, &f[k]));
+      MOE_TRY(moe_fit_linear_nonneg(ctx, x + k * points, y + k * points, points, &f[k]));
     out->alpha_a2a = f[0].alpha;
     out->beta_a2a = f[0].beta;
     out->alpha_mp = f[1].alpha;

@@ -107,7 +107,8 @@ static moe_status local_checks(moe_ctx *ctx, int W, const moe_layer_config *cfg,
   const int ffn = strcmp(cfg->expert, "ffn") == 0;  // catalogue: the chains' expert kind
   MOE_FAIL_IF(ctx, pc->slice_tokens > 0 && pc->esp > 1 && !ffn, MOE_STATUS_INVALID_ARG,
               "Parm deterministic mode (slice_tokens %d) with ESP %d chains the shards' GEMMs of "
-              "the 'ffn' expert; expert '%s' is not it",
+              "the 'ffn' expert; expert '%s' is not it (use ESP 1, or deterministic mode off: "
+              "--deterministic off)",
               pc->slice_tokens, pc->esp, cfg->expert);
   MOE_FAIL_IF(ctx, pc->ranks_per_node < 0 || (pc->ranks_per_node > 0 && W % pc->ranks_per_node),
               MOE_STATUS_INVALID_ARG, "ranks_per_node %d does not divide the %d ranks",

@@ -57,6 +57,35 @@ done:
   return st;
 }
 
+moe_status moe_fit_linear_nonneg(moe_ctx *ctx, const double *x, const double *y, int n,
+                                 moe_linear_fit *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_TRY(moe_fit_linear(ctx, x, y, n, out));  // checks the points
+  if (out->alpha >= 0 && out->beta >= 0) return st;
+  // the optimum lies on the boundary: the better of alpha = 0 (through the
+  // origin, beta >= 0) and beta = 0 (the mean, alpha >= 0)
+  double sxx = 0, sxy = 0, my = 0, syy = 0;
+  for (int i = 0; i < n; i++) {
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+    my += y[i];
+  }
+  my /= n;
+  for (int i = 0; i < n; i++) syy += (y[i] - my) * (y[i] - my);
+  const double b0 = sxx > 0 && sxy > 0 ? sxy / sxx : 0.0, a1 = my > 0 ? my : 0.0;
+  double r0 = 0, r1 = 0;
+  for (int i = 0; i < n; i++) {
+    r0 += (y[i] - b0 * x[i]) * (y[i] - b0 * x[i]);
+    r1 += (y[i] - a1) * (y[i] - a1);
+  }
+  if (r0 <= r1)
+    fit_store(out, 0.0, b0, 0.0, n, r0, syy, my);
+  else
+    fit_store(out, a1, 0.0, 0.0, n, r1, syy, my);
+done:
+  return st;
+}
+
 double moe_fit_eval(const moe_linear_fit *fit, double x) { return fit->alpha + fit->beta * x; }
 
 moe_status moe_fit_linear2(moe_ctx *ctx, const double *x, const double *w, const double *y, int n,

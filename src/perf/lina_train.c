@@ -157,8 +157,9 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cl,
   const int Hd = c->dense_hidden > 0 ? c->dense_hidden : 4 * c->model_dim;
   MOE_FAIL_IF(ctx, c->layers < 1 || c->layers > 1024, MOE_STATUS_INVALID_ARG,
               "lina train: layers (%d) must be in [1, 1024]", c->layers);
-  MOE_FAIL_IF(ctx, c->moe_every < 1, MOE_STATUS_INVALID_ARG,
-              "lina train: moe_every (%d) must be >= 1", c->moe_every);
+  MOE_FAIL_IF(ctx, c->moe_every < 1 || c->moe_every > c->layers, MOE_STATUS_INVALID_ARG,
+              "lina train: moe_every (%d) must be in [1, %d] (the layers: else no block is MoE)",
+              c->moe_every, c->layers);
   MOE_FAIL_IF(ctx, c->model_dim < 1 || c->hidden_dim < 1 || c->tokens < 1 || c->seq_len < 1,
               MOE_STATUS_INVALID_ARG,
               "lina train: model (%d), hidden (%d), tokens (%d) and seq_len (%d) must be >= 1",
@@ -175,10 +176,10 @@ moe_status moe_lina_train_simulate(moe_ctx *ctx, const moe_cluster *cl,
               "lina train: contention (%g) must be in [1, 100]", c->contention);
   MOE_FAIL_IF(ctx, c->packing < 1, MOE_STATUS_INVALID_ARG, "lina train: packing (%d) must be >= 1",
               c->packing);
-  MOE_FAIL_IF(ctx, E % D != 0 || D % c->packing != 0, MOE_STATUS_INVALID_ARG,
-              "lina train: experts (%d) must be a multiple of the devices (%d), and packing (%d) "
-              "must divide the devices",
-              E, D, c->packing);
+  MOE_FAIL_IF(ctx, E % D != 0, MOE_STATUS_INVALID_ARG,
+              "lina train: experts (%d) must be a multiple of the devices (%d)", E, D);
+  MOE_FAIL_IF(ctx, D % c->packing != 0, MOE_STATUS_INVALID_ARG,
+              "lina train: packing (%d) must divide the devices (%d)", c->packing, D);
   memset(out, 0, MOE_LINA_TRAIN_VARIANTS * sizeof *out);
   const double R = cl->gemm_tflops * 1e12, T = c->tokens, M = c->model_dim, H = c->hidden_dim,
                K = c->top_k, S = c->seq_len, eb = c->elem_bytes;

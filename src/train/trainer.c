@@ -75,7 +75,10 @@ int moe_train_bitwise_across_p(const moe_train_config *tc, int world, char *why,
   if (!tc->deterministic) {
     snprintf(buf, sizeof buf, "deterministic mode is off");
   } else if (bl < 1 || (bl & (bl - 1)) != 0) {
-    snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, parts);
+    if (parts != world)  // Parm: the data parts, P / MP
+      snprintf(buf, sizeof buf, "B/(P/MP) = %d/%d is not a power of two", tc->batch, parts);
+    else
+      snprintf(buf, sizeof buf, "B/P = %d/%d is not a power of two", tc->batch, parts);
   } else if (!tc->parm_on && tc->model.moe_every > 0 && tc->par.ep_size > 0 &&
              tc->par.ep_size != world) {
     snprintf(buf, sizeof buf, "EP %d is not the rank count %d", tc->par.ep_size, world);
@@ -252,6 +255,15 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
   MOE_FAIL_IF(ctx, tc->batch % (size / mp) != 0, MOE_STATUS_INVALID_ARG,
               "batch (%d sequences) must be divisible by the data parts (%d ranks / MP %d = %d)",
               tc->batch, size, mp, size / mp);
+  // s1 in deterministic mode cuts a data part's sequences over its MP ranks
+  MOE_FAIL_IF(ctx,
+              tc->deterministic && !tc->parm_auto && tc->parm_schedule == MOE_PARM_S1 &&
+                  tc->model.moe_every > 0 && (tc->batch / (size / mp)) % mp != 0,
+              MOE_STATUS_INVALID_ARG,
+              "Parm s1 in deterministic mode cuts each data part's %d sequences over the %d MP "
+              "ranks: the batch (%d) must be a multiple of %d (data parts x MP); or use s2 or "
+              "baseline, or --deterministic off",
+              tc->batch / (size / mp), mp, tc->batch, (size / mp) * mp);
   MOE_FAIL_IF(ctx, tc->model.moe_every > 0 && tc->model.moe.hidden_dim % esp != 0,
               MOE_STATUS_INVALID_ARG,
               "Parm: the expert hidden size (%d) must be divisible by ESP (%d)",
@@ -275,6 +287,7 @@ static moe_status parm_checks(moe_ctx *ctx, const moe_train_config *tc, int size
                    : tc->routing_trace                     ? "routing traces (--routing-trace)"
                    : tc->trace                             ? "step traces (--trace)"
                    : strcmp(tc->par.compress, "auto") == 0 ? "--compress auto"
+                   : strcmp(tc->par.a2a, "auto") == 0      ? "--a2a auto"
                    : tc->par.chunks == 0                   ? "--chunks auto"
                    : strcmp(tc->par.schedule, "auto") == 0 ? "--schedule auto"
                    : peer_groups ? "a task schedule whose chunks are peer groups (--schedule)"
@@ -340,11 +353,16 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
                 "experts (%d) must be divisible by the EP size (%d)", tc->model.moe.num_experts,
                 *ep);
   {  // what acts on MoE layers only: refused on a dense model, not silently a no-op
-    const char *moe_only = tc->balance.policy != MOE_BALANCE_NONE ? "load balancing (--balance)"
-                           : tc->routing_trace        ? "a routing trace (--routing-trace)"
-                           : tc->router_bias_rate > 0 ? "the router-bias update"
-                           : tc->par.topo_gate > 0    ? "the topology-aware gate (--gate)"
-                                                      : NULL;
+    const char *moe_only =
+        tc->balance.policy != MOE_BALANCE_NONE ? "load balancing (--balance)"
+        : tc->routing_trace                    ? "a routing trace (--routing-trace)"
+        : tc->router_bias_rate > 0             ? "the router-bias update"
+        : tc->par.topo_gate > 0                ? "the topology-aware gate (--gate)"
+        : moe_train_packing_on(tc)             ? "expert packing (--expert-packing)"
+        : tc->parm_on && tc->esp > 1           ? "expert sharding (--esp)"
+        : tc->parm_on && (tc->parm_auto || tc->parm_schedule != MOE_PARM_S2 || !tc->parm_saa)
+            ? "a Parm schedule (--parm, --saa; --mp alone splits the attention)"
+            : NULL;
     MOE_FAIL_IF(ctx, tc->model.moe_every <= 0 && moe_only, MOE_STATUS_INVALID_ARG,
                 "%s needs MoE layers; this model has none (moe_every 0)", moe_only);
   }
@@ -368,6 +386,10 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
               "grad_bucket_mb (%g) must be in [0, 4096] MiB", tc->grad_bucket_mb);
   MOE_FAIL_IF(ctx, !(tc->micro_op_kb >= 0 && tc->micro_op_kb <= 1048576), MOE_STATUS_INVALID_ARG,
               "micro_op_kb (%g) must be in [0, 1048576] KiB", tc->micro_op_kb);
+  MOE_FAIL_IF(ctx, tc->comm_priority == MOE_COMM_PRIORITY_LINA && !(tc->grad_bucket_mb > 0),
+              MOE_STATUS_INVALID_ARG,
+              "Lina's priority (--comm-priority lina) orders the gradient buckets' all-reduce "
+              "micro-ops: give --grad-bucket-mb > 0 too");
   MOE_FAIL_IF(
       ctx,
       tc->comm_priority != MOE_COMM_PRIORITY_FIFO && tc->comm_priority != MOE_COMM_PRIORITY_LINA,
@@ -385,6 +407,11 @@ static moe_status check_config(moe_ctx *ctx, const moe_train_config *tc, int siz
   MOE_FAIL_IF(ctx, tc->packing_start < 1 || tc->packing_every < 1, MOE_STATUS_INVALID_ARG,
               "packing start (%d) and packing interval (%d) must be at least 1", tc->packing_start,
               tc->packing_every);
+  MOE_FAIL_IF(ctx, tc->packing == MOE_TRAIN_PACKING_LINA && tc->packing_start < 2,
+              MOE_STATUS_INVALID_ARG,
+              "Lina's packing decides from a step's measured micro-ops: its packing start (%d) "
+              "must be at least 2",
+              tc->packing_start);
   MOE_FAIL_IF(ctx, !(tc->router_bias_rate >= 0 && tc->router_bias_rate <= 1),
               MOE_STATUS_INVALID_ARG, "router-bias update rate %g out of range [0, 1] (0: off)",
               (double)tc->router_bias_rate);
@@ -1181,6 +1208,11 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
         r->size == tc->mp * ep * tc->esp
             ? moe_profile_parm(tc->profile, tc->mp, ep, tc->esp, pc->a2a)
             : NULL;
+    // (a profile fitted before the fits were held non-negative may hold a
+    // negative latency or slope: measured afresh instead)
+    if (cal && (cal->alpha_a2a < 0 || cal->beta_a2a < 0 || cal->alpha_mp < 0 || cal->beta_mp < 0 ||
+                cal->alpha_o < 0 || cal->beta_o < 0))
+      cal = NULL;
     moe_parm_alpha_beta ab;
     if (cal) {
       ab = *cal;
@@ -1193,6 +1225,11 @@ static moe_status parm_model(run_state *r, int ep, moe_gpt_config *mc) {
     layer.model_dim = tc->model.d_model;
     layer.tokens = r->bl * r->s;
     pc->schedule = moe_parm_pick(&ab, &layer, pc, &r->parm_t1_ms, &r->parm_t2_ms);
+    // s1 in deterministic mode needs each MP rank to hold whole sequences
+    if (tc->deterministic && r->bl % tc->mp != 0) {
+      r->parm_t1_ms = NAN;
+      if (pc->schedule == MOE_PARM_S1) pc->schedule = MOE_PARM_S2;
+    }
   }
   r->parm_pick = pc->schedule;
   pc->slice_tokens = tc->deterministic ? r->s : 0;  // after auto's measurements (no slices)
@@ -1570,10 +1607,12 @@ static moe_status setup(run_state *r, int *start_step) {
   r->need_max[1] = moe_memory_need_expected(&r->need);
   MOE_MPI_TRY(ctx, MPI_Allreduce(MPI_IN_PLACE, r->need_max, 2, MPI_DOUBLE, MPI_MAX, r->world));
 
-  // Expert packing resumed past its change: the packed layout from the start
-  // (a fixed degree; Lina's rule decides again)
+  // Expert packing due before the first step run here (a fixed degree with
+  // --packing-start 1, or resumed past its change): the packed layout from
+  // the start (Lina's rule decides again from measured steps)
   r->ep = r->ep_base = ep;
-  if (tc->packing > 1 && tc->resume && r->resume_info.step >= tc->packing_start - 1)
+  if (tc->packing > 1 && tc->model.moe_every > 0 &&
+      (tc->resume ? r->resume_info.step : 0) >= tc->packing_start - 1)
     r->ep /= tc->packing;
   MOE_TRY(build_model(r, r->ep));
   MOE_TRY(packing_layouts(r));
@@ -1870,6 +1909,7 @@ moe_status moe_train_run(moe_ctx *ctx, MPI_Comm world, const moe_train_config *t
   out->first_step = start;
   out->schedule = r.schedule;
   out->ep_first = r.ep;
+  out->ep_min = r.ep_min;
   out->parm_schedule = r.parm_pick;
   out->parm_t1_ms = r.parm_t1_ms;
   out->parm_t2_ms = r.parm_t2_ms;
