@@ -20,18 +20,24 @@
 static const char *const k_size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
                                           "SLURM_STEP_NUM_TASKS"};
 
-int moe_launcher_size(const char **var) {
-  for (size_t i = 0; i < sizeof k_size_vars / sizeof k_size_vars[0]; i++) {
-    const char *v = getenv(k_size_vars[i]);
+// The first of vars set to an integer in [lo, INT_MAX] (*var: its name), or -1.
+static int first_env_int(const char *const *vars, size_t n, long lo, const char **var) {
+  for (size_t i = 0; i < n; i++) {
+    const char *v = getenv(vars[i]);
     if (!v || !*v) continue;
     char *end = NULL;
-    const long n = strtol(v, &end, 10);
-    if (*end != '\0' || n < 1 || n > INT_MAX) continue;
-    if (var) *var = k_size_vars[i];
-    return (int)n;
+    const long x = strtol(v, &end, 10);
+    if (*end != '\0' || x < lo || x > INT_MAX) continue;
+    if (var) *var = vars[i];
+    return (int)x;
   }
   if (var) *var = NULL;
-  return 1;
+  return -1;
+}
+
+int moe_launcher_size(const char **var) {
+  const int n = first_env_int(k_size_vars, sizeof k_size_vars / sizeof k_size_vars[0], 1, var);
+  return n > 0 ? n : 1;
 }
 
 // The same launchers' variables for the process's rank, in the same order.
@@ -39,15 +45,8 @@ static const char *const k_rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "P
                                           "SLURM_PROCID"};
 
 int moe_launcher_rank(void) {
-  for (size_t i = 0; i < sizeof k_rank_vars / sizeof k_rank_vars[0]; i++) {
-    const char *v = getenv(k_rank_vars[i]);
-    if (!v || !*v) continue;
-    char *end = NULL;
-    const long r = strtol(v, &end, 10);
-    if (*end != '\0' || r < 0 || r > INT_MAX) continue;
-    return (int)r;
-  }
-  return 0;
+  const int r = first_env_int(k_rank_vars, sizeof k_rank_vars / sizeof k_rank_vars[0], 0, NULL);
+  return r >= 0 ? r : 0;
 }
 
 moe_status moe_launch_check(moe_ctx *ctx) {
