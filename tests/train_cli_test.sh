@@ -314,6 +314,20 @@ expect 2 "appends to the routing trace '.*junk.jsonl', which cannot be read" -- 
 if cmp -s "$tmp/other.jsonl" "$tmp/other.snap" && cmp -s "$tmp/junk.jsonl" "$tmp/junk.snap"; then ok; else
   bad "a refused routing trace was changed"
 fi
+# A run killed mid-write after its checkpoint (steps 5-6 written, the last
+# line cut): resumed from the checkpoint, the trace keeps the checkpoint's
+# steps, drops the rest with a warning, and ends byte for byte as the
+# uninterrupted run's
+mpi 2 "$MOE" train "${TINY[@]}" --steps 8 --stop-at 4 --checkpoint "$tmp/rt4.ckpt" --quiet >/dev/null 2>&1
+mpi 2 "$MOE" train "${TINY[@]}" --steps 8 --stop-at 6 --routing-trace "$tmp/rtk.jsonl" --quiet \
+  >/dev/null 2>&1
+head -c -20 "$tmp/rtk.jsonl" >"$tmp/rtp.jsonl"
+expect 0 "rtp.jsonl: kept 8 lines through step 4 \(the checkpoint's\); dropped 3 after it and a partial last line" -- \
+  mpi 2 "$MOE" train "${TINY[@]}" --steps 8 --resume "$tmp/rt4.ckpt" --routing-trace "$tmp/rtp.jsonl"
+mpi 2 "$MOE" train "${TINY[@]}" --steps 8 --routing-trace "$tmp/rtfull.jsonl" --quiet >/dev/null 2>&1
+if cmp -s "$tmp/rtfull.jsonl" "$tmp/rtp.jsonl"; then ok; else
+  bad "a resumed routing trace differs from the uninterrupted run's"
+fi
 : >"$tmp/empty.jsonl"
 mpi 2 "$MOE" train "${TINY[@]}" --resume "$tmp/r.ckpt" --routing-trace "$tmp/empty.jsonl" --quiet \
   >/dev/null 2>&1

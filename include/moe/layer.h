@@ -310,6 +310,10 @@ typedef struct {
 // BAD_FORMAT naming the line for a malformed file, IO when unreadable,
 // INVALID_ARG beyond MOE_ROUTING_TRACE_MAX_VALUES; *out zeroed on error.
 moe_status moe_routing_trace_load(moe_ctx *ctx, const char *path, moe_routing_trace_data *out);
+// Its header line only (ranks, experts, top_k, tokens_per_rank, layers; n = 0,
+// nothing allocated): what a run appending to the file checks. Errors as above.
+moe_status moe_routing_trace_load_header(moe_ctx *ctx, const char *path,
+                                         moe_routing_trace_data *out);
 void moe_routing_trace_data_free(moe_routing_trace_data *d);
 
 #define MOE_ROUTER_FIT_ITERS 200  // most iterations of moe_router_bias_fit

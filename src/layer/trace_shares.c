@@ -170,6 +170,35 @@ done:
 typedef moe_status (*line_fn)(moe_ctx *ctx, const char *path, int lineno, const char *line,
                               const trace_header *h, void *arg);
 
+moe_status moe_routing_trace_load_header(moe_ctx *ctx, const char *path,
+                                         moe_routing_trace_data *out) {
+  moe_status st = MOE_STATUS_OK;
+  FILE *f = NULL;
+  char *line = NULL;
+  size_t cap = 0;
+  MOE_FAIL_IF(ctx, !path || !out, MOE_STATUS_INVALID_ARG, "a path and an output must be given");
+  memset(out, 0, sizeof *out);
+  f = fopen(path, "r");
+  MOE_FAIL_IF(ctx, !f, MOE_STATUS_IO, "cannot open the routing trace '%s': %s", path,
+              strerror(errno));
+  const ssize_t n = getline(&line, &cap, f);
+  MOE_FAIL_IF(ctx, n < 0, MOE_STATUS_BAD_FORMAT, "%s: empty (no header line)", path);
+  MOE_FAIL_IF(ctx, (size_t)n > TRACE_MAX_LINE || strlen(line) != (size_t)n, MOE_STATUS_BAD_FORMAT,
+              "%s line 1: longer than %zu bytes or with a NUL byte", path, TRACE_MAX_LINE);
+  trace_header h;
+  MOE_TRY(parse_header(ctx, path, line, &h));
+  out->ranks = h.ranks;
+  out->experts = h.experts;
+  out->top_k = h.top_k;
+  out->tokens_per_rank = h.tokens;
+  out->n_layers = h.n_layers;
+  memcpy(out->layers, h.layers, (size_t)h.n_layers * sizeof h.layers[0]);
+done:
+  if (f) fclose(f);
+  free(line);  // getline's allocator
+  return st;
+}
+
 static moe_status scan_trace(moe_ctx *ctx, const char *path, int E, int K, trace_header *h,
                              line_fn fn, void *arg) {
   moe_status st = MOE_STATUS_OK;

@@ -10,8 +10,10 @@
 // same shape (else it is refused, nothing written).
 //
 // Not here: reading traces back (moe_routing_trace_load).
+#define _POSIX_C_SOURCE 200809L  // getline
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -24,13 +26,21 @@ struct moe_routing_trace {
   int32_t *mine, *all;  // (E) this rank's counts, (P, E) gathered on rank 0
 };
 
-// An existing trace a resumed run appends to: a routing trace (readable
-// whole) of this run's ranks, experts, top-k, tokens per rank and MoE blocks.
+// An existing trace a resumed run appends to: its header must be this run's
+// (ranks, experts, top-k, tokens per rank, MoE blocks). Its body is kept
+// through step keep_step (the checkpoint's): the lines of steps run after the
+// checkpoint by the run that stopped, and a partial last line of one that was
+// killed mid-write, are dropped (with a warning) so the resumed run's lines
+// follow without duplicates. Rewritten through a temporary file (renamed).
 static moe_status check_append(moe_ctx *ctx, const char *path, int P, const moe_gpt_config *model,
-                               int tokens_per_rank, const int *blocks, int n_blocks) {
+                               int tokens_per_rank, const int *blocks, int n_blocks,
+                               long long keep_step) {
   moe_status st = MOE_STATUS_OK;
+  FILE *in = NULL, *out = NULL;
+  char *line = NULL, tmp[600];
+  size_t cap = 0;
   moe_routing_trace_data d;
-  if (moe_routing_trace_load(ctx, path, &d) != MOE_STATUS_OK) {
+  if (moe_routing_trace_load_header(ctx, path, &d) != MOE_STATUS_OK) {
     char why[512];
     snprintf(why, sizeof why, "%s", moe_ctx_error(ctx));
     moe_ctx_clear_error(ctx);
@@ -42,22 +52,60 @@ static moe_status check_append(moe_ctx *ctx, const char *path, int P, const moe_
   int same = d.ranks == P && d.experts == model->moe.num_experts && d.top_k == model->moe.top_k &&
              d.tokens_per_rank == tokens_per_rank && d.n_layers == n_blocks;
   for (int i = 0; same && i < n_blocks; i++) same = d.layers[i] == blocks[i];
-  if (!same)
-    moe_error_at(ctx, MOE_STATUS_INVALID_ARG, __FILE__, __LINE__,
-                 "the routing trace '%s' was written by another run (ranks %d, experts %d, top_k "
-                 "%d, tokens per rank %d, %d MoE layers); this run has %d, %d, %d, %d and %d: a "
-                 "resumed run appends only to its own trace, give another file",
-                 path, d.ranks, d.experts, d.top_k, d.tokens_per_rank, d.n_layers, P,
-                 model->moe.num_experts, model->moe.top_k, tokens_per_rank, n_blocks);
-  st = same ? MOE_STATUS_OK : MOE_STATUS_INVALID_ARG;
-  moe_routing_trace_data_free(&d);
+  MOE_FAIL_IF(ctx, !same, MOE_STATUS_INVALID_ARG,
+              "the routing trace '%s' was written by another run (ranks %d, experts %d, top_k "
+              "%d, tokens per rank %d, %d MoE layers); this run has %d, %d, %d, %d and %d: a "
+              "resumed run appends only to its own trace, give another file",
+              path, d.ranks, d.experts, d.top_k, d.tokens_per_rank, d.n_layers, P,
+              model->moe.num_experts, model->moe.top_k, tokens_per_rank, n_blocks);
+  MOE_FAIL_IF(ctx, snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp,
+              MOE_STATUS_INVALID_ARG, "routing trace path '%s' is too long", path);
+  in = fopen(path, "r");
+  out = in ? fopen(tmp, "w") : NULL;
+  MOE_FAIL_IF(ctx, !in || !out, MOE_STATUS_INVALID_ARG, "cannot rewrite the routing trace '%s': %s",
+              path, strerror(errno));
+  long long kept = 0, dropped = 0;
+  int partial = 0, lineno = 0;
+  for (ssize_t n; (n = getline(&line, &cap, in)) >= 0;) {
+    if (++lineno == 1) {  // the header, checked above
+      fputs(line, out);
+      continue;
+    }
+    long long step = 0;
+    if (n == 0 || line[n - 1] != '\n') {
+      partial = 1;  // cut off mid-write: nothing can follow it
+      break;
+    }
+    if (sscanf(line, "{\"step\": %lld", &step) == 1 && step <= keep_step) {
+      fputs(line, out);
+      kept++;
+    } else {
+      dropped++;
+    }
+  }
+  MOE_FAIL_IF(ctx, ferror(in) || fflush(out) != 0 || ferror(out), MOE_STATUS_IO,
+              "cannot rewrite the routing trace '%s' (through '%s'): %s", path, tmp,
+              strerror(errno));
+  fclose(out);
+  out = NULL;
+  MOE_FAIL_IF(ctx, rename(tmp, path) != 0, MOE_STATUS_IO, "cannot replace '%s' with '%s': %s", path,
+              tmp, strerror(errno));
+  if (dropped || partial)
+    MOE_WARN("%s: kept %lld lines through step %lld (the checkpoint's); dropped %lld after it%s",
+             path, kept, keep_step, dropped, partial ? " and a partial last line" : "");
 done:
+  if (in) fclose(in);
+  if (out) {
+    fclose(out);
+    remove(tmp);
+  }
+  free(line);  // getline's allocator
   return st;
 }
 
 moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *path, int append,
-                                   const moe_gpt_config *model, int tokens_per_rank,
-                                   moe_routing_trace **out) {
+                                   long long keep_step, const moe_gpt_config *model,
+                                   int tokens_per_rank, moe_routing_trace **out) {
   moe_status st = MOE_STATUS_OK;
   moe_routing_trace *t = NULL;
   int rank = 0, P = 1;
@@ -87,7 +135,8 @@ moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *pat
     // gets the header); anything else is refused before a line is written
     struct stat sb;
     const int has_header = append && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
-    if (has_header) local = check_append(ctx, path, P, model, tokens_per_rank, blocks, n_blocks);
+    if (has_header)
+      local = check_append(ctx, path, P, model, tokens_per_rank, blocks, n_blocks, keep_step);
     t->f = local != MOE_STATUS_OK ? NULL : fopen(path, append ? "a" : "w");
     if (local != MOE_STATUS_OK) {
       // the check's error

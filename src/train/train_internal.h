@@ -17,11 +17,13 @@ moe_status moe_train_plan_for_run_(moe_ctx *ctx, MPI_Comm world, const moe_train
 
 // Routing traces (routing_trace.c; moe_train_config.routing_trace).
 typedef struct moe_routing_trace moe_routing_trace;
-// Collective: rank 0 opens path (append: keep its lines; the header only when
-// the file is new) and writes the header; every rank allocates its counts.
+// Collective: rank 0 opens path (append: keep its lines through step
+// keep_step, after checking its header is this run's; the header only when
+// the file is new or empty) and writes the header; every rank allocates its
+// counts.
 moe_status moe_routing_trace_open_(moe_ctx *ctx, MPI_Comm world, const char *path, int append,
-                                   const moe_gpt_config *model, int tokens_per_rank,
-                                   moe_routing_trace **out);
+                                   long long keep_step, const moe_gpt_config *model,
+                                   int tokens_per_rank, moe_routing_trace **out);
 // Collective: one line per MoE block (impl[b] non-NULL) of the step just run.
 moe_status moe_routing_trace_step_(moe_ctx *ctx, MPI_Comm world, moe_routing_trace *t, int step,
                                    void *const *impl, int n_blocks);

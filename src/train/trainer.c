@@ -1645,8 +1645,8 @@ static moe_status setup(run_state *r, int *start_step) {
   MOE_TRY(agree(r, local, "opening the outputs"));
   if (tc->routing_trace)
     MOE_TRY(moe_routing_trace_open_(ctx, r->world, tc->routing_trace, tc->metrics_append,
-                                    &tc->model, tc->batch / r->size * tc->model.seq_len,
-                                    &r->routing));
+                                    tc->resume ? r->resume_info.step : 0, &tc->model,
+                                    tc->batch / r->size * tc->model.seq_len, &r->routing));
 done:
   return st;
 }
