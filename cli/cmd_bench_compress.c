@@ -143,7 +143,8 @@ static int run_one(moe_ctx *ctx, const char *spec, const float *x, const cbench_
 
 static int write_cbench_json(const char *path, const cbench_opts *o, const cbench_row *r, int n) {
   cli_out out;
-  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  const int opened = cli_out_open(&out, path);  // CLI_USAGE: a bad path
+  if (opened != CLI_OK) return opened;
   FILE *f = out.f;
   fprintf(f,
           "{\n  \"benchmark\": \"compress\",\n  \"version\": \"%s\",\n  \"features\": \"%s\",\n"

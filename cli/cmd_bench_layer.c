@@ -200,7 +200,10 @@ int cmd_bench_layer(int argc, char **argv) {
   bench_result r;
   cli_out json = {0};
   // Open the output first: an unwritable path fails before the long run.
-  if (o.json_path && cli_out_open(&json, o.json_path) != CLI_OK) return CLI_FAILED;
+  if (o.json_path) {  // before the run: a bad path is refused first (CLI_USAGE)
+    const int opened = cli_out_open(&json, o.json_path);
+    if (opened != CLI_OK) return opened;
+  }
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
     rc = CLI_FAILED;
     goto done;

@@ -275,6 +275,8 @@ int cmd_calibrate(int argc, char **argv) {
   if ((rc = cli_out_open_root(&out, o.out, rank)) != CLI_OK) {
     goto done;
   }
+  // --samples is written after the measurements: a path that cannot be is refused now
+  if ((rc = cli_out_probe_root(o.samples, rank)) != CLI_OK) goto done;
   if (o.refit) {
     if (rank == 0) rc = refit_profile(ctx, &o, &prof, &json, &out);
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -465,7 +465,8 @@ static int load_cluster(moe_ctx *ctx, const char *what, moe_cluster *c) {
 static int write_json(const char *path, const sim_opts *o, const moe_cluster *c,
                       const sim_row *rows, int n) {
   cli_out out;
-  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  const int opened = cli_out_open(&out, path);  // CLI_USAGE: a bad path
+  if (opened != CLI_OK) return opened;
   FILE *f = out.f;
   char safe_name[sizeof c->name];  // the name without characters JSON would need escaped
   size_t k = 0;
@@ -592,7 +593,8 @@ static int plot_roofline(const char *path, const moe_cluster *c, const moe_layer
 static int balance_json(const char *path, const sim_opts *o, const moe_cluster *c, const char *skew,
                         int slots, const moe_balance_sim_result *res) {
   cli_out out;
-  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  const int opened = cli_out_open(&out, path);  // CLI_USAGE: a bad path
+  if (opened != CLI_OK) return opened;
   FILE *f = out.f;
   char cfg[1024];
   if (moe_layer_config_to_json(NULL, &o->cfg, cfg, sizeof cfg) != MOE_STATUS_OK) cfg[0] = 0;
@@ -788,7 +790,8 @@ static void parm_range(const parm_row *rows, int n, int s, double *lo, double *h
 
 static int parm_json(const char *path, const moe_cluster *c, const parm_row *rows, int n) {
   cli_out out;
-  if (cli_out_open(&out, path) != CLI_OK) return CLI_FAILED;
+  const int opened = cli_out_open(&out, path);  // CLI_USAGE: a bad path
+  if (opened != CLI_OK) return opened;
   FILE *f = out.f;
   fprintf(f,
           "{\"tool\": \"moe simulate --parm\", \"cluster\": \"%s\", \"nodes\": %d, "

@@ -133,7 +133,7 @@ echo '{"num_experts": 4} trailing' >"$tmp/trailing.json"
 expect 2 "malformed JSON" -- "$MOE" bench layer --config "$tmp/trailing.json"
 echo '{"num_experts": 4, "num_experts": 8}' >"$tmp/dup.json"
 expect 2 "key 'num_experts' appears twice" -- "$MOE" bench layer --config "$tmp/dup.json"
-expect 1 "cannot write '$tmp/no/such/dir/out.json.tmp'" -- "$MOE" bench layer --tokens 8 --json "$tmp/no/such/dir/out.json"
+expect 2 "cannot write '$tmp/no/such/dir/out.json.tmp'" -- "$MOE" bench layer --tokens 8 --json "$tmp/no/such/dir/out.json"
 
 # A tiny real run: table on stdout, JSON with the documented keys.
 expect 0 "expert GEMM GFLOP/s" -- "$MOE" bench layer --tokens 64 --model 16 --hidden 32 --experts 4 \

@@ -126,4 +126,6 @@ expect 2 "expert packing \(--expert-packing\) needs MoE layers; this model has n
 # before the first step
 expect 2 "expert packing 2: the packed layout \(EP 3\) cannot run" -- mpi 6 "$MOE" "${RUN[@]}" \
   --steps 2 --ranks-per-node 2 --a2a 2dh --experts 6 --batch 12 --expert-packing 2 --packing-start 2
+expect 2 "expert packing 2: the packed layout \(EP 3\) cannot run" -- mpi 6 "$MOE" "${RUN[@]}" \
+  --steps 2 --ranks-per-node 2 --a2a 2dh --experts 6 --batch 12 --expert-packing 2 --packing-start 1
 finish packing_test

@@ -82,7 +82,7 @@ moe_status moe_infer_params_validate(moe_ctx *ctx, const moe_infer_params *p);
 //   stop (a string or an array of at most MOE_INFER_MAX_STOP strings), stream
 //   (boolean), model (string, kept), n (only 1), user (string, ignored);
 //   with MOE_INFER_JSON_ID also "id" (a string, or an integer of magnitude < 2^53;
-//   kept as its JSON text, echoed exactly).
+//   kept as JSON text: the string exactly, the integer as its digits).
 // Anything else is refused naming the key (as the OpenAI API refuses an
 // unrecognized argument), as are a wrong type, a value out of range
 // (moe_infer_params_validate), a NUL inside a string and malformed JSON.

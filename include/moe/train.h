@@ -365,7 +365,9 @@ typedef struct {
   int ep_first, ep_last;
   int ep_min;  // expert packing: the smallest EP the all-to-all runs on (Lina stops there)
   // Parm (tc->parm_on): the schedule the MoE blocks ran (Algorithm 1's pick
-  // with parm_auto) and Algorithm 1's two predictions (ms, 0 without auto)
+  // with parm_auto) and Algorithm 1's two predictions (ms, 0 without auto;
+  // parm_t1_ms NAN when s1 cannot run: deterministic mode, a data part's
+  // sequences not divisible by MP)
   moe_parm_schedule parm_schedule;
   double parm_t1_ms, parm_t2_ms;
   // 1: auto's alpha-beta terms came from tc->profile (moe calibrate's "parm"

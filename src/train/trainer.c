@@ -1513,7 +1513,7 @@ static moe_status packing_layout_check(run_state *r, int ep) {
   MOE_MPI_TRY(ctx, MPI_Comm_split(r->world, r->rank / ep, r->rank, &sub));
   mine = moe_group_init_topology(ctx, &g, sub, r->tc->par.ranks_per_node);
   have = mine == MOE_STATUS_OK;
-  if (mine == MOE_STATUS_OK) mine = moe_a2a_find(ctx, r->user->par.a2a, &algo);
+  if (mine == MOE_STATUS_OK) mine = moe_a2a_find(ctx, r->tc->par.a2a, &algo);
   if (mine == MOE_STATUS_OK) mine = moe_a2a_check_topology(ctx, algo, &g);
   st = moe_comm_agree(ctx, r->world, mine, "the packed layout");
 done:
@@ -1614,8 +1614,8 @@ static moe_status setup(run_state *r, int *start_step) {
   if (tc->packing > 1 && tc->model.moe_every > 0 &&
       (tc->resume ? r->resume_info.step : 0) >= tc->packing_start - 1)
     r->ep /= tc->packing;
+  MOE_TRY(packing_layouts(r));  // before the model: a packed layout that cannot run is named
   MOE_TRY(build_model(r, r->ep));
-  MOE_TRY(packing_layouts(r));
 
   // Parameters: fresh or from a checkpoint (every rank reads its slice).
   *start_step = 1;
