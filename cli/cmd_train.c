@@ -150,7 +150,7 @@ static void usage(FILE *f) {
       "  --packing-every K     lina: steps between checks [4]\n",
       f);
   fputs(
-      "Parm (docs/parm.md; any of these turns it on):\n"
+      "Parm (docs/parm.md; --mp, --esp or --parm turns it on):\n"
       "  --mp N                tensor parallelism: attention heads and dense FFNs split\n"
       "                        over N consecutive ranks that train on the same sequences\n"
       "                        (the batch divides over P / N data parts) [1]\n"
@@ -168,7 +168,7 @@ static void usage(FILE *f) {
       "                        Parm does not combine with --balance, --expert-packing,\n"
       "                        --grad-bucket-mb, --comm-priority lina, --gate topo,\n"
       "                        --router-bias-update, --routing-trace, --trace, or 'auto'\n"
-      "                        for --schedule, --chunks or --compress\n"
+      "                        for --a2a, --schedule, --chunks or --compress\n"
       "failures:\n" CLI_HANG_TIMEOUT_HELP
       "checkpoints and outputs:\n"
       "  --checkpoint FILE     save here (atomically) at the end and every --save-every\n"

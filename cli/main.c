@@ -26,6 +26,11 @@ static void usage(FILE *f) {
           "                   expert-parallel with the schedules (under mpirun)\n"
           "  bench a2a        time the all-to-all algorithms (run under mpirun)\n"
           "  bench compress   throughput, ratio and error of the compressors\n"
+          "  bench parm       time Parm's schedules (baseline, s1, s2) on MP x EP x ESP layouts\n"
+          "                   (under mpirun)\n"
+          "  bench contention an all-to-all beside a gradient all-reduce: alone, fifo, Lina's\n"
+          "                   priority (under mpirun)\n"
+          "  bench serve      load-test a moe serve server (and compare placements)\n"
           "  calibrate        measure this cluster (under mpirun) and write a profile\n"
           "  simulate         predict the expert-parallel layer's time on a described cluster\n"
           "                   (the papers' testbeds are built in; no MPI needed)\n"
@@ -64,7 +69,8 @@ static int cmd_version(int argc, char **argv) {
     printf(
         "usage: moe version [--catalogue]\n\nPrints the libmoe version and compiled-in "
         "features;\nwith --catalogue, the registered names of every plug-in kind (all-to-all\n"
-        "algorithms, compressors, schedules, expert kinds), one kind a line.\n");
+        "algorithms, compressors, schedules, expert kinds, compute backends), one kind a "
+        "line.\n");
     return CLI_OK;
   }
   if (argc == 3 && strcmp(argv[2], "--catalogue") == 0) {
