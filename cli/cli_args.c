@@ -226,7 +226,7 @@ void cli_parse_u64(cli_args *a, const char *opt, unsigned long long *out) {
   }
 }
 
-void cli_parse_size(cli_args *a, const char *opt, size_t *out) {
+static void cli_parse_size_min(cli_args *a, const char *opt, size_t min_bytes, size_t *out) {
   if (!a->value) return;
   moe_ctx *ctx = NULL;
   if (moe_ctx_create(&ctx) != MOE_STATUS_OK) {
@@ -234,25 +234,19 @@ void cli_parse_size(cli_args *a, const char *opt, size_t *out) {
     a->bad = 1;
     return;
   }
-  if (moe_size_parse(ctx, a->value, out) != MOE_STATUS_OK) {
+  if (moe_size_parse_min(ctx, a->value, min_bytes, out) != MOE_STATUS_OK) {
     cli_error("%s: %s", opt, moe_ctx_error(ctx));
     a->bad = 1;
   }
   moe_ctx_destroy(ctx);
 }
 
+void cli_parse_size(cli_args *a, const char *opt, size_t *out) {
+  cli_parse_size_min(a, opt, 1, out);
+}
+
 void cli_parse_size_or_zero(cli_args *a, const char *opt, size_t *out) {
-  if (!a->value) return;
-  char *end = NULL;
-  errno = 0;
-  const double v = strtod(a->value, &end);
-  if (end != a->value && v == 0.0 && errno == 0 && strspn(a->value, "0.") > 0 &&
-      (*end == '\0' || strchr("kKmMgGtTbB", *end) != NULL) && strlen(end) <= 3 &&
-      strspn(end, "kKmMgGtTiIbB") == strlen(end)) {
-    *out = 0;
-    return;
-  }
-  cli_parse_size(a, opt, out);
+  cli_parse_size_min(a, opt, 0, out);
 }
 
 // ---- atomic output files ---------------------------------------------------------

@@ -264,6 +264,9 @@ void moe_format_bytes(double bytes, char *buf, size_t len);
 // "4096". INVALID_ARG naming the text and the accepted form for anything else,
 // for 0, and for values above 2^60 bytes.
 moe_status moe_size_parse(moe_ctx *ctx, const char *text, size_t *out);
+// The same with the least size accepted (0 or 1 bytes): 0 where it means none
+// or "one piece".
+moe_status moe_size_parse_min(moe_ctx *ctx, const char *text, size_t min_bytes, size_t *out);
 
 // Memory this machine can give the calling process now: MemAvailable from
 // /proc/meminfo, lowered to the cgroup's room (memory.max - memory.current,

@@ -77,6 +77,10 @@ void moe_memory_need_format(const moe_memory_need *n, char *buf, size_t len) {
 // ---- sizes -----------------------------------------------------------------------
 
 moe_status moe_size_parse(moe_ctx *ctx, const char *text, size_t *out) {
+  return moe_size_parse_min(ctx, text, 1, out);
+}
+
+moe_status moe_size_parse_min(moe_ctx *ctx, const char *text, size_t min_bytes, size_t *out) {
   moe_status st = MOE_STATUS_OK;
   const char *form =
       "a size: a number with an optional K, M, G or T suffix (1024-based), e.g. "
@@ -104,8 +108,9 @@ moe_status moe_size_parse(moe_ctx *ctx, const char *text, size_t *out) {
     MOE_FAIL_IF(ctx, *end != '\0' || !isfinite(v), MOE_STATUS_INVALID_ARG, "size '%s' is not %s",
                 text, form);
     const double bytes = floor(v * mult);
-    MOE_FAIL_IF(ctx, !(bytes >= 1) || bytes > 0x1p60, MOE_STATUS_INVALID_ARG,
-                "size '%s' must be between 1 byte and 1 EiB (2^60 bytes)", text);
+    MOE_FAIL_IF(ctx, !(bytes >= (double)min_bytes) || bytes > 0x1p60, MOE_STATUS_INVALID_ARG,
+                "size '%s' must be between %zu byte%s and 1 EiB (2^60 bytes)", text, min_bytes,
+                min_bytes == 1 ? "" : "s");
     *out = (size_t)bytes;
   }
 done:
