@@ -6,7 +6,6 @@
 // starts the server once per expert placement (CMD --placement NAME), runs
 // the same load against each and compares them in one table.
 #define _POSIX_C_SOURCE 200809L
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -100,103 +99,16 @@ static int healthy(moe_ctx *ctx, const char *url) {
   return ok;
 }
 
-// A process as /proc/PID/stat shows it: state, parent, start time (clock
-// ticks since boot: with the PID, it names one process even if the PID is
-// reused). 0 when the process does not exist.
-typedef struct {
-  pid_t pid;
-  unsigned long long start;
-} proc_id;
-
-static int proc_stat(pid_t p, char *state, long *ppid, unsigned long long *start) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%ld/stat", (long)p);
-  FILE *f = fopen(path, "r");
-  if (!f) return 0;
-  const size_t got = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[got] = '\0';
-  const char *rp = strrchr(buf, ')');  // after the command name: " S ppid ... (22) starttime"
-  // fields 3 (state), 4 (ppid), then 5-21 skipped, 22 (starttime)
-  return rp && sscanf(rp + 1,
-                      " %c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
-                      "%*d %llu",
-                      state, ppid, start) == 3;
-}
-
-// Whether the process id names is still running (not a zombie, not another
-// process that took its PID).
-static int alive(proc_id id) {
-  char state = 0;
-  long ppid = 0;
-  unsigned long long start = 0;
-  return proc_stat(id.pid, &state, &ppid, &start) && start == id.start && state != 'Z' &&
-         state != 'X';
-}
-
-static void signal_proc(proc_id id, int sig) {
-  if (alive(id)) kill(id.pid, sig);
-}
-
-// pid's descendants (Linux /proc: a launcher such as MPICH's hydra may start
-// the ranks outside its process group), depth-first, into tree (at most max).
-static void collect_tree(pid_t pid, proc_id *tree, int *n_out, int max, int depth) {
-  if (depth > 8) return;
-  DIR *d = opendir("/proc");
-  if (!d) return;
-  struct dirent *de;
-  proc_id kids[256];
-  int n = 0;
-  while ((de = readdir(d)) != NULL && n < 256) {
-    const long p = strtol(de->d_name, NULL, 10);
-    char state = 0;
-    long ppid = -1;
-    unsigned long long start = 0;
-    if (p > 0 && proc_stat((pid_t)p, &state, &ppid, &start) && ppid == (long)pid)
-      kids[n++] = (proc_id){(pid_t)p, start};
-  }
-  closedir(d);
-  for (int i = 0; i < n && *n_out < max; i++) {
-    tree[(*n_out)++] = kids[i];
-    collect_tree(kids[i].pid, tree, n_out, max, depth + 1);
-  }
-}
-
-// SIGTERM to the server's process group and every descendant (moe serve
-// drains and exits 0), then waits until all of them are gone (the launcher
-// exits before its ranks do), SIGKILL to those left after 60 s; then until
-// url stops answering (at most 30 s). The next placement's server starts on
-// idle cores and a free port.
+// The server's whole process tree stopped (moe_proc_tree_stop: SIGTERM, moe
+// serve drains and exits 0; SIGKILL after 60 s), then until url stops
+// answering (at most 30 s): the next placement's server starts on idle cores
+// and a free port.
 static void stop_server(moe_ctx *ctx, pid_t pid, const char *url) {
   if (pid <= 0) return;
-  enum { TREE_MAX = 1024 };
-  proc_id tree[TREE_MAX];
-  int n = 0;
-  collect_tree(pid, tree, &n, TREE_MAX, 0);  // before the signal: orphans lose their parent
-  for (int i = 0; i < n; i++) signal_proc(tree[i], SIGTERM);
-  kill(-pid, SIGTERM);
-  int status = 0, reaped = 0, killed = 0;
-  const double t0 = now_s();
-  for (;;) {
-    if (!reaped) {
-      const pid_t w = waitpid(pid, &status, WNOHANG);
-      reaped = w == pid || (w < 0 && errno == ECHILD);
-    }
-    int left = !reaped;  // (zombies are gone: the group may hold ones nobody reaps)
-    for (int i = 0; i < n && !left; i++) left = alive(tree[i]);
-    if (!left) break;
-    if (!killed && now_s() - t0 > 60) {
-      cli_error("bench serve: the server did not stop in 60 s after SIGTERM: killing it");
-      for (int i = 0; i < n; i++) signal_proc(tree[i], SIGKILL);
-      if (!reaped) kill(-pid, SIGKILL);
-      killed = 1;
-    }
-    if (now_s() - t0 > 90) {
-      cli_error("bench serve: processes of the server outlived SIGKILL by 30 s");
-      break;
-    }
-    sleep_ms(50);
-  }
+  const int how = moe_proc_tree_stop((int)pid, 60, 30);
+  if (how >= 1)
+    cli_error("bench serve: the server did not stop in 60 s after SIGTERM: killed it%s",
+              how == 2 ? "; some of its processes outlived SIGKILL by 30 s" : "");
   for (int i = 0; i < 300 && healthy(ctx, url); i++) sleep_ms(100);
 }
 

@@ -1,9 +1,15 @@
 // Tests of core/: status strings, per-context errors, logging levels, counted
 // allocation, arenas and tensor tables, the Philox RNG (Random123 known-answer
 // vectors and split invariance), timers, and the layer config JSON parser.
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "moe/moe.h"
 #include "testutil.h"
@@ -261,6 +267,66 @@ static void test_config_json(void) {
   moe_ctx_destroy(ctx);
 }
 
+// A shell in a group of its own with two children (sleeps): started, then
+// stopped with moe_proc_tree_stop; the group must be empty afterwards.
+static pid_t start_tree(const char *script) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", script, (char *)NULL);
+    _exit(127);
+  }
+  if (pid > 0) setpgid(pid, pid);
+  const struct timespec ts = {0, 300 * 1000000L};  // the children started
+  nanosleep(&ts, NULL);
+  return pid;
+}
+
+// Processes of group g that still run (not zombies: an orphan's zombie stays
+// until the machine's init reaps it, which some containers' init never does).
+static int group_running(pid_t g) {
+  DIR *d = opendir("/proc");
+  int n = 0;
+  struct dirent *de;
+  while (d && (de = readdir(d)) != NULL) {
+    char path[300], buf[512];
+    snprintf(path, sizeof path, "/proc/%s/stat", de->d_name);
+    FILE *f = de->d_name[0] >= '1' && de->d_name[0] <= '9' ? fopen(path, "r") : NULL;
+    if (!f) continue;
+    const size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = '\0';
+    const char *rp = strrchr(buf, ')');
+    char state = 0;
+    long ppid = 0, pgrp = 0;
+    if (rp && sscanf(rp + 1, " %c %ld %ld", &state, &ppid, &pgrp) == 3 && pgrp == (long)g &&
+        state != 'Z' && state != 'X')
+      n++;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static void test_proc_tree_stop(void) {
+  pid_t pid = start_tree("sleep 30 & sleep 30 & wait");
+  TU_CHECK(pid > 0 && group_running(pid) == 3, "the tree did not start (%d running)",
+           pid > 0 ? group_running(pid) : -1);
+  if (pid <= 0) return;
+  int how = moe_proc_tree_stop((int)pid, 10, 5);
+  TU_CHECK(how == 0 && group_running(pid) == 0, "SIGTERM: returned %d, %d still run", how,
+           group_running(pid));
+  // children that ignore SIGTERM: SIGKILL after term_s
+  pid = start_tree("trap '' TERM; sleep 30 & sleep 30 & wait; sleep 30");
+  TU_CHECK(pid > 0 && group_running(pid) == 3, "the tree did not start (%d running)",
+           pid > 0 ? group_running(pid) : -1);
+  if (pid <= 0) return;
+  how = moe_proc_tree_stop((int)pid, 0.5, 5);
+  TU_CHECK(how == 1 && group_running(pid) == 0, "SIGKILL: returned %d, %d still run", how,
+           group_running(pid));
+  TU_CHECK(moe_proc_tree_stop(0, 1, 1) == 0 && moe_proc_tree_stop(-3, 1, 1) == 0,
+           "no process: nothing to stop");
+}
+
 int main(void) {
   test_status();
   test_ctx_errors();
@@ -269,5 +335,6 @@ int main(void) {
   test_rng();
   test_timer();
   test_config_json();
+  test_proc_tree_stop();
   return tu_finish("test_core");
 }

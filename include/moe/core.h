@@ -328,6 +328,14 @@ void moe_rng_fill_normal(moe_rng *rng, float *x, size_t n, float mean, float std
 // ---- timers -------------------------------------------------------------------
 
 uint64_t moe_time_ns(void);  // monotonic clock, nanoseconds
+// Stops a process tree a launcher started (src/core/proc.c; Linux /proc):
+// SIGTERM to process group pid (the caller's child, started in a group of
+// its own) and to every descendant, read before the signal; waits until all
+// are gone (pid reaped); SIGKILL to those left after term_s seconds; gives up
+// kill_s seconds later. Each process is named by PID and start time, so one
+// that took a PID after the exit is never signalled. Returns 0 (stopped by
+// SIGTERM), 1 (SIGKILL was needed) or 2 (some outlived SIGKILL).
+int moe_proc_tree_stop(int pid, double term_s, double kill_s);
 double moe_time_ms_since(uint64_t start_ns);
 
 // ---- numeric helpers ----------------------------------------------------------
