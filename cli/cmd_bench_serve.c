@@ -59,15 +59,6 @@ static void usage(FILE *f) {
           moe_infer_placement_names());
 }
 
-// One metric's value from a Prometheus text (the line "NAME VALUE"); NAN when absent.
-static double metric(const char *text, const char *name) {
-  const size_t n = strlen(name);
-  for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
-    if (strncmp(p, name, n) == 0 && p[n] == ' ') return strtod(p + n + 1, NULL);
-  }
-  return NAN;
-}
-
 // ---- comparing placements (--placement LIST --launch CMD) ------------------------------
 
 #define MAX_PLACEMENTS 8
@@ -75,9 +66,7 @@ static double metric(const char *text, const char *name) {
 
 typedef struct {
   moe_loadgen_result r;
-  double moe_ms[2], a2a_ms[2];  // the server's MoE layer forward and all-to-all p50, p95
-  double bal[2];                // balance ratio without copies, as placed
-  double plans, replans, copies_sent;
+  moe_server_metrics m;  // the server's /metrics after the run
 } run_row;
 
 static double now_s(void) { return 1e-9 * (double)moe_time_ns(); }
@@ -174,22 +163,11 @@ static int start_server(moe_ctx *ctx, const char *cmd, const char *name, const c
 
 // The load against a fresh server, and its /metrics afterwards.
 static int run_placement(moe_ctx *ctx, const moe_loadgen_config *c, run_row *row) {
-  char *m = NULL;
   if (moe_loadgen_run(ctx, c, &row->r) != MOE_STATUS_OK ||
-      moe_http_get(ctx, c->url, "/metrics", &m) != MOE_STATUS_OK) {
+      moe_server_metrics_get(ctx, c->url, &row->m) != MOE_STATUS_OK) {
     cli_error("bench serve: %s", moe_ctx_error(ctx));
     return CLI_FAILED;
   }
-  row->moe_ms[0] = 1e3 * metric(m, "moe_engine_moe_layer_seconds{quantile=\"0.5\"}");
-  row->moe_ms[1] = 1e3 * metric(m, "moe_engine_moe_layer_seconds{quantile=\"0.95\"}");
-  row->a2a_ms[0] = 1e3 * metric(m, "moe_engine_a2a_layer_seconds{quantile=\"0.5\"}");
-  row->a2a_ms[1] = 1e3 * metric(m, "moe_engine_a2a_layer_seconds{quantile=\"0.95\"}");
-  row->bal[0] = metric(m, "moe_placement_balance_ratio{copies=\"none\"}");
-  row->bal[1] = metric(m, "moe_placement_balance_ratio{copies=\"placed\"}");
-  row->plans = metric(m, "moe_placement_plans_total");
-  row->replans = metric(m, "moe_placement_replans_total");
-  row->copies_sent = metric(m, "moe_placement_copies_sent_total");
-  moe_free(m);
   if (row->r.failed > 0) {  // counted, reported; the comparison goes on
     cli_error("bench serve: %d of %d requests failed (first: %s)", row->r.failed, c->requests,
               row->r.first_error);
@@ -265,9 +243,9 @@ static int compare_placements(moe_ctx *ctx, const moe_loadgen_config *c, const c
 #define MED(field) median_of(&rows[0][i].field, rounds, st)
     const double tok = MED(r.tokens_per_s), t50 = MED(r.ttft_ms[0]), t95 = MED(r.ttft_ms[1]);
     const double e50 = MED(r.latency_ms[0]), e95 = MED(r.latency_ms[1]);
-    const double m50 = MED(moe_ms[0]), m95 = MED(moe_ms[1]), a50 = MED(a2a_ms[0]),
-                 a95 = MED(a2a_ms[1]);
-    const double b0 = MED(bal[0]), b1 = MED(bal[1]), rp = MED(replans);
+    const double m50 = MED(m.moe_ms[0]), m95 = MED(m.moe_ms[1]), a50 = MED(m.a2a_ms[0]),
+                 a95 = MED(m.a2a_ms[1]);
+    const double b0 = MED(m.balance[0]), b1 = MED(m.balance[1]), rp = MED(m.replans);
 #undef MED
     if (i == 0) base = m95;
     char bal[48] = "-", rep[24] = "-";
@@ -445,8 +423,8 @@ int cmd_bench_serve(int argc, char **argv) {
     rc = CLI_FAILED;
     goto done;
   }
-  const double step_s =
-      metric(m1, "moe_engine_step_seconds_total") - metric(m0, "moe_engine_step_seconds_total");
+  const double step_s = moe_prom_value(m1, "moe_engine_step_seconds_total") -
+                        moe_prom_value(m0, "moe_engine_step_seconds_total");
   printf("moe bench serve: %s%s, %d requests, %s", c.url,
          c.chat ? "/v1/chat/completions" : "/v1/completions", c.requests,
          c.rate > 0 ? "open loop" : "closed loop");
@@ -472,13 +450,13 @@ int cmd_bench_serve(int argc, char **argv) {
     char nm[96], na[96];
     snprintf(nm, sizeof nm, "moe_engine_moe_seconds_total{block=\"%d\"}", l);
     snprintf(na, sizeof na, "moe_engine_a2a_seconds_total{block=\"%d\"}", l);
-    const double m = metric(m1, nm), al = metric(m1, na);
+    const double m = moe_prom_value(m1, nm), al = moe_prom_value(m1, na);
     if (isnan(m)) {
       if (l > 256) break;
       continue;
     }
-    const double dm = m - (isnan(metric(m0, nm)) ? 0 : metric(m0, nm));
-    const double da = al - (isnan(metric(m0, na)) ? 0 : metric(m0, na));
+    const double dm = m - (isnan(moe_prom_value(m0, nm)) ? 0 : moe_prom_value(m0, nm));
+    const double da = al - (isnan(moe_prom_value(m0, na)) ? 0 : moe_prom_value(m0, na));
     moe_total += dm;
     a2a_total += da;
     printf("| %d | %.1f%% | %.1f%% |\n", l, step_s > 0 ? 100 * dm / step_s : 0,

@@ -160,6 +160,23 @@ moe_status moe_loadgen_run(moe_ctx *ctx, const moe_loadgen_config *c, moe_loadge
 // and the reason when it cannot be fetched or the status is not 200.
 moe_status moe_http_get(moe_ctx *ctx, const char *url, const char *path, char **out);
 
+// The value of the sample `name` in a Prometheus text exposition (GET
+// /metrics): the line "NAME VALUE", NAME with its labels exactly as written,
+// e.g. moe_engine_moe_layer_seconds{quantile="0.5"}. NAN when the sample is
+// absent or its value is not a number.
+double moe_prom_value(const char *text, const char *name);
+
+// What `moe bench serve` reads from a server's /metrics after a run (NAN: not
+// reported, e.g. no MoE step timed yet or the server predates the metric).
+typedef struct {
+  double moe_ms[2];                    // a MoE layer's forward per step and block: p50, p95 (ms)
+  double a2a_ms[2];                    // its all-to-alls: p50, p95 (ms)
+  double balance[2];                   // mean balance ratio without copies, as placed
+  double plans, replans, copies_sent;  // placement counters
+} moe_server_metrics;
+// GET url/metrics and read it into *out; moe_http_get's errors.
+moe_status moe_server_metrics_get(moe_ctx *ctx, const char *url, moe_server_metrics *out);
+
 // ---- sampling ----------------------------------------------------------------
 
 // The next token from logits (V) under p's temperature, top_k and top_p, at

@@ -57,6 +57,41 @@ done:
   return st;
 }
 
+double moe_prom_value(const char *text, const char *name) {
+  const size_t n = name ? strlen(name) : 0;
+  if (!text || n == 0) return NAN;
+  for (const char *p = text; *p;) {
+    const char *eol = strchr(p, '\n');
+    if (strncmp(p, name, n) == 0 && p[n] == ' ') {
+      char *end = NULL;
+      const double v = strtod(p + n + 1, &end);
+      // the value ends the line (a timestamp may follow it, after a space)
+      if (end != p + n + 1 && (*end == '\0' || *end == '\n' || *end == ' ')) return v;
+      return NAN;
+    }
+    if (!eol) break;
+    p = eol + 1;
+  }
+  return NAN;
+}
+
+moe_status moe_server_metrics_get(moe_ctx *ctx, const char *url, moe_server_metrics *out) {
+  char *m = NULL;
+  const moe_status st = moe_http_get(ctx, url, "/metrics", &m);
+  if (st != MOE_STATUS_OK) return st;
+  out->moe_ms[0] = 1e3 * moe_prom_value(m, "moe_engine_moe_layer_seconds{quantile=\"0.5\"}");
+  out->moe_ms[1] = 1e3 * moe_prom_value(m, "moe_engine_moe_layer_seconds{quantile=\"0.95\"}");
+  out->a2a_ms[0] = 1e3 * moe_prom_value(m, "moe_engine_a2a_layer_seconds{quantile=\"0.5\"}");
+  out->a2a_ms[1] = 1e3 * moe_prom_value(m, "moe_engine_a2a_layer_seconds{quantile=\"0.95\"}");
+  out->balance[0] = moe_prom_value(m, "moe_placement_balance_ratio{copies=\"none\"}");
+  out->balance[1] = moe_prom_value(m, "moe_placement_balance_ratio{copies=\"placed\"}");
+  out->plans = moe_prom_value(m, "moe_placement_plans_total");
+  out->replans = moe_prom_value(m, "moe_placement_replans_total");
+  out->copies_sent = moe_prom_value(m, "moe_placement_copies_sent_total");
+  moe_free(m);
+  return MOE_STATUS_OK;
+}
+
 static double pct(double *v, int n, double p) {
   if (n <= 0) return NAN;
   // nearest rank on sorted values
