@@ -61,15 +61,12 @@ if [[ "${MOE_MPICH_ALL:-0}" != 1 ]]; then
   # Script tests that start 4 ranks (more than the 2 cores of the CI machine)
   # for the same reason: train_bitwise (the default model on 1, 2 and 4 ranks;
   # tests/slurm_test.sh compares MPICH's 4-rank checkpoints byte for byte
-  # instead) and hang_cli (4 ranks; also, hydra leaves the SIGSTOPped rank
-  # behind when the watchdog aborts the job, which the test counts as a
-  # leftover; the watchdog itself is tested under Open MPI in the other stages),
-  # memory_rss (the default model on 4 ranks; its RSS figures are Open MPI's),
+  # instead), memory_rss (the default model on 4 ranks; its RSS figures are Open MPI's),
   # train_packing (the default model on 4 and 6 ranks), parm_train (the
   # default model on 4 ranks, a dozen runs), parm_bitwise (the default model
   # on 4 ranks) and parm_cli (4 ranks).
   if ((cores < 4)); then
-    for t in train_bitwise hang_cli memory_rss train_packing parm_train parm_bitwise parm_cli; do
+    for t in train_bitwise memory_rss train_packing parm_train parm_bitwise parm_cli; do
       exclude="${exclude:+$exclude|}$t"
     done
   fi
@@ -77,9 +74,13 @@ fi
 if [[ -n "$exclude" ]]; then
   echo "test-mpich: skipping the tests with more ranks than the $cores cores (MOE_MPICH_ALL=1 runs them):" \
     "${exclude//|/ }"
-  # shellcheck disable=SC2086
-  ctest --test-dir "$build" --output-on-failure -E "^($exclude)\$" ${CTEST_ARGS:-}
-else
-  # shellcheck disable=SC2086
-  ctest --test-dir "$build" --output-on-failure ${CTEST_ARGS:-}
 fi
+# hang_cli on any machine, MOE_MPICH_ALL=1 too: when the watchdog aborts the
+# job, MPICH's hydra leaves the rank the test stopped with SIGSTOP behind (a
+# stopped process does not act on the SIGTERM it is sent), which the test
+# rightly counts as a leftover process (docs/cluster.md). The watchdog itself
+# is tested under Open MPI in the other stages.
+echo "test-mpich: skipping hang_cli (hydra leaves the rank it stops with SIGSTOP behind)"
+exclude="${exclude:+$exclude|}hang_cli"
+# shellcheck disable=SC2086
+ctest --test-dir "$build" --output-on-failure -E "^($exclude)\$" ${CTEST_ARGS:-}

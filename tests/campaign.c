@@ -45,11 +45,21 @@
 // every rank and ends the job (exit 3). Exit: 0 all cases equal, 1 a mismatch,
 // 2 bad arguments.
 //
-// Not drawn (not in the layer yet): load balancing; lossy compressors (they
-// change results by design; tests/test_ep_sched.c bounds them). Parm's layouts
-// are drawn with --parm (tests/campaign_parm.c).
+// Load balancing's copies are drawn as replicas, half of them as one placement
+// with its slots (moe_ep_layer_set_placement); the policies that choose them
+// are not (any placement must give the same result). Parm's layouts are drawn
+// with --parm (tests/campaign_parm.c). Not drawn: lossy compressors (they
+// change results by design; tests/test_ep_sched.c bounds them).
 #define _POSIX_C_SOURCE 200809L
 #include "campaign.h"
+
+// The launcher of a reproduce line: Open MPI's mpirun needs --oversubscribe
+// for more ranks than cores; MPICH's mpiexec takes no such flag.
+#if defined(OPEN_MPI) && OPEN_MPI
+#define LAUNCH "mpirun -n %d --oversubscribe "
+#else
+#define LAUNCH "mpiexec -n %d "
+#endif
 
 #include <math.h>
 #include <signal.h>
@@ -807,12 +817,13 @@ int main(int argc, char **argv) {
       count_case(&c);
       describe(&c, desc, sizeof desc);
     }
-    snprintf(g_repro, sizeof g_repro,
-             "HANG rank %d: case index %llu (seed %llu) did not finish in %llu s; reproduce: "
-             "mpirun -n %d --oversubscribe %s%s --case-seed %llu --verbose\n",
-             g_rank, (unsigned long long)(first + i), (unsigned long long)cs,
-             (unsigned long long)timeout, g_world, g_prog, parm ? " --parm" : "",
-             (unsigned long long)cs);
+    snprintf(
+        g_repro, sizeof g_repro,
+        "HANG rank %d: case index %llu (seed %llu) did not finish in %llu s; reproduce: " LAUNCH
+        "%s%s --case-seed %llu --verbose\n",
+        g_rank, (unsigned long long)(first + i), (unsigned long long)cs,
+        (unsigned long long)timeout, g_world, g_prog, parm ? " --parm" : "",
+        (unsigned long long)cs);
     if (g_verbose && g_rank == 0) {
       printf("case %llu seed %llu: %s\n", (unsigned long long)(first + i), (unsigned long long)cs,
              desc);
@@ -830,11 +841,9 @@ int main(int argc, char **argv) {
     } else {
       mismatches++;
       if (g_rank == 0) {
-        printf(
-            "MISMATCH case %llu (%s)\n  reproduce: mpirun -n %d --oversubscribe %s%s --case-seed "
-            "%llu --verbose\n",
-            (unsigned long long)(first + i), desc, g_world, g_prog, parm ? " --parm" : "",
-            (unsigned long long)cs);
+        printf("MISMATCH case %llu (%s)\n  reproduce: " LAUNCH "%s%s --case-seed %llu --verbose\n",
+               (unsigned long long)(first + i), desc, g_world, g_prog, parm ? " --parm" : "",
+               (unsigned long long)cs);
         fflush(stdout);
       }
     }
