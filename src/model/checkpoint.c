@@ -249,8 +249,9 @@ static moe_status write_fd(moe_ckpt_writer *w, const unsigned char *p, size_t le
   while (len > 0) {
     const ssize_t k = write(w->fd, p, len);
     if (k < 0 && errno == EINTR) continue;
-    MOE_FAIL_IF(w->ctx, k <= 0, MOE_STATUS_IO, "checkpoint %s: write failed: %s", w->tmp_path,
-                k < 0 ? strerror(errno) : "no progress");
+    MOE_FAIL_IF(w->ctx, k <= 0, MOE_STATUS_IO,
+                "checkpoint %s: writing %s failed: %s; nothing saved, %s unchanged", w->path,
+                w->tmp_path, k < 0 ? strerror(errno) : "no progress", w->path);
     p += k;
     len -= (size_t)k;
   }
