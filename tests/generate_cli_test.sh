@@ -191,7 +191,7 @@ expect 2 "nope.ckpt" -- mpi 2 "$MOE" generate --checkpoint "$tmp/nope.ckpt" --in
 cp "$tmp/m.ckpt" "$tmp/bad.ckpt"
 printf 'XXXX' | dd of="$tmp/bad.ckpt" bs=1 seek=2000 conv=notrunc 2>/dev/null
 expect 2 "checksum|corrupt|bad" -- "$MOE" generate --checkpoint "$tmp/bad.ckpt" --input "$tmp/p.jsonl" --output "$tmp/ob.jsonl"
-expect 2 "need|memory" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --slots 4096 --max-memory 64M
+expect 2 "generate: rank 0 of 1 needs more memory than it may use: .*activations .* but the limit is 64\.0 MiB \(--max-memory, per rank\); use fewer --slots" -- "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl" --slots 4096 --max-memory 64M
 if [[ ! -e "$tmp/ob.jsonl" ]]; then ok; else bad "a refused run wrote its output"; fi
 # experts not divisible by the ranks: every rank fails, no hang
 expect 2 "experts \(4\) must be divisible by EP ranks \(3\)" -- mpi 3 "$MOE" generate --checkpoint "$tmp/m.ckpt" --input "$tmp/p.jsonl"

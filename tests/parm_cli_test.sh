@@ -105,7 +105,7 @@ n=$(mpi 2 "$MOE" bench parm --chunks 0 2>&1 | grep -c "must be in \[1, 64\]")
 [[ $n -eq 1 ]] && ok || bad "bench parm --chunks 0 under 2 ranks: the error printed $n times"
 expect 2 "--tokens: 'a' is not a list" -- mpi 2 "$MOE" bench parm --tokens a
 expect 2 "unknown all-to-all|nope" -- mpi 2 "$MOE" bench parm "${SMALL[@]}" --a2a nope
-expect 2 "exceeds the limit|--max-memory" -- \
+expect 2 "rank 0 of 2 needs more memory than it may use: params 1\.00 GiB .* but the limit is 64\.0 MiB \(--max-memory, per rank\); lower --tokens" -- \
   mpi 2 "$MOE" bench parm --tokens 4096 --model 4096 --hidden 16384 --layouts 1x2x1 \
   --max-memory 64M
 expect 0 "usage: mpirun -n P moe bench parm" -- "$MOE" bench parm --help
