@@ -6,6 +6,11 @@
 //   DeepSpeed / GShard: aux = E sum_e (tokens whose first choice is e / T) *
 //     mean_t p_te; renormalised weights p_k / sum over the kept choices, 0 for
 //     a dropped one.
+// Each with and without `renormalize` (without: p_k, also for DeepSpeed). The
+// routing is recomputed here too (top K of the double probabilities, GShard's
+// slot order for the capacity: all first choices before any second, token
+// order within a choice), and y against the double-precision combine
+// sum over kept choices of weight * (W2 gelu(W1 x + b1) + b2) of the expert.
 // Then the backward of each against central finite differences of
 // L = sum(y . dy) + aux_coef * aux in the gate weights (routing held fixed by a
 // small step), and the JSON key round trip.
@@ -51,8 +56,24 @@ static void reference_probs(const float *x, const float *wg, double *probs) {
   }
 }
 
-static void check_convention(moe_gate_convention gc) {
-  const char *name = moe_gate_convention_name(gc);
+// The expert FFN of e on row xt in double (the exact erf GELU).
+static void reference_ffn(const moe_layer_tensors *tn, int e, const float *xt, double *out) {
+  double h[H];
+  for (int j = 0; j < H; j++) {
+    double a = tn->b1[e * H + j];
+    for (int m = 0; m < M; m++) a += (double)xt[m] * tn->w1[((size_t)e * M + m) * H + j];
+    h[j] = 0.5 * a * (1.0 + erf(a / sqrt(2.0)));
+  }
+  for (int m = 0; m < M; m++) {
+    double a = tn->b2[e * M + m];
+    for (int j = 0; j < H; j++) a += h[j] * tn->w2[((size_t)e * H + j) * M + m];
+    out[m] = a;
+  }
+}
+
+static void check_convention(moe_gate_convention gc, int renorm) {
+  char name[48];
+  snprintf(name, sizeof name, "%s renormalize=%d", moe_gate_convention_name(gc), renorm);
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
   cfg.tokens = T;
@@ -61,7 +82,7 @@ static void check_convention(moe_gate_convention gc) {
   cfg.num_experts = E;
   cfg.top_k = K;
   cfg.capacity_factor = 0.6;  // C = ceil(0.6 * 2 * 48 / 4) = 15: some choices dropped
-  cfg.renormalize = 1;
+  cfg.renormalize = renorm;
   cfg.aux_loss_coef = 0.3f;
   cfg.gate_convention = (int)gc;
   snprintf(cfg.expert, sizeof cfg.expert, "ffn-ref");
@@ -82,6 +103,31 @@ static void check_convention(moe_gate_convention gc) {
   const moe_route *r = moe_layer_get_route(layer);
   double probs[T * E], pe[E] = {0}, fe[E] = {0};
   reference_probs(x, tn.wg, probs);
+  // the routing: top K in descending order (ties to the lower index), then
+  // the capacity in GShard's order
+  int ref_expert[T * K], ref_kept[T * K], count[E] = {0};
+  const int cap = (int)ceil(0.6 * K * T / E);
+  int route_ok = 1, bad_t = -1;
+  for (int t = 0; t < T; t++) {
+    int used[E] = {0};
+    for (int k = 0; k < K; k++) {
+      int best = -1;
+      for (int e = 0; e < E; e++)
+        if (!used[e] && (best < 0 || probs[t * E + e] > probs[t * E + best])) best = e;
+      used[best] = 1;
+      ref_expert[t * K + k] = best;
+      if (r->expert[t * K + k] != best) route_ok = 0, bad_t = t;
+    }
+  }
+  for (int k = 0; k < K; k++) {
+    for (int t = 0; t < T; t++) {
+      const int e = ref_expert[t * K + k];
+      ref_kept[t * K + k] = count[e] < cap;
+      if (count[e] < cap) count[e]++;
+      if (ref_kept[t * K + k] != (r->slot[t * K + k] >= 0)) route_ok = 0, bad_t = t;
+    }
+  }
+  TU_CHECK(route_ok, "%s: token %d's choices or kept set differ from the reference", name, bad_t);
   for (int t = 0; t < T; t++)
     for (int e = 0; e < E; e++) pe[e] += probs[t * E + e] / T;
   for (int t = 0; t < T; t++) {
@@ -93,20 +139,36 @@ static void check_convention(moe_gate_convention gc) {
   TU_CHECK(fabs(st.aux_loss - aux) <= 1e-5 * fabs(aux), "%s: aux %.7f, formula %.7f", name,
            (double)st.aux_loss, aux);
   int weights_ok = 1, worst_t = -1;
+  double yref[T * M], ymax = 0.0, ydiff = 0.0;
   for (int t = 0; t < T; t++) {
-    double sum = 0.0;
+    double sum = 0.0, w[K];
     for (int k = 0; k < K; k++) {
-      const int kept = r->slot[t * K + k] >= 0;
-      if (gc == MOE_GATE_LIBMOE || kept) sum += probs[t * E + r->expert[t * K + k]];
+      const int kept = ref_kept[t * K + k];
+      if (gc == MOE_GATE_LIBMOE || kept) sum += probs[t * E + ref_expert[t * K + k]];
     }
     for (int k = 0; k < K; k++) {
-      const int kept = r->slot[t * K + k] >= 0;
-      double want = probs[t * E + r->expert[t * K + k]] / sum;
-      if (gc == MOE_GATE_DEEPSPEED && !kept) want = 0.0;
-      if (!(fabs(r->weight[t * K + k] - want) <= 1e-5)) weights_ok = 0, worst_t = t;
+      const int kept = ref_kept[t * K + k];
+      const double p = probs[t * E + ref_expert[t * K + k]];
+      w[k] = renorm ? p / sum : p;
+      if (renorm && gc == MOE_GATE_DEEPSPEED && !kept) w[k] = 0.0;
+      if (!(fabs(r->weight[t * K + k] - w[k]) <= 1e-5)) weights_ok = 0, worst_t = t;
+    }
+    // y: the kept choices' experts, weighed
+    for (int m = 0; m < M; m++) yref[t * M + m] = 0.0;
+    for (int k = 0; k < K; k++) {
+      if (!ref_kept[t * K + k]) continue;
+      double out[M];
+      reference_ffn(&tn, ref_expert[t * K + k], x + (size_t)t * M, out);
+      for (int m = 0; m < M; m++) yref[t * M + m] += w[k] * out[m];
+    }
+    for (int m = 0; m < M; m++) {
+      ymax = fmax(ymax, fabs(yref[t * M + m]));
+      ydiff = fmax(ydiff, fabs(y[t * M + m] - yref[t * M + m]));
     }
   }
   TU_CHECK(weights_ok, "%s: the gate weights of token %d differ from the formula", name, worst_t);
+  TU_CHECK(ymax > 0.1 && ydiff <= 1e-5 * ymax + 1e-6,
+           "%s: y differs from the reference by %.3g (max |y| %.3g)", name, ydiff, ymax);
   // backward against finite differences (dwg), routing fixed by a small step
   moe_layer_zero_grad(layer);
   TU_CHECK(moe_layer_forward(layer, x, T, y, &st) == MOE_STATUS_OK, "%s: forward", name);
@@ -122,8 +184,10 @@ static void check_convention(moe_gate_convention gc) {
 int main(void) {
   moe_log_set_level(MOE_LOG_ERROR);
   moe_ctx_create(&g_ctx);
-  check_convention(MOE_GATE_LIBMOE);
-  check_convention(MOE_GATE_DEEPSPEED);
+  for (int renorm = 0; renorm < 2; renorm++) {
+    check_convention(MOE_GATE_LIBMOE, renorm);
+    check_convention(MOE_GATE_DEEPSPEED, renorm);
+  }
   // JSON: the key in and out; the default is not written (configs stay as before)
   moe_layer_config cfg;
   moe_layer_config_default(&cfg);
