@@ -22,6 +22,7 @@ typedef struct {
   int ranks_per_node, iters;
   long long min_bytes, max_bytes;
   double hang_timeout;  // --hang-timeout, seconds (0: off)
+  size_t max_memory;    // --max-memory per rank, 0: the node's available memory / its ranks
 } cal_opts;
 
 static void calibrate_usage(FILE *f) {
@@ -59,6 +60,10 @@ static void calibrate_usage(FILE *f) {
           "]\n"
           "  --no-layers            skip the layer step (no layer corrections)\n"
           "  --samples FILE         also write the layer step's runs (JSON) to FILE\n"
+          "  --max-memory SIZE      refuse to start when a rank would need more than SIZE\n"
+          "                         (e.g. 512M, 2G; per rank; the largest step with the\n"
+          "                         all-to-all buffers) [the node's MemAvailable, or its\n"
+          "                         cgroup's memory.max room, / its ranks]\n"
           "  --refit FILE --profile IN\n"
           "                         measure nothing: fit IN's layer corrections again to the\n"
           "                         runs in FILE (from --samples) and write the result to\n"
@@ -127,6 +132,8 @@ static int parse_cal(int argc, char **argv, cal_opts *o, int rank) {
       int v = 0;
       cli_parse_int(&a, "--min-bytes", 1024, 1 << 30, &v);
       o->min_bytes = v;
+    } else if (cli_opt(&a, "--max-memory")) {
+      cli_parse_size(&a, "--max-memory", &o->max_memory);
     } else if (cli_opt(&a, "--max-bytes")) {
       int v = 0;
       cli_parse_int(&a, "--max-bytes", 1024, 1 << 30, &v);
@@ -292,6 +299,17 @@ int cmd_calibrate(int argc, char **argv) {
   c.iters = o.iters;
   c.layers = o.layers;
   c.log = print_line;
+  {  // the memory bound: the largest step's buffers, agreed before any is allocated
+    int P = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    moe_memory_need need;
+    const moe_status est = moe_calibrate_memory(ctx, P, &c, &need);
+    rc = cli_memory_check_world(
+        ctx, est, &need, o.max_memory,
+        "lower --max-bytes, name fewer --a2a algorithms or smaller --layers, or raise --max-memory",
+        rank);
+    if (rc != CLI_OK) goto done;
+  }
   const moe_status st =
       moe_calibrate(ctx, MPI_COMM_WORLD, &c, &prof, o.samples ? &samples : NULL, &n_samples);
   if (st == MOE_STATUS_COMM) {

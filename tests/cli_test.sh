@@ -272,6 +272,17 @@ if "$MOE" version | grep -q "mpi=yes"; then
   expect 2 "--layers: '64:32' is not T:M:H:f" -- "$MOE" calibrate --out "$tmp/p2.json" --layers 64:32
   expect 2 "--layers: '64:32:64:-1' is not T:M:H:f" -- "$MOE" calibrate --out "$tmp/p2.json" \
     --layers 64:32:64:1.1,64:32:64:-1
+  # the memory bound, before anything is measured or written: the expert fit's
+  # buffers, and the all-to-all buffers held beside the later steps
+  expect 2 "rank 0 of 1 needs more memory than it may use: workspace 160\.0 MiB \+ baseline .* the limit is 16\.0 MiB \(--max-memory, per rank\); lower --max-bytes" -- \
+    "$MOE" calibrate --out "$tmp/p2.json" --max-memory 16M --no-layers
+  expect 2 "needs more memory than it may use: all-to-all 2\.00 GiB \+ workspace 64\.0 MiB \+ baseline .* the limit is 1\.00 GiB" -- \
+    "$MOE" calibrate --out "$tmp/p2.json" --max-bytes 1073741824 --no-layers --a2a mpi \
+    --compress none --max-memory 1G
+  expect 2 "--max-memory: size '0' must be between 1 byte" -- "$MOE" calibrate --out "$tmp/p2.json" \
+    --max-memory 0
+  expect 2 "--refit measures nothing, so '--max-memory' does not apply" -- "$MOE" calibrate \
+    --refit "$tmp/x.json" --profile "$tmp/y.json" --out "$tmp/p2.json" --max-memory 1G
   if [[ -e "$tmp/p2.json" ]]; then bad "a refused calibrate wrote"; fi
   expect 0 "layer fit over 12 runs: compute x" -- "$MOE" calibrate --out "$tmp/prof.json" \
     --max-bytes 262144 --iters 1 --a2a mpi --compress none,int8 --layers 64:32:64:1.1,128:32:64:0 \

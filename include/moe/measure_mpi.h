@@ -315,6 +315,16 @@ moe_calibrate_config moe_calibrate_config_default(void);
 // `ranks` ranks. INVALID_ARG naming the option and its valid range.
 moe_status moe_calibrate_config_check(moe_ctx *ctx, const moe_calibrate_config *cfg, int ranks);
 
+// The bytes moe_calibrate(cfg) allocates at most on one rank of P, by
+// category, without allocating: the largest of its steps, the all-to-all
+// buffers and workspace (max_bytes a rank) held from the all-to-all fits on
+// beside each later step (contention, copies, compressors, Parm's terms on
+// every layout it may measure, the layer step's variants of each shape).
+// Without ranks_per_node the node is taken as all P ranks (an upper bound).
+// Local; INVALID_ARG for an invalid cfg (moe_calibrate_config_check).
+moe_status moe_calibrate_memory(moe_ctx *ctx, int P, const moe_calibrate_config *cfg,
+                                moe_memory_need *out);
+
 // Measures this cluster and fills *prof: the GEMM, expert and outside fits,
 // every selected all-to-all and compressor, contention, the executor's
 // per-task cost, a small collective and the copy bandwidth, the cluster

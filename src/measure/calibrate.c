@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "measure/measure_internal.h"
 #include "moe/comm.h"
 #include "moe/compress.h"
 #include "moe/expert.h"
@@ -990,19 +991,12 @@ done:
 // Runs the layer on every shape with every calibrated all-to-all (sequential
 // r = 1, 2, 4; optsche r=2, pipeline r=4 and smart for the contention
 // factors) through the measurement harness, and fits the corrections.
-static moe_status layer_step(const cal *c, moe_profile *prof, moe_layer_sample **samples_out,
-                             int *n_out) {
-  moe_status st = MOE_STATUS_OK;
-  moe_layer_config cfgs[MAX_SHAPES];
-  int n_shapes = 0, nv = 0;
-  moe_measure_result *res = NULL;
-  moe_layer_sample *samples = NULL;
-  MOE_TRY(parse_shapes(c->ctx, c->cfg->layers, c->P, cfgs, &n_shapes));
-  moe_measure_variant vs[MAX_VARIANTS];
-  memset(vs, 0, sizeof vs);  // balance.policy 0: none
-  // The layer step's fixed sample set: what the fit needs (the sequential
-  // chunkings for the scales, pipelined schedules and smart for the
-  // contention factors).
+// The layer step's variants for the all-to-alls `names` (n of them): its
+// fixed sample set for each, what the fit needs (the sequential chunkings for
+// the scales, pipelined schedules and smart for the contention factors).
+// Returns the count (at most MAX_VARIANTS).
+static int layer_variants(const char *const *names, int n, int P, int ranks_per_node,
+                          moe_measure_variant *vs) {
   static const struct {
     const char *schedule;
     int chunks;
@@ -1013,18 +1007,35 @@ static moe_status layer_step(const cal *c, moe_profile *prof, moe_layer_sample *
       // clang-format on
   };
   const int per_a2a = (int)(sizeof sv / sizeof sv[0]);
-  for (int a = 0; a < prof->n_a2a; a++) {
+  int nv = 0;
+  memset(vs, 0, sizeof *vs * MAX_VARIANTS);  // balance.policy 0: none
+  for (int a = 0; a < n && nv + per_a2a <= MAX_VARIANTS; a++) {
     for (int k = 0; k < per_a2a; k++, nv++) {
       moe_parallel_config *pc = &vs[nv].pc;
       moe_parallel_config_default(pc);
-      pc->ep_size = c->P;  // all ranks
-      pc->ranks_per_node = c->cfg->ranks_per_node;
-      snprintf(pc->a2a, sizeof pc->a2a, "%s", prof->a2a[a].name);
+      pc->ep_size = P;  // all ranks
+      pc->ranks_per_node = ranks_per_node;
+      snprintf(pc->a2a, sizeof pc->a2a, "%s", names[a]);
       snprintf(pc->schedule, sizeof pc->schedule, "%s", sv[k].schedule);
       pc->chunks = sv[k].chunks;
       vs[nv].baseline = -1;  // the fit needs no task model
     }
   }
+  return nv;
+}
+
+static moe_status layer_step(const cal *c, moe_profile *prof, moe_layer_sample **samples_out,
+                             int *n_out) {
+  moe_status st = MOE_STATUS_OK;
+  moe_layer_config cfgs[MAX_SHAPES];
+  int n_shapes = 0, nv = 0;
+  moe_measure_result *res = NULL;
+  moe_layer_sample *samples = NULL;
+  MOE_TRY(parse_shapes(c->ctx, c->cfg->layers, c->P, cfgs, &n_shapes));
+  moe_measure_variant vs[MAX_VARIANTS];
+  const char *names[MOE_PROFILE_MAX];
+  for (int a = 0; a < prof->n_a2a; a++) names[a] = prof->a2a[a].name;
+  nv = layer_variants(names, prof->n_a2a, c->P, c->cfg->ranks_per_node, vs);
   res = moe_calloc((size_t)nv, sizeof *res);
   samples = moe_calloc((size_t)n_shapes * (size_t)nv, sizeof *samples);
   MOE_TRY(agree_alloc(c, res && samples, "the layer runs"));
@@ -1070,6 +1081,155 @@ done:
 }
 
 // ---- the whole calibration ----------------------------------------------------------
+
+// ---- the memory it needs ------------------------------------------------------------
+
+// The all-to-all algorithms cfg names ("all": every one of the catalogue, also
+// those the real layout will skip, so the count is an upper bound).
+static int cfg_a2a_names(const moe_calibrate_config *cfg, const char **names, int max) {
+  int na = 0, n = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&na);
+  char list[256];
+  snprintf(list, sizeof list, "%s", cfg->a2a);
+  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+       tok = strtok_r(NULL, ",", &save)) {
+    for (int i = 0; i < na && n < max; i++) {
+      if (strcmp(tok, "all") != 0 && strcmp(tok, algos[i]->name) != 0) continue;
+      int dup = 0;
+      for (int k = 0; k < n; k++) dup |= names[k] == algos[i]->name;
+      if (!dup) names[n++] = algos[i]->name;
+    }
+  }
+  return n;
+}
+
+static double need_total(const moe_memory_need *m) { return moe_memory_need_total(m); }
+
+static void need_add(moe_memory_need *to, const moe_memory_need *m) {
+  for (int k = 0; k < MOE_MEM_COUNT_; k++) to->bytes[k] += m->bytes[k];
+}
+
+// *best = m when m needs more.
+static void need_max(moe_memory_need *best, const moe_memory_need *m) {
+  if (need_total(m) > need_total(best)) *best = *m;
+}
+
+moe_status moe_calibrate_memory(moe_ctx *ctx, int P, const moe_calibrate_config *cfg,
+                                moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !out || P < 1, MOE_STATUS_INVALID_ARG, "calibrate memory: out, P >= 1 (%d)", P);
+  memset(out, 0, sizeof *out);
+  MOE_TRY(moe_calibrate_config_check(ctx, cfg, P));
+  {
+    const double f = sizeof(float);
+    moe_memory_need m;
+    // 1. the steps before the all-to-alls, one at a time: fit_gemm's three
+    // matrices, fit_expert's ten 2048 x 2048 buffers and four biases,
+    // fit_outside's three 2048 x 512 buffers
+    memset(&m, 0, sizeof m);
+    m.bytes[MOE_MEM_WORKSPACE] = (2048.0 * 1024 + 1024.0 * 2048 + 2048.0 * 2048) * f;
+    need_max(out, &m);
+    m.bytes[MOE_MEM_WORKSPACE] = (10.0 * 2048 * 2048 + 4.0 * 2048) * f;
+    need_max(out, &m);
+    m.bytes[MOE_MEM_WORKSPACE] = 3.0 * 2048 * 512 * f;
+    need_max(out, &m);
+
+    // 2. from the all-to-alls on, their buffers (max_bytes a rank, both ways)
+    // and the algorithms' workspace stay; beside them, one step at a time
+    const char *names[MOE_PROFILE_MAX];
+    const int na = cfg_a2a_names(cfg, names, MOE_PROFILE_MAX);
+    const int rpn = cfg->ranks_per_node > 0 && cfg->ranks_per_node < P ? cfg->ranks_per_node : P;
+    moe_memory_need held, step;
+    MOE_TRY(moe_measure_a2a_memory(ctx, P, cfg->ranks_per_node, (size_t)cfg->max_bytes,
+                                   (size_t)cfg->max_bytes, names, na, cfg->iters, &held));
+    memset(&step, 0, sizeof step);
+    // measure_overlap: the counts and its GEMM's 512 x 1024, 1024 x 1024, 512 x 1024
+    memset(&m, 0, sizeof m);
+    m.bytes[MOE_MEM_WORKSPACE] = 4.0 * P * sizeof(size_t) + (2.0 * 512 * 1024 + 1024.0 * 1024) * f;
+    need_max(&step, &m);
+    // measure_small: two 32 MiB copy buffers
+    m.bytes[MOE_MEM_WORKSPACE] = 2.0 * (32 << 20);
+    need_max(&step, &m);
+    // measure_a2a_allreduce: moe_measure_contention as it configures it
+    if (P >= 2) {
+      const moe_a2a_algo *mpi = NULL;
+      MOE_TRY(moe_a2a_find(ctx, "mpi", &mpi));  // catalogue: every build has it
+      moe_contention_config cc;
+      moe_contention_config_default(&cc);
+      cc.layers = 2;
+      cc.rounds = cfg->iters;
+      cc.warmup = 1;
+      MOE_TRY(moe_measure_contention_memory(ctx, P, cfg->ranks_per_node, mpi, &cc, &m));
+      need_max(&step, &m);
+    }
+    // fit_codec: input and round trip of 4096 x 512 floats and the largest
+    // compressed buffer of the compressors named
+    {
+      double cap = 0;
+      int nc = 0;
+      const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
+      for (int i = 0; i < nc; i++) {
+        if (!codecs[i]->available) continue;
+        if (strcmp(cfg->compress, "all") != 0) {
+          char list[512];
+          int named = 0;
+          snprintf(list, sizeof list, "%s", cfg->compress);
+          for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+               tok = strtok_r(NULL, ",", &save))
+            named |= strcmp(tok, codecs[i]->codec.name) == 0;
+          if (!named) continue;
+        }
+        const double b = (double)moe_compress_max_bytes(&codecs[i]->codec, 4096, 512);
+        if (b > cap) cap = b;
+      }
+      memset(&m, 0, sizeof m);
+      m.bytes[MOE_MEM_WORKSPACE] = 2.0 * 4096 * 512 * f + cap;
+      need_max(&step, &m);
+    }
+    // measure_parm: every layout it may measure (the node size taken as P
+    // unless ranks_per_node says less: an upper bound), each algorithm
+    for (int mp = 2; mp <= rpn; mp *= 2) {
+      for (int esp = 1; esp <= 2; esp++) {
+        if (rpn % (mp * esp) != 0 || P % (mp * esp) != 0) continue;
+        for (int i = 0; i < na; i++) {
+          moe_parm_config pc;
+          moe_parm_config_default(&pc);
+          pc.mp = mp;
+          pc.esp = esp;
+          pc.ep = P / (mp * esp);
+          pc.ranks_per_node = cfg->ranks_per_node;
+          snprintf(pc.a2a, sizeof pc.a2a, "%s", names[i]);
+          if (moe_measure_parm_alpha_beta_memory(ctx, &pc, P, 256, 1024, 5, cfg->iters, &m) !=
+              MOE_STATUS_OK)
+            continue;  // a layout the layer refuses is skipped there too
+          need_max(&step, &m);
+        }
+      }
+    }
+    // layer_step: each shape's variants at once, and the runs' tables
+    if (cfg->layers) {
+      moe_layer_config cfgs[MAX_SHAPES];
+      int n_shapes = 0;
+      MOE_TRY(parse_shapes(ctx, cfg->layers, P, cfgs, &n_shapes));
+      moe_measure_variant vs[MAX_VARIANTS];
+      const int nv = layer_variants(names, na, P, cfg->ranks_per_node, vs);
+      moe_measure_config mc = moe_measure_config_default();
+      mc.iters = cfg->iters;
+      mc.warmup = 1;
+      mc.seed = 7;
+      for (int i = 0; i < n_shapes; i++) {
+        MOE_TRY(moe_measure_layer_variants_memory(ctx, P, &cfgs[i], vs, nv, &mc, &m));
+        m.bytes[MOE_MEM_WORKSPACE] += (double)nv * sizeof(moe_measure_result) +
+                                      (double)n_shapes * nv * sizeof(moe_layer_sample);
+        need_max(&step, &m);
+      }
+    }
+    need_add(&held, &step);
+    need_max(out, &held);
+  }
+done:
+  return st;
+}
 
 moe_status moe_calibrate(moe_ctx *ctx, MPI_Comm comm, const moe_calibrate_config *cfg,
                          moe_profile *prof, moe_layer_sample **samples, int *n_samples) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "measure/measure_internal.h"
 #include "moe/measure_mpi.h"
 
 // The first three runs are the schedules of the same index (one name list).
@@ -192,6 +193,40 @@ static moe_status saa_pair(moe_ctx *ctx, const moe_group *g, MPI_Comm mp, int ep
                                     n, MPI_FLOAT, mp, &rq[2 * P + e]));
   }
   MOE_MPI_TRY(ctx, MPI_Waitall(2 * P + EP, rq, sts));
+done:
+  return st;
+}
+
+moe_status moe_measure_parm_alpha_beta_memory(moe_ctx *ctx, const moe_parm_config *pc,
+                                              int world_size, int model_dim, int rows_hi,
+                                              int points, int rounds, moe_memory_need *out) {
+  moe_status st = MOE_STATUS_OK;
+  MOE_FAIL_IF(ctx, !pc || !out || model_dim < 1 || rows_hi < 1 || points < 2 || rounds < 1,
+              MOE_STATUS_INVALID_ARG,
+              "Parm alpha-beta memory: a layout, an output, M, rows, points and rounds >= 1");
+  {
+    // the layer of the smallest shape, as moe_measure_parm_alpha_beta makes it
+    moe_layer_config cfg;
+    moe_layer_config_default(&cfg);
+    cfg.tokens = 1;
+    cfg.model_dim = model_dim;
+    cfg.hidden_dim = pc->esp;
+    cfg.num_experts = pc->ep;
+    cfg.top_k = 1;
+    cfg.capacity_factor = 0;
+    MOE_TRY(moe_parm_layer_memory(ctx, &cfg, pc, world_size, out));
+    const double EP = pc->ep, P = (double)pc->ep * pc->esp, MP = pc->mp, M = model_dim, R = rows_hi;
+    const double big = (P * R * M + 1) * sizeof(float);  // send and receive
+    const char *names[1] = {pc->a2a};
+    moe_memory_need a2a;
+    MOE_TRY(moe_measure_a2a_memory(ctx, (int)P, pc->ranks_per_node, (size_t)big, (size_t)big, names,
+                                   1, rounds, &a2a));
+    for (int k = 0; k < MOE_MEM_COUNT_; k++) out->bytes[k] += a2a.bytes[k];
+    out->bytes[MOE_MEM_WORKSPACE] +=
+        (EP * R * M + 1) * sizeof(float) + (MP * P * R * M + 1) * sizeof(float) +  // part, gath
+        (6.0 * points + rounds) * sizeof(double) + (2 * EP + P) * sizeof(int) +
+        4 * P * sizeof(size_t) + (2 * P + EP) * (sizeof(MPI_Request) + sizeof(MPI_Status));
+  }
 done:
   return st;
 }
