@@ -1187,8 +1187,10 @@ moe_status moe_calibrate_memory(moe_ctx *ctx, int P, const moe_calibrate_config 
       need_max(&step, &m);
     }
     // measure_parm: every layout it may measure (the node size taken as P
-    // unless ranks_per_node says less: an upper bound), each algorithm
-    for (int mp = 2; mp <= rpn; mp *= 2) {
+    // unless ranks_per_node says less: an upper bound), each algorithm; none
+    // past moe_measure_parm_alpha_beta's 2^28 floats (1024 rows of 256 per
+    // rank of the MP x EP x ESP = P layout), which it refuses
+    for (int mp = 2; mp <= rpn && 1024.0 * 256 * P <= (double)(1 << 28); mp *= 2) {
       for (int esp = 1; esp <= 2; esp++) {
         if (rpn % (mp * esp) != 0 || P % (mp * esp) != 0) continue;
         for (int i = 0; i < na; i++) {
