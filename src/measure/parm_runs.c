@@ -197,6 +197,20 @@ done:
   return st;
 }
 
+// The layer moe_measure_parm_alpha_beta times the collectives of: the
+// smallest shape for pc's groups.
+static moe_layer_config alpha_beta_layer(const moe_parm_config *pc, int model_dim) {
+  moe_layer_config cfg;
+  moe_layer_config_default(&cfg);
+  cfg.tokens = 1;
+  cfg.model_dim = model_dim;
+  cfg.hidden_dim = pc->esp;
+  cfg.num_experts = pc->ep;
+  cfg.top_k = 1;
+  cfg.capacity_factor = 0;
+  return cfg;
+}
+
 moe_status moe_measure_parm_alpha_beta_memory(moe_ctx *ctx, const moe_parm_config *pc,
                                               int world_size, int model_dim, int rows_hi,
                                               int points, int rounds, moe_memory_need *out) {
@@ -205,15 +219,7 @@ moe_status moe_measure_parm_alpha_beta_memory(moe_ctx *ctx, const moe_parm_confi
               MOE_STATUS_INVALID_ARG,
               "Parm alpha-beta memory: a layout, an output, M, rows, points and rounds >= 1");
   {
-    // the layer of the smallest shape, as moe_measure_parm_alpha_beta makes it
-    moe_layer_config cfg;
-    moe_layer_config_default(&cfg);
-    cfg.tokens = 1;
-    cfg.model_dim = model_dim;
-    cfg.hidden_dim = pc->esp;
-    cfg.num_experts = pc->ep;
-    cfg.top_k = 1;
-    cfg.capacity_factor = 0;
+    const moe_layer_config cfg = alpha_beta_layer(pc, model_dim);
     MOE_TRY(moe_parm_layer_memory(ctx, &cfg, pc, world_size, out));
     const double EP = pc->ep, P = (double)pc->ep * pc->esp, MP = pc->mp, M = model_dim, R = rows_hi;
     const double big = (P * R * M + 1) * sizeof(float);  // send and receive
@@ -256,15 +262,7 @@ moe_status moe_measure_parm_alpha_beta(moe_ctx *ctx, MPI_Comm world, const moe_p
     MOE_TRY(moe_comm_agree(ctx, world, local, "Parm alpha-beta"));
   }
   {
-    // a layer of the smallest shape for its groups
-    moe_layer_config cfg;
-    moe_layer_config_default(&cfg);
-    cfg.tokens = 1;
-    cfg.model_dim = model_dim;
-    cfg.hidden_dim = pc->esp;
-    cfg.num_experts = pc->ep;
-    cfg.top_k = 1;
-    cfg.capacity_factor = 0;
+    const moe_layer_config cfg = alpha_beta_layer(pc, model_dim);
     MOE_TRY(moe_parm_layer_create(ctx, world, &cfg, pc, &L));
   }
   const moe_group *g = moe_parm_layer_a2a_group(L);
