@@ -132,7 +132,7 @@ static void test_gemm_vs_ref(void) {
 //     moe_gemm on the fixed path);
 //   - a row's bits do not depend on the call: the rows computed one at a time
 //     and in calls of many sizes at shifted offsets equal one call of 2048 rows
-//     bitwise (k above the kernel's 256-step blocking included);
+//     bitwise (k above the kernels' blocks of 256 and 512 steps included);
 //   - for one small shape, every batch size 1..2048 (rows [r0, r0 + b) at a
 //     rotating offset r0) gives the full call's bits;
 //   - k split over consecutive calls with beta = 1 equals one call bitwise;
@@ -148,8 +148,9 @@ static void gemm_fixed_call(int ta, int tb, int rows, int n, int k, const float 
 }
 
 static void test_gemm_fixed(void) {
-  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7},   {40, 300},
-                                  {130, 5}, {17, 19},  {520, 40}};
+  // k = 1100: three blocks of the AVX2 kernel's 512 and five of the others' 256
+  static const int shapes[][2] = {{8, 128}, {16, 512}, {3, 7},    {40, 300},
+                                  {130, 5}, {17, 19},  {520, 40}, {24, 1100}};
   char name[96];
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int n = shapes[s][0], k = shapes[s][1], m = 2048;

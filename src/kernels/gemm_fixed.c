@@ -44,7 +44,10 @@
 #endif
 
 // Tile shapes: each kernel computes an mr x nr tile of C; MRMAX x NRMAX bounds them.
-enum { MRMAX = 8, NRMAX = 32, KC = 256, NC = 512 };
+// KC is each kernel's own (below; at most KCMAX): the AVX2 kernel's 512 halves
+// the passes over C of the 256 the others take (C's tile is read and written
+// once per block of k); its panel of B, 32 KiB, still fits L1.
+enum { MRMAX = 8, NRMAX = 32, KCMAX = 512, NC = 512 };
 // A transposed A is packed when a block of op(B) has at least this many panels.
 enum { PACK_A_PANELS = 4 };
 
@@ -63,6 +66,7 @@ typedef void (*ukernel_fn)(int kc, const float *a, ptrdiff_t rsa, ptrdiff_t csa,
 typedef struct {
   ukernel_fn fn;
   int mr, nr;
+  int kc;  // the block of k (at most KCMAX)
   const char *name;
   // NULL, or the partial tiles: parts[(mr - 1) * 2 + nv - 1] computes mr <= MR
   // rows and nv * NR / 2 columns reading only those rows of A (nr = 16 kernels).
@@ -108,6 +112,20 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void avx2_tile(
     if (nv > 1) A1 = _mm256_loadu_ps(c + I * ldc + 8); \
   }
   AVX2_ROWS(AVX2_LOAD)
+  // The driver's next tile is the strip below (the same columns): its rows of
+  // C are fetched while this one computes, so that its first read (or its
+  // stores, with zero) does not wait for memory (at 1024 x 2048, C is 8 MiB,
+  // beyond L2). Past the last strip this fetches lines that are never used; a
+  // prefetch never faults, and the address is made as an integer so that no
+  // pointer leaves its array.
+#define AVX2_PREFETCH(I, A0, A1)                                                   \
+  if (mr > I) {                                                                    \
+    const uintptr_t r = (uintptr_t)c + (uintptr_t)((6 + I) * ldc) * sizeof(float); \
+    _mm_prefetch((const char *)r, _MM_HINT_T0);                                    \
+    _mm_prefetch((const char *)(r + 15 * sizeof(float)), _MM_HINT_T0);             \
+  }
+  AVX2_ROWS(AVX2_PREFETCH)
+#undef AVX2_PREFETCH
   for (int p = 0; p < kc; p++) {
     const ptrdiff_t o = (ptrdiff_t)p * csa;
     const __m256 b0 = _mm256_loadu_ps(bp);
@@ -189,7 +207,7 @@ __attribute__((target("avx512f,avx2,fma"))) static void ukernel_avx512(int kc, c
 
 // ---- dispatch ---------------------------------------------------------------------
 
-static const ukernel k_portable = {ukernel_portable, PMR, PNR, "portable (fmaf)", NULL};
+static const ukernel k_portable = {ukernel_portable, PMR, PNR, 256, "portable (fmaf)", NULL};
 
 // MOE_GEMM_FIXED_ISA=portable or avx2 in the environment (read once) picks a
 // narrower kernel than the CPU's best: the tests run the AVX2 kernel on an
@@ -202,9 +220,9 @@ static ukernel pick_kernel(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
       if (__builtin_cpu_supports("avx512f") && !(force && strcmp(force, "avx2") == 0)) {
-        return (ukernel){ukernel_avx512, 8, 32, "avx512", NULL};
+        return (ukernel){ukernel_avx512, 8, 32, 256, "avx512", NULL};
       }
-      return (ukernel){ukernel_avx2, 6, 16, "avx2+fma", avx2_parts};
+      return (ukernel){ukernel_avx2, 6, 16, 512, "avx2+fma", avx2_parts};
     }
   }
 #endif
@@ -232,7 +250,7 @@ const char *moe_gemm_fixed_isa(void) { return kernel()->name; }
 // the thread ends (a GEMM per call to malloc cost more
 // than the small GEMMs themselves, and a large block came from mmap, so every
 // call faulted its pages in again).
-enum { BPACK_FLOATS = NC * KC, APACK_FLOATS = 128 * KC };
+enum { BPACK_FLOATS = NC * KCMAX, APACK_FLOATS = 128 * KCMAX };
 
 static float *scratch(void) {
   _Static_assert((size_t)(BPACK_FLOATS + APACK_FLOATS) * sizeof(float) <= MOE_GEMM_SCRATCH_BYTES,
@@ -246,28 +264,43 @@ static float *scratch(void) {
 // ceil(nc / NR) panels of kc x NR (zero-padded past column nc).
 static void pack_b(float *restrict dst, const float *b, int ldb, int trans_b, int p0, int kc,
                    int j0, int nc, float alpha, int NR) {
-  for (int jp = 0; jp < nc; jp += NR) {
-    const int nr = nc - jp < NR ? nc - jp : NR;
-    if (!trans_b) {
-      for (int p = 0; p < kc; p++) {
-        float *restrict d = dst + (size_t)p * NR;
-        const float *restrict s = b + (size_t)(p0 + p) * (size_t)ldb + (size_t)(j0 + jp);
-        for (int j = 0; j < nr; j++) d[j] = alpha * s[j];
-        for (int j = nr; j < NR; j++) d[j] = 0.0f;
+  const size_t panel = (size_t)kc * (size_t)NR;  // floats in one packed panel
+  if (!trans_b) {
+    // op(B) = B: row by row of B, each read once along its nc columns and
+    // dealt out to the panels (panel by panel instead, every step of k read 64
+    // bytes from another row, ldb apart: a page each at ldb = 1024 floats,
+    // 5% of the layer's GEMM time on an AVX2 EPYC).
+    const int full = nc / NR, rest = nc - full * NR;
+    for (int p = 0; p < kc; p++) {
+      const float *restrict s = b + (size_t)(p0 + p) * (size_t)ldb + (size_t)j0;
+      float *restrict d = dst + (size_t)p * NR;
+      for (int q = 0; q < full; q++) {
+        float *restrict dq = d + (size_t)q * panel;
+        const float *restrict sq = s + (size_t)q * NR;
+        for (int j = 0; j < NR; j++) dq[j] = alpha * sq[j];
       }
-    } else {
-      // op(B) column j is row j of B: read along it, write down the panel
-      for (int j = 0; j < nr; j++) {
-        const float *restrict s = b + (size_t)(j0 + jp + j) * (size_t)ldb + (size_t)p0;
-        for (int p = 0; p < kc; p++) dst[(size_t)p * NR + j] = alpha * s[p];
-      }
-      if (nr < NR) {
-        for (int p = 0; p < kc; p++) {
-          for (int j = nr; j < NR; j++) dst[(size_t)p * NR + j] = 0.0f;
-        }
+      if (rest) {
+        float *restrict dq = d + (size_t)full * panel;
+        const float *restrict sq = s + (size_t)full * NR;
+        for (int j = 0; j < rest; j++) dq[j] = alpha * sq[j];
+        for (int j = rest; j < NR; j++) dq[j] = 0.0f;
       }
     }
-    dst += (size_t)kc * NR;
+    return;
+  }
+  // op(B) column j is row j of B: read along it, write down the panel
+  for (int jp = 0; jp < nc; jp += NR) {
+    const int nr = nc - jp < NR ? nc - jp : NR;
+    for (int j = 0; j < nr; j++) {
+      const float *restrict s = b + (size_t)(j0 + jp + j) * (size_t)ldb + (size_t)p0;
+      for (int p = 0; p < kc; p++) dst[(size_t)p * NR + j] = alpha * s[p];
+    }
+    if (nr < NR) {
+      for (int p = 0; p < kc; p++) {
+        for (int j = nr; j < NR; j++) dst[(size_t)p * NR + j] = 0.0f;
+      }
+    }
+    dst += panel;
   }
 }
 
@@ -362,7 +395,7 @@ static void tile(const ukernel *kern, int kc, const float *ap, ptrdiff_t rsa, pt
 static void gemm_fixed_with(const ukernel *kern, int trans_a, int trans_b, int m, int n, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
                             float beta, float *c, int ldc) {
-  const int MR = kern->mr, NR = kern->nr, MC = MR * (128 / MR);
+  const int MR = kern->mr, NR = kern->nr, KC = kern->kc, MC = MR * (128 / MR);
   if (m <= 0 || n <= 0) return;
   if (k <= 0 || alpha == 0.0f || beta != 0.0f) moe_gemm_scale_c(c, m, n, ldc, beta);
   if (k <= 0 || alpha == 0.0f) return;

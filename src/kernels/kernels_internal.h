@@ -44,7 +44,7 @@ void moe_gemm_scale_c(float *c, int m, int n, int ldc, float beta);
 // per thread, MOE_GEMM_SCRATCH_BYTES, 64-byte aligned, made on the thread's
 // first call and freed when it ends; NULL when it cannot be allocated. One
 // buffer serves both kernels: a GEMM never calls another.
-#define MOE_GEMM_SCRATCH_BYTES ((size_t)(512 * 256 + 128 * 256) * 4)
+#define MOE_GEMM_SCRATCH_BYTES ((size_t)(512 * 512 + 128 * 512) * 4)
 void *moe_gemm_scratch(void);
 
 // moe_gemm_bf16 on its portable path (fmaf and flushes), whatever the CPU.
