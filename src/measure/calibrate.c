@@ -771,34 +771,90 @@ done:
 
 // ---- the selected algorithms and compressors --------------------------------------
 
+// The lists --a2a and --compress name, read in one place for the run (fit_all_a2a,
+// fit_all_codecs) and for its memory estimate (moe_calibrate_memory).
+
+// An all-to-all algorithm of the list, and whether the list names it (and not
+// only "all": a named one that cannot run on the layout is an error, one that
+// "all" brings is skipped).
+typedef struct {
+  const moe_a2a_algo *algo;
+  int named;
+} a2a_pick;
+
+// The algorithms of list ("all": every one of the catalogue), each once, in the
+// order of their first mention (for "all", the catalogue's). At most max.
+static moe_status a2a_picks(moe_ctx *ctx, const char *list, a2a_pick *out, int max, int *n) {
+  moe_status st = MOE_STATUS_OK;
+  int na = 0;
+  const moe_a2a_algo *const *algos = moe_a2a_list(&na);
+  char buf[256];
+  *n = 0;
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    const int all = strcmp(tok, "all") == 0;
+    const moe_a2a_algo *known = NULL;
+    if (!all) MOE_TRY(moe_a2a_find(ctx, tok, &known));
+    for (int i = 0; i < na; i++) {
+      if (!all && known != algos[i]) continue;
+      int k = 0;
+      while (k < *n && out[k].algo != algos[i]) k++;
+      if (k == *n) {
+        if (*n >= max) continue;
+        out[(*n)++] = (a2a_pick){algos[i], 0};
+      }
+      out[k].named |= !all;
+    }
+  }
+done:
+  return st;
+}
+
+// The compressors of list ("all": every one this build has), each once by
+// name, in the order of their first mention, built with their parameters
+// ("zfp:4"). At most max.
+static moe_status codec_picks(moe_ctx *ctx, const char *list, moe_compressor *out, int max,
+                              int *n) {
+  moe_status st = MOE_STATUS_OK;
+  *n = 0;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int nc = 0, all = strcmp(tok, "all") == 0;
+    const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
+    for (int i = 0; i < (all ? nc : 1); i++) {
+      if (all && !codecs[i]->available) continue;
+      moe_compressor comp;
+      MOE_TRY(moe_compressor_get(ctx, all ? codecs[i]->codec.name : tok, &comp));
+      int k = 0;
+      while (k < *n && strcmp(out[k].name, comp.name) != 0) k++;
+      if (k == *n && *n < max) out[(*n)++] = comp;
+    }
+  }
+done:
+  return st;
+}
+
 // Every algorithm of cfg->a2a ("all": those that run on g's layout) fitted into prof.
 static moe_status fit_all_a2a(const cal *c, const moe_group *g, unsigned char *sbuf,
                               unsigned char *rbuf, moe_workspace *ws, moe_profile *prof) {
   moe_status st = MOE_STATUS_OK;
-  int na = 0;
-  const moe_a2a_algo *const *algos = moe_a2a_list(&na);
-  char list[256];
-  snprintf(list, sizeof list, "%s", c->cfg->a2a);
-  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    const int all = strcmp(tok, "all") == 0;
-    const moe_a2a_algo *known = NULL;
-    if (!all) MOE_TRY(moe_a2a_find(c->ctx, tok, &known));
-    for (int i = 0; i < na; i++) {
-      const moe_a2a_algo *algo = algos[i];
-      if (!all && known != algo) continue;
-      if (algo->needs_uniform_nodes && !g->uniform) {
-        MOE_FAIL_IF(c->ctx, !all, MOE_STATUS_INVALID_ARG, "a2a: '%s' needs uniform nodes",
-                    algo->name);
-        continue;
-      }
-      if (moe_profile_a2a(prof, algo->name) || prof->n_a2a >= MOE_PROFILE_MAX) continue;
-      moe_named_fit *nf = &prof->a2a[prof->n_a2a];
-      snprintf(nf->name, sizeof nf->name, "%s", algo->name);
-      MOE_TRY(fit_a2a(c, g, algo, sbuf, rbuf, ws, &nf->fit, prof->a2a_points[prof->n_a2a],
-                      &prof->n_a2a_points[prof->n_a2a]));
-      prof->n_a2a++;
+  a2a_pick picks[MOE_PROFILE_MAX];
+  int np = 0;
+  MOE_TRY(a2a_picks(c->ctx, c->cfg->a2a, picks, MOE_PROFILE_MAX, &np));
+  for (int i = 0; i < np; i++) {
+    const moe_a2a_algo *algo = picks[i].algo;
+    if (algo->needs_uniform_nodes && !g->uniform) {
+      MOE_FAIL_IF(c->ctx, picks[i].named, MOE_STATUS_INVALID_ARG, "a2a: '%s' needs uniform nodes",
+                  algo->name);
+      continue;
     }
+    if (moe_profile_a2a(prof, algo->name) || prof->n_a2a >= MOE_PROFILE_MAX) continue;
+    moe_named_fit *nf = &prof->a2a[prof->n_a2a];
+    snprintf(nf->name, sizeof nf->name, "%s", algo->name);
+    MOE_TRY(fit_a2a(c, g, algo, sbuf, rbuf, ws, &nf->fit, prof->a2a_points[prof->n_a2a],
+                    &prof->n_a2a_points[prof->n_a2a]));
+    prof->n_a2a++;
   }
   MOE_FAIL_IF(c->ctx, prof->n_a2a == 0, MOE_STATUS_INVALID_ARG,
               "a2a '%s' leaves no algorithm that runs on this layout", c->cfg->a2a);
@@ -809,32 +865,17 @@ done:
 // Every compressor of cfg->compress ("all": every one this build has) fitted into prof.
 static moe_status fit_all_codecs(const cal *c, moe_profile *prof) {
   moe_status st = MOE_STATUS_OK;
-  char list[512] = "";
-  if (strcmp(c->cfg->compress, "all") == 0) {
-    // every compressor of the catalogue compiled into this build
-    int nc = 0;
-    const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
-    size_t used = 0;
-    for (int i = 0; i < nc && used < sizeof list; i++) {
-      if (!codecs[i]->available) continue;
-      const int w =
-          snprintf(list + used, sizeof list - used, "%s%s", used ? "," : "", codecs[i]->codec.name);
-      if (w > 0) used += (size_t)w;
-    }
-  } else {
-    snprintf(list, sizeof list, "%s", c->cfg->compress);
-  }
-  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    moe_compressor comp;
-    MOE_TRY(moe_compressor_get(c->ctx, tok, &comp));
-    if (moe_profile_codec(prof, comp.name, NULL, NULL) || prof->n_codec >= MOE_PROFILE_MAX) {
+  moe_compressor comps[MOE_PROFILE_MAX];
+  int nc = 0;
+  MOE_TRY(codec_picks(c->ctx, c->cfg->compress, comps, MOE_PROFILE_MAX, &nc));
+  for (int i = 0; i < nc; i++) {
+    if (moe_profile_codec(prof, comps[i].name, NULL, NULL) || prof->n_codec >= MOE_PROFILE_MAX) {
       continue;
     }
     const int k = prof->n_codec;
-    snprintf(prof->codec_c[k].name, sizeof prof->codec_c[k].name, "%s", comp.name);
-    snprintf(prof->codec_d[k].name, sizeof prof->codec_d[k].name, "%s", comp.name);
-    MOE_TRY(fit_codec(c, &comp, &prof->codec_c[k].fit, &prof->codec_d[k].fit));
+    snprintf(prof->codec_c[k].name, sizeof prof->codec_c[k].name, "%s", comps[i].name);
+    snprintf(prof->codec_d[k].name, sizeof prof->codec_d[k].name, "%s", comps[i].name);
+    MOE_TRY(fit_codec(c, &comps[i], &prof->codec_c[k].fit, &prof->codec_d[k].fit));
     prof->n_codec++;
   }
 done:
@@ -1084,25 +1125,6 @@ done:
 
 // ---- the memory it needs ------------------------------------------------------------
 
-// The all-to-all algorithms cfg names ("all": every one of the catalogue, also
-// those the real layout will skip, so the count is an upper bound).
-static int cfg_a2a_names(const moe_calibrate_config *cfg, const char **names, int max) {
-  int na = 0, n = 0;
-  const moe_a2a_algo *const *algos = moe_a2a_list(&na);
-  char list[256];
-  snprintf(list, sizeof list, "%s", cfg->a2a);
-  for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-       tok = strtok_r(NULL, ",", &save)) {
-    for (int i = 0; i < na && n < max; i++) {
-      if (strcmp(tok, "all") != 0 && strcmp(tok, algos[i]->name) != 0) continue;
-      int dup = 0;
-      for (int k = 0; k < n; k++) dup |= names[k] == algos[i]->name;
-      if (!dup) names[n++] = algos[i]->name;
-    }
-  }
-  return n;
-}
-
 static double need_total(const moe_memory_need *m) { return moe_memory_need_total(m); }
 
 static void need_add(moe_memory_need *to, const moe_memory_need *m) {
@@ -1136,8 +1158,13 @@ moe_status moe_calibrate_memory(moe_ctx *ctx, int P, const moe_calibrate_config 
 
     // 2. from the all-to-alls on, their buffers (max_bytes a rank, both ways)
     // and the algorithms' workspace stay; beside them, one step at a time
+    // the algorithms of --a2a ("all": also those the real layout will skip, so
+    // the count is an upper bound)
+    a2a_pick picks[MOE_PROFILE_MAX];
     const char *names[MOE_PROFILE_MAX];
-    const int na = cfg_a2a_names(cfg, names, MOE_PROFILE_MAX);
+    int na = 0;
+    MOE_TRY(a2a_picks(ctx, cfg->a2a, picks, MOE_PROFILE_MAX, &na));
+    for (int i = 0; i < na; i++) names[i] = picks[i].algo->name;
     const int rpn = cfg->ranks_per_node > 0 && cfg->ranks_per_node < P ? cfg->ranks_per_node : P;
     moe_memory_need held, step;
     MOE_TRY(moe_measure_a2a_memory(ctx, P, cfg->ranks_per_node, (size_t)cfg->max_bytes,
@@ -1163,23 +1190,14 @@ moe_status moe_calibrate_memory(moe_ctx *ctx, int P, const moe_calibrate_config 
       need_max(&step, &m);
     }
     // fit_codec: input and round trip of 4096 x 512 floats and the largest
-    // compressed buffer of the compressors named
+    // compressed buffer of the compressors named (with their parameters)
     {
       double cap = 0;
+      moe_compressor comps[MOE_PROFILE_MAX];
       int nc = 0;
-      const moe_compressor_entry *const *codecs = moe_compressor_list(&nc);
+      MOE_TRY(codec_picks(ctx, cfg->compress, comps, MOE_PROFILE_MAX, &nc));
       for (int i = 0; i < nc; i++) {
-        if (!codecs[i]->available) continue;
-        if (strcmp(cfg->compress, "all") != 0) {
-          char list[512];
-          int named = 0;
-          snprintf(list, sizeof list, "%s", cfg->compress);
-          for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-               tok = strtok_r(NULL, ",", &save))
-            named |= strcmp(tok, codecs[i]->codec.name) == 0;
-          if (!named) continue;
-        }
-        const double b = (double)moe_compress_max_bytes(&codecs[i]->codec, 4096, 512);
+        const double b = (double)moe_compress_max_bytes(&comps[i], 4096, 512);
         if (b > cap) cap = b;
       }
       memset(&m, 0, sizeof m);
